@@ -1,0 +1,102 @@
+"""The errors zincir raises, all in one tree.
+
+::
+
+    ZincirError
+    ├── InvalidArgument           (also a ValueError) the caller passed something unusable
+    │   └── DuplicateToolCall     a tool call id is repeated in a response or reused in a run
+    ├── RunNotFound               no run has that id
+    ├── RunTerminal               the run is completed or failed; it can never be written again
+    ├── RunLeased                 another owner holds an active lease on the run
+    ├── LeaseLost                 this owner was fenced, or its lease expired
+    ├── NoDurableIntent           a tool result names a call that has no recorded intent
+    ├── ConflictingResult         a tool call already has a different result
+    ├── CheckpointNotPending      the checkpoint call or candidate cannot be proposed or decided
+    ├── StepAlreadyRunning        the same step name is already running in this run
+    ├── SchemaError               the file is not a zincir database, or is newer than this code
+    └── StorageError              the database could not do what was asked (disk full, I/O)
+        ├── DatabaseBusy          another process held the write lock too long; worth a retry
+        └── DatabaseClosed        the database was closed before the operation was submitted
+
+Every operation that raises leaves the database as it was: nothing is half-written.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CheckpointNotPending",
+    "ConflictingResult",
+    "DatabaseBusy",
+    "DatabaseClosed",
+    "DuplicateToolCall",
+    "InvalidArgument",
+    "LeaseLost",
+    "NoDurableIntent",
+    "RunLeased",
+    "RunNotFound",
+    "RunTerminal",
+    "SchemaError",
+    "StepAlreadyRunning",
+    "StorageError",
+    "ZincirError",
+]
+
+
+class ZincirError(Exception):
+    """Base class of every error zincir raises on purpose."""
+
+
+class InvalidArgument(ZincirError, ValueError):
+    """An argument cannot be used: wrong type, out of range, not JSON, or too large."""
+
+
+class DuplicateToolCall(InvalidArgument):
+    """A tool call id is empty, repeated within one response, or already used in the run."""
+
+
+class RunNotFound(ZincirError, LookupError):
+    """No run has the given id."""
+
+
+class RunTerminal(ZincirError):
+    """The run is completed or failed, so it cannot be leased or written."""
+
+
+class RunLeased(ZincirError):
+    """Another owner holds an active lease on the run (use ``force=True`` only if it is dead)."""
+
+
+class LeaseLost(ZincirError):
+    """This owner no longer holds the run's lease: it was fenced, or the lease expired."""
+
+
+class NoDurableIntent(ZincirError):
+    """A tool result was offered for a call id that has no recorded intent in the run."""
+
+
+class ConflictingResult(ZincirError):
+    """The tool call already has a recorded result that differs from the one offered."""
+
+
+class CheckpointNotPending(ZincirError):
+    """The checkpoint cannot be proposed or decided in the run's current state."""
+
+
+class StepAlreadyRunning(ZincirError):
+    """The same durable step name is already running in this run."""
+
+
+class SchemaError(ZincirError):
+    """The file is not a zincir database, or its schema is newer than this code."""
+
+
+class StorageError(ZincirError):
+    """SQLite could not complete the operation (for example the disk is full)."""
+
+
+class DatabaseBusy(StorageError):
+    """Another connection held the write lock past the busy timeout; retrying may succeed."""
+
+
+class DatabaseClosed(StorageError):
+    """The database was closed before the operation was submitted."""
