@@ -13,6 +13,7 @@
     ├── ConflictingResult         a tool call already has a different result
     ├── CheckpointNotPending      the checkpoint call or candidate cannot be proposed or decided
     ├── StepAlreadyRunning        the same step name is already running in this run
+    ├── UnfinishedWork            complete() while tool intents or a candidate are open
     ├── SchemaError               the file is not a zincir database, or is newer than this code
     └── StorageError              the database could not do what was asked (disk full, I/O)
         ├── DatabaseBusy          another process held the write lock too long; worth a retry
@@ -38,6 +39,7 @@ __all__ = [
     "SchemaError",
     "StepAlreadyRunning",
     "StorageError",
+    "UnfinishedWork",
     "ZincirError",
 ]
 
@@ -84,6 +86,10 @@ class CheckpointNotPending(ZincirError):
 
 class StepAlreadyRunning(ZincirError):
     """The same durable step name is already running in this run."""
+
+
+class UnfinishedWork(ZincirError):
+    """The run cannot complete: tool intents have no result, or a candidate is undecided."""
 
 
 class SchemaError(ZincirError):

@@ -1,0 +1,92 @@
+"""zincir: durable, resumable execution for long-horizon AI agents, on Trio and SQLite.
+
+Applications keep their own model client, tools and loop; zincir records every model
+response, tool intent and tool result in an append-only per-run log, holds a fenced lease so
+two processes never both write one run, and lets a fresh context continue from the latest
+checkpoint that an independent verifier accepted.
+"""
+
+from ._database import Clock, Database, open_database, wall_clock_ms
+from ._errors import (
+    CheckpointNotPending,
+    ConflictingResult,
+    DatabaseBusy,
+    DatabaseClosed,
+    DuplicateToolCall,
+    InvalidArgument,
+    LeaseLost,
+    NoDurableIntent,
+    RunLeased,
+    RunNotFound,
+    RunTerminal,
+    SchemaError,
+    StepAlreadyRunning,
+    StorageError,
+    UnfinishedWork,
+    ZincirError,
+)
+from ._run import MIN_LEASE_TTL, Run, open_run
+from ._store import SUBMIT_CHECKPOINT
+from ._types import (
+    Checkpoint,
+    CheckpointState,
+    DurableState,
+    Event,
+    EventType,
+    PendingToolCall,
+    RunRecord,
+    RunStatus,
+    ToolCall,
+    Verification,
+    Verifier,
+)
+from ._version import __version__
+
+__all__ = [
+    "MIN_LEASE_TTL",
+    "SUBMIT_CHECKPOINT",
+    "Checkpoint",
+    "CheckpointNotPending",
+    "CheckpointState",
+    "Clock",
+    "ConflictingResult",
+    "Database",
+    "DatabaseBusy",
+    "DatabaseClosed",
+    "DuplicateToolCall",
+    "DurableState",
+    "Event",
+    "EventType",
+    "InvalidArgument",
+    "LeaseLost",
+    "NoDurableIntent",
+    "PendingToolCall",
+    "Run",
+    "RunLeased",
+    "RunNotFound",
+    "RunRecord",
+    "RunStatus",
+    "RunTerminal",
+    "SchemaError",
+    "StepAlreadyRunning",
+    "StorageError",
+    "ToolCall",
+    "UnfinishedWork",
+    "Verification",
+    "Verifier",
+    "ZincirError",
+    "__version__",
+    "open_database",
+    "open_run",
+    "wall_clock_ms",
+]
+
+# Public objects say they live in "zincir", not in the private module that defines them.
+for _name in __all__:
+    _obj = globals()[_name]
+    if getattr(_obj, "__module__", "").startswith("zincir._"):
+        try:
+            _obj.__module__ = "zincir"
+        except (AttributeError, TypeError):  # pragma: no cover - read-only attribute
+            pass
+del _name, _obj

@@ -1,0 +1,396 @@
+"""The database: one SQLite file, one writer thread with group commit, one reader thread.
+
+Trio tasks never touch ``sqlite3`` themselves. They hand an *operation* (a plain function of a
+:class:`Tx`) to a long-lived thread through a queue and sleep until the thread reschedules them
+with the outcome. The writer thread drains its queue and runs everything it found in ONE
+``BEGIN IMMEDIATE`` transaction, each operation inside its own SAVEPOINT, so a failing operation
+gets its own error while its neighbours still commit, and a whole batch pays for one fsync.
+A caller's ``await`` returns only after the COMMIT that holds its operation.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any, Final, Literal, TypeVar, final
+
+import attrs
+import outcome
+import trio
+
+from . import _migrations
+from ._errors import DatabaseBusy, DatabaseClosed, InvalidArgument, StorageError
+
+__all__ = ["Clock", "Database", "Tx", "open_database", "wall_clock_ms"]
+
+logger = logging.getLogger("zincir")
+
+T = TypeVar("T")
+Clock = Callable[[], int]
+"""A clock returns the current time in integer Unix milliseconds; it must be thread-safe."""
+
+DEFAULT_MAX_PAYLOAD_BYTES: Final = 16 * 1024 * 1024
+_BUSY_TIMEOUT_MS: Final = 5000
+# Bounds one transaction, so a flood of writers cannot make a single commit arbitrarily large.
+_MAX_BATCH: Final = 512
+_SQLITE_BUSY_CODES: Final = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
+
+
+def wall_clock_ms() -> int:
+    """The default clock: wall-clock time, shared by every process that opens the file."""
+    return time.time_ns() // 1_000_000
+
+
+@final
+@attrs.define
+class Tx:
+    """What an operation sees on the database thread: the connection, and "now"."""
+
+    conn: sqlite3.Connection
+    now: int
+    """Milliseconds, read when the operation started, after the write lock was taken."""
+
+    def one(self, sql: str, params: tuple[Any, ...] = ()) -> Any:
+        return self.conn.execute(sql, params).fetchone()
+
+    def all(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+        return self.conn.execute(sql, params).fetchall()
+
+    def execute(self, sql: str, params: tuple[Any, ...] = ()) -> sqlite3.Cursor:
+        return self.conn.execute(sql, params)
+
+
+Operation = Callable[..., Any]
+
+
+@attrs.define(eq=False)
+class _Request:
+    fn: Operation | None  # None asks the thread to finish its queue and close
+    args: tuple[Any, ...]
+    task: trio.lowlevel.Task
+    result: outcome.Outcome[Any] | None = None
+
+
+def storage_error(exc: sqlite3.Error, path: str) -> StorageError:
+    """Translate a sqlite3 error into the zincir error tree."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None and code & 0xFF in _SQLITE_BUSY_CODES:
+        return DatabaseBusy(f"{path}: the database stayed locked by another writer ({exc})")
+    if code is not None and code & 0xFF == sqlite3.SQLITE_FULL:
+        return StorageError(f"{path}: the database or disk is full ({exc}); nothing was written")
+    return StorageError(f"{path}: {exc}")
+
+
+class _Worker:
+    """A thread that owns one connection and runs submitted operations in transactions."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        conn: sqlite3.Connection,
+        path: str,
+        clock: Clock,
+        token: trio.lowlevel.TrioToken,
+        group_commit: bool,
+    ) -> None:
+        self._conn = conn
+        self._path = path
+        self._clock = clock
+        self._token = token
+        self._group_commit = group_commit
+        self._queue: queue.SimpleQueue[_Request] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, request: _Request) -> None:
+        self._queue.put(request)
+
+    # -- on the thread --------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        closing = False
+        while not closing:
+            batch = [self._queue.get()]
+            while len(batch) < _MAX_BATCH:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            work = [r for r in batch if r.fn is not None]
+            closing = len(work) < len(batch)
+            if work:
+                self._run_batch(work)
+            if closing:
+                self._close()
+                for request in batch:
+                    if request.fn is None:
+                        request.result = outcome.Value(None)
+            self._reply(batch)
+
+    def _close(self) -> None:
+        try:
+            self._conn.close()
+        except sqlite3.Error:  # pragma: no cover - closing a healthy connection does not fail
+            logger.exception("closing %s failed", self._path)
+
+    def _reply(self, batch: list[_Request]) -> None:
+        def wake() -> None:
+            for request in batch:
+                assert request.result is not None
+                trio.lowlevel.reschedule(request.task, request.result)
+
+        try:
+            self._token.run_sync_soon(wake)
+        except trio.RunFinishedError:  # pragma: no cover - the loop ended without closing us
+            pass
+
+    def _run_batch(self, batch: list[_Request]) -> None:
+        if len(batch) == 1 or not self._group_commit:
+            for request in batch:
+                self._run_alone(request)
+        elif not self._run_together(batch):
+            # The shared transaction itself failed (commit error, or SQLite rolled it back):
+            # give every operation its own transaction so each gets its own outcome.
+            for request in batch:
+                self._run_alone(request)
+
+    def _begin(self) -> None:
+        self._conn.execute("BEGIN IMMEDIATE" if self._group_commit else "BEGIN")
+
+    def _call(self, request: _Request) -> outcome.Outcome[Any]:
+        assert request.fn is not None
+        try:
+            return outcome.Value(request.fn(Tx(self._conn, self._clock()), *request.args))
+        except sqlite3.Error as exc:
+            return outcome.Error(storage_error(exc, self._path))
+        except Exception as exc:
+            return outcome.Error(exc)
+
+    def _run_alone(self, request: _Request) -> None:
+        try:
+            self._begin()
+        except sqlite3.Error as exc:
+            request.result = outcome.Error(storage_error(exc, self._path))
+            return
+        result = self._call(request)
+        try:
+            if isinstance(result, outcome.Value):
+                self._conn.execute("COMMIT")
+            else:
+                self._conn.execute("ROLLBACK")
+        except sqlite3.Error as exc:
+            self._rollback_quietly()
+            result = outcome.Error(storage_error(exc, self._path))
+        request.result = result
+
+    def _run_together(self, batch: list[_Request]) -> bool:
+        try:
+            self._begin()
+        except sqlite3.Error as exc:
+            for request in batch:
+                request.result = outcome.Error(storage_error(exc, self._path))
+            return True
+        try:
+            for request in batch:
+                self._conn.execute("SAVEPOINT operation")
+                request.result = self._call(request)
+                if isinstance(request.result, outcome.Error):
+                    if not self._conn.in_transaction:
+                        return False
+                    self._conn.execute("ROLLBACK TO operation")
+                self._conn.execute("RELEASE operation")
+            self._conn.execute("COMMIT")
+            return True
+        except sqlite3.Error:
+            self._rollback_quietly()
+            return False
+
+    def _rollback_quietly(self) -> None:
+        if self._conn.in_transaction:
+            try:
+                self._conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                logger.exception("rollback on %s failed", self._path)
+
+
+def _connect(path: str, synchronous: str) -> sqlite3.Connection:
+    try:
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    except sqlite3.Error as exc:
+        raise StorageError(f"cannot open database {path!r}: {exc}") from exc
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+        conn.execute("PRAGMA foreign_keys = ON")
+        conn.execute(f"PRAGMA synchronous = {synchronous}")
+    except sqlite3.Error as exc:
+        conn.close()
+        raise StorageError(f"cannot open database {path!r}: {exc}") from exc
+    return conn
+
+
+def _enable_wal(conn: sqlite3.Connection, path: str) -> None:
+    # Switching a new file to WAL needs a moment of exclusivity; a second process opening
+    # the same new file can be told "locked" even with a busy timeout, so try for a while.
+    deadline = time.monotonic() + _BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        except sqlite3.OperationalError as exc:
+            if time.monotonic() > deadline:
+                raise storage_error(exc, path) from exc
+            time.sleep(0.01)
+            continue
+        if mode.lower() != "wal":
+            raise StorageError(f"{path}: SQLite refused WAL mode (journal mode is {mode})")
+        return
+
+
+def _open_connections(path: str, synchronous: str, clock: Clock) -> tuple[sqlite3.Connection, ...]:
+    writer = _connect(path, synchronous)
+    try:
+        try:
+            _migrations.applied_version(writer, path)  # read-only check before any write
+            _enable_wal(writer, path)
+            _migrations.migrate(writer, path, clock())
+        except sqlite3.Error as exc:
+            raise storage_error(exc, path) from exc
+        reader = _connect(path, synchronous)
+        reader.execute("PRAGMA query_only = ON")
+    except BaseException:
+        writer.close()
+        raise
+    return writer, reader
+
+
+@final
+class Database:
+    """An open zincir database. Get one from :func:`open_database`; it has no public constructor.
+
+    It belongs to the Trio run that opened it.
+    """
+
+    path: str
+    """The file's path, as given."""
+    clock: Clock
+    """The clock every lease and timer of this database is measured with (integer ms)."""
+    max_payload_bytes: int
+    """The largest JSON payload, in bytes of UTF-8, that one value may take."""
+
+    def __init__(self, *_: object, **__: object) -> None:
+        raise TypeError("use zincir.open_database() to open a Database")
+
+    @classmethod
+    def _create(
+        cls,
+        path: str,
+        writer: _Worker,
+        reader: _Worker,
+        clock: Clock,
+        max_payload_bytes: int,
+    ) -> Database:
+        self = object.__new__(cls)
+        self.path = path
+        self.clock = clock
+        self.max_payload_bytes = max_payload_bytes
+        self._writer = writer
+        self._reader = reader
+        self._closed = False
+        return self
+
+    def __repr__(self) -> str:
+        return f"<zincir.Database {self.path!r}{' closed' if self._closed else ''}>"
+
+    async def _write(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(tx, *args)`` in the next group-commit transaction; return after COMMIT."""
+        result: T = await self._submit(self._writer, fn, args)
+        return result
+
+    async def _read(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(tx, *args)`` in a read transaction: one consistent snapshot."""
+        result: T = await self._submit(self._reader, fn, args)
+        return result
+
+    async def _submit(self, worker: _Worker, fn: Operation | None, args: tuple[Any, ...]) -> Any:
+        # A caller cancelled before submitting writes nothing; once submitted, the operation is
+        # never abandoned: the caller waits for its outcome, and Trio delivers the cancellation
+        # at the caller's next checkpoint.
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if self._closed:
+            raise DatabaseClosed(f"database {self.path!r} is closed")
+        worker.submit(_Request(fn, args, trio.lowlevel.current_task()))
+        return await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
+
+    async def _close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with trio.CancelScope(shield=True):
+            for worker in (self._writer, self._reader):
+                worker.submit(_Request(None, (), trio.lowlevel.current_task()))
+                await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
+
+
+_SYNCHRONOUS_LEVELS: Final = {"full": "FULL", "normal": "NORMAL"}
+
+
+@asynccontextmanager
+async def open_database(
+    path: str | os.PathLike[str] = "zincir.db",
+    *,
+    synchronous: Literal["full", "normal"] = "full",
+    clock: Clock | None = None,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+) -> AsyncIterator[Database]:
+    """Open (creating if needed) a zincir database file and apply its migrations.
+
+    ``synchronous="full"`` (the default) makes every acknowledged write survive power loss;
+    ``"normal"`` survives a crash of the process but may lose the last commits on power loss.
+    ``clock`` replaces the wall clock (integer ms) that leases and timers are measured with.
+    Raises :class:`SchemaError` for a file that is not a zincir database or is newer than this
+    code (the file is left unchanged), and :class:`StorageError` when it cannot be opened.
+    Leaving the block waits for every submitted operation, commits, and closes the file.
+    """
+    level = _SYNCHRONOUS_LEVELS.get(synchronous)
+    if level is None:
+        raise InvalidArgument(f"synchronous must be 'full' or 'normal', not {synchronous!r}")
+    if not isinstance(max_payload_bytes, int) or max_payload_bytes < 1:
+        raise InvalidArgument(f"max_payload_bytes must be a positive int, not {max_payload_bytes!r}")
+    path_str = os.fspath(path)
+    clock = clock or wall_clock_ms
+    writer_conn, reader_conn = await trio.to_thread.run_sync(
+        _open_connections, path_str, level, clock
+    )
+    token = trio.lowlevel.current_trio_token()
+    db = Database._create(
+        path_str,
+        _Worker(
+            name=f"zincir-writer:{path_str}",
+            conn=writer_conn,
+            path=path_str,
+            clock=clock,
+            token=token,
+            group_commit=True,
+        ),
+        _Worker(
+            name=f"zincir-reader:{path_str}",
+            conn=reader_conn,
+            path=path_str,
+            clock=clock,
+            token=token,
+            group_commit=False,
+        ),
+        clock,
+        max_payload_bytes,
+    )
+    try:
+        yield db
+    finally:
+        await db._close()
+

@@ -1,0 +1,114 @@
+"""Schema versioning: validate a file before touching it, then apply missing migrations."""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import attrs
+
+from ._errors import SchemaError
+
+# PRAGMA application_id of every zincir database ("zncr"): tells our files from others.
+APPLICATION_ID = 0x7A6E6372
+VERSION_TABLE = "zincir_schema_migrations"
+
+
+@attrs.frozen
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+
+def _migration_files() -> list[tuple[str, str]]:
+    # In a wheel the SQL files ship inside the package; in a source checkout (editable
+    # install) they are read from the repository's top-level migrations/ folder.
+    packaged = importlib.resources.files("zincir") / "migrations"
+    if packaged.is_dir():
+        return [(f.name, f.read_text("utf-8")) for f in packaged.iterdir() if f.name.endswith(".sql")]
+    source = Path(__file__).resolve().parent.parent / "migrations"
+    return [(f.name, f.read_text("utf-8")) for f in source.glob("*.sql")]
+
+
+@functools.cache
+def load_migrations() -> tuple[Migration, ...]:
+    migrations = []
+    for filename, sql in _migration_files():
+        number, _, _ = filename.partition("_")
+        migrations.append(Migration(int(number), filename.removesuffix(".sql"), sql))
+    migrations.sort(key=lambda m: m.version)
+    ordered = tuple(migrations)
+    if [m.version for m in migrations] != list(range(1, len(migrations) + 1)):
+        raise SchemaError(f"zincir's migrations are not numbered 1..n: {migrations!r}")
+    return ordered
+
+
+def _statements(sql: str) -> Iterator[str]:
+    # executescript() would COMMIT first, so statements run one by one inside our transaction.
+    buffer = ""
+    for line in sql.splitlines(keepends=True):
+        buffer += line
+        if sqlite3.complete_statement(buffer):
+            yield buffer
+            buffer = ""
+    if buffer.strip() and not buffer.strip().startswith("--"):
+        raise SchemaError(f"incomplete SQL statement at the end of a migration: {buffer!r}")
+
+
+def applied_version(conn: sqlite3.Connection, path: str) -> int:
+    """The schema version of the file, 0 for an empty file; refuse foreign or newer files.
+
+    Only reads, so a file that is refused is left byte-for-byte unchanged.
+    """
+    try:
+        application_id = conn.execute("PRAGMA application_id").fetchone()[0]
+        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if not tables and application_id == 0:
+            return 0
+        if application_id != APPLICATION_ID or VERSION_TABLE not in tables:
+            raise SchemaError(f"{path} is a SQLite database, but not a zincir database")
+        version: int = conn.execute(f"SELECT coalesce(max(version), 0) FROM {VERSION_TABLE}").fetchone()[0]
+    except sqlite3.DatabaseError as exc:
+        raise SchemaError(f"{path} is not a zincir database ({exc})") from exc
+    latest = len(load_migrations())
+    if version > latest:
+        raise SchemaError(
+            f"{path} has schema version {version}, newer than this zincir (knows up to {latest});"
+            " upgrade zincir to open it"
+        )
+    return version
+
+
+def migrate(conn: sqlite3.Connection, path: str, now_ms: int) -> None:
+    """Apply the missing migrations in one IMMEDIATE transaction.
+
+    The version is read again after the write lock is held, so two processes opening the same
+    new file at once apply each migration exactly once.
+    """
+    migrations = load_migrations()
+    if applied_version(conn, path) == len(migrations):
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        current = applied_version(conn, path)
+        if current == 0:
+            conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+            conn.execute(
+                f"CREATE TABLE {VERSION_TABLE} (version INTEGER PRIMARY KEY,"
+                " name TEXT NOT NULL, applied_at INTEGER NOT NULL)"
+            )
+        for migration in migrations[current:]:
+            for statement in _statements(migration.sql):
+                conn.execute(statement)
+            conn.execute(
+                f"INSERT INTO {VERSION_TABLE} (version, name, applied_at) VALUES (?, ?, ?)",
+                (migration.version, migration.name, now_ms),
+            )
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise

@@ -1,0 +1,397 @@
+"""Runs: :func:`open_run`, the lease-keeping nursery around a run's body, and :class:`Run`."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import uuid
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Final, final
+
+import trio
+
+from . import _store
+from ._database import Database, open_database
+from ._errors import (
+    CheckpointNotPending,
+    DuplicateToolCall,
+    InvalidArgument,
+    LeaseLost,
+    RunTerminal,
+    StorageError,
+)
+from ._json import JSONValue, decode, encode
+from ._store import IntentRow, Lease
+from ._types import (
+    Checkpoint,
+    CheckpointState,
+    DurableState,
+    PendingToolCall,
+    RunStatus,
+    ToolCall,
+    Verification,
+    Verifier,
+)
+
+__all__ = ["MIN_LEASE_TTL", "Run", "open_run"]
+
+logger = logging.getLogger("zincir")
+
+MIN_LEASE_TTL: Final = 0.030
+"""The shortest lease, in seconds; production leases should leave room for contention."""
+
+
+def lease_ttl_ms(lease_ttl: float) -> int:
+    """Validate a TTL in seconds and round it up to whole milliseconds."""
+    if isinstance(lease_ttl, bool) or not isinstance(lease_ttl, int | float) or not math.isfinite(lease_ttl):
+        raise InvalidArgument(f"lease_ttl must be a finite number of seconds, not {lease_ttl!r}")
+    if lease_ttl < MIN_LEASE_TTL:
+        raise InvalidArgument(f"lease_ttl must be at least {MIN_LEASE_TTL} s, not {lease_ttl!r}")
+    return math.ceil(lease_ttl * 1000)
+
+
+def canonical_run_id(value: object, what: str = "run_id") -> str:
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{what} must be a UUID string, not {value!r}")
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        raise InvalidArgument(f"{what} {value!r} is not a UUID") from None
+
+
+def check_name(value: object, what: str) -> str:
+    """Names (roles, tools, steps, sleeps) are 1 to 255 characters, as the schema checks."""
+    if not isinstance(value, str) or not 1 <= len(value) <= 255 or "\x00" in value:
+        raise InvalidArgument(f"{what} must be a string of 1 to 255 characters without NUL, not {value!r}")
+    return value
+
+
+@final
+class Run:
+    """A run this process owns, inside ``async with open_run(...)``. No public constructor.
+
+    Every method but :meth:`state` checks, inside its own transaction, that this owner's lease
+    still holds; once the lease is lost each of them raises :class:`LeaseLost`.
+    """
+
+    id: str
+    """The run's id (a canonical lowercase UUID string)."""
+
+    def __init__(self, *_: object, **__: object) -> None:
+        raise TypeError("runs come from zincir.open_run() or a ResumeWorker")
+
+    @classmethod
+    def _create(cls, db: Database, lease: Lease) -> Run:
+        self = object.__new__(cls)
+        self.id = lease.run_id
+        self._db = db
+        self._lease = lease
+        self._lost: str | None = None
+        self._finished: RunStatus | None = None
+        self._body_scope = trio.CancelScope()
+        self._heartbeat_scope = trio.CancelScope()
+        self._running_steps: set[str] = set()
+        return self
+
+    def __repr__(self) -> str:
+        return f"<zincir.Run {self.id} epoch={self._lease.epoch}>"
+
+    @property
+    def epoch(self) -> int:
+        """The lease epoch this owner holds; it grows by one at every acquisition."""
+        return self._lease.epoch
+
+    @property
+    def fencing_token(self) -> str:
+        """``<run id>:<epoch>``, for tools that must refuse a fenced (older) owner."""
+        return self._lease.fencing_token
+
+    @property
+    def database(self) -> Database:
+        return self._db
+
+    # -- guards ---------------------------------------------------------------------------
+
+    def _check_usable(self) -> None:
+        if self._lost is not None:
+            raise LeaseLost(self._lost)
+        if self._finished is not None:
+            raise RunTerminal(f"run {self.id} is already {self._finished.value}")
+
+    def _lose(self, message: str) -> None:
+        """The lease is gone for good: stop the body now (gap 4 of the original)."""
+        if self._lost is None:
+            self._lost = message
+            logger.warning("%s", message)
+        self._heartbeat_scope.cancel()
+        self._body_scope.cancel()
+
+    async def _write(self, fn: Any, *args: Any) -> Any:
+        self._check_usable()
+        try:
+            return await self._db._write(fn, self._lease, *args)
+        except LeaseLost as exc:
+            self._lose(str(exc))
+            raise
+
+    async def _read(self, fn: Any, *args: Any) -> Any:
+        self._check_usable()
+        try:
+            return await self._db._read(fn, self._lease, *args)
+        except LeaseLost as exc:
+            self._lose(str(exc))
+            raise
+
+    def _encode(self, value: JSONValue, what: str) -> str:
+        return encode(value, what=f"run {self.id}: {what}", limit=self._db.max_payload_bytes)
+
+    # -- reading --------------------------------------------------------------------------
+
+    async def state(self) -> DurableState:
+        """The latest accepted checkpoint and the events after it, from one snapshot.
+
+        A plain read: it works after the lease is lost or the run has ended.
+        """
+        run, checkpoint, events = await self._db._read(_store.durable_state, self.id)
+        return DurableState(run, checkpoint, events)
+
+    # -- the model and its tools ----------------------------------------------------------
+
+    async def record_response(
+        self,
+        content: JSONValue,
+        tool_calls: Sequence[ToolCall | Mapping[str, Any]],
+        stop_reason: str,
+        *,
+        usage: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Record one model response and a durable intent for each tool call, atomically.
+
+        Tool call ids must be non-empty, unique within the response and new to the run.
+        ``usage`` (token counts and the like) is stored with the response.
+        """
+        calls = [ToolCall._coerce(c) for c in tool_calls]
+        seen: set[str] = set()
+        for call in calls:
+            if not isinstance(call.id, str) or not call.id:
+                raise DuplicateToolCall(f"run {self.id}: a tool call id must be a non-empty string, not {call.id!r}")
+            if call.id in seen:
+                raise DuplicateToolCall(f"run {self.id}: tool call id {call.id!r} appears twice in one response")
+            seen.add(call.id)
+            check_name(call.name, f"run {self.id}: the name of tool call {call.id!r}")
+        if not isinstance(stop_reason, str):
+            raise InvalidArgument(f"run {self.id}: stop_reason must be a string, not {stop_reason!r}")
+        response: dict[str, Any] = {
+            "content": content,
+            "stop_reason": stop_reason,
+            "tool_calls": [{"args": c.args, "id": c.id, "name": c.name} for c in calls],
+        }
+        if usage is not None:
+            response["usage"] = dict(usage)
+        llm_payload = self._encode(response, "the model response")
+        intents = [
+            IntentRow(
+                c.id,
+                c.name,
+                self._encode(
+                    {"args": c.args, "call_id": c.id, "name": c.name, "response_tool_count": len(calls)},
+                    f"tool call {c.id!r}",
+                ),
+            )
+            for c in calls
+        ]
+        await self._write(_store.record_response, llm_payload, intents)
+
+    async def pending_tools(self) -> list[PendingToolCall]:
+        """The tool intents that have no result yet, oldest first: run them (again)."""
+        rows = await self._read(_store.pending_tools)
+        pending = []
+        for payload_json, count in rows:
+            payload = decode(payload_json)
+            call = ToolCall(payload["call_id"], payload["name"], payload["args"])
+            pending.append(PendingToolCall(call, count, f"tool_call:{call.id}", self.fencing_token))
+        return pending
+
+    async def record_tool_result(self, call_id: str, content: JSONValue) -> None:
+        """Record a tool's result. Repeating the identical result is a no-op."""
+        if not isinstance(call_id, str) or not call_id:
+            raise InvalidArgument(f"run {self.id}: call_id must be a non-empty string, not {call_id!r}")
+        payload = self._encode({"call_id": call_id, "content": content}, f"the result of {call_id!r}")
+        await self._write(_store.record_tool_result, call_id, payload)
+
+    # -- checkpoints ----------------------------------------------------------------------
+
+    async def checkpoint(
+        self, call_id: str, state: CheckpointState | Mapping[str, Any], verify: Verifier
+    ) -> Checkpoint:
+        """Propose ``state`` for the pending ``submit_checkpoint`` intent ``call_id``, have
+        ``verify`` judge it, and record the decision. Returns the decided checkpoint.
+
+        The candidate is stored before ``verify`` runs, so a crash exposes it again through
+        :meth:`pending_checkpoint`. ``verify`` runs outside any database lock while the
+        heartbeat keeps the lease; its exception propagates and leaves the candidate undecided.
+        """
+        if not isinstance(state, CheckpointState):
+            state = CheckpointState.from_json(state)
+        state_json = self._encode(state.to_json(), f"checkpoint state for {call_id!r}")
+        candidate = await self._write(_store.propose_checkpoint, call_id, state_json)
+        return await self._decide(candidate, verify)
+
+    async def pending_checkpoint(self) -> Checkpoint | None:
+        """The undecided candidate a crash left behind, if any."""
+        result: Checkpoint | None = await self._read(_store.candidate, None)
+        return result
+
+    async def verify_checkpoint(self, candidate: Checkpoint, verify: Verifier) -> Checkpoint:
+        """Verify and decide an undecided candidate. The *stored* candidate is verified: the
+        fields of ``candidate`` other than its id are ignored."""
+        if not isinstance(candidate, Checkpoint):
+            raise InvalidArgument(f"run {self.id}: verify_checkpoint() takes a Checkpoint, not {candidate!r}")
+        stored = await self._read(_store.candidate, candidate.id)
+        if stored is None:
+            raise CheckpointNotPending(f"run {self.id}: checkpoint {candidate.id} is not an undecided candidate")
+        return await self._decide(stored, verify)
+
+    async def _decide(self, candidate: Checkpoint, verify: Verifier) -> Checkpoint:
+        verification = await verify(candidate.state)
+        if not isinstance(verification, Verification):
+            raise InvalidArgument(f"run {self.id}: a verifier must return a Verification, not {verification!r}")
+        self._check_usable()  # the lease may have been lost while the verifier ran
+        verdict = self._encode(
+            {"evidence": verification.evidence, "passed": bool(verification.passed)}, "verification evidence"
+        )
+        decided: Checkpoint = await self._write(
+            _store.decide_checkpoint, candidate.id, verdict, bool(verification.passed)
+        )
+        return decided
+
+    # -- ending ---------------------------------------------------------------------------
+
+    async def complete(self) -> None:
+        """End the run as completed. Refused while tool intents or a candidate are open."""
+        await self._finish(RunStatus.COMPLETED, {"from": "running", "to": "completed"})
+
+    async def fail(self, reason: str) -> None:
+        """End the run as failed, recording ``reason``."""
+        if not isinstance(reason, str):
+            raise InvalidArgument(f"run {self.id}: the failure reason must be a string, not {reason!r}")
+        await self._finish(RunStatus.FAILED, {"from": "running", "reason": reason, "to": "failed"})
+
+    async def _finish(self, status: RunStatus, transition: dict[str, str]) -> None:
+        payload = self._encode(transition, "the final transition")
+        await self._write(_store.finish, status, payload)
+        self._finished = status
+        self._heartbeat_scope.cancel()
+
+    # -- the lease ------------------------------------------------------------------------
+
+    async def _keep_lease(self) -> None:
+        """Renew every ttl/3. Transient database errors are retried until the lease would
+        have expired; a definitive loss cancels the body at once."""
+        interval = self._lease.ttl_ms / 3000
+        with self._heartbeat_scope:
+            while True:
+                await trio.sleep(interval)
+                try:
+                    self._lease = await self._db._write(_store.renew, self._lease)
+                except LeaseLost as exc:
+                    self._lose(str(exc))
+                except StorageError as exc:
+                    if self._db.clock() >= self._lease.expires_at:
+                        self._lose(f"run {self.id}: the lease of epoch {self.epoch} expired while renewals failed ({exc})")
+                    else:
+                        logger.warning("run %s: lease renewal failed, retrying: %s", self.id, exc)
+
+    async def _release(self, next_attempt_at: int | None = None) -> None:
+        if self._finished is not None or self._lost is not None:
+            return
+        with trio.CancelScope(shield=True):
+            try:
+                await self._db._write(_store.release, self._lease, next_attempt_at)
+            except StorageError as exc:
+                logger.warning("run %s: releasing the lease failed; it will expire instead: %s", self.id, exc)
+
+
+@asynccontextmanager
+async def owned_run(db: Database, lease: Lease) -> AsyncIterator[Run]:
+    """Run the body beside a heartbeat; release the lease on the way out.
+
+    The body's own exceptions leave unchanged (never wrapped in an ExceptionGroup by the
+    internal nursery); a body stopped by lease loss ends in :class:`LeaseLost`.
+    """
+    run = Run._create(db, lease)
+    body_error: BaseException | None = None
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run._keep_lease)
+            try:
+                with run._body_scope:
+                    yield run
+            except BaseException as exc:
+                body_error = exc
+            finally:
+                nursery.cancel_scope.cancel()
+    finally:
+        await run._release()
+    if body_error is not None:
+        raise body_error
+    if run._lost is not None:
+        raise LeaseLost(run._lost)
+
+
+@asynccontextmanager
+async def open_run(
+    db: Database | str | os.PathLike[str],
+    run_id: str | None = None,
+    *,
+    role: str = "agent",
+    provider: str = "",
+    config: JSONValue = None,
+    parent_run_id: str | None = None,
+    lease_ttl: float = 30.0,
+    force: bool = False,
+) -> AsyncIterator[Run]:
+    """Own a run for the duration of the block: a new one (``run_id=None``) or an existing one.
+
+    A new run is created, leased and started in one transaction (``role``, ``provider``,
+    ``config`` and ``parent_run_id`` describe it; they are ignored for an existing run).
+    An existing run's lease is taken if it is free or expired; an active one raises
+    :class:`RunLeased` unless ``force=True``, which fences the owner (only do that once the
+    owner is known to be dead). Leaving the block without :meth:`Run.complete` or
+    :meth:`Run.fail` releases the lease at once; the run stays claimable.
+    """
+    if not isinstance(db, Database):
+        async with open_database(db) as opened, open_run(
+            opened, run_id, role=role, provider=provider, config=config,
+            parent_run_id=parent_run_id, lease_ttl=lease_ttl, force=force,
+        ) as run:  # fmt: skip
+            yield run
+        return
+    ttl_ms = lease_ttl_ms(lease_ttl)
+    owner = str(uuid.uuid4())
+    if run_id is None:
+        config_json = encode({} if config is None else config, what="run config", limit=db.max_payload_bytes)
+        parent = None if parent_run_id is None else canonical_run_id(parent_run_id, "parent_run_id")
+        lease = await db._write(
+            _store.create_run,
+            str(uuid.uuid4()),
+            parent,
+            check_name(role, "role"),
+            _check_provider(provider),
+            config_json,
+            owner,
+            ttl_ms,
+        )
+    else:
+        lease = await db._write(_store.acquire_run, canonical_run_id(run_id), owner, ttl_ms, bool(force))
+    async with owned_run(db, lease) as run:
+        yield run
+
+
+def _check_provider(provider: object) -> str:
+    if not isinstance(provider, str) or len(provider) > 255:
+        raise InvalidArgument(f"provider must be a string of at most 255 characters, not {provider!r}")
+    return provider
+

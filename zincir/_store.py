@@ -1,0 +1,442 @@
+"""SQLite operations behind runs: each function is one operation on the database thread.
+
+Every function takes a :class:`Tx` first and runs inside a transaction (a SAVEPOINT of the
+writer's group commit, or a read snapshot). A function that raises leaves nothing behind.
+Writes on behalf of a run owner are *fenced*: they first check, inside the same transaction,
+that the owner's (owner, epoch) still holds an unexpired lease on a running run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from ._database import Tx
+from ._errors import (
+    CheckpointNotPending,
+    ConflictingResult,
+    DuplicateToolCall,
+    InvalidArgument,
+    LeaseLost,
+    NoDurableIntent,
+    RunLeased,
+    RunNotFound,
+    RunTerminal,
+    UnfinishedWork,
+)
+from ._json import decode, dump_trusted as _dump
+from ._types import Checkpoint, CheckpointState, Event, EventType, RunRecord, RunStatus, Verification
+
+SUBMIT_CHECKPOINT = "submit_checkpoint"
+_LIVE = (RunStatus.PENDING.value, RunStatus.RUNNING.value)
+
+
+@attrs.frozen
+class Lease:
+    """One owner's hold on a run: valid while (owner, epoch) match and it has not expired."""
+
+    run_id: str
+    owner: str
+    epoch: int
+    ttl_ms: int
+    expires_at: int
+
+    @property
+    def fencing_token(self) -> str:
+        return f"{self.run_id}:{self.epoch}"
+
+
+# -- acquiring and keeping leases ---------------------------------------------------------------
+
+
+def create_run(
+    tx: Tx,
+    run_id: str,
+    parent_run_id: str | None,
+    role: str,
+    provider: str,
+    config_json: str,
+    owner: str,
+    ttl_ms: int,
+) -> Lease:
+    """Insert a run that is already leased and running, with its first event, at once."""
+    if parent_run_id is not None and tx.one("SELECT 1 FROM agent_runs WHERE id = ?", (parent_run_id,)) is None:
+        raise RunNotFound(f"parent run {parent_run_id} does not exist")
+    expires_at = tx.now + ttl_ms
+    tx.execute(
+        "INSERT INTO agent_runs (id, parent_run_id, role, provider, status, config, created_at,"
+        " updated_at, last_seq, lease_owner, lease_epoch, lease_expires_at, next_attempt_at)"
+        " VALUES (?, ?, ?, ?, 'running', ?, ?, ?, 0, ?, 1, ?, ?)",
+        (run_id, parent_run_id, role, provider, config_json, tx.now, tx.now, owner, expires_at, tx.now),
+    )
+    _insert_event(tx, run_id, 0, EventType.STATE_TRANSITION, '{"from":"pending","to":"running"}')
+    return Lease(run_id, owner, 1, ttl_ms, expires_at)
+
+
+def acquire_run(tx: Tx, run_id: str, owner: str, ttl_ms: int, force: bool) -> Lease:
+    """Take a free or expired lease (any lease with ``force``), and start a pending run."""
+    row = tx.one(
+        "SELECT status, lease_owner, lease_epoch, lease_expires_at FROM agent_runs WHERE id = ?",
+        (run_id,),
+    )
+    if row is None:
+        raise RunNotFound(f"run {run_id} does not exist")
+    status, lease_owner, epoch, expires_at = row
+    if status not in _LIVE:
+        raise RunTerminal(f"run {run_id} is {status}; a terminal run cannot be leased")
+    if lease_owner is not None and expires_at > tx.now and not force:
+        raise RunLeased(
+            f"run {run_id} is leased by another owner (epoch {epoch}) for {expires_at - tx.now} ms"
+            " more; pass force=True only once that owner is known to be dead"
+        )
+    return _take(tx, run_id, status, owner, epoch + 1, ttl_ms)
+
+
+def claim_next(tx: Tx, owner: str, ttl_ms: int) -> Lease | None:
+    """Lease the longest-due run that is free or expired, counting the attempt."""
+    row = tx.one(
+        "SELECT id, status, lease_epoch FROM agent_runs"
+        " WHERE status IN ('pending', 'running') AND next_attempt_at <= ?1"
+        " AND (lease_owner IS NULL OR lease_expires_at <= ?1)"
+        " ORDER BY next_attempt_at, created_at LIMIT 1",
+        (tx.now,),
+    )
+    if row is None:
+        return None
+    run_id, status, epoch = row
+    tx.execute("UPDATE agent_runs SET attempts = attempts + 1 WHERE id = ?", (run_id,))
+    return _take(tx, run_id, status, owner, epoch + 1, ttl_ms)
+
+
+def _take(tx: Tx, run_id: str, status: str, owner: str, epoch: int, ttl_ms: int) -> Lease:
+    expires_at = tx.now + ttl_ms
+    tx.execute(
+        "UPDATE agent_runs SET lease_owner = ?, lease_epoch = ?, lease_expires_at = ? WHERE id = ?",
+        (owner, epoch, expires_at, run_id),
+    )
+    if status == RunStatus.PENDING:
+        seq = _allocate(tx, run_id, 1)
+        tx.execute("UPDATE agent_runs SET status = 'running' WHERE id = ?", (run_id,))
+        _insert_event(tx, run_id, seq, EventType.STATE_TRANSITION, '{"from":"pending","to":"running"}')
+    return Lease(run_id, owner, epoch, ttl_ms, expires_at)
+
+
+def renew(tx: Tx, lease: Lease) -> Lease:
+    """Extend an unexpired lease. "Now" is read after the write lock is held, so a renewal
+    that waited behind other writers past its expiry cannot bring the lease back."""
+    expires_at = tx.now + lease.ttl_ms
+    updated = tx.execute(
+        "UPDATE agent_runs SET lease_expires_at = ? WHERE id = ? AND lease_owner = ?"
+        " AND lease_epoch = ? AND status = 'running' AND lease_expires_at > ?",
+        (expires_at, lease.run_id, lease.owner, lease.epoch, tx.now),
+    ).rowcount
+    if updated != 1:
+        check_lease(tx, lease)  # raises with the reason
+    return attrs.evolve(lease, expires_at=expires_at)
+
+
+def release(tx: Tx, lease: Lease, next_attempt_at: int | None = None) -> bool:
+    """Give the lease up; the run stays as it is, claimable at ``next_attempt_at`` (now)."""
+    return bool(
+        tx.execute(
+            "UPDATE agent_runs SET lease_owner = NULL, lease_expires_at = NULL,"
+            " next_attempt_at = ? WHERE id = ? AND lease_owner = ? AND lease_epoch = ?",
+            (tx.now if next_attempt_at is None else next_attempt_at, lease.run_id, lease.owner, lease.epoch),
+        ).rowcount
+    )
+
+
+def check_lease(tx: Tx, lease: Lease) -> None:
+    """Raise :class:`LeaseLost` unless the lease holds on a running run, now."""
+    row = tx.one(
+        "SELECT status, lease_owner, lease_epoch, lease_expires_at FROM agent_runs WHERE id = ?",
+        (lease.run_id,),
+    )
+    if row is None:
+        raise RunNotFound(f"run {lease.run_id} does not exist")
+    status, owner, epoch, expires_at = row
+    where = f"run {lease.run_id}: the lease of epoch {lease.epoch}"
+    if owner == lease.owner and epoch == lease.epoch:
+        if status != RunStatus.RUNNING:
+            raise LeaseLost(f"{where} ended because the run became {status}")
+        if expires_at <= tx.now:
+            raise LeaseLost(f"{where} expired {tx.now - expires_at} ms ago")
+        return
+    if epoch != lease.epoch:
+        raise LeaseLost(f"{where} was fenced by a newer owner (epoch {epoch})")
+    raise LeaseLost(f"{where} was released")
+
+
+# -- the event log ------------------------------------------------------------------------------
+
+
+def _allocate(tx: Tx, run_id: str, count: int) -> int:
+    """Reserve ``count`` consecutive seqs for the run; returns the first."""
+    (last,) = tx.one(
+        "UPDATE agent_runs SET last_seq = last_seq + ?, updated_at = ? WHERE id = ? RETURNING last_seq",
+        (count, tx.now, run_id),
+    )
+    return int(last) - count + 1
+
+
+def _insert_event(
+    tx: Tx, run_id: str, seq: int, type: EventType, payload_json: str, key: str | None = None
+) -> None:
+    tx.execute(
+        "INSERT INTO events (run_id, seq, type, payload, idempotency_key, created_at)"
+        " VALUES (?, ?, ?, ?, ?, ?)",
+        (run_id, seq, type.value, payload_json, key, tx.now),
+    )
+
+
+@attrs.frozen
+class IntentRow:
+    call_id: str
+    name: str
+    payload_json: str
+
+
+def record_response(tx: Tx, lease: Lease, llm_payload_json: str, intents: list[IntentRow]) -> int:
+    """Append the ``llm_call`` event and one ``tool_call`` intent per call; returns its seq."""
+    check_lease(tx, lease)
+    if intents:
+        marks = ",".join("?" * len(intents))
+        reused = tx.all(
+            f"SELECT call_id FROM tool_intents WHERE run_id = ? AND call_id IN ({marks})",
+            (lease.run_id, *(i.call_id for i in intents)),
+        )
+        if reused:
+            ids = ", ".join(repr(r[0]) for r in reused)
+            raise DuplicateToolCall(f"run {lease.run_id}: tool call id {ids} was already used in this run")
+    seq = _allocate(tx, lease.run_id, 1 + len(intents))
+    _insert_event(tx, lease.run_id, seq, EventType.LLM_CALL, llm_payload_json)
+    for offset, intent in enumerate(intents, start=1):
+        _insert_event(
+            tx, lease.run_id, seq + offset, EventType.TOOL_CALL, intent.payload_json, f"tool_call:{intent.call_id}"
+        )
+        tx.execute(
+            "INSERT INTO tool_intents (run_id, call_id, name, intent_seq, response_seq,"
+            " response_tool_count) VALUES (?, ?, ?, ?, ?, ?)",
+            (lease.run_id, intent.call_id, intent.name, seq + offset, seq, len(intents)),
+        )
+    return seq
+
+
+def pending_tools(tx: Tx, lease: Lease) -> list[tuple[str, int]]:
+    """(tool_call payload, response_tool_count) of each intent without a result, in order."""
+    check_lease(tx, lease)
+    rows = tx.all(
+        "SELECT e.payload, t.response_tool_count FROM tool_intents AS t"
+        " JOIN events AS e ON e.run_id = t.run_id AND e.seq = t.intent_seq"
+        " WHERE t.run_id = ? AND t.result_seq IS NULL ORDER BY t.intent_seq",
+        (lease.run_id,),
+    )
+    return [(payload, count) for payload, count in rows]
+
+
+def record_tool_result(tx: Tx, lease: Lease, call_id: str, payload_json: str) -> int:
+    """Append the ``tool_result`` for an intent; an identical repeat is a no-op."""
+    check_lease(tx, lease)
+    row = tx.one(
+        "SELECT name, result_seq FROM tool_intents WHERE run_id = ? AND call_id = ?",
+        (lease.run_id, call_id),
+    )
+    if row is None:
+        raise NoDurableIntent(f"run {lease.run_id}: tool call {call_id!r} has no durable intent")
+    name, result_seq = row
+    if name == SUBMIT_CHECKPOINT:
+        raise InvalidArgument(
+            f"run {lease.run_id}: {call_id!r} is a {SUBMIT_CHECKPOINT} call;"
+            " its result comes from run.checkpoint() and the verifier"
+        )
+    if result_seq is not None:
+        (stored,) = tx.one("SELECT payload FROM events WHERE run_id = ? AND seq = ?", (lease.run_id, result_seq))
+        if stored != payload_json:
+            raise ConflictingResult(f"run {lease.run_id}: tool call {call_id!r} already has a different result")
+        return int(result_seq)
+    seq = _allocate(tx, lease.run_id, 1)
+    _insert_event(tx, lease.run_id, seq, EventType.TOOL_RESULT, payload_json, f"tool_result:{call_id}")
+    tx.execute(
+        "UPDATE tool_intents SET result_seq = ? WHERE run_id = ? AND call_id = ?",
+        (seq, lease.run_id, call_id),
+    )
+    return seq
+
+
+def finish(tx: Tx, lease: Lease, status: RunStatus, payload_json: str) -> None:
+    """Make the run terminal with its ``state_transition`` and drop the lease, at once."""
+    check_lease(tx, lease)
+    if status == RunStatus.COMPLETED:
+        _require_no_open_work(tx, lease.run_id)
+    seq = _allocate(tx, lease.run_id, 1)
+    _insert_event(tx, lease.run_id, seq, EventType.STATE_TRANSITION, payload_json)
+    tx.execute(
+        "UPDATE agent_runs SET status = ?, lease_owner = NULL, lease_expires_at = NULL WHERE id = ?",
+        (status.value, lease.run_id),
+    )
+
+
+def _require_no_open_work(tx: Tx, run_id: str) -> None:
+    open_calls = tx.all(
+        "SELECT call_id FROM tool_intents WHERE run_id = ? AND result_seq IS NULL ORDER BY intent_seq LIMIT 5",
+        (run_id,),
+    )
+    if open_calls:
+        ids = ", ".join(repr(r[0]) for r in open_calls)
+        raise UnfinishedWork(f"run {run_id} cannot complete: tool calls {ids} have no result yet")
+    if tx.one("SELECT 1 FROM checkpoints WHERE run_id = ? AND status = 'candidate'", (run_id,)):
+        raise UnfinishedWork(f"run {run_id} cannot complete: a checkpoint candidate is undecided")
+
+
+# -- reading ------------------------------------------------------------------------------------
+
+_RUN_COLUMNS = "id, parent_run_id, role, provider, status, config, created_at, updated_at"
+_CHECKPOINT_COLUMNS = (
+    "id, run_id, round, tool_call_id, based_on_event_seq, decision_event_seq, status, state,"
+    " verification, created_at, decided_at"
+)
+
+
+def to_run(row: Any) -> RunRecord:
+    id, parent, role, provider, status, config, created_at, updated_at = row
+    return RunRecord(id, parent, role, provider, RunStatus(status), decode(config), created_at, updated_at)
+
+
+def to_event(run_id: str, row: Any) -> Event:
+    seq, type, payload, key, created_at = row
+    return Event(run_id, seq, EventType(type), decode(payload), key, created_at)
+
+
+def to_checkpoint(row: Any) -> Checkpoint:
+    (id, run_id, round, call_id, based_on, decision, status, state, verification, created, decided) = row
+    verdict = None
+    if verification is not None:
+        data = decode(verification)
+        verdict = Verification(bool(data["passed"]), data.get("evidence"))
+    return Checkpoint(
+        id, run_id, round, call_id, based_on, decision, status,
+        CheckpointState.from_json(decode(state)), verdict, created, decided,
+    )  # fmt: skip
+
+
+def get_run(tx: Tx, run_id: str) -> RunRecord:
+    row = tx.one(f"SELECT {_RUN_COLUMNS} FROM agent_runs WHERE id = ?", (run_id,))
+    if row is None:
+        raise RunNotFound(f"run {run_id} does not exist")
+    return to_run(row)
+
+
+def events_after(tx: Tx, run_id: str, after_seq: int) -> list[Event]:
+    rows = tx.all(
+        "SELECT seq, type, payload, idempotency_key, created_at FROM events"
+        " WHERE run_id = ? AND seq > ? ORDER BY seq",
+        (run_id, after_seq),
+    )
+    return [to_event(run_id, row) for row in rows]
+
+
+def latest_accepted(tx: Tx, run_id: str) -> Checkpoint | None:
+    row = tx.one(
+        f"SELECT {_CHECKPOINT_COLUMNS} FROM checkpoints WHERE run_id = ? AND status = 'accepted'"
+        " ORDER BY round DESC LIMIT 1",
+        (run_id,),
+    )
+    return None if row is None else to_checkpoint(row)
+
+
+def durable_state(tx: Tx, run_id: str) -> tuple[RunRecord, Checkpoint | None, list[Event]]:
+    """The run, its latest accepted checkpoint and the events after that checkpoint's
+    decision and the tool result that answered it (seq > decision + 1)."""
+    run = get_run(tx, run_id)
+    checkpoint = latest_accepted(tx, run_id)
+    after = -1 if checkpoint is None or checkpoint.decision_event_seq is None else checkpoint.decision_event_seq + 1
+    return run, checkpoint, events_after(tx, run_id, after)
+
+
+# -- checkpoints --------------------------------------------------------------------------------
+
+
+def propose_checkpoint(tx: Tx, lease: Lease, call_id: str, state_json: str) -> Checkpoint:
+    """Persist a candidate for a pending ``submit_checkpoint`` intent, before any verifier runs."""
+    check_lease(tx, lease)
+    where = f"run {lease.run_id}: checkpoint call {call_id!r}"
+    row = tx.one(
+        "SELECT name, response_seq, result_seq FROM tool_intents WHERE run_id = ? AND call_id = ?",
+        (lease.run_id, call_id),
+    )
+    if row is None:
+        raise CheckpointNotPending(f"{where} has no durable intent")
+    name, response_seq, result_seq = row
+    if name != SUBMIT_CHECKPOINT:
+        raise CheckpointNotPending(f"{where} is a {name!r} call, not {SUBMIT_CHECKPOINT}")
+    if result_seq is not None:
+        raise CheckpointNotPending(f"{where} was already decided")
+    siblings = tx.all(
+        "SELECT call_id FROM tool_intents WHERE run_id = ? AND response_seq = ? AND call_id != ?"
+        " AND result_seq IS NULL",
+        (lease.run_id, response_seq, call_id),
+    )
+    if siblings:
+        ids = ", ".join(repr(r[0]) for r in siblings)
+        raise CheckpointNotPending(f"{where} must wait for the results of its sibling calls {ids}")
+    if tx.one("SELECT 1 FROM checkpoints WHERE run_id = ? AND status = 'candidate'", (lease.run_id,)):
+        raise CheckpointNotPending(f"run {lease.run_id} already has an undecided checkpoint candidate")
+    (round,) = tx.one("SELECT coalesce(max(round), 0) + 1 FROM checkpoints WHERE run_id = ?", (lease.run_id,))
+    seq = _allocate(tx, lease.run_id, 1)
+    (checkpoint_id,) = tx.one(
+        "INSERT INTO checkpoints (run_id, round, tool_call_id, based_on_event_seq, status, state,"
+        " created_at) VALUES (?, ?, ?, ?, 'candidate', ?, ?) RETURNING id",
+        (lease.run_id, round, call_id, seq - 1, state_json, tx.now),
+    )
+    payload = _dump({"checkpoint_id": checkpoint_id, "round": round, "state": decode(state_json)})
+    _insert_event(tx, lease.run_id, seq, EventType.CHECKPOINT_PROPOSED, payload, f"checkpoint:{checkpoint_id}:proposed")
+    return get_checkpoint(tx, lease.run_id, checkpoint_id)
+
+
+def get_checkpoint(tx: Tx, run_id: str, checkpoint_id: int) -> Checkpoint:
+    row = tx.one(f"SELECT {_CHECKPOINT_COLUMNS} FROM checkpoints WHERE id = ? AND run_id = ?", (checkpoint_id, run_id))
+    if row is None:
+        raise CheckpointNotPending(f"run {run_id} has no checkpoint {checkpoint_id}")
+    return to_checkpoint(row)
+
+
+def candidate(tx: Tx, lease: Lease, checkpoint_id: int | None) -> Checkpoint | None:
+    """The run's undecided candidate (the stored one, whatever a caller holds), if any."""
+    check_lease(tx, lease)
+    row = tx.one(
+        f"SELECT {_CHECKPOINT_COLUMNS} FROM checkpoints WHERE run_id = ? AND status = 'candidate'",
+        (lease.run_id,),
+    )
+    if row is None:
+        return None
+    found = to_checkpoint(row)
+    if checkpoint_id is not None and found.id != checkpoint_id:
+        return None
+    return found
+
+
+def decide_checkpoint(tx: Tx, lease: Lease, checkpoint_id: int, verification_json: str, passed: bool) -> Checkpoint:
+    """Record the decision, its event and the tool result answering the intent, at once."""
+    check_lease(tx, lease)
+    current = candidate(tx, lease, checkpoint_id)
+    if current is None:
+        raise CheckpointNotPending(f"run {lease.run_id}: checkpoint {checkpoint_id} is not an undecided candidate")
+    status = "accepted" if passed else "rejected"
+    seq = _allocate(tx, lease.run_id, 2)
+    tx.execute(
+        "UPDATE checkpoints SET status = ?, verification = ?, decision_event_seq = ?, decided_at = ? WHERE id = ?",
+        (status, verification_json, seq, tx.now, checkpoint_id),
+    )
+    verification = decode(verification_json)
+    decision = _dump({"checkpoint_id": checkpoint_id, "verification": verification})
+    event_type = EventType.CHECKPOINT_ACCEPTED if passed else EventType.CHECKPOINT_REJECTED
+    _insert_event(tx, lease.run_id, seq, event_type, decision, f"checkpoint:{checkpoint_id}:{status}")
+    content = {"accepted": passed, "verification": verification}
+    result = _dump({"call_id": current.tool_call_id, "content": content})
+    _insert_event(tx, lease.run_id, seq + 1, EventType.TOOL_RESULT, result, f"checkpoint:{checkpoint_id}:tool_result")
+    tx.execute(
+        "UPDATE tool_intents SET result_seq = ? WHERE run_id = ? AND call_id = ?",
+        (seq + 1, lease.run_id, current.tool_call_id),
+    )
+    return get_checkpoint(tx, lease.run_id, checkpoint_id)

@@ -1,0 +1,182 @@
+"""The data zincir hands out: frozen attrs classes and string enums.
+
+Timestamps are integer Unix milliseconds; run ids are canonical lowercase UUID strings.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import attrs
+
+from ._errors import InvalidArgument
+from ._json import JSONValue
+
+__all__ = [
+    "Checkpoint",
+    "CheckpointState",
+    "DurableState",
+    "Event",
+    "EventType",
+    "PendingToolCall",
+    "RunRecord",
+    "RunStatus",
+    "ToolCall",
+    "Verification",
+    "Verifier",
+]
+
+
+class RunStatus(enum.StrEnum):
+    """Where a run is in its life. ``completed`` and ``failed`` are terminal."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (RunStatus.COMPLETED, RunStatus.FAILED)
+
+
+class EventType(enum.StrEnum):
+    """The kinds of event in a run's log."""
+
+    STATE_TRANSITION = "state_transition"
+    LLM_CALL = "llm_call"
+    TOOL_CALL = "tool_call"
+    TOOL_RESULT = "tool_result"
+    CHECKPOINT_PROPOSED = "checkpoint_proposed"
+    CHECKPOINT_ACCEPTED = "checkpoint_accepted"
+    CHECKPOINT_REJECTED = "checkpoint_rejected"
+    ATTEMPT_FAILED = "attempt_failed"
+
+
+@attrs.frozen
+class ToolCall:
+    """A tool call the model asked for. ``id`` is unique within the run."""
+
+    id: str
+    name: str
+    args: JSONValue = attrs.field(factory=dict)
+
+    @classmethod
+    def _coerce(cls, value: ToolCall | Mapping[str, Any]) -> ToolCall:
+        if isinstance(value, ToolCall):
+            return value
+        if not isinstance(value, Mapping):
+            raise InvalidArgument(f"a tool call must be a ToolCall or a mapping, not {value!r}")
+        missing = {"id", "name"} - value.keys()
+        if missing:
+            raise InvalidArgument(f"tool call {value!r} lacks {sorted(missing)}")
+        return cls(value["id"], value["name"], value.get("args", {}))
+
+
+@attrs.frozen
+class PendingToolCall:
+    """A tool intent with no result yet: run it (again) and record its result.
+
+    Hand ``idempotency_key`` and ``fencing_token`` to tools whose effect must happen once.
+    """
+
+    call: ToolCall
+    response_tool_count: int
+    """How many tool calls the model response that asked for this one contained."""
+    idempotency_key: str
+    """``tool_call:<call id>``: stable across crashes and owners, unique within the run."""
+    fencing_token: str
+    """The current owner's token, ``<run id>:<epoch>``; a higher epoch fences a lower one."""
+
+
+@attrs.frozen
+class CheckpointState:
+    """The semantic progress an agent claims at a checkpoint."""
+
+    completed: list[str] = attrs.field(factory=list)
+    remaining: list[str] = attrs.field(factory=list)
+    artifacts: list[JSONValue] = attrs.field(factory=list)
+    """Labels, or content identities from :mod:`zincir.artifacts`."""
+    failed_attempts: list[str] = attrs.field(factory=list)
+    evidence: list[str] = attrs.field(factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+    @classmethod
+    def from_json(cls, value: Any) -> CheckpointState:
+        """Build from a mapping with exactly the five list fields (the intent's ``args``)."""
+        fields = [f.name for f in attrs.fields(cls)]
+        if not isinstance(value, Mapping) or set(value) != set(fields):
+            raise InvalidArgument(f"a checkpoint state needs exactly the lists {fields}, got {value!r}")
+        for name in fields:
+            if not isinstance(value[name], list):
+                raise InvalidArgument(f"checkpoint state field {name!r} must be a list")
+        return cls(**{name: list(value[name]) for name in fields})
+
+
+@attrs.frozen
+class Verification:
+    """A verifier's decision on a checkpoint candidate, with the evidence it used."""
+
+    passed: bool
+    evidence: JSONValue = None
+
+
+Verifier = Callable[[CheckpointState], Awaitable[Verification]]
+
+
+@attrs.frozen
+class Checkpoint:
+    """A checkpoint candidate, or the decision a verifier made on it."""
+
+    id: int
+    run_id: str
+    round: int
+    tool_call_id: str
+    based_on_event_seq: int
+    decision_event_seq: int | None
+    status: str
+    """``candidate``, ``accepted`` or ``rejected``."""
+    state: CheckpointState
+    verification: Verification | None
+    created_at: int
+    decided_at: int | None
+
+
+@attrs.frozen
+class Event:
+    """One entry of a run's append-only log."""
+
+    run_id: str
+    seq: int
+    type: EventType
+    payload: JSONValue
+    idempotency_key: str | None
+    created_at: int
+
+
+@attrs.frozen
+class RunRecord:
+    """A run as stored. ``updated_at`` is its last event or status change (not heartbeats)."""
+
+    id: str
+    parent_run_id: str | None
+    role: str
+    provider: str
+    status: RunStatus
+    config: JSONValue
+    created_at: int
+    updated_at: int
+
+
+@attrs.frozen
+class DurableState:
+    """What a fresh model context continues from: the latest accepted checkpoint (if any)
+    and every event recorded after its decision."""
+
+    run: RunRecord
+    checkpoint: Checkpoint | None
+    events: list[Event]
