@@ -85,8 +85,5 @@ __all__ = [
 for _name in __all__:
     _obj = globals()[_name]
     if getattr(_obj, "__module__", "").startswith("zincir._"):
-        try:
-            _obj.__module__ = "zincir"
-        except (AttributeError, TypeError):  # pragma: no cover - read-only attribute
-            pass
+        _obj.__module__ = "zincir"
 del _name, _obj

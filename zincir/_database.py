@@ -146,10 +146,8 @@ class _Worker:
                 assert request.result is not None
                 trio.lowlevel.reschedule(request.task, request.result)
 
-        try:
-            self._token.run_sync_soon(wake)
-        except trio.RunFinishedError:  # pragma: no cover - the loop ended without closing us
-            pass
+        # close() waits for this thread, so the Trio run is still there to be woken.
+        self._token.run_sync_soon(wake)
 
     def _run_batch(self, batch: list[_Request]) -> None:
         if len(batch) == 1 or not self._group_commit:
@@ -226,12 +224,17 @@ def _connect(path: str, synchronous: str) -> sqlite3.Connection:
     except sqlite3.Error as exc:
         raise StorageError(f"cannot open database {path!r}: {exc}") from exc
     try:
+        # Validate before anything else touches the file: a refused file stays unchanged.
+        _migrations.applied_version(conn, path)
         conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
         conn.execute("PRAGMA foreign_keys = ON")
         conn.execute(f"PRAGMA synchronous = {synchronous}")
     except sqlite3.Error as exc:
         conn.close()
         raise StorageError(f"cannot open database {path!r}: {exc}") from exc
+    except BaseException:
+        conn.close()
+        raise
     return conn
 
 
@@ -256,7 +259,6 @@ def _open_connections(path: str, synchronous: str, clock: Clock) -> tuple[sqlite
     writer = _connect(path, synchronous)
     try:
         try:
-            _migrations.applied_version(writer, path)  # read-only check before any write
             _enable_wal(writer, path)
             _migrations.migrate(writer, path, clock())
         except sqlite3.Error as exc:
@@ -282,6 +284,9 @@ class Database:
     """The clock every lease and timer of this database is measured with (integer ms)."""
     max_payload_bytes: int
     """The largest JSON payload, in bytes of UTF-8, that one value may take."""
+    _writer: _Worker
+    _reader: _Worker
+    _closed: bool
 
     def __init__(self, *_: object, **__: object) -> None:
         raise TypeError("use zincir.open_database() to open a Database")
@@ -364,9 +369,7 @@ async def open_database(
         raise InvalidArgument(f"max_payload_bytes must be a positive int, not {max_payload_bytes!r}")
     path_str = os.fspath(path)
     clock = clock or wall_clock_ms
-    writer_conn, reader_conn = await trio.to_thread.run_sync(
-        _open_connections, path_str, level, clock
-    )
+    writer_conn, reader_conn = await trio.to_thread.run_sync(_open_connections, path_str, level, clock)
     token = trio.lowlevel.current_trio_token()
     db = Database._create(
         path_str,
@@ -393,4 +396,3 @@ async def open_database(
         yield db
     finally:
         await db._close()
-

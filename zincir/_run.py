@@ -6,9 +6,9 @@ import logging
 import math
 import os
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Final, final
+from typing import Any, Final, TypeVar, cast, final
 
 import trio
 
@@ -20,6 +20,7 @@ from ._errors import (
     InvalidArgument,
     LeaseLost,
     RunTerminal,
+    StepAlreadyRunning,
     StorageError,
 )
 from ._json import JSONValue, decode, encode
@@ -38,6 +39,8 @@ from ._types import (
 __all__ = ["MIN_LEASE_TTL", "Run", "open_run"]
 
 logger = logging.getLogger("zincir")
+
+T = TypeVar("T")
 
 MIN_LEASE_TTL: Final = 0.030
 """The shortest lease, in seconds; production leases should leave room for contention."""
@@ -78,6 +81,13 @@ class Run:
 
     id: str
     """The run's id (a canonical lowercase UUID string)."""
+    _db: Database
+    _lease: Lease
+    _lost: str | None
+    _finished: RunStatus | None
+    _body_scope: trio.CancelScope
+    _heartbeat_scope: trio.CancelScope
+    _running_steps: set[str]
 
     def __init__(self, *_: object, **__: object) -> None:
         raise TypeError("runs come from zincir.open_run() or a ResumeWorker")
@@ -88,11 +98,11 @@ class Run:
         self.id = lease.run_id
         self._db = db
         self._lease = lease
-        self._lost: str | None = None
-        self._finished: RunStatus | None = None
+        self._lost = None
+        self._finished = None
         self._body_scope = trio.CancelScope()
         self._heartbeat_scope = trio.CancelScope()
-        self._running_steps: set[str] = set()
+        self._running_steps = set()
         return self
 
     def __repr__(self) -> str:
@@ -172,13 +182,17 @@ class Run:
         Tool call ids must be non-empty, unique within the response and new to the run.
         ``usage`` (token counts and the like) is stored with the response.
         """
-        calls = [ToolCall._coerce(c) for c in tool_calls]
+        calls = [ToolCall._coerce(c, f"run {self.id}") for c in tool_calls]
         seen: set[str] = set()
         for call in calls:
             if not isinstance(call.id, str) or not call.id:
-                raise DuplicateToolCall(f"run {self.id}: a tool call id must be a non-empty string, not {call.id!r}")
+                raise DuplicateToolCall(
+                    f"run {self.id}: a tool call id must be a non-empty string, not {call.id!r}"
+                )
             if call.id in seen:
-                raise DuplicateToolCall(f"run {self.id}: tool call id {call.id!r} appears twice in one response")
+                raise DuplicateToolCall(
+                    f"run {self.id}: tool call id {call.id!r} appears twice in one response"
+                )
             seen.add(call.id)
             check_name(call.name, f"run {self.id}: the name of tool call {call.id!r}")
         if not isinstance(stop_reason, str):
@@ -251,13 +265,17 @@ class Run:
             raise InvalidArgument(f"run {self.id}: verify_checkpoint() takes a Checkpoint, not {candidate!r}")
         stored = await self._read(_store.candidate, candidate.id)
         if stored is None:
-            raise CheckpointNotPending(f"run {self.id}: checkpoint {candidate.id} is not an undecided candidate")
+            raise CheckpointNotPending(
+                f"run {self.id}: checkpoint {candidate.id} is not an undecided candidate"
+            )
         return await self._decide(stored, verify)
 
     async def _decide(self, candidate: Checkpoint, verify: Verifier) -> Checkpoint:
         verification = await verify(candidate.state)
         if not isinstance(verification, Verification):
-            raise InvalidArgument(f"run {self.id}: a verifier must return a Verification, not {verification!r}")
+            raise InvalidArgument(
+                f"run {self.id}: a verifier must return a Verification, not {verification!r}"
+            )
         self._check_usable()  # the lease may have been lost while the verifier ran
         verdict = self._encode(
             {"evidence": verification.evidence, "passed": bool(verification.passed)}, "verification evidence"
@@ -266,6 +284,54 @@ class Run:
             _store.decide_checkpoint, candidate.id, verdict, bool(verification.passed)
         )
         return decided
+
+    # -- durable steps and sleeps ---------------------------------------------------------
+
+    async def step(self, name: str, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """Run ``await fn(*args)`` once for this run: if step ``name`` completed before (in
+        this or any earlier owner), return its stored result without calling ``fn``.
+
+        The result must be JSON; it is stored (fenced by the lease) before it is returned,
+        and what is returned is the stored JSON value. If ``fn`` raises, nothing is stored
+        and the next call runs it again.
+        """
+        check_name(name, f"run {self.id}: step name")
+        self._check_usable()
+        stored = await self._db._read(_store.step_result, self.id, name)
+        if stored is not None:
+            return cast(T, decode(stored))
+        if name in self._running_steps:
+            raise StepAlreadyRunning(f"run {self.id}: step {name!r} is already running")
+        self._running_steps.add(name)
+        try:
+            started_at = self._db.clock()
+            value = await fn(*args)
+            result = self._encode(value, f"the result of step {name!r}")
+            stored = await self._write(_store.complete_step, name, result, started_at)
+        finally:
+            self._running_steps.discard(name)
+        return cast(T, decode(stored))
+
+    async def sleep(self, name: str, seconds: float) -> None:
+        """Sleep durably: the wake time is stored first (the first call with ``name`` wins),
+        so after a restart only the remainder is waited; a completed sleep returns at once."""
+        check_name(name, f"run {self.id}: sleep name")
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, int | float)
+            or not math.isfinite(seconds)
+            or seconds < 0
+        ):
+            raise InvalidArgument(
+                f"run {self.id}: sleep {name!r} needs a finite duration >= 0, not {seconds!r}"
+            )
+        wake_at, completed = await self._write(_store.schedule_timer, name, math.ceil(seconds * 1000))
+        if completed:
+            return
+        remaining_ms = wake_at - self._db.clock()
+        if remaining_ms > 0:
+            await trio.sleep(remaining_ms / 1000)
+        await self._write(_store.complete_timer, name)
 
     # -- ending ---------------------------------------------------------------------------
 
@@ -300,7 +366,7 @@ class Run:
                     self._lose(str(exc))
                 except StorageError as exc:
                     if self._db.clock() >= self._lease.expires_at:
-                        self._lose(f"run {self.id}: the lease of epoch {self.epoch} expired while renewals failed ({exc})")
+                        self._lose(f"run {self.id}: the lease of epoch {self.epoch} expired ({exc})")
                     else:
                         logger.warning("run %s: lease renewal failed, retrying: %s", self.id, exc)
 
@@ -394,4 +460,3 @@ def _check_provider(provider: object) -> str:
     if not isinstance(provider, str) or len(provider) > 255:
         raise InvalidArgument(f"provider must be a string of at most 255 characters, not {provider!r}")
     return provider
-

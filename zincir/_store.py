@@ -25,7 +25,8 @@ from ._errors import (
     RunTerminal,
     UnfinishedWork,
 )
-from ._json import decode, dump_trusted as _dump
+from ._json import decode
+from ._json import dump_trusted as _dump
 from ._types import Checkpoint, CheckpointState, Event, EventType, RunRecord, RunStatus, Verification
 
 SUBMIT_CHECKPOINT = "submit_checkpoint"
@@ -61,7 +62,10 @@ def create_run(
     ttl_ms: int,
 ) -> Lease:
     """Insert a run that is already leased and running, with its first event, at once."""
-    if parent_run_id is not None and tx.one("SELECT 1 FROM agent_runs WHERE id = ?", (parent_run_id,)) is None:
+    if (
+        parent_run_id is not None
+        and tx.one("SELECT 1 FROM agent_runs WHERE id = ?", (parent_run_id,)) is None
+    ):
         raise RunNotFound(f"parent run {parent_run_id} does not exist")
     expires_at = tx.now + ttl_ms
     tx.execute(
@@ -213,7 +217,12 @@ def record_response(tx: Tx, lease: Lease, llm_payload_json: str, intents: list[I
     _insert_event(tx, lease.run_id, seq, EventType.LLM_CALL, llm_payload_json)
     for offset, intent in enumerate(intents, start=1):
         _insert_event(
-            tx, lease.run_id, seq + offset, EventType.TOOL_CALL, intent.payload_json, f"tool_call:{intent.call_id}"
+            tx,
+            lease.run_id,
+            seq + offset,
+            EventType.TOOL_CALL,
+            intent.payload_json,
+            f"tool_call:{intent.call_id}",
         )
         tx.execute(
             "INSERT INTO tool_intents (run_id, call_id, name, intent_seq, response_seq,"
@@ -251,9 +260,13 @@ def record_tool_result(tx: Tx, lease: Lease, call_id: str, payload_json: str) ->
             " its result comes from run.checkpoint() and the verifier"
         )
     if result_seq is not None:
-        (stored,) = tx.one("SELECT payload FROM events WHERE run_id = ? AND seq = ?", (lease.run_id, result_seq))
+        (stored,) = tx.one(
+            "SELECT payload FROM events WHERE run_id = ? AND seq = ?", (lease.run_id, result_seq)
+        )
         if stored != payload_json:
-            raise ConflictingResult(f"run {lease.run_id}: tool call {call_id!r} already has a different result")
+            raise ConflictingResult(
+                f"run {lease.run_id}: tool call {call_id!r} already has a different result"
+            )
         return int(result_seq)
     seq = _allocate(tx, lease.run_id, 1)
     _insert_event(tx, lease.run_id, seq, EventType.TOOL_RESULT, payload_json, f"tool_result:{call_id}")
@@ -279,7 +292,8 @@ def finish(tx: Tx, lease: Lease, status: RunStatus, payload_json: str) -> None:
 
 def _require_no_open_work(tx: Tx, run_id: str) -> None:
     open_calls = tx.all(
-        "SELECT call_id FROM tool_intents WHERE run_id = ? AND result_seq IS NULL ORDER BY intent_seq LIMIT 5",
+        "SELECT call_id FROM tool_intents WHERE run_id = ? AND result_seq IS NULL"
+        " ORDER BY intent_seq LIMIT 5",
         (run_id,),
     )
     if open_calls:
@@ -350,7 +364,11 @@ def durable_state(tx: Tx, run_id: str) -> tuple[RunRecord, Checkpoint | None, li
     decision and the tool result that answered it (seq > decision + 1)."""
     run = get_run(tx, run_id)
     checkpoint = latest_accepted(tx, run_id)
-    after = -1 if checkpoint is None or checkpoint.decision_event_seq is None else checkpoint.decision_event_seq + 1
+    after = (
+        -1
+        if checkpoint is None or checkpoint.decision_event_seq is None
+        else checkpoint.decision_event_seq + 1
+    )
     return run, checkpoint, events_after(tx, run_id, after)
 
 
@@ -390,12 +408,16 @@ def propose_checkpoint(tx: Tx, lease: Lease, call_id: str, state_json: str) -> C
         (lease.run_id, round, call_id, seq - 1, state_json, tx.now),
     )
     payload = _dump({"checkpoint_id": checkpoint_id, "round": round, "state": decode(state_json)})
-    _insert_event(tx, lease.run_id, seq, EventType.CHECKPOINT_PROPOSED, payload, f"checkpoint:{checkpoint_id}:proposed")
+    _insert_event(
+        tx, lease.run_id, seq, EventType.CHECKPOINT_PROPOSED, payload, f"checkpoint:{checkpoint_id}:proposed"
+    )
     return get_checkpoint(tx, lease.run_id, checkpoint_id)
 
 
 def get_checkpoint(tx: Tx, run_id: str, checkpoint_id: int) -> Checkpoint:
-    row = tx.one(f"SELECT {_CHECKPOINT_COLUMNS} FROM checkpoints WHERE id = ? AND run_id = ?", (checkpoint_id, run_id))
+    row = tx.one(
+        f"SELECT {_CHECKPOINT_COLUMNS} FROM checkpoints WHERE id = ? AND run_id = ?", (checkpoint_id, run_id)
+    )
     if row is None:
         raise CheckpointNotPending(f"run {run_id} has no checkpoint {checkpoint_id}")
     return to_checkpoint(row)
@@ -416,16 +438,21 @@ def candidate(tx: Tx, lease: Lease, checkpoint_id: int | None) -> Checkpoint | N
     return found
 
 
-def decide_checkpoint(tx: Tx, lease: Lease, checkpoint_id: int, verification_json: str, passed: bool) -> Checkpoint:
+def decide_checkpoint(
+    tx: Tx, lease: Lease, checkpoint_id: int, verification_json: str, passed: bool
+) -> Checkpoint:
     """Record the decision, its event and the tool result answering the intent, at once."""
     check_lease(tx, lease)
     current = candidate(tx, lease, checkpoint_id)
     if current is None:
-        raise CheckpointNotPending(f"run {lease.run_id}: checkpoint {checkpoint_id} is not an undecided candidate")
+        raise CheckpointNotPending(
+            f"run {lease.run_id}: checkpoint {checkpoint_id} is not an undecided candidate"
+        )
     status = "accepted" if passed else "rejected"
     seq = _allocate(tx, lease.run_id, 2)
     tx.execute(
-        "UPDATE checkpoints SET status = ?, verification = ?, decision_event_seq = ?, decided_at = ? WHERE id = ?",
+        "UPDATE checkpoints SET status = ?, verification = ?, decision_event_seq = ?, decided_at = ?"
+        " WHERE id = ?",
         (status, verification_json, seq, tx.now, checkpoint_id),
     )
     verification = decode(verification_json)
@@ -434,9 +461,57 @@ def decide_checkpoint(tx: Tx, lease: Lease, checkpoint_id: int, verification_jso
     _insert_event(tx, lease.run_id, seq, event_type, decision, f"checkpoint:{checkpoint_id}:{status}")
     content = {"accepted": passed, "verification": verification}
     result = _dump({"call_id": current.tool_call_id, "content": content})
-    _insert_event(tx, lease.run_id, seq + 1, EventType.TOOL_RESULT, result, f"checkpoint:{checkpoint_id}:tool_result")
+    _insert_event(
+        tx, lease.run_id, seq + 1, EventType.TOOL_RESULT, result, f"checkpoint:{checkpoint_id}:tool_result"
+    )
     tx.execute(
         "UPDATE tool_intents SET result_seq = ? WHERE run_id = ? AND call_id = ?",
         (seq + 1, lease.run_id, current.tool_call_id),
     )
     return get_checkpoint(tx, lease.run_id, checkpoint_id)
+
+
+# -- durable steps and sleeps -------------------------------------------------------------------
+
+
+def step_result(tx: Tx, run_id: str, name: str) -> str | None:
+    """The stored JSON result of a completed step, or None."""
+    row = tx.one(
+        "SELECT result FROM steps WHERE run_id = ? AND name = ? AND status = 'completed'", (run_id, name)
+    )
+    return None if row is None else str(row[0])
+
+
+def complete_step(tx: Tx, lease: Lease, name: str, result_json: str, started_at: int) -> str:
+    """Store a step's result, fenced; if a result is already stored, keep and return it."""
+    check_lease(tx, lease)
+    tx.execute(
+        "INSERT INTO steps (run_id, name, status, epoch, result, started_at, completed_at)"
+        " VALUES (?, ?, 'completed', ?, ?, ?, ?) ON CONFLICT (run_id, name) DO NOTHING",
+        (lease.run_id, name, lease.epoch, result_json, started_at, tx.now),
+    )
+    stored = step_result(tx, lease.run_id, name)
+    assert stored is not None
+    return stored
+
+
+def schedule_timer(tx: Tx, lease: Lease, name: str, delay_ms: int) -> tuple[int, bool]:
+    """Store the wake time on the first call (later calls keep it); (wake_at, completed)."""
+    check_lease(tx, lease)
+    tx.execute(
+        "INSERT INTO timers (run_id, name, wake_at, created_at) VALUES (?, ?, ?, ?)"
+        " ON CONFLICT (run_id, name) DO NOTHING",
+        (lease.run_id, name, tx.now + delay_ms, tx.now),
+    )
+    wake_at, completed_at = tx.one(
+        "SELECT wake_at, completed_at FROM timers WHERE run_id = ? AND name = ?", (lease.run_id, name)
+    )
+    return int(wake_at), completed_at is not None
+
+
+def complete_timer(tx: Tx, lease: Lease, name: str) -> None:
+    check_lease(tx, lease)
+    tx.execute(
+        "UPDATE timers SET completed_at = ? WHERE run_id = ? AND name = ? AND completed_at IS NULL",
+        (tx.now, lease.run_id, name),
+    )

@@ -64,14 +64,14 @@ class ToolCall:
     args: JSONValue = attrs.field(factory=dict)
 
     @classmethod
-    def _coerce(cls, value: ToolCall | Mapping[str, Any]) -> ToolCall:
+    def _coerce(cls, value: ToolCall | Mapping[str, Any], where: str) -> ToolCall:
         if isinstance(value, ToolCall):
             return value
         if not isinstance(value, Mapping):
-            raise InvalidArgument(f"a tool call must be a ToolCall or a mapping, not {value!r}")
+            raise InvalidArgument(f"{where}: a tool call must be a ToolCall or a mapping, not {value!r}")
         missing = {"id", "name"} - value.keys()
         if missing:
-            raise InvalidArgument(f"tool call {value!r} lacks {sorted(missing)}")
+            raise InvalidArgument(f"{where}: tool call {value!r} lacks {sorted(missing)}")
         return cls(value["id"], value["name"], value.get("args", {}))
 
 

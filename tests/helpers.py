@@ -1,0 +1,45 @@
+"""Shared helpers for tests that look at the file itself or start real processes."""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def dump(path: Path) -> str:
+    """Every row of every table, through a separate plain sqlite3 connection."""
+    conn = sqlite3.connect(path)
+    try:
+        return "\n".join(conn.iterdump())
+    finally:
+        conn.close()
+
+
+def file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def scalar(path: Path, sql: str, params: tuple[object, ...] = ()) -> object:
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute(sql, params).fetchone()[0]
+    finally:
+        conn.close()
+
+
+def start_python(code: str, *args: str, **kwargs: object) -> subprocess.Popen[str]:
+    """Start a real Python process running ``code`` (dedented) with ``args`` in sys.argv."""
+    return subprocess.Popen(  # type: ignore[call-overload,no-any-return]
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        **kwargs,
+    )

@@ -1,0 +1,408 @@
+"""Runs: creation, leases, heartbeat, fencing, the event log, tool intents and results."""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+import zincir
+from zincir import _store
+
+from .conftest import ManualClock
+from .helpers import dump, scalar, start_python
+from .test_database import Gate
+
+
+def event_types(state: zincir.DurableState) -> list[str]:
+    return [e.type.value for e in state.events]
+
+
+def lease_row(path: Path, run_id: str) -> tuple[Any, ...]:
+    conn = sqlite3.connect(path)
+    try:
+        return tuple(
+            conn.execute(
+                "SELECT status, lease_owner, lease_epoch, lease_expires_at FROM agent_runs WHERE id = ?",
+                (run_id,),
+            ).fetchone()
+        )
+    finally:
+        conn.close()
+
+
+async def new_released_run(db: zincir.Database, **kwargs: Any) -> str:
+    async with zincir.open_run(db, **kwargs) as run:
+        return run.id
+
+
+# -- creation and the log -----------------------------------------------------------------------
+
+
+async def test_a_new_run_is_leased_and_running_with_one_transition(db: zincir.Database, db_path: Path) -> None:
+    async with zincir.open_run(db, role="coder", provider="acme", config={"goal": "g"}) as run:
+        assert run.epoch == 1
+        assert run.fencing_token == f"{run.id}:1"
+        state = await run.state()
+        assert state.run.status is zincir.RunStatus.RUNNING
+        assert (state.run.role, state.run.provider, state.run.config) == ("coder", "acme", {"goal": "g"})
+        assert state.checkpoint is None
+        [event] = state.events
+        assert (event.seq, event.type, event.payload) == (0, "state_transition", {"from": "pending", "to": "running"})
+        status, owner, epoch, _ = lease_row(db_path, run.id)
+        assert (status, epoch) == ("running", 1)
+        assert owner is not None
+
+
+async def test_responses_intents_and_results(db: zincir.Database) -> None:
+    async with zincir.open_run(db) as run:
+        await run.record_response(
+            {"text": "two tools"},
+            [zincir.ToolCall("a", "search", {"q": 1}), {"id": "b", "name": "fetch", "args": ["x"]}],
+            "tool_use",
+            usage={"input_tokens": 10, "output_tokens": 3},
+        )
+        pending = await run.pending_tools()
+        assert [p.call for p in pending] == [
+            zincir.ToolCall("a", "search", {"q": 1}),
+            zincir.ToolCall("b", "fetch", ["x"]),
+        ]
+        assert [p.idempotency_key for p in pending] == ["tool_call:a", "tool_call:b"]
+        assert {p.fencing_token for p in pending} == {run.fencing_token}
+        assert {p.response_tool_count for p in pending} == {2}
+
+        await run.record_tool_result("b", {"body": "B"})
+        assert [p.call.id for p in await run.pending_tools()] == ["a"]
+        await run.record_tool_result("a", [1, 2])
+        await run.record_tool_result("a", [1, 2])  # the identical repeat writes nothing
+        assert await run.pending_tools() == []
+
+        state = await run.state()
+        assert event_types(state) == ["state_transition", "llm_call", "tool_call", "tool_call", "tool_result", "tool_result"]
+        llm = state.events[1].payload
+        assert llm["usage"] == {"input_tokens": 10, "output_tokens": 3}
+        assert llm["tool_calls"][1] == {"id": "b", "name": "fetch", "args": ["x"]}
+        assert state.events[2].payload == {"call_id": "a", "name": "search", "args": {"q": 1}, "response_tool_count": 2}
+        assert state.events[2].idempotency_key == "tool_call:a"
+        assert state.events[4].payload == {"call_id": "b", "content": {"body": "B"}}
+        assert state.events[4].idempotency_key == "tool_result:b"
+        await run.complete()
+    assert event_types(state) + ["state_transition"] == event_types(await zincir_state(db, run.id))
+
+
+async def zincir_state(db: zincir.Database, run_id: str) -> zincir.DurableState:
+    run, checkpoint, events = await db._read(_store.durable_state, run_id)
+    return zincir.DurableState(run, checkpoint, events)
+
+
+async def test_result_errors(db: zincir.Database) -> None:
+    async with zincir.open_run(db) as run:
+        await run.record_response("", [{"id": "a", "name": "t"}, {"id": "k", "name": "submit_checkpoint"}], "x")
+        await run.record_tool_result("a", 1)
+        with pytest.raises(zincir.ConflictingResult, match=f"run {run.id}: tool call 'a'"):
+            await run.record_tool_result("a", 2)
+        with pytest.raises(zincir.NoDurableIntent, match="'nope'"):
+            await run.record_tool_result("nope", 1)
+        with pytest.raises(zincir.InvalidArgument, match="run.checkpoint"):
+            await run.record_tool_result("k", {"accepted": True})
+
+
+async def test_concurrent_appends_get_unique_gap_free_seqs(db: zincir.Database) -> None:
+    async with zincir.open_run(db) as run:
+        async with trio.open_nursery() as nursery:
+            for i in range(100):
+                nursery.start_soon(run.record_response, i, [{"id": f"c{i}", "name": "t"}], "tool_use")
+        seqs = [e.seq for e in (await run.state()).events]
+        assert seqs == list(range(201))
+        assert len(await run.pending_tools()) == 100
+
+
+async def test_complete_and_fail_are_terminal(db: zincir.Database, db_path: Path) -> None:
+    async with zincir.open_run(db) as run:
+        await run.record_response("", [{"id": "a", "name": "t"}], "tool_use")
+        with pytest.raises(zincir.UnfinishedWork, match="'a'"):
+            await run.complete()
+        await run.record_tool_result("a", None)
+        await run.complete()
+        with pytest.raises(zincir.RunTerminal, match="completed"):
+            await run.record_response("", [], "end")
+    assert lease_row(db_path, run.id)[:2] == ("completed", None)
+    with pytest.raises(zincir.RunTerminal, match="completed"):
+        async with zincir.open_run(db, run.id, force=True):
+            pass
+
+    async with zincir.open_run(db) as failing:
+        await failing.fail("gave up")
+    state = await zincir_state(db, failing.id)
+    assert state.run.status is zincir.RunStatus.FAILED
+    assert state.events[-1].payload == {"from": "running", "to": "failed", "reason": "gave up"}
+
+
+# -- leaving the block ----------------------------------------------------------------------------
+
+
+class BodyError(Exception):
+    pass
+
+
+async def test_body_exceptions_leave_unchanged_and_release_the_lease(db: zincir.Database, db_path: Path) -> None:
+    with pytest.raises(BodyError) as info:
+        async with zincir.open_run(db) as run:
+            raise BodyError("mine")
+    assert type(info.value) is BodyError
+    status, owner, epoch, expires = lease_row(db_path, run.id)
+    assert (status, owner, expires, epoch) == ("running", None, None, 1)
+
+
+async def test_leaving_normally_or_by_cancellation_releases(db: zincir.Database, db_path: Path) -> None:
+    run_id = await new_released_run(db)
+    assert lease_row(db_path, run_id)[1] is None
+    with trio.move_on_after(0.01):
+        async with zincir.open_run(db, run_id) as run:
+            await trio.sleep_forever()
+    assert run.epoch == 2
+    assert lease_row(db_path, run_id)[1:] == (None, 2, None)
+    async with zincir.open_run(db, run_id) as again:
+        assert again.epoch == 3
+
+
+async def test_open_run_accepts_a_path(db_path: Path) -> None:
+    async with zincir.open_run(db_path) as run:
+        await run.record_response("x", [], "end")
+        await run.complete()
+    assert scalar(db_path, "SELECT status FROM agent_runs") == "completed"
+
+
+# -- leases ----------------------------------------------------------------------------------------
+
+
+async def test_an_active_lease_blocks_a_second_owner(db: zincir.Database) -> None:
+    async with zincir.open_run(db) as run:
+        with pytest.raises(zincir.RunLeased, match=run.id):
+            async with zincir.open_run(db, run.id):
+                pass
+        await run.record_response("still mine", [], "end")
+
+
+async def test_an_expired_lease_is_taken_without_force(clocked_db: zincir.Database, clock: ManualClock) -> None:
+    async with trio.open_nursery() as nursery:
+        taken = trio.Event()
+
+        async def stalled_owner(task_status: trio.TaskStatus[zincir.Run]) -> None:
+            with pytest.raises(zincir.LeaseLost, match="fenced by a newer owner"):
+                async with zincir.open_run(clocked_db, lease_ttl=10) as run:
+                    task_status.started(run)
+                    await taken.wait()
+                    await run.record_response("too late", [], "end")
+
+        old = await nursery.start(stalled_owner)
+        clock.advance(10.001)  # the old owner's heartbeat (every 3.3 s of trio time) never ran
+        async with zincir.open_run(clocked_db, old.id) as new:
+            assert new.epoch == old.epoch + 1
+            taken.set()
+            await new.record_response("mine now", [], "end")
+
+
+async def test_force_fences_an_active_owner_and_cancels_its_body(db: zincir.Database) -> None:
+    ttl = 0.3
+    body_exited = trio.Event()
+    outcome: list[BaseException] = []
+    async with trio.open_nursery() as nursery:
+
+        async def owner(task_status: trio.TaskStatus[zincir.Run]) -> None:
+            try:
+                async with zincir.open_run(db, lease_ttl=ttl) as run:
+                    task_status.started(run)
+                    try:
+                        await trio.sleep_forever()
+                    finally:
+                        body_exited.set()
+            except zincir.LeaseLost as exc:
+                outcome.append(exc)
+
+        fenced = await nursery.start(owner)
+        async with zincir.open_run(db, fenced.id, force=True, lease_ttl=ttl) as new:
+            forced_at = trio.current_time()
+            await body_exited.wait()
+            # Detected by the old owner's next heartbeat: within one TTL.
+            assert trio.current_time() - forced_at < ttl
+            assert new.epoch == 2
+            await new.record_response("the new owner writes", [], "end")
+    [lost] = outcome
+    assert type(lost) is zincir.LeaseLost
+    assert f"run {fenced.id}" in str(lost)
+    assert "epoch 1" in str(lost) and "epoch 2" in str(lost)
+    # Every method of the fenced Run raises LeaseLost now, except state().
+    with pytest.raises(zincir.LeaseLost):
+        await fenced.pending_tools()
+    with pytest.raises(zincir.LeaseLost):
+        await fenced.complete()
+    assert len((await fenced.state()).events) == 2
+
+
+async def test_a_stale_owner_can_neither_append_nor_change_status(db: zincir.Database, db_path: Path) -> None:
+    async with zincir.open_run(db) as first:
+        stale = first._lease
+    async with zincir.open_run(db, stale.run_id) as second:
+        before = dump(db_path)
+        with pytest.raises(zincir.LeaseLost, match="fenced"):
+            await db._write(_store.record_response, stale, '{"content":"x"}', [])
+        with pytest.raises(zincir.LeaseLost, match="fenced"):
+            await db._write(_store.finish, stale, zincir.RunStatus.COMPLETED, "{}")
+        with pytest.raises(zincir.LeaseLost, match="fenced"):
+            await db._write(_store.renew, stale)
+        assert not await db._write(_store.release, stale, None)
+        assert dump(db_path) == before
+        assert second.epoch == stale.epoch + 1
+
+
+async def test_a_renewal_delayed_past_expiry_cannot_resurrect_the_lease(
+    clocked_db: zincir.Database, clock: ManualClock
+) -> None:
+    renewal_error: list[Exception] = []
+    with pytest.raises(zincir.LeaseLost, match="expired") as block_error:
+        async with zincir.open_run(clocked_db, lease_ttl=10) as run:
+            gate = Gate()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(clocked_db._write, gate.hold)
+                await gate.wait_entered()
+
+                async def renew() -> None:
+                    try:
+                        await clocked_db._write(_store.renew, run._lease)
+                    except zincir.LeaseLost as exc:
+                        renewal_error.append(exc)
+
+                nursery.start_soon(renew)  # submitted while the lease is still valid
+                await trio.testing.wait_all_tasks_blocked()
+                clock.advance(10.5)  # ... but it only runs after the lease expired
+                gate.opened.set()
+            await run.record_response("x", [], "end")
+    [error] = renewal_error
+    assert "expired 500 ms ago" in str(error)
+    assert "expired" in str(block_error.value)
+
+
+async def test_the_heartbeat_keeps_a_short_lease_alive(db: zincir.Database, db_path: Path) -> None:
+    ttl = 0.12
+    async with zincir.open_run(db, lease_ttl=ttl) as run:
+        start = trio.current_time()
+        while trio.current_time() - start < 4 * ttl:
+            with pytest.raises(zincir.RunLeased):
+                async with zincir.open_run(db, run.id):
+                    pass
+            await trio.sleep(ttl / 2)
+        await run.record_response("alive", [], "end")
+        assert lease_row(db_path, run.id)[2] == 1
+
+
+async def test_releasing_and_reacquiring_increments_the_epoch(db: zincir.Database) -> None:
+    run_id = await new_released_run(db)
+    epochs = []
+    for _ in range(3):
+        async with zincir.open_run(db, run_id) as run:
+            epochs.append(run.epoch)
+    assert epochs == [2, 3, 4]
+
+
+HOLD_RUN = """
+    import os, sys, time, trio, zincir
+    path, run_id, go = sys.argv[1:4]
+    while not os.path.exists(go):
+        time.sleep(0.001)
+    async def main():
+        try:
+            async with zincir.open_run(path, run_id, lease_ttl=5) as run:
+                print("won", flush=True)
+                await trio.sleep(1.0)
+        except zincir.RunLeased:
+            print("leased", flush=True)
+    trio.run(main)
+"""
+
+
+async def test_two_processes_open_one_run_exactly_one_wins(db: zincir.Database, db_path: Path, tmp_path: Path) -> None:
+    run_id = await new_released_run(db)
+    go = tmp_path / "go"
+    procs = [start_python(HOLD_RUN, str(db_path), run_id, str(go)) for _ in range(2)]
+    go.touch()
+    outputs = []
+    for proc in procs:
+        out, err = await trio.to_thread.run_sync(lambda p=proc: p.communicate(timeout=60))
+        assert proc.returncode == 0, err
+        outputs.append(out.strip())
+    assert sorted(outputs) == ["leased", "won"]
+
+
+# -- bad input ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (lambda r: r.record_response(object(), [], "x"), zincir.InvalidArgument, "not a JSON value"),
+        (lambda r: r.record_response(math.nan, [], "x"), zincir.InvalidArgument, "not a JSON value"),
+        (lambda r: r.record_response({"x": math.inf}, [], "x"), zincir.InvalidArgument, "not a JSON"),
+        (lambda r: r.record_response("x" * 5000, [], "x"), zincir.InvalidArgument, "over the limit"),
+        (lambda r: r.record_response("", [{"id": "", "name": "t"}], "x"), zincir.DuplicateToolCall, "non-empty"),
+        (
+            lambda r: r.record_response("", [{"id": "a", "name": "t"}, {"id": "a", "name": "t"}], "x"),
+            zincir.DuplicateToolCall,
+            "twice",
+        ),
+        (lambda r: r.record_response("", [{"id": "used", "name": "t"}], "x"), zincir.DuplicateToolCall, "already used"),
+        (lambda r: r.record_response("", [{"id": "n", "name": "t" * 256}], "x"), zincir.InvalidArgument, "1 to 255"),
+        (lambda r: r.record_response("", [{"id": "n"}], "x"), zincir.InvalidArgument, "lacks"),
+        (lambda r: r.record_response("", [], 7), zincir.InvalidArgument, "stop_reason"),
+        (lambda r: r.record_tool_result("", 1), zincir.InvalidArgument, "call_id"),
+        (lambda r: r.record_tool_result("used", {1, 2}), zincir.InvalidArgument, "not a JSON value"),
+        (lambda r: r.fail(None), zincir.InvalidArgument, "reason"),
+        (lambda r: r.sleep("nap", -1), zincir.InvalidArgument, "duration"),
+        (lambda r: r.sleep("nap", math.inf), zincir.InvalidArgument, "duration"),
+        (lambda r: r.sleep("", 1), zincir.InvalidArgument, "1 to 255"),
+        (lambda r: r.step("x" * 256, trio.sleep, 0), zincir.InvalidArgument, "1 to 255"),
+    ],
+)
+async def test_bad_input_gets_its_error_and_writes_nothing(
+    db_path: Path, call: Any, error: type[Exception], match: str
+) -> None:
+    async with zincir.open_database(db_path, max_payload_bytes=4096) as db, zincir.open_run(db) as run:
+        await run.record_response("", [{"id": "used", "name": "t"}], "x")
+        before = dump(db_path)
+        with pytest.raises(error, match=match) as info:
+            await call(run)
+        assert run.id in str(info.value)
+        assert dump(db_path) == before
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"lease_ttl": 0.029}, zincir.InvalidArgument, "at least 0.03"),
+        ({"lease_ttl": math.nan}, zincir.InvalidArgument, "finite"),
+        ({"role": ""}, zincir.InvalidArgument, "role"),
+        ({"config": {"x": object()}}, zincir.InvalidArgument, "config"),
+        ({"parent_run_id": "not-a-uuid"}, zincir.InvalidArgument, "not a UUID"),
+        ({"parent_run_id": "00000000-0000-0000-0000-000000000000"}, zincir.RunNotFound, "parent run"),
+        ({"run_id": "00000000-0000-0000-0000-000000000000"}, zincir.RunNotFound, "00000000-0000"),
+        ({"run_id": "nope"}, zincir.InvalidArgument, "not a UUID"),
+    ],
+)
+async def test_bad_open_run_arguments_write_nothing(
+    db: zincir.Database, db_path: Path, kwargs: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    before = dump(db_path)
+    with pytest.raises(error, match=match):
+        async with zincir.open_run(db, **kwargs):
+            pass
+    assert dump(db_path) == before
+
+
+def test_runs_have_no_public_constructor() -> None:
+    with pytest.raises(TypeError, match="open_run"):
+        zincir.Run()
