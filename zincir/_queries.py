@@ -124,9 +124,7 @@ def _check_schema(conn: sqlite3.Connection, path: str) -> None:
         if application_id not in (0, APPLICATION_ID) or missing:
             detail = f"missing tables: {', '.join(sorted(missing))}" if missing else "foreign file"
             raise SchemaError(f"{path!r} is not a zincir database ({detail})")
-        version = conn.execute(
-            "SELECT coalesce(max(version), 0) FROM zincir_schema_migrations"
-        ).fetchone()[0]
+        version = conn.execute("SELECT coalesce(max(version), 0) FROM zincir_schema_migrations").fetchone()[0]
     except sqlite3.OperationalError as exc:
         raise _storage_error(exc, f"reading the schema of {path!r}") from exc
     except sqlite3.DatabaseError as exc:
@@ -391,9 +389,7 @@ def list_runs(
         has_older = len(rows) > limit
         runs = tuple(rows[:limit])
         has_newer = (
-            before is not None
-            and bool(runs)
-            and _runs_exist(conn, clauses, params, runs[0].cursor, ">")
+            before is not None and bool(runs) and _runs_exist(conn, clauses, params, runs[0].cursor, ">")
         )
     return RunPage(runs, count_runs(conn, role=role), has_newer, has_older)
 
@@ -461,18 +457,17 @@ def get_run(conn: sqlite3.Connection, run_id: str, *, children_limit: int = 100)
     )
     total = len(children)
     if total == children_limit:
-        total = conn.execute(
-            "SELECT count(*) FROM agent_runs WHERE parent_run_id = ?", (run_id,)
-        ).fetchone()[0]
-    return RunDetail(*row, children=children, children_total=total)
+        total = conn.execute("SELECT count(*) FROM agent_runs WHERE parent_run_id = ?", (run_id,)).fetchone()[
+            0
+        ]
+    values: list[Any] = [*row, children, total]
+    return RunDetail(*values)
 
 
 # --------------------------------------------------------------------------- lineage, log
 
 
-def list_checkpoints(
-    conn: sqlite3.Connection, run_id: str, *, limit: int = 500
-) -> tuple[CheckpointRow, ...]:
+def list_checkpoints(conn: sqlite3.Connection, run_id: str, *, limit: int = 500) -> tuple[CheckpointRow, ...]:
     """The run's checkpoints by round (the first ``limit`` rounds)."""
     rows = conn.execute(
         "SELECT id, round, tool_call_id, status, based_on_event_seq, decision_event_seq,"
@@ -540,9 +535,7 @@ def list_events(
     return EventPage(tuple(rows), has_before, has_after)
 
 
-def _events_exist(
-    conn: sqlite3.Connection, run_id: str, type: str | None, op: str, seq: int
-) -> bool:
+def _events_exist(conn: sqlite3.Connection, run_id: str, type: str | None, op: str, seq: int) -> bool:
     sql = f"SELECT EXISTS (SELECT 1 FROM events WHERE run_id = ? AND seq {op} ?"
     params: list[Any] = [run_id, seq]
     if type is not None:
@@ -551,9 +544,7 @@ def _events_exist(
     return bool(conn.execute(sql + ")", params).fetchone()[0])
 
 
-def get_event(
-    conn: sqlite3.Connection, run_id: str, seq: int
-) -> EventRow | None:
+def get_event(conn: sqlite3.Connection, run_id: str, seq: int) -> EventRow | None:
     """One event with its full payload, or ``None``."""
     row = conn.execute(
         "SELECT seq, type, payload, length(payload), idempotency_key, created_at"
@@ -599,9 +590,7 @@ def list_steps(conn: sqlite3.Connection, run_id: str, *, limit: int = 500) -> tu
     return tuple(StepRow(*row) for row in rows)
 
 
-def list_timers(
-    conn: sqlite3.Connection, run_id: str, *, limit: int = 500
-) -> tuple[TimerRow, ...]:
+def list_timers(conn: sqlite3.Connection, run_id: str, *, limit: int = 500) -> tuple[TimerRow, ...]:
     """The run's durable timers by wake time (the first ``limit``)."""
     rows = conn.execute(
         "SELECT name, wake_at, created_at, completed_at"
