@@ -9,6 +9,9 @@ import sys
 import textwrap
 from pathlib import Path
 
+import zincir
+from zincir import _store
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -43,3 +46,9 @@ def start_python(code: str, *args: str, **kwargs: object) -> subprocess.Popen[st
         cwd=REPO,
         **kwargs,
     )
+
+
+async def read_state(db: zincir.Database, run_id: str) -> zincir.DurableState:
+    """A run's durable state, read without owning the run."""
+    run, checkpoint, events = await db._read(_store.durable_state, run_id)
+    return zincir.DurableState(run, checkpoint, events)

@@ -15,7 +15,7 @@ import zincir
 from zincir import _store
 
 from .conftest import ManualClock
-from .helpers import dump, scalar, start_python
+from .helpers import dump, read_state, scalar, start_python
 from .test_database import Gate
 
 
@@ -92,12 +92,7 @@ async def test_responses_intents_and_results(db: zincir.Database) -> None:
         assert state.events[4].payload == {"call_id": "b", "content": {"body": "B"}}
         assert state.events[4].idempotency_key == "tool_result:b"
         await run.complete()
-    assert event_types(state) + ["state_transition"] == event_types(await zincir_state(db, run.id))
-
-
-async def zincir_state(db: zincir.Database, run_id: str) -> zincir.DurableState:
-    run, checkpoint, events = await db._read(_store.durable_state, run_id)
-    return zincir.DurableState(run, checkpoint, events)
+    assert event_types(state) + ["state_transition"] == event_types(await read_state(db, run.id))
 
 
 async def test_result_errors(db: zincir.Database) -> None:
@@ -138,7 +133,7 @@ async def test_complete_and_fail_are_terminal(db: zincir.Database, db_path: Path
 
     async with zincir.open_run(db) as failing:
         await failing.fail("gave up")
-    state = await zincir_state(db, failing.id)
+    state = await read_state(db, failing.id)
     assert state.run.status is zincir.RunStatus.FAILED
     assert state.events[-1].payload == {"from": "running", "to": "failed", "reason": "gave up"}
 

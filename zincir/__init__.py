@@ -6,6 +6,7 @@ two processes never both write one run, and lets a fresh context continue from t
 checkpoint that an independent verifier accepted.
 """
 
+from . import artifacts
 from ._database import Clock, Database, open_database, wall_clock_ms
 from ._errors import (
     CheckpointNotPending,
@@ -76,6 +77,7 @@ __all__ = [
     "Verifier",
     "ZincirError",
     "__version__",
+    "artifacts",
     "open_database",
     "open_run",
     "wall_clock_ms",
@@ -84,6 +86,6 @@ __all__ = [
 # Public objects say they live in "zincir", not in the private module that defines them.
 for _name in __all__:
     _obj = globals()[_name]
-    if getattr(_obj, "__module__", "").startswith("zincir._"):
+    if isinstance(_obj, type) and _obj.__module__.startswith("zincir._"):
         _obj.__module__ = "zincir"
 del _name, _obj

@@ -341,13 +341,22 @@ async def _api_runs(app: InspectorApp) -> Response:
 
 
 def _run_json(run_id: str, conn: Any) -> dict[str, Any]:
+    """The run and its first LIST_LIMIT checkpoints, steps and timers (``truncated`` says if cut)."""
     run = q.get_run(conn, run_id)
+    checkpoints = q.list_checkpoints(conn, run_id, limit=LIST_LIMIT + 1)
+    steps = q.list_steps(conn, run_id, limit=LIST_LIMIT + 1)
+    timers = q.list_timers(conn, run_id, limit=LIST_LIMIT + 1)
     return {
         "run": q.run_to_json(run),
         "children_total": run.children_total,
-        "checkpoints": [q.checkpoint_to_json(run_id, c) for c in q.list_checkpoints(conn, run_id)],
-        "steps": [q.step_to_json(run_id, s) for s in q.list_steps(conn, run_id)],
-        "timers": [q.timer_to_json(run_id, t) for t in q.list_timers(conn, run_id)],
+        "checkpoints": [q.checkpoint_to_json(run_id, c) for c in checkpoints[:LIST_LIMIT]],
+        "steps": [q.step_to_json(run_id, s) for s in steps[:LIST_LIMIT]],
+        "timers": [q.timer_to_json(run_id, t) for t in timers[:LIST_LIMIT]],
+        "truncated": {
+            "checkpoints": len(checkpoints) > LIST_LIMIT,
+            "steps": len(steps) > LIST_LIMIT,
+            "timers": len(timers) > LIST_LIMIT,
+        },
     }
 
 

@@ -467,13 +467,13 @@ def get_run(conn: sqlite3.Connection, run_id: str, *, children_limit: int = 100)
 # --------------------------------------------------------------------------- lineage, log
 
 
-def list_checkpoints(conn: sqlite3.Connection, run_id: str, *, limit: int = 500) -> tuple[CheckpointRow, ...]:
-    """The run's checkpoints by round (the first ``limit`` rounds)."""
+def list_checkpoints(conn: sqlite3.Connection, run_id: str, *, limit: int | None = None) -> tuple[CheckpointRow, ...]:
+    """The run's checkpoints by round (the first ``limit`` rounds; all by default)."""
     rows = conn.execute(
         "SELECT id, round, tool_call_id, status, based_on_event_seq, decision_event_seq,"
         " state, verification, created_at, decided_at"
         " FROM checkpoints WHERE run_id = ? ORDER BY round LIMIT ?",
-        (run_id, limit),
+        (run_id, -1 if limit is None else limit),
     )
     return tuple(CheckpointRow(*row) for row in rows)
 
@@ -580,22 +580,22 @@ def iter_events(
         after = batch[-1].seq
 
 
-def list_steps(conn: sqlite3.Connection, run_id: str, *, limit: int = 500) -> tuple[StepRow, ...]:
-    """The run's durable steps by start time (the first ``limit``)."""
+def list_steps(conn: sqlite3.Connection, run_id: str, *, limit: int | None = None) -> tuple[StepRow, ...]:
+    """The run's durable steps by start time (the first ``limit``; all by default)."""
     rows = conn.execute(
         "SELECT name, status, epoch, result, started_at, completed_at"
         " FROM steps WHERE run_id = ? ORDER BY started_at, name LIMIT ?",
-        (run_id, limit),
+        (run_id, -1 if limit is None else limit),
     )
     return tuple(StepRow(*row) for row in rows)
 
 
-def list_timers(conn: sqlite3.Connection, run_id: str, *, limit: int = 500) -> tuple[TimerRow, ...]:
-    """The run's durable timers by wake time (the first ``limit``)."""
+def list_timers(conn: sqlite3.Connection, run_id: str, *, limit: int | None = None) -> tuple[TimerRow, ...]:
+    """The run's durable timers by wake time (the first ``limit``; all by default)."""
     rows = conn.execute(
         "SELECT name, wake_at, created_at, completed_at"
         " FROM timers WHERE run_id = ? ORDER BY wake_at, name LIMIT ?",
-        (run_id, limit),
+        (run_id, -1 if limit is None else limit),
     )
     return tuple(TimerRow(*row) for row in rows)
 

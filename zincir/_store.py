@@ -291,6 +291,8 @@ def finish(tx: Tx, lease: Lease, status: RunStatus, payload_json: str) -> None:
 
 
 def _require_no_open_work(tx: Tx, run_id: str) -> None:
+    if tx.one("SELECT 1 FROM checkpoints WHERE run_id = ? AND status = 'candidate'", (run_id,)):
+        raise UnfinishedWork(f"run {run_id} cannot complete: a checkpoint candidate is undecided")
     open_calls = tx.all(
         "SELECT call_id FROM tool_intents WHERE run_id = ? AND result_seq IS NULL"
         " ORDER BY intent_seq LIMIT 5",
@@ -299,8 +301,6 @@ def _require_no_open_work(tx: Tx, run_id: str) -> None:
     if open_calls:
         ids = ", ".join(repr(r[0]) for r in open_calls)
         raise UnfinishedWork(f"run {run_id} cannot complete: tool calls {ids} have no result yet")
-    if tx.one("SELECT 1 FROM checkpoints WHERE run_id = ? AND status = 'candidate'", (run_id,)):
-        raise UnfinishedWork(f"run {run_id} cannot complete: a checkpoint candidate is undecided")
 
 
 # -- reading ------------------------------------------------------------------------------------

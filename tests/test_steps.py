@@ -1,0 +1,220 @@
+"""Durable named steps and durable sleep, fenced by the run's lease."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+import trio
+
+import zincir
+from zincir import _store
+
+from .conftest import ManualClock
+from .helpers import scalar, start_python
+
+STEP_IN_A_PROCESS = """
+    import sys, trio, zincir
+    path, ledger, run_id = sys.argv[1], sys.argv[2], (sys.argv[3] if len(sys.argv) > 3 else None)
+    async def charge(amount):
+        with open(ledger, "a") as f:
+            f.write(f"charged {amount}\\n")
+        return {"receipt": "r-1", "amount": amount}
+    async def main():
+        async with zincir.open_run(path, run_id) as run:
+            print(run.id, flush=True)
+            print(await run.step("charge", charge, 42), flush=True)
+    trio.run(main)
+"""
+
+
+def run_process(*args: str) -> list[str]:
+    with start_python(STEP_IN_A_PROCESS, *args) as proc:
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    return out.splitlines()
+
+
+async def test_a_completed_step_does_not_run_again_in_a_new_process(db_path: Path, tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger.txt"
+    run_id, first = await trio.to_thread.run_sync(run_process, str(db_path), str(ledger))
+    _, second = await trio.to_thread.run_sync(run_process, str(db_path), str(ledger), run_id)
+    assert first == second == "{'amount': 42, 'receipt': 'r-1'}"
+    assert ledger.read_text() == "charged 42\n"
+    assert scalar(db_path, "SELECT epoch FROM steps WHERE name = 'charge'") == 1
+
+
+class StepError(Exception):
+    pass
+
+
+async def test_a_failing_step_runs_again_on_the_next_call(db: zincir.Database) -> None:
+    calls: list[int] = []
+
+    async def flaky(n: int) -> int:
+        calls.append(n)
+        if len(calls) == 1:
+            raise StepError("first try fails")
+        return n * 2
+
+    async with zincir.open_run(db) as run:
+        with pytest.raises(StepError):
+            await run.step("flaky", flaky, 21)
+        assert await run.step("flaky", flaky, 21) == 42
+        assert await run.step("flaky", flaky, 21) == 42
+    assert calls == [21, 21]
+
+
+async def test_a_result_that_is_not_json_leaves_the_step_unfinished(db: zincir.Database) -> None:
+    results: list[object] = [object(), "fine"]
+
+    async def produce() -> object:
+        return results.pop(0)
+
+    async with zincir.open_run(db) as run:
+        with pytest.raises(zincir.InvalidArgument, match="step 'produce'"):
+            await run.step("produce", produce)
+        assert await run.step("produce", produce) == "fine"
+
+
+async def test_the_same_step_cannot_run_twice_at_once(db: zincir.Database) -> None:
+    release = trio.Event()
+    calls = 0
+
+    async def slow() -> str:
+        nonlocal calls
+        calls += 1
+        await release.wait()
+        return "done"
+
+    async with zincir.open_run(db) as run, trio.open_nursery() as nursery:
+        nursery.start_soon(run.step, "slow", slow)
+        while calls == 0:
+            await trio.sleep(0)
+        with pytest.raises(zincir.StepAlreadyRunning, match=f"run {run.id}: step 'slow'"):
+            await run.step("slow", slow)
+        release.set()
+    assert calls == 1
+
+
+async def test_a_takeover_reruns_an_unfinished_step_and_refuses_the_old_owner(db: zincir.Database) -> None:
+    old_may_finish = trio.Event()
+    old_started = trio.Event()
+    old_outcome: list[BaseException] = []
+
+    async def old_work() -> str:
+        old_started.set()
+        with trio.CancelScope(shield=True):  # a step that ignores cancellation to the end
+            await old_may_finish.wait()
+        return "old"
+
+    async def new_work() -> str:
+        return "new"
+
+    async with trio.open_nursery() as nursery:
+
+        async def old_owner(task_status: trio.TaskStatus[str]) -> None:
+            try:
+                async with zincir.open_run(db) as run:
+                    task_status.started(run.id)
+                    await run.step("work", old_work)
+            except zincir.LeaseLost as exc:
+                old_outcome.append(exc)
+
+        run_id = await nursery.start(old_owner)
+        await old_started.wait()
+        async with zincir.open_run(db, run_id, force=True) as new:
+            assert await new.step("work", new_work) == "new"
+            old_may_finish.set()
+    assert len(old_outcome) == 1
+    assert scalar(Path(db.path), "SELECT result FROM steps") == '"new"'
+    assert scalar(Path(db.path), "SELECT epoch FROM steps") == 2
+
+
+async def test_a_stale_owner_cannot_complete_a_step(db: zincir.Database) -> None:
+    async with zincir.open_run(db) as first:
+        stale = first._lease
+    async with zincir.open_run(db, stale.run_id):
+        with pytest.raises(zincir.LeaseLost, match="fenced"):
+            await db._write(_store.complete_step, stale, "s", '"x"', 0)
+
+
+async def test_steps_work_in_a_plain_workflow(db: zincir.Database) -> None:
+    async def add(a: int, b: int) -> int:
+        return a + b
+
+    async with zincir.open_run(db, role="workflow") as run:
+        total = await run.step("add", add, 1, 2)
+        await run.sleep("pause", 0)
+        assert await run.step("double", add, total, total) == 6
+        await run.complete()
+
+
+# -- sleep --------------------------------------------------------------------------------------------
+
+
+async def test_the_first_sleep_call_wins_and_only_the_remainder_is_waited(
+    clocked_db: zincir.Database, clock: ManualClock
+) -> None:
+    async with zincir.open_run(clocked_db, lease_ttl=3600) as run:
+        with trio.move_on_after(0.05):
+            await run.sleep("nap", 1000)
+        clock.advance(999.9)  # 100 ms of the stored 1000 s remain
+        start = trio.current_time()
+        await run.sleep("nap", 5000)  # another duration: the stored wake time still holds
+        waited = trio.current_time() - start
+        assert 0.09 <= waited < 1.0
+        start = trio.current_time()
+        await run.sleep("nap", 5000)  # completed: returns at once
+        assert trio.current_time() - start < 0.05
+
+
+async def test_lease_loss_cancels_a_sleep(db: zincir.Database) -> None:
+    async with trio.open_nursery() as nursery:
+        outcome: list[BaseException] = []
+
+        async def sleeper(task_status: trio.TaskStatus[str]) -> None:
+            try:
+                async with zincir.open_run(db, lease_ttl=0.3) as run:
+                    task_status.started(run.id)
+                    await run.sleep("long", 3600)
+            except zincir.LeaseLost as exc:
+                outcome.append(exc)
+
+        run_id = await nursery.start(sleeper)
+        async with zincir.open_run(db, run_id, force=True):
+            with trio.fail_after(5):
+                while not outcome:
+                    await trio.sleep(0.01)
+    assert scalar(Path(db.path), "SELECT completed_at FROM timers") is None
+
+
+SLEEP_IN_A_PROCESS = """
+    import sys, trio, zincir
+    path = sys.argv[1]
+    async def main():
+        async with zincir.open_run(path, lease_ttl=30) as run:
+            print(run.id, flush=True)
+            await run.sleep("nap", 4.0)
+            print("woke", flush=True)
+    trio.run(main)
+"""
+
+
+async def test_a_sleep_interrupted_by_sigkill_waits_only_the_remainder(db_path: Path) -> None:
+    with start_python(SLEEP_IN_A_PROCESS, str(db_path)) as proc:
+        assert proc.stdout is not None
+        run_id = (await trio.to_thread.run_sync(proc.stdout.readline)).strip()
+        with trio.fail_after(10):
+            while scalar(db_path, "SELECT count(*) FROM timers") == 0:
+                await trio.sleep(0.01)
+        await trio.sleep(2.0)  # let half of the sleep pass in the first process
+        proc.send_signal(signal.SIGKILL)
+        await trio.to_thread.run_sync(proc.wait)
+    async with zincir.open_database(db_path) as db, zincir.open_run(db, run_id, force=True) as run:
+        start = trio.current_time()
+        await run.sleep("nap", 4.0)
+        waited = trio.current_time() - start
+    # About 2 s remain; waiting the full 4 s again would fail this.
+    assert 1.0 < waited < 3.0
