@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
+import importlib
+import logging
+import os
+import signal
+import sys
+from typing import cast
+
 import click
+import trio
+
+from ._database import open_database
+from ._errors import ZincirError
+from ._worker import Handler, ResumeWorker
 
 from ._version import __version__
 
@@ -24,3 +36,82 @@ database_option = click.option(
 @click.version_option(__version__, prog_name="zincir")
 def main() -> None:
     """Durable, resumable execution for long-horizon AI agents."""
+
+
+def _load_handler(spec: str) -> Handler:
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise click.BadParameter(f"expected MODULE:HANDLER, got {spec!r}", param_hint="HANDLER")
+    # Like `python -m`, let handlers live in the current directory.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        handler = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise click.BadParameter(f"cannot load {spec!r}: {exc}", param_hint="HANDLER") from None
+    if not callable(handler):
+        raise click.BadParameter(f"{spec!r} is not callable", param_hint="HANDLER")
+    return cast(Handler, handler)
+
+
+@main.command()
+@click.argument("handler_spec", metavar="MODULE:HANDLER")
+@database_option
+@click.option("--lease-ttl", type=float, default=30.0, show_default=True, help="Lease TTL in seconds.")
+@click.option("--poll-interval", type=float, default=1.0, show_default=True, help="Seconds between polls.")
+@click.option("--max-concurrency", type=int, default=4, show_default=True, help="Handlers at once.")
+@click.option("--max-attempts", type=int, default=None, help="Fail a run after this many attempts.")
+@click.option(
+    "--grace-period", type=float, default=10.0, show_default=True, help="Seconds handlers get on stop."
+)
+def worker(
+    handler_spec: str,
+    database_path: str,
+    lease_ttl: float,
+    poll_interval: float,
+    max_concurrency: int,
+    max_attempts: int | None,
+    grace_period: float,
+) -> None:
+    """Resume runs nobody is working on by calling MODULE:HANDLER(run) for each.
+
+    Stops cleanly on SIGINT or SIGTERM: no new claims, running handlers get the grace period.
+    """
+    handler = _load_handler(handler_spec)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    async def serve() -> None:
+        async with open_database(database_path) as db:
+            resume = ResumeWorker(
+                db,
+                handler,
+                lease_ttl=lease_ttl,
+                poll_interval=poll_interval,
+                max_concurrency=max_concurrency,
+                max_attempts=max_attempts,
+                grace_period=grace_period,
+            )
+            log = logging.getLogger("zincir.worker")
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+
+                async def stop_on_signal() -> None:
+                    async for signum in signals:
+                        log.info("%s received: stopping", signal.Signals(signum).name)
+                        resume.stop()
+                        return
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(stop_on_signal)
+                    log.info("worker started on %s", database_path)
+                    await resume.run()  # returns once stopped and the handlers are done
+                    nursery.cancel_scope.cancel()
+
+    try:
+        trio.run(serve)
+    except ZincirError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+from ._cli_inspect import register  # noqa: E402  (the commands import this module's options)
+
+register(main)

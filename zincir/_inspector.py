@@ -533,7 +533,7 @@ def _time(ms: int | None) -> str:
     return f'<time datetime="{_e(stamp)}" title="{_e(stamp)}">{_e(shown)}</time>'
 
 
-def _delta(ms: int) -> str:
+def human_delta(ms: int) -> str:
     """A short human duration: ``in 4.2 s``, ``3 min ago``."""
     seconds = abs(ms) / 1000
     if seconds < 60:
@@ -552,7 +552,7 @@ def _delta(ms: int) -> str:
 def _relative(ms: int | None, now: int) -> str:
     if ms is None:
         return ""
-    return f' <span class="muted">({_e(_delta(ms - now))})</span>'
+    return f' <span class="muted">({_e(human_delta(ms - now))})</span>'
 
 
 _STATUS_CLASSES = frozenset(
@@ -769,9 +769,8 @@ def _lease(run: q.RunDetail, now: int) -> str:
         owner = f"<code>{_e(run.lease_owner)}</code>"
         left = (run.lease_expires_at or 0) - now
         state = "active" if left > 0 else "expired"
-        expires = (
-            f'{_time(run.lease_expires_at)} <span class="lease-{state}">({state}, {_e(_delta(left))})</span>'
-        )
+        note = f"({state}, {human_delta(left)})"
+        expires = f'{_time(run.lease_expires_at)} <span class="lease-{state}">{_e(note)}</span>'
     if run.next_attempt_at <= 0:
         next_attempt = '<span class="muted">any time</span>'
     else:

@@ -1,0 +1,264 @@
+"""The read-only CLI commands: runs, show, events, export and ui."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from tests.inspect_fixtures import Sample, add_event, add_run, build_sample, create_database, file_digests
+from zincir._cli import main
+
+UNKNOWN = "00000000-0000-4000-8000-000000000000"
+
+
+@pytest.fixture
+def sample(tmp_path: Path) -> Iterator[tuple[sqlite3.Connection, Sample]]:
+    conn, ids = build_sample(tmp_path / "cli.db", plain_runs=5)
+    yield conn, ids
+    conn.close()
+
+
+@pytest.fixture
+def ids(sample: tuple[sqlite3.Connection, Sample]) -> Sample:
+    return sample[1]
+
+
+def zincir(*args: str | Path) -> Result:
+    env = {"ZINCIR_DATABASE_PATH": None, "ZINCIR_UI_ADDRESS": None}
+    return CliRunner().invoke(main, [str(a) for a in args], env=env, catch_exceptions=False)
+
+
+def assert_clean_failure(result: Result, message: str) -> None:
+    assert result.exit_code == 1, result.output
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert message in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_runs_table(ids: Sample) -> None:
+    result = zincir("runs", "--db", ids.path, "--limit", "3")
+    assert result.exit_code == 0
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == ["RUN", "STATUS", "ROLE", "PROVIDER", "EVENTS", "ATTEMPTS", "LAST", "ACTIVITY"]
+    assert [line.split()[0] for line in lines[1:4]] == [ids.hostile, ids.main, ids.children[1]]
+    assert "3 shown; 10 in all (pending 5, running 2, completed 2, failed 1)" in result.stdout
+    cursor = re.search(r"more: --before (\S+)", result.stdout)
+    assert cursor is not None
+    more = zincir("runs", "--db", ids.path, "--limit", "3", "--before", cursor.group(1))
+    assert more.stdout.splitlines()[1].split()[0] == ids.children[0]
+    failed = zincir("runs", "--db", ids.path, "--status", "failed")
+    assert [line.split()[0] for line in failed.stdout.splitlines()[1:2]] == [ids.children[1]]
+    coder = zincir("runs", "--db", ids.path, "--role", "coder")
+    assert coder.stdout.splitlines()[1].split()[0] == ids.main
+    assert zincir("runs", "--db", ids.path, "--status", "bogus").exit_code == 2
+    assert_clean_failure(zincir("runs", "--db", ids.path, "--before", "junk"), "malformed runs cursor")
+
+
+def test_runs_on_empty_database(tmp_path: Path) -> None:
+    create_database(tmp_path / "empty.db").close()
+    result = zincir("runs", "--db", tmp_path / "empty.db")
+    assert result.exit_code == 0
+    assert result.stdout.startswith("No runs.")
+
+
+def test_show(ids: Sample) -> None:
+    result = zincir("show", "--db", ids.path, ids.main.upper())
+    assert result.exit_code == 0
+    text = result.stdout
+    for expected in (
+        f"run          {ids.main}",
+        "lease        worker-7f3a, epoch 3, until",
+        "attempts     2",
+        "next attempt 2023-11-14T22:14:20.000Z",
+        f"{ids.children[0]} (completed)",
+        '"goal": "fix the flaky test"',
+        "checkpoints (3)",
+        "steps (2)",
+        "timers (2)",
+    ):
+        assert expected in text, expected
+    rows = {line.split()[0]: line.split() for line in text.splitlines() if re.match(r"\s+[123]\s", line)}
+    assert rows["1"][:5] == ["1", "rejected", "goal", "4", "6"]
+    assert rows["3"][:6] == ["3", "candidate", "round", "2", "12", "—"]
+    data = json.loads(zincir("show", "--db", ids.path, ids.main, "--json").stdout)
+    assert data["run"]["lease_epoch"] == 3
+    assert [c["round"] for c in data["checkpoints"]] == [1, 2, 3]
+    assert data["steps"][0]["result"] == {"rows": 1200}
+
+
+def test_show_escapes_terminal_control_characters(sample: tuple[sqlite3.Connection, Sample]) -> None:
+    writer, ids = sample
+    run = add_run(
+        writer, role="evil\x1b[2J\x1b]0;pwned\x07", provider="rtl\u202eexe.txt", config={"k": "\x9b31m"}
+    )
+    result = zincir("show", "--db", ids.path, run)
+    assert result.exit_code == 0
+    assert "\x1b" not in result.stdout
+    assert "\u202e" not in result.stdout
+    assert "\x9b" not in result.stdout
+    assert "\x07" not in result.stdout
+    assert "evil\\x1b[2J" in result.stdout
+    listed = zincir("runs", "--db", ids.path, "--role", "evil\x1b[2J\x1b]0;pwned\x07")
+    assert "\x1b" not in listed.stdout
+    assert run in listed.stdout
+
+
+def test_events(sample: tuple[sqlite3.Connection, Sample]) -> None:
+    writer, ids = sample
+    result = zincir("events", "--db", ids.path, ids.long)
+    assert result.exit_code == 0
+    lines = result.stdout.splitlines()
+    assert len(lines) == 250  # all pages, not just the first
+    assert lines[0].startswith("#0 ")
+    assert lines[-1].startswith("#249 ")
+    after = zincir("events", "--db", ids.path, ids.long, "--after", "247").stdout.splitlines()
+    assert [line.split()[0] for line in after] == ["#248", "#249"]
+    typed = zincir("events", "--db", ids.path, ids.main, "--type", "checkpoint_accepted").stdout.splitlines()
+    assert len(typed) == 1
+    assert '"passed":true' in typed[0]
+    as_json = [
+        json.loads(line)
+        for line in zincir("events", "--db", ids.path, ids.main, "--json").stdout.splitlines()
+    ]
+    assert [e["seq"] for e in as_json] == list(range(14))
+    assert as_json[0]["payload"] == {"from": "pending", "to": "running"}
+    seq = add_event(writer, ids.long, "llm_call", {"content": "y" * 5000})
+    short = zincir("events", "--db", ids.path, ids.long, "--after", str(seq - 1)).stdout
+    assert "--full shows all" in short
+    assert len(short) < 1200
+    full = zincir("events", "--db", ids.path, ids.long, "--after", str(seq - 1), "--full").stdout
+    assert "y" * 5000 in full
+
+
+def test_events_follow_until_the_run_ends(sample: tuple[sqlite3.Connection, Sample]) -> None:
+    writer, ids = sample
+    writer.close()
+
+    def append_later() -> None:
+        conn = sqlite3.connect(ids.path, isolation_level=None)
+        for i in range(3):
+            time.sleep(0.2)
+            add_event(conn, ids.main, "llm_call", {"content": f"late {i}"})
+        conn.execute("UPDATE agent_runs SET status = 'completed' WHERE id = ?", (ids.main,))
+        conn.close()
+
+    thread = threading.Thread(target=append_later)
+    thread.start()
+    started = time.monotonic()
+    result = zincir("events", "--db", ids.path, ids.main, "--after", "12", "--follow")
+    thread.join()
+    assert result.exit_code == 0
+    assert [line.split()[0] for line in result.stdout.splitlines()] == ["#13", "#14", "#15", "#16"]
+    assert "late 2" in result.stdout
+    assert time.monotonic() - started < 5
+
+
+def test_events_follow_stops_on_sigint(ids: Sample) -> None:
+    command = [*_zincir_command(), "events", "--db", str(ids.path), ids.main, "--follow"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        first = process.stdout.readline()
+        assert first.startswith("#0 ")
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=10)
+    finally:
+        process.kill()
+    assert process.returncode == 0, err
+    assert "Traceback" not in err
+
+
+def test_export(sample: tuple[sqlite3.Connection, Sample]) -> None:
+    _, ids = sample
+    result = zincir("export", "--db", ids.path, ids.main)
+    assert result.exit_code == 0
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    kinds = [r["kind"] for r in records]
+    assert kinds == ["run"] + ["event"] * 14 + ["checkpoint"] * 3 + ["step"] * 2 + ["timer"] * 2
+    assert records[0]["id"] == ids.main
+    assert records[0]["config"] == {"goal": "fix the flaky test", "max_rounds": 5}
+    assert records[0]["children"] == list(ids.children)
+    assert [r["seq"] for r in records if r["kind"] == "event"] == list(range(14))
+    checkpoint = next(r for r in records if r["kind"] == "checkpoint" and r["round"] == 2)
+    assert checkpoint["verification"] == {"passed": True, "evidence": ["pytest exit 1"]}
+    assert checkpoint["based_on_event_seq"] == 8
+    long = zincir("export", "--db", ids.path, ids.long).stdout.splitlines()
+    assert len(long) == 251  # paged through all events
+
+
+def test_errors_are_one_clean_line(tmp_path: Path, ids: Sample) -> None:
+    for command in ("show", "events", "export"):
+        assert_clean_failure(zincir(command, "--db", ids.path, UNKNOWN), f"run {UNKNOWN} not found")
+        assert_clean_failure(zincir(command, "--db", ids.path, "not-a-run"), "malformed run id")
+    missing = tmp_path / "missing.db"
+    for args in (["runs"], ["show", UNKNOWN], ["events", UNKNOWN], ["export", UNKNOWN], ["ui"]):
+        assert_clean_failure(zincir(*args, "--db", missing), "does not exist")
+    assert not missing.exists()
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"not sqlite at all" * 64)
+    assert_clean_failure(zincir("runs", "--db", junk), "not a zincir database")
+
+
+def test_ui_refuses_bad_addresses(ids: Sample) -> None:
+    for address, message in [
+        ("0.0.0.0:8787", "loopback only"),
+        ("[::]:8787", "loopback only"),
+        ("localhost:8787", "hostnames"),
+        ("192.168.0.1:8787", "loopback only"),
+    ]:
+        assert_clean_failure(zincir("ui", "--db", ids.path, "--address", address), message)
+    env_result = CliRunner().invoke(
+        main, ["ui", "--db", str(ids.path)], env={"ZINCIR_UI_ADDRESS": "0.0.0.0:1"}, catch_exceptions=False
+    )
+    assert_clean_failure(env_result, "loopback only")
+
+
+def test_commands_never_write(sample: tuple[sqlite3.Connection, Sample]) -> None:
+    _, ids = sample
+    before = file_digests(ids.path)
+    zincir("runs", "--db", ids.path)
+    zincir("show", "--db", ids.path, ids.main)
+    zincir("events", "--db", ids.path, ids.long)
+    zincir("export", "--db", ids.path, ids.main)
+    assert file_digests(ids.path) == before
+
+
+def _zincir_command() -> list[str]:
+    return [sys.executable, "-c", "import sys; from zincir._cli import main; sys.exit(main())"]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ui_serves_and_exits_cleanly_on_signal(ids: Sample, signum: int) -> None:
+    command = [*_zincir_command(), "ui", "--db", str(ids.path), "--address", "127.0.0.1:0"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        match = re.search(r"at (http://127\.0\.0\.1:[0-9]+/) ", line)
+        assert match is not None, line
+        with urllib.request.urlopen(match.group(1), timeout=5) as response:
+            assert response.status == 200
+            assert ids.main in response.read().decode()
+        process.send_signal(signum)
+        out, err = process.communicate(timeout=10)
+    finally:
+        process.kill()
+    assert process.returncode == 0, err
+    assert "stopped" in out
+    assert "Traceback" not in err

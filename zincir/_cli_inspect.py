@@ -1,0 +1,429 @@
+"""Read-only CLI commands: ``zincir ui``, ``runs``, ``show``, ``events`` and ``export``.
+
+They share :mod:`zincir._queries` with the web inspector, open the database with SQLite's
+``mode=ro`` and never write. Every failure is one line on stderr and exit status 1.
+Stored strings are printed with control and bidi characters escaped, so a hostile value
+cannot drive the terminal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import functools
+import json
+import os
+import sqlite3
+import sys
+import time
+import unicodedata
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import click
+import trio
+
+from . import _queries as q
+from ._cli import DATABASE_ENV, database_option
+from ._errors import ZincirError
+from ._inspector import DEFAULT_ADDRESS, human_delta, serve
+
+__all__ = ["events", "export", "register", "runs", "show", "ui"]
+
+UI_ADDRESS_ENV = "ZINCIR_UI_ADDRESS"
+FOLLOW_INTERVAL = 0.5
+PAYLOAD_CHARS = 1000
+
+
+# --------------------------------------------------------------------------- plumbing
+
+
+def _leaf(error: BaseException) -> BaseException:
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    return error
+
+
+@contextlib.contextmanager
+def _clean_errors() -> Iterator[None]:
+    """Turn zincir errors into a one-line ``Error: ...`` and exit status 1."""
+    try:
+        yield
+    except ZincirError as error:
+        raise click.ClickException(str(error)) from None
+    except BrokenPipeError:
+        # The reader went away (``| head``): stop quietly, like other Unix tools.
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(0)
+
+
+def _require_file(path: str) -> None:
+    if not os.path.isfile(path):
+        raise click.ClickException(
+            f"database file {path!r} does not exist (give --db PATH or set {DATABASE_ENV}); "
+            "inspection never creates one"
+        )
+
+
+@contextlib.contextmanager
+def _database(path: str) -> Iterator[sqlite3.Connection]:
+    _require_file(path)
+    conn = q.open_readonly(path)
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+def _terminal_safe(text: str) -> str:
+    """Escape control, format (bidi) and separator characters of a stored string."""
+    if text.isprintable():
+        return text
+    out = []
+    for char in text:
+        if char.isprintable():
+            out.append(char)
+        elif unicodedata.category(char) == "Zs":
+            out.append(" ")
+        else:
+            out.append(char.encode("unicode_escape").decode("ascii"))
+    return "".join(out)
+
+
+def _cell(value: object, width: int | None = None) -> str:
+    text = _terminal_safe("—" if value is None else str(value))
+    if width is not None and len(text) > width:
+        text = text[: width - 1] + "…"
+    return text
+
+
+def _time(ms: int | None) -> str:
+    if ms is None:
+        return "—"
+    try:
+        moment = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
+    except (OverflowError, OSError, ValueError):
+        return str(ms)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], numeric: frozenset[int]) -> str:
+    widths = [max([len(h), *(len(row[i]) for row in rows)]) for i, h in enumerate(headers)]
+
+    def line(cells: Sequence[str]) -> str:
+        parts = [
+            c.rjust(w) if i in numeric else c.ljust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ]
+        return "  ".join(parts).rstrip()
+
+    return "\n".join([line(headers), *(line(row) for row in rows)])
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=True)
+
+
+def _json_line(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+
+
+# --------------------------------------------------------------------------- ui
+
+
+@click.command("ui")
+@database_option
+@click.option(
+    "--address",
+    envvar=UI_ADDRESS_ENV,
+    default=DEFAULT_ADDRESS,
+    show_default=True,
+    help=f"Loopback IP:PORT to serve on, [::1]:PORT for IPv6; port 0 picks one (env {UI_ADDRESS_ENV}).",
+)
+def ui(database_path: str, address: str) -> None:
+    """Serve the read-only web inspector on a loopback address until Ctrl+C or SIGTERM."""
+    _require_file(database_path)
+    try:
+        trio.run(_serve_ui, database_path, address)
+    except BaseException as error:
+        leaf = _leaf(error)
+        if isinstance(leaf, ZincirError):
+            raise click.ClickException(str(leaf)) from None
+        if isinstance(leaf, OSError):
+            raise click.ClickException(f"cannot serve on {address}: {leaf.strerror or leaf}") from None
+        if isinstance(leaf, KeyboardInterrupt):
+            return  # a second Ctrl+C during the graceful shutdown
+        raise
+
+
+async def _serve_ui(database_path: str, address: str) -> None:
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(functools.partial(serve, database_path, address))
+        click.echo(f"zincir inspector: serving {database_path} read-only at {url} (Ctrl+C to stop)")
+    click.echo("zincir inspector: stopped")
+
+
+# --------------------------------------------------------------------------- runs
+
+
+@click.command("runs")
+@database_option
+@click.option("--status", type=click.Choice(q.RUN_STATUSES), help="Only runs with this status.")
+@click.option("--role", help="Only runs with this role.")
+@click.option("--limit", type=click.IntRange(1, q.MAX_PAGE), default=20, show_default=True)
+@click.option("--before", "cursor", metavar="CURSOR", help="Continue after this cursor (printed below).")
+def runs(database_path: str, status: str | None, role: str | None, limit: int, cursor: str | None) -> None:
+    """List runs, most recent activity first, with counts per status."""
+    with _clean_errors(), _database(database_path) as conn, q.read_snapshot(conn):
+        before = None if cursor is None else q.parse_cursor(cursor)
+        page = q.list_runs(conn, status=status, role=role, limit=limit, before=before)
+        _print_runs(page)
+
+
+def _print_runs(page: q.RunPage) -> None:
+    counts = ", ".join(f"{s} {page.counts[s]}" for s in q.RUN_STATUSES)
+    if not page.runs:
+        click.echo(f"No runs. ({counts})")
+        return
+    rows = [
+        [
+            run.id,
+            run.status,
+            _cell(run.role, 24),
+            _cell(run.provider, 16),
+            str(run.event_count),
+            str(run.attempts),
+            _time(run.updated_at),
+        ]
+        for run in page.runs
+    ]
+    headers = ["RUN", "STATUS", "ROLE", "PROVIDER", "EVENTS", "ATTEMPTS", "LAST ACTIVITY"]
+    click.echo(_table(headers, rows, frozenset({4, 5})))
+    click.echo(f"\n{len(page.runs)} shown; {page.total} in all ({counts})")
+    if page.has_older:
+        click.echo(f"more: --before {page.runs[-1].cursor.encode()}")
+
+
+# --------------------------------------------------------------------------- show
+
+
+@click.command("show")
+@database_option
+@click.argument("run_id")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead.")
+def show(database_path: str, run_id: str, as_json: bool) -> None:
+    """Show one run: lease, attempts, family, configuration, checkpoints, steps, timers."""
+    with _clean_errors(), _database(database_path) as conn, q.read_snapshot(conn):
+        run = q.get_run(conn, run_id)
+        checkpoints = q.list_checkpoints(conn, run.id)
+        steps = q.list_steps(conn, run.id)
+        timers = q.list_timers(conn, run.id)
+        if as_json:
+            click.echo(_json_line(_show_json(run, checkpoints, steps, timers)))
+        else:
+            _print_run(run, time.time_ns() // 1_000_000)
+            _print_lineage(checkpoints)
+            _print_steps(steps)
+            _print_timers(timers)
+
+
+def _show_json(
+    run: q.RunDetail,
+    checkpoints: Sequence[q.CheckpointRow],
+    steps: Sequence[q.StepRow],
+    timers: Sequence[q.TimerRow],
+) -> dict[str, Any]:
+    return {
+        "run": q.run_to_json(run),
+        "children_total": run.children_total,
+        "checkpoints": [q.checkpoint_to_json(run.id, c) for c in checkpoints],
+        "steps": [q.step_to_json(run.id, s) for s in steps],
+        "timers": [q.timer_to_json(run.id, t) for t in timers],
+    }
+
+
+def _lease_text(run: q.RunDetail, now: int) -> str:
+    if run.lease_owner is None:
+        return f"free (epoch {run.lease_epoch})"
+    expires = run.lease_expires_at or 0
+    state = f"active, expires {human_delta(expires - now)}" if expires > now else "expired"
+    return f"{_cell(run.lease_owner)}, epoch {run.lease_epoch}, until {_time(expires)} ({state})"
+
+
+def _print_run(run: q.RunDetail, now: int) -> None:
+    children = ", ".join(f"{c.id} ({c.status})" for c in run.children) or "none"
+    if run.children_total > len(run.children):
+        children += f", and {run.children_total - len(run.children)} more"
+    fields = [
+        ("run", run.id),
+        ("status", run.status),
+        ("role", _cell(run.role)),
+        ("provider", _cell(run.provider) or "—"),
+        ("parent", _cell(run.parent_run_id)),
+        ("children", children),
+        ("created", _time(run.created_at)),
+        ("activity", _time(run.updated_at)),
+        ("events", str(run.event_count)),
+        ("lease", _lease_text(run, now)),
+        ("attempts", str(run.attempts)),
+        ("next attempt", _time(run.next_attempt_at) if run.next_attempt_at > 0 else "any time"),
+    ]
+    for name, value in fields:
+        click.echo(f"{name:<13}{value}")
+    config = json.dumps(q.json_value(run.config), indent=2, ensure_ascii=True)
+    click.echo("config")
+    click.echo("\n".join(f"  {line}" for line in config.splitlines()))
+
+
+def _print_section(title: str, headers: list[str], rows: list[list[str]], numeric: frozenset[int]) -> None:
+    click.echo(f"\n{title} ({len(rows)})")
+    if rows:
+        click.echo("\n".join(f"  {line}" for line in _table(headers, rows, numeric).splitlines()))
+
+
+def _print_lineage(checkpoints: Sequence[q.CheckpointRow]) -> None:
+    rows, baseline = [], "goal"
+    for c in checkpoints:
+        evidence = _compact(q.json_value(c.verification)) if c.verification is not None else "—"
+        rows.append(
+            [
+                str(c.round),
+                c.status,
+                baseline,
+                str(c.based_on_event_seq),
+                _cell(c.decision_event_seq),
+                _cell(c.tool_call_id, 24),
+                _time(c.created_at),
+                _cell(evidence, 60),
+            ]
+        )
+        if c.status == "accepted":
+            baseline = f"round {c.round}"
+    headers = [
+        "ROUND",
+        "STATUS",
+        "BUILDS ON",
+        "BASED ON",
+        "DECISION",
+        "TOOL CALL",
+        "PROPOSED",
+        "VERIFICATION",
+    ]
+    _print_section("checkpoints", headers, rows, frozenset({0, 3, 4}))
+
+
+def _print_steps(steps: Sequence[q.StepRow]) -> None:
+    rows = [
+        [_cell(s.name, 40), s.status, str(s.epoch), _time(s.started_at), _time(s.completed_at)] for s in steps
+    ]
+    _print_section("steps", ["NAME", "STATUS", "EPOCH", "STARTED", "COMPLETED"], rows, frozenset({2}))
+
+
+def _print_timers(timers: Sequence[q.TimerRow]) -> None:
+    rows = [[_cell(t.name, 40), _time(t.wake_at), _time(t.completed_at)] for t in timers]
+    _print_section("timers", ["NAME", "WAKES AT", "COMPLETED"], rows, frozenset())
+
+
+# --------------------------------------------------------------------------- events
+
+
+@click.command("events")
+@database_option
+@click.argument("run_id")
+@click.option(
+    "--after", type=click.IntRange(min=-1), default=-1, show_default=True, help="Start after this seq."
+)
+@click.option("--type", "event_type", help="Only events of this type.")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new events until the run ends or Ctrl+C.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON Lines with whole payloads.")
+@click.option("--full", is_flag=True, help=f"Do not cut payloads at {PAYLOAD_CHARS} characters.")
+def events(
+    database_path: str,
+    run_id: str,
+    after: int,
+    event_type: str | None,
+    follow: bool,
+    as_json: bool,
+    full: bool,
+) -> None:
+    """Print a run's events in seq order, page by page (never the whole log in memory)."""
+    with _clean_errors(), _database(database_path) as conn:
+        run_id = q.parse_run_id(run_id)
+        printer = functools.partial(_print_event, run_id, as_json=as_json, full=full)
+        try:
+            _stream_events(conn, run_id, after, event_type, follow, printer)
+        except KeyboardInterrupt:
+            return
+
+
+def _stream_events(
+    conn: sqlite3.Connection,
+    run_id: str,
+    after: int,
+    event_type: str | None,
+    follow: bool,
+    printer: Any,
+) -> None:
+    while True:
+        with q.read_snapshot(conn):
+            status = q.get_run(conn, run_id, children_limit=0).status
+            page = q.list_events(conn, run_id, after=after, type=event_type)
+        for event in page.events:
+            printer(event)
+        if page.events:
+            after = page.events[-1].seq
+        if page.has_after:
+            continue
+        if not follow or status in ("completed", "failed"):
+            return
+        time.sleep(FOLLOW_INTERVAL)
+
+
+def _print_event(run_id: str, event: q.EventRow, *, as_json: bool, full: bool) -> None:
+    if as_json:
+        click.echo(_json_line(q.event_to_json(run_id, event)))
+        return
+    payload = _compact(q.json_value(event.payload))
+    if not full and len(payload) > PAYLOAD_CHARS:
+        payload = f"{payload[:PAYLOAD_CHARS]}… ({len(payload)} chars; --full shows all)"
+    click.echo(f"#{event.seq:<6} {_time(event.created_at)}  {_cell(event.type):<20} {payload}")
+
+
+# --------------------------------------------------------------------------- export
+
+
+@click.command("export")
+@database_option
+@click.argument("run_id")
+def export(database_path: str, run_id: str) -> None:
+    """Write one run as JSON Lines: the run, then its events, checkpoints, steps and timers.
+
+    Every line has a "kind" (run, event, checkpoint, step, timer); all are read from one
+    consistent snapshot, events page by page.
+    """
+    with _clean_errors(), _database(database_path) as conn, q.read_snapshot(conn):
+        run = q.get_run(conn, run_id, children_limit=1000)
+        _emit("run", {**q.run_to_json(run), "children_total": run.children_total})
+        for event in q.iter_events(conn, run.id):
+            _emit("event", q.event_to_json(run.id, event))
+        for checkpoint in q.list_checkpoints(conn, run.id):
+            _emit("checkpoint", q.checkpoint_to_json(run.id, checkpoint))
+        for step in q.list_steps(conn, run.id):
+            _emit("step", q.step_to_json(run.id, step))
+        for timer in q.list_timers(conn, run.id):
+            _emit("timer", q.timer_to_json(run.id, timer))
+
+
+def _emit(kind: str, data: dict[str, Any]) -> None:
+    click.echo(_json_line({"kind": kind, **data}))
+
+
+# --------------------------------------------------------------------------- registration
+
+
+def register(group: click.Group) -> None:
+    """Add the inspection commands to the ``zincir`` group."""
+    for command in (ui, runs, show, events, export):
+        group.add_command(command)
