@@ -83,9 +83,13 @@ async def test_a_checkpoint_whose_artifact_changed_after_proposal_is_rejected(
     output.write_text("42")
     async with zincir.open_run(db) as run:
         for round, tamper in enumerate([True, False], start=1):
-            state = CheckpointState(completed=["answer"], artifacts=[(await artifacts.identify(output)).to_json()])
+            state = CheckpointState(
+                completed=["answer"], artifacts=[(await artifacts.identify(output)).to_json()]
+            )
             call_id = f"checkpoint-{round}"
-            await run.record_response("", [zincir.ToolCall(call_id, zincir.SUBMIT_CHECKPOINT, state.to_json())], "x")
+            await run.record_response(
+                "", [zincir.ToolCall(call_id, zincir.SUBMIT_CHECKPOINT, state.to_json())], "x"
+            )
 
             async def verify(state: CheckpointState, tamper: bool = tamper) -> Verification:
                 if tamper:  # the file changes between proposal and verification

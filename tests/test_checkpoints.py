@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import sqlite3
 from pathlib import Path
+
 import attrs
 import pytest
 import trio
@@ -214,7 +215,8 @@ CRASH_IN_VERIFIER = """
     async def main():
         async with zincir.open_run(path, lease_ttl=30) as run:
             print(run.id, flush=True)
-            await run.record_response("", [{"id": "cp", "name": "submit_checkpoint", "args": state.to_json()}], "x")
+            call = {"id": "cp", "name": "submit_checkpoint", "args": state.to_json()}
+            await run.record_response("", [call], "x")
             await run.checkpoint("cp", state, stuck)
     trio.run(main)
 """

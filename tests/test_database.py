@@ -144,7 +144,9 @@ async def test_a_cancelled_caller_waits_for_the_outcome(db: zincir.Database, db_
     assert values(db_path) == ["held"]
 
 
-async def test_a_caller_cancelled_before_submitting_writes_nothing(db: zincir.Database, db_path: Path) -> None:
+async def test_a_caller_cancelled_before_submitting_writes_nothing(
+    db: zincir.Database, db_path: Path
+) -> None:
     await db._write(insert, "first")
     with trio.CancelScope() as scope:
         scope.cancel()

@@ -44,7 +44,9 @@ async def new_released_run(db: zincir.Database, **kwargs: Any) -> str:
 # -- creation and the log -----------------------------------------------------------------------
 
 
-async def test_a_new_run_is_leased_and_running_with_one_transition(db: zincir.Database, db_path: Path) -> None:
+async def test_a_new_run_is_leased_and_running_with_one_transition(
+    db: zincir.Database, db_path: Path
+) -> None:
     async with zincir.open_run(db, role="coder", provider="acme", config={"goal": "g"}) as run:
         assert run.epoch == 1
         assert run.fencing_token == f"{run.id}:1"
@@ -53,7 +55,11 @@ async def test_a_new_run_is_leased_and_running_with_one_transition(db: zincir.Da
         assert (state.run.role, state.run.provider, state.run.config) == ("coder", "acme", {"goal": "g"})
         assert state.checkpoint is None
         [event] = state.events
-        assert (event.seq, event.type, event.payload) == (0, "state_transition", {"from": "pending", "to": "running"})
+        assert (event.seq, event.type, event.payload) == (
+            0,
+            "state_transition",
+            {"from": "pending", "to": "running"},
+        )
         status, owner, epoch, _ = lease_row(db_path, run.id)
         assert (status, epoch) == ("running", 1)
         assert owner is not None
@@ -83,21 +89,35 @@ async def test_responses_intents_and_results(db: zincir.Database) -> None:
         assert await run.pending_tools() == []
 
         state = await run.state()
-        assert event_types(state) == ["state_transition", "llm_call", "tool_call", "tool_call", "tool_result", "tool_result"]
+        assert event_types(state) == [
+            "state_transition",
+            "llm_call",
+            "tool_call",
+            "tool_call",
+            "tool_result",
+            "tool_result",
+        ]
         llm = state.events[1].payload
         assert llm["usage"] == {"input_tokens": 10, "output_tokens": 3}
         assert llm["tool_calls"][1] == {"id": "b", "name": "fetch", "args": ["x"]}
-        assert state.events[2].payload == {"call_id": "a", "name": "search", "args": {"q": 1}, "response_tool_count": 2}
+        assert state.events[2].payload == {
+            "call_id": "a",
+            "name": "search",
+            "args": {"q": 1},
+            "response_tool_count": 2,
+        }
         assert state.events[2].idempotency_key == "tool_call:a"
         assert state.events[4].payload == {"call_id": "b", "content": {"body": "B"}}
         assert state.events[4].idempotency_key == "tool_result:b"
         await run.complete()
-    assert event_types(state) + ["state_transition"] == event_types(await read_state(db, run.id))
+    assert [*event_types(state), "state_transition"] == event_types(await read_state(db, run.id))
 
 
 async def test_result_errors(db: zincir.Database) -> None:
     async with zincir.open_run(db) as run:
-        await run.record_response("", [{"id": "a", "name": "t"}, {"id": "k", "name": "submit_checkpoint"}], "x")
+        await run.record_response(
+            "", [{"id": "a", "name": "t"}, {"id": "k", "name": "submit_checkpoint"}], "x"
+        )
         await run.record_tool_result("a", 1)
         with pytest.raises(zincir.ConflictingResult, match=f"run {run.id}: tool call 'a'"):
             await run.record_tool_result("a", 2)
@@ -145,7 +165,9 @@ class BodyError(Exception):
     pass
 
 
-async def test_body_exceptions_leave_unchanged_and_release_the_lease(db: zincir.Database, db_path: Path) -> None:
+async def test_body_exceptions_leave_unchanged_and_release_the_lease(
+    db: zincir.Database, db_path: Path
+) -> None:
     with pytest.raises(BodyError) as info:
         async with zincir.open_run(db) as run:
             raise BodyError("mine")
@@ -184,7 +206,9 @@ async def test_an_active_lease_blocks_a_second_owner(db: zincir.Database) -> Non
         await run.record_response("still mine", [], "end")
 
 
-async def test_an_expired_lease_is_taken_without_force(clocked_db: zincir.Database, clock: ManualClock) -> None:
+async def test_an_expired_lease_is_taken_without_force(
+    clocked_db: zincir.Database, clock: ManualClock
+) -> None:
     async with trio.open_nursery() as nursery:
         taken = trio.Event()
 
@@ -321,7 +345,9 @@ HOLD_RUN = """
 """
 
 
-async def test_two_processes_open_one_run_exactly_one_wins(db: zincir.Database, db_path: Path, tmp_path: Path) -> None:
+async def test_two_processes_open_one_run_exactly_one_wins(
+    db: zincir.Database, db_path: Path, tmp_path: Path
+) -> None:
     run_id = await new_released_run(db)
     go = tmp_path / "go"
     procs = [start_python(HOLD_RUN, str(db_path), run_id, str(go)) for _ in range(2)]
@@ -344,14 +370,26 @@ async def test_two_processes_open_one_run_exactly_one_wins(db: zincir.Database, 
         (lambda r: r.record_response(math.nan, [], "x"), zincir.InvalidArgument, "not a JSON value"),
         (lambda r: r.record_response({"x": math.inf}, [], "x"), zincir.InvalidArgument, "not a JSON"),
         (lambda r: r.record_response("x" * 5000, [], "x"), zincir.InvalidArgument, "over the limit"),
-        (lambda r: r.record_response("", [{"id": "", "name": "t"}], "x"), zincir.DuplicateToolCall, "non-empty"),
+        (
+            lambda r: r.record_response("", [{"id": "", "name": "t"}], "x"),
+            zincir.DuplicateToolCall,
+            "non-empty",
+        ),
         (
             lambda r: r.record_response("", [{"id": "a", "name": "t"}, {"id": "a", "name": "t"}], "x"),
             zincir.DuplicateToolCall,
             "twice",
         ),
-        (lambda r: r.record_response("", [{"id": "used", "name": "t"}], "x"), zincir.DuplicateToolCall, "already used"),
-        (lambda r: r.record_response("", [{"id": "n", "name": "t" * 256}], "x"), zincir.InvalidArgument, "1 to 255"),
+        (
+            lambda r: r.record_response("", [{"id": "used", "name": "t"}], "x"),
+            zincir.DuplicateToolCall,
+            "already used",
+        ),
+        (
+            lambda r: r.record_response("", [{"id": "n", "name": "t" * 256}], "x"),
+            zincir.InvalidArgument,
+            "1 to 255",
+        ),
         (lambda r: r.record_response("", [{"id": "n"}], "x"), zincir.InvalidArgument, "lacks"),
         (lambda r: r.record_response("", [], 7), zincir.InvalidArgument, "stop_reason"),
         (lambda r: r.record_tool_result("", 1), zincir.InvalidArgument, "call_id"),

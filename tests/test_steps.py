@@ -80,18 +80,19 @@ async def test_a_result_that_is_not_json_leaves_the_step_unfinished(db: zincir.D
 
 async def test_the_same_step_cannot_run_twice_at_once(db: zincir.Database) -> None:
     release = trio.Event()
+    started = trio.Event()
     calls = 0
 
     async def slow() -> str:
         nonlocal calls
         calls += 1
+        started.set()
         await release.wait()
         return "done"
 
     async with zincir.open_run(db) as run, trio.open_nursery() as nursery:
         nursery.start_soon(run.step, "slow", slow)
-        while calls == 0:
-            await trio.sleep(0)
+        await started.wait()
         with pytest.raises(zincir.StepAlreadyRunning, match=f"run {run.id}: step 'slow'"):
             await run.step("slow", slow)
         release.set()
@@ -171,22 +172,21 @@ async def test_the_first_sleep_call_wins_and_only_the_remainder_is_waited(
 
 
 async def test_lease_loss_cancels_a_sleep(db: zincir.Database) -> None:
+    lost = trio.Event()
     async with trio.open_nursery() as nursery:
-        outcome: list[BaseException] = []
 
         async def sleeper(task_status: trio.TaskStatus[str]) -> None:
             try:
                 async with zincir.open_run(db, lease_ttl=0.3) as run:
                     task_status.started(run.id)
                     await run.sleep("long", 3600)
-            except zincir.LeaseLost as exc:
-                outcome.append(exc)
+            except zincir.LeaseLost:
+                lost.set()
 
         run_id = await nursery.start(sleeper)
         async with zincir.open_run(db, run_id, force=True):
             with trio.fail_after(5):
-                while not outcome:
-                    await trio.sleep(0.01)
+                await lost.wait()
     assert scalar(Path(db.path), "SELECT completed_at FROM timers") is None
 
 

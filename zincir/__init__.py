@@ -42,10 +42,12 @@ from ._types import (
     Verifier,
 )
 from ._version import __version__
+from ._worker import Backoff, Handler, ResumeWorker
 
 __all__ = [
     "MIN_LEASE_TTL",
     "SUBMIT_CHECKPOINT",
+    "Backoff",
     "Checkpoint",
     "CheckpointNotPending",
     "CheckpointState",
@@ -58,10 +60,12 @@ __all__ = [
     "DurableState",
     "Event",
     "EventType",
+    "Handler",
     "InvalidArgument",
     "LeaseLost",
     "NoDurableIntent",
     "PendingToolCall",
+    "ResumeWorker",
     "Run",
     "RunLeased",
     "RunNotFound",

@@ -287,6 +287,7 @@ class Database:
     _writer: _Worker
     _reader: _Worker
     _closed: bool
+    _claim_listeners: set[Callable[[], None]]
 
     def __init__(self, *_: object, **__: object) -> None:
         raise TypeError("use zincir.open_database() to open a Database")
@@ -307,10 +308,16 @@ class Database:
         self._writer = writer
         self._reader = reader
         self._closed = False
+        self._claim_listeners = set()
         return self
 
     def __repr__(self) -> str:
         return f"<zincir.Database {self.path!r}{' closed' if self._closed else ''}>"
+
+    def _announce_claimable(self) -> None:
+        """A run became claimable: wake the resume workers of this process at once."""
+        for listener in list(self._claim_listeners):
+            listener()
 
     async def _write(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(tx, *args)`` in the next group-commit transaction; return after COMMIT."""

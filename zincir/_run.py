@@ -88,6 +88,8 @@ class Run:
     _body_scope: trio.CancelScope
     _heartbeat_scope: trio.CancelScope
     _running_steps: set[str]
+    _release_at: int | None
+    _released: bool
 
     def __init__(self, *_: object, **__: object) -> None:
         raise TypeError("runs come from zincir.open_run() or a ResumeWorker")
@@ -103,6 +105,8 @@ class Run:
         self._body_scope = trio.CancelScope()
         self._heartbeat_scope = trio.CancelScope()
         self._running_steps = set()
+        self._release_at = None  # when the released run may be claimed again (None: now)
+        self._released = False
         return self
 
     def __repr__(self) -> str:
@@ -153,6 +157,9 @@ class Run:
         except LeaseLost as exc:
             self._lose(str(exc))
             raise
+
+    def _stop_heartbeat(self) -> None:
+        self._heartbeat_scope.cancel()
 
     def _encode(self, value: JSONValue, what: str) -> str:
         return encode(value, what=f"run {self.id}: {what}", limit=self._db.max_payload_bytes)
@@ -370,14 +377,18 @@ class Run:
                     else:
                         logger.warning("run %s: lease renewal failed, retrying: %s", self.id, exc)
 
-    async def _release(self, next_attempt_at: int | None = None) -> None:
-        if self._finished is not None or self._lost is not None:
+    async def _release(self) -> None:
+        if self._finished is not None or self._lost is not None or self._released:
             return
+        self._released = True
         with trio.CancelScope(shield=True):
             try:
-                await self._db._write(_store.release, self._lease, next_attempt_at)
+                await self._db._write(_store.release, self._lease, self._release_at)
             except StorageError as exc:
                 logger.warning("run %s: releasing the lease failed; it will expire instead: %s", self.id, exc)
+                return
+        if self._release_at is None:
+            self._db._announce_claimable()
 
 
 @asynccontextmanager

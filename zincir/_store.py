@@ -97,20 +97,56 @@ def acquire_run(tx: Tx, run_id: str, owner: str, ttl_ms: int, force: bool) -> Le
     return _take(tx, run_id, status, owner, epoch + 1, ttl_ms)
 
 
-def claim_next(tx: Tx, owner: str, ttl_ms: int) -> Lease | None:
-    """Lease the longest-due run that is free or expired, counting the attempt."""
-    row = tx.one(
-        "SELECT id, status, lease_epoch FROM agent_runs"
-        " WHERE status IN ('pending', 'running') AND next_attempt_at <= ?1"
-        " AND (lease_owner IS NULL OR lease_expires_at <= ?1)"
-        " ORDER BY next_attempt_at, created_at LIMIT 1",
-        (tx.now,),
+def claim_next(tx: Tx, owner: str, ttl_ms: int, max_attempts: int | None) -> tuple[Lease, int] | None:
+    """Lease the longest-due run that is free or expired, counting the attempt.
+
+    A run that already used ``max_attempts`` claims (its last owner died mid-attempt) is
+    failed here instead of being handed out again.
+    """
+    while True:
+        row = tx.one(
+            "SELECT id, status, lease_epoch, attempts FROM agent_runs"
+            " WHERE status IN ('pending', 'running') AND next_attempt_at <= ?1"
+            " AND (lease_owner IS NULL OR lease_expires_at <= ?1)"
+            " ORDER BY next_attempt_at, created_at LIMIT 1",
+            (tx.now,),
+        )
+        if row is None:
+            return None
+        run_id, status, epoch, attempts = row
+        if max_attempts is not None and attempts >= max_attempts:
+            _fail_exhausted(tx, run_id, status, attempts)
+            continue
+        tx.execute("UPDATE agent_runs SET attempts = attempts + 1 WHERE id = ?", (run_id,))
+        return _take(tx, run_id, status, owner, epoch + 1, ttl_ms), attempts + 1
+
+
+def _fail_exhausted(tx: Tx, run_id: str, status: str, attempts: int) -> None:
+    reason = f"attempt limit reached: {attempts} attempt(s) ended without finishing the run"
+    _end_run(tx, run_id, _dump({"from": status, "reason": reason, "to": "failed"}), RunStatus.FAILED)
+
+
+def record_attempt_failure(tx: Tx, lease: Lease, failure_json: str, retry_at: int | None) -> None:
+    """Log an ``attempt_failed`` event; then release the run until ``retry_at``, or, when
+    there is no retry, fail it. One transaction, fenced."""
+    check_lease(tx, lease)
+    seq = _allocate(tx, lease.run_id, 1)
+    _insert_event(tx, lease.run_id, seq, EventType.ATTEMPT_FAILED, failure_json)
+    if retry_at is None:
+        transition = {"from": "running", "reason": "attempt limit reached", "to": "failed"}
+        _end_run(tx, lease.run_id, _dump(transition), RunStatus.FAILED)
+    else:
+        release(tx, lease, retry_at)
+
+
+def _end_run(tx: Tx, run_id: str, transition_json: str, status: RunStatus) -> None:
+    """Append the final ``state_transition`` and make the run terminal and ownerless."""
+    seq = _allocate(tx, run_id, 1)
+    _insert_event(tx, run_id, seq, EventType.STATE_TRANSITION, transition_json)
+    tx.execute(
+        "UPDATE agent_runs SET status = ?, lease_owner = NULL, lease_expires_at = NULL WHERE id = ?",
+        (status.value, run_id),
     )
-    if row is None:
-        return None
-    run_id, status, epoch = row
-    tx.execute("UPDATE agent_runs SET attempts = attempts + 1 WHERE id = ?", (run_id,))
-    return _take(tx, run_id, status, owner, epoch + 1, ttl_ms)
 
 
 def _take(tx: Tx, run_id: str, status: str, owner: str, epoch: int, ttl_ms: int) -> Lease:
@@ -282,12 +318,7 @@ def finish(tx: Tx, lease: Lease, status: RunStatus, payload_json: str) -> None:
     check_lease(tx, lease)
     if status == RunStatus.COMPLETED:
         _require_no_open_work(tx, lease.run_id)
-    seq = _allocate(tx, lease.run_id, 1)
-    _insert_event(tx, lease.run_id, seq, EventType.STATE_TRANSITION, payload_json)
-    tx.execute(
-        "UPDATE agent_runs SET status = ?, lease_owner = NULL, lease_expires_at = NULL WHERE id = ?",
-        (status.value, lease.run_id),
-    )
+    _end_run(tx, lease.run_id, payload_json, status)
 
 
 def _require_no_open_work(tx: Tx, run_id: str) -> None:

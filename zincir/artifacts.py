@@ -107,9 +107,7 @@ def _tree_sha256(root: Path) -> str:
 
 
 def _git(root: Path, *args: str) -> bytes:
-    return subprocess.run(
-        ["git", "-C", str(root), *args], check=True, capture_output=True, timeout=60
-    ).stdout
+    return subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True, timeout=60).stdout
 
 
 def _git_state(root: Path) -> tuple[str, str]:

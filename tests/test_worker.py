@@ -1,0 +1,297 @@
+"""The resume worker: recovery of abandoned runs, retries, limits, concurrency, shutdown."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+import trio
+
+import zincir
+from zincir import _store
+
+from .conftest import ManualClock
+from .helpers import REPO, read_state, scalar, start_python
+
+
+async def wait_until(predicate: Callable[[], Awaitable[bool]], timeout: float = 10) -> None:
+    """Poll a database condition (written by another task or process) until it holds."""
+    with trio.fail_after(timeout):
+        while not await predicate():
+            await trio.sleep(0.01)
+
+
+async def status_of(db: zincir.Database, run_id: str) -> zincir.RunStatus:
+    return (await read_state(db, run_id)).run.status
+
+
+async def released_runs(db: zincir.Database, count: int, **kwargs: object) -> list[str]:
+    ids = []
+    for _ in range(count):
+        async with zincir.open_run(db, **kwargs) as run:  # type: ignore[arg-type]
+            ids.append(run.id)
+    return ids
+
+
+async def finish_pending_and_complete(run: zincir.Run) -> None:
+    for pending in await run.pending_tools():
+        await run.record_tool_result(pending.call.id, {"done_by_epoch": run.epoch})
+    await run.complete()
+
+
+ABANDON = """
+    import sys, time, trio, zincir
+    async def main():
+        async with zincir.open_run(sys.argv[1], lease_ttl=0.5) as run:
+            await run.record_response("", [{"id": "t1", "name": "tool"}], "tool_use")
+            print(run.id, flush=True)
+            await trio.sleep_forever()
+    trio.run(main)
+"""
+
+
+async def test_a_run_abandoned_by_a_killed_process_is_completed_after_expiry(db: zincir.Database) -> None:
+    with start_python(ABANDON, db.path) as proc:
+        assert proc.stdout is not None
+        run_id = (await trio.to_thread.run_sync(proc.stdout.readline)).strip()
+        proc.send_signal(signal.SIGKILL)
+        await trio.to_thread.run_sync(proc.wait)
+    worker = zincir.ResumeWorker(db, finish_pending_and_complete, lease_ttl=1, poll_interval=0.05)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        await wait_until(lambda: _is(db, run_id, zincir.RunStatus.COMPLETED))
+        worker.stop()
+    state = await read_state(db, run_id)
+    assert state.events[3].payload == {"call_id": "t1", "content": {"done_by_epoch": 2}}
+    assert scalar(Path(db.path), "SELECT attempts FROM agent_runs") == 1
+
+
+async def _is(db: zincir.Database, run_id: str, status: zincir.RunStatus) -> bool:
+    return await status_of(db, run_id) == status
+
+
+async def test_terminal_and_actively_leased_runs_are_never_dispatched(db: zincir.Database) -> None:
+    handled: list[str] = []
+
+    async def handler(run: zincir.Run) -> None:
+        handled.append(run.id)
+        await run.complete()
+
+    async with zincir.open_run(db) as done:
+        await done.complete()
+    async with zincir.open_run(db) as failed:
+        await failed.fail("no")
+    [free] = await released_runs(db, 1)
+    async with zincir.open_run(db) as held:
+        worker = zincir.ResumeWorker(db, handler, poll_interval=0.01)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            await wait_until(lambda: _is(db, free, zincir.RunStatus.COMPLETED))
+            worker.stop()
+        assert handled == [free]
+        assert await db._write(_store.claim_next, "probe", 1000, None) is None
+        await held.record_response("still mine", [], "end")
+
+
+async def test_a_failing_handler_is_retried_after_the_backoff_then_failed(
+    clocked_db: zincir.Database, clock: ManualClock
+) -> None:
+    attempts: list[int] = []
+
+    async def handler(run: zincir.Run) -> None:
+        attempts.append(run.epoch)
+        raise ValueError(f"boom {len(attempts)}")
+
+    async def failures() -> int:
+        events = (await read_state(clocked_db, run_id)).events
+        return sum(e.type == zincir.EventType.ATTEMPT_FAILED for e in events)
+
+    [run_id] = await released_runs(clocked_db, 1)
+    worker = zincir.ResumeWorker(
+        clocked_db,
+        handler,
+        poll_interval=0.01,
+        max_attempts=3,
+        backoff=zincir.Backoff(initial=10, factor=2, jitter=0),
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        await wait_until(lambda: _equals(failures, 1))
+        # Not due again until the persisted retry time: nothing can claim it yet.
+        assert await clocked_db._write(_store.claim_next, "probe", 1000, None) is None
+        assert scalar(Path(clocked_db.path), "SELECT next_attempt_at FROM agent_runs") == clock() + 10_000
+        clock.advance(10)
+        await wait_until(lambda: _equals(failures, 2))
+        clock.advance(20)
+        await wait_until(lambda: _is(clocked_db, run_id, zincir.RunStatus.FAILED))
+        worker.stop()
+    assert len(attempts) == 3
+    events = (await read_state(clocked_db, run_id)).events
+    failed = [e.payload for e in events if e.type == zincir.EventType.ATTEMPT_FAILED]
+    assert [f["attempt"] for f in failed] == [1, 2, 3]
+    assert failed[0]["error_type"] == "builtins.ValueError"
+    assert failed[0]["message"] == "boom 1"
+    assert failed[2]["next_attempt_at"] is None
+    assert events[-1].payload == {"from": "running", "to": "failed", "reason": "attempt limit reached"}
+
+
+async def _equals(count: Callable[[], Awaitable[int]], expected: int) -> bool:
+    return await count() == expected
+
+
+async def test_a_run_out_of_attempts_is_failed_without_running(db: zincir.Database) -> None:
+    [run_id] = await released_runs(db, 1)
+    conn = sqlite3.connect(db.path)
+    conn.execute("UPDATE agent_runs SET attempts = 3")  # three owners died mid-attempt
+    conn.commit()
+    conn.close()
+
+    async def handler(run: zincir.Run) -> None:
+        raise AssertionError("must not run")
+
+    worker = zincir.ResumeWorker(db, handler, poll_interval=0.01, max_attempts=3)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        await wait_until(lambda: _is(db, run_id, zincir.RunStatus.FAILED))
+        worker.stop()
+    reason = (await read_state(db, run_id)).events[-1].payload["reason"]
+    assert reason.startswith("attempt limit reached: 3 attempt(s)")
+
+
+async def test_the_concurrency_limit_is_never_exceeded(db: zincir.Database) -> None:
+    ids = await released_runs(db, 30)
+    running = 0
+    most = 0
+
+    async def handler(run: zincir.Run) -> None:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await trio.sleep(0.02)
+        running -= 1
+        await run.complete()
+
+    worker = zincir.ResumeWorker(db, handler, poll_interval=0.01, max_concurrency=4)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        for run_id in ids:
+            await wait_until(lambda run_id=run_id: _is(db, run_id, zincir.RunStatus.COMPLETED))
+        worker.stop()
+    assert most == 4
+
+
+async def test_stop_lets_a_short_handler_finish_and_cancels_a_long_one(db: zincir.Database) -> None:
+    [short] = await released_runs(db, 1, config={"kind": "short"})
+    [long] = await released_runs(db, 1, config={"kind": "long"})
+    started = {"short": trio.Event(), "long": trio.Event()}
+    cancelled = trio.Event()
+
+    async def handler(run: zincir.Run) -> None:
+        kind = (await run.state()).run.config["kind"]
+        started[kind].set()
+        if kind == "short":
+            await trio.sleep(0.1)
+            await run.complete()
+        else:
+            try:
+                await trio.sleep_forever()
+            finally:
+                cancelled.set()
+
+    worker = zincir.ResumeWorker(db, handler, poll_interval=0.01, grace_period=0.5)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        await started["short"].wait()
+        await started["long"].wait()
+        worker.stop()
+    assert cancelled.is_set()
+    assert await status_of(db, short) == zincir.RunStatus.COMPLETED
+    # The cancelled handler's run was released: claimable at once by anyone.
+    claimed = await db._write(_store.claim_next, "another-worker", 1000, None)
+    assert claimed is not None
+    assert claimed[0].run_id == long
+
+
+async def test_a_run_released_in_this_process_is_claimed_without_waiting_a_poll(db: zincir.Database) -> None:
+    handled = trio.Event()
+
+    async def handler(run: zincir.Run) -> None:
+        handled.set()
+        await run.complete()
+
+    worker = zincir.ResumeWorker(db, handler, poll_interval=3600)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        await released_runs(db, 1)
+        with trio.fail_after(5):
+            await handled.wait()
+        worker.stop()
+
+
+def test_backoff_grows_exponentially_up_to_its_maximum() -> None:
+    backoff = zincir.Backoff(initial=1, factor=2, maximum=5, jitter=0)
+    assert [backoff.delay(n) for n in range(1, 6)] == [1, 2, 4, 5, 5]
+    jittered = zincir.Backoff(initial=10, jitter=0.5)
+    assert all(5 <= jittered.delay(1) <= 15 for _ in range(100))
+    with pytest.raises(zincir.InvalidArgument, match="jitter"):
+        zincir.Backoff(jitter=1.5)
+    with pytest.raises(zincir.InvalidArgument, match="initial"):
+        zincir.Backoff(initial=0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"max_concurrency": 0}, "max_concurrency"),
+        ({"poll_interval": 0}, "poll_interval"),
+        ({"lease_ttl": 0.001}, "lease_ttl"),
+        ({"max_attempts": 0}, "max_attempts"),
+        ({"grace_period": -1}, "grace_period"),
+    ],
+)
+async def test_bad_worker_settings(db: zincir.Database, kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(zincir.InvalidArgument, match=match):
+        zincir.ResumeWorker(db, finish_pending_and_complete, **kwargs)  # type: ignore[arg-type]
+
+
+# -- two real worker processes --------------------------------------------------------------------
+
+
+async def test_two_worker_processes_claim_each_run_exactly_once(db: zincir.Database, tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger.txt"
+    env = {**os.environ, "LEDGER": str(ledger), "PYTHONPATH": str(REPO)}
+    command = [
+        sys.executable, "-m", "zincir", "worker", "tests.worker_handlers:record_and_complete",
+        "--db", db.path, "--poll-interval", "0.01", "--max-concurrency", "4",
+    ]  # fmt: skip
+    procs = [
+        subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    logs: list[list[str]] = [[], []]
+    try:
+        for proc, log in zip(procs, logs, strict=True):
+            assert proc.stderr is not None
+            while not log or "worker started" not in log[-1]:
+                line = await trio.to_thread.run_sync(proc.stderr.readline)
+                assert line, f"worker exited early: {log}"
+                log.append(line)
+        ids = await released_runs(db, 20)  # both workers now race for every run
+        for run_id in ids:
+            await wait_until(lambda run_id=run_id: _is(db, run_id, zincir.RunStatus.COMPLETED), timeout=30)
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        outputs = [await trio.to_thread.run_sync(lambda p=p: p.communicate(timeout=30)) for p in procs]
+    for proc, (_, err) in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, err
+        assert "SIGTERM received: stopping" in err
+    lines = ledger.read_text().splitlines()
+    assert sorted(line.split()[0] for line in lines) == sorted(ids)
+    assert scalar(Path(db.path), "SELECT max(attempts) FROM agent_runs") == 1

@@ -1,0 +1,3 @@
+from ._cli import main
+
+main(prog_name="zincir")

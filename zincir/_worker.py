@@ -1,0 +1,223 @@
+"""The resume worker: claims runs nobody is working on and hands each to a handler."""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, final
+
+import attrs
+import trio
+
+from . import _store
+from ._database import Database
+from ._errors import InvalidArgument, LeaseLost, StorageError
+from ._json import dump_trusted
+from ._run import Run, lease_ttl_ms, owned_run
+from ._types import RunStatus
+
+__all__ = ["Backoff", "Handler", "ResumeWorker"]
+
+logger = logging.getLogger("zincir.worker")
+
+Handler = Callable[[Run], Awaitable[Any]]
+"""An async callable that continues a run; it should end with ``complete()`` or ``fail()``."""
+
+_MAX_ERROR_MESSAGE: Final = 2000
+
+
+def _positive(value: object, what: str) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise InvalidArgument(f"{what} must be a finite number > 0, not {value!r}")
+    return float(value)
+
+
+@attrs.frozen
+class Backoff:
+    """Exponential backoff with jitter: attempt n waits ``initial * factor**(n-1)`` seconds,
+    capped at ``maximum``, then moved by up to ``jitter`` (a fraction) either way."""
+
+    initial: float = 1.0
+    factor: float = 2.0
+    maximum: float = 300.0
+    jitter: float = 0.1
+
+    def __attrs_post_init__(self) -> None:
+        for name in ("initial", "factor", "maximum"):
+            _positive(getattr(self, name), f"Backoff.{name}")
+        if not 0 <= self.jitter < 1:
+            raise InvalidArgument(f"Backoff.jitter must be in [0, 1), not {self.jitter!r}")
+
+    def delay(self, attempt: int) -> float:
+        """Seconds to wait after the ``attempt``-th attempt (1-based) failed."""
+        base = min(self.maximum, self.initial * self.factor ** max(0, attempt - 1))
+        return base * (1 + random.uniform(-self.jitter, self.jitter))
+
+
+@final
+class ResumeWorker:
+    """Claims free or expired, non-terminal, due runs and runs ``handler(run)`` for each.
+
+    At most ``max_concurrency`` handlers run at once. A handler that raises has its run
+    released with a persisted retry time (``backoff``) and an ``attempt_failed`` event; after
+    ``max_attempts`` claims the run is failed. A handler that returns without ending the run
+    releases it until the backoff has passed. :meth:`stop` stops claiming at once and gives
+    running handlers ``grace_period`` seconds before cancelling them; cancelled handlers
+    release their runs, so another worker can claim them straight away.
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        handler: Handler,
+        *,
+        lease_ttl: float = 30.0,
+        poll_interval: float = 1.0,
+        max_concurrency: int = 4,
+        max_attempts: int | None = None,
+        backoff: Backoff = Backoff(),
+        grace_period: float = 10.0,
+    ) -> None:
+        if not isinstance(db, Database):
+            raise InvalidArgument(f"ResumeWorker needs a Database, not {db!r}")
+        if not callable(handler):
+            raise InvalidArgument(f"handler must be an async callable, not {handler!r}")
+        if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or max_concurrency < 1:
+            raise InvalidArgument(f"max_concurrency must be an int >= 1, not {max_concurrency!r}")
+        if max_attempts is not None and (
+            isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
+        ):
+            raise InvalidArgument(f"max_attempts must be None or an int >= 1, not {max_attempts!r}")
+        if not isinstance(backoff, Backoff):
+            raise InvalidArgument(f"backoff must be a zincir.Backoff, not {backoff!r}")
+        if isinstance(grace_period, bool) or not isinstance(grace_period, int | float) or grace_period < 0:
+            raise InvalidArgument(f"grace_period must be a number of seconds >= 0, not {grace_period!r}")
+        self._db = db
+        self._handler = handler
+        self._ttl_ms = lease_ttl_ms(lease_ttl)
+        self._poll_interval = _positive(poll_interval, "poll_interval")
+        self._limiter = trio.CapacityLimiter(max_concurrency)
+        self._max_attempts = max_attempts
+        self._backoff = backoff
+        self._grace_period = float(grace_period)
+        self._owner = str(uuid.uuid4())
+        self._claim_scope = trio.CancelScope()
+        self._wakeup = trio.Event()
+        self._running = False
+
+    @property
+    def running_handlers(self) -> int:
+        """How many handlers are running now."""
+        return int(self._limiter.borrowed_tokens)
+
+    def stop(self) -> None:
+        """Stop claiming now; running handlers get the grace period, then are cancelled.
+
+        A plain method: call it from any task of the worker's Trio run.
+        """
+        self._claim_scope.cancel()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Claim and handle runs until :meth:`stop` or cancellation."""
+        if self._running:
+            raise InvalidArgument("this ResumeWorker is already running")
+        self._running = True
+        self._db._claim_listeners.add(self._wake)
+        try:
+            async with trio.open_nursery() as handlers:
+                with self._claim_scope:
+                    task_status.started()
+                    await self._claim_forever(handlers)
+                logger.info(
+                    "worker stopping: %d handler(s) get %.1f s", self.running_handlers, self._grace_period
+                )
+                handlers.cancel_scope.deadline = trio.current_time() + self._grace_period
+        finally:
+            self._db._claim_listeners.discard(self._wake)
+
+    def _wake(self) -> None:
+        self._wakeup.set()
+
+    async def _claim_forever(self, handlers: trio.Nursery) -> None:
+        failures = 0
+        while True:
+            slot = object()
+            await self._limiter.acquire_on_behalf_of(slot)
+            # A fresh event before each claim: a run released while we claim wakes the wait below.
+            self._wakeup = trio.Event()
+            try:
+                claimed = await self._db._write(
+                    _store.claim_next, self._owner, self._ttl_ms, self._max_attempts
+                )
+            except StorageError as exc:
+                self._limiter.release_on_behalf_of(slot)
+                failures += 1
+                delay = min(self._poll_interval, self._backoff.delay(failures))
+                logger.warning("worker: claiming failed (%s); retrying in %.2f s", exc, delay)
+                await trio.sleep(delay)
+                continue
+            failures = 0
+            if claimed is None:
+                self._limiter.release_on_behalf_of(slot)
+                with trio.move_on_after(self._poll_interval):
+                    await self._wakeup.wait()
+                continue
+            lease, attempt = claimed
+            logger.info("claimed run %s (attempt %d, epoch %d)", lease.run_id, attempt, lease.epoch)
+            handlers.start_soon(self._handle, lease, attempt, slot)
+
+    async def _handle(self, lease: _store.Lease, attempt: int, slot: object) -> None:
+        try:
+            async with owned_run(self._db, lease) as run:
+                try:
+                    await self._handler(run)
+                except LeaseLost:
+                    raise
+                except Exception as exc:
+                    await self._record_failure(run, attempt, exc)
+                    return
+                if run._finished is None:
+                    run._release_at = self._db.clock() + self._backoff_ms(attempt)
+                    logger.info("run %s: handler returned without ending the run; released", run.id)
+                else:
+                    logger.info("run %s: %s", run.id, run._finished.value)
+        except LeaseLost as exc:
+            logger.warning("run %s: lease lost: %s", lease.run_id, exc)
+        except Exception:
+            logger.exception("run %s: handler failed while recording its failure", lease.run_id)
+        finally:
+            self._limiter.release_on_behalf_of(slot)
+
+    def _backoff_ms(self, attempt: int) -> int:
+        return math.ceil(self._backoff.delay(attempt) * 1000)
+
+    async def _record_failure(self, run: Run, attempt: int, exc: Exception) -> None:
+        give_up = self._max_attempts is not None and attempt >= self._max_attempts
+        retry_at = None if give_up else self._db.clock() + self._backoff_ms(attempt)
+        message = str(exc)[:_MAX_ERROR_MESSAGE]
+        failure = dump_trusted(
+            {
+                "attempt": attempt,
+                "error_type": f"{type(exc).__module__}.{type(exc).__qualname__}",
+                "message": message,
+                "next_attempt_at": retry_at,
+            }
+        )
+        await run._write(_store.record_attempt_failure, failure, retry_at)
+        run._released = True
+        run._stop_heartbeat()
+        if give_up:
+            run._finished = RunStatus.FAILED
+            logger.error(
+                "run %s: attempt %d failed (%r); attempt limit reached, run failed", run.id, attempt, exc
+            )
+        else:
+            logger.warning("run %s: attempt %d failed (%r); retry at %d ms", run.id, attempt, exc, retry_at)
