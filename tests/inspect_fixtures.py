@@ -116,6 +116,7 @@ def add_checkpoint(
     call_id: str | None = None,
     state: Any = None,
     verification: Any = None,
+    t0: int = T0,
 ) -> None:
     state = state or {
         "completed": [f"step {round}"],
@@ -137,8 +138,8 @@ def add_checkpoint(
             status,
             json.dumps(state),
             None if verification is None else json.dumps(verification),
-            T0 + 1000 * based_on,
-            None if decision is None else T0 + 1000 * decision,
+            t0 + 1000 * based_on,
+            None if decision is None else t0 + 1000 * decision,
         ),
     )
 
@@ -167,10 +168,18 @@ def add_step(
     )
 
 
-def add_timer(conn: sqlite3.Connection, run_id: str, name: str, *, wake_at: int, done: bool = False) -> None:
+def add_timer(
+    conn: sqlite3.Connection,
+    run_id: str,
+    name: str,
+    *,
+    wake_at: int,
+    done: bool = False,
+    created_at: int = T0,
+) -> None:
     conn.execute(
         "INSERT INTO timers (run_id, name, wake_at, created_at, completed_at) VALUES (?, ?, ?, ?, ?)",
-        (run_id, name, wake_at, T0, wake_at if done else None),
+        (run_id, name, wake_at, created_at, wake_at if done else None),
     )
 
 
@@ -186,8 +195,11 @@ class Sample:
     plain: tuple[str, ...]  # filler runs for pagination
 
 
-def build_sample(path: Path, *, plain_runs: int = 60) -> tuple[sqlite3.Connection, Sample]:
-    """A database with every kind of row; returns the still-open writer and the ids."""
+def build_sample(path: Path, *, plain_runs: int = 60, t0: int = T0) -> tuple[sqlite3.Connection, Sample]:
+    """A database with every kind of row; returns the still-open writer and the ids.
+
+    Times are relative to ``t0`` (a fixed instant by default, so tests can name them).
+    """
     conn = create_database(path)
     conn.execute("BEGIN")
     main = add_run(
@@ -197,27 +209,28 @@ def build_sample(path: Path, *, plain_runs: int = 60) -> tuple[sqlite3.Connectio
         config={"goal": "fix the flaky test", "max_rounds": 5},
         lease_owner="worker-7f3a",
         lease_epoch=3,
-        lease_expires_at=T0 + 10**12,
+        lease_expires_at=t0 + 7_200_000,
         attempts=2,
-        next_attempt_at=T0 + 60_000,
+        next_attempt_at=t0 + 60_000,
+        created_at=t0,
     )
-    _main_history(conn, main)
+    _main_history(conn, main, t0)
     children = (
-        add_run(conn, role="researcher", status="completed", parent_run_id=main, created_at=T0 + 5),
-        add_run(conn, role="reviewer", status="failed", parent_run_id=main, created_at=T0 + 6),
+        add_run(conn, role="researcher", status="completed", parent_run_id=main, created_at=t0 + 5),
+        add_run(conn, role="reviewer", status="failed", parent_run_id=main, created_at=t0 + 6),
     )
-    long = add_run(conn, role="batch", status="completed", created_at=T0 - 10**6)
+    long = add_run(conn, role="batch", status="completed", created_at=t0 - 10**6)
     for i in range(250):
         add_event(conn, long, "tool_result" if i % 2 else "tool_call", {"call_id": f"c{i // 2}", "i": i})
-    hostile = _hostile_run(conn)
+    hostile = _hostile_run(conn, t0)
     plain = tuple(
-        add_run(conn, role="filler", status="pending", created_at=T0 - 10**7 + i) for i in range(plain_runs)
+        add_run(conn, role="filler", status="pending", created_at=t0 - 10**7 + i) for i in range(plain_runs)
     )
     conn.execute("COMMIT")
     return conn, Sample(path, main, children, long, hostile, plain)
 
 
-def _main_history(conn: sqlite3.Connection, run: str) -> None:
+def _main_history(conn: sqlite3.Connection, run: str, t0: int) -> None:
     add_event(conn, run, "state_transition", {"from": "pending", "to": "running"})
     calls = [{"id": "call_1", "name": "read_file", "args": {"path": "tests/test_x.py"}}]
     add_event(conn, run, "llm_call", {"content": "reading", "tool_calls": calls, "stop_reason": "tool_use"})
@@ -266,28 +279,29 @@ def _main_history(conn: sqlite3.Connection, run: str) -> None:
             based_on=based_on,
             decision=decision,
             verification=verification,
+            t0=t0,
         )
-    add_step(conn, run, "fetch-dataset", result={"rows": 1200})
-    add_step(conn, run, "train", status="running", started_at=T0 + 2000)
-    add_timer(conn, run, "cooldown", wake_at=T0 + 3_600_000)
-    add_timer(conn, run, "backoff", wake_at=T0 + 1000, done=True)
+    add_step(conn, run, "fetch-dataset", result={"rows": 1200}, started_at=t0)
+    add_step(conn, run, "train", status="running", started_at=t0 + 2000)
+    add_timer(conn, run, "cooldown", wake_at=t0 + 3_600_000, created_at=t0)
+    add_timer(conn, run, "backoff", wake_at=t0 + 1000, done=True, created_at=t0)
 
 
-def _hostile_run(conn: sqlite3.Connection) -> str:
+def _hostile_run(conn: sqlite3.Connection, t0: int) -> str:
     run = add_run(
         conn,
         role=f"role {XSS_ALL}",
         provider=f"provider {XSS_IMG}",
         config={"goal": XSS_ALL, XSS_SCRIPT: [XSS_LINK]},
         lease_owner=f"owner {XSS_IMG}",
-        lease_expires_at=T0,
-        created_at=T0 + 10**9,
+        lease_expires_at=t0,
+        created_at=t0 + 600_000,
     )
     add_event(conn, run, "state_transition", {"from": "pending", "to": "running"})
     add_event(conn, run, XSS_SCRIPT, {"content": XSS_ALL}, key=f"tool_call:{XSS_IMG}")
     add_event(conn, run, "llm_call", {"content": XSS_ALL, "tool_calls": [{"id": XSS_IMG, "name": XSS_LINK}]})
-    add_step(conn, run, f"step {XSS_SCRIPT}", result=XSS_ALL)
-    add_timer(conn, run, f"timer {XSS_IMG}", wake_at=T0)
+    add_step(conn, run, f"step {XSS_SCRIPT}", result=XSS_ALL, started_at=t0)
+    add_timer(conn, run, f"timer {XSS_IMG}", wake_at=t0, created_at=t0)
     add_checkpoint(
         conn,
         run,
@@ -297,6 +311,7 @@ def _hostile_run(conn: sqlite3.Connection) -> str:
         decision=None,
         call_id=XSS_LINK,
         state={"completed": [XSS_ALL]},
+        t0=t0,
     )
     return run
 

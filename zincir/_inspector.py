@@ -674,24 +674,32 @@ def _runs_filter(query: _RunsQuery) -> str:
     )
 
 
+def _clipped(text: str, limit: int) -> str:
+    """Escaped ``text`` cut to ``limit`` characters; the (bounded) whole in a tooltip."""
+    if len(text) <= limit:
+        return _e(text)
+    return f'<span title="{_e(text[:1000])}">{_e(text[: limit - 1])}…</span>'
+
+
+def _lease_cell(run: q.RunSummary, now: int) -> str:
+    if run.lease_owner is None or run.lease_expires_at is None:
+        return '<span class="muted">—</span>'
+    left = run.lease_expires_at - now
+    state = f"expires {human_delta(left)}" if left > 0 else f"expired {human_delta(left)}"
+    kind = "active" if left > 0 else "expired"
+    return f'<code>{_clipped(run.lease_owner, 16)}</code><br><span class="lease-{kind}">{_e(state)}</span>'
+
+
 def _runs_table(runs: Iterable[q.RunSummary], now: int) -> str:
-    rows = []
-    for run in runs:
-        lease = (
-            f"<code>{_e(_preview(run.lease_owner, 12))}</code>{_relative(run.lease_expires_at, now)}"
-            if run.lease_owner is not None
-            else '<span class="muted">—</span>'
-        )
-        rows.append(
-            f"<tr><td>{_run_link(run.id)}</td><td>{_pill(run.status)}</td>"
-            f"<td>{_e(run.role)}</td><td>{_e(run.provider)}</td>"
-            f'<td class="num">{run.event_count:,}</td><td class="num">{run.attempts:,}</td>'
-            f"<td>{lease}</td><td>{_time(run.updated_at)}{_relative(run.updated_at, now)}</td>"
-            f"<td>{_time(run.created_at)}</td></tr>"
-        )
-    headers = _th(
-        "Run", "Status", "Role", "Provider", "#Events", "#Attempts", "Lease", "Last activity", "Created"
-    )
+    rows = [
+        f"<tr><td>{_run_link(run.id)}</td><td>{_pill(run.status)}</td>"
+        f'<td class="text">{_clipped(run.role, 48)}</td><td class="text">{_clipped(run.provider, 32)}</td>'
+        f'<td class="num">{run.event_count:,}</td><td class="num">{run.attempts:,}</td>'
+        f"<td>{_lease_cell(run, now)}</td><td>{_time(run.updated_at)}<br>"
+        f'<span class="muted">{_e(human_delta(run.updated_at - now))}</span></td></tr>'
+        for run in runs
+    ]
+    headers = _th("Run", "Status", "Role", "Provider", "#Events", "#Attempts", "Lease", "Last activity")
     return _table(headers, rows, cls="runs")
 
 
@@ -990,6 +998,7 @@ th { color: var(--muted); font-size: .75rem; font-weight: 600; text-transform: u
 tbody tr:hover { background: var(--panel2); }
 th.num, td.num { text-align: right; white-space: nowrap; }
 table.runs td:first-child { white-space: nowrap; }
+table.runs td.text { min-width: 9rem; }
 .pill { display: inline-block; padding: 0 .55rem; border-radius: 999px; font-size: .75rem;
   font-weight: 600; border: 1px solid currentColor; line-height: 1.45rem; white-space: nowrap; }
 .s-pending, .s-candidate { color: var(--pending); }
@@ -1013,8 +1022,8 @@ dl { display: grid; grid-template-columns: max-content 1fr; gap: .35rem 1.2rem; 
 dt { color: var(--muted); }
 dd { margin: 0; overflow-wrap: anywhere; }
 .children { margin: 0; padding-left: 1.1rem; }
-.lease-active { color: var(--completed); }
-.lease-expired { color: var(--failed); }
+.lease-active { color: var(--completed); white-space: nowrap; }
+.lease-expired { color: var(--failed); white-space: nowrap; }
 details.event { background: var(--panel); border: 1px solid var(--border); border-radius: 6px;
   margin: .3rem 0; padding: .3rem .7rem; }
 details.event summary { cursor: pointer; white-space: nowrap; overflow: hidden;

@@ -1,0 +1,140 @@
+"""A real browser (headless Debian Chromium) loads pages full of script-injection payloads.
+
+The proof that nothing ran: every payload tries to set ``data-pwned`` on ``<body>``; the
+DOM Chromium dumps after running the page must not carry it, and the payloads must be
+visible as text. A control page without escaping shows the oracle does catch a run script.
+Screenshots land in ``test-artifacts/`` for a human to look at.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from tests.inspect_fixtures import XSS_IMG, XSS_LINK, XSS_SCRIPT, Sample, build_sample
+from zincir._inspector import serve
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+BROWSER_TIMEOUT = 30
+
+pytestmark = pytest.mark.skipif(
+    not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium (apt-get install chromium)"
+)
+
+
+@pytest.fixture
+def sample(tmp_path: Path) -> Iterator[Sample]:
+    # Times near now, so the screenshots show realistic "2 min ago" / "expires in 1.9 h".
+    t0 = time.time_ns() // 1_000_000 - 15 * 60_000
+    conn, ids = build_sample(tmp_path / "browser.db", plain_runs=30, t0=t0)
+    yield ids
+    conn.close()
+
+
+def chromium(profile: Path, *args: str) -> list[str]:
+    return [
+        str(CHROMIUM),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--hide-scrollbars",
+        f"--user-data-dir={profile}",
+        "--virtual-time-budget=2000",
+        *args,
+    ]
+
+
+async def run_browser(command: list[str]) -> str:
+    with trio.fail_after(BROWSER_TIMEOUT):
+        done = await trio.run_process(command, capture_stdout=True, capture_stderr=True, check=False)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
+    return done.stdout.decode()
+
+
+async def dump_dom(profile: Path, url: str) -> str:
+    return await run_browser(chromium(profile, "--dump-dom", url))
+
+
+async def screenshot(profile: Path, url: str, name: str) -> Path:
+    ARTIFACTS.mkdir(exist_ok=True)
+    target = ARTIFACTS / name
+    target.unlink(missing_ok=True)
+    await run_browser(chromium(profile, f"--screenshot={target}", "--window-size=1280,900", url))
+    data = target.read_bytes()
+    assert data.startswith(b"\x89PNG\r\n\x1a\n")
+    assert len(data) > 10_000  # a rendered page, not a blank one
+    return target
+
+
+def body_tag(dom: str) -> str:
+    match = re.search(r"<body[^>]*>", dom)
+    assert match is not None, dom[:500]
+    return match.group(0)
+
+
+def assert_nothing_ran(dom: str) -> None:
+    assert "data-pwned" not in body_tag(dom)
+    lowered = dom.lower()
+    assert "<script" not in lowered
+    assert "<img" not in lowered
+    assert re.search(r"<a\b[^>]*\bhref\s*=\s*\"?\s*javascript:", lowered) is None  # escaped text is fine
+
+
+async def test_the_oracle_sees_a_script_that_runs(tmp_path: Path) -> None:
+    control = tmp_path / "control.html"
+    control.write_text(f"<!doctype html><html><body><p>control</p>{XSS_IMG}</body></html>")
+    dom = await dump_dom(tmp_path / "profile", control.as_uri())
+    assert 'data-pwned="1"' in body_tag(dom)
+
+
+async def test_injected_payloads_stay_text_in_a_real_browser(tmp_path: Path, sample: Sample) -> None:
+    profile = tmp_path / "profile"
+    async with trio.open_nursery() as nursery:
+        start = functools.partial(serve, str(sample.path), "127.0.0.1:0", shutdown_trigger=trio.sleep_forever)
+        url: str = await nursery.start(start)
+
+        run_dom = await dump_dom(profile, f"{url}runs/{sample.hostile}")
+        assert_nothing_ran(run_dom)
+        assert "&lt;script&gt;document.body.setAttribute('data-pwned','1')&lt;/script&gt;" in run_dom
+        assert "&lt;img src=x onerror=\"document.body.setAttribute('data-pwned','1')\"&gt;" in run_dom
+        assert "&lt;a href=\"javascript:document.body.setAttribute('data-pwned','1')\"&gt;click me" in run_dom
+        assert f"step {XSS_SCRIPT}".replace("<", "&lt;").replace(">", "&gt;") in run_dom
+        assert XSS_LINK.replace("<", "&lt;").replace(">", "&gt;") in run_dom
+
+        runs_dom = await dump_dom(profile, url)
+        assert_nothing_ran(runs_dom)
+        assert "role &lt;script&gt;" in runs_dom
+        assert sample.hostile in runs_dom
+
+        await screenshot(profile, url, "inspector-runs.png")
+        await screenshot(profile, f"{url}runs/{sample.main}", "inspector-run.png")
+        await screenshot(profile, f"{url}runs/{sample.hostile}", "inspector-run-hostile.png")
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_rebinding_host_is_refused_in_the_browser(tmp_path: Path, sample: Sample) -> None:
+    # Chromium resolves the made-up name to the server (as a DNS-rebinding attack would)
+    # and sends ``Host: rebind.example:<port>``: the inspector must answer 421, no data.
+    async with trio.open_nursery() as nursery:
+        start = functools.partial(serve, str(sample.path), "127.0.0.1:0", shutdown_trigger=trio.sleep_forever)
+        url: str = await nursery.start(start)
+        port = url.rstrip("/").rsplit(":", 1)[1]
+        rules = "--host-resolver-rules=MAP rebind.example 127.0.0.1"
+        dom = await run_browser(
+            chromium(tmp_path / "profile", rules, "--dump-dom", f"http://rebind.example:{port}/")
+        )
+        assert "Misdirected" in dom
+        assert sample.main not in dom
+        nursery.cancel_scope.cancel()
