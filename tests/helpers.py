@@ -10,7 +10,6 @@ import textwrap
 from pathlib import Path
 
 import zincir
-from zincir import _store
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -50,5 +49,4 @@ def start_python(code: str, *args: str, **kwargs: object) -> subprocess.Popen[st
 
 async def read_state(db: zincir.Database, run_id: str) -> zincir.DurableState:
     """A run's durable state, read without owning the run."""
-    run, checkpoint, events = await db._read(_store.durable_state, run_id)
-    return zincir.DurableState(run, checkpoint, events)
+    return await db.state(run_id)

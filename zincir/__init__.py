@@ -26,7 +26,7 @@ from ._errors import (
     UnfinishedWork,
     ZincirError,
 )
-from ._run import MIN_LEASE_TTL, Run, open_run
+from ._run import Run, open_run
 from ._store import SUBMIT_CHECKPOINT
 from ._types import (
     Checkpoint,
@@ -41,6 +41,7 @@ from ._types import (
     Verification,
     Verifier,
 )
+from ._validation import MIN_LEASE_TTL
 from ._version import __version__
 from ._worker import Backoff, Handler, ResumeWorker
 

@@ -24,8 +24,10 @@ import attrs
 import outcome
 import trio
 
-from . import _migrations
+from . import _migrations, _store
 from ._errors import DatabaseBusy, DatabaseClosed, InvalidArgument, StorageError
+from ._types import DurableState, Event, RunRecord, RunStatus
+from ._validation import canonical_run_id
 
 __all__ = ["Clock", "Database", "Tx", "open_database", "wall_clock_ms"]
 
@@ -313,6 +315,31 @@ class Database:
 
     def __repr__(self) -> str:
         return f"<zincir.Database {self.path!r}{' closed' if self._closed else ''}>"
+
+    async def state(self, run_id: str) -> DurableState:
+        """Any run's durable state (as :meth:`Run.state`), read without owning the run."""
+        run, checkpoint, events = await self._read(_store.durable_state, canonical_run_id(run_id))
+        return DurableState(run, checkpoint, events)
+
+    async def events(self, run_id: str, *, after: int = -1, limit: int | None = None) -> list[Event]:
+        """A run's events with seq > ``after``, in order (at most ``limit`` of them)."""
+        if isinstance(after, bool) or not isinstance(after, int):
+            raise InvalidArgument(f"after must be an int seq, not {after!r}")
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise InvalidArgument(f"limit must be None or an int >= 1, not {limit!r}")
+        run_id = canonical_run_id(run_id)
+        return await self._read(_store.events_page, run_id, after, limit)
+
+    async def runs(self, *, status: RunStatus | str | None = None, limit: int = 100) -> list[RunRecord]:
+        """Runs, oldest first, optionally only those with ``status``."""
+        if status is not None:
+            try:
+                status = RunStatus(status)
+            except ValueError:
+                raise InvalidArgument(f"unknown run status {status!r}") from None
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise InvalidArgument(f"limit must be an int >= 1, not {limit!r}")
+        return await self._read(_store.list_runs, status, limit)
 
     def _announce_claimable(self) -> None:
         """A run became claimable: wake the resume workers of this process at once."""

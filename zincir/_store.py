@@ -8,11 +8,12 @@ that the owner's (owner, epoch) still holds an unexpired lease on a running run.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from ._database import Tx
+if TYPE_CHECKING:
+    from ._database import Tx
 from ._errors import (
     CheckpointNotPending,
     ConflictingResult,
@@ -372,13 +373,29 @@ def get_run(tx: Tx, run_id: str) -> RunRecord:
     return to_run(row)
 
 
-def events_after(tx: Tx, run_id: str, after_seq: int) -> list[Event]:
+def list_runs(tx: Tx, status: RunStatus | None, limit: int) -> list[RunRecord]:
+    if status is None:
+        rows = tx.all(f"SELECT {_RUN_COLUMNS} FROM agent_runs ORDER BY created_at, id LIMIT ?", (limit,))
+    else:
+        rows = tx.all(
+            f"SELECT {_RUN_COLUMNS} FROM agent_runs WHERE status = ? ORDER BY created_at, id LIMIT ?",
+            (status.value, limit),
+        )
+    return [to_run(row) for row in rows]
+
+
+def events_after(tx: Tx, run_id: str, after_seq: int, limit: int | None = None) -> list[Event]:
     rows = tx.all(
         "SELECT seq, type, payload, idempotency_key, created_at FROM events"
-        " WHERE run_id = ? AND seq > ? ORDER BY seq",
-        (run_id, after_seq),
+        " WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+        (run_id, after_seq, -1 if limit is None else limit),
     )
     return [to_event(run_id, row) for row in rows]
+
+
+def events_page(tx: Tx, run_id: str, after_seq: int, limit: int | None) -> list[Event]:
+    get_run(tx, run_id)  # an unknown run is an error, not an empty page
+    return events_after(tx, run_id, after_seq, limit)
 
 
 def latest_accepted(tx: Tx, run_id: str) -> Checkpoint | None:

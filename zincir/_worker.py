@@ -16,8 +16,9 @@ from . import _store
 from ._database import Database
 from ._errors import InvalidArgument, LeaseLost, StorageError
 from ._json import dump_trusted
-from ._run import Run, lease_ttl_ms, owned_run
+from ._run import Run, owned_run
 from ._types import RunStatus
+from ._validation import lease_ttl_ms
 
 __all__ = ["Backoff", "Handler", "ResumeWorker"]
 
