@@ -70,11 +70,18 @@ def publish_once(out: Path, call_id: str, content: Any) -> dict[str, Any]:
     return result
 
 
+def read_published(out: Path, call_id: str) -> dict[str, Any] | None:
+    try:
+        result: dict[str, Any] = json.loads((out / f"{call_id}.json").read_text())
+    except FileNotFoundError:
+        return None
+    return result
+
+
 async def write_file(out: Path, call_id: str, args: dict[str, Any]) -> dict[str, Any]:
     """The idempotent tool: its idempotency key is the call id, which names the file."""
-    final = out / f"{call_id}.json"
-    if final.exists():
-        existing: dict[str, Any] = json.loads(final.read_text())
+    existing = await trio.to_thread.run_sync(read_published, out, call_id)
+    if existing is not None:
         return existing
     await pause("BEFORE_TOOL")
     result = await trio.to_thread.run_sync(publish_once, out, call_id, args.get("content"))
@@ -150,9 +157,9 @@ async def drive(run: zincir.Run, out: Path) -> None:
     if await finish_if_done(run, (await run.state()).checkpoint):
         return
     candidate = await run.pending_checkpoint()
-    if candidate is not None:  # a crash interrupted a verification: decide it now
-        if await finish_if_done(run, await run.verify_checkpoint(candidate, verify)):
-            return
+    # A crash interrupted a verification: decide the stored candidate now.
+    if candidate is not None and await finish_if_done(run, await run.verify_checkpoint(candidate, verify)):
+        return
     for _ in range(10):  # a bound on model rounds, as any real loop should have
         for pending in await run.pending_tools():  # intents whose results never got recorded
             call = pending.call
@@ -177,10 +184,7 @@ def print_run(state: zincir.DurableState, all_events: list[zincir.Event]) -> Non
         print(f"  #{event.seq:<3} {event.type.value:<20} {payload[:90]}{'…' if len(payload) > 90 else ''}")
 
 
-async def main() -> None:
-    db_path = os.environ.get("ZINCIR_DATABASE_PATH", "zincir.db")
-    out = Path(os.environ.get("ZINCIR_OUTPUT_DIR", "output"))
-    out.mkdir(parents=True, exist_ok=True)
+async def main(db_path: str, out: Path) -> None:
     async with zincir.open_database(db_path) as db:
         run_ids: list[str | None] = [None]  # None: start a new run
         if os.environ.get("ZINCIR_RESUME"):
@@ -202,4 +206,6 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    trio.run(main)
+    output = Path(os.environ.get("ZINCIR_OUTPUT_DIR", "output"))
+    output.mkdir(parents=True, exist_ok=True)
+    trio.run(main, os.environ.get("ZINCIR_DATABASE_PATH", "zincir.db"), output)
