@@ -426,7 +426,10 @@ def count_runs(conn: sqlite3.Connection, *, role: str | None = None) -> dict[str
     """Number of runs per status (every status present, zero included)."""
     counts = dict.fromkeys(RUN_STATUSES, 0)
     clauses, params = _filters(None, role)
-    sql = f"SELECT status, count(*) FROM agent_runs {_where(clauses)} GROUP BY status"
+    # With a role filter there is no index to use (schema v1 has none on role), and walking the
+    # status index with a row lookup per entry is ~10x slower than one sequential table scan.
+    table = "agent_runs NOT INDEXED" if role is not None else "agent_runs"
+    sql = f"SELECT status, count(*) FROM {table} {_where(clauses)} GROUP BY status"
     for status, count in conn.execute(sql, params):
         counts[status] = count
     return counts
