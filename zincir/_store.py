@@ -99,27 +99,38 @@ def acquire_run(tx: Tx, run_id: str, owner: str, ttl_ms: int, force: bool) -> Le
 
 
 def claim_next(tx: Tx, owner: str, ttl_ms: int, max_attempts: int | None) -> tuple[Lease, int] | None:
-    """Lease the longest-due run that is free or expired, counting the attempt.
+    """Lease the longest-due run that is free or expired, counting the attempt."""
+    claimed = claim_due(tx, owner, ttl_ms, max_attempts, 1)
+    return claimed[0] if claimed else None
+
+
+def claim_due(
+    tx: Tx, owner: str, ttl_ms: int, max_attempts: int | None, limit: int
+) -> list[tuple[Lease, int]]:
+    """Lease up to ``limit`` of the longest-due runs that are free or expired; each gets its
+    epoch and attempt count incremented. (lease, attempt) pairs, most overdue first.
 
     A run that already used ``max_attempts`` claims (its last owner died mid-attempt) is
     failed here instead of being handed out again.
     """
-    while True:
-        row = tx.one(
+    claimed: list[tuple[Lease, int]] = []
+    while len(claimed) < limit:
+        rows = tx.all(
             "SELECT id, status, lease_epoch, attempts FROM agent_runs"
             " WHERE status IN ('pending', 'running') AND next_attempt_at <= ?1"
             " AND (lease_owner IS NULL OR lease_expires_at <= ?1)"
-            " ORDER BY next_attempt_at, created_at LIMIT 1",
-            (tx.now,),
+            " ORDER BY next_attempt_at, created_at LIMIT ?2",
+            (tx.now, limit - len(claimed)),
         )
-        if row is None:
-            return None
-        run_id, status, epoch, attempts = row
-        if max_attempts is not None and attempts >= max_attempts:
-            _fail_exhausted(tx, run_id, status, attempts)
-            continue
-        tx.execute("UPDATE agent_runs SET attempts = attempts + 1 WHERE id = ?", (run_id,))
-        return _take(tx, run_id, status, owner, epoch + 1, ttl_ms), attempts + 1
+        if not rows:
+            break
+        for run_id, status, epoch, attempts in rows:
+            if max_attempts is not None and attempts >= max_attempts:
+                _fail_exhausted(tx, run_id, status, attempts)
+                continue
+            tx.execute("UPDATE agent_runs SET attempts = attempts + 1 WHERE id = ?", (run_id,))
+            claimed.append((_take(tx, run_id, status, owner, epoch + 1, ttl_ms), attempts + 1))
+    return claimed
 
 
 def _fail_exhausted(tx: Tx, run_id: str, status: str, attempts: int) -> None:

@@ -150,30 +150,45 @@ class ResumeWorker:
     async def _claim_forever(self, handlers: trio.Nursery) -> None:
         failures = 0
         while True:
-            slot = object()
-            await self._limiter.acquire_on_behalf_of(slot)
+            slots = await self._free_slots()
             # A fresh event before each claim: a run released while we claim wakes the wait below.
             self._wakeup = trio.Event()
             try:
                 claimed = await self._db._write(
-                    _store.claim_next, self._owner, self._ttl_ms, self._max_attempts
+                    _store.claim_due, self._owner, self._ttl_ms, self._max_attempts, len(slots)
                 )
             except StorageError as exc:
-                self._limiter.release_on_behalf_of(slot)
+                self._release_slots(slots)
                 failures += 1
                 delay = min(self._poll_interval, self._backoff.delay(failures))
                 logger.warning("worker: claiming failed (%s); retrying in %.2f s", exc, delay)
                 await trio.sleep(delay)
                 continue
             failures = 0
-            if claimed is None:
-                self._limiter.release_on_behalf_of(slot)
+            for (lease, attempt), slot in zip(claimed, slots, strict=False):
+                logger.info("claimed run %s (attempt %d, epoch %d)", lease.run_id, attempt, lease.epoch)
+                handlers.start_soon(self._handle, lease, attempt, slot)
+            self._release_slots(slots[len(claimed) :])
+            if len(claimed) < len(slots):  # nothing more is due: wait for a poll or a wake-up
                 with trio.move_on_after(self._poll_interval):
                     await self._wakeup.wait()
-                continue
-            lease, attempt = claimed
-            logger.info("claimed run %s (attempt %d, epoch %d)", lease.run_id, attempt, lease.epoch)
-            handlers.start_soon(self._handle, lease, attempt, slot)
+
+    async def _free_slots(self) -> list[object]:
+        """Wait for one free handler slot, then take every other free one too, so that one
+        transaction can claim as many runs as there is room for."""
+        slots = [object()]
+        await self._limiter.acquire_on_behalf_of(slots[0])
+        while True:
+            slot = object()
+            try:
+                self._limiter.acquire_on_behalf_of_nowait(slot)
+            except trio.WouldBlock:
+                return slots
+            slots.append(slot)
+
+    def _release_slots(self, slots: list[object]) -> None:
+        for slot in slots:
+            self._limiter.release_on_behalf_of(slot)
 
     async def _handle(self, lease: _store.Lease, attempt: int, slot: object) -> None:
         try:
