@@ -439,3 +439,22 @@ async def test_bad_open_run_arguments_write_nothing(
 def test_runs_have_no_public_constructor() -> None:
     with pytest.raises(TypeError, match="open_run"):
         zincir.Run()
+
+
+async def test_transient_renewal_errors_are_retried_not_a_loss(
+    db: zincir.Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    renew = _store.renew
+    calls: list[str] = []
+
+    def flaky_renew(tx: Any, lease: _store.Lease) -> _store.Lease:
+        calls.append("renew")
+        if 1 <= len(calls) <= 3:
+            raise zincir.DatabaseBusy("simulated: another process holds the write lock")
+        return renew(tx, lease)
+
+    monkeypatch.setattr(_store, "renew", flaky_renew)
+    async with zincir.open_run(db, lease_ttl=0.6) as run:
+        await trio.sleep(1.2)  # two TTLs: three failed renewals, then successful ones
+        await run.record_response("still the owner", [], "end")
+    assert len(calls) >= 5

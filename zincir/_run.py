@@ -43,6 +43,7 @@ logger = logging.getLogger("zincir")
 
 T = TypeVar("T")
 
+
 @final
 class Run:
     """A run this process owns, inside ``async with open_run(...)``. No public constructor.
@@ -333,21 +334,27 @@ class Run:
     # -- the lease ------------------------------------------------------------------------
 
     async def _keep_lease(self) -> None:
-        """Renew every ttl/3. Transient database errors are retried until the lease would
-        have expired; a definitive loss cancels the body at once."""
+        """Renew every ttl/3. Transient database errors are retried, sooner as the expiry
+        nears, until the lease would have expired; a definitive loss cancels the body at once."""
         interval = self._lease.ttl_ms / 3000
+        delay = interval
         with self._heartbeat_scope:
             while True:
-                await trio.sleep(interval)
+                await trio.sleep(delay)
                 try:
                     self._lease = await self._db._write(_store.renew, self._lease)
+                    delay = interval
                 except LeaseLost as exc:
                     self._lose(str(exc))
                 except StorageError as exc:
-                    if self._db.clock() >= self._lease.expires_at:
+                    remaining_ms = self._lease.expires_at - self._db.clock()
+                    if remaining_ms <= 0:
                         self._lose(f"run {self.id}: the lease of epoch {self.epoch} expired ({exc})")
                     else:
-                        logger.warning("run %s: lease renewal failed, retrying: %s", self.id, exc)
+                        delay = min(interval, max(0.005, remaining_ms / 3000))
+                        logger.warning(
+                            "run %s: lease renewal failed, retrying in %.3f s: %s", self.id, delay, exc
+                        )
 
     async def _release(self) -> None:
         if self._finished is not None or self._lost is not None or self._released:
