@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import trio
 
+import zincir
 from tests.inspect_fixtures import (
     T0,
     XSS_SCRIPT,
@@ -549,3 +550,17 @@ async def test_serve_refuses_bad_address_and_missing_file(tmp_path: Path, ids: S
     with pytest.raises(StorageError, match="does not exist"):
         await serve(str(tmp_path / "missing.db"), "127.0.0.1:0")
     assert not (tmp_path / "missing.db").exists()
+
+
+async def test_reads_a_database_written_by_the_core_library(tmp_path: Path) -> None:
+    # The fixtures above build files by hand; this pins that the real writer's files pass too.
+    path = tmp_path / "core.db"
+    async with zincir.open_database(path) as db, zincir.open_run(db, role="coder", provider="p") as run:
+        await run.record_response("thinking", [{"id": "c1", "name": "read", "args": {}}], "tool_use")
+        await run.record_tool_result("c1", {"ok": True})
+        before = file_digests(path)
+        page = await fetch(path, f"/runs/{run.id}")
+        assert page.status == 200
+        assert "tool_result" in page.text
+        assert run.id in (await fetch(path, "/")).text
+        assert file_digests(path) == before

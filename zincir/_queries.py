@@ -470,7 +470,9 @@ def get_run(conn: sqlite3.Connection, run_id: str, *, children_limit: int = 100)
 # --------------------------------------------------------------------------- lineage, log
 
 
-def list_checkpoints(conn: sqlite3.Connection, run_id: str, *, limit: int | None = None) -> tuple[CheckpointRow, ...]:
+def list_checkpoints(
+    conn: sqlite3.Connection, run_id: str, *, limit: int | None = None
+) -> tuple[CheckpointRow, ...]:
     """The run's checkpoints by round (the first ``limit`` rounds; all by default)."""
     rows = conn.execute(
         "SELECT id, round, tool_call_id, status, based_on_event_seq, decision_event_seq,"
