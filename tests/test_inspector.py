@@ -262,6 +262,16 @@ async def test_host_header_is_checked(ids: Sample) -> None:
     assert (await fetch(ids.path, "/")).status == 200
 
 
+async def test_default_port_may_be_left_out_of_host(ids: Sample) -> None:
+    app = create_app(str(ids.path), "127.0.0.1:80")
+    client = app.test_client()
+    for host, status in [("127.0.0.1", 200), ("127.0.0.1:80", 200), ("127.0.0.1:8787", 421)]:
+        response = await client.get("/", headers={"Host": host})
+        assert response.status_code == status, host
+    served_elsewhere = await fetch(ids.path, "/", host="127.0.0.1")
+    assert served_elsewhere.status == 421
+
+
 async def test_security_headers_on_every_response(ids: Sample) -> None:
     urls = [
         "/",

@@ -132,10 +132,16 @@ class InspectorApp(QuartTrio):
         if scope["type"] != "http":
             await super().asgi_app(scope, receive, send)
             return
-        if _host_of(scope["headers"]) != self.served_host.lower():
+        if _host_of(scope["headers"]) not in _accepted_hosts(self.served_host):
             await _send_misdirected(send)
             return
         await super().asgi_app(scope, receive, _secured(send))
+
+
+def _accepted_hosts(served_host: str) -> tuple[str, ...]:
+    # Browsers leave out the default port: http://127.0.0.1:80/ is sent as "Host: 127.0.0.1".
+    served = served_host.lower()
+    return (served, served.removesuffix(":80")) if served.endswith(":80") else (served,)
 
 
 def _host_of(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
