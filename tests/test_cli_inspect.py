@@ -19,6 +19,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from tests.inspect_fixtures import Sample, add_event, add_run, build_sample, create_database, file_digests
+import zincir as zc
 from zincir._cli import main
 
 UNKNOWN = "00000000-0000-4000-8000-000000000000"
@@ -262,3 +263,32 @@ def test_ui_serves_and_exits_cleanly_on_signal(ids: Sample, signum: int) -> None
     assert process.returncode == 0, err
     assert "stopped" in out
     assert "Traceback" not in err
+
+
+async def test_checkpoints_command_prints_the_lineage(tmp_path: Path) -> None:
+    path = tmp_path / "zc.db"
+
+    async def verify(state: zc.CheckpointState) -> zc.Verification:
+        return zc.Verification(bool(state.completed), {"seen": state.completed})
+
+    async with zc.open_database(path) as db, zc.open_run(db) as run:
+        for round, completed in enumerate([[], ["all of it"]], start=1):
+            state = zc.CheckpointState(completed=completed)
+            call = zc.ToolCall(f"cp-{round}", zc.SUBMIT_CHECKPOINT, state.to_json())
+            await run.record_response("", [call], "tool_use")
+            await run.checkpoint(call.id, state, verify)
+        await run.complete()
+    result = CliRunner().invoke(main, ["checkpoints", "--db", str(path), run.id])
+    assert result.exit_code == 0, result.output
+    header, rejected, accepted = result.output.strip().splitlines()[1:]
+    assert header.split() == [
+        "ROUND", "STATUS", "BUILDS", "ON", "BASED", "ON", "DECISION", "TOOL", "CALL", "PROPOSED", "VERIFICATION",
+    ]  # fmt: skip
+    assert rejected.split()[:6] == ["1", "rejected", "goal", "2", "4", "cp-1"]
+    # A rejected round is no baseline: the next round builds on the goal too.
+    assert accepted.split()[:6] == ["2", "accepted", "goal", "7", "9", "cp-2"]
+    assert accepted.endswith('{"evidence":{"seen":["all of it"]},"passed":true}')
+    missing = CliRunner().invoke(
+        main, ["checkpoints", "--db", str(path), "00000000-0000-0000-0000-000000000000"]
+    )
+    assert missing.exit_code == 1

@@ -12,24 +12,12 @@ from typing import cast
 import click
 import trio
 
+from ._cli_inspect import register
+from ._cli_options import database_option
 from ._database import open_database
 from ._errors import ZincirError
-from ._worker import Handler, ResumeWorker
-
 from ._version import __version__
-
-DATABASE_ENV = "ZINCIR_DATABASE_PATH"
-DEFAULT_DATABASE = "zincir.db"
-
-database_option = click.option(
-    "--db",
-    "database_path",
-    envvar=DATABASE_ENV,
-    default=DEFAULT_DATABASE,
-    show_default=True,
-    type=click.Path(dir_okay=False),
-    help=f"SQLite database file (env {DATABASE_ENV}).",
-)
+from ._worker import Handler, ResumeWorker
 
 
 @click.group()
@@ -111,7 +99,5 @@ def worker(
     except ZincirError as exc:
         raise click.ClickException(str(exc)) from None
 
-
-from ._cli_inspect import register  # noqa: E402  (the commands import this module's options)
 
 register(main)

@@ -1,4 +1,4 @@
-"""Read-only CLI commands: ``zincir ui``, ``runs``, ``show``, ``events`` and ``export``.
+"""Read-only CLI commands: ``zincir ui``, ``runs``, ``show``, ``checkpoints``, ``events``, ``export``.
 
 They share :mod:`zincir._queries` with the web inspector, open the database with SQLite's
 ``mode=ro`` and never write. Every failure is one line on stderr and exit status 1.
@@ -24,11 +24,11 @@ import click
 import trio
 
 from . import _queries as q
-from ._cli import DATABASE_ENV, database_option
+from ._cli_options import DATABASE_ENV, database_option
 from ._errors import ZincirError
 from ._inspector import DEFAULT_ADDRESS, human_delta, serve
 
-__all__ = ["events", "export", "register", "runs", "show", "ui"]
+__all__ = ["checkpoints", "events", "export", "register", "runs", "show", "ui"]
 
 UI_ADDRESS_ENV = "ZINCIR_UI_ADDRESS"
 FOLLOW_INTERVAL = 0.5
@@ -229,6 +229,16 @@ def show(database_path: str, run_id: str, as_json: bool) -> None:
             _print_timers(timers)
 
 
+@click.command("checkpoints")
+@database_option
+@click.argument("run_id")
+def checkpoints(database_path: str, run_id: str) -> None:
+    """Show a run's checkpoint lineage: round, status, based-on and decision seqs, evidence."""
+    with _clean_errors(), _database(database_path) as conn, q.read_snapshot(conn):
+        run = q.get_run(conn, run_id, children_limit=0)
+        _print_lineage(q.list_checkpoints(conn, run.id))
+
+
 def _show_json(
     run: q.RunDetail,
     checkpoints: Sequence[q.CheckpointRow],
@@ -425,5 +435,5 @@ def _emit(kind: str, data: dict[str, Any]) -> None:
 
 def register(group: click.Group) -> None:
     """Add the inspection commands to the ``zincir`` group."""
-    for command in (ui, runs, show, events, export):
+    for command in (ui, runs, show, checkpoints, events, export):
         group.add_command(command)

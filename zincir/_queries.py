@@ -20,6 +20,7 @@ from typing import Any
 import attrs
 
 from ._errors import DatabaseBusy, InvalidArgument, RunNotFound, SchemaError, StorageError
+from ._migrations import APPLICATION_ID, load_migrations
 
 __all__ = [
     "DEFAULT_PAGE",
@@ -54,10 +55,6 @@ __all__ = [
     "timer_to_json",
 ]
 
-#: The newest schema version these queries understand.
-KNOWN_SCHEMA_VERSION = 1
-#: PRAGMA application_id of zincir databases ("zncr"); 0 is accepted for hand-made files.
-APPLICATION_ID = 0x7A6E6372
 REQUIRED_TABLES = frozenset(
     {
         "zincir_schema_migrations",
@@ -121,6 +118,7 @@ def _check_schema(conn: sqlite3.Connection, path: str) -> None:
         rows = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
         tables = {row[0] for row in rows}
         missing = REQUIRED_TABLES - tables
+        # 0 is accepted too: files made by hand with the schema's SQL (tests, tools).
         if application_id not in (0, APPLICATION_ID) or missing:
             detail = f"missing tables: {', '.join(sorted(missing))}" if missing else "foreign file"
             raise SchemaError(f"{path!r} is not a zincir database ({detail})")
@@ -131,10 +129,11 @@ def _check_schema(conn: sqlite3.Connection, path: str) -> None:
         raise SchemaError(f"{path!r} is not a zincir database ({exc})") from exc
     if version < 1:
         raise SchemaError(f"{path!r} has no applied zincir migration")
-    if version > KNOWN_SCHEMA_VERSION:
+    known = len(load_migrations())
+    if version > known:
         raise SchemaError(
-            f"{path!r} has schema version {version}, newer than this zincir "
-            f"(reads up to {KNOWN_SCHEMA_VERSION}); upgrade zincir"
+            f"{path!r} has schema version {version}, newer than this zincir (reads up to {known});"
+            " upgrade zincir"
         )
 
 

@@ -1,0 +1,18 @@
+"""Options shared by the ``zincir`` commands."""
+
+from __future__ import annotations
+
+import click
+
+DATABASE_ENV = "ZINCIR_DATABASE_PATH"
+DEFAULT_DATABASE = "zincir.db"
+
+database_option = click.option(
+    "--db",
+    "database_path",
+    envvar=DATABASE_ENV,
+    default=DEFAULT_DATABASE,
+    show_default=True,
+    type=click.Path(dir_okay=False),
+    help=f"SQLite database file (env {DATABASE_ENV}).",
+)
