@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from tests.inspect_fixtures import Sample, add_event, add_run, build_sample, create_database, file_digests
 import zincir as zc
+from tests.inspect_fixtures import Sample, add_event, add_run, build_sample, create_database, file_digests
 from zincir._cli import main
 
 UNKNOWN = "00000000-0000-4000-8000-000000000000"
@@ -281,9 +281,8 @@ async def test_checkpoints_command_prints_the_lineage(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["checkpoints", "--db", str(path), run.id])
     assert result.exit_code == 0, result.output
     header, rejected, accepted = result.output.strip().splitlines()[1:]
-    assert header.split() == [
-        "ROUND", "STATUS", "BUILDS", "ON", "BASED", "ON", "DECISION", "TOOL", "CALL", "PROPOSED", "VERIFICATION",
-    ]  # fmt: skip
+    assert header.split()[:4] == ["ROUND", "STATUS", "BUILDS", "ON"]
+    assert header.split()[-1] == "VERIFICATION"
     assert rejected.split()[:6] == ["1", "rejected", "goal", "2", "4", "cp-1"]
     # A rejected round is no baseline: the next round builds on the goal too.
     assert accepted.split()[:6] == ["2", "accepted", "goal", "7", "9", "cp-2"]
