@@ -29,9 +29,10 @@ Environment:
   OPENAI_MODEL           the model for the real API (default gpt-4o-mini)
   ZINCIR_DATABASE_PATH   database file (default zincir.db)
   ZINCIR_OUTPUT_DIR      where the tool writes (default output)
-  ZINCIR_RESUME=1        resume every pending or running run instead of creating one. This
-                         fences the previous owner (force=True): only do it once you know
-                         that process is dead, or two processes will run the same tools.
+  ZINCIR_RESUME=1        resume every pending or running run of this example (role
+                         openai-agent) instead of creating one. This fences the previous
+                         owner (force=True): only do it once you know that process is dead,
+                         or two processes will run the same tools.
   ZINCIR_STUB_CALL_LOG   the stub appends one line per model call it answers to this file
   ZINCIR_PAUSE_BEFORE_TOOL_MS, ZINCIR_PAUSE_AFTER_TOOL_MS, ZINCIR_PAUSE_IN_VERIFY_MS,
   ZINCIR_PAUSE_AFTER_CHECKPOINT_MS
@@ -63,6 +64,7 @@ import zincir
 from zincir import CheckpointState, Verification, artifacts
 
 GOAL = "Save the word hello with the write_file tool, then submit a checkpoint of your progress."
+ROLE = "openai-agent"
 MAX_ROUNDS = 10  # model calls per process: any real loop needs a bound
 CHECKPOINT_HEADER = "Latest accepted checkpoint (verified; continue from here):"
 NUDGE = "The run is not finished: keep working toward the goal and call submit_checkpoint when it is met."
@@ -435,13 +437,13 @@ async def main(db_path: str, out: Path) -> list[str]:
         run_ids: list[str | None] = [None]  # None: start a new run
         if os.environ.get("ZINCIR_RESUME"):
             in_flight = await db.runs(status="running") + await db.runs(status="pending")
-            run_ids = [r.id for r in in_flight]
+            run_ids = [r.id for r in in_flight if r.role == ROLE]  # not other programs' runs
             print(f"resuming {len(run_ids)} run(s)", flush=True)
         for run_id in run_ids:
             async with zincir.open_run(
                 db,
                 run_id,
-                role="openai-agent",
+                role=ROLE,
                 provider=provider,
                 config={"goal": GOAL, "model": model},
                 force=run_id is not None,  # resuming: the previous owner is known to be dead
