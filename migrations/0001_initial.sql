@@ -43,9 +43,10 @@ CREATE TABLE events (
     UNIQUE (run_id, seq)
 );
 
+-- Tool events are kept unique by tool_intents (one row per call id, one result_seq), so only
+-- the other keyed events need this index; every index here costs each append a page write.
 CREATE UNIQUE INDEX idx_events_idempotency ON events (run_id, idempotency_key)
-    WHERE idempotency_key IS NOT NULL;
-CREATE INDEX idx_events_type ON events (run_id, type, seq);
+    WHERE idempotency_key IS NOT NULL AND type NOT IN ('tool_call', 'tool_result');
 
 -- One row per durable tool intent: a projection of the tool_call / tool_result events, written
 -- in the same transaction, so that pending work is found in O(pending), not O(history).
@@ -62,7 +63,6 @@ CREATE TABLE tool_intents (
 
 CREATE INDEX idx_tool_intents_pending ON tool_intents (run_id, intent_seq)
     WHERE result_seq IS NULL;
-CREATE INDEX idx_tool_intents_response ON tool_intents (run_id, response_seq);
 
 CREATE TABLE checkpoints (
     id                 INTEGER PRIMARY KEY,

@@ -53,14 +53,19 @@ async def bench(path: Path, runs: int, concurrency: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--runs", type=int, default=10_000)
     parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--dir", type=Path, default=None, help="where the database goes (default: a temp dir)")
+    parser.add_argument(
+        "--dir", type=Path, default=None, help="where the database goes (default: a temp dir)"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=args.dir) as scratch:
         rate = trio.run(bench, Path(scratch) / "bench.db", args.runs, args.concurrency)
-    print(f"worker: {args.runs} due runs, max_concurrency {args.concurrency}: {rate:,.0f} runs/s (claim + complete)")
+    setting = f"{args.runs} due runs, max_concurrency {args.concurrency}"
+    print(f"worker: {setting}: {rate:,.0f} runs/s (claim + complete)")
 
 
 if __name__ == "__main__":

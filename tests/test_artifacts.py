@@ -42,6 +42,8 @@ async def test_a_tree_changes_with_any_name_or_content(tmp_path: Path) -> None:
 async def test_a_missing_path_is_measured_as_missing(tmp_path: Path) -> None:
     gone = await artifacts.identify(tmp_path / "nothing")
     assert gone.kind == "missing"
+    # Nothing was there to measure, so a verifier must not accept it.
+    assert await artifacts.mismatches([gone]) == [gone]
 
 
 def git(root: Path, *args: str) -> None:

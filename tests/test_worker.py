@@ -20,9 +20,9 @@ from .conftest import ManualClock
 from .helpers import REPO, read_state, scalar, start_python
 
 
-async def wait_until(predicate: Callable[[], Awaitable[bool]], timeout: float = 10) -> None:
+async def wait_until(predicate: Callable[[], Awaitable[bool]], seconds: float = 10) -> None:
     """Poll a database condition (written by another task or process) until it holds."""
-    with trio.fail_after(timeout):
+    with trio.fail_after(seconds):
         while not await predicate():
             await trio.sleep(0.01)
 
@@ -271,7 +271,9 @@ async def test_two_worker_processes_claim_each_run_exactly_once(db: zincir.Datab
         "--db", db.path, "--poll-interval", "0.01", "--max-concurrency", "4",
     ]  # fmt: skip
     procs = [
-        subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         for _ in range(2)
     ]
     logs: list[list[str]] = [[], []]
@@ -284,7 +286,7 @@ async def test_two_worker_processes_claim_each_run_exactly_once(db: zincir.Datab
                 log.append(line)
         ids = await released_runs(db, 20)  # both workers now race for every run
         for run_id in ids:
-            await wait_until(lambda run_id=run_id: _is(db, run_id, zincir.RunStatus.COMPLETED), timeout=30)
+            await wait_until(lambda run_id=run_id: _is(db, run_id, zincir.RunStatus.COMPLETED), seconds=30)
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)

@@ -330,16 +330,20 @@ class Database:
         run_id = canonical_run_id(run_id)
         return await self._read(_store.events_page, run_id, after, limit)
 
-    async def runs(self, *, status: RunStatus | str | None = None, limit: int = 100) -> list[RunRecord]:
-        """Runs, oldest first, optionally only those with ``status``."""
+    async def runs(
+        self, *, status: RunStatus | str | None = None, role: str | None = None, limit: int = 100
+    ) -> list[RunRecord]:
+        """Runs, oldest first, optionally only those with ``status`` and/or ``role``."""
         if status is not None:
             try:
                 status = RunStatus(status)
             except ValueError:
                 raise InvalidArgument(f"unknown run status {status!r}") from None
+        if role is not None and not isinstance(role, str):
+            raise InvalidArgument(f"role must be a string, not {role!r}")
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise InvalidArgument(f"limit must be an int >= 1, not {limit!r}")
-        return await self._read(_store.list_runs, status, limit)
+        return await self._read(_store.list_runs, status, role, limit)
 
     def _announce_claimable(self) -> None:
         """A run became claimable: wake the resume workers of this process at once."""

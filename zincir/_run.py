@@ -142,7 +142,10 @@ class Run:
     async def state(self) -> DurableState:
         """The latest accepted checkpoint and the events after it, from one snapshot.
 
-        A plain read: it works after the lease is lost or the run has ended.
+        "After it" means after its decision event and the ``tool_result`` that answered its
+        ``submit_checkpoint`` call (seq > decision + 1): a fresh context starts from the
+        checkpoint itself. Without an accepted checkpoint, the whole log. A plain read: it
+        works after the lease is lost or the run has ended.
         """
         run, checkpoint, events = await self._db._read(_store.durable_state, self.id)
         return DurableState(run, checkpoint, events)
@@ -156,11 +159,12 @@ class Run:
         stop_reason: str,
         *,
         usage: Mapping[str, Any] | None = None,
-    ) -> None:
+    ) -> int:
         """Record one model response and a durable intent for each tool call, atomically.
 
         Tool call ids must be non-empty, unique within the response and new to the run.
-        ``usage`` (token counts and the like) is stored with the response.
+        ``usage`` (token counts and the like) is stored with the response. Returns the seq
+        of the ``llm_call`` event; its intents follow it in order.
         """
         calls = [ToolCall._coerce(c, f"run {self.id}") for c in tool_calls]
         seen: set[str] = set()
@@ -196,7 +200,8 @@ class Run:
             )
             for c in calls
         ]
-        await self._write(_store.record_response, llm_payload, intents)
+        seq: int = await self._write(_store.record_response, llm_payload, intents)
+        return seq
 
     async def pending_tools(self) -> list[PendingToolCall]:
         """The tool intents that have no result yet, oldest first: run them (again)."""

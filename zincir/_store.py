@@ -384,14 +384,12 @@ def get_run(tx: Tx, run_id: str) -> RunRecord:
     return to_run(row)
 
 
-def list_runs(tx: Tx, status: RunStatus | None, limit: int) -> list[RunRecord]:
-    if status is None:
-        rows = tx.all(f"SELECT {_RUN_COLUMNS} FROM agent_runs ORDER BY created_at, id LIMIT ?", (limit,))
-    else:
-        rows = tx.all(
-            f"SELECT {_RUN_COLUMNS} FROM agent_runs WHERE status = ? ORDER BY created_at, id LIMIT ?",
-            (status.value, limit),
-        )
+def list_runs(tx: Tx, status: RunStatus | None, role: str | None, limit: int) -> list[RunRecord]:
+    rows = tx.all(
+        f"SELECT {_RUN_COLUMNS} FROM agent_runs WHERE (?1 IS NULL OR status = ?1)"
+        " AND (?2 IS NULL OR role = ?2) ORDER BY created_at, id LIMIT ?3",
+        (None if status is None else status.value, role, limit),
+    )
     return [to_run(row) for row in rows]
 
 
@@ -450,8 +448,8 @@ def propose_checkpoint(tx: Tx, lease: Lease, call_id: str, state_json: str) -> C
     if result_seq is not None:
         raise CheckpointNotPending(f"{where} was already decided")
     siblings = tx.all(
-        "SELECT call_id FROM tool_intents WHERE run_id = ? AND response_seq = ? AND call_id != ?"
-        " AND result_seq IS NULL",
+        "SELECT call_id FROM tool_intents INDEXED BY idx_tool_intents_pending"
+        " WHERE run_id = ? AND result_seq IS NULL AND response_seq = ? AND call_id != ?",
         (lease.run_id, response_seq, call_id),
     )
     if siblings:

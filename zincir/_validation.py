@@ -35,5 +35,3 @@ def check_name(value: object, what: str) -> str:
     if not isinstance(value, str) or not 1 <= len(value) <= 255 or "\x00" in value:
         raise InvalidArgument(f"{what} must be a string of 1 to 255 characters without NUL, not {value!r}")
     return value
-
-

@@ -57,7 +57,8 @@ async def identify(path: str | os.PathLike[str]) -> Artifact:
 
 
 async def mismatches(artifacts: Iterable[Artifact | Mapping[str, Any]]) -> list[Artifact]:
-    """The artifacts whose content is no longer what was measured (empty: all match).
+    """The artifacts whose content is no longer what was measured, or that were missing when
+    measured (empty: every artifact exists with the measured content).
 
     Labels (plain strings) have no content to check and are skipped.
     """
@@ -66,7 +67,7 @@ async def mismatches(artifacts: Iterable[Artifact | Mapping[str, Any]]) -> list[
         if isinstance(item, str):
             continue
         recorded = item if isinstance(item, Artifact) else Artifact.from_json(item)
-        if await identify(recorded.path) != recorded:
+        if recorded.kind == "missing" or await identify(recorded.path) != recorded:
             changed.append(recorded)
     return changed
 
