@@ -61,6 +61,7 @@ class Run:
     _body_scope: trio.CancelScope
     _heartbeat_scope: trio.CancelScope
     _running_steps: set[str]
+    _completed_steps: set[str] | None
     _release_at: int | None
     _released: bool
 
@@ -78,6 +79,7 @@ class Run:
         self._body_scope = trio.CancelScope()
         self._heartbeat_scope = trio.CancelScope()
         self._running_steps = set()
+        self._completed_steps = None  # loaded by the first step()
         self._release_at = None  # when the released run may be claimed again (None: now)
         self._released = False
         return self
@@ -282,8 +284,13 @@ class Run:
         """
         check_name(name, f"run {self.id}: step name")
         self._check_usable()
-        stored = await self._db._read(_store.step_result, self.id, name)
-        if stored is not None:
+        if self._completed_steps is None:
+            # Only the lease holder completes steps, so one read per owner suffices: after it,
+            # a new step costs one write, not a read and a write.
+            self._completed_steps = set(await self._db._read(_store.completed_step_names, self.id))
+        if name in self._completed_steps:
+            stored = await self._db._read(_store.step_result, self.id, name)
+            assert stored is not None, "completed steps are never deleted"
             return cast(T, decode(stored))
         if name in self._running_steps:
             raise StepAlreadyRunning(f"run {self.id}: step {name!r} is already running")
@@ -295,6 +302,7 @@ class Run:
             stored = await self._write(_store.complete_step, name, result, started_at)
         finally:
             self._running_steps.discard(name)
+        self._completed_steps.add(name)
         return cast(T, decode(stored))
 
     async def sleep(self, name: str, seconds: float) -> None:

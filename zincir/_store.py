@@ -531,6 +531,13 @@ def decide_checkpoint(
 # -- durable steps and sleeps -------------------------------------------------------------------
 
 
+def completed_step_names(tx: Tx, run_id: str) -> list[str]:
+    return [
+        row[0]
+        for row in tx.all("SELECT name FROM steps WHERE run_id = ? AND status = 'completed'", (run_id,))
+    ]
+
+
 def step_result(tx: Tx, run_id: str, name: str) -> str | None:
     """The stored JSON result of a completed step, or None."""
     row = tx.one(
