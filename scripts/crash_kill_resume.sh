@@ -188,7 +188,7 @@ wait_until() {
 }
 
 kill_child() {
-    kill -9 "$CHILD"
+    kill -9 "$CHILD" 2>/dev/null || fail "the process exited on its own before it could be killed"
     wait "$CHILD" 2>/dev/null || true
     CHILD=""
 }
@@ -355,8 +355,8 @@ wait_out_most_of_the_sleep() {
     wake_at=$(sql "$DB" "SELECT wake_at FROM timers WHERE run_id = '$RUN' AND completed_at IS NULL;")
     [[ -n $wake_at ]] || fail "the killed run has no pending timer"
     REMAINING_MS=$((wake_at - $(now_ms)))
-    if ((REMAINING_MS > 1000)); then
-        sleep "$(((REMAINING_MS - 1000) / 1000)).$(printf '%03d' $(((REMAINING_MS - 1000) % 1000)))"
+    if ((REMAINING_MS > 500)); then
+        sleep "$(((REMAINING_MS - 500) / 1000)).$(printf '%03d' $(((REMAINING_MS - 500) % 1000)))"
     fi
     REMAINING_MS=$((wake_at - $(now_ms)))
     ((REMAINING_MS >= 0)) || REMAINING_MS=0
