@@ -64,6 +64,7 @@ class Run:
     _completed_steps: set[str] | None
     _release_at: int | None
     _released: bool
+    _ending: bool
 
     def __init__(self, *_: object, **__: object) -> None:
         raise TypeError("runs come from zincir.open_run() or a ResumeWorker")
@@ -82,6 +83,9 @@ class Run:
         self._completed_steps = None  # loaded by the first step()
         self._release_at = None  # when the released run may be claimed again (None: now)
         self._released = False
+        # True while a write that ends this ownership (complete, fail, a worker's failure
+        # record) is in flight: a renewal racing it then fails without meaning a loss.
+        self._ending = False
         return self
 
     def __repr__(self) -> str:
@@ -99,6 +103,7 @@ class Run:
 
     @property
     def database(self) -> Database:
+        """The database the run lives in."""
         return self._db
 
     # -- guards ---------------------------------------------------------------------------
@@ -114,21 +119,20 @@ class Run:
         if self._lost is None:
             self._lost = message
             logger.warning("%s", message)
-        self._heartbeat_scope.cancel()
+        self._stop_heartbeat()
         self._body_scope.cancel()
 
     async def _write(self, fn: Any, *args: Any) -> Any:
-        self._check_usable()
-        try:
-            return await self._db._write(fn, self._lease, *args)
-        except LeaseLost as exc:
-            self._lose(str(exc))
-            raise
+        return await self._as_owner(self._db._write, fn, *args)
 
     async def _read(self, fn: Any, *args: Any) -> Any:
+        return await self._as_owner(self._db._read, fn, *args)
+
+    async def _as_owner(self, submit: Callable[..., Awaitable[Any]], fn: Any, *args: Any) -> Any:
+        """Run a store operation with this owner's lease, which the operation checks."""
         self._check_usable()
         try:
-            return await self._db._read(fn, self._lease, *args)
+            return await submit(fn, self._lease, *args)
         except LeaseLost as exc:
             self._lose(str(exc))
             raise
@@ -340,9 +344,19 @@ class Run:
 
     async def _finish(self, status: RunStatus, transition: dict[str, str]) -> None:
         payload = self._encode(transition, "the final transition")
-        await self._write(_store.finish, status, payload)
+        await self._end_ownership(_store.finish, status, payload)
         self._finished = status
-        self._heartbeat_scope.cancel()
+
+    async def _end_ownership(self, fn: Any, *args: Any) -> None:
+        """Run a write that gives up the lease, then stop renewing it."""
+        self._ending = True
+        try:
+            await self._write(fn, *args)
+        except BaseException:
+            self._ending = False
+            raise
+        self._released = True
+        self._stop_heartbeat()
 
     # -- the lease ------------------------------------------------------------------------
 
@@ -358,7 +372,9 @@ class Run:
                     self._lease = await self._db._write(_store.renew, self._lease)
                     delay = interval
                 except LeaseLost as exc:
-                    self._lose(str(exc))
+                    if not self._ending:
+                        self._lose(str(exc))
+                    return
                 except StorageError as exc:
                     remaining_ms = self._lease.expires_at - self._db.clock()
                     if remaining_ms <= 0:

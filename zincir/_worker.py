@@ -227,9 +227,7 @@ class ResumeWorker:
                 "next_attempt_at": retry_at,
             }
         )
-        await run._write(_store.record_attempt_failure, failure, retry_at)
-        run._released = True
-        run._stop_heartbeat()
+        await run._end_ownership(_store.record_attempt_failure, failure, retry_at)
         if give_up:
             run._finished = RunStatus.FAILED
             logger.error(
