@@ -11,13 +11,14 @@ counts once a verifier checked the file's content.
 Environment:
   ZINCIR_DATABASE_PATH   database file (default zincir.db)
   ZINCIR_OUTPUT_DIR      where the tool writes (default output)
-  ZINCIR_RESUME=1        resume every pending or running run instead of creating one. This
+  ZINCIR_RESUME=1        resume every pending or running demo run instead of creating one. This
                          fences the previous owner (force=True): only do it once you know
                          that process is dead.
   ZINCIR_SLEEP_S         a durable cool-down (seconds) between the tool and the checkpoint
   ZINCIR_PAUSE_BEFORE_TOOL_MS, ZINCIR_PAUSE_AFTER_TOOL_MS, ZINCIR_PAUSE_IN_VERIFY_MS,
   ZINCIR_PAUSE_AFTER_CHECKPOINT_MS
                          pauses at the crash boundaries that scripts/crash_kill_resume.sh kills at
+                         (they pause on the resume path too, wherever it passes the boundary)
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import zincir
 from zincir import CheckpointState, Verification, artifacts
 
 GOAL = "Write hello to the file."
+ROLE = "example-agent"
 
 
 async def pause(boundary: str) -> None:
@@ -70,6 +72,11 @@ def publish_once(out: Path, call_id: str, content: Any) -> dict[str, Any]:
     return result
 
 
+def remove_leftovers(out: Path, call_id: str) -> None:
+    for temp in out.glob(f".{call_id}.*.tmp"):
+        temp.unlink(missing_ok=True)
+
+
 def read_published(out: Path, call_id: str) -> dict[str, Any] | None:
     try:
         result: dict[str, Any] = json.loads((out / f"{call_id}.json").read_text())
@@ -83,6 +90,9 @@ async def write_file(out: Path, call_id: str, args: dict[str, Any]) -> dict[str,
     existing = await trio.to_thread.run_sync(read_published, out, call_id)
     if existing is not None:
         return existing
+    # A crash between creating a temp file and publishing it leaves the temp file behind.
+    # Only the lease holder runs this call id, so any leftover is a dead attempt's.
+    await trio.to_thread.run_sync(remove_leftovers, out, call_id)
     await pause("BEFORE_TOOL")
     result = await trio.to_thread.run_sync(publish_once, out, call_id, args.get("content"))
     await pause("AFTER_TOOL")
@@ -188,14 +198,19 @@ async def main(db_path: str, out: Path) -> None:
     async with zincir.open_database(db_path) as db:
         run_ids: list[str | None] = [None]  # None: start a new run
         if os.environ.get("ZINCIR_RESUME"):
-            in_flight = await db.runs(status="running") + await db.runs(status="pending")
+            # Only this demo's runs: other applications may share the database file.
+            in_flight = [
+                run
+                for status in ("running", "pending")
+                for run in await db.runs(status=status, role=ROLE, limit=100_000)
+            ]
             run_ids = [r.id for r in in_flight]
             print(f"resuming {len(run_ids)} run(s)", flush=True)
         for run_id in run_ids:
             async with zincir.open_run(
                 db,
                 run_id,
-                role="example-agent",
+                role=ROLE,
                 provider="scripted-model",
                 config={"goal": GOAL},
                 force=run_id is not None,  # resuming: the previous owner is known to be dead
@@ -206,6 +221,7 @@ async def main(db_path: str, out: Path) -> None:
 
 
 if __name__ == "__main__":
-    output = Path(os.environ.get("ZINCIR_OUTPUT_DIR", "output"))
+    # Absolute, so that the artifact paths in checkpoints hold from any working directory.
+    output = Path(os.environ.get("ZINCIR_OUTPUT_DIR", "output")).absolute()
     output.mkdir(parents=True, exist_ok=True)
     trio.run(main, os.environ.get("ZINCIR_DATABASE_PATH", "zincir.db"), output)
