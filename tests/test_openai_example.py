@@ -27,7 +27,9 @@ pytest.importorskip("httpx2")
 EXAMPLE = REPO / "examples" / "openai_agent.py"
 
 
-def load_example() -> ModuleType:
+def load_example(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    # As when it runs as a script: its directory (with the demo it builds on) is importable.
+    monkeypatch.syspath_prepend(str(EXAMPLE.parent))
     spec = importlib.util.spec_from_file_location("zincir_openai_agent_example", EXAMPLE)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -67,7 +69,7 @@ async def test_a_run_completes_with_one_accepted_checkpoint_and_usage_recorded(
         if name.startswith(("OPENAI_", "ZINCIR_PAUSE_", "ZINCIR_RESUME")):
             monkeypatch.delenv(name)
     monkeypatch.setenv("ZINCIR_STUB_CALL_LOG", str(tmp_path / "stub-calls.jsonl"))
-    example = load_example()
+    example = load_example(monkeypatch)
     out = tmp_path / "output"
     out.mkdir()
 
