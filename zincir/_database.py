@@ -409,26 +409,19 @@ async def open_database(
     clock = clock or wall_clock_ms
     writer_conn, reader_conn = await trio.to_thread.run_sync(_open_connections, path_str, level, clock)
     token = trio.lowlevel.current_trio_token()
+
+    def worker(role: str, conn: sqlite3.Connection) -> _Worker:
+        return _Worker(
+            name=f"zincir-{role}:{path_str}",
+            conn=conn,
+            path=path_str,
+            clock=clock,
+            token=token,
+            group_commit=role == "writer",
+        )
+
     db = Database._create(
-        path_str,
-        _Worker(
-            name=f"zincir-writer:{path_str}",
-            conn=writer_conn,
-            path=path_str,
-            clock=clock,
-            token=token,
-            group_commit=True,
-        ),
-        _Worker(
-            name=f"zincir-reader:{path_str}",
-            conn=reader_conn,
-            path=path_str,
-            clock=clock,
-            token=token,
-            group_commit=False,
-        ),
-        clock,
-        max_payload_bytes,
+        path_str, worker("writer", writer_conn), worker("reader", reader_conn), clock, max_payload_bytes
     )
     try:
         yield db
