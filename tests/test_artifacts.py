@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
+import pytest
 import trio
 
 import zincir
@@ -103,3 +105,20 @@ async def test_a_checkpoint_whose_artifact_changed_after_proposal_is_rejected(
             if tamper:
                 assert decided.verification == Verification(False, {"changed": [str(output)]})
         await run.complete()
+
+
+async def test_special_files_are_named_not_read(tmp_path: Path) -> None:
+    root = tmp_path / "tree"
+    root.mkdir()
+    os.mkfifo(root / "pipe")  # reading it would block forever
+    with trio.fail_after(5):
+        tree = await artifacts.identify(root)
+    assert tree.kind == "tree"
+    with pytest.raises(zincir.InvalidArgument, match="neither a regular file nor a directory"):
+        await artifacts.identify(root / "pipe")
+
+
+async def test_a_git_workspace_git_cannot_describe_is_an_invalid_argument(tmp_path: Path) -> None:
+    git(tmp_path, "init", "-q")  # no commit: HEAD does not exist yet
+    with pytest.raises(zincir.InvalidArgument, match="cannot measure"):
+        await artifacts.identify(tmp_path)

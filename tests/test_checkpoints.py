@@ -246,3 +246,16 @@ async def test_a_candidate_survives_a_crash_during_verification(db_path: Path) -
             await run.complete()
         state = await read_state(db, run_id)
         assert state.run.status is zincir.RunStatus.COMPLETED
+
+
+async def test_a_verifier_must_answer_with_a_bool(db: zincir.Database) -> None:
+    async def sloppy(state: CheckpointState) -> Verification:
+        return Verification("false", None)  # type: ignore[arg-type]
+
+    async with zincir.open_run(db) as run:
+        await submit(run, "cp-1")
+        with pytest.raises(zincir.InvalidArgument, match="passed is a bool"):
+            await run.checkpoint("cp-1", DONE, sloppy)
+        candidate = await run.pending_checkpoint()
+        assert candidate is not None
+        assert candidate.status == "candidate"

@@ -470,3 +470,49 @@ async def test_a_renewal_racing_complete_is_not_a_lease_loss(db: zincir.Database
             await run.complete()
             await trio.sleep(0.002)
         assert (await read_state(db, run.id)).run.status is zincir.RunStatus.COMPLETED
+
+
+async def test_a_write_racing_the_runs_own_end_is_not_a_lease_loss(db: zincir.Database) -> None:
+    async def noop() -> None:
+        return None
+
+    async def keep_stepping(run: zincir.Run) -> None:
+        with pytest.raises(zincir.RunTerminal, match="already failed"):
+            for i in range(10_000):
+                await run.step(f"s{i}", noop)
+
+    async with zincir.open_run(db) as run, trio.open_nursery() as nursery:
+        nursery.start_soon(keep_stepping, run)
+        await trio.sleep(0.05)
+        await run.fail("giving up")
+    assert (await read_state(db, run.id)).run.status is zincir.RunStatus.FAILED
+
+
+def nested(depth: int) -> list[object]:
+    value: list[object] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda r: r.record_response("", [], "x", usage=5), "usage must be a mapping"),
+        (lambda r: r.record_response(nested(100_000), [], "x"), "not a JSON value"),
+        (lambda r: r.checkpoint(["c1"], zincir.CheckpointState(), None), "call_id"),
+        (lambda r: r.sleep("nap", 1e20), "at most"),
+    ],
+)
+async def test_more_bad_input_gets_invalid_argument(db: zincir.Database, call: Any, match: str) -> None:
+    async with zincir.open_run(db) as run:
+        before = dump(Path(db.path))
+        with pytest.raises(zincir.InvalidArgument, match=match):
+            await call(run)
+        assert dump(Path(db.path)) == before
+
+
+async def test_an_absurd_lease_ttl_is_refused(db: zincir.Database) -> None:
+    with pytest.raises(zincir.InvalidArgument, match="at most"):
+        async with zincir.open_run(db, lease_ttl=1e20):
+            pass

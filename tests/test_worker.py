@@ -95,7 +95,7 @@ async def test_terminal_and_actively_leased_runs_are_never_dispatched(db: zincir
             await wait_until(lambda: _is(db, free, zincir.RunStatus.COMPLETED))
             worker.stop()
         assert handled == [free]
-        assert await db._write(_store.claim_next, "probe", 1000, None) is None
+        assert await db._write(_store.claim_due, "probe", 1000, None, 1) == []
         await held.record_response("still mine", [], "end")
 
 
@@ -124,7 +124,7 @@ async def test_a_failing_handler_is_retried_after_the_backoff_then_failed(
         await nursery.start(worker.run)
         await wait_until(lambda: _equals(failures, 1))
         # Not due again until the persisted retry time: nothing can claim it yet.
-        assert await clocked_db._write(_store.claim_next, "probe", 1000, None) is None
+        assert await clocked_db._write(_store.claim_due, "probe", 1000, None, 1) == []
         assert scalar(Path(clocked_db.path), "SELECT next_attempt_at FROM agent_runs") == clock() + 10_000
         clock.advance(10)
         await wait_until(lambda: _equals(failures, 2))
@@ -213,9 +213,9 @@ async def test_stop_lets_a_short_handler_finish_and_cancels_a_long_one(db: zinci
     assert cancelled.is_set()
     assert await status_of(db, short) == zincir.RunStatus.COMPLETED
     # The cancelled handler's run was released: claimable at once by anyone.
-    claimed = await db._write(_store.claim_next, "another-worker", 1000, None)
-    assert claimed is not None
-    assert claimed[0].run_id == long
+    [(lease, attempt)] = await db._write(_store.claim_due, "another-worker", 1000, None, 1)
+    assert lease.run_id == long
+    assert attempt == 1  # the cancelled attempt was given back
 
 
 async def test_a_run_released_in_this_process_is_claimed_without_waiting_a_poll(db: zincir.Database) -> None:
@@ -297,3 +297,12 @@ async def test_two_worker_processes_claim_each_run_exactly_once(db: zincir.Datab
     lines = ledger.read_text().splitlines()
     assert sorted(line.split()[0] for line in lines) == sorted(ids)
     assert scalar(Path(db.path), "SELECT max(attempts) FROM agent_runs") == 1
+
+
+def test_backoff_survives_thousands_of_attempts() -> None:
+    assert zincir.Backoff(maximum=60, jitter=0).delay(5000) == 60
+
+
+async def test_a_nan_grace_period_is_refused(db: zincir.Database) -> None:
+    with pytest.raises(zincir.InvalidArgument, match="grace_period"):
+        zincir.ResumeWorker(db, finish_pending_and_complete, grace_period=float("nan"))

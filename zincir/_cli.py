@@ -82,14 +82,18 @@ def worker(
             log = logging.getLogger("zincir.worker")
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
 
-                async def stop_on_signal() -> None:
+                async def stop_on_signal(nursery: trio.Nursery) -> None:
                     async for signum in signals:
-                        log.info("%s received: stopping", signal.Signals(signum).name)
-                        resume.stop()
-                        return
+                        name = signal.Signals(signum).name
+                        if not resume.stopping:
+                            log.info("%s received: stopping; send it again to cancel the handlers now", name)
+                            resume.stop()
+                        else:
+                            log.info("%s received again: cancelling the handlers", name)
+                            nursery.cancel_scope.cancel()
 
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(stop_on_signal)
+                    nursery.start_soon(stop_on_signal, nursery)
                     log.info("worker started on %s", database_path)
                     await resume.run()  # returns once stopped and the handlers are done
                     nursery.cancel_scope.cancel()

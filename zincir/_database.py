@@ -148,7 +148,7 @@ class _Worker:
                 assert request.result is not None
                 trio.lowlevel.reschedule(request.task, request.result)
 
-        # close() waits for this thread, so the Trio run is still there to be woken.
+        # close() waits for this thread's last reply, so the Trio run is still there to wake.
         self._token.run_sync_soon(wake)
 
     def _run_batch(self, batch: list[_Request]) -> None:
@@ -180,14 +180,14 @@ class _Worker:
             request.result = outcome.Error(storage_error(exc, self._path))
             return
         result = self._call(request)
-        try:
-            if isinstance(result, outcome.Value):
+        if isinstance(result, outcome.Value):
+            try:
                 self._conn.execute("COMMIT")
-            else:
-                self._conn.execute("ROLLBACK")
-        except sqlite3.Error as exc:
-            self._rollback_quietly()
-            result = outcome.Error(storage_error(exc, self._path))
+            except sqlite3.Error as exc:
+                result = outcome.Error(storage_error(exc, self._path))
+        # After some errors (SQLITE_FULL among them) SQLite has already rolled back; the
+        # operation's own error is the one to report either way.
+        self._rollback_quietly()
         request.result = result
 
     def _run_together(self, batch: list[_Request]) -> bool:

@@ -15,7 +15,7 @@ def encode(value: JSONValue, *, what: str, limit: int) -> str:
     """Serialize ``value`` or raise :class:`InvalidArgument` naming ``what`` it was."""
     try:
         text = json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidArgument(f"{what} is not a JSON value: {exc}") from None
     # ensure_ascii (the default) makes the text pure ASCII: its length is its size in bytes.
     if len(text) > limit:

@@ -110,5 +110,6 @@ def migrate(conn: sqlite3.Connection, path: str, now_ms: int) -> None:
             )
         conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        if conn.in_transaction:  # SQLite rolls back by itself after some errors
+            conn.execute("ROLLBACK")
         raise

@@ -35,7 +35,7 @@ from ._types import (
     Verification,
     Verifier,
 )
-from ._validation import canonical_run_id, check_name, lease_ttl_ms
+from ._validation import canonical_run_id, check_name, check_seconds, lease_ttl_ms
 
 __all__ = ["Run", "open_run"]
 
@@ -63,6 +63,7 @@ class Run:
     _running_steps: set[str]
     _completed_steps: set[str] | None
     _release_at: int | None
+    _refund_attempt: bool
     _released: bool
     _ending: bool
 
@@ -82,6 +83,7 @@ class Run:
         self._running_steps = set()
         self._completed_steps = None  # loaded by the first step()
         self._release_at = None  # when the released run may be claimed again (None: now)
+        self._refund_attempt = False  # set by a worker whose handler was cancelled
         self._released = False
         # True while a write that ends this ownership (complete, fail, a worker's failure
         # record) is in flight: a renewal racing it then fails without meaning a loss.
@@ -193,6 +195,8 @@ class Run:
             "tool_calls": [{"args": c.args, "id": c.id, "name": c.name} for c in calls],
         }
         if usage is not None:
+            if not isinstance(usage, Mapping):
+                raise InvalidArgument(f"run {self.id}: usage must be a mapping, not {usage!r}")
             response["usage"] = dict(usage)
         llm_payload = self._encode(response, "the model response")
         intents = [
@@ -238,6 +242,8 @@ class Run:
         :meth:`pending_checkpoint`. ``verify`` runs outside any database lock while the
         heartbeat keeps the lease; its exception propagates and leaves the candidate undecided.
         """
+        if not isinstance(call_id, str) or not call_id:
+            raise InvalidArgument(f"run {self.id}: call_id must be a non-empty string, not {call_id!r}")
         if not isinstance(state, CheckpointState):
             state = CheckpointState.from_json(state)
         state_json = self._encode(state.to_json(), f"checkpoint state for {call_id!r}")
@@ -263,16 +269,17 @@ class Run:
 
     async def _decide(self, candidate: Checkpoint, verify: Verifier) -> Checkpoint:
         verification = await verify(candidate.state)
-        if not isinstance(verification, Verification):
+        if not isinstance(verification, Verification) or not isinstance(verification.passed, bool):
             raise InvalidArgument(
-                f"run {self.id}: a verifier must return a Verification, not {verification!r}"
+                f"run {self.id}: a verifier must return a Verification whose passed is a bool,"
+                f" not {verification!r}; the candidate stays undecided"
             )
         self._check_usable()  # the lease may have been lost while the verifier ran
         verdict = self._encode(
-            {"evidence": verification.evidence, "passed": bool(verification.passed)}, "verification evidence"
+            {"evidence": verification.evidence, "passed": verification.passed}, "verification evidence"
         )
         decided: Checkpoint = await self._write(
-            _store.decide_checkpoint, candidate.id, verdict, bool(verification.passed)
+            _store.decide_checkpoint, candidate.id, verdict, verification.passed
         )
         return decided
 
@@ -313,16 +320,8 @@ class Run:
         """Sleep durably: the wake time is stored first (the first call with ``name`` wins),
         so after a restart only the remainder is waited; a completed sleep returns at once."""
         check_name(name, f"run {self.id}: sleep name")
-        if (
-            isinstance(seconds, bool)
-            or not isinstance(seconds, int | float)
-            or not math.isfinite(seconds)
-            or seconds < 0
-        ):
-            raise InvalidArgument(
-                f"run {self.id}: sleep {name!r} needs a finite duration >= 0, not {seconds!r}"
-            )
-        wake_at, completed = await self._write(_store.schedule_timer, name, math.ceil(seconds * 1000))
+        duration = check_seconds(seconds, f"run {self.id}: the duration of sleep {name!r}")
+        wake_at, completed = await self._write(_store.schedule_timer, name, math.ceil(duration * 1000))
         if completed:
             return
         remaining_ms = wake_at - self._db.clock()
@@ -371,8 +370,10 @@ class Run:
                 try:
                     self._lease = await self._db._write(_store.renew, self._lease)
                     delay = interval
+                except RunTerminal:
+                    return  # this owner ended the run (another task of the body did)
                 except LeaseLost as exc:
-                    if not self._ending:
+                    if not self._ending:  # not the release this owner is making right now
                         self._lose(str(exc))
                     return
                 except StorageError as exc:
@@ -384,6 +385,9 @@ class Run:
                         logger.warning(
                             "run %s: lease renewal failed, retrying in %.3f s: %s", self.id, delay, exc
                         )
+                except Exception as exc:  # a bug must stop the body, not escape as a group
+                    self._lose(f"run {self.id}: renewing the lease failed unexpectedly: {exc!r}")
+                    return
 
     async def _release(self) -> None:
         if self._finished is not None or self._lost is not None or self._released:
@@ -391,7 +395,7 @@ class Run:
         self._released = True
         with trio.CancelScope(shield=True):
             try:
-                await self._db._write(_store.release, self._lease, self._release_at)
+                await self._db._write(_store.release, self._lease, self._release_at, self._refund_attempt)
             except StorageError as exc:
                 logger.warning("run %s: releasing the lease failed; it will expire instead: %s", self.id, exc)
                 return

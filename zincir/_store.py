@@ -98,12 +98,6 @@ def acquire_run(tx: Tx, run_id: str, owner: str, ttl_ms: int, force: bool) -> Le
     return _take(tx, run_id, status, owner, epoch + 1, ttl_ms)
 
 
-def claim_next(tx: Tx, owner: str, ttl_ms: int, max_attempts: int | None) -> tuple[Lease, int] | None:
-    """Lease the longest-due run that is free or expired, counting the attempt."""
-    claimed = claim_due(tx, owner, ttl_ms, max_attempts, 1)
-    return claimed[0] if claimed else None
-
-
 def claim_due(
     tx: Tx, owner: str, ttl_ms: int, max_attempts: int | None, limit: int
 ) -> list[tuple[Lease, int]]:
@@ -116,7 +110,7 @@ def claim_due(
     claimed: list[tuple[Lease, int]] = []
     while len(claimed) < limit:
         rows = tx.all(
-            "SELECT id, status, lease_epoch, attempts FROM agent_runs"
+            "SELECT id, status, lease_epoch, attempts FROM agent_runs INDEXED BY idx_agent_runs_claimable"
             " WHERE status IN ('pending', 'running') AND next_attempt_at <= ?1"
             " AND (lease_owner IS NULL OR lease_expires_at <= ?1)"
             " ORDER BY next_attempt_at, created_at LIMIT ?2",
@@ -134,6 +128,9 @@ def claim_due(
 
 
 def _fail_exhausted(tx: Tx, run_id: str, status: str, attempts: int) -> None:
+    # A new epoch: the owner whose lease expired must see a takeover (LeaseLost), not an end
+    # that its own epoch made.
+    tx.execute("UPDATE agent_runs SET lease_epoch = lease_epoch + 1 WHERE id = ?", (run_id,))
     reason = f"attempt limit reached: {attempts} attempt(s) ended without finishing the run"
     _end_run(tx, run_id, _dump({"from": status, "reason": reason, "to": "failed"}), RunStatus.FAILED)
 
@@ -188,19 +185,28 @@ def renew(tx: Tx, lease: Lease) -> Lease:
     return attrs.evolve(lease, expires_at=expires_at)
 
 
-def release(tx: Tx, lease: Lease, next_attempt_at: int | None = None) -> bool:
-    """Give the lease up; the run stays as it is, claimable at ``next_attempt_at`` (now)."""
+def release(tx: Tx, lease: Lease, next_attempt_at: int | None = None, refund_attempt: bool = False) -> bool:
+    """Give the lease up; the run stays as it is, claimable at ``next_attempt_at`` (now).
+    ``refund_attempt`` takes back the attempt its claim counted (the owner was stopped)."""
     return bool(
         tx.execute(
-            "UPDATE agent_runs SET lease_owner = NULL, lease_expires_at = NULL,"
-            " next_attempt_at = ? WHERE id = ? AND lease_owner = ? AND lease_epoch = ?",
-            (tx.now if next_attempt_at is None else next_attempt_at, lease.run_id, lease.owner, lease.epoch),
+            "UPDATE agent_runs SET lease_owner = NULL, lease_expires_at = NULL, next_attempt_at = ?,"
+            " attempts = attempts - ? WHERE id = ? AND lease_owner = ? AND lease_epoch = ?",
+            (
+                tx.now if next_attempt_at is None else next_attempt_at,
+                int(refund_attempt),
+                lease.run_id,
+                lease.owner,
+                lease.epoch,
+            ),
         ).rowcount
     )
 
 
 def check_lease(tx: Tx, lease: Lease) -> None:
-    """Raise :class:`LeaseLost` unless the lease holds on a running run, now."""
+    """Raise unless the lease holds on a running run, now: :class:`LeaseLost` when another
+    owner took over, the lease expired or was released; :class:`RunTerminal` when this
+    owner's epoch ended the run (only the lease holder ends a run without a new epoch)."""
     row = tx.one(
         "SELECT status, lease_owner, lease_epoch, lease_expires_at FROM agent_runs WHERE id = ?",
         (lease.run_id,),
@@ -209,15 +215,14 @@ def check_lease(tx: Tx, lease: Lease) -> None:
         raise RunNotFound(f"run {lease.run_id} does not exist")
     status, owner, epoch, expires_at = row
     where = f"run {lease.run_id}: the lease of epoch {lease.epoch}"
-    if owner == lease.owner and epoch == lease.epoch:
-        if status != RunStatus.RUNNING:
-            raise LeaseLost(f"{where} ended because the run became {status}")
-        if expires_at <= tx.now:
-            raise LeaseLost(f"{where} expired {tx.now - expires_at} ms ago")
-        return
     if epoch != lease.epoch:
         raise LeaseLost(f"{where} was fenced by a newer owner (epoch {epoch})")
-    raise LeaseLost(f"{where} was released")
+    if status not in _LIVE:
+        raise RunTerminal(f"run {lease.run_id} is already {status}")
+    if owner != lease.owner:
+        raise LeaseLost(f"{where} was released")
+    if expires_at <= tx.now:
+        raise LeaseLost(f"{where} expired {tx.now - expires_at} ms ago")
 
 
 # -- the event log ------------------------------------------------------------------------------

@@ -10,15 +10,25 @@ from ._errors import InvalidArgument
 
 MIN_LEASE_TTL: Final = 0.030
 """The shortest lease, in seconds; production leases should leave room for contention."""
+MAX_SECONDS: Final = 10 * 365 * 24 * 3600.0
+"""The longest duration zincir accepts (ten years): anything longer is a mistake."""
 
 
-def lease_ttl_ms(lease_ttl: float) -> int:
+def check_seconds(value: object, what: str, *, minimum: float = 0.0, exclusive: bool = False) -> float:
+    """A finite number of seconds, at least (or, ``exclusive``, above) ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidArgument(f"{what} must be a finite number of seconds, not {value!r}")
+    if value < minimum or (exclusive and value == minimum):
+        bound = f"greater than {minimum}" if exclusive else f"at least {minimum}"
+        raise InvalidArgument(f"{what} must be {bound} s, not {value!r}")
+    if value > MAX_SECONDS:
+        raise InvalidArgument(f"{what} must be at most {MAX_SECONDS:.0f} s (ten years), not {value!r}")
+    return float(value)
+
+
+def lease_ttl_ms(lease_ttl: object) -> int:
     """Validate a TTL in seconds and round it up to whole milliseconds."""
-    if isinstance(lease_ttl, bool) or not isinstance(lease_ttl, int | float) or not math.isfinite(lease_ttl):
-        raise InvalidArgument(f"lease_ttl must be a finite number of seconds, not {lease_ttl!r}")
-    if lease_ttl < MIN_LEASE_TTL:
-        raise InvalidArgument(f"lease_ttl must be at least {MIN_LEASE_TTL} s, not {lease_ttl!r}")
-    return math.ceil(lease_ttl * 1000)
+    return math.ceil(check_seconds(lease_ttl, "lease_ttl", minimum=MIN_LEASE_TTL) * 1000)
 
 
 def canonical_run_id(value: object, what: str = "run_id") -> str:

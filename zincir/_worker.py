@@ -18,7 +18,7 @@ from ._errors import InvalidArgument, LeaseLost, StorageError
 from ._json import dump_trusted
 from ._run import Run, owned_run
 from ._types import RunStatus
-from ._validation import lease_ttl_ms
+from ._validation import check_seconds, lease_ttl_ms
 
 __all__ = ["Backoff", "Handler", "ResumeWorker"]
 
@@ -28,17 +28,6 @@ Handler = Callable[[Run], Awaitable[Any]]
 """An async callable that continues a run; it should end with ``complete()`` or ``fail()``."""
 
 _MAX_ERROR_MESSAGE: Final = 2000
-
-
-def _positive(value: object, what: str) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise InvalidArgument(f"{what} must be a finite number > 0, not {value!r}")
-    return float(value)
 
 
 @attrs.frozen
@@ -53,13 +42,16 @@ class Backoff:
 
     def __attrs_post_init__(self) -> None:
         for name in ("initial", "factor", "maximum"):
-            _positive(getattr(self, name), f"Backoff.{name}")
+            check_seconds(getattr(self, name), f"Backoff.{name}", exclusive=True)
         if not 0 <= self.jitter < 1:
             raise InvalidArgument(f"Backoff.jitter must be in [0, 1), not {self.jitter!r}")
 
     def delay(self, attempt: int) -> float:
         """Seconds to wait after the ``attempt``-th attempt (1-based) failed."""
-        base = min(self.maximum, self.initial * self.factor ** max(0, attempt - 1))
+        try:
+            base = min(self.maximum, self.initial * self.factor ** max(0, attempt - 1))
+        except OverflowError:  # thousands of attempts: long past the maximum
+            base = self.maximum
         return base * (1 + random.uniform(-self.jitter, self.jitter))
 
 
@@ -99,16 +91,14 @@ class ResumeWorker:
             raise InvalidArgument(f"max_attempts must be None or an int >= 1, not {max_attempts!r}")
         if not isinstance(backoff, Backoff):
             raise InvalidArgument(f"backoff must be a zincir.Backoff, not {backoff!r}")
-        if isinstance(grace_period, bool) or not isinstance(grace_period, int | float) or grace_period < 0:
-            raise InvalidArgument(f"grace_period must be a number of seconds >= 0, not {grace_period!r}")
         self._db = db
         self._handler = handler
         self._ttl_ms = lease_ttl_ms(lease_ttl)
-        self._poll_interval = _positive(poll_interval, "poll_interval")
+        self._poll_interval = check_seconds(poll_interval, "poll_interval", exclusive=True)
         self._limiter = trio.CapacityLimiter(max_concurrency)
         self._max_attempts = max_attempts
         self._backoff = backoff
-        self._grace_period = float(grace_period)
+        self._grace_period = check_seconds(grace_period, "grace_period")
         self._owner = str(uuid.uuid4())
         self._claim_scope = trio.CancelScope()
         self._wakeup = trio.Event()
@@ -118,6 +108,11 @@ class ResumeWorker:
     def running_handlers(self) -> int:
         """How many handlers are running now."""
         return int(self._limiter.borrowed_tokens)
+
+    @property
+    def stopping(self) -> bool:
+        """Whether :meth:`stop` was called."""
+        return self._claim_scope.cancel_called
 
     def stop(self) -> None:
         """Stop claiming now; running handlers get the grace period, then are cancelled.
@@ -129,7 +124,7 @@ class ResumeWorker:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Claim and handle runs until :meth:`stop` or cancellation."""
         if self._running:
-            raise InvalidArgument("this ResumeWorker is already running")
+            raise InvalidArgument("a ResumeWorker runs once; create another to run again")
         self._running = True
         self._db._claim_listeners.add(self._wake)
         try:
@@ -157,8 +152,10 @@ class ResumeWorker:
                 claimed = await self._db._write(
                     _store.claim_due, self._owner, self._ttl_ms, self._max_attempts, len(slots)
                 )
-            except StorageError as exc:
+            except BaseException as exc:
                 self._release_slots(slots)
+                if not isinstance(exc, StorageError):
+                    raise
                 failures += 1
                 delay = min(self._poll_interval, self._backoff.delay(failures))
                 logger.warning("worker: claiming failed (%s); retrying in %.2f s", exc, delay)
@@ -200,6 +197,11 @@ class ResumeWorker:
                 except Exception as exc:
                     await self._record_failure(run, attempt, exc)
                     return
+                except BaseException:
+                    # Cancelled by stop() or a shutdown: the run did not fail, so the attempt
+                    # its claim counted is given back.
+                    run._refund_attempt = True
+                    raise
                 if run._finished is None:
                     run._release_at = self._db.clock() + self._backoff_ms(attempt)
                     logger.info("run %s: handler returned without ending the run; released", run.id)
@@ -218,6 +220,8 @@ class ResumeWorker:
     async def _record_failure(self, run: Run, attempt: int, exc: Exception) -> None:
         give_up = self._max_attempts is not None and attempt >= self._max_attempts
         retry_at = None if give_up else self._db.clock() + self._backoff_ms(attempt)
+        # If recording fails, the run is still released with this delay, not at once.
+        run._release_at = retry_at
         message = str(exc)[:_MAX_ERROR_MESSAGE]
         failure = dump_trusted(
             {

@@ -52,8 +52,15 @@ class Artifact:
 
 
 async def identify(path: str | os.PathLike[str]) -> Artifact:
-    """Measure what is at ``path`` now (a missing path is measured as ``missing``)."""
-    return await trio.to_thread.run_sync(_identify, Path(path))
+    """Measure what is at ``path`` now (a missing path is measured as ``missing``).
+
+    Raises :class:`InvalidArgument` when it cannot be measured (unreadable, or a git
+    workspace whose state git cannot report).
+    """
+    try:
+        return await trio.to_thread.run_sync(_identify, Path(path))
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise InvalidArgument(f"cannot measure the artifact at {os.fspath(path)!r}: {exc}") from None
 
 
 async def mismatches(artifacts: Iterable[Artifact | Mapping[str, Any]]) -> list[Artifact]:
@@ -76,6 +83,8 @@ def _identify(path: Path) -> Artifact:
     shown = str(path)
     if path.is_file():
         return Artifact("file", shown, _file_sha256(path))
+    if path.exists() and not path.is_dir():
+        raise OSError(f"{shown} is neither a regular file nor a directory")
     if path.is_dir():
         if (path / ".git").exists():
             commit, changes = _git_state(path)
@@ -100,8 +109,10 @@ def _tree_sha256(root: Path) -> str:
         name = path.relative_to(root).as_posix().encode("utf-8", "surrogateescape")
         if path.is_symlink():
             content = b"link:" + os.readlink(path).encode("utf-8", "surrogateescape")
-        else:
+        elif path.is_file():
             content = b"file:" + bytes.fromhex(_file_sha256(path))
+        else:  # a FIFO, socket or device: its name counts, reading it could block forever
+            content = b"special:"
         for part in (name, content):
             digest.update(len(part).to_bytes(8, "big") + part)
     return digest.hexdigest()
