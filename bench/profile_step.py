@@ -1,0 +1,189 @@
+"""Where a zincir step's time goes: ``python -m bench.profile_step [--n 2000] [--reps 5]``.
+
+Peels ``run.step`` into layers, each measured on its own file in WAL at synchronous=FULL, the
+layers interleaved and repeated (medians of µs per step):
+
+A. raw sqlite3: BEGIN IMMEDIATE; INSERT; COMMIT (the floor: one fsync'd commit)
+B. zincir's own SQL for a step (``_store.complete_step``: lease check + INSERT + read-back),
+   straight through sqlite3 on the caller's thread, one transaction per step
+C. ``Database._write`` of an operation that does nothing: the writer-thread round trip
+   (queue, thread wake-up, Trio wake-up) plus an empty BEGIN IMMEDIATE/COMMIT
+D. ``Database._write(_store.complete_step, ...)``: B through the writer thread
+E. ``run.step(name, noop)``: D plus ``Run.step``'s own Python (validation, JSON, bookkeeping)
+
+E - D is Run.step's Python, D - B the thread hand-off, B - A the schema and its SQL. Then it
+prints a cProfile of E (the Trio thread only) sorted by own time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import shutil
+import sqlite3
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+import trio
+
+import zincir
+from zincir import _store
+from zincir._database import Tx, wall_clock_ms
+
+
+def raw_conn(path: str) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = FULL")
+    return conn
+
+
+def layer_a(conn: sqlite3.Connection, n: int) -> float:
+    run = str(uuid.uuid4())
+    start = time.perf_counter()
+    for i in range(n):
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("INSERT INTO steps (run_id, name, result) VALUES (?, ?, ?)", (run, f"step-{i}", str(i)))
+        conn.execute("COMMIT")
+    return time.perf_counter() - start
+
+
+def layer_b(conn: sqlite3.Connection, n: int) -> float:
+    conn.execute("BEGIN IMMEDIATE")
+    lease = _store.create_run(
+        Tx(conn, wall_clock_ms()), str(uuid.uuid4()), None, "bench", "", "{}", "profile", 3_600_000
+    )
+    conn.execute("COMMIT")
+    start = time.perf_counter()
+    for i in range(n):
+        conn.execute("BEGIN IMMEDIATE")
+        now = wall_clock_ms()
+        _store.complete_step(Tx(conn, now), lease, f"step-{i}", str(i), now)
+        conn.execute("COMMIT")
+    return time.perf_counter() - start
+
+
+def _nothing(tx: Tx) -> None:
+    return None
+
+
+async def layer_c(db: zincir.Database, n: int) -> float:
+    start = time.perf_counter()
+    for _ in range(n):
+        await db._write(_nothing)
+    return time.perf_counter() - start
+
+
+async def layer_d(db: zincir.Database, n: int) -> float:
+    async with zincir.open_run(db, lease_ttl=3600) as run:
+        lease = run._lease
+        start = time.perf_counter()
+        for i in range(n):
+            now = db.clock()
+            await db._write(_store.complete_step, lease, f"step-{i}", str(i), now)
+        seconds = time.perf_counter() - start
+        await run.complete()
+    return seconds
+
+
+async def noop(i: int) -> int:
+    return i
+
+
+async def layer_e(db: zincir.Database, n: int) -> float:
+    async with zincir.open_run(db, lease_ttl=3600) as run:
+        start = time.perf_counter()
+        for i in range(n):
+            await run.step(f"step-{i}", noop, i)
+        seconds = time.perf_counter() - start
+        await run.complete()
+    return seconds
+
+
+LABELS = {
+    "A": "raw sqlite3: BEGIN IMMEDIATE; INSERT; COMMIT",
+    "B": "zincir's step SQL (_store.complete_step) via sqlite3",
+    "C": "Database._write of a no-op operation (thread round trip)",
+    "D": "Database._write(_store.complete_step)",
+    "E": "run.step(name, noop)",
+}
+
+
+async def measure(workdir: str, n: int, reps: int) -> dict[str, list[float]]:
+    raw = raw_conn(os.path.join(workdir, "a.sqlite"))
+    raw.execute("CREATE TABLE steps (run_id TEXT, name TEXT, result TEXT, PRIMARY KEY (run_id, name))")
+    path_b = os.path.join(workdir, "b.db")
+    async with zincir.open_database(path_b):  # create and migrate
+        pass
+    schema = raw_conn(path_b)
+    schema.execute("PRAGMA foreign_keys = ON")
+    out: dict[str, list[float]] = {k: [] for k in LABELS}
+    async with zincir.open_database(os.path.join(workdir, "z.db"), synchronous="full") as db:
+        layers: dict[str, Callable[[], Awaitable[float]]] = {
+            "C": lambda: layer_c(db, n),
+            "D": lambda: layer_d(db, n),
+            "E": lambda: layer_e(db, n),
+        }
+        for rep in range(reps + 1):  # the first round warms up
+            times = {"A": layer_a(raw, n), "B": layer_b(schema, n)}
+            for key, fn in layers.items():
+                times[key] = await fn()
+            if rep:
+                for key, seconds in times.items():
+                    out[key].append(seconds / n * 1e6)
+        profiler = cProfile.Profile()
+        profiler.enable()
+        await layer_e(db, n)
+        profiler.disable()
+    raw.close()
+    schema.close()
+    stream = io.StringIO()
+    pstats.Stats(profiler, stream=stream).sort_stats("tottime").print_stats(18)
+    print_profile(stream.getvalue())
+    return out
+
+
+def print_profile(text: str) -> None:
+    lines = [line for line in text.splitlines() if line.strip()]
+    print("cProfile of layer E on the Trio thread (own time; the writer thread is not seen):")
+    for line in lines[2:24]:
+        print("   ", line[:150])
+    print()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--n", type=int, default=2000, help="steps per layer and repetition")
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--dir", default=".", help="where to create the temporary files")
+    parser.add_argument("--json", help="also write the medians (µs per step) to this file")
+    args = parser.parse_args(argv)
+    workdir = tempfile.mkdtemp(prefix="zincir-profile-", dir=args.dir)
+    try:
+        res: dict[str, list[float]] = trio.run(measure, workdir, args.n, args.reps)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    med = {k: statistics.median(v) for k, v in res.items()}
+    print(f"µs per step, median of {args.reps} x {args.n} steps (WAL, synchronous=FULL):")
+    for key, label in LABELS.items():
+        print(f"  {key}. {label:<58} {med[key]:8.1f}")
+    print()
+    print(f"  B - A  schema + SQL of a step          {med['B'] - med['A']:8.1f}")
+    print(f"  D - B  writer-thread hand-off           {med['D'] - med['B']:8.1f}")
+    print(f"  E - D  Run.step's Python                {med['E'] - med['D']:8.1f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"n": args.n, "reps": args.reps, "labels": LABELS, "us_per_step": med}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
