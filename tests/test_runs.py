@@ -461,14 +461,14 @@ async def test_transient_renewal_errors_are_retried_not_a_loss(
 
 
 async def test_a_renewal_racing_complete_is_not_a_lease_loss(db: zincir.Database) -> None:
-    # With a 30 ms lease the heartbeat renews every 10 ms, so renewals regularly land right
-    # after complete() cleared the lease. Before the fix, about a third of these runs ended
-    # in LeaseLost although they had completed.
-    for _ in range(100):
-        async with zincir.open_run(db, lease_ttl=0.03) as run:
-            await trio.sleep(0.009)
+    # With a 90 ms lease the heartbeat renews every 30 ms; completing just before a renewal
+    # makes renewals land right after complete() ended the lease. Before the fix, about a
+    # third of such runs ended in LeaseLost although they had completed.
+    for _ in range(60):
+        async with zincir.open_run(db, lease_ttl=0.09) as run:
+            await trio.sleep(0.029)
             await run.complete()
-            await trio.sleep(0.002)
+            await trio.sleep(0.005)
         assert (await read_state(db, run.id)).run.status is zincir.RunStatus.COMPLETED
 
 

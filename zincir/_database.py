@@ -114,6 +114,9 @@ class _Worker:
     def submit(self, request: _Request) -> None:
         self._queue.put(request)
 
+    def join(self) -> None:
+        self._thread.join()
+
     # -- on the thread --------------------------------------------------------------------
 
     def _serve(self) -> None:
@@ -148,7 +151,7 @@ class _Worker:
                 assert request.result is not None
                 trio.lowlevel.reschedule(request.task, request.result)
 
-        # close() waits for this thread's last reply, so the Trio run is still there to wake.
+        # close() waits for this thread's last reply and joins it: the Trio run is still there.
         self._token.run_sync_soon(wake)
 
     def _run_batch(self, batch: list[_Request]) -> None:
@@ -378,6 +381,8 @@ class Database:
             for worker in (self._writer, self._reader):
                 worker.submit(_Request(None, (), trio.lowlevel.current_task()))
                 await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
+                # The thread's last act was that reply; joining it takes a moment, off the loop.
+                await trio.to_thread.run_sync(worker.join)
 
 
 _SYNCHRONOUS_LEVELS: Final = {"full": "FULL", "normal": "NORMAL"}
