@@ -54,7 +54,7 @@ import httpx2
 import trio
 
 # The demo beside this file (examples/ is on sys.path when this file runs as a script).
-from durable_agent import pause
+from durable_agent import pause, print_run
 from durable_agent import write_file as write_file_once
 from openai import AsyncOpenAI
 from openai.types.chat import (
@@ -377,14 +377,6 @@ async def open_model() -> AsyncIterator[tuple[AsyncOpenAI, str, str]]:
         AsyncOpenAI(api_key="offline-stub", base_url="http://stub.invalid/v1", http_client=http) as client,
     ):
         yield client, "stub-model", "openai-stub"
-
-
-def print_run(state: zincir.DurableState, all_events: list[zincir.Event]) -> None:
-    run = state.run
-    print(f"run {run.id}  status={run.status.value}  provider={run.provider}  config={run.config}")
-    for event in all_events:
-        payload = json.dumps(event.payload, sort_keys=True)
-        print(f"  #{event.seq:<3} {event.type.value:<20} {payload[:90]}{'…' if len(payload) > 90 else ''}")
 
 
 async def main(db_path: str, out: Path) -> list[str]:

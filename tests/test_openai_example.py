@@ -37,6 +37,18 @@ def load_example(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     return module
 
 
+def resume(tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """Run the example once more with ZINCIR_RESUME=1, as a person would after a crash."""
+    return subprocess.run(
+        [sys.executable, str(EXAMPLE)],
+        cwd=tmp_path,
+        env=offline_env(tmp_path, ZINCIR_RESUME="1"),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
 def offline_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     """The environment without an API key (the stub, never the network) or stray zincir knobs."""
     env = {
@@ -139,14 +151,7 @@ def test_a_killed_run_resumes_without_paying_for_a_recorded_response_again(tmp_p
     [effect] = effect_files(out)
     inode = effect.stat().st_ino
 
-    resumed = subprocess.run(
-        [sys.executable, str(EXAMPLE)],
-        cwd=tmp_path,
-        env=offline_env(tmp_path, ZINCIR_RESUME="1"),
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    resumed = resume(tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming 1 run(s)" in resumed.stdout and "status=completed" in resumed.stdout
 
@@ -179,14 +184,7 @@ def test_a_killed_run_resumes_without_paying_for_a_recorded_response_again(tmp_p
     assert calls[1]["prompt_call_ids"] == killed_call["reply_call_ids"] == [effect.stem]
 
     # Resuming again finds nothing in flight and calls no model.
-    again = subprocess.run(
-        [sys.executable, str(EXAMPLE)],
-        cwd=tmp_path,
-        env=offline_env(tmp_path, ZINCIR_RESUME="1"),
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    again = resume(tmp_path)
     assert again.returncode == 0, again.stderr
     assert "resuming 0 run(s)" in again.stdout
     assert len(stub_calls(tmp_path)) == 2 and effect_files(out) == [effect]
