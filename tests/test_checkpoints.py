@@ -259,3 +259,36 @@ async def test_a_verifier_must_answer_with_a_bool(db: zincir.Database) -> None:
         candidate = await run.pending_checkpoint()
         assert candidate is not None
         assert candidate.status == "candidate"
+
+
+async def test_a_verifier_that_outlives_the_lease_decides_nothing(db: zincir.Database) -> None:
+    # The verifier ignores cancellation and answers after another owner took over: the
+    # decision must be refused inside its transaction, not written.
+    verifying = trio.Event()
+    taken = trio.Event()
+    finished = trio.Event()
+
+    async def stubborn(state: CheckpointState) -> Verification:
+        verifying.set()
+        with trio.CancelScope(shield=True):
+            await taken.wait()
+        return Verification(True, {"too": "late"})
+
+    async with trio.open_nursery() as nursery:
+
+        async def owner(task_status: trio.TaskStatus[str]) -> None:
+            try:
+                with pytest.raises(zincir.LeaseLost, match="fenced"):
+                    async with zincir.open_run(db, lease_ttl=30) as run:
+                        await submit(run, "cp-1")
+                        task_status.started(run.id)
+                        await run.checkpoint("cp-1", DONE, stubborn)
+            finally:
+                finished.set()
+
+        run_id = await nursery.start(owner)
+        await verifying.wait()
+        async with zincir.open_run(db, run_id, force=True):
+            taken.set()
+            await finished.wait()
+    assert scalar(Path(db.path), "SELECT status FROM checkpoints") == "candidate"

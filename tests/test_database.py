@@ -210,8 +210,9 @@ def test_database_has_no_public_constructor() -> None:
 OPEN_AFTER_SIGNAL = """
     import os, sys, time, trio, zincir
     path, go = sys.argv[1], sys.argv[2]
+    print("ready", flush=True)  # imported and waiting: the processes start together
     while not os.path.exists(go):
-        time.sleep(0.001)
+        time.sleep(0.0005)
     async def main():
         async with zincir.open_database(path):
             pass
@@ -223,8 +224,15 @@ OPEN_AFTER_SIGNAL = """
 def test_two_processes_opening_a_new_file_migrate_it_once(db_path: Path, tmp_path: Path) -> None:
     go = tmp_path / "go"
     procs = [start_python(OPEN_AFTER_SIGNAL, str(db_path), str(go)) for _ in range(4)]
-    go.touch()
-    results = [p.communicate(timeout=60) for p in procs]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == "ready"
+        go.touch()
+        results = [p.communicate(timeout=60) for p in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
     for proc, (out, err) in zip(procs, results, strict=True):
         assert proc.returncode == 0, err
         assert out.strip() == "opened"

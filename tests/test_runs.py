@@ -264,20 +264,58 @@ async def test_force_fences_an_active_owner_and_cancels_its_body(db: zincir.Data
     assert len((await fenced.state()).events) == 2
 
 
-async def test_a_stale_owner_can_neither_append_nor_change_status(db: zincir.Database, db_path: Path) -> None:
+STATE_JSON = zincir.CheckpointState().to_json()
+
+# Every store operation a run owner performs, with arguments it would otherwise accept.
+GUARDED: list[tuple[str, tuple[Any, ...]]] = [
+    ("record_response", ('{"content":"x"}', [])),
+    ("record_tool_result", ("tool", '{"call_id":"tool","content":1}')),
+    ("pending_tools", ()),
+    (
+        "propose_checkpoint",
+        ("cp-2", '{"artifacts":[],"completed":[],"evidence":[],"failed_attempts":[],"remaining":[]}'),
+    ),
+    ("candidate", (None,)),
+    ("decide_checkpoint", (1, '{"evidence":null,"passed":true}', True)),
+    ("complete_step", ("step", '"x"', 0)),
+    ("schedule_timer", ("nap", 10)),
+    ("complete_timer", ("nap",)),
+    ("finish", (zincir.RunStatus.FAILED, '{"from":"running","to":"failed"}')),
+    ("record_attempt_failure", ('{"attempt":1}', None)),
+    ("renew", ()),
+]
+
+
+@pytest.mark.parametrize(("operation", "args"), GUARDED, ids=[name for name, _ in GUARDED])
+async def test_a_stale_owner_is_fenced_inside_the_transaction(
+    db: zincir.Database, db_path: Path, operation: str, args: tuple[Any, ...]
+) -> None:
+    # The Run object refuses a lost lease before the database; this goes to the store
+    # directly, as a process that has not noticed its loss yet would.
     async with zincir.open_run(db) as first:
+        calls = [{"id": "tool", "name": "t"}, {"id": "cp-1", "name": zincir.SUBMIT_CHECKPOINT}]
+        await first.record_response("", calls, "tool_use")
+        await first.record_tool_result("tool", 0)
+        with pytest.raises(VerifierStop):
+            await first.checkpoint("cp-1", zincir.CheckpointState(), _stop_verifier)
+        await first.record_response("", [{"id": "cp-2", "name": zincir.SUBMIT_CHECKPOINT}], "x")
         stale = first._lease
     async with zincir.open_run(db, stale.run_id) as second:
         before = dump(db_path)
-        with pytest.raises(zincir.LeaseLost, match="fenced"):
-            await db._write(_store.record_response, stale, '{"content":"x"}', [])
-        with pytest.raises(zincir.LeaseLost, match="fenced"):
-            await db._write(_store.finish, stale, zincir.RunStatus.COMPLETED, "{}")
-        with pytest.raises(zincir.LeaseLost, match="fenced"):
-            await db._write(_store.renew, stale)
+        submit = db._read if operation in ("pending_tools", "candidate") else db._write
+        with pytest.raises(zincir.LeaseLost, match="fenced by a newer owner"):
+            await submit(getattr(_store, operation), stale, *args)
         assert not await db._write(_store.release, stale, None)
         assert dump(db_path) == before
         assert second.epoch == stale.epoch + 1
+
+
+class VerifierStop(Exception):
+    pass
+
+
+async def _stop_verifier(state: zincir.CheckpointState) -> zincir.Verification:
+    raise VerifierStop  # leaves the candidate undecided
 
 
 async def test_a_renewal_delayed_past_expiry_cannot_resurrect_the_lease(
@@ -331,16 +369,19 @@ async def test_releasing_and_reacquiring_increments_the_epoch(db: zincir.Databas
 
 HOLD_RUN = """
     import os, sys, time, trio, zincir
-    path, run_id, go = sys.argv[1:4]
-    while not os.path.exists(go):
-        time.sleep(0.001)
+    path, run_id, go, done = sys.argv[1:5]
     async def main():
-        try:
-            async with zincir.open_run(path, run_id, lease_ttl=5) as run:
-                print("won", flush=True)
-                await trio.sleep(1.0)
-        except zincir.RunLeased:
-            print("leased", flush=True)
+        async with zincir.open_database(path) as db:
+            print("ready", flush=True)
+            while not os.path.exists(go):
+                time.sleep(0.0005)
+            try:
+                async with zincir.open_run(db, run_id, lease_ttl=30) as run:
+                    print("won", flush=True)
+                    while not os.path.exists(done):  # hold the lease until the test has seen both
+                        await trio.sleep(0.01)
+            except zincir.RunLeased:
+                print("leased", flush=True)
     trio.run(main)
 """
 
@@ -350,14 +391,23 @@ async def test_two_processes_open_one_run_exactly_one_wins(
 ) -> None:
     run_id = await new_released_run(db)
     go = tmp_path / "go"
-    procs = [start_python(HOLD_RUN, str(db_path), run_id, str(go)) for _ in range(2)]
-    go.touch()
-    outputs = []
-    for proc in procs:
-        out, err = await trio.to_thread.run_sync(lambda p=proc: p.communicate(timeout=60))
-        assert proc.returncode == 0, err
-        outputs.append(out.strip())
-    assert sorted(outputs) == ["leased", "won"]
+    done = tmp_path / "done"
+    procs = [start_python(HOLD_RUN, str(db_path), run_id, str(go), str(done)) for _ in range(2)]
+    try:
+        for proc in procs:  # both are ready at the barrier: they race for real
+            assert proc.stdout is not None
+            assert (await trio.to_thread.run_sync(proc.stdout.readline)).strip() == "ready"
+        go.touch()
+        outcomes = [(await trio.to_thread.run_sync(p.stdout.readline)).strip() for p in procs]  # type: ignore[union-attr]
+        assert sorted(outcomes) == ["leased", "won"]
+    finally:
+        done.touch()
+        for proc in procs:
+            try:
+                await trio.to_thread.run_sync(lambda p=proc: p.communicate(timeout=30))
+            finally:
+                proc.kill()
+    assert [p.returncode for p in procs] == [0, 0]
 
 
 # -- bad input ----------------------------------------------------------------------------------------

@@ -306,3 +306,108 @@ def test_backoff_survives_thousands_of_attempts() -> None:
 async def test_a_nan_grace_period_is_refused(db: zincir.Database) -> None:
     with pytest.raises(zincir.InvalidArgument, match="grace_period"):
         zincir.ResumeWorker(db, finish_pending_and_complete, grace_period=float("nan"))
+
+
+async def test_a_handler_that_returns_without_ending_the_run_is_retried_after_the_backoff(
+    clocked_db: zincir.Database, clock: ManualClock
+) -> None:
+    calls: list[int] = []
+    second = trio.Event()
+
+    async def lazy(run: zincir.Run) -> None:
+        calls.append(run.epoch)
+        if len(calls) == 2:
+            await run.complete()
+            second.set()
+
+    [run_id] = await released_runs(clocked_db, 1)
+    worker = zincir.ResumeWorker(
+        clocked_db, lazy, poll_interval=0.01, backoff=zincir.Backoff(initial=30, jitter=0)
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        await wait_until(lambda: _released_until(clocked_db, clock() + 30_000))
+        assert await clocked_db._write(_store.claim_due, "probe", 1000, None, 1) == []
+        clock.advance(30)
+        with trio.fail_after(10):
+            await second.wait()
+        worker.stop()
+    assert calls == [2, 3]
+    assert await status_of(clocked_db, run_id) == zincir.RunStatus.COMPLETED
+
+
+async def _released_until(db: zincir.Database, when: int) -> bool:
+    row = await db._read(lambda tx: tx.one("SELECT lease_owner, next_attempt_at FROM agent_runs"))
+    return row == (None, when)
+
+
+async def test_claim_errors_are_retried_not_fatal(
+    db: zincir.Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    claim_due = _store.claim_due
+    failures = 0
+
+    def flaky_claim(*args: object) -> object:
+        nonlocal failures
+        if failures < 3:
+            failures += 1
+            raise zincir.DatabaseBusy("simulated: another process holds the write lock")
+        return claim_due(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_store, "claim_due", flaky_claim)
+    handled = trio.Event()
+
+    async def handler(run: zincir.Run) -> None:
+        await run.complete()
+        handled.set()
+
+    [run_id] = await released_runs(db, 1)
+    worker = zincir.ResumeWorker(db, handler, poll_interval=0.01, backoff=zincir.Backoff(initial=0.01))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        with trio.fail_after(10):
+            await handled.wait()
+        worker.stop()
+    assert failures == 3
+    assert await status_of(db, run_id) == zincir.RunStatus.COMPLETED
+
+
+HANG = """
+import trio, zincir
+
+async def hang(run: zincir.Run) -> None:
+    print("handling", run.id, flush=True)
+    await trio.sleep_forever()
+"""
+
+
+async def test_the_cli_stops_on_sigint_and_a_second_signal_cancels_handlers(
+    db: zincir.Database, tmp_path: Path
+) -> None:
+    (tmp_path / "hang_handler.py").write_text(HANG)
+    [run_id] = await released_runs(db, 1)
+    command = [
+        sys.executable, "-m", "zincir", "worker", "hang_handler:hang", "--db", db.path,
+        "--poll-interval", "0.01", "--grace-period", "600",
+    ]  # fmt: skip
+    proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = await trio.to_thread.run_sync(proc.stdout.readline)
+        assert line.split() == ["handling", run_id]
+        proc.send_signal(signal.SIGINT)  # stop claiming; the handler has 600 s of grace ...
+        assert proc.stderr is not None
+        log = ""
+        while "SIGINT received: stopping" not in log:
+            line = await trio.to_thread.run_sync(proc.stderr.readline)
+            assert line, f"the worker exited early: {log}"
+            log += line
+        proc.send_signal(signal.SIGINT)  # ... unless asked again
+        _, err = await trio.to_thread.run_sync(lambda: proc.communicate(timeout=30))
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "received again: cancelling the handlers" in err
+    # The cancelled handler released the run: claimable at once, its attempt given back.
+    [(lease, attempt)] = await db._write(_store.claim_due, "next-worker", 1000, None, 1)
+    assert (lease.run_id, attempt) == (run_id, 1)

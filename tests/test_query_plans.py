@@ -1,0 +1,85 @@
+"""Reads that recovery needs cost O(what they return): pinned by SQLite's query plans.
+
+A plan is deterministic where a timing is not: each hot query must search an index, never
+scan a run's whole history.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+import zincir
+from zincir import _store
+from zincir._database import Tx
+
+
+class PlanRecorder:
+    """Records the query plan of every statement an operation runs."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self.plans: list[tuple[str, list[str]]] = []
+
+    def execute(self, sql: str, params: tuple[object, ...] = ()) -> sqlite3.Cursor:
+        if sql.lstrip().upper().startswith(("SELECT", "UPDATE", "WITH")):
+            plan = [row[3] for row in self.conn.execute(f"EXPLAIN QUERY PLAN {sql}", params)]
+            self.plans.append((sql, plan))
+        return self.conn.execute(sql, params)
+
+
+async def plans_of(db: zincir.Database, fn: object, *args: object) -> list[tuple[str, list[str]]]:
+    def run(tx: Tx) -> list[tuple[str, list[str]]]:
+        recorder = PlanRecorder(tx.conn)
+        fn(Tx(recorder, tx.now), *args)  # type: ignore[operator,arg-type]
+        return recorder.plans
+
+    return await db._write(run)
+
+
+def assert_indexed(plans: list[tuple[str, list[str]]]) -> None:
+    assert plans
+    for sql, plan in plans:
+        for step in plan:
+            assert not step.startswith("SCAN"), f"{sql!r} scans: {plan}"
+            assert "TEMP B-TREE" not in step, f"{sql!r} sorts: {plan}"
+
+
+@pytest.fixture
+async def busy_run(db: zincir.Database) -> zincir.Run:
+    async def accept(state: zincir.CheckpointState) -> zincir.Verification:
+        return zincir.Verification(True, None)
+
+    async with zincir.open_run(db) as run:
+        for i in range(20):
+            await run.record_response(i, [{"id": f"t{i}", "name": "tool"}], "tool_use")
+            await run.record_tool_result(f"t{i}", i)
+        await run.record_response("", [{"id": "cp", "name": zincir.SUBMIT_CHECKPOINT}], "x")
+        await run.checkpoint("cp", zincir.CheckpointState(), accept)
+        await run.record_response("", [{"id": "open", "name": "tool"}], "tool_use")
+    return run
+
+
+async def test_state_reads_by_index(db: zincir.Database, busy_run: zincir.Run) -> None:
+    plans = await plans_of(db, _store.durable_state, busy_run.id)
+    assert_indexed(plans)
+    # The events after the checkpoint are a range of the (run_id, seq) index, not the whole run.
+    [events] = [plan for sql, plan in plans if "FROM events" in sql]
+    assert any("run_id=? AND seq>?" in step for step in events), events
+
+
+async def test_pending_tools_reads_by_index(db: zincir.Database, busy_run: zincir.Run) -> None:
+    async with zincir.open_run(db, busy_run.id) as run:
+        plans = await plans_of(db, _store.pending_tools, run._lease)
+    assert_indexed(plans)
+    # Only the intents without a result are visited (a partial index), not every intent.
+    assert any("idx_tool_intents_pending" in " ".join(plan) for _, plan in plans), plans
+
+
+async def test_claiming_reads_by_index(db: zincir.Database, busy_run: zincir.Run) -> None:
+    plans = await plans_of(db, _store.claim_due, "probe", 1000, None, 8)
+    claim = [plan for sql, plan in plans if "idx_agent_runs_claimable" in sql]
+    assert claim
+    assert all("USING INDEX idx_agent_runs_claimable" in " ".join(plan) for plan in claim)
+    assert_indexed([(sql, plan) for sql, plan in plans if sql.lstrip().startswith("SELECT")])
