@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import sqlite3
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import zincir
@@ -33,6 +35,18 @@ def scalar(path: Path, sql: str, params: tuple[object, ...] = ()) -> object:
         return conn.execute(sql, params).fetchone()[0]
     finally:
         conn.close()
+
+
+@contextlib.contextmanager
+def running_python(code: str, *args: str) -> Iterator[subprocess.Popen[str]]:
+    """``start_python`` for a block: the process is killed and reaped when the block ends,
+    so a failing assertion never leaves it behind (or waits for it)."""
+    proc = start_python(code, *args)
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.communicate()
 
 
 def start_python(code: str, *args: str, **kwargs: object) -> subprocess.Popen[str]:

@@ -13,7 +13,7 @@ import trio
 import zincir
 from zincir import CheckpointState, Verification
 
-from .helpers import dump, read_state, scalar, start_python
+from .helpers import dump, read_state, running_python, scalar
 
 DONE = CheckpointState(completed=["wrote the file"], remaining=[], artifacts=["out.txt"], evidence=["ok"])
 
@@ -223,7 +223,7 @@ CRASH_IN_VERIFIER = """
 
 
 async def test_a_candidate_survives_a_crash_during_verification(db_path: Path) -> None:
-    with start_python(CRASH_IN_VERIFIER, str(db_path)) as proc:
+    with running_python(CRASH_IN_VERIFIER, str(db_path)) as proc:
         assert proc.stdout is not None
         run_id = (await trio.to_thread.run_sync(proc.stdout.readline)).strip()
         assert (await trio.to_thread.run_sync(proc.stdout.readline)).strip() == "verifying"

@@ -12,7 +12,7 @@ import zincir
 from zincir import _store
 
 from .conftest import ManualClock
-from .helpers import scalar, start_python
+from .helpers import running_python, scalar
 
 STEP_IN_A_PROCESS = """
     import sys, trio, zincir
@@ -30,7 +30,7 @@ STEP_IN_A_PROCESS = """
 
 
 def run_process(*args: str) -> list[str]:
-    with start_python(STEP_IN_A_PROCESS, *args) as proc:
+    with running_python(STEP_IN_A_PROCESS, *args) as proc:
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     return out.splitlines()
@@ -203,7 +203,7 @@ SLEEP_IN_A_PROCESS = """
 
 
 async def test_a_sleep_interrupted_by_sigkill_waits_only_the_remainder(db_path: Path) -> None:
-    with start_python(SLEEP_IN_A_PROCESS, str(db_path)) as proc:
+    with running_python(SLEEP_IN_A_PROCESS, str(db_path)) as proc:
         assert proc.stdout is not None
         run_id = (await trio.to_thread.run_sync(proc.stdout.readline)).strip()
         with trio.fail_after(10):

@@ -17,7 +17,7 @@ import zincir
 from zincir import _store
 
 from .conftest import ManualClock
-from .helpers import REPO, read_state, scalar, start_python
+from .helpers import REPO, read_state, running_python, scalar
 
 
 async def wait_until(predicate: Callable[[], Awaitable[bool]], seconds: float = 10) -> None:
@@ -57,7 +57,7 @@ ABANDON = """
 
 
 async def test_a_run_abandoned_by_a_killed_process_is_completed_after_expiry(db: zincir.Database) -> None:
-    with start_python(ABANDON, db.path) as proc:
+    with running_python(ABANDON, db.path) as proc:
         assert proc.stdout is not None
         run_id = (await trio.to_thread.run_sync(proc.stdout.readline)).strip()
         proc.send_signal(signal.SIGKILL)
