@@ -24,7 +24,9 @@ CREATE TABLE agent_runs (
     CHECK ((lease_owner IS NULL) = (lease_expires_at IS NULL))
 );
 
-CREATE INDEX idx_agent_runs_parent ON agent_runs (parent_run_id) WHERE parent_run_id IS NOT NULL;
+-- A run's children in creation order (the inspector pages through them by keyset).
+CREATE INDEX idx_agent_runs_parent ON agent_runs (parent_run_id, created_at, id)
+    WHERE parent_run_id IS NOT NULL;
 CREATE INDEX idx_agent_runs_claimable ON agent_runs (next_attempt_at, created_at)
     WHERE status IN ('pending', 'running');
 CREATE INDEX idx_agent_runs_activity ON agent_runs (updated_at);
@@ -97,6 +99,9 @@ CREATE TABLE steps (
     PRIMARY KEY (run_id, name)
 );
 
+-- A run's steps in start order, and its timers in wake order, without a sort.
+CREATE INDEX idx_steps_started ON steps (run_id, started_at, name);
+
 CREATE TABLE timers (
     run_id       TEXT NOT NULL REFERENCES agent_runs (id) ON DELETE CASCADE,
     name         TEXT NOT NULL CHECK (length(name) BETWEEN 1 AND 255),
@@ -105,6 +110,8 @@ CREATE TABLE timers (
     completed_at INTEGER,
     PRIMARY KEY (run_id, name)
 );
+
+CREATE INDEX idx_timers_wake ON timers (run_id, wake_at, name);
 
 -- Reserved for signals between runs.
 CREATE TABLE messages (

@@ -23,6 +23,10 @@ XSS_SCRIPT = "<script>document.body.setAttribute('data-pwned','1')</script>"
 XSS_IMG = "<img src=x onerror=\"document.body.setAttribute('data-pwned','1')\">"
 XSS_LINK = "<a href=\"javascript:document.body.setAttribute('data-pwned','1')\">click me</a>"
 XSS_ALL = f"{XSS_SCRIPT}{XSS_IMG}{XSS_LINK}"
+# Break out of an attribute and navigate away (a CSP does not stop <meta http-equiv=refresh>).
+XSS_META = '"><meta http-equiv="refresh" content="0;url=http://127.0.0.1:9/pwned">'
+XSS_HREF = '<a href="http://evil.example/phish">click me</a>'
+XSS_NAV = f"{XSS_META}{XSS_HREF}"
 
 
 def create_database(path: Path) -> sqlite3.Connection:
@@ -314,6 +318,88 @@ def _hostile_run(conn: sqlite3.Connection, t0: int) -> str:
         t0=t0,
     )
     return run
+
+
+@attrs.frozen
+class MalformedIds:
+    """The ids :func:`add_malformed_run` creates."""
+
+    run: str
+    child: str
+
+
+def add_malformed_run(conn: sqlite3.Connection, t0: int = T0) -> MalformedIds:
+    """A run whose rows hold values of the wrong type in every kind of column.
+
+    SQLite (no STRICT tables) stores TEXT or BLOB in INTEGER columns; this is what someone with
+    write access to the file could leave for the inspector: markup in integer columns (seq,
+    round, epoch, attempts, timestamps), a BLOB role, a BLOB, NaN, invalid and 5000-deep JSON
+    payload, and a REAL seq.
+    """
+    run = new_id()
+    conn.execute(
+        "INSERT INTO agent_runs (id, parent_run_id, role, provider, status, config, created_at,"
+        " updated_at, last_seq, lease_owner, lease_epoch, lease_expires_at, attempts, next_attempt_at)"
+        " VALUES (?, NULL, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            run,
+            f"role {XSS_NAV}".encode(),  # a BLOB
+            f"provider {XSS_NAV}",
+            '{"goal": NaN, "x": [Infinity, -Infinity, 1e999]}',
+            XSS_META,  # created_at
+            f"updated {XSS_META}",  # updated_at: TEXT sorts after every number, so first in the list
+            XSS_META,  # last_seq
+            f"owner {XSS_HREF}",
+            XSS_META,  # lease_epoch
+            XSS_HREF.encode(),  # lease_expires_at: a BLOB
+            XSS_META,  # attempts
+            2.5,  # next_attempt_at: a REAL
+        ),
+    )
+    events: list[tuple[object, object, object, object, object]] = [
+        (0, "state_transition", '{"from":"pending","to":"running"}', None, t0),
+        (1, XSS_NAV, json.dumps({"content": XSS_NAV}), XSS_META.encode(), XSS_META),
+        (1.5, "llm_call", f"{XSS_NAV}".encode(), None, t0),  # a REAL seq, a BLOB payload
+        (2, "llm_call", '{"content": NaN, "n": Infinity, "big": 1e999}', None, t0),
+        (3, "llm_call", "[" * 5000 + "]" * 5000, None, t0),  # nested too deep for Python
+        (4, "llm_call", '{"lone": "\\ud800", "bad": ', None, t0),  # not JSON
+        (5, "tool_call", '"\\ud800 lone surrogate"', None, t0),
+        (XSS_META, "llm_call", json.dumps({"content": "text seq"}), None, t0),  # a TEXT seq
+        (f"{XSS_HREF}".encode(), "llm_call", "{}", None, XSS_HREF.encode()),  # a BLOB seq
+    ]
+    conn.executemany(
+        "INSERT INTO events (run_id, seq, type, payload, idempotency_key, created_at)"
+        " VALUES (?, ?, ?, ?, ?, ?)",
+        [(run, *event) for event in events],
+    )
+    conn.execute(
+        "INSERT INTO checkpoints (run_id, round, tool_call_id, based_on_event_seq, decision_event_seq,"
+        " status, state, verification, created_at, decided_at)"
+        " VALUES (?, ?, ?, ?, ?, 'accepted', ?, ?, ?, ?)",
+        (run, XSS_META, XSS_HREF, XSS_META, XSS_HREF.encode(), "[" * 5000, '{"passed": NaN}', XSS_META, 1.5),
+    )
+    conn.execute(
+        "INSERT INTO checkpoints (run_id, round, tool_call_id, based_on_event_seq, decision_event_seq,"
+        " status, state, verification, created_at, decided_at) VALUES (?, 1, 'c1', 0, NULL, 'candidate',"
+        " ?, NULL, ?, NULL)",
+        (run, XSS_NAV.encode(), t0),
+    )
+    conn.execute(
+        "INSERT INTO steps (run_id, name, status, epoch, result, started_at, completed_at)"
+        " VALUES (?, ?, 'completed', ?, ?, ?, ?)",
+        (run, f"step {XSS_NAV}", XSS_META, "{" * 5000, XSS_META, XSS_HREF.encode()),
+    )
+    conn.execute(
+        "INSERT INTO timers (run_id, name, wake_at, created_at, completed_at) VALUES (?, ?, ?, ?, NULL)",
+        (run, f"timer {XSS_NAV}", XSS_META, XSS_HREF.encode()),
+    )
+    child = new_id()
+    conn.execute(
+        "INSERT INTO agent_runs (id, parent_run_id, role, provider, status, config, created_at, updated_at)"
+        " VALUES (?, ?, ?, 'p', 'completed', '{}', ?, ?)",
+        (child, run, XSS_HREF, XSS_META, t0),
+    )
+    return MalformedIds(run, child)
 
 
 def add_plain_runs(conn: sqlite3.Connection, count: int, **fields: Any) -> list[str]:

@@ -14,6 +14,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
@@ -291,3 +292,99 @@ async def test_checkpoints_command_prints_the_lineage(tmp_path: Path) -> None:
         main, ["checkpoints", "--db", str(path), "00000000-0000-0000-0000-000000000000"]
     )
     assert missing.exit_code == 1
+
+
+ESCAPES = "\x1b]0;pwned\x07\x1b[2J\u202e\x9b31m\x7f"
+
+
+def assert_terminal_safe(result: Result) -> None:
+    assert result.exit_code == 0, result.output
+    for char in ("\x1b", "\x07", "\u202e", "\x9b", "\x7f"):
+        assert char not in result.stdout, (char, result.stdout[:2000])
+
+
+def test_every_printed_stored_value_is_escaped(sample: tuple[sqlite3.Connection, Sample]) -> None:
+    writer, ids = sample
+    writer.execute("PRAGMA ignore_check_constraints = ON")  # a hostile writer can skip CHECKs too
+    for columns in (
+        "attempts, lease_epoch, created_at, next_attempt_at",
+        "updated_at, lease_expires_at, last_seq, status",
+    ):
+        assignments = ", ".join(f"{column} = ?" for column in columns.split(", "))
+        writer.execute(f"UPDATE agent_runs SET {assignments} WHERE id = ?", (ESCAPES,) * 4 + (ids.main,))
+    writer.execute(
+        "UPDATE events SET seq = ?, created_at = ? WHERE run_id = ? AND seq = 3", (ESCAPES, ESCAPES, ids.main)
+    )
+    writer.execute(
+        "UPDATE events SET payload = ? WHERE run_id = ? AND seq = 2", (json.dumps({"k": ESCAPES}), ids.main)
+    )
+    writer.execute(
+        "UPDATE checkpoints SET round = ?, based_on_event_seq = ?, decision_event_seq = ?, status = ?"
+        " WHERE run_id = ? AND round = 2",
+        (ESCAPES, ESCAPES, ESCAPES.encode(), ESCAPES, ids.main),
+    )
+    writer.execute(
+        "UPDATE steps SET epoch = ?, status = ?, started_at = ? WHERE run_id = ?",
+        (ESCAPES,) * 3 + (ids.main,),
+    )
+    writer.execute(
+        "UPDATE timers SET wake_at = ?, completed_at = ? WHERE run_id = ?", (ESCAPES, ESCAPES, ids.main)
+    )
+    child = f"child{ESCAPES}"
+    add_run(writer, run_id=child, parent_run_id=ids.main, role="escaper", status="completed")
+    add_run(writer, run_id=f"other{ESCAPES}", role="escaper", status="completed")
+    for args in (
+        ["runs"],
+        ["runs", "--role", "escaper", "--limit", "1"],
+        ["show", ids.main],
+        ["checkpoints", ids.main],
+        ["events", ids.main],
+        ["events", ids.main, "--full"],
+        ["events", ids.main, "--json"],
+        ["show", ids.main, "--json"],
+        ["export", ids.main],
+    ):
+        result = zincir(*args, "--db", ids.path)
+        assert_terminal_safe(result)
+    shown = zincir("show", "--db", ids.path, ids.main).stdout
+    assert "child\\x1b]0;pwned\\x07" in shown
+    assert "attempts     (malformed text: " in shown
+    listed = zincir("runs", "--db", ids.path, "--role", "escaper", "--limit", "1").stdout
+    cursor = re.search(r"more: --before (\S+)", listed)
+    assert cursor is not None
+    more = zincir("runs", "--db", ids.path, "--role", "escaper", "--limit", "1", "--before", cursor.group(1))
+    assert_terminal_safe(more)
+    assert len(more.stdout.splitlines()) == 4  # header, the other run, blank line, summary
+
+
+def test_nan_and_infinity_payloads_print_as_strings(sample: tuple[sqlite3.Connection, Sample]) -> None:
+    writer, ids = sample
+    stored = '{"a": NaN, "b": [Infinity, -Infinity], "c": 1e999, "d": 1.5}'
+    decoded = {"a": "NaN", "b": ["Infinity", "-Infinity"], "c": "1e999", "d": 1.5}
+    writer.execute("UPDATE events SET payload = ? WHERE run_id = ? AND seq = 2", (stored, ids.main))
+    writer.execute("UPDATE steps SET result = ? WHERE run_id = ?", (stored, ids.main))
+    writer.execute("UPDATE agent_runs SET config = ? WHERE id = ?", (stored, ids.main))
+    writer.execute(
+        "UPDATE events SET payload = ? WHERE run_id = ? AND seq = 4", ("[" * 5000 + "]" * 5000, ids.main)
+    )
+
+    def strict(line: str) -> Any:
+        return json.loads(line, parse_constant=lambda name: pytest.fail(f"{name} printed"))
+
+    lines = zincir("events", "--db", ids.path, ids.main, "--json").stdout.splitlines()
+    assert strict(lines[2])["payload"] == decoded
+    assert strict(lines[4])["payload"] == "[" * 5000 + "]" * 5000
+    records = [strict(line) for line in zincir("export", "--db", ids.path, ids.main).stdout.splitlines()]
+    assert records[0]["config"] == decoded
+    assert next(r for r in records if r["kind"] == "step")["result"] == decoded
+    assert strict(zincir("show", "--db", ids.path, ids.main, "--json").stdout)["run"]["config"] == decoded
+    text = zincir("events", "--db", ids.path, ids.main)
+    assert text.exit_code == 0
+    assert '{"a":"NaN","b":["Infinity","-Infinity"],"c":"1e999","d":1.5}' in text.stdout
+
+
+def test_out_of_range_numbers_are_clean_errors(ids: Sample) -> None:
+    result = zincir("events", "--db", ids.path, ids.main, "--after", "9" * 20)
+    assert result.exit_code == 2
+    assert "Traceback" not in result.output
+    assert_clean_failure(zincir("runs", "--db", ids.path, "--before", f"{'9' * 19}_{ids.main}"), "outside")

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import functools
 import hashlib
 import http.client
 import json
 import re
+import socket
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,9 +21,14 @@ import trio
 import zincir
 from tests.inspect_fixtures import (
     T0,
+    XSS_HREF,
+    XSS_META,
+    XSS_NAV,
     XSS_SCRIPT,
+    MalformedIds,
     Sample,
     add_event,
+    add_malformed_run,
     add_run,
     build_sample,
     create_database,
@@ -372,7 +380,7 @@ async def test_run_page_paginates_events(ids: Sample) -> None:
     typed = await fetch(ids.path, f"/runs/{ids.long}?type=tool_result&after=200")
     assert typed.text.count('<details class="event"') == 25
     assert "tool_call</strong>" not in typed.text
-    for bad in ("?after=x", "?limit=0", "?limit=100000", "?after=1&before=5", "?before=-3"):
+    for bad in ("?after=x", "?limit=0", "?limit=100000", "?after=1&before=5", "?before=1e3"):
         page = await fetch(ids.path, f"/runs/{ids.long}{bad}")
         assert page.status == 400, bad
         assert '<div class="error">' in page.text
@@ -574,3 +582,719 @@ async def test_reads_a_database_written_by_the_core_library(tmp_path: Path) -> N
         assert "tool_result" in page.text
         assert run.id in (await fetch(path, "/")).text
         assert file_digests(path) == before
+
+
+# --------------------------------------------------------------------------- malformed rows
+
+MALFORMED_VALUES = [
+    pytest.param(XSS_META, id="text"),
+    pytest.param(XSS_HREF.encode(), id="blob"),
+    pytest.param(2.5, id="real"),
+]
+
+
+def malformed_sample(sample: tuple[sqlite3.Connection, Sample]) -> tuple[Sample, MalformedIds]:
+    writer, ids = sample
+    return ids, add_malformed_run(writer)
+
+
+def assert_clean_html(page: Page) -> None:
+    assert page.status == 200, page.text[:2000]
+    assert page.headers["Content-Type"].startswith("text/html")
+    assert XSS_META not in page.text
+    assert XSS_HREF not in page.text
+    metas = re.findall(r"<meta\b[^>]*http-equiv[^>]*>", page.text, re.IGNORECASE)
+    assert metas in ([], ['<meta http-equiv="refresh" content="5">'])
+    for href in re.findall(r"<a\b[^>]*\bhref=\"([^\"]*)\"", page.text):
+        assert href.startswith("/"), href
+
+
+def assert_clean_json(page: Page) -> Any:
+    assert page.status == 200, page.text[:2000]
+    assert page.headers["Content-Type"].startswith("application/json")
+    return json.loads(page.text, parse_constant=lambda name: pytest.fail(f"{name} in the JSON"))
+
+
+async def test_malformed_rows_render_as_escaped_placeholders(
+    sample: tuple[sqlite3.Connection, Sample],
+) -> None:
+    ids, bad = malformed_sample(sample)
+    for url in ("/", f"/runs/{bad.run}", f"/runs/{bad.run}?before=end", f"/runs/{bad.child}"):
+        assert_clean_html(await fetch(ids.path, url))
+    page = await fetch(ids.path, f"/runs/{bad.run}")
+    # Text in an integer column: a placeholder naming it, escaped (seq, round, epoch, attempts, times).
+    assert page.text.count('<code class="malformed">(malformed text: ') >= 8
+    assert "(malformed blob: x&#x27;3c61" in page.text  # the BLOB lease expiry, as hex
+    assert "(malformed real: 2.5)" in page.text  # next_attempt_at
+    assert 'id="er3ff8000000000000"' in page.text  # the REAL seq 1.5, in seq order
+    assert page.text.index('id="e1"') < page.text.index('id="er3ff8') < page.text.index('id="e2"')
+    assert "role &quot;&gt;&lt;meta http-equiv" in page.text  # the BLOB role, decoded
+    assert "&quot;NaN&quot;" in page.text  # NaN in the config shows as the string "NaN"
+    runs = await fetch(ids.path, "/")
+    # A TEXT updated_at sorts after every number: the malformed run comes first, and the rest
+    # of the list is still there.
+    listed = re.findall(r'href="/runs/([0-9a-f-]{36})"', runs.text)
+    assert listed[:3] == [bad.run, ids.hostile, ids.main]
+    assert len(listed) == 50
+
+
+@pytest.mark.parametrize("value", MALFORMED_VALUES)
+@pytest.mark.parametrize(
+    ("table", "column"),
+    [
+        ("agent_runs", "attempts"),
+        ("agent_runs", "created_at"),
+        ("agent_runs", "updated_at"),
+        ("agent_runs", "last_seq"),
+        ("agent_runs", "lease_epoch"),
+        ("agent_runs", "lease_expires_at"),
+        ("agent_runs", "next_attempt_at"),
+        ("events", "seq"),
+        ("events", "created_at"),
+        ("checkpoints", "round"),
+        ("checkpoints", "based_on_event_seq"),
+        ("checkpoints", "decision_event_seq"),
+        ("checkpoints", "decided_at"),
+        ("steps", "epoch"),
+        ("steps", "started_at"),
+        ("steps", "completed_at"),
+        ("timers", "wake_at"),
+        ("timers", "created_at"),
+    ],
+)
+async def test_one_malformed_integer_breaks_no_page(
+    sample: tuple[sqlite3.Connection, Sample], table: str, column: str, value: object
+) -> None:
+    writer, ids = sample
+    where = {
+        "agent_runs": ("id = ?", ids.main),
+        "events": ("run_id = ? AND seq = 3", ids.main),
+        "checkpoints": ("run_id = ? AND round = 2", ids.main),
+        "steps": ("run_id = ? AND name = 'fetch-dataset'", ids.main),
+        "timers": ("run_id = ? AND name = 'cooldown'", ids.main),
+    }[table]
+    writer.execute(f"UPDATE {table} SET {column} = ? WHERE {where[0]}", (value, where[1]))
+    for url in (
+        "/",
+        f"/runs/{ids.main}",
+        f"/runs/{ids.main}?before=end",
+        f"/runs/{ids.main}?after=2&limit=1",
+    ):
+        assert_clean_html(await fetch(ids.path, url))
+    for url in ("/api/runs", f"/api/runs/{ids.main}", f"/api/runs/{ids.main}/events?before=end"):
+        assert_clean_json(await fetch(ids.path, url))
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        pytest.param(XSS_NAV.encode(), id="blob"),
+        pytest.param('{"x": NaN, "y": [Infinity, -Infinity], "z": 1e999}', id="nan"),
+        pytest.param("[" * 5000 + "]" * 5000, id="deep-5000"),
+        pytest.param('{"a":' * 300 + "1" + "}" * 300, id="deep-300"),
+        pytest.param('{"lone": "\\ud800"}', id="lone-surrogate"),
+        pytest.param('{"cut": ', id="not-json"),
+        pytest.param(b"\xff\xfe not utf-8", id="bad-utf8-blob"),
+        pytest.param(12345, id="integer"),
+    ],
+)
+async def test_one_malformed_payload_breaks_no_page(
+    sample: tuple[sqlite3.Connection, Sample], payload: object
+) -> None:
+    writer, ids = sample
+    writer.execute("UPDATE events SET payload = ? WHERE run_id = ? AND seq = 3", (payload, ids.main))
+    writer.execute("UPDATE steps SET result = ? WHERE run_id = ?", (payload, ids.main))
+    writer.execute(
+        "UPDATE checkpoints SET state = ?, verification = ? WHERE run_id = ?", (payload, payload, ids.main)
+    )
+    writer.execute("UPDATE agent_runs SET config = ? WHERE id = ?", (payload, ids.main))
+    assert_clean_html(await fetch(ids.path, f"/runs/{ids.main}"))
+    for url in (
+        f"/api/runs/{ids.main}",
+        f"/api/runs/{ids.main}/events",
+        f"/api/runs/{ids.main}/events/3",
+        f"/api/runs/{ids.main}/steps/fetch-dataset",
+        f"/api/runs/{ids.main}/checkpoints/2",
+    ):
+        data = assert_clean_json(await fetch(ids.path, url))
+        assert data
+
+
+async def test_malformed_run_in_the_json_api(sample: tuple[sqlite3.Connection, Sample]) -> None:
+    ids, bad = malformed_sample(sample)
+    runs = assert_clean_json(await fetch(ids.path, "/api/runs?limit=2"))
+    first = runs["runs"][0]
+    assert first["id"] == bad.run
+    assert first["attempts"] == {"malformed": "text", "value": repr(XSS_META[:60] + "…")}
+    assert first["role"].startswith("role ")  # the BLOB, decoded
+    # The cursor of a TEXT updated_at still pages exactly: the next page starts right after.
+    older = assert_clean_json(await fetch(ids.path, f"/api/runs?limit=2&before={runs['older']}"))
+    assert [r["id"] for r in older["runs"]] == [ids.main, ids.children[1]]
+    one = assert_clean_json(await fetch(ids.path, f"/api/runs/{bad.run}"))
+    assert one["run"]["config"] == {"goal": "NaN", "x": ["Infinity", "-Infinity", "1e999"]}
+    assert one["run"]["next_attempt_at"] == {"malformed": "real", "value": "2.5"}
+    events = assert_clean_json(await fetch(ids.path, f"/api/runs/{bad.run}/events"))
+    seqs = [e["seq"] for e in events["events"]]
+    assert seqs[:3] == [0, 1, {"malformed": "real", "value": "1.5"}]
+    assert [s["malformed"] for s in seqs[-2:]] == ["text", "blob"]
+    assert events["events"][3]["payload"] == {"content": "NaN", "n": "Infinity", "big": "1e999"}
+    assert events["events"][4]["payload"] == "[" * 5000 + "]" * 5000  # too deep: kept as text
+    # A malformed seq or round is reached through its token (see q.encode_key).
+    text_token = q.encode_key(XSS_META)
+    alone = assert_clean_json(await fetch(ids.path, f"/api/runs/{bad.run}/events/{text_token}"))
+    assert alone["event"]["payload"] == {"content": "text seq"}
+    round_token = q.encode_key(XSS_META)
+    checkpoint = assert_clean_json(await fetch(ids.path, f"/api/runs/{bad.run}/checkpoints/{round_token}"))
+    assert checkpoint["checkpoint"]["verification"] == {"passed": "NaN"}
+
+
+def test_runs_keyset_pagination_over_malformed_sort_keys(tmp_path: Path) -> None:
+    writer = create_database(tmp_path / "mixed.db")
+    made = [add_run(writer, created_at=T0 + i % 4) for i in range(12)]
+    odd = [2.5, "text <b>", b"\x00blob", "text <a>", 2**63 - 1, -(2**63)]
+    for run_id, value in zip(made, odd, strict=False):
+        writer.execute("UPDATE agent_runs SET updated_at = ? WHERE id = ?", (value, run_id))
+    writer.execute("UPDATE agent_runs SET id = 'not-a-uuid <x>' WHERE id = ?", (made[-1],))
+    writer.close()
+    conn = q.open_readonly(tmp_path / "mixed.db")
+    expected = [r[0] for r in conn.execute("SELECT id FROM agent_runs ORDER BY updated_at DESC, id DESC")]
+    seen, cursor = [], None
+    while True:
+        page = q.list_runs(conn, limit=3, before=cursor)
+        seen += [run.id for run in page.runs]
+        if not page.has_older:
+            break
+        cursor = q.parse_cursor(page.runs[-1].cursor.encode())  # through its text form
+    assert seen == expected
+    assert len(seen) == 12
+    conn.close()
+
+
+def test_cursor_tokens_round_trip() -> None:
+    for value in [0, -1, 2**63 - 1, -(2**63), 1.5, float("inf"), "", "a_b <c>", b"\x00\xff", None, UNKNOWN]:
+        token = q.encode_key(value)
+        assert re.fullmatch(r"[0-9a-z-]*", token), token
+        assert "_" not in token
+        assert q.decode_key(token, "key") == value
+    assert q.encode_key(7) == "7"
+    assert q.encode_key(UNKNOWN) == UNKNOWN
+    for bad in ("2" * 20, str(2**63), str(-(2**63) - 1), "x", "t0", "r12", "1e3", "", "end"):
+        with pytest.raises(InvalidArgument):
+            q.decode_key(bad, "key")
+
+
+def test_stored_json_never_fails_to_decode() -> None:
+    assert q.parse_json('{"a": NaN, "b": [Infinity, -Infinity, 1e400, 1.5]}') == (
+        True,
+        {"a": "NaN", "b": ["Infinity", "-Infinity", "1e400", 1.5]},
+    )
+    deep = "[" * 5000 + "]" * 5000
+    assert q.parse_json(deep) == (False, deep)  # RecursionError inside json.loads
+    deep_but_loadable = "[" * (q.MAX_JSON_DEPTH + 1) + "]" * (q.MAX_JSON_DEPTH + 1)
+    assert q.parse_json(deep_but_loadable) == (False, deep_but_loadable)
+    fine = "[" * q.MAX_JSON_DEPTH + "]" * q.MAX_JSON_DEPTH
+    assert q.parse_json(fine)[0]
+    assert q.parse_json("1" * 5000) == (False, "1" * 5000)  # over Python's int digit limit
+    assert q.parse_json("{") == (False, "{")
+
+
+# --------------------------------------------------------------------------- escaping, statically
+
+
+def _html_functions(tree: ast.Module) -> dict[str, ast.FunctionDef]:
+    return {
+        node.name: node
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef)
+        and isinstance(node.returns, ast.Constant | ast.Name)
+        and (node.returns.value if isinstance(node.returns, ast.Constant) else node.returns.id) == "Html"
+    }
+
+
+def test_every_interpolation_is_escaped() -> None:
+    """Every value that reaches markup in _inspector goes through _e(), whatever its type.
+
+    Markup is typed ``Html`` (mypy keeps plain strings out of it); the only way in is the
+    ``Html(...)`` cast, so every cast's argument must be built from literals, ``_e(...)`` calls,
+    other ``-> Html`` helpers and ``*_html`` names. Any function holding markup must return Html.
+    """
+    source = Path(zincir.__file__).with_name("_inspector.py").read_text("utf-8")
+    tree = ast.parse(source)
+    html_functions = _html_functions(tree)
+    assert {"_event", "_runs_table", "_checkpoints", "_steps", "_timers", "_family", "_seq_link"} <= set(
+        html_functions
+    )
+    constants = {
+        target.id
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and isinstance(node.value, ast.Call)
+        and isinstance(node.value.func, ast.Name)
+        and node.value.func.id == "Html"
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+    trusted = {"_e", "_join"}  # the escaping and joining primitives themselves
+
+    def safe(node: ast.expr) -> bool:
+        if isinstance(node, ast.Constant):
+            return isinstance(node.value, str)
+        if isinstance(node, ast.JoinedStr):
+            return all(
+                safe(part.value) and part.conversion == -1 and part.format_spec is None
+                if isinstance(part, ast.FormattedValue)
+                else True
+                for part in node.values
+            )
+        if isinstance(node, ast.Name):
+            return node.id.endswith("_html") or node.id in constants
+        if isinstance(node, ast.IfExp):
+            return safe(node.body) and safe(node.orelse)
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            return safe(node.left) and safe(node.right)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            if node.func.id == "Html":
+                return len(node.args) == 1 and safe(node.args[0])
+            return node.func.id in html_functions or node.func.id == "_e"
+        return False
+
+    problems = []
+    for function in [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]:
+        docstring = function.body[0] if isinstance(function.body[0], ast.Expr) else None
+        holds_markup = any(
+            isinstance(c, ast.Constant)
+            and isinstance(c.value, str)
+            and not c.value.startswith("/")  # URL rules such as /runs/<run_id>
+            and re.search(r"<[a-z/!]", c.value)
+            for c in ast.walk(function)
+            if docstring is None or c is not docstring.value
+        )
+        returns = ast.unparse(function.returns) if function.returns else ""
+        if holds_markup and "Html" not in returns:
+            problems.append(f"{function.name} builds markup but does not return Html")
+        if function.name in trusted:
+            continue
+        for node in ast.walk(function):
+            is_cast = (
+                isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Html"
+            )
+            if is_cast and not (len(node.args) == 1 and safe(node.args[0])):  # type: ignore[attr-defined]
+                problems.append(f"{function.name}:{node.lineno}: {ast.unparse(node)[:120]}")
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            for target in targets:
+                if isinstance(target, ast.Name) and target.id.endswith("_html") and not safe(node.value):  # type: ignore[union-attr]
+                    problems.append(f"{function.name}:{node.lineno}: {target.id} = unsafe value")
+        for arg in function.args.args:
+            if arg.arg.endswith("_html"):
+                assert isinstance(arg.annotation, ast.Constant | ast.Name)
+                annotation = (
+                    arg.annotation.value if isinstance(arg.annotation, ast.Constant) else arg.annotation.id
+                )
+                if annotation != "Html":
+                    problems.append(f"{function.name}: parameter {arg.arg} is not typed Html")
+    assert problems == []
+
+
+# --------------------------------------------------------------------------- bounded reads
+
+
+def traced(conn: sqlite3.Connection) -> list[str]:
+    statements: list[str] = []
+    conn.set_trace_callback(statements.append)
+    return statements
+
+
+def test_steps_and_checkpoints_are_cut_in_sql(sample: tuple[sqlite3.Connection, Sample]) -> None:
+    writer, ids = sample
+    big = {"log": "z" * 300_000}
+    writer.execute("UPDATE steps SET result = ? WHERE run_id = ?", (json.dumps(big), ids.main))
+    writer.execute(
+        "UPDATE checkpoints SET state = ?, verification = ? WHERE run_id = ?",
+        (json.dumps(big),) * 2 + (ids.main,),
+    )
+    conn = q.open_readonly(ids.path)
+    statements = traced(conn)
+    step = q.list_steps(conn, ids.main, max_chars=100)[0]
+    checkpoint = q.list_checkpoints(conn, ids.main, max_chars=100)[0]
+    assert (len(step.result or ""), step.result_size, step.truncated) == (100, 300_011, True)
+    assert (len(checkpoint.state), checkpoint.state_size, checkpoint.truncated) == (100, 300_011, True)
+    assert len(checkpoint.verification or "") == 100
+    assert "substr(result, 1, 100)" in statements[0]
+    assert "substr(state, 1, 100)" in statements[1]
+    assert "substr(verification, 1, 100)" in statements[1]
+    whole = q.get_step(conn, ids.main, "fetch-dataset")
+    assert whole is not None
+    assert json.loads(whole.result or "") == big
+    conn.close()
+
+
+async def test_long_values_are_previews_with_a_link(sample: tuple[sqlite3.Connection, Sample]) -> None:
+    writer, ids = sample
+    big = {"log": "z" * 300_000}
+    name = "fetch/data set?#%"
+    writer.execute(
+        "UPDATE steps SET result = ?, name = ? WHERE run_id = ? AND name = 'fetch-dataset'",
+        (json.dumps(big), name, ids.main),
+    )
+    writer.execute(
+        "UPDATE checkpoints SET state = ? WHERE run_id = ? AND round = 2", (json.dumps(big), ids.main)
+    )
+    page = await fetch(ids.path, f"/runs/{ids.main}")
+    assert page.status == 200
+    assert len(page.text) < 80_000
+    assert page.text.count("Showing the first 8,192 of 300,011 characters.") == 2
+    step_url = f"/api/runs/{ids.main}/steps/fetch%2Fdata%20set%3F%23%25"
+    assert f'<a href="{step_url}">' in page.text
+    assert f'<a href="/api/runs/{ids.main}/checkpoints/2">' in page.text
+    step = (await fetch(ids.path, step_url)).json()["step"]
+    assert (step["name"], step["result"]) == (name, big)
+    checkpoint = (await fetch(ids.path, f"/api/runs/{ids.main}/checkpoints/2")).json()["checkpoint"]
+    assert checkpoint["state"] == big
+    assert checkpoint["verification"] == {"passed": True, "evidence": ["pytest exit 1"]}
+    one = (await fetch(ids.path, f"/api/runs/{ids.main}")).json()
+    cut = next(c for c in one["checkpoints"] if c["round"] == 2)
+    assert cut["state"] == json.dumps(big)[:8192]
+    assert cut["truncated"] == {"state": 300_011}
+    assert cut["url"] == f"/api/runs/{ids.main}/checkpoints/2"
+    assert "truncated" not in one["checkpoints"][0]
+    assert one["steps"][0]["url"] == step_url
+    for url in (
+        f"/api/runs/{ids.main}/steps/nope",
+        f"/api/runs/{ids.main}/checkpoints/9",
+        f"/api/runs/{UNKNOWN}/steps/x",
+    ):
+        assert (await fetch(ids.path, url)).status == 404, url
+    assert (await fetch(ids.path, f"/api/runs/{ids.main}/checkpoints/1e3")).status == 400
+
+
+async def test_json_api_lists_are_capped_by_size(sample: tuple[sqlite3.Connection, Sample]) -> None:
+    writer, ids = sample
+    run = add_run(writer)
+    chunk = "p" * 1_500_000
+    for i in range(6):
+        add_event(writer, run, "llm_call", {"content": chunk, "i": i})
+    seen, after, pages = [], "-1", 0
+    while True:
+        data = (await fetch(ids.path, f"/api/runs/{run}/events?limit=1000&after={after}")).json()
+        pages += 1
+        assert 1 <= len(data["events"]) <= 2  # 4 MiB of payloads at most (and at least one event)
+        seen += [e["payload"]["i"] for e in data["events"]]
+        if not data["has_after"]:
+            break
+        after = data["next_after"]
+    assert seen == list(range(6))
+    assert pages == 3
+    backward = (await fetch(ids.path, f"/api/runs/{run}/events?limit=1000&before=end")).json()
+    assert [e["payload"]["i"] for e in backward["events"]] == [4, 5]
+    assert backward["prev_before"] == 4
+
+
+async def test_children_are_paged_by_keyset(sample: tuple[sqlite3.Connection, Sample]) -> None:
+    writer, ids = sample
+    parent = add_run(writer, role="parent")
+    kids = [add_run(writer, parent_run_id=parent, created_at=T0 + i // 3) for i in range(230)]
+    expected = [
+        r[0]
+        for r in writer.execute(
+            "SELECT id FROM agent_runs WHERE parent_run_id = ? ORDER BY created_at, id", (parent,)
+        )
+    ]
+    assert sorted(expected) == sorted(kids)
+    shown, url = [], f"/runs/{parent}"
+    for _ in range(3):
+        page = await fetch(ids.path, url)
+        assert "Children (230)" in page.text
+        family = page.text[
+            page.text.index('<section id="family">') : page.text.index('<section id="config">')
+        ]
+        shown += re.findall(r'<li><a href="/runs/([0-9a-f-]{36})">', family)
+        more = re.search(r'<a href="([^"]*)">More children →</a>', family)
+        if more is None:
+            break
+        url = more.group(1).replace("&amp;", "&").split("#")[0]
+        assert "children_after=" in url
+    assert shown == expected
+    assert "⇤ First children" in family
+    api = (await fetch(ids.path, f"/api/runs/{parent}")).json()
+    assert api["run"]["children"] == expected[:100]
+    nxt = (await fetch(ids.path, f"/api/runs/{parent}?children_after={api['children_next']}")).json()
+    assert nxt["run"]["children"] == expected[100:200]
+
+
+def test_family_steps_and_timers_read_in_index_order(sample: tuple[sqlite3.Connection, Sample]) -> None:
+    _, ids = sample
+    conn = q.open_readonly(ids.path)
+    statements = traced(conn)
+    with q.read_snapshot(conn):
+        q.get_run(conn, ids.main, children_limit=1)
+        q.get_run(conn, ids.main, children_limit=1, children_after=q.RunCursor(T0, UNKNOWN))
+        q.list_steps(conn, ids.main, limit=10, max_chars=10)
+        q.list_timers(conn, ids.main, limit=10)
+    conn.set_trace_callback(None)
+    plans = {}
+    for sql in statements:
+        if "FROM agent_runs WHERE parent_run_id" in sql or "FROM steps" in sql or "FROM timers" in sql:
+            plans[sql] = " / ".join(row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {sql}"))
+    assert len(plans) == 5, list(plans)
+    for sql, plan in plans.items():
+        assert "TEMP B-TREE" not in plan, (sql, plan)
+        assert "SCAN agent_runs" not in plan and "SCAN steps" not in plan and "SCAN timers" not in plan, plan
+    joined = " ".join(plans.values())
+    assert "idx_agent_runs_parent" in joined
+    assert "idx_steps_started" in joined
+    assert "idx_timers_wake" in joined
+    indexes = {
+        r[0]: r[1]
+        for r in conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL")
+    }
+    assert "(parent_run_id, created_at, id)" in indexes["idx_agent_runs_parent"]
+    event_columns = [
+        m.group(1) for sql in indexes.values() if (m := re.search(r"ON events \(([^)]*)\)", sql))
+    ]
+    assert event_columns and not any("type" in columns for columns in event_columns), event_columns
+    conn.close()
+
+
+def test_a_type_filter_scans_a_bounded_window(tmp_path: Path) -> None:
+    writer = create_database(tmp_path / "scan.db")
+    run = add_run(writer)
+    total = 2 * q.SCAN_WINDOW + 5000
+    rare = {q.SCAN_WINDOW + 7, 2 * q.SCAN_WINDOW + 100}
+    writer.execute("BEGIN")
+    writer.executemany(
+        "INSERT INTO events (run_id, seq, type, payload, created_at) VALUES (?, ?, ?, '{}', 0)",
+        [(run, seq, "checkpoint_proposed" if seq in rare else "llm_call") for seq in range(total)],
+    )
+    writer.execute("UPDATE agent_runs SET last_seq = ? WHERE id = ?", (total - 1, run))
+    writer.execute("COMMIT")
+    writer.close()
+    conn = q.open_readonly(tmp_path / "scan.db")
+    first = q.list_events(conn, run, type="checkpoint_proposed")
+    assert first.events == ()
+    assert (first.has_after, first.next_after, first.scan_edge) == (
+        True,
+        q.SCAN_WINDOW - 1,
+        q.SCAN_WINDOW - 1,
+    )
+    second = q.list_events(conn, run, type="checkpoint_proposed", after=first.next_after)
+    assert [e.seq for e in second.events] == [q.SCAN_WINDOW + 7]
+    assert second.next_after == 2 * q.SCAN_WINDOW - 1
+    third = q.list_events(conn, run, type="checkpoint_proposed", after=second.next_after)
+    assert [e.seq for e in third.events] == [2 * q.SCAN_WINDOW + 100]
+    assert (third.has_after, third.scan_edge) == (False, None)
+    latest = q.list_events(conn, run, type="checkpoint_proposed", before=q.LATEST)
+    assert [e.seq for e in latest.events] == [2 * q.SCAN_WINDOW + 100]
+    assert latest.has_before and latest.prev_before == total - q.SCAN_WINDOW
+    # The whole log, type filtered, through the cursors: nothing lost, nothing twice.
+    found, after = [], None
+    while True:
+        page = q.list_events(conn, run, type="checkpoint_proposed", after=after, limit=1)
+        found += [e.seq for e in page.events]
+        if not page.has_after:
+            break
+        after = page.next_after
+    assert found == sorted(rare)
+    conn.close()
+
+
+async def test_a_type_filter_offers_to_continue_scanning(tmp_path: Path) -> None:
+    writer = create_database(tmp_path / "scan.db")
+    run = add_run(writer, status="completed")
+    writer.execute("BEGIN")
+    writer.executemany(
+        "INSERT INTO events (run_id, seq, type, payload, created_at) VALUES (?, ?, 'llm_call', '{}', 0)",
+        [(run, seq) for seq in range(q.SCAN_WINDOW + 10)],
+    )
+    writer.execute("COMMIT")
+    writer.close()
+    page = await fetch(tmp_path / "scan.db", f"/runs/{run}?type=tool_call")
+    assert page.status == 200
+    assert "No events of this type among the events looked at" in page.text
+    assert (
+        f'<a href="/runs/{run}?type=tool_call&amp;after={q.SCAN_WINDOW - 1}#events">Continue scanning →</a>'
+        in page.text
+    )
+    rest = await fetch(tmp_path / "scan.db", f"/runs/{run}?type=tool_call&after={q.SCAN_WINDOW - 1}")
+    assert "No events of this type." in rest.text
+    assert "Continue scanning" not in rest.text
+
+
+# --------------------------------------------------------------------------- odd parameters
+
+
+async def test_odd_cursor_parameters_are_answered(sample: tuple[sqlite3.Connection, Sample]) -> None:
+    writer, ids = sample
+    empty_page = await fetch(ids.path, f"/runs/{ids.long}?before=0")
+    assert empty_page.status == 200
+    assert f'href="/runs/{ids.long}?after=-1#events">Next →' in empty_page.text
+    empty_api = (await fetch(ids.path, f"/api/runs/{ids.long}/events?before=0")).json()
+    assert (empty_api["events"], empty_api["has_after"], empty_api["next_after"]) == ([], True, -1)
+    huge = "9" * 19  # above 2**63 - 1
+    for url in (
+        f"/runs/{ids.long}?after={huge}",
+        f"/runs/{ids.long}?before={huge}",
+        f"/runs/{ids.long}?after={'9' * 40}",
+        f"/api/runs/{ids.long}/events?before={huge}",
+        f"/api/runs/{ids.long}/events/{huge}",
+        f"/api/runs/{ids.long}/events/{'9' * 40}",
+        f"/?before={huge}_{ids.main}",
+        f"/api/runs?after={'9' * 25}_{ids.main}",
+        f"/runs/{ids.main}?children_after={huge}_{ids.main}",
+        f"/api/runs/{ids.main}/checkpoints/{huge}",
+        f"/runs/{ids.long}?limit={huge}",
+    ):
+        page = await fetch(ids.path, url)
+        assert page.status == 400, url
+        assert "outside" in page.text or "malformed" in page.text or "not an integer" in page.text, url
+        if not url.startswith("/api/"):
+            assert '<div class="error">' in page.text
+    top = 2**63 - 1
+    assert (await fetch(ids.path, f"/api/runs/{ids.long}/events/{top}")).status == 404
+    assert (await fetch(ids.path, f"/runs/{ids.long}?after={top}")).status == 200
+    assert (await fetch(ids.path, f"/?before={top}_{ids.main}")).status == 200
+    # A stored seq at the top of the range pages without overflowing.
+    run = add_run(writer)
+    for seq in (top - 1, top):
+        writer.execute(
+            "INSERT INTO events (run_id, seq, type, payload, created_at) VALUES (?, ?, 'llm_call', '{}', 0)",
+            (run, seq),
+        )
+    for url in (
+        f"/runs/{run}?after={top - 2}&limit=1",
+        f"/runs/{run}?before=end&limit=1",
+        f"/runs/{run}?after={top}",
+    ):
+        assert (await fetch(ids.path, url)).status == 200, url
+    data = (await fetch(ids.path, f"/api/runs/{run}/events?after={top - 1}")).json()
+    assert [e["seq"] for e in data["events"]] == [top]
+    assert (data["has_before"], data["has_after"]) == (True, False)
+
+
+# --------------------------------------------------------------------------- the front door
+
+
+async def test_cross_site_requests_are_refused(ids: Sample) -> None:
+    app = create_app(str(ids.path), HOST)
+    client = app.test_client()
+    for site, status in [
+        ("cross-site", 403),
+        ("Cross-Site", 403),
+        ("same-origin", 200),
+        ("none", 200),
+        ("same-site", 200),
+        (None, 200),
+    ]:
+        headers = {"Host": HOST} | ({} if site is None else {"Sec-Fetch-Site": site})
+        for url in ("/", f"/api/runs/{ids.main}"):
+            response = await client.get(url, headers=headers)
+            assert response.status_code == status, (site, url)
+            assert response.headers["Content-Security-Policy"] == CONTENT_SECURITY_POLICY
+            text = await response.get_data(as_text=True)
+            if status == 403:
+                assert '<div class="error">' in text
+                assert "other sites" in text
+                assert "worker-7f3a" not in text
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+
+    async def send(self, message: Any) -> None:
+        self.sent.append(message)
+
+    async def receive(self) -> Any:
+        return {"type": "websocket.connect"}
+
+
+async def test_websocket_and_other_scopes_are_refused(ids: Sample) -> None:
+    app = create_app(str(ids.path), HOST)
+    for host in (HOST, "evil.example"):
+        recorder = Recorder()
+        scope = {
+            "type": "websocket",
+            "asgi": {"version": "3.0"},
+            "path": "/",
+            "raw_path": b"/",
+            "query_string": b"",
+            "root_path": "",
+            "scheme": "ws",
+            "headers": [(b"host", host.encode())],
+            "client": ("127.0.0.1", 1),
+            "server": ("127.0.0.1", 8787),
+            "subprotocols": [],
+            "extensions": {},
+            "http_version": "1.1",
+            "state": {},
+        }
+        await app(scope, recorder.receive, recorder.send)  # type: ignore[arg-type]
+        assert recorder.sent == [{"type": "websocket.close", "code": 1008, "reason": "not served here"}]
+    recorder = Recorder()
+    await app({"type": "webtransport", "headers": []}, recorder.receive, recorder.send)  # type: ignore[arg-type]
+    assert recorder.sent == []
+
+
+def raw_request(url: str, request: bytes) -> bytes:
+    parsed = url.removeprefix("http://").rstrip("/")
+    address, _, port = parsed.rpartition(":")
+    with socket.create_connection((address, int(port)), timeout=5) as conn:
+        conn.sendall(request)
+        data = b""
+        with contextlib.suppress(TimeoutError):
+            while chunk := conn.recv(65536):
+                data += chunk
+    return data
+
+
+async def test_websocket_upgrade_over_real_sockets_is_refused(ids: Sample) -> None:
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            start = functools.partial(
+                serve, str(ids.path), "127.0.0.1:0", shutdown_trigger=trio.sleep_forever
+            )
+            url = await nursery.start(start)
+            host = url.removeprefix("http://").rstrip("/")
+            for sent_host in (host, "evil.example"):
+                upgrade = (
+                    f"GET / HTTP/1.1\r\nHost: {sent_host}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+                    "Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+                ).encode()
+                answer = await trio.to_thread.run_sync(raw_request, url, upgrade)
+                assert answer.startswith(b"HTTP/1.1 403"), answer[:200]
+                assert ids.main.encode() not in answer
+            nursery.cancel_scope.cancel()
+
+
+# --------------------------------------------------------------------------- sidecar files
+
+
+async def test_browsing_a_wal_database_without_sidecars(sample: tuple[sqlite3.Connection, Sample]) -> None:
+    writer, ids = sample
+    writer.close()  # the last connection checkpoints the WAL and deletes -wal and -shm
+    wal, shm = Path(f"{ids.path}-wal"), Path(f"{ids.path}-shm")
+    assert not wal.exists() and not shm.exists()
+    assert (await fetch(ids.path, "/")).status == 200  # a file with no sidecars is readable
+    before = hashlib.sha256(ids.path.read_bytes()).hexdigest()
+    for url in every_url(ids):
+        await fetch(ids.path, url)
+    # Exactly this: the database file is byte-identical; SQLite's read-only WAL reader leaves
+    # an empty -wal and a 32 KiB -shm (the shared-memory index) behind. Neither holds data.
+    assert hashlib.sha256(ids.path.read_bytes()).hexdigest() == before
+    assert wal.stat().st_size == 0
+    assert shm.stat().st_size == 32768
+    assert sorted(p.name for p in ids.path.parent.iterdir()) == sorted([ids.path.name, wal.name, shm.name])
+
+
+async def test_an_unexpected_failure_is_a_styled_500(ids: Sample, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("a bug <b>here</b>")
+
+    monkeypatch.setattr(q, "list_runs", broken)
+    page = await fetch(ids.path, "/")
+    assert page.status == 500
+    assert '<div class="error">' in page.text
+    assert "<b>here" not in page.text and "Traceback" not in page.text
+    assert page.headers["Content-Security-Policy"] == CONTENT_SECURITY_POLICY
+    api = await fetch(ids.path, "/api/runs")
+    assert api.status == 500
+    assert api.json()["error"]["status"] == 500

@@ -17,7 +17,17 @@ from pathlib import Path
 import pytest
 import trio
 
-from tests.inspect_fixtures import XSS_IMG, XSS_LINK, XSS_SCRIPT, Sample, build_sample
+from tests.inspect_fixtures import (
+    XSS_HREF,
+    XSS_IMG,
+    XSS_LINK,
+    XSS_META,
+    XSS_SCRIPT,
+    MalformedIds,
+    Sample,
+    add_malformed_run,
+    build_sample,
+)
 from zincir._inspector import serve
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -30,12 +40,18 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture
-def sample(tmp_path: Path) -> Iterator[Sample]:
+def hostile(tmp_path: Path) -> Iterator[tuple[Sample, MalformedIds]]:
     # Times near now, so the screenshots show realistic "2 min ago" / "expires in 1.9 h".
     t0 = time.time_ns() // 1_000_000 - 15 * 60_000
     conn, ids = build_sample(tmp_path / "browser.db", plain_runs=30, t0=t0)
-    yield ids
+    malformed = add_malformed_run(conn, t0)
+    yield ids, malformed
     conn.close()
+
+
+@pytest.fixture
+def sample(hostile: tuple[Sample, MalformedIds]) -> Sample:
+    return hostile[0]
 
 
 def chromium(profile: Path, *args: str) -> list[str]:
@@ -84,12 +100,21 @@ def body_tag(dom: str) -> str:
     return match.group(0)
 
 
+TEMPLATE_META = '<meta http-equiv="refresh" content="5">'  # a running run's own auto-refresh
+
+
 def assert_nothing_ran(dom: str) -> None:
     assert "data-pwned" not in body_tag(dom)
     lowered = dom.lower()
     assert "<script" not in lowered
     assert "<img" not in lowered
     assert re.search(r"<a\b[^>]*\bhref\s*=\s*\"?\s*javascript:", lowered) is None  # escaped text is fine
+    # No markup from the data: no <meta http-equiv> but the template's, no link off the inspector.
+    metas = re.findall(r"<meta\b[^>]*http-equiv[^>]*>", dom, re.IGNORECASE)
+    assert metas in ([], [TEMPLATE_META]), metas
+    hrefs = re.findall(r"<a\b[^>]*?\bhref\s*=\s*\"([^\"]*)\"", dom, re.IGNORECASE)
+    assert hrefs, "no links at all: is this the inspector's page?"
+    assert [h for h in hrefs if not h.startswith("/")] == []
 
 
 async def test_the_oracle_sees_a_script_that_runs(tmp_path: Path) -> None:
@@ -137,4 +162,37 @@ async def test_a_rebinding_host_is_refused_in_the_browser(tmp_path: Path, sample
         )
         assert "Misdirected" in dom
         assert sample.main not in dom
+        nursery.cancel_scope.cancel()
+
+
+async def test_markup_in_integer_columns_stays_text_in_a_real_browser(
+    tmp_path: Path, hostile: tuple[Sample, MalformedIds]
+) -> None:
+    # SQLite stores TEXT in an INTEGER column: a seq of '"><meta http-equiv=refresh ...>' used
+    # to end an id="e..." attribute and navigate Chromium away, CSP or not.
+    ids, malformed = hostile
+    profile = tmp_path / "profile"
+    async with trio.open_nursery() as nursery:
+        start = functools.partial(serve, str(ids.path), "127.0.0.1:0", shutdown_trigger=trio.sleep_forever)
+        url: str = await nursery.start(start)
+        # How Chromium serialises a text node: &, < and > escaped, quotes as they are.
+        escaped_meta = XSS_META.replace("<", "&lt;").replace(">", "&gt;")
+        escaped_href = XSS_HREF.replace("<", "&lt;").replace(">", "&gt;")
+        for page in (
+            f"runs/{malformed.run}",
+            f"runs/{malformed.run}?before=end",
+            f"runs/{malformed.child}",
+            "",
+        ):
+            dom = await dump_dom(profile, f"{url}{page}")
+            assert_nothing_ran(dom)
+            assert "(malformed text: " in dom, page  # still the inspector's page, not a redirect
+        run_dom = await dump_dom(profile, f"{url}runs/{malformed.run}")
+        assert f"role {escaped_meta}{escaped_href}" in run_dom  # the BLOB role, as text
+        assert escaped_href in run_dom
+        assert run_dom.count('class="malformed"') >= 10
+        runs_dom = await dump_dom(profile, url)
+        assert malformed.run in runs_dom
+        assert ids.main in runs_dom  # one malformed row does not take the list down
+        await screenshot(profile, f"{url}runs/{malformed.run}", "inspector-run-malformed.png")
         nursery.cancel_scope.cancel()

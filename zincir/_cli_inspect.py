@@ -2,8 +2,10 @@
 
 They share :mod:`zincir._queries` with the web inspector, open the database with SQLite's
 ``mode=ro`` and never write. Every failure is one line on stderr and exit status 1.
-Stored strings are printed with control and bidi characters escaped, so a hostile value
-cannot drive the terminal.
+Every stored value is printed through :func:`_cell` (control and bidi characters escaped), so a
+hostile value cannot drive the terminal, whatever its column; JSON output is pure ASCII with
+control characters escaped. Stored ``NaN``/``Infinity`` print as the strings ``"NaN"``,
+``"Infinity"`` (see :func:`zincir._queries.parse_json`).
 """
 
 from __future__ import annotations
@@ -99,9 +101,11 @@ def _cell(value: object, width: int | None = None) -> str:
     return text
 
 
-def _time(ms: int | None) -> str:
+def _time(ms: object) -> str:
     if ms is None:
         return "—"
+    if type(ms) is not int:
+        return _cell(ms)
     try:
         moment = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
     except (OverflowError, OSError, ValueError):
@@ -123,11 +127,14 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], numeric: froze
 
 
 def _compact(value: Any) -> str:
+    """One-line JSON for display (pass it through :func:`_cell` before printing)."""
     return json.dumps(value, separators=(",", ":"), ensure_ascii=True)
 
 
 def _json_line(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    """A JSON Lines record: ASCII only, every control character escaped (DEL too)."""
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    return text.replace("\x7f", "\\u007f")
 
 
 # --------------------------------------------------------------------------- ui
@@ -189,12 +196,12 @@ def _print_runs(page: q.RunPage) -> None:
         return
     rows = [
         [
-            run.id,
-            run.status,
+            _cell(run.id),
+            _cell(run.status),
             _cell(run.role, 24),
             _cell(run.provider, 16),
-            str(run.event_count),
-            str(run.attempts),
+            _cell(run.event_count),
+            _cell(run.attempts),
             _time(run.updated_at),
         ]
         for run in page.runs
@@ -203,7 +210,7 @@ def _print_runs(page: q.RunPage) -> None:
     click.echo(_table(headers, rows, frozenset({4, 5})))
     click.echo(f"\n{len(page.runs)} shown; {page.total} in all ({counts})")
     if page.has_older:
-        click.echo(f"more: --before {page.runs[-1].cursor.encode()}")
+        click.echo(f"more: --before {_cell(page.runs[-1].cursor.encode())}")
 
 
 # --------------------------------------------------------------------------- show
@@ -255,36 +262,44 @@ def _show_json(
 
 
 def _lease_text(run: q.RunDetail, now: int) -> str:
+    epoch = _cell(run.lease_epoch)
     if run.lease_owner is None:
-        return f"free (epoch {run.lease_epoch})"
-    expires = run.lease_expires_at or 0
+        return f"free (epoch {epoch})"
+    expires = run.lease_expires_at
+    if type(expires) is not int:
+        return f"{_cell(run.lease_owner)}, epoch {epoch}, until {_time(expires)}"
     state = f"active, expires {human_delta(expires - now)}" if expires > now else "expired"
-    return f"{_cell(run.lease_owner)}, epoch {run.lease_epoch}, until {_time(expires)} ({state})"
+    return f"{_cell(run.lease_owner)}, epoch {epoch}, until {_time(expires)} ({state})"
 
 
 def _print_run(run: q.RunDetail, now: int) -> None:
-    children = ", ".join(f"{c.id} ({c.status})" for c in run.children) or "none"
+    children = ", ".join(f"{_cell(c.id)} ({_cell(c.status)})" for c in run.children) or "none"
     if run.children_total > len(run.children):
-        children += f", and {run.children_total - len(run.children)} more"
+        more = run.children_total - len(run.children)
+        children += f", and {more}{'+' if run.children_capped else ''} more"
+    next_attempt = run.next_attempt_at
     fields = [
-        ("run", run.id),
-        ("status", run.status),
+        ("run", _cell(run.id)),
+        ("status", _cell(run.status)),
         ("role", _cell(run.role)),
         ("provider", _cell(run.provider) or "—"),
         ("parent", _cell(run.parent_run_id)),
         ("children", children),
         ("created", _time(run.created_at)),
         ("activity", _time(run.updated_at)),
-        ("events", str(run.event_count)),
+        ("events", _cell(run.event_count)),
         ("lease", _lease_text(run, now)),
-        ("attempts", str(run.attempts)),
-        ("next attempt", _time(run.next_attempt_at) if run.next_attempt_at > 0 else "any time"),
+        ("attempts", _cell(run.attempts)),
+        (
+            "next attempt",
+            "any time" if type(next_attempt) is int and next_attempt <= 0 else _time(next_attempt),
+        ),
     ]
     for name, value in fields:
         click.echo(f"{name:<13}{value}")
     config = json.dumps(q.json_value(run.config), indent=2, ensure_ascii=True)
     click.echo("config")
-    click.echo("\n".join(f"  {line}" for line in config.splitlines()))
+    click.echo("\n".join(f"  {_cell(line)}" for line in config.splitlines()))
 
 
 def _print_section(title: str, headers: list[str], rows: list[list[str]], numeric: frozenset[int]) -> None:
@@ -296,13 +311,13 @@ def _print_section(title: str, headers: list[str], rows: list[list[str]], numeri
 def _print_lineage(checkpoints: Sequence[q.CheckpointRow]) -> None:
     rows, baseline = [], "goal"
     for c in checkpoints:
-        evidence = _compact(q.json_value(c.verification)) if c.verification is not None else "—"
+        evidence = _compact(q.json_value(c.verification)) if c.verification is not None else None
         rows.append(
             [
-                str(c.round),
-                c.status,
-                baseline,
-                str(c.based_on_event_seq),
+                _cell(c.round),
+                _cell(c.status),
+                _cell(baseline),
+                _cell(c.based_on_event_seq),
                 _cell(c.decision_event_seq),
                 _cell(c.tool_call_id, 24),
                 _time(c.created_at),
@@ -326,7 +341,8 @@ def _print_lineage(checkpoints: Sequence[q.CheckpointRow]) -> None:
 
 def _print_steps(steps: Sequence[q.StepRow]) -> None:
     rows = [
-        [_cell(s.name, 40), s.status, str(s.epoch), _time(s.started_at), _time(s.completed_at)] for s in steps
+        [_cell(s.name, 40), _cell(s.status), _cell(s.epoch), _time(s.started_at), _time(s.completed_at)]
+        for s in steps
     ]
     _print_section("steps", ["NAME", "STATUS", "EPOCH", "STARTED", "COMPLETED"], rows, frozenset({2}))
 
@@ -343,7 +359,11 @@ def _print_timers(timers: Sequence[q.TimerRow]) -> None:
 @database_option
 @click.argument("run_id")
 @click.option(
-    "--after", type=click.IntRange(min=-1), default=-1, show_default=True, help="Start after this seq."
+    "--after",
+    type=click.IntRange(min=-1, max=q.MAX_INT),
+    default=-1,
+    show_default=True,
+    help="Start after this seq.",
 )
 @click.option("--type", "event_type", help="Only events of this type.")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new events until the run ends or Ctrl+C.")
@@ -371,7 +391,7 @@ def events(
 def _stream_events(
     conn: sqlite3.Connection,
     run_id: str,
-    after: int,
+    after: object,
     event_type: str | None,
     follow: bool,
     printer: Any,
@@ -382,10 +402,11 @@ def _stream_events(
             page = q.list_events(conn, run_id, after=after, type=event_type)
         for event in page.events:
             printer(event)
-        if page.events:
-            after = page.events[-1].seq
-        if page.has_after:
+        if page.has_after and page.next_after is not None and page.next_after != after:
+            after = page.next_after  # after the last event, or past a type filter's scan window
             continue
+        if page.events:
+            after = q.raw_value(page.events[-1].seq)
         if not follow or status in ("completed", "failed"):
             return
         time.sleep(FOLLOW_INTERVAL)
@@ -395,10 +416,10 @@ def _print_event(run_id: str, event: q.EventRow, *, as_json: bool, full: bool) -
     if as_json:
         click.echo(_json_line(q.event_to_json(run_id, event)))
         return
-    payload = _compact(q.json_value(event.payload))
+    payload = _cell(_compact(q.json_value(event.payload)))
     if not full and len(payload) > PAYLOAD_CHARS:
         payload = f"{payload[:PAYLOAD_CHARS]}… ({len(payload)} chars; --full shows all)"
-    click.echo(f"#{event.seq:<6} {_time(event.created_at)}  {_cell(event.type):<20} {payload}")
+    click.echo(f"#{_cell(event.seq):<6} {_time(event.created_at)}  {_cell(event.type):<20} {payload}")
 
 
 # --------------------------------------------------------------------------- export

@@ -4,11 +4,14 @@ Safety properties, each enforced here and pinned by tests:
 
 - it binds loopback only (127.0.0.0/8 or ::1, given as a literal IP and port);
 - it answers 421 to any request whose ``Host`` is not the exact ``ip:port`` it serves, so a
-  DNS-rebinding page cannot read it;
+  DNS-rebinding page cannot read it, and 403 to requests a browser marks
+  ``Sec-Fetch-Site: cross-site``; WebSocket connections are refused before the app sees them;
 - every response carries a restrictive Content-Security-Policy (no script at all, styles
   only from the inspector itself, no framing), ``nosniff`` and ``no-referrer``;
 - it opens the database with SQLite's ``mode=ro`` and never writes, creates or migrates;
-- every stored value is HTML-escaped before it reaches a page.
+- every value interpolated into a page goes through :func:`_e` (HTML escaping), whatever its
+  type: the queries normalise stored values, but an INTEGER column can hold text, so the
+  pages trust no type. A test walks this module's syntax tree to keep it so.
 
 Each request reads through its own read-only connection in a worker thread, inside one read
 transaction, and renders there too, so the Trio loop never blocks on SQLite.
@@ -28,13 +31,13 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any, TypeVar
+from typing import Any, NewType, TypeVar
 
 import hypercorn.config
 import hypercorn.trio
 import trio
 from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, ASGISendEvent, Scope
-from quart import Response, request
+from quart import Response, current_app, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
@@ -48,8 +51,18 @@ DEFAULT_ADDRESS = "127.0.0.1:8787"
 RUNS_PAGE = 50
 #: Payload characters shown per event on a run page; the JSON API gives whole payloads.
 PAYLOAD_PREVIEW_CHARS = 64 * 1024
-#: Characters of a configuration, state or step result shown before cutting.
+#: Characters of a run's configuration shown before cutting (the JSON API gives it whole).
 BLOCK_CHARS = 256 * 1024
+#: Characters of each checkpoint state or verification and each step result in a list (page
+#: and JSON API alike); the per-item JSON endpoints give the whole value.
+ITEM_PREVIEW_CHARS = 8 * 1024
+#: A JSON API list stops adding items once their stored values add up to this many characters
+#: (at least one item is always given); the response says where to continue.
+API_BUDGET_CHARS = 4 * 1024 * 1024
+#: Checkpoints, steps and timers listed at most (page and JSON API).
+LIST_LIMIT = 500
+#: Children listed per page of the family section.
+CHILDREN_PAGE = 100
 REFRESH_SECONDS = 5
 
 CONTENT_SECURITY_POLICY = (
@@ -66,6 +79,9 @@ SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
 _SECURITY_NAMES = frozenset(name for name, _ in SECURITY_HEADERS)
 
 T = TypeVar("T")
+
+#: Text that is already HTML: built only by :func:`_e` and the ``-> Html`` helpers below.
+Html = NewType("Html", str)
 
 
 # --------------------------------------------------------------------------- addresses
@@ -123,17 +139,40 @@ def format_host(ip: str, port: int) -> str:
 
 
 class InspectorApp(QuartTrio):
-    """The inspector's Quart-Trio app: checks ``Host`` and adds security headers."""
+    """The inspector's Quart-Trio app: checks ``Host`` and adds security headers.
+
+    Only ``http`` and ``lifespan`` scopes reach Quart. A WebSocket handshake is refused (the
+    server answers 403) before any route, Host check or header logic could be skipped.
+    """
 
     database_path: str
     served_host: str
 
     async def asgi_app(self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
-        if scope["type"] != "http":
+        if scope["type"] == "lifespan":
             await super().asgi_app(scope, receive, send)
             return
-        if _host_of(scope["headers"]) not in _accepted_hosts(self.served_host):
-            await _send_misdirected(send)
+        if scope["type"] != "http":
+            if scope["type"] == "websocket":
+                await send({"type": "websocket.close", "code": 1008, "reason": "not served here"})
+            return
+        headers = scope["headers"]
+        if _host_of(headers) not in _accepted_hosts(self.served_host):
+            await _send_refusal(
+                send,
+                421,
+                "Misdirected Request",
+                "This inspector only answers requests addressed to the loopback address it serves.",
+            )
+            return
+        if _header(headers, b"sec-fetch-site") == "cross-site":
+            await _send_refusal(
+                send,
+                403,
+                "Forbidden",
+                "This inspector does not answer requests made by other sites. "
+                "Open it by typing its address or following a link from the inspector itself.",
+            )
             return
         await super().asgi_app(scope, receive, _secured(send))
 
@@ -142,6 +181,13 @@ def _accepted_hosts(served_host: str) -> tuple[str, ...]:
     # Browsers leave out the default port: http://127.0.0.1:80/ is sent as "Host: 127.0.0.1".
     served = served_host.lower()
     return (served, served.removesuffix(":80")) if served.endswith(":80") else (served,)
+
+
+def _header(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> str | None:
+    values = [value for key, value in headers if key.lower() == name]
+    if len(values) != 1:
+        return None
+    return values[0].decode("latin-1").strip().lower()
 
 
 def _host_of(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
@@ -161,22 +207,16 @@ def _secured(send: ASGISendCallable) -> ASGISendCallable:
     return send_secured
 
 
-async def _send_misdirected(send: ASGISendCallable) -> None:
-    body = _page(
-        "Misdirected request",
-        _error_body(
-            421,
-            "Misdirected Request",
-            "This inspector only answers requests addressed to the loopback address it serves.",
-        ),
-    ).encode()
+async def _send_refusal(send: ASGISendCallable, status: int, name: str, message: str) -> None:
+    """A styled error page sent straight through ASGI, before Quart sees the request."""
+    body = _page(name, _error_body(status, name, message)).encode()
     headers = [
         (b"content-type", b"text/html; charset=utf-8"),
         (b"content-length", str(len(body)).encode()),
         (b"cache-control", b"no-store"),
         *SECURITY_HEADERS,
     ]
-    await send({"type": "http.response.start", "status": 421, "headers": headers, "trailers": False})
+    await send({"type": "http.response.start", "status": status, "headers": headers, "trailers": False})
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
@@ -191,25 +231,22 @@ def create_app(database_path: str, served_host: str) -> QuartTrio:
 
 
 def _add_routes(app: InspectorApp) -> None:
-    app.add_url_rule("/", "runs", functools.partial(_runs_route, app), methods=["GET"])
-    app.add_url_rule("/runs/<run_id>", "run", functools.partial(_run_route, app), methods=["GET"])
-    app.add_url_rule("/static/inspector.css", "css", _css_route, methods=["GET"])
-    app.add_url_rule("/api/runs", "api_runs", functools.partial(_api_runs, app), methods=["GET"])
-    app.add_url_rule("/api/runs/<run_id>", "api_run", functools.partial(_api_run, app), methods=["GET"])
-    app.add_url_rule(
-        "/api/runs/<run_id>/events",
-        "api_events",
-        functools.partial(_api_events, app),
-        methods=["GET"],
-    )
-    app.add_url_rule(
-        "/api/runs/<run_id>/events/<seq>",
-        "api_event",
-        functools.partial(_api_event, app),
-        methods=["GET"],
-    )
+    routes: list[tuple[str, str, Callable[..., Awaitable[Response]]]] = [
+        ("/", "runs", functools.partial(_runs_route, app)),
+        ("/runs/<run_id>", "run", functools.partial(_run_route, app)),
+        ("/static/inspector.css", "css", _css_route),
+        ("/api/runs", "api_runs", functools.partial(_api_runs, app)),
+        ("/api/runs/<run_id>", "api_run", functools.partial(_api_run, app)),
+        ("/api/runs/<run_id>/events", "api_events", functools.partial(_api_events, app)),
+        ("/api/runs/<run_id>/events/<seq>", "api_event", functools.partial(_api_event, app)),
+        ("/api/runs/<run_id>/steps/<path:name>", "api_step", functools.partial(_api_step, app)),
+        ("/api/runs/<run_id>/checkpoints/<round>", "api_checkpoint", functools.partial(_api_checkpoint, app)),
+    ]
+    for rule, endpoint, view in routes:
+        app.add_url_rule(rule, endpoint, view, methods=["GET"])
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(ZincirError, _zincir_error)
+    app.register_error_handler(Exception, _unexpected_error)
 
 
 # --------------------------------------------------------------------------- plumbing
@@ -234,14 +271,23 @@ def _now_ms() -> int:
 
 
 def _html(body: str, status: int = 200) -> Response:
-    response = Response(body, status=status, content_type="text/html; charset=utf-8")
+    # A JSON string escape can decode to a lone surrogate, which UTF-8 cannot encode: show it
+    # as the text \udXXX rather than fail the page.
+    data = body.encode("utf-8", "backslashreplace")
+    response = Response(data, status=status, content_type="text/html; charset=utf-8")
     response.headers["Cache-Control"] = "no-store"
     return response
 
 
 def _json(data: Any, status: int = 200) -> Response:
     text = json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    response = Response(text, status=status, content_type="application/json; charset=utf-8")
+    # Lone surrogates only occur inside JSON strings, where backslashreplace writes exactly the
+    # JSON escape (\udXXX): the body stays valid UTF-8 and valid JSON.
+    response = Response(
+        text.encode("utf-8", "backslashreplace"),
+        status=status,
+        content_type="application/json; charset=utf-8",
+    )
     response.headers["Cache-Control"] = "no-store"
     return response
 
@@ -276,12 +322,18 @@ async def _http_error(error: HTTPException) -> Response:
     return _error_response(status, error.name, error.description or "")
 
 
+async def _unexpected_error(error: Exception) -> Response:
+    # A bug must still give a styled page with the security headers, and no traceback.
+    current_app.logger.exception("the inspector failed to answer %s", request.path, exc_info=error)
+    return _error_response(500, "Internal Server Error", "The inspector failed to answer this request.")
+
+
 def _arg(name: str) -> str | None:
     value = request.args.get(name)
     return value if value else None
 
 
-def _int_arg(name: str, default: int | None, low: int, high: int) -> int | None:
+def _int_arg(name: str, default: int, low: int, high: int) -> int:
     text = _arg(name)
     if text is None:
         return default
@@ -293,7 +345,23 @@ def _int_arg(name: str, default: int | None, low: int, high: int) -> int | None:
     return value
 
 
-_MAX_SEQ = 2**63 - 1
+def _key_arg(name: str) -> object:
+    """A seq cursor parameter (see :func:`q.decode_key`); ``before=end`` means the log's end."""
+    text = _arg(name)
+    if text is None:
+        return None
+    if name == "before" and text == "end":
+        return q.LATEST
+    return q.decode_key(text, f"query parameter {name}=")
+
+
+def _token(value: object) -> str:
+    """The URL form of a seq cursor."""
+    return "end" if value is q.LATEST else q.encode_key(value)
+
+
+def _token_json(value: object) -> object:
+    return "end" if value is q.LATEST else q.key_json(value)
 
 
 def _status_arg() -> str | None:
@@ -319,17 +387,26 @@ async def _css_route() -> Response:
 
 async def _runs_route(app: InspectorApp) -> Response:
     query = _RunsQuery.from_request()
-    page = await _read(app, query.fetch)
-    return _html(_page("Runs", _runs_body(query, page, app.database_path, _now_ms())))
+    now = _now_ms()
+
+    def render(conn: Any) -> str:
+        return _page("Runs", _runs_body(query, query.fetch(conn), app.database_path, now))
+
+    return _html(await _read(app, render))
 
 
 async def _run_route(app: InspectorApp, run_id: str) -> Response:
     run_id = q.parse_run_id(run_id)
     query = _EventsQuery.from_request(q.DEFAULT_PAGE, PAYLOAD_PREVIEW_CHARS)
-    view = await _read(app, functools.partial(_RunView.fetch, run_id, query))
-    refresh = view.run.status in ("pending", "running") and _arg("refresh") != "off"
-    body = _run_body(view, query, _now_ms(), refresh)
-    return _html(_page(f"Run {run_id}", body, refresh=REFRESH_SECONDS if refresh else None))
+    now = _now_ms()
+
+    def render(conn: Any) -> str:
+        view = _RunView.fetch(run_id, query, conn)
+        refresh = view.run.status in ("pending", "running") and query.refresh != "off"
+        body = _run_body(view, query, now, refresh)
+        return _page(f"Run {run_id}", body, refresh=REFRESH_SECONDS if refresh else None)
+
+    return _html(await _read(app, render))
 
 
 async def _api_runs(app: InspectorApp) -> Response:
@@ -346,21 +423,67 @@ async def _api_runs(app: InspectorApp) -> Response:
     )
 
 
-def _run_json(run_id: str, conn: Any) -> dict[str, Any]:
-    """The run and its first LIST_LIMIT checkpoints, steps and timers (``truncated`` says if cut)."""
-    run = q.get_run(conn, run_id)
-    checkpoints = q.list_checkpoints(conn, run_id, limit=LIST_LIMIT + 1)
-    steps = q.list_steps(conn, run_id, limit=LIST_LIMIT + 1)
+class _Budget:
+    """Characters a JSON list response may still spend; the first item is always allowed."""
+
+    def __init__(self, chars: int) -> None:
+        self.left, self.spent_any = chars, False
+
+    def take(self, chars: int) -> bool:
+        if self.spent_any and chars > self.left:
+            return False
+        self.left -= chars
+        self.spent_any = True
+        return True
+
+
+def _checkpoint_url(run_id: str, checkpoint: q.CheckpointRow) -> str:
+    return _path("api", "runs", run_id, "checkpoints", q.encode_key(checkpoint.round))
+
+
+def _step_url(run_id: str, step: q.StepRow) -> str:
+    return _path("api", "runs", run_id, "steps", step.name)
+
+
+def _run_json(run_id: str, children_after: q.RunCursor | None, conn: Any) -> dict[str, Any]:
+    """The run and its first checkpoints, steps and timers (``truncated`` says if a list is cut).
+
+    Checkpoint states and verifications and step results longer than ITEM_PREVIEW_CHARS are
+    given as their beginning, with the ``url`` of the whole item; the lists stop at LIST_LIMIT
+    items or once their values add up to API_BUDGET_CHARS.
+    """
+    run = q.get_run(conn, run_id, children_limit=CHILDREN_PAGE, children_after=children_after)
+    checkpoints = q.list_checkpoints(conn, run_id, limit=LIST_LIMIT + 1, max_chars=ITEM_PREVIEW_CHARS)
+    steps = q.list_steps(conn, run_id, limit=LIST_LIMIT + 1, max_chars=ITEM_PREVIEW_CHARS)
     timers = q.list_timers(conn, run_id, limit=LIST_LIMIT + 1)
+    budget = _Budget(API_BUDGET_CHARS)
+    checkpoint_items = []
+    for c in checkpoints[:LIST_LIMIT]:
+        if not budget.take(len(c.state) + len(c.verification or "")):
+            break
+        item = q.checkpoint_to_json(run_id, c)
+        if c.truncated:
+            item["url"] = _checkpoint_url(run_id, c)
+        checkpoint_items.append(item)
+    step_items = []
+    for s in steps[:LIST_LIMIT]:
+        if not budget.take(len(s.result or "")):
+            break
+        item = q.step_to_json(run_id, s)
+        if s.truncated:
+            item["url"] = _step_url(run_id, s)
+        step_items.append(item)
     return {
         "run": q.run_to_json(run),
         "children_total": run.children_total,
-        "checkpoints": [q.checkpoint_to_json(run_id, c) for c in checkpoints[:LIST_LIMIT]],
-        "steps": [q.step_to_json(run_id, s) for s in steps[:LIST_LIMIT]],
+        "children_capped": run.children_capped,
+        "children_next": run.children_next.encode() if run.children_next else None,
+        "checkpoints": checkpoint_items,
+        "steps": step_items,
         "timers": [q.timer_to_json(run_id, t) for t in timers[:LIST_LIMIT]],
         "truncated": {
-            "checkpoints": len(checkpoints) > LIST_LIMIT,
-            "steps": len(steps) > LIST_LIMIT,
+            "checkpoints": len(checkpoint_items) < len(checkpoints),
+            "steps": len(step_items) < len(steps),
             "timers": len(timers) > LIST_LIMIT,
         },
     }
@@ -368,17 +491,20 @@ def _run_json(run_id: str, conn: Any) -> dict[str, Any]:
 
 async def _api_run(app: InspectorApp, run_id: str) -> Response:
     run_id = q.parse_run_id(run_id)
-    return _json(await _read(app, functools.partial(_run_json, run_id)))
+    children_after = _cursor_arg("children_after")
+    return _json(await _read(app, functools.partial(_run_json, run_id, children_after)))
 
 
 def _events_json(run_id: str, query: _EventsQuery, conn: Any) -> dict[str, Any]:
     q.get_run(conn, run_id, children_limit=0)
-    page = query.fetch(run_id, conn)
+    page = query.fetch(run_id, conn, max_chars_total=API_BUDGET_CHARS)
     return {
         "events": [q.event_to_json(run_id, e) for e in page.events],
         "has_before": page.has_before,
         "has_after": page.has_after,
-        "next_after": page.events[-1].seq if page.has_after else None,
+        "next_after": _token_json(page.next_after) if page.has_after else None,
+        "prev_before": _token_json(page.prev_before) if page.has_before else None,
+        "scan_edge": _token_json(page.scan_edge) if page.scan_edge is not None else None,
     }
 
 
@@ -388,19 +514,45 @@ async def _api_events(app: InspectorApp, run_id: str) -> Response:
     return _json(await _read(app, functools.partial(_events_json, run_id, query)))
 
 
-def _event_json(run_id: str, seq: int, conn: Any) -> dict[str, Any]:
+def _event_json(run_id: str, seq: object, conn: Any) -> dict[str, Any]:
     q.get_run(conn, run_id, children_limit=0)
     event = q.get_event(conn, run_id, seq)
     if event is None:
-        raise RunNotFound(f"run {run_id} has no event #{seq}")
+        raise RunNotFound(f"run {run_id} has no event #{q.encode_key(seq)}")
     return {"event": q.event_to_json(run_id, event)}
 
 
 async def _api_event(app: InspectorApp, run_id: str, seq: str) -> Response:
     run_id = q.parse_run_id(run_id)
-    if not re.fullmatch(r"[0-9]{1,19}", seq):
-        raise InvalidArgument(f"event seq {seq[:40]!r} is not a non-negative integer")
-    return _json(await _read(app, functools.partial(_event_json, run_id, int(seq))))
+    value = q.decode_key(seq, "event seq")
+    return _json(await _read(app, functools.partial(_event_json, run_id, value)))
+
+
+def _step_json(run_id: str, name: str, conn: Any) -> dict[str, Any]:
+    q.get_run(conn, run_id, children_limit=0)
+    step = q.get_step(conn, run_id, name)
+    if step is None:
+        raise RunNotFound(f"run {run_id} has no step {name[:80]!r}")
+    return {"step": q.step_to_json(run_id, step)}
+
+
+async def _api_step(app: InspectorApp, run_id: str, name: str) -> Response:
+    run_id = q.parse_run_id(run_id)
+    return _json(await _read(app, functools.partial(_step_json, run_id, name)))
+
+
+def _checkpoint_json(run_id: str, round: object, conn: Any) -> dict[str, Any]:
+    q.get_run(conn, run_id, children_limit=0)
+    checkpoint = q.get_checkpoint(conn, run_id, round)
+    if checkpoint is None:
+        raise RunNotFound(f"run {run_id} has no checkpoint round {q.encode_key(round)}")
+    return {"checkpoint": q.checkpoint_to_json(run_id, checkpoint)}
+
+
+async def _api_checkpoint(app: InspectorApp, run_id: str, round: str) -> Response:
+    run_id = q.parse_run_id(run_id)
+    value = q.decode_key(round, "checkpoint round")
+    return _json(await _read(app, functools.partial(_checkpoint_json, run_id, value)))
 
 
 # --------------------------------------------------------------------------- queries
@@ -421,7 +573,6 @@ class _RunsQuery:
     @classmethod
     def from_request(cls) -> _RunsQuery:
         limit = _int_arg("limit", RUNS_PAGE, 1, q.MAX_PAGE)
-        assert limit is not None
         before, after = _cursor_arg("before"), _cursor_arg("after")
         if before is not None and after is not None:
             raise InvalidArgument("give at most one of before= and after=")
@@ -446,28 +597,32 @@ class _RunsQuery:
 
 
 class _EventsQuery:
+    """The event and family parameters of a run page (or of the events API)."""
+
     def __init__(
         self,
-        after: int | None,
-        before: int | None,
+        after: object,
+        before: object,
         limit: int,
         type: str | None,
         payload_chars: int | None,
+        refresh: str | None = None,
+        children_after: q.RunCursor | None = None,
     ) -> None:
         self.after, self.before, self.limit, self.type = after, before, limit, type
-        self.payload_chars = payload_chars
+        self.payload_chars, self.refresh, self.children_after = payload_chars, refresh, children_after
 
     @classmethod
     def from_request(cls, default_limit: int, payload_chars: int | None) -> _EventsQuery:
-        after = _int_arg("after", None, -1, _MAX_SEQ)
-        before = _int_arg("before", None, 0, _MAX_SEQ)
+        after, before = _key_arg("after"), _key_arg("before")
         if after is not None and before is not None:
             raise InvalidArgument("give at most one of after= and before=")
         limit = _int_arg("limit", default_limit, 1, q.MAX_PAGE)
-        assert limit is not None
-        return cls(after, before, limit, _arg("type"), payload_chars)
+        return cls(
+            after, before, limit, _arg("type"), payload_chars, _arg("refresh"), _cursor_arg("children_after")
+        )
 
-    def fetch(self, run_id: str, conn: Any) -> q.EventPage:
+    def fetch(self, run_id: str, conn: Any, *, max_chars_total: int | None = None) -> q.EventPage:
         return q.list_events(
             conn,
             run_id,
@@ -476,14 +631,18 @@ class _EventsQuery:
             limit=self.limit,
             type=self.type,
             max_payload_chars=self.payload_chars,
+            max_chars_total=max_chars_total,
         )
 
     def url(self, run_id: str, **changes: Any) -> str:
         params: dict[str, Any] = {"type": self.type, "after": self.after, "before": self.before}
         params["limit"] = None if self.limit == q.DEFAULT_PAGE else self.limit
-        params["refresh"] = _arg("refresh")
+        params["refresh"] = self.refresh
         params.update(changes)
-        return _url(f"/runs/{run_id}", params)
+        for name in ("after", "before"):
+            if params[name] is not None:
+                params[name] = _token(params[name])
+        return _url(_path("runs", run_id), params)
 
 
 class _RunView:
@@ -502,41 +661,71 @@ class _RunView:
     @classmethod
     def fetch(cls, run_id: str, query: _EventsQuery, conn: Any) -> _RunView:
         return cls(
-            q.get_run(conn, run_id),
-            q.list_checkpoints(conn, run_id, limit=LIST_LIMIT + 1),
+            q.get_run(
+                conn,
+                run_id,
+                children_limit=CHILDREN_PAGE,
+                children_after=query.children_after,
+                max_config_chars=BLOCK_CHARS,
+            ),
+            q.list_checkpoints(conn, run_id, limit=LIST_LIMIT + 1, max_chars=ITEM_PREVIEW_CHARS),
             query.fetch(run_id, conn),
             q.event_types(conn, run_id),
-            q.list_steps(conn, run_id, limit=LIST_LIMIT + 1),
+            q.list_steps(conn, run_id, limit=LIST_LIMIT + 1, max_chars=ITEM_PREVIEW_CHARS),
             q.list_timers(conn, run_id, limit=LIST_LIMIT + 1),
         )
 
 
-LIST_LIMIT = 500
+def _path(*segments: object) -> str:
+    """An absolute URL path; each segment is percent-encoded (``/`` included)."""
+    return "/" + "/".join(urllib.parse.quote(str(s), safe="") for s in segments)
 
 
 def _url(path: str, params: Mapping[str, Any]) -> str:
     kept = {k: str(v) for k, v in params.items() if v is not None}
-    return f"{path}?{urllib.parse.urlencode(kept)}" if kept else path
+    return f"{path}?{urllib.parse.urlencode(kept, quote_via=urllib.parse.quote)}" if kept else path
+
+
+def _fragment(url: str, anchor: str) -> str:
+    return f"{url}#{urllib.parse.quote(anchor, safe='')}"
 
 
 # --------------------------------------------------------------------------- formatting
 
 
-def _e(value: object) -> str:
-    """Escape any value for HTML text or a quoted attribute."""
-    return html.escape(str(value), quote=True)
+def _e(value: object) -> Html:
+    """Escape any value for HTML text or a quoted attribute. Every interpolation goes here."""
+    return Html(html.escape(str(value), quote=True))
 
 
-def _time(ms: int | None) -> str:
+def _join(parts: Iterable[Html]) -> Html:
+    return Html("".join(parts))
+
+
+_DASH = Html('<span class="muted">—</span>')
+
+
+def _num(value: object) -> Html:
+    """A stored integer with thousands separators (a malformed value shows as its placeholder)."""
+    return _e(f"{value:,}") if type(value) is int else _malformed(value)
+
+
+def _malformed(value: object) -> Html:
+    return Html(f'<code class="malformed">{_e(value)}</code>')
+
+
+def _time(ms: object) -> Html:
     if ms is None:
-        return '<span class="muted">—</span>'
+        return _DASH
+    if type(ms) is not int:
+        return _malformed(ms)
     try:
         moment = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
     except (OverflowError, OSError, ValueError):
-        return f"<code>{_e(ms)}</code>"
+        return Html(f"<code>{_e(ms)}</code>")
     stamp = moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
     shown = moment.strftime("%Y-%m-%d %H:%M:%S")
-    return f'<time datetime="{_e(stamp)}" title="{_e(stamp)}">{_e(shown)}</time>'
+    return Html(f'<time datetime="{_e(stamp)}" title="{_e(stamp)}">{_e(shown)}</time>')
 
 
 def human_delta(ms: int) -> str:
@@ -555,10 +744,10 @@ def human_delta(ms: int) -> str:
     return f"in {text}" if ms >= 0 else f"{text} ago"
 
 
-def _relative(ms: int | None, now: int) -> str:
-    if ms is None:
-        return ""
-    return f' <span class="muted">({_e(human_delta(ms - now))})</span>'
+def _relative(ms: object, now: int) -> Html:
+    if type(ms) is not int:
+        return Html("")
+    return Html(f' <span class="muted">({_e(human_delta(ms - now))})</span>')
 
 
 _STATUS_CLASSES = frozenset(
@@ -566,30 +755,40 @@ _STATUS_CLASSES = frozenset(
 )
 
 
-def _pill(status: str) -> str:
+def _pill(status: str) -> Html:
     kind = status if status in _STATUS_CLASSES else "other"
-    return f'<span class="pill s-{kind}">{_e(status)}</span>'
+    return Html(f'<span class="pill s-{_e(kind)}">{_e(status)}</span>')
 
 
-def _run_link(run_id: str) -> str:
+def _run_link(run_id: str) -> Html:
     try:
         run_id = q.parse_run_id(run_id)
     except InvalidArgument:
-        return f"<code>{_e(run_id)}</code>"
-    return f'<a href="/runs/{_e(run_id)}"><code>{_e(run_id)}</code></a>'
+        return Html(f"<code>{_e(run_id)}</code>")
+    return Html(f'<a href="{_e(_path("runs", run_id))}"><code>{_e(run_id)}</code></a>')
 
 
-def _pretty(text: str | None, limit: int = BLOCK_CHARS) -> str:
-    """Pretty-print stored JSON text (or show it raw if it is not JSON), escaped."""
-    if text is None:
-        return '<span class="muted">—</span>'
-    shown = text[:limit]
-    with contextlib.suppress(ValueError):
-        shown = json.dumps(json.loads(shown), indent=2, ensure_ascii=False)
-    note = ""
-    if len(text) > limit:
-        note = f'<p class="muted">Showing the first {limit:,} of {len(text):,} characters.</p>'
-    return f"<pre>{_e(shown)}</pre>{note}"
+def _pretty(text: str) -> Html:
+    """Pretty-print stored JSON text (or show it as it is if it cannot be decoded), escaped."""
+    ok, value = q.parse_json(text)
+    shown = text
+    if ok:
+        with contextlib.suppress(RecursionError, ValueError):
+            shown = json.dumps(value, indent=2, ensure_ascii=False)
+    return Html(f"<pre>{_e(shown)}</pre>")
+
+
+def _stored_value(text: str, truncated: bool, size: int, url: str | None) -> Html:
+    """A stored JSON value: pretty-printed whole, or its cut beginning and where the rest is."""
+    if not truncated:
+        return _pretty(text)
+    where_html = Html("")
+    if url is not None:
+        where_html = Html(f' The whole value is at <a href="{_e(url)}">{_e(url)}</a>.')
+    return Html(
+        f'<pre>{_e(text)}</pre><p class="muted">Showing the first {_num(len(text))} of {_num(size)}'
+        f" characters.{where_html}</p>"
+    )
 
 
 def _preview(text: str, limit: int = 140) -> str:
@@ -597,50 +796,62 @@ def _preview(text: str, limit: int = 140) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
-def _table(headers: Iterable[str], rows: Iterable[str], *, cls: str = "") -> str:
-    head = "".join(headers)
-    klass = f' class="{cls}"' if cls else ""
-    return f"<table{klass}><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+def _table(headers: Iterable[Html], rows: Iterable[Html], *, cls: str = "") -> Html:
+    klass_html = Html(f' class="{_e(cls)}"') if cls else Html("")
+    return Html(
+        f"<table{klass_html}><thead><tr>{_join(headers)}</tr></thead><tbody>{_join(rows)}</tbody></table>"
+    )
 
 
-def _th(*names: str) -> list[str]:
-    return [f'<th class="num">{n[1:]}</th>' if n.startswith("#") else f"<th>{n}</th>" for n in names]
+def _th(*names: str) -> list[Html]:
+    return [
+        Html(f'<th class="num">{_e(n[1:])}</th>') if n.startswith("#") else Html(f"<th>{_e(n)}</th>")
+        for n in names
+    ]
 
 
-def _section(title: str, body: str, *, anchor: str) -> str:
-    return f'<section id="{anchor}"><h2>{title}</h2>{body}</section>'
+def _section(title_html: Html, body_html: Html, *, anchor: str) -> Html:
+    return Html(f'<section id="{_e(anchor)}"><h2>{title_html}</h2>{body_html}</section>')
 
 
-def _empty(text: str) -> str:
-    return f'<p class="empty">{text}</p>'
+def _empty(text: str) -> Html:
+    return Html(f'<p class="empty">{_e(text)}</p>')
+
+
+def _muted(text: str) -> Html:
+    return Html(f'<span class="muted">{_e(text)}</span>')
+
+
+def _link(url: str, label: str) -> Html:
+    return Html(f'<a href="{_e(url)}">{_e(label)}</a>')
 
 
 # --------------------------------------------------------------------------- pages
 
 
-def _page(title: str, body: str, *, refresh: int | None = None) -> str:
-    refresh_meta = f'<meta http-equiv="refresh" content="{refresh}">' if refresh else ""
-    return (
+def _page(title: str, body_html: Html, *, refresh: int | None = None) -> Html:
+    refresh_html = Html(f'<meta http-equiv="refresh" content="{_e(refresh)}">') if refresh else Html("")
+    return Html(
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"{refresh_meta}<title>{_e(title)} · zincir inspector</title>"
-        f'<link rel="stylesheet" href="/static/inspector.css?v={_e(__version__)}">'
+        f"{refresh_html}<title>{_e(title)} · zincir inspector</title>"
+        f'<link rel="stylesheet" href="{_e(_url("/static/inspector.css", {"v": __version__}))}">'
         '</head><body><header><a class="brand" href="/">zincir</a>'
         '<span class="label">Inspector</span><span class="readonly">read-only</span></header>'
-        f"<main>{body}</main></body></html>"
+        f"<main>{body_html}</main></body></html>"
     )
 
 
-def _error_body(status: int, name: str, message: str) -> str:
-    return (
+def _error_body(status: int, name: str, message: str) -> Html:
+    return Html(
         f'<div class="error"><h1>{_e(status)} {_e(name)}</h1><p>{_e(message)}</p>'
         '<p><a href="/">← All runs</a></p></div>'
     )
 
 
-def _runs_body(query: _RunsQuery, page: q.RunPage, database: str, now: int) -> str:
+def _runs_body(query: _RunsQuery, page: q.RunPage, database: str, now: int) -> Html:
     parts = [
-        f'<div class="title"><h1>Runs</h1><span class="muted">{_e(database)}</span></div>',
+        Html(f'<div class="title"><h1>Runs</h1>{_muted(database)}</div>'),
         _status_tabs(query, page),
         _runs_filter(query),
     ]
@@ -651,180 +862,214 @@ def _runs_body(query: _RunsQuery, page: q.RunPage, database: str, now: int) -> s
     else:
         parts.append(_empty("No runs match these filters."))
     parts.append(_runs_nav(query, page))
-    return "".join(parts)
+    return _join(parts)
 
 
-def _status_tabs(query: _RunsQuery, page: q.RunPage) -> str:
+def _status_tabs(query: _RunsQuery, page: q.RunPage) -> Html:
     tabs = [(None, "all", page.total)] + [(s, s, page.counts[s]) for s in q.RUN_STATUSES]
     links = []
     for status, label, count in tabs:
-        current = ' aria-current="page"' if status == query.status else ""
+        current_html = Html(' aria-current="page"') if status == query.status else Html("")
         href = query.url(status=status)
         links.append(
-            f'<a class="tab s-{_e(label)}" href="{_e(href)}"{current}>{_e(label)} '
-            f'<span class="count">{count:,}</span></a>'
+            Html(
+                f'<a class="tab s-{_e(label)}" href="{_e(href)}"{current_html}>{_e(label)} '
+                f'<span class="count">{_num(count)}</span></a>'
+            )
         )
-    return f'<nav class="tabs">{"".join(links)}</nav>'
+    return Html(f'<nav class="tabs">{_join(links)}</nav>')
 
 
-def _runs_filter(query: _RunsQuery) -> str:
-    options = ['<option value="">any status</option>'] + [
-        f'<option value="{s}"{" selected" if s == query.status else ""}>{s}</option>' for s in q.RUN_STATUSES
+def _runs_filter(query: _RunsQuery) -> Html:
+    options = [Html('<option value="">any status</option>')] + [
+        Html(f'<option value="{_e(s)}"{_selected(s == query.status)}>{_e(s)}</option>')
+        for s in q.RUN_STATUSES
     ]
-    return (
+    return Html(
         '<form class="filters" method="get" action="/">'
-        f'<label>Status <select name="status">{"".join(options)}</select></label>'
+        f'<label>Status <select name="status">{_join(options)}</select></label>'
         f'<label>Role <input name="role" value="{_e(query.role or "")}" '
         'placeholder="any role"></label><button type="submit">Filter</button>'
         '<a href="/">Reset</a></form>'
     )
 
 
-def _clipped(text: str, limit: int) -> str:
+def _selected(selected: bool) -> Html:
+    return Html(" selected") if selected else Html("")
+
+
+def _clipped(text: str, limit: int) -> Html:
     """Escaped ``text`` cut to ``limit`` characters; the (bounded) whole in a tooltip."""
     if len(text) <= limit:
         return _e(text)
-    return f'<span title="{_e(text[:1000])}">{_e(text[: limit - 1])}…</span>'
+    return Html(f'<span title="{_e(text[:1000])}">{_e(text[: limit - 1])}…</span>')
 
 
-def _lease_cell(run: q.RunSummary, now: int) -> str:
+def _lease_cell(run: q.RunSummary, now: int) -> Html:
     if run.lease_owner is None or run.lease_expires_at is None:
-        return '<span class="muted">—</span>'
-    left = run.lease_expires_at - now
+        return _DASH
+    owner_html = Html(f"<code>{_clipped(run.lease_owner, 16)}</code>")
+    expires = run.lease_expires_at
+    if type(expires) is not int:
+        return Html(f"{owner_html}<br>{_malformed(expires)}")
+    left = expires - now
     state = f"expires {human_delta(left)}" if left > 0 else f"expired {human_delta(left)}"
     kind = "active" if left > 0 else "expired"
-    return f'<code>{_clipped(run.lease_owner, 16)}</code><br><span class="lease-{kind}">{_e(state)}</span>'
+    return Html(f'{owner_html}<br><span class="lease-{_e(kind)}">{_e(state)}</span>')
 
 
-def _runs_table(runs: Iterable[q.RunSummary], now: int) -> str:
+def _ago(ms: object, now: int) -> Html:
+    return _muted(human_delta(ms - now)) if type(ms) is int else Html("")
+
+
+def _runs_table(runs: Iterable[q.RunSummary], now: int) -> Html:
     rows = [
-        f"<tr><td>{_run_link(run.id)}</td><td>{_pill(run.status)}</td>"
-        f'<td class="text">{_clipped(run.role, 48)}</td><td class="text">{_clipped(run.provider, 32)}</td>'
-        f'<td class="num">{run.event_count:,}</td><td class="num">{run.attempts:,}</td>'
-        f"<td>{_lease_cell(run, now)}</td><td>{_time(run.updated_at)}<br>"
-        f'<span class="muted">{_e(human_delta(run.updated_at - now))}</span></td></tr>'
+        Html(
+            f"<tr><td>{_run_link(run.id)}</td><td>{_pill(run.status)}</td>"
+            f'<td class="text">{_clipped(run.role, 48)}</td>'
+            f'<td class="text">{_clipped(run.provider, 32)}</td>'
+            f'<td class="num">{_num(run.event_count)}</td><td class="num">{_num(run.attempts)}</td>'
+            f"<td>{_lease_cell(run, now)}</td>"
+            f"<td>{_time(run.updated_at)}<br>{_ago(run.updated_at, now)}</td></tr>"
+        )
         for run in runs
     ]
     headers = _th("Run", "Status", "Role", "Provider", "#Events", "#Attempts", "Lease", "Last activity")
     return _table(headers, rows, cls="runs")
 
 
-def _runs_nav(query: _RunsQuery, page: q.RunPage) -> str:
+def _runs_nav(query: _RunsQuery, page: q.RunPage) -> Html:
     links = []
     if page.has_newer:
-        links.append(f'<a href="{_e(query.url())}">⇤ Newest</a>')
-        newer = query.url(after=page.runs[0].cursor.encode())
-        links.append(f'<a href="{_e(newer)}">← Newer</a>')
+        links.append(_link(query.url(), "⇤ Newest"))
+        links.append(_link(query.url(after=page.runs[0].cursor.encode()), "← Newer"))
     if page.has_older:
-        older = query.url(before=page.runs[-1].cursor.encode())
-        links.append(f'<a href="{_e(older)}">Older →</a>')
-    return f'<nav class="pager">{"".join(links)}</nav>' if links else ""
+        links.append(_link(query.url(before=page.runs[-1].cursor.encode()), "Older →"))
+    return Html(f'<nav class="pager">{_join(links)}</nav>') if links else Html("")
 
 
-def _run_body(view: _RunView, query: _EventsQuery, now: int, refresh: bool) -> str:
+def _run_body(view: _RunView, query: _EventsQuery, now: int, refresh: bool) -> Html:
     run = view.run
-    return "".join(
+    events_title = Html(f'Events <span class="muted">({_num(run.event_count)})</span>')
+    config = _stored_value(run.config, run.config_truncated, run.config_size, _path("api", "runs", run.id))
+    return _join(
         [
-            '<p><a href="/">← All runs</a></p>',
-            f'<div class="title"><h1>Run <code>{_e(run.id)}</code></h1>{_pill(run.status)}'
-            f"{_refresh_note(view, query, refresh)}</div>",
-            '<div class="grid">',
-            _section("Overview", _overview(run, now), anchor="overview"),
-            _section("Lease and attempts", _lease(run, now), anchor="lease"),
-            "</div>",
-            _section("Family", _family(run), anchor="family"),
-            _section("Configuration", _pretty(run.config), anchor="config"),
-            _section("Checkpoints", _checkpoints(run.id, view.checkpoints), anchor="checkpoints"),
-            _section(
-                f'Events <span class="muted">({run.event_count:,})</span>',
-                _events(run.id, view, query),
-                anchor="events",
+            Html('<p><a href="/">← All runs</a></p>'),
+            Html(
+                f'<div class="title"><h1>Run <code>{_e(run.id)}</code></h1>{_pill(run.status)}'
+                f"{_refresh_note(view, query, refresh)}</div>"
             ),
-            _section("Steps", _steps(view.steps), anchor="steps"),
-            _section("Timers", _timers(view.timers, now), anchor="timers"),
+            Html('<div class="grid">'),
+            _section(_e("Overview"), _overview(run, now), anchor="overview"),
+            _section(_e("Lease and attempts"), _lease(run, now), anchor="lease"),
+            Html("</div>"),
+            _section(_e("Family"), _family(run, query), anchor="family"),
+            _section(_e("Configuration"), config, anchor="config"),
+            _section(_e("Checkpoints"), _checkpoints(run.id, view.checkpoints), anchor="checkpoints"),
+            _section(events_title, _events(run.id, view, query), anchor="events"),
+            _section(_e("Steps"), _steps(run.id, view.steps), anchor="steps"),
+            _section(_e("Timers"), _timers(view.timers, now), anchor="timers"),
         ]
     )
 
 
-def _refresh_note(view: _RunView, query: _EventsQuery, refresh: bool) -> str:
+def _refresh_note(view: _RunView, query: _EventsQuery, refresh: bool) -> Html:
     if refresh:
         off = query.url(view.run.id, refresh="off")
-        return (
-            f'<span class="muted">refreshes every {REFRESH_SECONDS} s · <a href="{_e(off)}">pause</a></span>'
+        return Html(
+            f'<span class="muted">refreshes every {_e(REFRESH_SECONDS)} s · {_link(off, "pause")}</span>'
         )
     if view.run.status in ("pending", "running"):
         on = query.url(view.run.id, refresh=None)
-        return f'<span class="muted">auto-refresh paused · <a href="{_e(on)}">resume</a></span>'
-    return ""
+        return Html(f'<span class="muted">auto-refresh paused · {_link(on, "resume")}</span>')
+    return Html("")
 
 
-def _dl(items: Iterable[tuple[str, str]]) -> str:
-    return "<dl>" + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in items) + "</dl>"
+def _dl(items: Iterable[tuple[str, Html]]) -> Html:
+    return Html(f"<dl>{_join(Html(f'<dt>{_e(k)}</dt><dd>{v_html}</dd>') for k, v_html in items)}</dl>")
 
 
-def _overview(run: q.RunDetail, now: int) -> str:
+def _overview(run: q.RunDetail, now: int) -> Html:
     return _dl(
         [
             ("Status", _pill(run.status)),
             ("Role", _e(run.role)),
-            ("Provider", _e(run.provider) or '<span class="muted">—</span>'),
-            ("Created", _time(run.created_at) + _relative(run.created_at, now)),
-            ("Last activity", _time(run.updated_at) + _relative(run.updated_at, now)),
-            ("Events", f"{run.event_count:,}"),
+            ("Provider", _e(run.provider) or _DASH),
+            ("Created", Html(_time(run.created_at) + _relative(run.created_at, now))),
+            ("Last activity", Html(_time(run.updated_at) + _relative(run.updated_at, now))),
+            ("Events", _num(run.event_count)),
         ]
     )
 
 
-def _lease(run: q.RunDetail, now: int) -> str:
+def _lease(run: q.RunDetail, now: int) -> Html:
     if run.lease_owner is None:
-        owner = '<span class="muted">none (free)</span>'
-        expires = '<span class="muted">—</span>'
+        owner = _muted("none (free)")
+        expires = _DASH
     else:
-        owner = f"<code>{_e(run.lease_owner)}</code>"
-        left = (run.lease_expires_at or 0) - now
-        state = "active" if left > 0 else "expired"
-        note = f"({state}, {human_delta(left)})"
-        expires = f'{_time(run.lease_expires_at)} <span class="lease-{state}">{_e(note)}</span>'
-    if run.next_attempt_at <= 0:
-        next_attempt = '<span class="muted">any time</span>'
+        owner = Html(f"<code>{_e(run.lease_owner)}</code>")
+        expires = _time(run.lease_expires_at)
+        if type(run.lease_expires_at) is int:
+            left = run.lease_expires_at - now
+            state = "active" if left > 0 else "expired"
+            note = f"({state}, {human_delta(left)})"
+            expires = Html(f'{_time(run.lease_expires_at)} <span class="lease-{_e(state)}">{_e(note)}</span>')
+    if type(run.next_attempt_at) is int and run.next_attempt_at <= 0:
+        next_attempt = _muted("any time")
     else:
-        next_attempt = _time(run.next_attempt_at) + _relative(run.next_attempt_at, now)
+        next_attempt = Html(_time(run.next_attempt_at) + _relative(run.next_attempt_at, now))
     return _dl(
         [
             ("Owner", owner),
-            ("Epoch", f"{run.lease_epoch:,}"),
+            ("Epoch", _num(run.lease_epoch)),
             ("Expires", expires),
-            ("Attempts", f"{run.attempts:,}"),
+            ("Attempts", _num(run.attempts)),
             ("Next attempt", next_attempt),
         ]
     )
 
 
-def _family(run: q.RunDetail) -> str:
-    parent = _run_link(run.parent_run_id) if run.parent_run_id else '<span class="muted">none</span>'
+def _family(run: q.RunDetail, query: _EventsQuery) -> Html:
+    parent_html = _run_link(run.parent_run_id) if run.parent_run_id else _muted("none")
+    total_html = Html(_num(run.children_total) + ("+" if run.children_capped else ""))
     if run.children:
-        items = "".join(
-            f'<li>{_run_link(c.id)} {_pill(c.status)} <span class="muted">{_e(c.role)}</span></li>'
-            for c in run.children
+        items = [Html(f"<li>{_run_link(c.id)} {_pill(c.status)} {_muted(c.role)}</li>") for c in run.children]
+        links = []
+        if query.children_after is not None:
+            links.append(_link(_fragment(query.url(run.id), "family"), "⇤ First children"))
+        if run.children_next is not None:
+            more = query.url(run.id, children_after=run.children_next.encode())
+            links.append(_link(_fragment(more, "family"), "More children →"))
+        nav_html = Html(f'<nav class="pager">{_join(links)}</nav>') if links else Html("")
+        children_html = Html(f'<ul class="children">{_join(items)}</ul>{nav_html}')
+    elif query.children_after is not None:
+        children_html = Html(
+            f"{_muted('no more children')} {_link(_fragment(query.url(run.id), 'family'), '⇤ First')}"
         )
-        more = run.children_total - len(run.children)
-        extra = f'<li class="muted">and {more:,} more</li>' if more > 0 else ""
-        children = f'<ul class="children">{items}{extra}</ul>'
     else:
-        children = '<span class="muted">none</span>'
-    return _dl([("Parent", parent), (f"Children ({run.children_total:,})", children)])
+        children_html = _muted("none")
+    return Html(
+        f"<dl><dt>Parent</dt><dd>{parent_html}</dd>"
+        f"<dt>Children ({total_html})</dt><dd>{children_html}</dd></dl>"
+    )
 
 
-def _seq_link(run_id: str, seq: int | None) -> str:
+def _anchor(seq: object) -> str:
+    return "e" + q.encode_key(seq)
+
+
+def _seq_link(run_id: str, seq: object) -> Html:
     if seq is None:
-        return '<span class="muted">—</span>'
-    href = _url(f"/runs/{run_id}", {"after": seq - 1 if seq > 0 else None})
-    return f'<a href="{_e(href)}#e{seq}">#{seq}</a>'
+        return _DASH
+    if type(seq) is not int:
+        return _malformed(seq)
+    href = _url(_path("runs", run_id), {"after": seq - 1 if seq > 0 else None})
+    return _link(_fragment(href, _anchor(seq)), f"#{seq}")
 
 
-def _lineage(checkpoints: Iterable[q.CheckpointRow]) -> dict[int, str]:
+def _lineage(checkpoints: Iterable[q.CheckpointRow]) -> dict[object, str]:
     """For each round, which accepted round it builds on (the baseline before it)."""
-    builds_on: dict[int, str] = {}
+    builds_on: dict[object, str] = {}
     baseline = "original goal"
     for checkpoint in checkpoints:
         builds_on[checkpoint.round] = baseline
@@ -833,20 +1078,26 @@ def _lineage(checkpoints: Iterable[q.CheckpointRow]) -> dict[int, str]:
     return builds_on
 
 
-def _checkpoints(run_id: str, checkpoints: tuple[q.CheckpointRow, ...]) -> str:
+def _checkpoints(run_id: str, checkpoints: tuple[q.CheckpointRow, ...]) -> Html:
     if not checkpoints:
         return _empty("No checkpoints.")
     lineage = _lineage(checkpoints)
     rows = []
     for c in checkpoints[:LIST_LIMIT]:
+        url = _checkpoint_url(run_id, c)
+        verification_html = _details(
+            "verification", c.verification, c.verification_truncated, c.verification_size, url
+        )
+        state_html = _details("state", c.state, c.state_truncated, c.state_size, url)
         rows.append(
-            f'<tr><td class="num">{c.round}</td><td>{_pill(c.status)}</td>'
-            f"<td>{_e(lineage[c.round])}</td><td><code>{_e(c.tool_call_id)}</code></td>"
-            f'<td class="num">{_seq_link(run_id, c.based_on_event_seq)}</td>'
-            f'<td class="num">{_seq_link(run_id, c.decision_event_seq)}</td>'
-            f"<td>{_time(c.created_at)}</td><td>{_time(c.decided_at)}</td>"
-            f"<td>{_details('verification', c.verification)}"
-            f"{_details('state', c.state)}</td></tr>"
+            Html(
+                f'<tr><td class="num">{_num(c.round)}</td><td>{_pill(c.status)}</td>'
+                f"<td>{_e(lineage[c.round])}</td><td><code>{_e(c.tool_call_id)}</code></td>"
+                f'<td class="num">{_seq_link(run_id, c.based_on_event_seq)}</td>'
+                f'<td class="num">{_seq_link(run_id, c.decision_event_seq)}</td>'
+                f"<td>{_time(c.created_at)}</td><td>{_time(c.decided_at)}</td>"
+                f"<td>{verification_html}{state_html}</td></tr>"
+            )
         )
     headers = _th(
         "#Round",
@@ -859,109 +1110,132 @@ def _checkpoints(run_id: str, checkpoints: tuple[q.CheckpointRow, ...]) -> str:
         "Decided",
         "Evidence and state",
     )
-    return _table(headers, rows) + _cut_note(len(checkpoints), "checkpoints")
+    return Html(_table(headers, rows) + _cut_note(len(checkpoints), "checkpoints"))
 
 
-def _details(label: str, text: str | None) -> str:
+def _details(label: str, text: str | None, truncated: bool, size: int, url: str) -> Html:
     if text is None:
-        return f'<span class="muted">no {_e(label)}</span>'
-    return f"<details><summary>{_e(label)}</summary>{_pretty(text)}</details>"
-
-
-def _cut_note(count: int, what: str) -> str:
-    if count <= LIST_LIMIT:
-        return ""
-    return (
-        f'<p class="muted">Showing the first {LIST_LIMIT} {what}; use the JSON API or '
-        "<code>zincir export</code> for all of them.</p>"
+        return _muted(f"no {label}")
+    return Html(
+        f"<details><summary>{_e(label)}</summary>{_stored_value(text, truncated, size, url)}</details>"
     )
 
 
-def _events(run_id: str, view: _RunView, query: _EventsQuery) -> str:
+def _cut_note(count: int, what: str) -> Html:
+    if count <= LIST_LIMIT:
+        return Html("")
+    return Html(
+        f'<p class="muted">Showing the first {_e(LIST_LIMIT)} {_e(what)}; <code>zincir show --json</code> '
+        "or <code>zincir export</code> prints all of them.</p>"
+    )
+
+
+def _events(run_id: str, view: _RunView, query: _EventsQuery) -> Html:
+    page = view.events
     parts = [_events_filter(run_id, view.types, query), _events_nav(run_id, view, query)]
-    if not view.events.events:
-        parts.append(_empty("No events." if query.type is None else "No events of this type."))
-    for event in view.events.events:
+    if page.scan_edge is not None:
+        parts.append(
+            Html(
+                f'<p class="muted">There is no index on the event type: a filtered page looks at '
+                f"{_num(q.SCAN_WINDOW)} events at most, and this one stopped at "
+                f"#{_e(q.encode_key(page.scan_edge))}.</p>"
+            )
+        )
+    if not page.events:
+        if query.type is None:
+            parts.append(_empty("No events."))
+        elif page.scan_edge is not None:
+            parts.append(_empty("No events of this type among the events looked at; continue scanning."))
+        else:
+            parts.append(_empty("No events of this type."))
+    for event in page.events:
         parts.append(_event(run_id, event))
     parts.append(_events_nav(run_id, view, query))
-    return "".join(parts)
+    return _join(parts)
 
 
-def _events_filter(run_id: str, types: Iterable[str], query: _EventsQuery) -> str:
-    options = ['<option value="">all types</option>'] + [
-        f'<option value="{_e(t)}"{" selected" if t == query.type else ""}>{_e(t)}</option>' for t in types
+def _events_filter(run_id: str, types: Iterable[str], query: _EventsQuery) -> Html:
+    options = [Html('<option value="">all types</option>')] + [
+        Html(f'<option value="{_e(t)}"{_selected(t == query.type)}>{_e(t)}</option>') for t in types
     ]
-    refresh = _arg("refresh")
-    hidden = '<input type="hidden" name="refresh" value="off">' if refresh == "off" else ""
-    return (
-        f'<form class="filters" method="get" action="/runs/{_e(run_id)}#events">'
-        f'<label>Type <select name="type">{"".join(options)}</select></label>{hidden}'
+    hidden_html = (
+        Html('<input type="hidden" name="refresh" value="off">') if query.refresh == "off" else Html("")
+    )
+    return Html(
+        f'<form class="filters" method="get" action="{_e(_fragment(_path("runs", run_id), "events"))}">'
+        f'<label>Type <select name="type">{_join(options)}</select></label>{hidden_html}'
         '<button type="submit">Filter</button></form>'
     )
 
 
-def _events_nav(run_id: str, view: _RunView, query: _EventsQuery) -> str:
+def _events_nav(run_id: str, view: _RunView, query: _EventsQuery) -> Html:
     page = view.events
+    scanning = page.scan_edge is not None
+
+    def link(label: str, **changes: Any) -> Html:
+        return _link(_fragment(query.url(run_id, **changes), "events"), label)
+
     links = []
     if page.has_before:
-        links.append(f'<a href="{_e(query.url(run_id, after=None, before=None))}#events">⇤ First</a>')
-        if page.events:
-            prev = query.url(run_id, after=None, before=page.events[0].seq)
-            links.append(f'<a href="{_e(prev)}#events">← Previous</a>')
+        links.append(link("⇤ First", after=None, before=None))
+        if page.prev_before is not None:
+            back = scanning and page.prev_before == page.scan_edge
+            links.append(
+                link("← Continue scanning" if back else "← Previous", after=None, before=page.prev_before)
+            )
     if page.has_after:
-        nxt = query.url(run_id, after=page.events[-1].seq, before=None)
-        links.append(f'<a href="{_e(nxt)}#events">Next →</a>')
-        last = query.url(run_id, after=None, before=view.run.event_count)
-        links.append(f'<a href="{_e(last)}#events">Latest ⇥</a>')
-    return f'<nav class="pager">{"".join(links)}</nav>' if links else ""
+        if page.next_after is not None:
+            onward = scanning and page.next_after == page.scan_edge
+            links.append(
+                link("Continue scanning →" if onward else "Next →", after=page.next_after, before=None)
+            )
+        links.append(link("Latest ⇥", after=None, before=q.LATEST))
+    return Html(f'<nav class="pager">{_join(links)}</nav>') if links else Html("")
 
 
-def _event(run_id: str, event: q.EventRow) -> str:
-    api = f"/api/runs/{run_id}/events/{event.seq}"
-    if event.truncated:
-        body = (
-            f'<pre>{_e(event.payload)}</pre><p class="muted">Showing the first '
-            f"{len(event.payload):,} of {event.payload_size:,} characters; the whole payload is at "
-            f'<a href="{_e(api)}">{_e(api)}</a>.</p>'
-        )
-    else:
-        body = _pretty(event.payload)
-    key = (
-        f'<p class="muted">idempotency key <code>{_e(event.idempotency_key)}</code></p>'
-        if event.idempotency_key is not None
-        else ""
-    )
-    return (
-        f'<details class="event" id="e{event.seq}"><summary>'
-        f'<span class="seq">#{event.seq}</span> <strong>{_e(event.type)}</strong> '
+def _event(run_id: str, event: q.EventRow) -> Html:
+    api = _path("api", "runs", run_id, "events", q.encode_key(event.seq)) if event.truncated else None
+    body_html = _stored_value(event.payload, event.truncated, event.payload_size, api)
+    key_html = Html("")
+    if event.idempotency_key is not None:
+        key_html = Html(f'<p class="muted">idempotency key <code>{_e(event.idempotency_key)}</code></p>')
+    return Html(
+        f'<details class="event" id="{_e(_anchor(event.seq))}"><summary>'
+        f'<span class="seq">#{_e(event.seq)}</span> <strong>{_e(event.type)}</strong> '
         f'{_time(event.created_at)} <span class="preview">{_e(_preview(event.payload))}</span>'
-        f"</summary>{key}{body}</details>"
+        f"</summary>{key_html}{body_html}</details>"
     )
 
 
-def _steps(steps: tuple[q.StepRow, ...]) -> str:
+def _steps(run_id: str, steps: tuple[q.StepRow, ...]) -> Html:
     if not steps:
         return _empty("No named steps.")
     rows = [
-        f"<tr><td><code>{_e(s.name)}</code></td><td>{_pill(s.status)}</td>"
-        f'<td class="num">{s.epoch}</td><td>{_time(s.started_at)}</td>'
-        f"<td>{_time(s.completed_at)}</td><td>{_details('result', s.result)}</td></tr>"
+        Html(
+            f"<tr><td><code>{_e(s.name)}</code></td><td>{_pill(s.status)}</td>"
+            f'<td class="num">{_num(s.epoch)}</td><td>{_time(s.started_at)}</td>'
+            f"<td>{_time(s.completed_at)}</td>"
+            f"<td>{_details('result', s.result, s.truncated, s.result_size, _step_url(run_id, s))}</td></tr>"
+        )
         for s in steps[:LIST_LIMIT]
     ]
     headers = _th("Name", "Status", "#Epoch", "Started", "Completed", "Result")
-    return _table(headers, rows) + _cut_note(len(steps), "steps")
+    return Html(_table(headers, rows) + _cut_note(len(steps), "steps"))
 
 
-def _timers(timers: tuple[q.TimerRow, ...], now: int) -> str:
+def _timers(timers: tuple[q.TimerRow, ...], now: int) -> Html:
     if not timers:
         return _empty("No durable timers.")
     rows = [
-        f"<tr><td><code>{_e(t.name)}</code></td>"
-        f"<td>{_time(t.wake_at)}{_relative(t.wake_at, now) if t.completed_at is None else ''}</td>"
-        f"<td>{_time(t.created_at)}</td><td>{_time(t.completed_at)}</td></tr>"
+        Html(
+            f"<tr><td><code>{_e(t.name)}</code></td>"
+            f"<td>{_time(t.wake_at)}{_relative(t.wake_at, now) if t.completed_at is None else Html('')}</td>"
+            f"<td>{_time(t.created_at)}</td><td>{_time(t.completed_at)}</td></tr>"
+        )
         for t in timers[:LIST_LIMIT]
     ]
-    return _table(_th("Name", "Wakes at", "Created", "Completed"), rows) + _cut_note(len(timers), "timers")
+    headers = _th("Name", "Wakes at", "Created", "Completed")
+    return Html(_table(headers, rows) + _cut_note(len(timers), "timers"))
 
 
 STYLESHEET = """\
@@ -1044,6 +1318,7 @@ td details summary { cursor: pointer; color: var(--link); }
 .error { max-width: 40rem; margin: 3rem auto; padding: 1.5rem 2rem; background: var(--panel);
   border: 1px solid var(--border); border-radius: 8px; }
 .error h1 { color: var(--failed); }
+.malformed { color: var(--failed); overflow-wrap: anywhere; }
 """
 
 

@@ -4,18 +4,30 @@ Everything here is plain synchronous code over one :class:`sqlite3.Connection` o
 :func:`open_readonly`. Nothing writes: the connection is opened with ``mode=ro``, so SQLite
 itself refuses writes, and no function issues one. Every list is bounded (keyset
 pagination), so a run with a million events costs one page, never the whole log.
+
+Rows are normalised before they leave this module, because SQLite (the tables are not
+``STRICT``) lets anyone with write access store any type in any column:
+
+- an INTEGER column gives an :class:`int`, or a :class:`Malformed` placeholder when the stored
+  value is TEXT, BLOB, REAL or NULL (the placeholder keeps the value for keyset cursors);
+- a TEXT column gives a :class:`str` (a BLOB is decoded as UTF-8 with replacement), cut to
+  :data:`NAME_CHARS` characters;
+- a JSON column is decoded by :func:`json_value`, which never fails: text that is not JSON,
+  too deep, or holds ``NaN``/``Infinity`` stays usable (see there).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import sqlite3
+import struct
 import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
@@ -24,11 +36,16 @@ from ._migrations import APPLICATION_ID, load_migrations
 from ._types import EventType
 
 __all__ = [
+    "CHILD_COUNT_CAP",
     "DEFAULT_PAGE",
+    "LATEST",
+    "MAX_INT",
     "RUN_STATUSES",
+    "SCAN_WINDOW",
     "CheckpointRow",
     "EventPage",
     "EventRow",
+    "Malformed",
     "RunCursor",
     "RunDetail",
     "RunPage",
@@ -36,12 +53,17 @@ __all__ = [
     "StepRow",
     "TimerRow",
     "checkpoint_to_json",
+    "decode_key",
+    "encode_key",
     "event_to_json",
     "event_types",
+    "get_checkpoint",
     "get_event",
     "get_run",
+    "get_step",
     "iter_events",
     "json_value",
+    "key_json",
     "list_checkpoints",
     "list_events",
     "list_runs",
@@ -49,7 +71,9 @@ __all__ = [
     "list_timers",
     "open_readonly",
     "parse_cursor",
+    "parse_json",
     "parse_run_id",
+    "raw_value",
     "read_snapshot",
     "run_to_json",
     "step_to_json",
@@ -72,9 +96,24 @@ RUN_STATUSES = ("pending", "running", "completed", "failed")
 DEFAULT_PAGE = 100
 MAX_PAGE = 1000
 BUSY_TIMEOUT = 5.0
+MAX_INT: Final = 2**63 - 1
+MIN_INT: Final = -(2**63)
+#: Characters read of a TEXT column that holds a name, id, status or key (zincir writes <= 255).
+NAME_CHARS: Final = 1024
+#: Characters read of a TEXT or BLOB value found in an INTEGER column (a cursor keeps them).
+KEY_CHARS: Final = 256
+#: A type filter looks at most this many events past its cursor per page (there is no index
+#: on the event type: every append would pay for one).
+SCAN_WINDOW: Final = 20_000
+#: Children are counted up to this many (the count walks an index); more shows as "10,000+".
+CHILD_COUNT_CAP: Final = 10_000
+#: Stored JSON nested deeper than this is treated as text (so that re-encoding it never recurses
+#: past Python's limit).
+MAX_JSON_DEPTH: Final = 200
 
 _RUN_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-_CURSOR = re.compile(r"(-?[0-9]{1,19})_(" + _RUN_ID.pattern + ")")
+_INT_KEY = re.compile(r"-?[0-9]{1,19}")
+_TAGGED_KEY = re.compile(r"n|r[0-9a-f]{16}|[tb](?:[0-9a-f]{2}){0,4096}")
 
 
 # --------------------------------------------------------------------------- opening
@@ -128,7 +167,7 @@ def _check_schema(conn: sqlite3.Connection, path: str) -> None:
         raise _storage_error(exc, f"reading the schema of {path!r}") from exc
     except sqlite3.DatabaseError as exc:
         raise SchemaError(f"{path!r} is not a zincir database ({exc})") from exc
-    if version < 1:
+    if type(version) is not int or version < 1:
         raise SchemaError(f"{path!r} has no applied zincir migration")
     known = len(load_migrations())
     if version > known:
@@ -164,6 +203,172 @@ def read_snapshot(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
             conn.execute("ROLLBACK")
 
 
+# --------------------------------------------------------------------------- stored values
+
+
+@attrs.frozen
+class Malformed:
+    """A value of the wrong type found in an INTEGER column (TEXT, BLOB, REAL or NULL).
+
+    zincir never writes one; someone with write access to the file can. ``raw`` is the stored
+    value (TEXT and BLOB cut to :data:`KEY_CHARS`), kept so that keyset cursors still work;
+    ``str()`` gives a bounded, printable description for display.
+    """
+
+    raw: object
+
+    @property
+    def storage(self) -> str:
+        """The SQLite storage class of the value: ``real``, ``text``, ``blob`` or ``null``."""
+        if self.raw is None:
+            return "null"
+        if isinstance(self.raw, float):
+            return "real"
+        if isinstance(self.raw, bytes):
+            return "blob"
+        return "text"
+
+    @property
+    def preview(self) -> str:
+        raw = self.raw
+        if isinstance(raw, bytes):
+            shown = raw[:32].hex()
+            return f"x'{shown}{'…' if len(raw) > 32 else ''}'"
+        if isinstance(raw, str):
+            return repr(raw if len(raw) <= 60 else raw[:60] + "…")
+        return repr(raw)
+
+    def __str__(self) -> str:
+        return f"(malformed {self.storage}: {self.preview})"
+
+    def __format__(self, spec: str) -> str:
+        # Whatever the format (``{n:,}``, ``{n:>6}``), show the placeholder rather than fail.
+        return str(self)
+
+    def to_json(self) -> dict[str, str]:
+        return {"malformed": self.storage, "value": self.preview}
+
+
+Int = int | Malformed
+OptInt = int | Malformed | None
+
+
+def _int(value: object) -> Int:
+    return value if type(value) is int else Malformed(value)
+
+
+def _opt_int(value: object) -> OptInt:
+    return None if value is None else _int(value)
+
+
+def _text(value: object) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return "" if value is None else str(value)
+
+
+def _opt_text(value: object) -> str | None:
+    return None if value is None else _text(value)
+
+
+def _size(value: object) -> int:
+    return value if type(value) is int else 0
+
+
+def _cut(max_chars: int | None, size: int) -> bool:
+    return max_chars is not None and size > max_chars
+
+
+def _name(column: str) -> str:
+    """SQL for a TEXT column read at most :data:`NAME_CHARS` characters."""
+    return f"substr({column}, 1, {NAME_CHARS})"
+
+
+def _key(column: str) -> str:
+    """SQL for an INTEGER column: TEXT or BLOB found there is read at most KEY_CHARS long."""
+    cut = f"substr({column}, 1, {KEY_CHARS})"
+    return f"CASE WHEN typeof({column}) IN ('text', 'blob') THEN {cut} ELSE {column} END"
+
+
+def _json_column(column: str, max_chars: int | None) -> str:
+    """SQL for a JSON TEXT column (cut to ``max_chars`` characters) followed by its length."""
+    shown = column if max_chars is None else f"substr({column}, 1, {max(0, int(max_chars))})"
+    return f"{shown}, length({column})"
+
+
+def _plain(value: object) -> object:
+    return value.to_json() if isinstance(value, Malformed) else value
+
+
+# --------------------------------------------------------------------------- keys and cursors
+
+
+def encode_key(value: object) -> str:
+    """A URL-safe token for a stored sort-key value (``seq``, ``updated_at``, a run id).
+
+    Integers are written in decimal and canonical run ids as themselves, so ordinary cursors
+    read naturally; other stored values get a tag and hex (``t`` TEXT, ``b`` BLOB, ``r`` REAL,
+    ``n`` NULL) so that paging past a malformed row keeps SQLite's ordering exactly.
+    """
+    if isinstance(value, Malformed):
+        value = value.raw
+    if type(value) is int:
+        return str(value)
+    if isinstance(value, float):
+        return "r" + struct.pack(">d", value).hex()
+    if isinstance(value, str):
+        if _RUN_ID.fullmatch(value):
+            return value
+        return "t" + value[:KEY_CHARS].encode("utf-8", "surrogatepass").hex()
+    if isinstance(value, bytes):
+        return "b" + value[:KEY_CHARS].hex()
+    return "n"
+
+
+def decode_key(text: str, what: str) -> object:
+    """The value of a token made by :func:`encode_key`; :class:`InvalidArgument` if malformed."""
+    if _INT_KEY.fullmatch(text):
+        number = int(text)
+        if not MIN_INT <= number <= MAX_INT:
+            raise InvalidArgument(f"{what} {text!r} is outside the 64-bit integer range SQLite stores")
+        return number
+    if _RUN_ID.fullmatch(text):
+        return text
+    if not _TAGGED_KEY.fullmatch(text):
+        raise InvalidArgument(f"malformed {what} {_shown(text)}: expected an integer")
+    tag, data = text[0], text[1:]
+    if tag == "n":
+        return None
+    raw = bytes.fromhex(data)
+    if tag == "r":
+        return float(struct.unpack(">d", raw)[0])
+    if tag == "b":
+        return raw
+    return raw.decode("utf-8", "replace")
+
+
+def key_json(value: object) -> object:
+    """A sort key for a JSON response: an int as is, any other value as its token."""
+    if type(value) is int or value is None:
+        return value
+    return encode_key(value)
+
+
+def _shown(text: str) -> str:
+    return repr(text if len(text) <= 40 else text[:40] + "…")
+
+
+class _Latest:
+    def __repr__(self) -> str:
+        return "LATEST"
+
+
+#: ``before=LATEST`` asks :func:`list_events` for the end of the log (the last page).
+LATEST: Final = _Latest()
+
+
 # --------------------------------------------------------------------------- validation
 
 
@@ -195,21 +400,27 @@ def _check_status(status: str | None) -> None:
 
 @attrs.frozen
 class RunCursor:
-    """A position in the runs list (newest activity first): the row's ``updated_at`` and id."""
+    """A position in a keyset-paged list of runs: the row's sort key and its id, as stored.
 
-    updated_at: int
-    id: str
+    The runs list sorts by ``updated_at``, a run's children by ``created_at``.
+    """
+
+    key: object
+    id: object
 
     def encode(self) -> str:
-        return f"{self.updated_at}_{self.id}"
+        return f"{encode_key(self.key)}_{encode_key(self.id)}"
 
 
 def parse_cursor(text: str) -> RunCursor:
-    """Parse the ``before``/``after`` token of the runs list (see :meth:`RunCursor.encode`)."""
-    match = _CURSOR.fullmatch(text)
-    if match is None:
-        raise InvalidArgument(f"malformed runs cursor {text[:80]!r}: expected <updated_at>_<id>")
-    return RunCursor(int(match.group(1)), match.group(2))
+    """Parse a cursor made by :meth:`RunCursor.encode` (``<key>_<id>``)."""
+    key, sep, run_id = text.partition("_")
+    if not sep:
+        raise InvalidArgument(f"malformed runs cursor {_shown(text)}: expected <updated_at>_<id>")
+    try:
+        return RunCursor(decode_key(key, "cursor key"), decode_key(run_id, "cursor id"))
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"malformed runs cursor {_shown(text)}: {exc}") from None
 
 
 @attrs.frozen
@@ -221,21 +432,62 @@ class RunSummary:
     role: str
     provider: str
     status: str
-    created_at: int
-    updated_at: int
-    event_count: int
+    created_at: Int
+    updated_at: Int
+    event_count: Int
     lease_owner: str | None
-    lease_expires_at: int | None
-    attempts: int
+    lease_expires_at: OptInt
+    attempts: Int
+    raw_id: object = attrs.field(default=None, eq=False, repr=False)
 
     @property
     def cursor(self) -> RunCursor:
-        return RunCursor(self.updated_at, self.id)
+        """This run's position in the runs list (by activity)."""
+        return RunCursor(raw_value(self.updated_at), self.raw_id)
+
+    @property
+    def child_cursor(self) -> RunCursor:
+        """This run's position among its parent's children (by creation)."""
+        return RunCursor(raw_value(self.created_at), self.raw_id)
+
+
+def raw_value(value: object) -> object:
+    """The stored value behind a normalised one (a :class:`Malformed` gives its ``raw``)."""
+    return value.raw if isinstance(value, Malformed) else value
+
+
+_SUMMARY_COLUMNS = (
+    f"{_name('id')}, {_name('parent_run_id')}, {_name('role')}, {_name('provider')}, {_name('status')},"
+    f" {_key('created_at')}, {_key('updated_at')},"
+    f" CASE typeof(last_seq) WHEN 'integer' THEN last_seq + 1 ELSE {_key('last_seq')} END,"
+    f" {_name('lease_owner')}, {_key('lease_expires_at')}, {_key('attempts')}"
+)
+
+
+def _summary(row: Sequence[Any]) -> RunSummary:
+    return RunSummary(
+        id=_text(row[0]),
+        parent_run_id=_opt_text(row[1]),
+        role=_text(row[2]),
+        provider=_text(row[3]),
+        status=_text(row[4]),
+        created_at=_int(row[5]),
+        updated_at=_int(row[6]),
+        event_count=_int(row[7]),
+        lease_owner=_opt_text(row[8]),
+        lease_expires_at=_opt_int(row[9]),
+        attempts=_int(row[10]),
+        raw_id=row[0],
+    )
 
 
 @attrs.frozen
 class RunPage:
-    """A page of runs plus the counts per status (under the role filter, not the status one)."""
+    """A page of runs plus the counts per status (under the role filter, not the status one).
+
+    ``counts`` has every status of :data:`RUN_STATUSES`, and ``other`` when rows carry a
+    status zincir does not write.
+    """
 
     runs: tuple[RunSummary, ...]
     counts: Mapping[str, int]
@@ -251,8 +503,10 @@ class RunPage:
 class RunDetail:
     """One run with its lease, resume-worker bookkeeping and family links.
 
-    ``config`` is the stored JSON text. ``children`` holds at most the requested number of
-    child runs; ``children_total`` counts them all.
+    ``config`` is the stored JSON text, possibly cut to a prefix (``config_truncated``).
+    ``children`` holds one page of child runs; ``children_next`` continues after it;
+    ``children_total`` counts them all, up to :data:`CHILD_COUNT_CAP` (``children_capped``
+    says the real number is larger).
     """
 
     id: str
@@ -261,32 +515,48 @@ class RunDetail:
     provider: str
     status: str
     config: str
-    created_at: int
-    updated_at: int
-    event_count: int
+    config_size: int
+    config_truncated: bool
+    created_at: Int
+    updated_at: Int
+    event_count: Int
     lease_owner: str | None
-    lease_epoch: int
-    lease_expires_at: int | None
-    attempts: int
-    next_attempt_at: int
+    lease_epoch: Int
+    lease_expires_at: OptInt
+    attempts: Int
+    next_attempt_at: Int
     children: tuple[RunSummary, ...]
     children_total: int
+    children_capped: bool = False
+    children_next: RunCursor | None = None
 
 
 @attrs.frozen
 class CheckpointRow:
-    """A checkpoint candidate or decision. ``state``/``verification`` are stored JSON text."""
+    """A checkpoint candidate or decision. ``state``/``verification`` are stored JSON text.
 
-    id: int
-    round: int
+    Each may be only a prefix of the stored value: ``*_size`` is the stored length in
+    characters and ``*_truncated`` says whether it was cut.
+    """
+
+    id: Int
+    round: Int
     tool_call_id: str
     status: str
-    based_on_event_seq: int
-    decision_event_seq: int | None
+    based_on_event_seq: Int
+    decision_event_seq: OptInt
     state: str
     verification: str | None
-    created_at: int
-    decided_at: int | None
+    created_at: Int
+    decided_at: OptInt
+    state_size: int = 0
+    verification_size: int = 0
+    state_truncated: bool = False
+    verification_truncated: bool = False
+
+    @property
+    def truncated(self) -> bool:
+        return self.state_truncated or self.verification_truncated
 
 
 @attrs.frozen
@@ -297,51 +567,57 @@ class EventRow:
     ``payload`` is only its beginning (then it is usually not valid JSON by itself).
     """
 
-    seq: int
+    seq: Int
     type: str
     payload: str
     payload_size: int
     idempotency_key: str | None
-    created_at: int
-
-    @property
-    def truncated(self) -> bool:
-        return len(self.payload) < self.payload_size
+    created_at: Int
+    truncated: bool = False
 
 
 @attrs.frozen
 class EventPage:
-    """A page of events in ``seq`` order, and whether more exist on either side."""
+    """A page of events in ``seq`` order, and whether more exist on either side.
+
+    ``next_after`` is the ``after=`` that continues forward (set when ``has_after``) and
+    ``prev_before`` the ``before=`` that continues backward (set when ``has_before``, or
+    ``None`` when only the first page can be offered). ``scan_edge`` is set when a type filter
+    stopped at :data:`SCAN_WINDOW` events without filling the page: the scan reached that seq,
+    and the page's cursor continues the scan from there.
+    """
 
     events: tuple[EventRow, ...]
     has_before: bool
     has_after: bool
+    next_after: object = None
+    prev_before: object = None
+    scan_edge: object = None
 
 
 @attrs.frozen
 class StepRow:
+    """A durable step. ``result`` is stored JSON text, possibly cut (``truncated``)."""
+
     name: str
     status: str
-    epoch: int
+    epoch: Int
     result: str | None
-    started_at: int
-    completed_at: int | None
+    started_at: Int
+    completed_at: OptInt
+    result_size: int = 0
+    truncated: bool = False
 
 
 @attrs.frozen
 class TimerRow:
     name: str
-    wake_at: int
-    created_at: int
-    completed_at: int | None
+    wake_at: Int
+    created_at: Int
+    completed_at: OptInt
 
 
 # --------------------------------------------------------------------------- runs
-
-_SUMMARY_COLUMNS = (
-    "id, parent_run_id, role, provider, status, created_at, updated_at, last_seq + 1,"
-    " lease_owner, lease_expires_at, attempts"
-)
 
 
 def _filters(status: str | None, role: str | None) -> tuple[list[str], list[Any]]:
@@ -406,12 +682,12 @@ def _runs_page(
     clauses, params = list(clauses), list(params)
     if cursor is not None:
         clauses.append(f"(updated_at, id) {op} (?, ?)")
-        params += [cursor.updated_at, cursor.id]
+        params += [cursor.key, cursor.id]
     sql = (
         f"SELECT {_SUMMARY_COLUMNS} FROM agent_runs {_where(clauses)}"
         f" ORDER BY updated_at {order}, id {order} LIMIT ?"
     )
-    return [RunSummary(*row) for row in conn.execute(sql, [*params, limit])]
+    return [_summary(row) for row in conn.execute(sql, [*params, limit])]
 
 
 def _runs_exist(
@@ -419,144 +695,367 @@ def _runs_exist(
 ) -> bool:
     where = _where([*clauses, f"(updated_at, id) {op} (?, ?)"])
     sql = f"SELECT EXISTS (SELECT 1 FROM agent_runs {where})"
-    return bool(conn.execute(sql, [*params, cursor.updated_at, cursor.id]).fetchone()[0])
+    return bool(conn.execute(sql, [*params, cursor.key, cursor.id]).fetchone()[0])
 
 
 def count_runs(conn: sqlite3.Connection, *, role: str | None = None) -> dict[str, int]:
-    """Number of runs per status (every status present, zero included)."""
+    """Number of runs per status (every status present, zero included; ``other`` if any)."""
     counts = dict.fromkeys(RUN_STATUSES, 0)
     clauses, params = _filters(None, role)
     # With a role filter there is no index to use (schema v1 has none on role), and walking the
     # status index with a row lookup per entry is ~10x slower than one sequential table scan.
     table = "agent_runs NOT INDEXED" if role is not None else "agent_runs"
-    sql = f"SELECT status, count(*) FROM {table} {_where(clauses)} GROUP BY status"
+    sql = f"SELECT {_name('status')}, count(*) FROM {table} {_where(clauses)} GROUP BY status"
     for status, count in conn.execute(sql, params):
-        counts[status] = count
+        name = _text(status)
+        name = name if name in counts and type(status) is str else "other"
+        counts[name] = counts.get(name, 0) + _size(count)
     return counts
 
 
-def get_run(conn: sqlite3.Connection, run_id: str, *, children_limit: int = 100) -> RunDetail:
-    """One run with its lease fields and its first ``children_limit`` children.
+def get_run(
+    conn: sqlite3.Connection,
+    run_id: str,
+    *,
+    children_limit: int = 100,
+    children_after: RunCursor | None = None,
+    max_config_chars: int | None = None,
+) -> RunDetail:
+    """One run with its lease fields and one keyset page of its children (by creation).
 
-    Raises :class:`InvalidArgument` for a malformed id, :class:`RunNotFound` for an
-    unknown one.
+    ``children_after`` continues the children after a :attr:`RunSummary.child_cursor`.
+    ``children_limit=0`` skips the family (``children_total`` is then 0).
+    ``max_config_chars`` cuts the stored configuration to a prefix. Raises
+    :class:`InvalidArgument` for a malformed id, :class:`RunNotFound` for an unknown one.
     """
     run_id = parse_run_id(run_id)
     row = conn.execute(
-        "SELECT id, parent_run_id, role, provider, status, config, created_at, updated_at,"
-        " last_seq + 1, lease_owner, lease_epoch, lease_expires_at, attempts, next_attempt_at"
-        " FROM agent_runs WHERE id = ?",
+        f"SELECT {_name('id')}, {_name('parent_run_id')}, {_name('role')}, {_name('provider')},"
+        f" {_name('status')}, {_json_column('config', max_config_chars)},"
+        f" {_key('created_at')}, {_key('updated_at')},"
+        f" CASE typeof(last_seq) WHEN 'integer' THEN last_seq + 1 ELSE {_key('last_seq')} END,"
+        f" {_name('lease_owner')}, {_key('lease_epoch')}, {_key('lease_expires_at')}, {_key('attempts')},"
+        f" {_key('next_attempt_at')} FROM agent_runs WHERE id = ?",
         (run_id,),
     ).fetchone()
     if row is None:
         raise RunNotFound(f"run {run_id} not found")
-    children = tuple(
-        RunSummary(*child)
-        for child in conn.execute(
-            f"SELECT {_SUMMARY_COLUMNS} FROM agent_runs WHERE parent_run_id = ?"
-            " ORDER BY created_at, id LIMIT ?",
-            (run_id, children_limit),
-        )
+    children, more = (
+        _children(conn, run_id, children_limit, children_after) if children_limit > 0 else ((), False)
     )
-    total = len(children)
-    if total == children_limit:
-        total = conn.execute("SELECT count(*) FROM agent_runs WHERE parent_run_id = ?", (run_id,)).fetchone()[
-            0
-        ]
-    values: list[Any] = [*row, children, total]
-    return RunDetail(*values)
+    total, capped = len(children), False
+    if more or children_after is not None:
+        counted = conn.execute(
+            "SELECT count(*) FROM (SELECT 1 FROM agent_runs WHERE parent_run_id = ? LIMIT ?)",
+            (run_id, CHILD_COUNT_CAP + 1),
+        ).fetchone()[0]
+        total, capped = min(counted, CHILD_COUNT_CAP), counted > CHILD_COUNT_CAP
+    config_size = _size(row[6])
+    return RunDetail(
+        id=_text(row[0]),
+        parent_run_id=_opt_text(row[1]),
+        role=_text(row[2]),
+        provider=_text(row[3]),
+        status=_text(row[4]),
+        config=_text(row[5]),
+        config_size=config_size,
+        config_truncated=_cut(max_config_chars, config_size),
+        created_at=_int(row[7]),
+        updated_at=_int(row[8]),
+        event_count=_int(row[9]),
+        lease_owner=_opt_text(row[10]),
+        lease_epoch=_int(row[11]),
+        lease_expires_at=_opt_int(row[12]),
+        attempts=_int(row[13]),
+        next_attempt_at=_int(row[14]),
+        children=children,
+        children_total=total,
+        children_capped=capped,
+        children_next=children[-1].child_cursor if more and children else None,
+    )
 
 
-# --------------------------------------------------------------------------- lineage, log
+def _children(
+    conn: sqlite3.Connection, run_id: str, limit: int, after: RunCursor | None
+) -> tuple[tuple[RunSummary, ...], bool]:
+    # idx_agent_runs_parent (parent_run_id, created_at, id) serves both the filter and the order.
+    sql = f"SELECT {_SUMMARY_COLUMNS} FROM agent_runs WHERE parent_run_id = ?"
+    params: list[Any] = [run_id]
+    if after is not None:
+        sql += " AND (created_at, id) > (?, ?)"
+        params += [after.key, after.id]
+    rows = [_summary(r) for r in conn.execute(sql + " ORDER BY created_at, id LIMIT ?", [*params, limit + 1])]
+    return tuple(rows[:limit]), len(rows) > limit
+
+
+# --------------------------------------------------------------------------- lineage, steps
+
+
+_CHECKPOINT_SELECT = (
+    f"SELECT {_key('id')}, {_key('round')}, {_name('tool_call_id')}, {_name('status')},"
+    f" {_key('based_on_event_seq')}, {_key('decision_event_seq')}, {{state}}, {{verification}},"
+    f" {_key('created_at')}, {_key('decided_at')} FROM checkpoints"
+)
+
+
+def _checkpoint_sql(max_chars: int | None) -> str:
+    return _CHECKPOINT_SELECT.format(
+        state=_json_column("state", max_chars), verification=_json_column("verification", max_chars)
+    )
+
+
+def _checkpoint(row: Sequence[Any], max_chars: int | None) -> CheckpointRow:
+    state_size, verification_size = _size(row[7]), _size(row[9])
+    return CheckpointRow(
+        id=_int(row[0]),
+        round=_int(row[1]),
+        tool_call_id=_text(row[2]),
+        status=_text(row[3]),
+        based_on_event_seq=_int(row[4]),
+        decision_event_seq=_opt_int(row[5]),
+        state=_text(row[6]),
+        verification=_opt_text(row[8]),
+        created_at=_int(row[10]),
+        decided_at=_opt_int(row[11]),
+        state_size=state_size,
+        verification_size=verification_size,
+        state_truncated=_cut(max_chars, state_size),
+        verification_truncated=row[8] is not None and _cut(max_chars, verification_size),
+    )
 
 
 def list_checkpoints(
-    conn: sqlite3.Connection, run_id: str, *, limit: int | None = None
+    conn: sqlite3.Connection, run_id: str, *, limit: int | None = None, max_chars: int | None = None
 ) -> tuple[CheckpointRow, ...]:
-    """The run's checkpoints by round (the first ``limit`` rounds; all by default)."""
+    """The run's checkpoints by round (the first ``limit`` rounds; all by default).
+
+    ``max_chars`` cuts ``state`` and ``verification`` to a prefix in SQL, so a long list of
+    large states costs only the prefixes (see :func:`get_checkpoint` for one whole row).
+    """
     rows = conn.execute(
-        "SELECT id, round, tool_call_id, status, based_on_event_seq, decision_event_seq,"
-        " state, verification, created_at, decided_at"
-        " FROM checkpoints WHERE run_id = ? ORDER BY round LIMIT ?",
+        _checkpoint_sql(max_chars) + " WHERE run_id = ? ORDER BY round LIMIT ?",
         (run_id, -1 if limit is None else limit),
     )
-    return tuple(CheckpointRow(*row) for row in rows)
+    return tuple(_checkpoint(row, max_chars) for row in rows)
 
 
-def _payload_column(max_payload_chars: int | None) -> tuple[str, list[Any]]:
-    if max_payload_chars is None:
-        return "payload", []
-    return "substr(payload, 1, ?)", [max(0, max_payload_chars)]
+def get_checkpoint(conn: sqlite3.Connection, run_id: str, round: object) -> CheckpointRow | None:
+    """One checkpoint by round, with its whole state and verification, or ``None``."""
+    row = conn.execute(_checkpoint_sql(None) + " WHERE run_id = ? AND round = ?", (run_id, round)).fetchone()
+    return None if row is None else _checkpoint(row, None)
+
+
+_STEP_SELECT = (
+    f"SELECT {_name('name')}, {_name('status')}, {_key('epoch')}, {{result}},"
+    f" {_key('started_at')}, {_key('completed_at')} FROM steps"
+)
+
+
+def _step(row: Sequence[Any], max_chars: int | None) -> StepRow:
+    size = _size(row[4])
+    return StepRow(
+        name=_text(row[0]),
+        status=_text(row[1]),
+        epoch=_int(row[2]),
+        result=_opt_text(row[3]),
+        started_at=_int(row[5]),
+        completed_at=_opt_int(row[6]),
+        result_size=size,
+        truncated=row[3] is not None and _cut(max_chars, size),
+    )
+
+
+def list_steps(
+    conn: sqlite3.Connection, run_id: str, *, limit: int | None = None, max_chars: int | None = None
+) -> tuple[StepRow, ...]:
+    """The run's durable steps by start time (the first ``limit``; all by default).
+
+    ``max_chars`` cuts each ``result`` to a prefix in SQL (see :func:`get_step`).
+    """
+    sql = _STEP_SELECT.format(result=_json_column("result", max_chars))
+    rows = conn.execute(
+        sql + " WHERE run_id = ? ORDER BY started_at, name LIMIT ?", (run_id, -1 if limit is None else limit)
+    )
+    return tuple(_step(row, max_chars) for row in rows)
+
+
+def get_step(conn: sqlite3.Connection, run_id: str, name: str) -> StepRow | None:
+    """One step by name, with its whole result, or ``None``."""
+    sql = _STEP_SELECT.format(result=_json_column("result", None))
+    row = conn.execute(sql + " WHERE run_id = ? AND name = ?", (run_id, name)).fetchone()
+    return None if row is None else _step(row, None)
+
+
+def list_timers(conn: sqlite3.Connection, run_id: str, *, limit: int | None = None) -> tuple[TimerRow, ...]:
+    """The run's durable timers by wake time (the first ``limit``; all by default)."""
+    rows = conn.execute(
+        f"SELECT {_name('name')}, {_key('wake_at')}, {_key('created_at')}, {_key('completed_at')}"
+        " FROM timers WHERE run_id = ? ORDER BY wake_at, name LIMIT ?",
+        (run_id, -1 if limit is None else limit),
+    )
+    return tuple(TimerRow(_text(r[0]), _int(r[1]), _int(r[2]), _opt_int(r[3])) for r in rows)
+
+
+# --------------------------------------------------------------------------- events
+
+
+def _event_sql(max_payload_chars: int | None) -> str:
+    return (
+        f"SELECT {_key('seq')}, {_name('type')}, {_json_column('payload', max_payload_chars)},"
+        f" {_name('idempotency_key')}, {_key('created_at')} FROM events"
+    )
+
+
+def _event(row: Sequence[Any], max_payload_chars: int | None) -> EventRow:
+    size = _size(row[3])
+    return EventRow(
+        seq=_int(row[0]),
+        type=_text(row[1]),
+        payload=_text(row[2]),
+        payload_size=size,
+        idempotency_key=_opt_text(row[4]),
+        created_at=_int(row[5]),
+        truncated=_cut(max_payload_chars, size),
+    )
 
 
 def list_events(
     conn: sqlite3.Connection,
     run_id: str,
     *,
-    after: int | None = None,
-    before: int | None = None,
+    after: object = None,
+    before: object = None,
     limit: int = DEFAULT_PAGE,
     type: str | None = None,
     max_payload_chars: int | None = None,
+    max_chars_total: int | None = None,
 ) -> EventPage:
     """One page of a run's events in ``seq`` order.
 
     ``after=s`` returns the first ``limit`` events with seq > s (the default is the start
-    of the log); ``before=s`` returns the last ``limit`` events with seq < s. ``type``
-    filters by event type. ``max_payload_chars`` cuts each payload to a prefix so that a
-    page of huge payloads stays cheap (see :attr:`EventRow.truncated`).
+    of the log); ``before=s`` returns the last ``limit`` events with seq < s, and
+    ``before=LATEST`` the last page. Cursors are stored values (see :func:`decode_key`).
+
+    ``type`` filters by event type. No index covers the type (each append would pay for it),
+    so the filter looks at no more than :data:`SCAN_WINDOW` events past the cursor: a page cut
+    that way has ``scan_edge`` set, and its cursor continues the scan.
+
+    ``max_payload_chars`` cuts each payload to a prefix (see :attr:`EventRow.truncated`);
+    ``max_chars_total`` ends the page early once the payloads add up to that many characters
+    (at least one event is always returned).
     """
     _check_limit(limit)
     if after is not None and before is not None:
         raise InvalidArgument("give at most one of after= and before= to page through events")
-    payload, payload_params = _payload_column(max_payload_chars)
+    descending = before is not None
+    order = "DESC" if descending else "ASC"
     clauses = ["run_id = ?"]
     params: list[Any] = [run_id]
-    if type is not None:
-        clauses.append("type = ?")
-        params.append(type)
-    descending = before is not None
-    if descending:
+    if descending and before is not LATEST:
         clauses.append("seq < ?")
         params.append(before)
     elif after is not None:
         clauses.append("seq > ?")
         params.append(after)
-    sql = (
-        f"SELECT seq, type, {payload}, length(payload), idempotency_key, created_at"
-        f" FROM events {_where(clauses)} ORDER BY seq {'DESC' if descending else 'ASC'} LIMIT ?"
-    )
-    rows = [EventRow(*row) for row in conn.execute(sql, [*payload_params, *params, limit + 1])]
-    more = len(rows) > limit
-    rows = rows[:limit]
+    scan_edge: object = None
+    if type is not None:
+        edge = conn.execute(
+            f"SELECT {_key('seq')} FROM events {_where(clauses)} ORDER BY seq {order}"
+            f" LIMIT 1 OFFSET {SCAN_WINDOW - 1}",
+            params,
+        ).fetchone()
+        if edge is not None:
+            scan_edge = edge[0]
+            clauses.append("seq >= ?" if descending else "seq <= ?")
+            params.append(scan_edge)
+        clauses.append("type = ?")
+        params.append(type)
+    sql = f"{_event_sql(max_payload_chars)} {_where(clauses)} ORDER BY seq {order} LIMIT ?"
+    rows, more = _collect(conn.execute(sql, [*params, limit + 1]), limit, max_payload_chars, max_chars_total)
     if descending:
         rows.reverse()
-        assert before is not None
-        edge = rows[-1].seq + 1 if rows else before
-        has_before, has_after = more, _events_exist(conn, run_id, type, ">=", edge)
+        return _backward_page(conn, run_id, rows, more, before, scan_edge)
+    return _forward_page(conn, run_id, rows, more, after, scan_edge)
+
+
+def _collect(
+    cursor: sqlite3.Cursor, limit: int, max_payload_chars: int | None, max_chars_total: int | None
+) -> tuple[list[EventRow], bool]:
+    rows: list[EventRow] = []
+    used, more = 0, False
+    try:
+        for raw in cursor:
+            if len(rows) == limit:
+                more = True
+                break
+            row = _event(raw, max_payload_chars)
+            if max_chars_total is not None and rows and used + len(row.payload) > max_chars_total:
+                more = True
+                break
+            used += len(row.payload)
+            rows.append(row)
+    finally:
+        cursor.close()
+    return rows, more
+
+
+def _forward_page(
+    conn: sqlite3.Connection, run_id: str, rows: list[EventRow], more: bool, after: object, scan_edge: object
+) -> EventPage:
+    has_after = more or scan_edge is not None
+    next_after = raw_value(rows[-1].seq) if more else scan_edge
+    if rows:
+        first = raw_value(rows[0].seq)
+        has_before = _events_exist(conn, run_id, "<", first)
+        prev_before = first
     else:
-        edge = rows[0].seq - 1 if rows else (-1 if after is None else after)
-        has_before, has_after = _events_exist(conn, run_id, type, "<=", edge), more
-    return EventPage(tuple(rows), has_before, has_after)
+        has_before = after is not None and _events_exist(conn, run_id, "<=", after)
+        prev_before = _successor(after)
+    return EventPage(
+        tuple(rows), has_before, has_after, next_after, prev_before if has_before else None, scan_edge
+    )
 
 
-def _events_exist(conn: sqlite3.Connection, run_id: str, type: str | None, op: str, seq: int) -> bool:
-    sql = f"SELECT EXISTS (SELECT 1 FROM events WHERE run_id = ? AND seq {op} ?"
-    params: list[Any] = [run_id, seq]
-    if type is not None:
-        sql += " AND type = ?"
-        params.append(type)
-    return bool(conn.execute(sql + ")", params).fetchone()[0])
+def _backward_page(
+    conn: sqlite3.Connection, run_id: str, rows: list[EventRow], more: bool, before: object, scan_edge: object
+) -> EventPage:
+    has_before = more or scan_edge is not None
+    prev_before = raw_value(rows[0].seq) if more else scan_edge
+    if rows:
+        last = raw_value(rows[-1].seq)
+        has_after = _events_exist(conn, run_id, ">", last)
+        next_after = last
+    else:
+        has_after = before is not LATEST and _events_exist(conn, run_id, ">=", before)
+        next_after = _predecessor(before)
+    return EventPage(
+        tuple(rows), has_before, has_after, next_after if has_after else None, prev_before, scan_edge
+    )
 
 
-def get_event(conn: sqlite3.Connection, run_id: str, seq: int) -> EventRow | None:
+def _successor(value: object) -> object:
+    """The ``before=`` that includes ``value`` itself, when there is one."""
+    if type(value) is int:
+        return value + 1 if value < MAX_INT else LATEST
+    return None
+
+
+def _predecessor(value: object) -> object:
+    """The ``after=`` that includes ``value`` itself, when there is one."""
+    if type(value) is int:
+        return value - 1 if value > MIN_INT else None
+    return None
+
+
+def _events_exist(conn: sqlite3.Connection, run_id: str, op: str, seq: object) -> bool:
+    sql = f"SELECT EXISTS (SELECT 1 FROM events WHERE run_id = ? AND seq {op} ?)"
+    return bool(conn.execute(sql, (run_id, seq)).fetchone()[0])
+
+
+def get_event(conn: sqlite3.Connection, run_id: str, seq: object) -> EventRow | None:
     """One event with its full payload, or ``None``."""
-    row = conn.execute(
-        "SELECT seq, type, payload, length(payload), idempotency_key, created_at"
-        " FROM events WHERE run_id = ? AND seq = ?",
-        (run_id, seq),
-    ).fetchone()
-    return None if row is None else EventRow(*row)
+    row = conn.execute(_event_sql(None) + " WHERE run_id = ? AND seq = ?", (run_id, seq)).fetchone()
+    return None if row is None else _event(row, None)
 
 
 def event_types(conn: sqlite3.Connection, run_id: str) -> tuple[str, ...]:
@@ -566,86 +1065,154 @@ def event_types(conn: sqlite3.Connection, run_id: str) -> tuple[str, ...]:
 
 
 def iter_events(
-    conn: sqlite3.Connection, run_id: str, *, after: int = -1, page: int = 500
+    conn: sqlite3.Connection, run_id: str, *, after: object = -1, page: int = 500
 ) -> Iterator[EventRow]:
     """Every event after ``after``, fetched page by page (full payloads)."""
     while True:
-        batch = list_events(conn, run_id, after=after, limit=page).events
-        yield from batch
-        if len(batch) < page:
+        batch = list_events(conn, run_id, after=after, limit=page)
+        yield from batch.events
+        if not batch.has_after or batch.next_after == after:
             return
-        after = batch[-1].seq
-
-
-def list_steps(conn: sqlite3.Connection, run_id: str, *, limit: int | None = None) -> tuple[StepRow, ...]:
-    """The run's durable steps by start time (the first ``limit``; all by default)."""
-    rows = conn.execute(
-        "SELECT name, status, epoch, result, started_at, completed_at"
-        " FROM steps WHERE run_id = ? ORDER BY started_at, name LIMIT ?",
-        (run_id, -1 if limit is None else limit),
-    )
-    return tuple(StepRow(*row) for row in rows)
-
-
-def list_timers(conn: sqlite3.Connection, run_id: str, *, limit: int | None = None) -> tuple[TimerRow, ...]:
-    """The run's durable timers by wake time (the first ``limit``; all by default)."""
-    rows = conn.execute(
-        "SELECT name, wake_at, created_at, completed_at"
-        " FROM timers WHERE run_id = ? ORDER BY wake_at, name LIMIT ?",
-        (run_id, -1 if limit is None else limit),
-    )
-    return tuple(TimerRow(*row) for row in rows)
+        after = batch.next_after
 
 
 # --------------------------------------------------------------------------- JSON views
 
 
+def _parse_float(text: str) -> float | str:
+    value = float(text)
+    return value if math.isfinite(value) else text  # 1e999 overflows to inf: keep the text
+
+
+def _parse_constant(name: str) -> str:
+    return name  # NaN, Infinity, -Infinity: JSON has no such numbers; keep them as strings
+
+
+def _too_deep(value: Any, limit: int) -> bool:
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return False
+
+
+def parse_json(text: str) -> tuple[bool, Any]:
+    """Decode stored JSON text: ``(True, value)``, or ``(False, text)`` when it cannot be.
+
+    Never raises. Text that is not JSON, or nests deeper than :data:`MAX_JSON_DEPTH`, is not
+    decoded. ``NaN``, ``Infinity``, ``-Infinity`` and numbers too large for a float decode
+    to their text (a string), so the value always re-encodes as strict JSON.
+    """
+    try:
+        value = json.loads(text, parse_float=_parse_float, parse_constant=_parse_constant)
+    except (ValueError, RecursionError):
+        return False, text
+    # Nesting needs one bracket per level: a text with few brackets is never too deep.
+    shallow = text.count("[") + text.count("{") <= MAX_JSON_DEPTH
+    if not shallow and isinstance(value, dict | list) and _too_deep(value, MAX_JSON_DEPTH):
+        return False, text
+    return True, value
+
+
 def json_value(text: str | None) -> Any:
-    """Decode a stored JSON column; text that is not JSON is returned as the string itself."""
+    """Decode a stored JSON column; text that cannot be decoded is returned as the string itself."""
     if text is None:
         return None
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
+    return parse_json(text)[1]
+
+
+def _json_field(text: str | None, truncated: bool) -> Any:
+    # A cut value is a prefix: usually not JSON, and never the value; give the text itself.
+    return text if truncated else json_value(text)
 
 
 def run_to_json(run: RunDetail | RunSummary) -> dict[str, Any]:
     """A JSON-ready dict of a run (``config`` decoded, children as ids)."""
-    data = attrs.asdict(run, recurse=False)
+    data: dict[str, Any] = {
+        "id": run.id,
+        "parent_run_id": run.parent_run_id,
+        "role": run.role,
+        "provider": run.provider,
+        "status": run.status,
+        "created_at": _plain(run.created_at),
+        "updated_at": _plain(run.updated_at),
+        "event_count": _plain(run.event_count),
+        "lease_owner": run.lease_owner,
+        "lease_expires_at": _plain(run.lease_expires_at),
+        "attempts": _plain(run.attempts),
+    }
     if isinstance(run, RunDetail):
-        data["config"] = json_value(run.config)
+        data["config"] = _json_field(run.config, run.config_truncated)
+        if run.config_truncated:
+            data["config_size"] = run.config_size
+        data["lease_epoch"] = _plain(run.lease_epoch)
+        data["next_attempt_at"] = _plain(run.next_attempt_at)
         data["children"] = [child.id for child in run.children]
     return data
 
 
 def event_to_json(run_id: str, event: EventRow) -> dict[str, Any]:
-    return {
+    data = {
         "run_id": run_id,
-        "seq": event.seq,
+        "seq": _plain(event.seq),
         "type": event.type,
-        "payload": json_value(event.payload),
+        "payload": _json_field(event.payload, event.truncated),
         "idempotency_key": event.idempotency_key,
-        "created_at": event.created_at,
+        "created_at": _plain(event.created_at),
     }
+    if event.truncated:
+        data["payload_size"] = event.payload_size
+    return data
 
 
 def checkpoint_to_json(run_id: str, checkpoint: CheckpointRow) -> dict[str, Any]:
-    data = attrs.asdict(checkpoint)
-    data["run_id"] = run_id
-    data["state"] = json_value(checkpoint.state)
-    data["verification"] = json_value(checkpoint.verification)
+    """A JSON-ready dict of a checkpoint; a cut value is its prefix, listed in ``truncated``."""
+    c = checkpoint
+    data: dict[str, Any] = {
+        "id": _plain(c.id),
+        "round": _plain(c.round),
+        "tool_call_id": c.tool_call_id,
+        "status": c.status,
+        "based_on_event_seq": _plain(c.based_on_event_seq),
+        "decision_event_seq": _plain(c.decision_event_seq),
+        "state": _json_field(c.state, c.state_truncated),
+        "verification": _json_field(c.verification, c.verification_truncated),
+        "created_at": _plain(c.created_at),
+        "decided_at": _plain(c.decided_at),
+        "run_id": run_id,
+    }
+    cut = {"state": c.state_size} if c.state_truncated else {}
+    if c.verification_truncated:
+        cut["verification"] = c.verification_size
+    if cut:
+        data["truncated"] = cut
     return data
 
 
 def step_to_json(run_id: str, step: StepRow) -> dict[str, Any]:
-    data = attrs.asdict(step)
-    data["run_id"] = run_id
-    data["result"] = json_value(step.result)
+    """A JSON-ready dict of a step; a cut result is its prefix, listed in ``truncated``."""
+    data: dict[str, Any] = {
+        "name": step.name,
+        "status": step.status,
+        "epoch": _plain(step.epoch),
+        "result": _json_field(step.result, step.truncated),
+        "started_at": _plain(step.started_at),
+        "completed_at": _plain(step.completed_at),
+        "run_id": run_id,
+    }
+    if step.truncated:
+        data["truncated"] = {"result": step.result_size}
     return data
 
 
 def timer_to_json(run_id: str, timer: TimerRow) -> dict[str, Any]:
-    data = attrs.asdict(timer)
-    data["run_id"] = run_id
-    return data
+    return {
+        "name": timer.name,
+        "wake_at": _plain(timer.wake_at),
+        "created_at": _plain(timer.created_at),
+        "completed_at": _plain(timer.completed_at),
+        "run_id": run_id,
+    }
