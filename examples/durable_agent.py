@@ -194,17 +194,22 @@ def print_run(state: zincir.DurableState, all_events: list[zincir.Event]) -> Non
         print(f"  #{event.seq:<3} {event.type.value:<20} {payload[:90]}{'…' if len(payload) > 90 else ''}")
 
 
+async def in_flight(db: zincir.Database, role: str) -> list[str]:
+    """The ids of the unfinished runs with ``role``: only this program's runs, since other
+    applications may share the database file."""
+    runs = [
+        run
+        for status in ("running", "pending")
+        for run in await db.runs(status=status, role=role, limit=100_000)
+    ]
+    return [run.id for run in runs]
+
+
 async def main(db_path: str, out: Path) -> None:
     async with zincir.open_database(db_path) as db:
         run_ids: list[str | None] = [None]  # None: start a new run
         if os.environ.get("ZINCIR_RESUME"):
-            # Only this demo's runs: other applications may share the database file.
-            in_flight = [
-                run
-                for status in ("running", "pending")
-                for run in await db.runs(status=status, role=ROLE, limit=100_000)
-            ]
-            run_ids = [r.id for r in in_flight]
+            run_ids = list(await in_flight(db, ROLE))
             print(f"resuming {len(run_ids)} run(s)", flush=True)
         for run_id in run_ids:
             async with zincir.open_run(

@@ -54,7 +54,7 @@ import httpx2
 import trio
 
 # The demo beside this file (examples/ is on sys.path when this file runs as a script).
-from durable_agent import pause, print_run
+from durable_agent import in_flight, pause, print_run
 from durable_agent import write_file as write_file_once
 from openai import AsyncOpenAI
 from openai.types.chat import (
@@ -385,8 +385,7 @@ async def main(db_path: str, out: Path) -> list[str]:
     async with open_model() as (client, model, provider), zincir.open_database(db_path) as db:
         run_ids: list[str | None] = [None]  # None: start a new run
         if os.environ.get("ZINCIR_RESUME"):
-            in_flight = await db.runs(status="running") + await db.runs(status="pending")
-            run_ids = [r.id for r in in_flight if r.role == ROLE]  # not other programs' runs
+            run_ids = list(await in_flight(db, ROLE))
             print(f"resuming {len(run_ids)} run(s)", flush=True)
         for run_id in run_ids:
             async with zincir.open_run(
