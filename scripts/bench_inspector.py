@@ -34,8 +34,9 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+from zincir._migrations import migrate
+
 REPO = Path(__file__).resolve().parent.parent
-MIGRATION = REPO / "migrations" / "0001_initial.sql"
 ROLES = ("coder", "researcher", "reviewer", "planner", "batch-eval")
 PROVIDERS = ("openai", "anthropic", "local")
 STATUSES = ("completed",) * 6 + ("failed",) * 1 + ("running",) * 2 + ("pending",) * 1
@@ -65,12 +66,7 @@ def create(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=OFF")  # the fill only; the writer thread uses FULL
-    conn.executescript(MIGRATION.read_text("utf-8"))
-    conn.execute(
-        "CREATE TABLE zincir_schema_migrations"
-        " (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)"
-    )
-    conn.execute("INSERT INTO zincir_schema_migrations VALUES (1, '0001_initial', 0)")
+    migrate(conn, str(path), 0)  # zincir's own migrations: the schema stays current by itself
     return conn
 
 

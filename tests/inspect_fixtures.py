@@ -16,7 +16,8 @@ from typing import Any
 
 import attrs
 
-MIGRATION = Path(__file__).resolve().parent.parent / "migrations" / "0001_initial.sql"
+from zincir._migrations import migrate
+
 T0 = 1_700_000_000_000  # 2023-11-14T22:13:20Z
 
 XSS_SCRIPT = "<script>document.body.setAttribute('data-pwned','1')</script>"
@@ -33,12 +34,7 @@ def create_database(path: Path) -> sqlite3.Connection:
     """Create an empty zincir database at ``path`` in WAL mode; return the open writer."""
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
-    conn.executescript(MIGRATION.read_text("utf-8"))
-    conn.execute(
-        "CREATE TABLE zincir_schema_migrations"
-        " (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)"
-    )
-    conn.execute("INSERT INTO zincir_schema_migrations VALUES (1, '0001_initial', 0)")
+    migrate(conn, str(path), 0)  # zincir's own migrations: the schema stays current by itself
     return conn
 
 
