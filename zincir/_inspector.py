@@ -514,45 +514,51 @@ async def _api_events(app: InspectorApp, run_id: str) -> Response:
     return _json(await _read(app, functools.partial(_events_json, run_id, query)))
 
 
-def _event_json(run_id: str, seq: object, conn: Any) -> dict[str, Any]:
+def _item_json(
+    kind: str,
+    run_id: str,
+    key: object,
+    missing: str,
+    fetch: Callable[..., Any],
+    to_json: Callable[..., Any],
+    conn: Any,
+) -> dict[str, Any]:
+    """One whole event, step or checkpoint of a run, or a 404 naming ``missing``."""
     q.get_run(conn, run_id, children_limit=0)
-    event = q.get_event(conn, run_id, seq)
-    if event is None:
-        raise RunNotFound(f"run {run_id} has no event #{q.encode_key(seq)}")
-    return {"event": q.event_to_json(run_id, event)}
+    item = fetch(conn, run_id, key)
+    if item is None:
+        raise RunNotFound(f"run {run_id} has no {missing}")
+    return {kind: to_json(run_id, item)}
+
+
+async def _api_item(
+    app: InspectorApp,
+    run_id: str,
+    kind: str,
+    key: object,
+    missing: str,
+    fetch: Callable[..., Any],
+    to_json: Callable[..., Any],
+) -> Response:
+    run_id = q.parse_run_id(run_id)
+    read = functools.partial(_item_json, kind, run_id, key, missing, fetch, to_json)
+    return _json(await _read(app, read))
 
 
 async def _api_event(app: InspectorApp, run_id: str, seq: str) -> Response:
-    run_id = q.parse_run_id(run_id)
     value = q.decode_key(seq, "event seq")
-    return _json(await _read(app, functools.partial(_event_json, run_id, value)))
-
-
-def _step_json(run_id: str, name: str, conn: Any) -> dict[str, Any]:
-    q.get_run(conn, run_id, children_limit=0)
-    step = q.get_step(conn, run_id, name)
-    if step is None:
-        raise RunNotFound(f"run {run_id} has no step {name[:80]!r}")
-    return {"step": q.step_to_json(run_id, step)}
+    missing = f"event #{q.encode_key(value)}"
+    return await _api_item(app, run_id, "event", value, missing, q.get_event, q.event_to_json)
 
 
 async def _api_step(app: InspectorApp, run_id: str, name: str) -> Response:
-    run_id = q.parse_run_id(run_id)
-    return _json(await _read(app, functools.partial(_step_json, run_id, name)))
-
-
-def _checkpoint_json(run_id: str, round: object, conn: Any) -> dict[str, Any]:
-    q.get_run(conn, run_id, children_limit=0)
-    checkpoint = q.get_checkpoint(conn, run_id, round)
-    if checkpoint is None:
-        raise RunNotFound(f"run {run_id} has no checkpoint round {q.encode_key(round)}")
-    return {"checkpoint": q.checkpoint_to_json(run_id, checkpoint)}
+    return await _api_item(app, run_id, "step", name, f"step {name[:80]!r}", q.get_step, q.step_to_json)
 
 
 async def _api_checkpoint(app: InspectorApp, run_id: str, round: str) -> Response:
-    run_id = q.parse_run_id(run_id)
     value = q.decode_key(round, "checkpoint round")
-    return _json(await _read(app, functools.partial(_checkpoint_json, run_id, value)))
+    missing = f"checkpoint round {q.encode_key(value)}"
+    return await _api_item(app, run_id, "checkpoint", value, missing, q.get_checkpoint, q.checkpoint_to_json)
 
 
 # --------------------------------------------------------------------------- queries
