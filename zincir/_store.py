@@ -554,11 +554,13 @@ def step_result(tx: Tx, run_id: str, name: str) -> str | None:
 def complete_step(tx: Tx, lease: Lease, name: str, result_json: str, started_at: int) -> str:
     """Store a step's result, fenced; if a result is already stored, keep and return it."""
     check_lease(tx, lease)
-    tx.execute(
+    inserted = tx.one(
         "INSERT INTO steps (run_id, name, status, epoch, result, started_at, completed_at)"
-        " VALUES (?, ?, 'completed', ?, ?, ?, ?) ON CONFLICT (run_id, name) DO NOTHING",
+        " VALUES (?, ?, 'completed', ?, ?, ?, ?) ON CONFLICT (run_id, name) DO NOTHING RETURNING 1",
         (lease.run_id, name, lease.epoch, result_json, started_at, tx.now),
     )
+    if inserted is not None:
+        return result_json  # the common case: no second read of what was just written
     stored = step_result(tx, lease.run_id, name)
     assert stored is not None
     return stored
