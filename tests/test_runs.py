@@ -549,7 +549,7 @@ def nested(depth: int) -> list[object]:
     ("call", "match"),
     [
         (lambda r: r.record_response("", [], "x", usage=5), "usage must be a mapping"),
-        (lambda r: r.record_response(nested(100_000), [], "x"), "not a JSON value"),
+        (lambda r: r.record_response(nested(100_000), [], "x"), "deeper than 100 levels"),
         (lambda r: r.checkpoint(["c1"], zincir.CheckpointState(), None), "call_id"),
         (lambda r: r.sleep("nap", 1e20), "at most"),
     ],

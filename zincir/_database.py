@@ -10,6 +10,7 @@ A caller's ``await`` returns only after the COMMIT that holds its operation.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -27,7 +28,7 @@ import trio
 from . import _migrations, _store
 from ._errors import DatabaseBusy, DatabaseClosed, InvalidArgument, StorageError
 from ._types import DurableState, Event, RunRecord, RunStatus
-from ._validation import canonical_run_id
+from ._validation import canonical_run_id, check_int, check_text
 
 __all__ = ["Clock", "Database", "Tx", "open_database", "wall_clock_ms"]
 
@@ -108,11 +109,19 @@ class _Worker:
         self._token = token
         self._group_commit = group_commit
         self._queue: queue.SimpleQueue[_Request] = queue.SimpleQueue()
+        # Set once if the thread dies; from then on every request fails at once (under the lock,
+        # so that none can slip into the queue after the thread emptied it for the last time).
+        self._death: str | None = None
+        self._lock = threading.Lock()
+        self._batch: list[_Request] = []  # taken from the queue and not answered yet
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
 
     def submit(self, request: _Request) -> None:
-        self._queue.put(request)
+        with self._lock:
+            if self._death is not None:
+                raise StorageError(self._death)
+            self._queue.put(request)
 
     def join(self) -> None:
         self._thread.join()
@@ -120,9 +129,37 @@ class _Worker:
     # -- on the thread --------------------------------------------------------------------
 
     def _serve(self) -> None:
+        try:
+            self._serve_until_closed()
+        except BaseException as exc:
+            self._die(exc)
+
+    def _die(self, exc: BaseException) -> None:
+        """Whatever killed the thread: fail every request it holds or will ever get."""
+        logger.critical("the database thread for %s stopped unexpectedly", self._path, exc_info=exc)
+        death = (
+            f"{self._path}: the database thread stopped unexpectedly ({exc!r}); nothing in flight"
+            " was committed, and the database must be reopened"
+        )
+        with self._lock:
+            self._death = death
+            stranded = self._batch
+            while True:
+                try:
+                    stranded.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+        self._conn.close()  # rolls back the transaction it died in, if any
+        for request in stranded:
+            request.result = outcome.Value(None) if request.fn is None else outcome.Error(StorageError(death))
+        if stranded:
+            with contextlib.suppress(trio.RunFinishedError):  # nobody is left to tell
+                self._reply(stranded)
+
+    def _serve_until_closed(self) -> None:
         closing = False
         while not closing:
-            batch = [self._queue.get()]
+            batch = self._batch = [self._queue.get()]
             while len(batch) < _MAX_BATCH:
                 try:
                     batch.append(self._queue.get_nowait())
@@ -137,6 +174,7 @@ class _Worker:
                 for request in batch:
                     if request.fn is None:
                         request.result = outcome.Value(None)
+            self._batch = []
             self._reply(batch)
 
     def _close(self) -> None:
@@ -223,20 +261,34 @@ class _Worker:
                 logger.exception("rollback on %s failed", self._path)
 
 
+def _open_error(exc: sqlite3.Error, path: str) -> StorageError:
+    error = storage_error(exc, path)
+    if isinstance(error, DatabaseBusy):
+        return error
+    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+    if code in (sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_READONLY, sqlite3.SQLITE_PERM):
+        return StorageError(
+            f"cannot open database {path!r}: {exc} (is its directory read-only or missing? a zincir"
+            " database needs to create its -wal and -shm files beside it)"
+        )
+    return StorageError(f"cannot open database {path!r}: {exc}")
+
+
 def _connect(path: str, synchronous: str) -> sqlite3.Connection:
     try:
         conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     except sqlite3.Error as exc:
-        raise StorageError(f"cannot open database {path!r}: {exc}") from exc
+        raise _open_error(exc, path) from exc
     try:
+        # Wait out another connection's lock rather than mistake a locked file for a foreign one.
+        conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
         # Validate before anything else touches the file: a refused file stays unchanged.
         _migrations.applied_version(conn, path)
-        conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
         conn.execute("PRAGMA foreign_keys = ON")
         conn.execute(f"PRAGMA synchronous = {synchronous}")
     except sqlite3.Error as exc:
         conn.close()
-        raise StorageError(f"cannot open database {path!r}: {exc}") from exc
+        raise _open_error(exc, path) from exc
     except BaseException:
         conn.close()
         raise
@@ -326,10 +378,9 @@ class Database:
 
     async def events(self, run_id: str, *, after: int = -1, limit: int | None = None) -> list[Event]:
         """A run's events with seq > ``after``, in order (at most ``limit`` of them)."""
-        if isinstance(after, bool) or not isinstance(after, int):
-            raise InvalidArgument(f"after must be an int seq, not {after!r}")
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-            raise InvalidArgument(f"limit must be None or an int >= 1, not {limit!r}")
+        check_int(after, "after (a seq)", minimum=-1)
+        if limit is not None:
+            check_int(limit, "limit (or None)", minimum=1)
         run_id = canonical_run_id(run_id)
         return await self._read(_store.events_page, run_id, after, limit)
 
@@ -342,10 +393,9 @@ class Database:
                 status = RunStatus(status)
             except ValueError:
                 raise InvalidArgument(f"unknown run status {status!r}") from None
-        if role is not None and not isinstance(role, str):
-            raise InvalidArgument(f"role must be a string, not {role!r}")
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise InvalidArgument(f"limit must be an int >= 1, not {limit!r}")
+        if role is not None:
+            check_text(role, "role")
+        check_int(limit, "limit", minimum=1)
         return await self._read(_store.list_runs, status, role, limit)
 
     def _announce_claimable(self) -> None:
@@ -379,8 +429,12 @@ class Database:
         self._closed = True
         with trio.CancelScope(shield=True):
             for worker in (self._writer, self._reader):
-                worker.submit(_Request(None, (), trio.lowlevel.current_task()))
-                await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
+                try:
+                    worker.submit(_Request(None, (), trio.lowlevel.current_task()))
+                except StorageError:
+                    pass  # the thread died and closed its connection already
+                else:
+                    await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
                 # The thread's last act was that reply; joining it takes a moment, off the loop.
                 await trio.to_thread.run_sync(worker.join)
 
@@ -408,9 +462,12 @@ async def open_database(
     level = _SYNCHRONOUS_LEVELS.get(synchronous)
     if level is None:
         raise InvalidArgument(f"synchronous must be 'full' or 'normal', not {synchronous!r}")
-    if not isinstance(max_payload_bytes, int) or max_payload_bytes < 1:
-        raise InvalidArgument(f"max_payload_bytes must be a positive int, not {max_payload_bytes!r}")
+    check_int(max_payload_bytes, "max_payload_bytes", minimum=1)
+    if not isinstance(path, str | os.PathLike):
+        raise InvalidArgument(f"open_database() takes a path or a database URL, not {path!r}")
     path_str = os.fspath(path)
+    if not isinstance(path_str, str):
+        raise InvalidArgument(f"the database path must be text, not {path_str!r}")
     clock = clock or wall_clock_ms
     writer_conn, reader_conn = await trio.to_thread.run_sync(_open_connections, path_str, level, clock)
     token = trio.lowlevel.current_trio_token()

@@ -1,18 +1,26 @@
-"""JSON as zincir stores it: compact, sorted keys, no NaN or Infinity, bounded in size."""
+"""JSON as zincir stores it: compact, sorted keys, no NaN or Infinity, bounded in size and depth."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Final
 
 from ._errors import InvalidArgument
 
 JSONValue = Any
 """What ``json.dumps(value, allow_nan=False)`` accepts."""
 
+MAX_DEPTH: Final = 100
+"""The deepest nesting of lists and objects in any JSON value zincir stores.
+
+Checked explicitly, so whether a value is accepted never depends on how deep the caller's stack
+happens to be, and everything stored (wrapped in a few levels of its event) decodes anywhere.
+"""
+
 
 def encode(value: JSONValue, *, what: str, limit: int) -> str:
     """Serialize ``value`` or raise :class:`InvalidArgument` naming ``what`` it was."""
+    _check_depth(value, what)
     try:
         text = json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError, RecursionError) as exc:
@@ -21,6 +29,23 @@ def encode(value: JSONValue, *, what: str, limit: int) -> str:
     if len(text) > limit:
         raise InvalidArgument(f"{what} is {len(text)} bytes of JSON, over the limit of {limit} bytes")
     return text
+
+
+def _check_depth(value: JSONValue, what: str) -> None:
+    # Iterative, so that the check itself cannot hit the recursion limit; a cycle is caught
+    # as nesting past the limit.
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        if depth > MAX_DEPTH:
+            raise InvalidArgument(f"{what} nests lists and objects deeper than {MAX_DEPTH} levels")
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list | tuple))
 
 
 def decode(text: str) -> JSONValue:

@@ -15,6 +15,14 @@ from ._errors import SchemaError
 # PRAGMA application_id of every zincir database ("zncr"): tells our files from others.
 APPLICATION_ID = 0x7A6E6372
 VERSION_TABLE = "zincir_schema_migrations"
+# What SQLite says about a file that is not a database at all; every other error (busy, I/O,
+# cannot open) is about the file's situation, not its content.
+_NOT_A_DATABASE = frozenset({sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT})
+
+
+def _sqlite_code(exc: sqlite3.Error) -> int | None:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return None if code is None else int(code) & 0xFF
 
 
 @attrs.frozen
@@ -73,7 +81,9 @@ def applied_version(conn: sqlite3.Connection, path: str) -> int:
             raise SchemaError(f"{path} is a SQLite database, but not a zincir database")
         version: int = conn.execute(f"SELECT coalesce(max(version), 0) FROM {VERSION_TABLE}").fetchone()[0]
     except sqlite3.DatabaseError as exc:
-        raise SchemaError(f"{path} is not a zincir database ({exc})") from exc
+        if _sqlite_code(exc) in _NOT_A_DATABASE:
+            raise SchemaError(f"{path} is not a zincir database ({exc})") from exc
+        raise  # locked, unreadable, a read-only location: the caller says which
     latest = len(load_migrations())
     if version > latest:
         raise SchemaError(

@@ -35,7 +35,15 @@ from ._types import (
     Verification,
     Verifier,
 )
-from ._validation import canonical_run_id, check_name, check_seconds, lease_ttl_ms
+from ._validation import (
+    canonical_run_id,
+    check_async_callable,
+    check_call_id,
+    check_name,
+    check_seconds,
+    check_text,
+    lease_ttl_ms,
+)
 
 __all__ = ["Run", "open_run"]
 
@@ -79,7 +87,7 @@ class Run:
         self._lost = None
         self._finished = None
         self._body_scope = trio.CancelScope()
-        self._heartbeat_scope = trio.CancelScope()
+        self._heartbeat_scope = trio.CancelScope(shield=True)
         self._running_steps = set()
         self._completed_steps = None  # loaded by the first step()
         self._release_at = None  # when the released run may be claimed again (None: now)
@@ -174,6 +182,10 @@ class Run:
         ``usage`` (token counts and the like) is stored with the response. Returns the seq
         of the ``llm_call`` event; its intents follow it in order.
         """
+        if isinstance(tool_calls, str | bytes | Mapping) or not isinstance(tool_calls, Sequence):
+            raise InvalidArgument(
+                f"run {self.id}: tool_calls must be a list of tool calls (empty for none), not {tool_calls!r}"
+            )
         calls = [ToolCall._coerce(c, f"run {self.id}") for c in tool_calls]
         seen: set[str] = set()
         for call in calls:
@@ -181,6 +193,7 @@ class Run:
                 raise DuplicateToolCall(
                     f"run {self.id}: a tool call id must be a non-empty string, not {call.id!r}"
                 )
+            check_call_id(call.id, f"run {self.id}: tool call id")
             if call.id in seen:
                 raise DuplicateToolCall(
                     f"run {self.id}: tool call id {call.id!r} appears twice in one response"
@@ -225,8 +238,7 @@ class Run:
 
     async def record_tool_result(self, call_id: str, content: JSONValue) -> None:
         """Record a tool's result. Repeating the identical result is a no-op."""
-        if not isinstance(call_id, str) or not call_id:
-            raise InvalidArgument(f"run {self.id}: call_id must be a non-empty string, not {call_id!r}")
+        check_call_id(call_id, f"run {self.id}: call_id")
         payload = self._encode({"call_id": call_id, "content": content}, f"the result of {call_id!r}")
         await self._write(_store.record_tool_result, call_id, payload)
 
@@ -242,8 +254,8 @@ class Run:
         :meth:`pending_checkpoint`. ``verify`` runs outside any database lock while the
         heartbeat keeps the lease; its exception propagates and leaves the candidate undecided.
         """
-        if not isinstance(call_id, str) or not call_id:
-            raise InvalidArgument(f"run {self.id}: call_id must be a non-empty string, not {call_id!r}")
+        check_call_id(call_id, f"run {self.id}: call_id")
+        check_async_callable(verify, f"run {self.id}: the verifier")
         if not isinstance(state, CheckpointState):
             state = CheckpointState.from_json(state)
         state_json = self._encode(state.to_json(), f"checkpoint state for {call_id!r}")
@@ -260,6 +272,7 @@ class Run:
         fields of ``candidate`` other than its id are ignored."""
         if not isinstance(candidate, Checkpoint):
             raise InvalidArgument(f"run {self.id}: verify_checkpoint() takes a Checkpoint, not {candidate!r}")
+        check_async_callable(verify, f"run {self.id}: the verifier")
         stored = await self._read(_store.candidate, candidate.id)
         if stored is None:
             raise CheckpointNotPending(
@@ -294,6 +307,7 @@ class Run:
         and the next call runs it again.
         """
         check_name(name, f"run {self.id}: step name")
+        check_async_callable(fn, f"run {self.id}: the function of step {name!r}")
         self._check_usable()
         if self._completed_steps is None:
             # Only the lease holder completes steps, so one read per owner suffices: after it,
@@ -389,30 +403,37 @@ class Run:
                     self._lose(f"run {self.id}: renewing the lease failed unexpectedly: {exc!r}")
                     return
 
-    async def _release(self) -> None:
+    async def _release(self) -> bool:
+        """Give the lease up on leaving the block; False if it was no longer this owner's."""
         if self._finished is not None or self._lost is not None or self._released:
-            return
+            return True
         self._released = True
         with trio.CancelScope(shield=True):
             try:
-                await self._db._write(_store.release, self._lease, self._release_at, self._refund_attempt)
+                released = await self._db._write(
+                    _store.release, self._lease, self._release_at, self._refund_attempt
+                )
             except StorageError as exc:
                 logger.warning("run %s: releasing the lease failed; it will expire instead: %s", self.id, exc)
-                return
-        if self._release_at is None:
+                return True
+        if released and self._release_at is None:
             self._db._announce_claimable()
+        return released
 
 
 @asynccontextmanager
 async def owned_run(db: Database, lease: Lease) -> AsyncIterator[Run]:
     """Run the body beside a heartbeat; release the lease on the way out.
 
-    The body's own exceptions leave unchanged (never wrapped in an ExceptionGroup by the
-    internal nursery); a body stopped by lease loss ends in :class:`LeaseLost`.
+    What the body raised leaves unchanged: never wrapped in an ExceptionGroup by the internal
+    nursery, never replaced by a cancellation of an outer scope. A body stopped by lease loss,
+    or one whose lease was gone by the time it left, ends in :class:`LeaseLost`.
     """
     run = Run._create(db, lease)
     body_error: BaseException | None = None
     try:
+        # The heartbeat's scope is shielded and stopped only by us, so an outer cancellation
+        # reaches the body alone and the nursery exits with nothing of its own to report.
         async with trio.open_nursery() as nursery:
             nursery.start_soon(run._keep_lease)
             try:
@@ -421,13 +442,15 @@ async def owned_run(db: Database, lease: Lease) -> AsyncIterator[Run]:
             except BaseException as exc:
                 body_error = exc
             finally:
-                nursery.cancel_scope.cancel()
+                run._stop_heartbeat()
     finally:
-        await run._release()
+        released = await run._release()
     if body_error is not None:
         raise body_error
     if run._lost is not None:
         raise LeaseLost(run._lost)
+    if not released:
+        raise LeaseLost(f"run {run.id}: the lease of epoch {run.epoch} was gone when the block ended")
 
 
 @asynccontextmanager
@@ -480,6 +503,4 @@ async def open_run(
 
 
 def _check_provider(provider: object) -> str:
-    if not isinstance(provider, str) or len(provider) > 255:
-        raise InvalidArgument(f"provider must be a string of at most 255 characters, not {provider!r}")
-    return provider
+    return check_text(provider, "provider", allow_empty=True)

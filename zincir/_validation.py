@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import uuid
-from typing import Final
+from typing import Any, Final
 
 from ._errors import InvalidArgument
 
@@ -14,9 +15,17 @@ MAX_SECONDS: Final = 10 * 365 * 24 * 3600.0
 """The longest duration zincir accepts (ten years): anything longer is a mistake."""
 
 
+MAX_INT: Final = 2**63 - 1
+"""Counts, seqs and limits are stored as signed 64-bit integers."""
+
+
 def check_seconds(value: object, what: str, *, minimum: float = 0.0, exclusive: bool = False) -> float:
     """A finite number of seconds, at least (or, ``exclusive``, above) ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidArgument(f"{what} must be a finite number of seconds, not {value!r}")
+    if isinstance(value, int) and abs(value) > MAX_SECONDS:  # too big for a float, or a mistake
+        raise InvalidArgument(f"{what} must be at most {MAX_SECONDS:.0f} s (ten years), not {value!r}")
+    if not math.isfinite(value):
         raise InvalidArgument(f"{what} must be a finite number of seconds, not {value!r}")
     if value < minimum or (exclusive and value == minimum):
         bound = f"greater than {minimum}" if exclusive else f"at least {minimum}"
@@ -40,8 +49,46 @@ def canonical_run_id(value: object, what: str = "run_id") -> str:
         raise InvalidArgument(f"{what} {value!r} is not a UUID") from None
 
 
-def check_name(value: object, what: str) -> str:
-    """Names (roles, tools, steps, sleeps) are 1 to 255 characters, as the schema checks."""
-    if not isinstance(value, str) or not 1 <= len(value) <= 255 or "\x00" in value:
-        raise InvalidArgument(f"{what} must be a string of 1 to 255 characters without NUL, not {value!r}")
+def check_int(value: object, what: str, *, minimum: int, maximum: int = MAX_INT) -> int:
+    """An int (not a bool) in [minimum, maximum]; the default maximum fits 64 bits."""
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise InvalidArgument(f"{what} must be an int from {minimum} to {maximum}, not {value!r}")
     return value
+
+
+def check_text(value: object, what: str, *, max_chars: int = 255, allow_empty: bool = False) -> str:
+    """A string the database can store as UTF-8: no lone surrogates, no NUL, bounded."""
+    low = 0 if allow_empty else 1
+    if not isinstance(value, str) or not low <= len(value) <= max_chars or "\x00" in value:
+        raise InvalidArgument(
+            f"{what} must be a string of {low} to {max_chars} characters without NUL, not {value!r}"
+        )
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgument(f"{what} {value!r} is not valid Unicode (it holds a lone surrogate)") from None
+    return value
+
+
+def check_name(value: object, what: str) -> str:
+    """Names (roles, tools, steps, sleeps, call ids) are 1 to 255 characters of valid Unicode."""
+    return check_text(value, what)
+
+
+MAX_CALL_ID_CHARS: Final = 1024
+"""Tool call ids come from model providers; they are short in practice, bounded here."""
+
+
+def check_call_id(value: object, what: str) -> str:
+    return check_text(value, what, max_chars=MAX_CALL_ID_CHARS)
+
+
+def check_async_callable(value: object, what: str) -> Any:
+    """An ``async def`` function (or a partial of one, or an object with an async
+    ``__call__``): checked before anything is written or run, since calling a plain function
+    to find out would already run it."""
+    if not callable(value):
+        raise InvalidArgument(f"{what} must be an async function, not {value!r}")
+    if inspect.iscoroutinefunction(value) or inspect.iscoroutinefunction(type(value).__call__):
+        return value
+    raise InvalidArgument(f"{what} must be an async function (async def), not the plain callable {value!r}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import logging
 import math
 import random
@@ -18,7 +19,7 @@ from ._errors import InvalidArgument, LeaseLost, StorageError
 from ._json import dump_trusted
 from ._run import Run, owned_run
 from ._types import RunStatus
-from ._validation import check_seconds, lease_ttl_ms
+from ._validation import check_int, check_seconds, lease_ttl_ms
 
 __all__ = ["Backoff", "Handler", "ResumeWorker"]
 
@@ -28,6 +29,13 @@ Handler = Callable[[Run], Awaitable[Any]]
 """An async callable that continues a run; it should end with ``complete()`` or ``fail()``."""
 
 _MAX_ERROR_MESSAGE: Final = 2000
+_MAX_CONCURRENCY: Final = 10_000
+
+
+def _when(at_ms: int, now_ms: int) -> str:
+    """A retry time for people: local wall time and the delay, e.g. ``at 14:03:07 (in 4.0 s)``."""
+    stamp = datetime.datetime.fromtimestamp(at_ms / 1000).isoformat(sep=" ", timespec="seconds")
+    return f"at {stamp} (in {max(0, at_ms - now_ms) / 1000:.1f} s)"
 
 
 @attrs.frozen
@@ -83,12 +91,9 @@ class ResumeWorker:
             raise InvalidArgument(f"ResumeWorker needs a Database, not {db!r}")
         if not callable(handler):
             raise InvalidArgument(f"handler must be an async callable, not {handler!r}")
-        if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or max_concurrency < 1:
-            raise InvalidArgument(f"max_concurrency must be an int >= 1, not {max_concurrency!r}")
-        if max_attempts is not None and (
-            isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
-        ):
-            raise InvalidArgument(f"max_attempts must be None or an int >= 1, not {max_attempts!r}")
+        check_int(max_concurrency, "max_concurrency", minimum=1, maximum=_MAX_CONCURRENCY)
+        if max_attempts is not None:
+            check_int(max_attempts, "max_attempts (or None)", minimum=1)
         if not isinstance(backoff, Backoff):
             raise InvalidArgument(f"backoff must be a zincir.Backoff, not {backoff!r}")
         self._db = db
@@ -192,8 +197,12 @@ class ResumeWorker:
             async with owned_run(self._db, lease) as run:
                 try:
                     await self._handler(run)
-                except LeaseLost:
-                    raise
+                except LeaseLost as exc:
+                    if run._lost is not None:
+                        raise  # this run's own lease is gone: nothing to record, nobody to back off
+                    # Another run's lease, lost inside the handler: an ordinary failure here.
+                    await self._record_failure(run, attempt, exc)
+                    return
                 except Exception as exc:
                     await self._record_failure(run, attempt, exc)
                     return
@@ -203,8 +212,13 @@ class ResumeWorker:
                     run._refund_attempt = True
                     raise
                 if run._finished is None:
-                    run._release_at = self._db.clock() + self._backoff_ms(attempt)
-                    logger.info("run %s: handler returned without ending the run; released", run.id)
+                    now = self._db.clock()
+                    run._release_at = now + self._backoff_ms(attempt)
+                    logger.info(
+                        "run %s: handler returned without ending the run; released, claimable again %s",
+                        run.id,
+                        _when(run._release_at, now),
+                    )
                 else:
                     logger.info("run %s: %s", run.id, run._finished.value)
         except LeaseLost as exc:
@@ -238,4 +252,6 @@ class ResumeWorker:
                 "run %s: attempt %d failed (%r); attempt limit reached, run failed", run.id, attempt, exc
             )
         else:
-            logger.warning("run %s: attempt %d failed (%r); retry at %d ms", run.id, attempt, exc, retry_at)
+            assert retry_at is not None
+            when = _when(retry_at, self._db.clock())
+            logger.warning("run %s: attempt %d failed (%r); retry %s", run.id, attempt, exc, when)
