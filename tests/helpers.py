@@ -10,6 +10,7 @@ import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import zincir
 
@@ -64,3 +65,26 @@ def start_python(code: str, *args: str, **kwargs: object) -> subprocess.Popen[st
 async def read_state(db: zincir.Database, run_id: str) -> zincir.DurableState:
     """A run's durable state, read without owning the run."""
     return await db.state(run_id)
+
+
+def trace_operations(monkeypatch: Any, *names: str) -> list[tuple[str, str | None]]:
+    """Wrap the named ``zincir._store`` operations so that each records, on the database
+    thread, ``(name, None)`` when it returned or ``(name, error class name)`` when it raised,
+    in the order the thread ran them."""
+    from zincir import _store
+
+    order: list[tuple[str, str | None]] = []
+    for name in names:
+        real = getattr(_store, name)
+
+        def traced(*args: Any, _real: Any = real, _name: str = name) -> Any:
+            try:
+                result = _real(*args)
+            except BaseException as exc:
+                order.append((_name, type(exc).__name__))
+                raise
+            order.append((_name, None))
+            return result
+
+        monkeypatch.setattr(_store, name, traced)
+    return order

@@ -233,10 +233,35 @@ def test_ui_refuses_bad_addresses(ids: Sample) -> None:
 def test_commands_never_write(sample: tuple[sqlite3.Connection, Sample]) -> None:
     _, ids = sample
     before = file_digests(ids.path)
-    zincir("runs", "--db", ids.path)
-    zincir("show", "--db", ids.path, ids.main)
-    zincir("events", "--db", ids.path, ids.long)
-    zincir("export", "--db", ids.path, ids.main)
+    # Each command must succeed and print what it is for: a failing command also "never
+    # writes", so the digests alone would prove nothing.
+    listed = zincir("runs", "--db", ids.path)
+    assert listed.exit_code == 0, listed.output
+    assert listed.stdout.splitlines()[0].split()[:2] == ["RUN", "STATUS"]
+    assert ids.main in listed.stdout and ids.long in listed.stdout
+    shown = zincir("show", "--db", ids.path, ids.main)
+    assert shown.exit_code == 0, shown.output
+    assert f"run          {ids.main}" in shown.stdout and "checkpoints (3)" in shown.stdout
+    as_json = zincir("show", "--db", ids.path, ids.main, "--json")
+    assert as_json.exit_code == 0, as_json.output
+    assert json.loads(as_json.stdout)["run"]["id"] == ids.main
+    events = zincir("events", "--db", ids.path, ids.long)
+    assert events.exit_code == 0, events.output
+    assert [line.split()[0] for line in events.stdout.splitlines()] == [f"#{i}" for i in range(250)]
+    exported = zincir("export", "--db", ids.path, ids.main)
+    assert exported.exit_code == 0, exported.output
+    records = [json.loads(line) for line in exported.stdout.splitlines()]
+    assert records[0] == {**records[0], "kind": "run", "id": ids.main}
+    assert sum(r["kind"] == "event" for r in records) == 14
+    lineage = zincir("checkpoints", "--db", ids.path, ids.main)
+    assert lineage.exit_code == 0, lineage.output
+    assert [line.split()[:2] for line in lineage.stdout.splitlines() if re.match(r"\s+[123]\s", line)] == [
+        ["1", "rejected"],
+        ["2", "accepted"],
+        ["3", "candidate"],
+    ]
+    for result in (listed, shown, as_json, events, exported, lineage):
+        assert result.stderr == ""
     assert file_digests(ids.path) == before
 
 

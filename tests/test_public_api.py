@@ -35,14 +35,51 @@ def test_every_error_is_a_zincir_error() -> None:
     assert issubclass(zincir.DatabaseBusy, zincir.StorageError)
 
 
-@pytest.mark.parametrize(
-    "cls",
-    [zincir.ToolCall, zincir.PendingToolCall, zincir.CheckpointState, zincir.Verification, zincir.Checkpoint,
-     zincir.Event, zincir.RunRecord, zincir.DurableState, zincir.Backoff],
-)  # fmt: skip
+def _instances() -> dict[type, object]:
+    """One instance of every public data class, built the way zincir builds them."""
+    state = zincir.CheckpointState(completed=["a"], remaining=["b"])
+    verification = zincir.Verification(True, ["ok"])
+    record = zincir.RunRecord("id", None, "agent", "", zincir.RunStatus.RUNNING, {}, 1, 2)
+    event = zincir.Event("id", 0, zincir.EventType.STATE_TRANSITION, {"from": "pending"}, None, 1)
+    checkpoint = zincir.Checkpoint(1, "id", 1, "cp", 0, 2, "accepted", state, verification, 1, 2)
+    return {
+        zincir.ToolCall: zincir.ToolCall("c1", "search", {"q": 1}),
+        zincir.PendingToolCall: zincir.PendingToolCall(zincir.ToolCall("c1", "t"), 1, "tool_call:c1", "id:1"),
+        zincir.CheckpointState: state,
+        zincir.Verification: verification,
+        zincir.Checkpoint: checkpoint,
+        zincir.Event: event,
+        zincir.RunRecord: record,
+        zincir.DurableState: zincir.DurableState(record, checkpoint, [event]),
+        zincir.Backoff: zincir.Backoff(),
+        zincir.artifacts.Artifact: zincir.artifacts.Artifact("file", "a.txt", "0" * 64),
+    }
+
+
+def test_every_public_data_class_is_checked_for_frozenness() -> None:
+    public = [getattr(zincir, n) for n in zincir.__all__]
+    public += [getattr(zincir.artifacts, n) for n in zincir.artifacts.__all__]
+    data_classes = {obj for obj in public if isinstance(obj, type) and attrs.has(obj)}
+    assert data_classes == set(_instances())
+
+
+@pytest.mark.parametrize("cls", list(_instances()), ids=lambda cls: cls.__qualname__)
 def test_data_classes_are_frozen_attrs(cls: type) -> None:
-    assert attrs.has(cls)
-    assert cls.__setattr__ is not object.__setattr__  # frozen classes refuse assignment
+    instance = _instances()[cls]
+    assert type(instance) is cls
+    fields = attrs.fields(cls)
+    assert fields
+    for field in fields:
+        before = getattr(instance, field.name)
+        with pytest.raises(attrs.exceptions.FrozenInstanceError):
+            setattr(instance, field.name, "changed")
+        with pytest.raises(attrs.exceptions.FrozenInstanceError):
+            delattr(instance, field.name)
+        assert getattr(instance, field.name) is before
+    # Frozen attrs classes use slots: no attribute can be added beside the fields either.
+    with pytest.raises((attrs.exceptions.FrozenInstanceError, AttributeError)):
+        instance.not_a_field = 1  # type: ignore[attr-defined]
+    assert not hasattr(instance, "not_a_field")
 
 
 def test_public_classes_say_they_live_in_zincir() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import sqlite3
 from pathlib import Path
@@ -15,7 +16,7 @@ import zincir
 from zincir import _store
 
 from .conftest import ManualClock
-from .helpers import dump, read_state, scalar, start_python
+from .helpers import dump, read_state, scalar, start_python, trace_operations
 from .test_database import Gate
 
 
@@ -510,32 +511,64 @@ async def test_transient_renewal_errors_are_retried_not_a_loss(
     assert len(calls) >= 5
 
 
-async def test_a_renewal_racing_complete_is_not_a_lease_loss(db: zincir.Database) -> None:
-    # With a 90 ms lease the heartbeat renews every 30 ms; completing just before a renewal
-    # makes renewals land right after complete() ended the lease. Before the fix, about a
-    # third of such runs ended in LeaseLost although they had completed.
-    for _ in range(60):
-        async with zincir.open_run(db, lease_ttl=0.09) as run:
-            await trio.sleep(0.029)
-            await run.complete()
-            await trio.sleep(0.005)
-        assert (await read_state(db, run.id)).run.status is zincir.RunStatus.COMPLETED
+@pytest.mark.parametrize("end", ["complete", "fail"])
+async def test_a_renewal_racing_complete_is_not_a_lease_loss(
+    db: zincir.Database, mock_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch, end: str
+) -> None:
+    # The race, forced: the heartbeat's renewal is queued right behind the write that ends the
+    # run, so it runs after that write committed and finds the run over. Before the fix this
+    # cancelled the finished body and the block raised LeaseLost although the run had ended.
+    order = trace_operations(monkeypatch, "finish", "renew")
+    async with zincir.open_run(db, lease_ttl=30) as run:  # renews every 10 s of Trio time
+        gate = Gate()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(db._write, gate.hold)
+            await gate.wait_entered()
+            nursery.start_soon(run.complete if end == "complete" else functools.partial(run.fail, "done"))
+            await trio.testing.wait_all_tasks_blocked()  # the end is queued behind the gate
+            mock_clock.jump(10)  # the heartbeat wakes and queues its renewal behind the end
+            await trio.testing.wait_all_tasks_blocked()
+            gate.opened.set()
+    assert order == [("finish", None), ("renew", "RunTerminal")]
+    expected = zincir.RunStatus.COMPLETED if end == "complete" else zincir.RunStatus.FAILED
+    state = await read_state(db, run.id)
+    assert state.run.status is expected
+    assert [e.seq for e in state.events] == [0, 1]
 
 
-async def test_a_write_racing_the_runs_own_end_is_not_a_lease_loss(db: zincir.Database) -> None:
+async def test_a_write_racing_the_runs_own_end_is_not_a_lease_loss(
+    db: zincir.Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
     async def noop() -> None:
         return None
 
-    async def keep_stepping(run: zincir.Run) -> None:
-        with pytest.raises(zincir.RunTerminal, match="already failed"):
-            for i in range(10_000):
-                await run.step(f"s{i}", noop)
+    order = trace_operations(monkeypatch, "finish", "complete_step")
+    raced: list[BaseException] = []
 
-    async with zincir.open_run(db) as run, trio.open_nursery() as nursery:
-        nursery.start_soon(keep_stepping, run)
-        await trio.sleep(0.05)
-        await run.fail("giving up")
-    assert (await read_state(db, run.id)).run.status is zincir.RunStatus.FAILED
+    async def step_behind_the_end(run: zincir.Run) -> None:
+        try:
+            await run.step("late", noop)
+        except zincir.RunTerminal as exc:
+            raced.append(exc)
+
+    async with zincir.open_run(db) as run:
+        await run.step("early", noop)  # steps are loaded: the next step goes straight to its write
+        gate = Gate()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(db._write, gate.hold)
+            await gate.wait_entered()
+            nursery.start_soon(run.fail, "giving up")
+            await trio.testing.wait_all_tasks_blocked()  # fail()'s write is queued ...
+            nursery.start_soon(step_behind_the_end, run)
+            await trio.testing.wait_all_tasks_blocked()  # ... and the step's write right behind it
+            gate.opened.set()
+    # The step's write was in flight while the run ended: the store refused it as terminal.
+    assert order == [("complete_step", None), ("finish", None), ("complete_step", "RunTerminal")]
+    [error] = raced
+    assert "already failed" in str(error)
+    state = await read_state(db, run.id)
+    assert state.run.status is zincir.RunStatus.FAILED
+    assert scalar(Path(db.path), "SELECT group_concat(name) FROM steps") == "early"
 
 
 def nested(depth: int) -> list[object]:

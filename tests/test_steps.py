@@ -141,15 +141,40 @@ async def test_a_stale_owner_cannot_complete_a_step(db: zincir.Database) -> None
             await db._write(_store.complete_step, stale, "s", '"x"', 0)
 
 
-async def test_steps_work_in_a_plain_workflow(db: zincir.Database) -> None:
-    async def add(a: int, b: int) -> int:
-        return a + b
+async def test_steps_work_in_a_plain_workflow(db_path: Path) -> None:
+    calls: list[tuple[int, int]] = []
 
-    async with zincir.open_run(db, role="workflow") as run:
-        total = await run.step("add", add, 1, 2)
-        await run.sleep("pause", 0)
-        assert await run.step("double", add, total, total) == 6
-        await run.complete()
+    async def add(a: int, b: int) -> tuple[int, int]:
+        calls.append((a, b))
+        return (a + b, len(calls))  # a tuple: what comes back is the stored JSON, a list
+
+    async def must_not_run(*args: object) -> object:
+        raise AssertionError(f"a completed step ran again with {args}")
+
+    async with zincir.open_database(db_path) as db:
+        async with zincir.open_run(db, role="workflow") as run:
+            assert await run.step("add", add, 1, 2) == [3, 1]
+            await run.sleep("pause", 0)
+            # The second call of a completed step returns the stored value: not fn's value for
+            # these arguments, and fn is not called at all.
+            assert await run.step("add", add, 10, 20) == [3, 1]
+            assert await run.step("add", must_not_run, 5) == [3, 1]
+            assert await run.step("double", add, 3, 3) == [6, 2]
+            assert calls == [(1, 2), (3, 3)]
+        # A new owner of the same run, in the same process.
+        async with zincir.open_run(db, run.id) as again:
+            assert again.epoch == 2
+            assert await again.step("add", must_not_run) == [3, 1]
+            assert await again.step("double", must_not_run) == [6, 2]
+    # The database closed and opened again, as a restarted process would.
+    async with zincir.open_database(db_path) as reopened, zincir.open_run(reopened, run.id) as last:
+        assert await last.step("double", must_not_run) == [6, 2]
+        assert await last.step("add", must_not_run) == [3, 1]
+        await last.complete()
+    assert calls == [(1, 2), (3, 3)]
+    assert scalar(
+        db_path, "SELECT group_concat(result, ' ') FROM (SELECT result FROM steps ORDER BY name)"
+    ) == ("[3,1] [6,2]")
 
 
 # -- sleep --------------------------------------------------------------------------------------------

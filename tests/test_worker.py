@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import random
 import signal
 import sqlite3
+import statistics
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable
@@ -12,12 +15,14 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 import zincir
 from zincir import _store
 
 from .conftest import ManualClock
-from .helpers import REPO, read_state, running_python, scalar
+from .helpers import REPO, read_state, running_python, scalar, trace_operations
+from .test_database import Gate
 
 
 async def wait_until(predicate: Callable[[], Awaitable[bool]], seconds: float = 10) -> None:
@@ -237,12 +242,64 @@ async def test_a_run_released_in_this_process_is_claimed_without_waiting_a_poll(
 def test_backoff_grows_exponentially_up_to_its_maximum() -> None:
     backoff = zincir.Backoff(initial=1, factor=2, maximum=5, jitter=0)
     assert [backoff.delay(n) for n in range(1, 6)] == [1, 2, 4, 5, 5]
-    jittered = zincir.Backoff(initial=10, jitter=0.5)
-    assert all(5 <= jittered.delay(1) <= 15 for _ in range(100))
     with pytest.raises(zincir.InvalidArgument, match="jitter"):
         zincir.Backoff(jitter=1.5)
     with pytest.raises(zincir.InvalidArgument, match="initial"):
         zincir.Backoff(initial=0)
+
+
+async def test_a_renewal_racing_a_handlers_failure_record_is_not_a_lease_loss(
+    db: zincir.Database,
+    mock_clock: trio.testing.MockClock,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The race, forced: the heartbeat's renewal is queued right behind the write that records
+    # the failure and releases the run, so it finds the lease released. That is this owner's
+    # own release, not a loss: no "lease lost", and the failure is recorded once.
+    caplog.set_level(logging.INFO)
+    order = trace_operations(monkeypatch, "record_attempt_failure", "renew")
+    [run_id] = await released_runs(db, 1)
+    entered = trio.Event()
+    proceed = trio.Event()
+
+    async def handler(run: zincir.Run) -> None:
+        entered.set()
+        await proceed.wait()
+        raise ValueError("boom")
+
+    worker = zincir.ResumeWorker(
+        db, handler, lease_ttl=30, poll_interval=3600, backoff=zincir.Backoff(initial=60, jitter=0)
+    )
+    gate = Gate()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        await entered.wait()
+        nursery.start_soon(db._write, gate.hold)
+        await gate.wait_entered()
+        proceed.set()
+        await trio.testing.wait_all_tasks_blocked()  # the failure record is queued behind the gate
+        mock_clock.jump(10)  # the heartbeat (every 10 s) queues its renewal behind it
+        await trio.testing.wait_all_tasks_blocked()
+        gate.opened.set()
+        worker.stop()  # returns once the handler is done
+    assert order == [("record_attempt_failure", None), ("renew", "LeaseLost")]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not [m for m in warnings if "lease lost" in m or "was released" in m], warnings
+    assert [m for m in warnings if "attempt 1 failed" in m]
+    events = (await read_state(db, run_id)).events
+    assert [e.type for e in events].count(zincir.EventType.ATTEMPT_FAILED) == 1
+    owner, next_attempt_at = scalar_row(db.path, "SELECT lease_owner, next_attempt_at FROM agent_runs")
+    assert owner is None
+    assert next_attempt_at == events[-1].payload["next_attempt_at"]
+
+
+def scalar_row(path: str, sql: str) -> tuple[object, ...]:
+    conn = sqlite3.connect(path)
+    try:
+        return tuple(conn.execute(sql).fetchone())
+    finally:
+        conn.close()
 
 
 @pytest.mark.parametrize(
@@ -297,6 +354,28 @@ async def test_two_worker_processes_claim_each_run_exactly_once(db: zincir.Datab
     lines = ledger.read_text().splitlines()
     assert sorted(line.split()[0] for line in lines) == sorted(ids)
     assert scalar(Path(db.path), "SELECT max(attempts) FROM agent_runs") == 1
+
+
+def test_backoff_jitter_spreads_delays_across_its_whole_range() -> None:
+    # 2000 draws from a seeded generator: deterministic, and a jitter that were ignored (every
+    # delay exactly 10) or one-sided or narrower than asked would fail every bound below.
+    saved = random.getstate()
+    random.seed(20261129)
+    try:
+        delays = [zincir.Backoff(initial=10, jitter=0.5).delay(1) for _ in range(2000)]
+        narrow = [zincir.Backoff(initial=10, jitter=0.1).delay(1) for _ in range(2000)]
+    finally:
+        random.setstate(saved)
+    assert all(5 <= d <= 15 for d in delays)
+    assert min(delays) < 5.5 and max(delays) > 14.5  # reaches both ends of +-50 %
+    assert len(set(delays)) > 1900  # spread, not a few fixed values
+    assert 9.5 < statistics.fmean(delays) < 10.5  # centred on the base delay
+    # Uniform on [5, 15]: standard deviation 10 / sqrt(12) = 2.89.
+    assert 2.6 < statistics.pstdev(delays) < 3.2
+    assert sum(d < 10 for d in delays) > 800 and sum(d > 10 for d in delays) > 800
+    assert all(9 <= d <= 11 for d in narrow)
+    assert min(narrow) < 9.1 and max(narrow) > 10.9
+    assert zincir.Backoff(initial=10, jitter=0).delay(1) == 10
 
 
 def test_backoff_survives_thousands_of_attempts() -> None:
