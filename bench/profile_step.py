@@ -34,8 +34,9 @@ from collections.abc import Awaitable, Callable
 import trio
 
 import zincir
-from zincir import _store
-from zincir._database import Tx, wall_clock_ms
+from zincir._database import wall_clock_ms
+from zincir._sqlite import _store
+from zincir._sqlite._connection import Tx
 
 
 def raw_conn(path: str) -> sqlite3.Connection:

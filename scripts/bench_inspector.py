@@ -34,7 +34,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from zincir._migrations import migrate
+from zincir._sqlite._migrations import migrate
 
 REPO = Path(__file__).resolve().parent.parent
 ROLES = ("coder", "researcher", "reviewer", "planner", "batch-eval")

@@ -48,8 +48,9 @@ from typing import Any
 import trio
 
 import zincir
-from zincir import _store
-from zincir._database import Tx, wall_clock_ms
+from zincir._database import wall_clock_ms
+from zincir._sqlite import _store
+from zincir._sqlite._connection import Tx
 
 SCRATCH_TABLE = "CREATE TABLE IF NOT EXISTS bench_rows (id INTEGER PRIMARY KEY, payload TEXT NOT NULL)"
 INSERT_ROW = "INSERT INTO bench_rows (payload) VALUES (?)"

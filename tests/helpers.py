@@ -71,7 +71,7 @@ def trace_operations(monkeypatch: Any, *names: str) -> list[tuple[str, str | Non
     """Wrap the named ``zincir._store`` operations so that each records, on the database
     thread, ``(name, None)`` when it returned or ``(name, error class name)`` when it raised,
     in the order the thread ran them."""
-    from zincir import _store
+    from zincir._sqlite import _store
 
     order: list[tuple[str, str | None]] = []
     for name in names:

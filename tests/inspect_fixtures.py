@@ -16,7 +16,7 @@ from typing import Any
 
 import attrs
 
-from zincir._migrations import migrate
+from zincir._sqlite._migrations import migrate
 
 T0 = 1_700_000_000_000  # 2023-11-14T22:13:20Z
 

@@ -12,8 +12,8 @@ import trio
 import trio.testing
 
 import zincir
-from zincir._database import Tx
-from zincir._migrations import load_migrations
+from zincir._sqlite._connection import Tx
+from zincir._sqlite._migrations import load_migrations
 
 from .helpers import dump, file_digest, scalar, start_python
 
@@ -77,7 +77,9 @@ async def test_queued_operations_share_one_commit(db: zincir.Database, db_path: 
     await db._write(insert, "warm-up")
     commits: list[str] = []
     gate = Gate()
-    db._writer._conn.set_trace_callback(lambda sql: commits.append(sql) if sql == "COMMIT" else None)
+    db._writers[0]._session._conn.set_trace_callback(
+        lambda sql: commits.append(sql) if sql == "COMMIT" else None
+    )
     async with trio.open_nursery() as nursery:
         nursery.start_soon(db._write, gate.hold)
         await gate.wait_entered()
@@ -85,7 +87,7 @@ async def test_queued_operations_share_one_commit(db: zincir.Database, db_path: 
             nursery.start_soon(db._write, insert, f"v{i:02}")
         await trio.testing.wait_all_tasks_blocked()
         gate.opened.set()
-    db._writer._conn.set_trace_callback(None)
+    db._writers[0]._session._conn.set_trace_callback(None)
     # The held operation commits alone; the 20 queued behind it share one transaction.
     assert commits == ["COMMIT", "COMMIT"]
     assert len(values(db_path)) == 22
@@ -162,7 +164,7 @@ async def test_closing_drains_the_queue_and_later_operations_fail(db_path: Path)
     assert len(values(db_path)) == 50
     with pytest.raises(zincir.DatabaseClosed, match="closed"):
         await db._write(insert, "late")
-    assert not db._writer._thread.is_alive()
+    assert not db._writers[0]._thread.is_alive()
     assert not db._reader._thread.is_alive()
 
 

@@ -259,7 +259,7 @@ async def test_a_locked_zincir_file_is_busy_not_foreign(
 ) -> None:
     async with zincir.open_database(db_path):
         pass
-    monkeypatch.setattr(zincir._database, "_BUSY_TIMEOUT_MS", 100)
+    monkeypatch.setattr(zincir._sqlite._connection, "BUSY_TIMEOUT_MS", 100)
     holder = sqlite3.connect(db_path, isolation_level=None)
     try:
         holder.execute("PRAGMA locking_mode = EXCLUSIVE")

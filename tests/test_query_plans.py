@@ -11,8 +11,8 @@ import sqlite3
 import pytest
 
 import zincir
-from zincir import _store
-from zincir._database import Tx
+from zincir._sqlite import _store
+from zincir._sqlite._connection import Tx
 
 
 class PlanRecorder:

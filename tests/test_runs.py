@@ -13,7 +13,7 @@ import trio
 import trio.testing
 
 import zincir
-from zincir import _store
+from zincir._sqlite import _store
 
 from .conftest import ManualClock
 from .helpers import dump, read_state, scalar, start_python, trace_operations
@@ -306,7 +306,7 @@ async def test_a_stale_owner_is_fenced_inside_the_transaction(
         submit = db._read if operation in ("pending_tools", "candidate") else db._write
         with pytest.raises(zincir.LeaseLost, match="fenced by a newer owner"):
             await submit(getattr(_store, operation), stale, *args)
-        assert not await db._write(_store.release, stale, None)
+        assert not await db._write(_store.release, stale, 0)
         assert dump(db_path) == before
         assert second.epoch == stale.epoch + 1
 

@@ -9,7 +9,7 @@ import pytest
 import trio
 
 import zincir
-from zincir import _store
+from zincir._sqlite import _store
 
 from .conftest import ManualClock
 from .helpers import running_python, scalar

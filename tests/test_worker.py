@@ -18,7 +18,7 @@ import trio
 import trio.testing
 
 import zincir
-from zincir import _store
+from zincir._sqlite import _store
 
 from .conftest import ManualClock
 from .helpers import REPO, read_state, running_python, scalar, trace_operations

@@ -7,6 +7,7 @@ checkpoint that an independent verifier accepted.
 """
 
 from . import artifacts
+from ._backend import SUBMIT_CHECKPOINT
 from ._database import Clock, Database, open_database, wall_clock_ms
 from ._errors import (
     CheckpointNotPending,
@@ -27,7 +28,6 @@ from ._errors import (
     ZincirError,
 )
 from ._run import Run, open_run
-from ._store import SUBMIT_CHECKPOINT
 from ._types import (
     Checkpoint,
     CheckpointState,

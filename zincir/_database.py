@@ -1,48 +1,34 @@
-"""The database: one SQLite file, one writer thread with group commit, one reader thread.
+"""The database: a backend's store and threads behind one backend-free object.
 
-Trio tasks never touch ``sqlite3`` themselves. They hand an *operation* (a plain function of a
-:class:`Tx`) to a long-lived thread through a queue and sleep until the thread reschedules them
-with the outcome. The writer thread drains its queue and runs everything it found in ONE
-``BEGIN IMMEDIATE`` transaction, each operation inside its own SAVEPOINT, so a failing operation
-gets its own error while its neighbours still commit, and a whole batch pays for one fsync.
-A caller's ``await`` returns only after the COMMIT that holds its operation.
+:func:`open_database` picks the backend from what it is given: a path (or ``sqlite:///path``)
+opens the embedded SQLite backend, a ``postgresql://`` URL the PostgreSQL one. Both give the same
+:class:`Database`, and :class:`~zincir.Run` and :class:`~zincir.ResumeWorker` never know which.
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import os
-import queue
-import sqlite3
-import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Final, Literal, TypeVar, final
 
 import attrs
-import outcome
 import trio
 
-from . import _migrations, _store
-from ._errors import DatabaseBusy, DatabaseClosed, InvalidArgument, StorageError
+from ._backend import Store
+from ._errors import DatabaseClosed, InvalidArgument
+from ._threads import DatabaseThread, submit
 from ._types import DurableState, Event, RunRecord, RunStatus
 from ._validation import canonical_run_id, check_int, check_text
 
-__all__ = ["Clock", "Database", "Tx", "open_database", "wall_clock_ms"]
-
-logger = logging.getLogger("zincir")
+__all__ = ["Backend", "Clock", "Database", "open_database", "wall_clock_ms"]
 
 T = TypeVar("T")
 Clock = Callable[[], int]
 """A clock returns the current time in integer Unix milliseconds; it must be thread-safe."""
 
 DEFAULT_MAX_PAYLOAD_BYTES: Final = 16 * 1024 * 1024
-_BUSY_TIMEOUT_MS: Final = 5000
-# Bounds one transaction, so a flood of writers cannot make a single commit arbitrarily large.
-_MAX_BATCH: Final = 512
-_SQLITE_BUSY_CODES: Final = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
 
 
 def wall_clock_ms() -> int:
@@ -50,282 +36,19 @@ def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-@final
-@attrs.define
-class Tx:
-    """What an operation sees on the database thread: the connection, and "now"."""
-
-    conn: sqlite3.Connection
-    now: int
-    """Milliseconds, read when the operation started, after the write lock was taken."""
-
-    def one(self, sql: str, params: tuple[Any, ...] = ()) -> Any:
-        return self.conn.execute(sql, params).fetchone()
-
-    def all(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
-        return self.conn.execute(sql, params).fetchall()
-
-    def execute(self, sql: str, params: tuple[Any, ...] = ()) -> sqlite3.Cursor:
-        return self.conn.execute(sql, params)
-
-
-Operation = Callable[..., Any]
-
-
 @attrs.define(eq=False)
-class _Request:
-    fn: Operation | None  # None asks the thread to finish its queue and close
-    args: tuple[Any, ...]
-    task: trio.lowlevel.Task
-    result: outcome.Outcome[Any] | None = None
+class Backend:
+    """What a backend package's ``open_backend`` returns: its store and its threads."""
 
-
-def storage_error(exc: sqlite3.Error, path: str) -> StorageError:
-    """Translate a sqlite3 error into the zincir error tree."""
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is not None and code & 0xFF in _SQLITE_BUSY_CODES:
-        return DatabaseBusy(f"{path}: the database stayed locked by another writer ({exc})")
-    if code is not None and code & 0xFF == sqlite3.SQLITE_FULL:
-        return StorageError(f"{path}: the database or disk is full ({exc}); nothing was written")
-    return StorageError(f"{path}: {exc}")
-
-
-class _Worker:
-    """A thread that owns one connection and runs submitted operations in transactions."""
-
-    def __init__(
-        self,
-        *,
-        name: str,
-        conn: sqlite3.Connection,
-        path: str,
-        clock: Clock,
-        token: trio.lowlevel.TrioToken,
-        group_commit: bool,
-    ) -> None:
-        self._conn = conn
-        self._path = path
-        self._clock = clock
-        self._token = token
-        self._group_commit = group_commit
-        self._queue: queue.SimpleQueue[_Request] = queue.SimpleQueue()
-        # Set once if the thread dies; from then on every request fails at once (under the lock,
-        # so that none can slip into the queue after the thread emptied it for the last time).
-        self._death: str | None = None
-        self._lock = threading.Lock()
-        self._batch: list[_Request] = []  # taken from the queue and not answered yet
-        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
-        self._thread.start()
-
-    def submit(self, request: _Request) -> None:
-        with self._lock:
-            if self._death is not None:
-                raise StorageError(self._death)
-            self._queue.put(request)
-
-    def join(self) -> None:
-        self._thread.join()
-
-    # -- on the thread --------------------------------------------------------------------
-
-    def _serve(self) -> None:
-        try:
-            self._serve_until_closed()
-        except BaseException as exc:
-            self._die(exc)
-
-    def _die(self, exc: BaseException) -> None:
-        """Whatever killed the thread: fail every request it holds or will ever get."""
-        logger.critical("the database thread for %s stopped unexpectedly", self._path, exc_info=exc)
-        death = (
-            f"{self._path}: the database thread stopped unexpectedly ({exc!r}); nothing in flight"
-            " was committed, and the database must be reopened"
-        )
-        with self._lock:
-            self._death = death
-            stranded = self._batch
-            while True:
-                try:
-                    stranded.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-        self._conn.close()  # rolls back the transaction it died in, if any
-        for request in stranded:
-            request.result = outcome.Value(None) if request.fn is None else outcome.Error(StorageError(death))
-        if stranded:
-            with contextlib.suppress(trio.RunFinishedError):  # nobody is left to tell
-                self._reply(stranded)
-
-    def _serve_until_closed(self) -> None:
-        closing = False
-        while not closing:
-            batch = self._batch = [self._queue.get()]
-            while len(batch) < _MAX_BATCH:
-                try:
-                    batch.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            work = [r for r in batch if r.fn is not None]
-            closing = len(work) < len(batch)
-            if work:
-                self._run_batch(work)
-            if closing:
-                self._close()
-                for request in batch:
-                    if request.fn is None:
-                        request.result = outcome.Value(None)
-            self._batch = []
-            self._reply(batch)
-
-    def _close(self) -> None:
-        try:
-            self._conn.close()
-        except sqlite3.Error:  # pragma: no cover - closing a healthy connection does not fail
-            logger.exception("closing %s failed", self._path)
-
-    def _reply(self, batch: list[_Request]) -> None:
-        def wake() -> None:
-            for request in batch:
-                assert request.result is not None
-                trio.lowlevel.reschedule(request.task, request.result)
-
-        # close() waits for this thread's last reply and joins it: the Trio run is still there.
-        self._token.run_sync_soon(wake)
-
-    def _run_batch(self, batch: list[_Request]) -> None:
-        if len(batch) == 1 or not self._group_commit:
-            for request in batch:
-                self._run_alone(request)
-        elif not self._run_together(batch):
-            # The shared transaction itself failed (commit error, or SQLite rolled it back):
-            # give every operation its own transaction so each gets its own outcome.
-            for request in batch:
-                self._run_alone(request)
-
-    def _begin(self) -> None:
-        self._conn.execute("BEGIN IMMEDIATE" if self._group_commit else "BEGIN")
-
-    def _call(self, request: _Request) -> outcome.Outcome[Any]:
-        assert request.fn is not None
-        try:
-            return outcome.Value(request.fn(Tx(self._conn, self._clock()), *request.args))
-        except sqlite3.Error as exc:
-            return outcome.Error(storage_error(exc, self._path))
-        except Exception as exc:
-            return outcome.Error(exc)
-
-    def _run_alone(self, request: _Request) -> None:
-        try:
-            self._begin()
-        except sqlite3.Error as exc:
-            request.result = outcome.Error(storage_error(exc, self._path))
-            return
-        result = self._call(request)
-        if isinstance(result, outcome.Value):
-            try:
-                self._conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                result = outcome.Error(storage_error(exc, self._path))
-        # After some errors (SQLITE_FULL among them) SQLite has already rolled back; the
-        # operation's own error is the one to report either way.
-        self._rollback_quietly()
-        request.result = result
-
-    def _run_together(self, batch: list[_Request]) -> bool:
-        try:
-            self._begin()
-        except sqlite3.Error as exc:
-            for request in batch:
-                request.result = outcome.Error(storage_error(exc, self._path))
-            return True
-        try:
-            for request in batch:
-                self._conn.execute("SAVEPOINT operation")
-                request.result = self._call(request)
-                if isinstance(request.result, outcome.Error):
-                    if not self._conn.in_transaction:
-                        return False
-                    self._conn.execute("ROLLBACK TO operation")
-                self._conn.execute("RELEASE operation")
-            self._conn.execute("COMMIT")
-            return True
-        except sqlite3.Error:
-            self._rollback_quietly()
-            return False
-
-    def _rollback_quietly(self) -> None:
-        if self._conn.in_transaction:
-            try:
-                self._conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                logger.exception("rollback on %s failed", self._path)
-
-
-def _open_error(exc: sqlite3.Error, path: str) -> StorageError:
-    error = storage_error(exc, path)
-    if isinstance(error, DatabaseBusy):
-        return error
-    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
-    if code in (sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_READONLY, sqlite3.SQLITE_PERM):
-        return StorageError(
-            f"cannot open database {path!r}: {exc} (is its directory read-only or missing? a zincir"
-            " database needs to create its -wal and -shm files beside it)"
-        )
-    return StorageError(f"cannot open database {path!r}: {exc}")
-
-
-def _connect(path: str, synchronous: str) -> sqlite3.Connection:
-    try:
-        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    except sqlite3.Error as exc:
-        raise _open_error(exc, path) from exc
-    try:
-        # Wait out another connection's lock rather than mistake a locked file for a foreign one.
-        conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
-        # Validate before anything else touches the file: a refused file stays unchanged.
-        _migrations.applied_version(conn, path)
-        conn.execute("PRAGMA foreign_keys = ON")
-        conn.execute(f"PRAGMA synchronous = {synchronous}")
-    except sqlite3.Error as exc:
-        conn.close()
-        raise _open_error(exc, path) from exc
-    except BaseException:
-        conn.close()
-        raise
-    return conn
-
-
-def _enable_wal(conn: sqlite3.Connection, path: str) -> None:
-    # Switching a new file to WAL needs a moment of exclusivity; a second process opening
-    # the same new file can be told "locked" even with a busy timeout, so try for a while.
-    deadline = time.monotonic() + _BUSY_TIMEOUT_MS / 1000
-    while True:
-        try:
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-        except sqlite3.OperationalError as exc:
-            if time.monotonic() > deadline:
-                raise storage_error(exc, path) from exc
-            time.sleep(0.01)
-            continue
-        if mode.lower() != "wal":
-            raise StorageError(f"{path}: SQLite refused WAL mode (journal mode is {mode})")
-        return
-
-
-def _open_connections(path: str, synchronous: str, clock: Clock) -> tuple[sqlite3.Connection, ...]:
-    writer = _connect(path, synchronous)
-    try:
-        try:
-            _enable_wal(writer, path)
-            _migrations.migrate(writer, path, clock())
-        except sqlite3.Error as exc:
-            raise storage_error(exc, path) from exc
-        reader = _connect(path, synchronous)
-        reader.execute("PRAGMA query_only = ON")
-    except BaseException:
-        writer.close()
-        raise
-    return writer, reader
+    name: Literal["sqlite", "postgresql"]
+    target: str
+    """The path or URL (without a password) it was opened with."""
+    store: Store
+    writers: Sequence[DatabaseThread]
+    """One or more; the operations of one run always go to the same one."""
+    reader: DatabaseThread
+    clock: Clock
+    """The clock operations use (SQLite, or a test's fake server clock), or the wall clock."""
 
 
 @final
@@ -335,14 +58,18 @@ class Database:
     It belongs to the Trio run that opened it.
     """
 
+    backend: Literal["sqlite", "postgresql"]
+    """Which backend stores it."""
     path: str
-    """The file's path, as given."""
+    """The file's path, or the server's URL without its password, as given."""
     clock: Clock
-    """The clock every lease and timer of this database is measured with (integer ms)."""
+    """The clock leases and timers are measured with: on SQLite the one given (the wall clock by
+    default); on PostgreSQL the server's clock decides, and this is the local wall clock."""
     max_payload_bytes: int
     """The largest JSON payload, in bytes of UTF-8, that one value may take."""
-    _writer: _Worker
-    _reader: _Worker
+    _store: Store
+    _writers: Sequence[DatabaseThread]
+    _reader: DatabaseThread
     _closed: bool
     _claim_listeners: set[Callable[[], None]]
 
@@ -350,30 +77,25 @@ class Database:
         raise TypeError("use zincir.open_database() to open a Database")
 
     @classmethod
-    def _create(
-        cls,
-        path: str,
-        writer: _Worker,
-        reader: _Worker,
-        clock: Clock,
-        max_payload_bytes: int,
-    ) -> Database:
+    def _create(cls, backend: Backend, max_payload_bytes: int) -> Database:
         self = object.__new__(cls)
-        self.path = path
-        self.clock = clock
+        self.backend = backend.name
+        self.path = backend.target
+        self.clock = backend.clock
         self.max_payload_bytes = max_payload_bytes
-        self._writer = writer
-        self._reader = reader
+        self._store = backend.store
+        self._writers = backend.writers
+        self._reader = backend.reader
         self._closed = False
         self._claim_listeners = set()
         return self
 
     def __repr__(self) -> str:
-        return f"<zincir.Database {self.path!r}{' closed' if self._closed else ''}>"
+        return f"<zincir.Database {self.backend} {self.path!r}{' closed' if self._closed else ''}>"
 
     async def state(self, run_id: str) -> DurableState:
         """Any run's durable state (as :meth:`Run.state`), read without owning the run."""
-        run, checkpoint, events = await self._read(_store.durable_state, canonical_run_id(run_id))
+        run, checkpoint, events = await self._read(self._store.durable_state, canonical_run_id(run_id))
         return DurableState(run, checkpoint, events)
 
     async def events(self, run_id: str, *, after: int = -1, limit: int | None = None) -> list[Event]:
@@ -382,7 +104,7 @@ class Database:
         if limit is not None:
             check_int(limit, "limit (or None)", minimum=1)
         run_id = canonical_run_id(run_id)
-        return await self._read(_store.events_page, run_id, after, limit)
+        return await self._read(self._store.events_page, run_id, after, limit)
 
     async def runs(
         self, *, status: RunStatus | str | None = None, role: str | None = None, limit: int = 100
@@ -396,16 +118,20 @@ class Database:
         if role is not None:
             check_text(role, "role")
         check_int(limit, "limit", minimum=1)
-        return await self._read(_store.list_runs, status, role, limit)
+        return await self._read(self._store.list_runs, status, role, limit)
 
     def _announce_claimable(self) -> None:
         """A run became claimable: wake the resume workers of this process at once."""
         for listener in list(self._claim_listeners):
             listener()
 
-    async def _write(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(tx, *args)`` in the next group-commit transaction; return after COMMIT."""
-        result: T = await self._submit(self._writer, fn, args)
+    async def _write(self, fn: Callable[..., T], *args: Any, route: str = "") -> T:
+        """Run ``fn(tx, *args)`` in the next group-commit transaction; return after COMMIT.
+
+        Operations with the same ``route`` (a run id) go to the same writer thread, in order.
+        """
+        writer = self._writers[hash(route) % len(self._writers)]
+        result: T = await self._submit(writer, fn, args)
         return result
 
     async def _read(self, fn: Callable[..., T], *args: Any) -> T:
@@ -413,78 +139,85 @@ class Database:
         result: T = await self._submit(self._reader, fn, args)
         return result
 
-    async def _submit(self, worker: _Worker, fn: Operation | None, args: tuple[Any, ...]) -> Any:
-        # A caller cancelled before submitting writes nothing; once submitted, the operation is
-        # never abandoned: the caller waits for its outcome, and Trio delivers the cancellation
-        # at the caller's next checkpoint.
-        await trio.lowlevel.checkpoint_if_cancelled()
+    async def _submit(self, thread: DatabaseThread, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
         if self._closed:
             raise DatabaseClosed(f"database {self.path!r} is closed")
-        worker.submit(_Request(fn, args, trio.lowlevel.current_task()))
-        return await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
+        return await submit(thread, fn, args)
 
     async def _close(self) -> None:
         if self._closed:
             return
         self._closed = True
         with trio.CancelScope(shield=True):
-            for worker in (self._writer, self._reader):
-                try:
-                    worker.submit(_Request(None, (), trio.lowlevel.current_task()))
-                except StorageError:
-                    pass  # the thread died and closed its connection already
-                else:
-                    await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
+            for thread in (*self._writers, self._reader):
+                await submit(thread, None, ())
                 # The thread's last act was that reply; joining it takes a moment, off the loop.
-                await trio.to_thread.run_sync(worker.join)
+                await trio.to_thread.run_sync(thread.join)
 
 
-_SYNCHRONOUS_LEVELS: Final = {"full": "FULL", "normal": "NORMAL"}
+def _backend_of(target: str) -> Literal["sqlite", "postgresql"]:
+    scheme, sep, _ = target.partition("://")
+    if not sep:
+        return "sqlite"
+    if scheme in ("postgresql", "postgres"):
+        return "postgresql"
+    if scheme == "sqlite":
+        return "sqlite"
+    raise InvalidArgument(
+        f"unknown database URL scheme {scheme!r}: use a path, sqlite:///path or postgresql://"
+    )
 
 
 @asynccontextmanager
 async def open_database(
-    path: str | os.PathLike[str] = "zincir.db",
+    target: str | os.PathLike[str] = "zincir.db",
     *,
     synchronous: Literal["full", "normal"] = "full",
     clock: Clock | None = None,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    writers: int | None = None,
 ) -> AsyncIterator[Database]:
-    """Open (creating if needed) a zincir database file and apply its migrations.
+    """Open (creating if needed) a zincir database and apply its migrations.
 
-    ``synchronous="full"`` (the default) makes every acknowledged write survive power loss;
-    ``"normal"`` survives a crash of the process but may lose the last commits on power loss.
-    ``clock`` replaces the wall clock (integer ms) that leases and timers are measured with.
-    Raises :class:`SchemaError` for a file that is not a zincir database or is newer than this
-    code (the file is left unchanged), and :class:`StorageError` when it cannot be opened.
-    Leaving the block waits for every submitted operation, commits, and closes the file.
+    ``target`` is a path or ``sqlite:///path`` (SQLite: an embedded file, no server), or a
+    ``postgresql://user@host:port/dbname`` URL (PostgreSQL: ``pip install 'zincir[postgres]'``).
+
+    ``synchronous`` (SQLite): ``"full"`` (the default) makes every acknowledged write survive
+    power loss; ``"normal"`` survives a crash of the process but may lose the last commits on
+    power loss. ``clock`` replaces the wall clock (integer ms) that SQLite measures leases and
+    timers with; on PostgreSQL the server's clock decides, and ``clock`` fakes it (for tests).
+    ``writers`` (PostgreSQL): how many writer connections, each with its own group commit
+    (default 2; SQLite always has one writer).
+
+    Raises :class:`SchemaError` for a database that is not zincir's or is newer than this code
+    (it is left unchanged), and :class:`StorageError` when it cannot be opened.
+    Leaving the block waits for every submitted operation, commits, and closes the database.
     """
-    level = _SYNCHRONOUS_LEVELS.get(synchronous)
-    if level is None:
-        raise InvalidArgument(f"synchronous must be 'full' or 'normal', not {synchronous!r}")
     check_int(max_payload_bytes, "max_payload_bytes", minimum=1)
-    if not isinstance(path, str | os.PathLike):
-        raise InvalidArgument(f"open_database() takes a path or a database URL, not {path!r}")
-    path_str = os.fspath(path)
-    if not isinstance(path_str, str):
-        raise InvalidArgument(f"the database path must be text, not {path_str!r}")
-    clock = clock or wall_clock_ms
-    writer_conn, reader_conn = await trio.to_thread.run_sync(_open_connections, path_str, level, clock)
+    if not isinstance(target, str | os.PathLike):
+        raise InvalidArgument(f"open_database() takes a path or a database URL, not {target!r}")
+    text = os.fspath(target)
+    if not isinstance(text, str) or "\x00" in text:
+        raise InvalidArgument(f"the database path must be text without NUL, not {text!r}")
+    if clock is not None and not callable(clock):
+        raise InvalidArgument(f"clock must be a function returning integer ms, not {clock!r}")
+    if writers is not None:
+        check_int(writers, "writers", minimum=1, maximum=64)
+    if synchronous not in ("full", "normal"):
+        raise InvalidArgument(f"synchronous must be 'full' or 'normal', not {synchronous!r}")
     token = trio.lowlevel.current_trio_token()
+    if _backend_of(text) == "postgresql":
+        from . import _postgres
 
-    def worker(role: str, conn: sqlite3.Connection) -> _Worker:
-        return _Worker(
-            name=f"zincir-{role}:{path_str}",
-            conn=conn,
-            path=path_str,
-            clock=clock,
-            token=token,
-            group_commit=role == "writer",
-        )
+        backend = await _postgres.open_backend(text, token=token, clock=clock, writers=writers or 2)
+    else:
+        from . import _sqlite
 
-    db = Database._create(
-        path_str, worker("writer", writer_conn), worker("reader", reader_conn), clock, max_payload_bytes
-    )
+        if writers not in (None, 1):
+            raise InvalidArgument(f"SQLite has exactly one writer, not writers={writers!r}")
+        path = text.removeprefix("sqlite:///")  # sqlite:///relative.db, sqlite:////absolute.db
+        backend = await _sqlite.open_backend(path, token=token, clock=clock, synchronous=synchronous)
+    db = Database._create(backend, max_payload_bytes)
     try:
         yield db
     finally:

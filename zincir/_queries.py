@@ -32,7 +32,7 @@ from typing import Any, Final
 import attrs
 
 from ._errors import DatabaseBusy, InvalidArgument, RunNotFound, SchemaError, StorageError
-from ._migrations import APPLICATION_ID, load_migrations
+from ._sqlite._migrations import APPLICATION_ID, load_migrations
 from ._types import EventType
 
 __all__ = [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -12,7 +13,7 @@ from typing import Any, TypeVar, cast, final
 
 import trio
 
-from . import _store
+from ._backend import IntentRow, Lease, Store
 from ._database import Database, open_database
 from ._errors import (
     CheckpointNotPending,
@@ -24,7 +25,6 @@ from ._errors import (
     StorageError,
 )
 from ._json import JSONValue, decode, encode
-from ._store import IntentRow, Lease
 from ._types import (
     Checkpoint,
     CheckpointState,
@@ -63,6 +63,7 @@ class Run:
     id: str
     """The run's id (a canonical lowercase UUID string)."""
     _db: Database
+    _store: Store
     _lease: Lease
     _lost: str | None
     _finished: RunStatus | None
@@ -70,7 +71,7 @@ class Run:
     _heartbeat_scope: trio.CancelScope
     _running_steps: set[str]
     _completed_steps: set[str] | None
-    _release_at: int | None
+    _release_delay_ms: int
     _refund_attempt: bool
     _released: bool
     _ending: bool
@@ -83,6 +84,7 @@ class Run:
         self = object.__new__(cls)
         self.id = lease.run_id
         self._db = db
+        self._store = db._store
         self._lease = lease
         self._lost = None
         self._finished = None
@@ -90,7 +92,7 @@ class Run:
         self._heartbeat_scope = trio.CancelScope(shield=True)
         self._running_steps = set()
         self._completed_steps = None  # loaded by the first step()
-        self._release_at = None  # when the released run may be claimed again (None: now)
+        self._release_delay_ms = 0  # how long after release the run may be claimed again
         self._refund_attempt = False  # set by a worker whose handler was cancelled
         self._released = False
         # True while a write that ends this ownership (complete, fail, a worker's failure
@@ -133,7 +135,7 @@ class Run:
         self._body_scope.cancel()
 
     async def _write(self, fn: Any, *args: Any) -> Any:
-        return await self._as_owner(self._db._write, fn, *args)
+        return await self._as_owner(functools.partial(self._db._write, route=self.id), fn, *args)
 
     async def _read(self, fn: Any, *args: Any) -> Any:
         return await self._as_owner(self._db._read, fn, *args)
@@ -163,7 +165,7 @@ class Run:
         checkpoint itself. Without an accepted checkpoint, the whole log. A plain read: it
         works after the lease is lost or the run has ended.
         """
-        run, checkpoint, events = await self._db._read(_store.durable_state, self.id)
+        run, checkpoint, events = await self._db._read(self._store.durable_state, self.id)
         return DurableState(run, checkpoint, events)
 
     # -- the model and its tools ----------------------------------------------------------
@@ -223,12 +225,12 @@ class Run:
             )
             for c in calls
         ]
-        seq: int = await self._write(_store.record_response, llm_payload, intents)
+        seq: int = await self._write(self._store.record_response, llm_payload, intents)
         return seq
 
     async def pending_tools(self) -> list[PendingToolCall]:
         """The tool intents that have no result yet, oldest first: run them (again)."""
-        rows = await self._read(_store.pending_tools)
+        rows = await self._read(self._store.pending_tools)
         pending = []
         for payload_json, count in rows:
             payload = decode(payload_json)
@@ -240,7 +242,7 @@ class Run:
         """Record a tool's result. Repeating the identical result is a no-op."""
         check_call_id(call_id, f"run {self.id}: call_id")
         payload = self._encode({"call_id": call_id, "content": content}, f"the result of {call_id!r}")
-        await self._write(_store.record_tool_result, call_id, payload)
+        await self._write(self._store.record_tool_result, call_id, payload)
 
     # -- checkpoints ----------------------------------------------------------------------
 
@@ -259,12 +261,12 @@ class Run:
         if not isinstance(state, CheckpointState):
             state = CheckpointState.from_json(state)
         state_json = self._encode(state.to_json(), f"checkpoint state for {call_id!r}")
-        candidate = await self._write(_store.propose_checkpoint, call_id, state_json)
+        candidate = await self._write(self._store.propose_checkpoint, call_id, state_json)
         return await self._decide(candidate, verify)
 
     async def pending_checkpoint(self) -> Checkpoint | None:
         """The undecided candidate a crash left behind, if any."""
-        result: Checkpoint | None = await self._read(_store.candidate, None)
+        result: Checkpoint | None = await self._read(self._store.candidate, None)
         return result
 
     async def verify_checkpoint(self, candidate: Checkpoint, verify: Verifier) -> Checkpoint:
@@ -273,7 +275,7 @@ class Run:
         if not isinstance(candidate, Checkpoint):
             raise InvalidArgument(f"run {self.id}: verify_checkpoint() takes a Checkpoint, not {candidate!r}")
         check_async_callable(verify, f"run {self.id}: the verifier")
-        stored = await self._read(_store.candidate, candidate.id)
+        stored = await self._read(self._store.candidate, candidate.id)
         if stored is None:
             raise CheckpointNotPending(
                 f"run {self.id}: checkpoint {candidate.id} is not an undecided candidate"
@@ -292,7 +294,7 @@ class Run:
             {"evidence": verification.evidence, "passed": verification.passed}, "verification evidence"
         )
         decided: Checkpoint = await self._write(
-            _store.decide_checkpoint, candidate.id, verdict, verification.passed
+            self._store.decide_checkpoint, candidate.id, verdict, verification.passed
         )
         return decided
 
@@ -312,19 +314,20 @@ class Run:
         if self._completed_steps is None:
             # Only the lease holder completes steps, so one read per owner suffices: after it,
             # a new step costs one write, not a read and a write.
-            self._completed_steps = set(await self._db._read(_store.completed_step_names, self.id))
+            self._completed_steps = set(await self._db._read(self._store.completed_step_names, self.id))
         if name in self._completed_steps:
-            stored = await self._db._read(_store.step_result, self.id, name)
+            stored = await self._db._read(self._store.step_result, self.id, name)
             assert stored is not None, "completed steps are never deleted"
             return cast(T, decode(stored))
         if name in self._running_steps:
             raise StepAlreadyRunning(f"run {self.id}: step {name!r} is already running")
         self._running_steps.add(name)
         try:
-            started_at = self._db.clock()
+            started = trio.current_time()
             value = await fn(*args)
             result = self._encode(value, f"the result of step {name!r}")
-            stored = await self._write(_store.complete_step, name, result, started_at)
+            elapsed_ms = math.floor((trio.current_time() - started) * 1000)
+            stored = await self._write(self._store.complete_step, name, result, elapsed_ms)
         finally:
             self._running_steps.discard(name)
         self._completed_steps.add(name)
@@ -335,13 +338,14 @@ class Run:
         so after a restart only the remainder is waited; a completed sleep returns at once."""
         check_name(name, f"run {self.id}: sleep name")
         duration = check_seconds(seconds, f"run {self.id}: the duration of sleep {name!r}")
-        wake_at, completed = await self._write(_store.schedule_timer, name, math.ceil(duration * 1000))
+        remaining_ms, completed = await self._write(
+            self._store.schedule_timer, name, math.ceil(duration * 1000)
+        )
         if completed:
             return
-        remaining_ms = wake_at - self._db.clock()
         if remaining_ms > 0:
             await trio.sleep(remaining_ms / 1000)
-        await self._write(_store.complete_timer, name)
+        await self._write(self._store.complete_timer, name)
 
     # -- ending ---------------------------------------------------------------------------
 
@@ -357,7 +361,7 @@ class Run:
 
     async def _finish(self, status: RunStatus, transition: dict[str, str]) -> None:
         payload = self._encode(transition, "the final transition")
-        await self._end_ownership(_store.finish, status, payload)
+        await self._end_ownership(self._store.finish, status, payload)
         self._finished = status
 
     async def _end_ownership(self, fn: Any, *args: Any) -> None:
@@ -382,7 +386,7 @@ class Run:
             while True:
                 await trio.sleep(delay)
                 try:
-                    self._lease = await self._db._write(_store.renew, self._lease)
+                    self._lease = await self._db._write(self._store.renew, self._lease, route=self.id)
                     delay = interval
                 except RunTerminal:
                     return  # this owner ended the run (another task of the body did)
@@ -391,6 +395,8 @@ class Run:
                         self._lose(str(exc))
                     return
                 except StorageError as exc:
+                    # The database decides; this local view (its clock, as this process reads
+                    # it) only says how long retrying is worth it.
                     remaining_ms = self._lease.expires_at - self._db.clock()
                     if remaining_ms <= 0:
                         self._lose(f"run {self.id}: the lease of epoch {self.epoch} expired ({exc})")
@@ -411,12 +417,16 @@ class Run:
         with trio.CancelScope(shield=True):
             try:
                 released = await self._db._write(
-                    _store.release, self._lease, self._release_at, self._refund_attempt
+                    self._store.release,
+                    self._lease,
+                    self._release_delay_ms,
+                    self._refund_attempt,
+                    route=self.id,
                 )
             except StorageError as exc:
                 logger.warning("run %s: releasing the lease failed; it will expire instead: %s", self.id, exc)
                 return True
-        if released and self._release_at is None:
+        if released and self._release_delay_ms == 0:
             self._db._announce_claimable()
         return released
 
@@ -486,18 +496,14 @@ async def open_run(
     if run_id is None:
         config_json = encode({} if config is None else config, what="run config", limit=db.max_payload_bytes)
         parent = None if parent_run_id is None else canonical_run_id(parent_run_id, "parent_run_id")
+        new_id = str(uuid.uuid4())
+        description = (check_name(role, "role"), _check_provider(provider), config_json)
         lease = await db._write(
-            _store.create_run,
-            str(uuid.uuid4()),
-            parent,
-            check_name(role, "role"),
-            _check_provider(provider),
-            config_json,
-            owner,
-            ttl_ms,
+            db._store.create_run, new_id, parent, *description, owner, ttl_ms, route=new_id
         )
     else:
-        lease = await db._write(_store.acquire_run, canonical_run_id(run_id), owner, ttl_ms, bool(force))
+        run_id = canonical_run_id(run_id)
+        lease = await db._write(db._store.acquire_run, run_id, owner, ttl_ms, bool(force), route=run_id)
     async with owned_run(db, lease) as run:
         yield run
 

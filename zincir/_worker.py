@@ -13,10 +13,9 @@ from typing import Any, Final, final
 import attrs
 import trio
 
-from . import _store
+from ._backend import Lease
 from ._database import Database
 from ._errors import InvalidArgument, LeaseLost, StorageError
-from ._json import dump_trusted
 from ._run import Run, owned_run
 from ._types import RunStatus
 from ._validation import check_int, check_seconds, lease_ttl_ms
@@ -32,10 +31,10 @@ _MAX_ERROR_MESSAGE: Final = 2000
 _MAX_CONCURRENCY: Final = 10_000
 
 
-def _when(at_ms: int, now_ms: int) -> str:
-    """A retry time for people: local wall time and the delay, e.g. ``at 14:03:07 (in 4.0 s)``."""
-    stamp = datetime.datetime.fromtimestamp(at_ms / 1000).isoformat(sep=" ", timespec="seconds")
-    return f"at {stamp} (in {max(0, at_ms - now_ms) / 1000:.1f} s)"
+def _when(delay_ms: int) -> str:
+    """A retry time for people: the delay and the local time, e.g. ``in 4.0 s (at 14:03:07)``."""
+    at = datetime.datetime.now() + datetime.timedelta(milliseconds=delay_ms)
+    return f"in {delay_ms / 1000:.1f} s (at {at.isoformat(sep=' ', timespec='seconds')})"
 
 
 @attrs.frozen
@@ -155,7 +154,7 @@ class ResumeWorker:
             self._wakeup = trio.Event()
             try:
                 claimed = await self._db._write(
-                    _store.claim_due, self._owner, self._ttl_ms, self._max_attempts, len(slots)
+                    self._db._store.claim_due, self._owner, self._ttl_ms, self._max_attempts, len(slots)
                 )
             except BaseException as exc:
                 self._release_slots(slots)
@@ -192,7 +191,7 @@ class ResumeWorker:
         for slot in slots:
             self._limiter.release_on_behalf_of(slot)
 
-    async def _handle(self, lease: _store.Lease, attempt: int, slot: object) -> None:
+    async def _handle(self, lease: Lease, attempt: int, slot: object) -> None:
         try:
             async with owned_run(self._db, lease) as run:
                 try:
@@ -212,12 +211,11 @@ class ResumeWorker:
                     run._refund_attempt = True
                     raise
                 if run._finished is None:
-                    now = self._db.clock()
-                    run._release_at = now + self._backoff_ms(attempt)
+                    run._release_delay_ms = self._backoff_ms(attempt)
                     logger.info(
                         "run %s: handler returned without ending the run; released, claimable again %s",
                         run.id,
-                        _when(run._release_at, now),
+                        _when(run._release_delay_ms),
                     )
                 else:
                     logger.info("run %s: %s", run.id, run._finished.value)
@@ -233,25 +231,19 @@ class ResumeWorker:
 
     async def _record_failure(self, run: Run, attempt: int, exc: Exception) -> None:
         give_up = self._max_attempts is not None and attempt >= self._max_attempts
-        retry_at = None if give_up else self._db.clock() + self._backoff_ms(attempt)
+        delay_ms = None if give_up else self._backoff_ms(attempt)
         # If recording fails, the run is still released with this delay, not at once.
-        run._release_at = retry_at
-        message = str(exc)[:_MAX_ERROR_MESSAGE]
-        failure = dump_trusted(
-            {
-                "attempt": attempt,
-                "error_type": f"{type(exc).__module__}.{type(exc).__qualname__}",
-                "message": message,
-                "next_attempt_at": retry_at,
-            }
-        )
-        await run._end_ownership(_store.record_attempt_failure, failure, retry_at)
-        if give_up:
+        run._release_delay_ms = delay_ms or 0
+        failure = {
+            "attempt": attempt,
+            "error_type": f"{type(exc).__module__}.{type(exc).__qualname__}",
+            "message": str(exc)[:_MAX_ERROR_MESSAGE],
+        }
+        await run._end_ownership(self._db._store.record_attempt_failure, failure, delay_ms)
+        if delay_ms is None:
             run._finished = RunStatus.FAILED
             logger.error(
                 "run %s: attempt %d failed (%r); attempt limit reached, run failed", run.id, attempt, exc
             )
         else:
-            assert retry_at is not None
-            when = _when(retry_at, self._db.clock())
-            logger.warning("run %s: attempt %d failed (%r); retry %s", run.id, attempt, exc, when)
+            logger.warning("run %s: attempt %d failed (%r); retry %s", run.id, attempt, exc, _when(delay_ms))

@@ -8,13 +8,12 @@ that the owner's (owner, epoch) still holds an unexpired lease on a running run.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 
-if TYPE_CHECKING:
-    from ._database import Tx
-from ._errors import (
+from .._backend import SUBMIT_CHECKPOINT, IntentRow, Lease
+from .._errors import (
     CheckpointNotPending,
     ConflictingResult,
     DuplicateToolCall,
@@ -26,27 +25,12 @@ from ._errors import (
     RunTerminal,
     UnfinishedWork,
 )
-from ._json import decode
-from ._json import dump_trusted as _dump
-from ._types import Checkpoint, CheckpointState, Event, EventType, RunRecord, RunStatus, Verification
+from .._json import decode
+from .._json import dump_trusted as _dump
+from .._types import Checkpoint, CheckpointState, Event, EventType, RunRecord, RunStatus, Verification
+from ._connection import Tx
 
-SUBMIT_CHECKPOINT = "submit_checkpoint"
 _LIVE = (RunStatus.PENDING.value, RunStatus.RUNNING.value)
-
-
-@attrs.frozen
-class Lease:
-    """One owner's hold on a run: valid while (owner, epoch) match and it has not expired."""
-
-    run_id: str
-    owner: str
-    epoch: int
-    ttl_ms: int
-    expires_at: int
-
-    @property
-    def fencing_token(self) -> str:
-        return f"{self.run_id}:{self.epoch}"
 
 
 # -- acquiring and keeping leases ---------------------------------------------------------------
@@ -135,17 +119,20 @@ def _fail_exhausted(tx: Tx, run_id: str, status: str, attempts: int) -> None:
     _end_run(tx, run_id, _dump({"from": status, "reason": reason, "to": "failed"}), RunStatus.FAILED)
 
 
-def record_attempt_failure(tx: Tx, lease: Lease, failure_json: str, retry_at: int | None) -> None:
-    """Log an ``attempt_failed`` event; then release the run until ``retry_at``, or, when
-    there is no retry, fail it. One transaction, fenced."""
+def record_attempt_failure(tx: Tx, lease: Lease, failure: dict[str, Any], retry_delay_ms: int | None) -> None:
+    """Log an ``attempt_failed`` event; then release the run for a retry after the delay, or,
+    when there is no retry, fail it. One transaction, fenced."""
     check_lease(tx, lease)
+    retry_at = None if retry_delay_ms is None else tx.now + retry_delay_ms
     seq = _allocate(tx, lease.run_id, 1)
-    _insert_event(tx, lease.run_id, seq, EventType.ATTEMPT_FAILED, failure_json)
-    if retry_at is None:
+    _insert_event(
+        tx, lease.run_id, seq, EventType.ATTEMPT_FAILED, _dump({**failure, "next_attempt_at": retry_at})
+    )
+    if retry_delay_ms is None:
         transition = {"from": "running", "reason": "attempt limit reached", "to": "failed"}
         _end_run(tx, lease.run_id, _dump(transition), RunStatus.FAILED)
     else:
-        release(tx, lease, retry_at)
+        release(tx, lease, retry_delay_ms)
 
 
 def _end_run(tx: Tx, run_id: str, transition_json: str, status: RunStatus) -> None:
@@ -185,15 +172,15 @@ def renew(tx: Tx, lease: Lease) -> Lease:
     return attrs.evolve(lease, expires_at=expires_at)
 
 
-def release(tx: Tx, lease: Lease, next_attempt_at: int | None = None, refund_attempt: bool = False) -> bool:
-    """Give the lease up; the run stays as it is, claimable at ``next_attempt_at`` (now).
+def release(tx: Tx, lease: Lease, delay_ms: int = 0, refund_attempt: bool = False) -> bool:
+    """Give the lease up; the run stays as it is, claimable after ``delay_ms``.
     ``refund_attempt`` takes back the attempt its claim counted (the owner was stopped)."""
     return bool(
         tx.execute(
             "UPDATE agent_runs SET lease_owner = NULL, lease_expires_at = NULL, next_attempt_at = ?,"
             " attempts = attempts - ? WHERE id = ? AND lease_owner = ? AND lease_epoch = ?",
             (
-                tx.now if next_attempt_at is None else next_attempt_at,
+                tx.now + delay_ms,
                 int(refund_attempt),
                 lease.run_id,
                 lease.owner,
@@ -245,13 +232,6 @@ def _insert_event(
         " VALUES (?, ?, ?, ?, ?, ?)",
         (run_id, seq, type.value, payload_json, key, tx.now),
     )
-
-
-@attrs.frozen
-class IntentRow:
-    call_id: str
-    name: str
-    payload_json: str
 
 
 def record_response(tx: Tx, lease: Lease, llm_payload_json: str, intents: list[IntentRow]) -> int:
@@ -551,13 +531,13 @@ def step_result(tx: Tx, run_id: str, name: str) -> str | None:
     return None if row is None else str(row[0])
 
 
-def complete_step(tx: Tx, lease: Lease, name: str, result_json: str, started_at: int) -> str:
+def complete_step(tx: Tx, lease: Lease, name: str, result_json: str, elapsed_ms: int) -> str:
     """Store a step's result, fenced; if a result is already stored, keep and return it."""
     check_lease(tx, lease)
     inserted = tx.one(
         "INSERT INTO steps (run_id, name, status, epoch, result, started_at, completed_at)"
         " VALUES (?, ?, 'completed', ?, ?, ?, ?) ON CONFLICT (run_id, name) DO NOTHING RETURNING 1",
-        (lease.run_id, name, lease.epoch, result_json, started_at, tx.now),
+        (lease.run_id, name, lease.epoch, result_json, tx.now - elapsed_ms, tx.now),
     )
     if inserted is not None:
         return result_json  # the common case: no second read of what was just written
@@ -567,7 +547,7 @@ def complete_step(tx: Tx, lease: Lease, name: str, result_json: str, started_at:
 
 
 def schedule_timer(tx: Tx, lease: Lease, name: str, delay_ms: int) -> tuple[int, bool]:
-    """Store the wake time on the first call (later calls keep it); (wake_at, completed)."""
+    """Store the wake time on the first call (later calls keep it); (ms left, completed)."""
     check_lease(tx, lease)
     tx.execute(
         "INSERT INTO timers (run_id, name, wake_at, created_at) VALUES (?, ?, ?, ?)"
@@ -577,7 +557,7 @@ def schedule_timer(tx: Tx, lease: Lease, name: str, delay_ms: int) -> tuple[int,
     wake_at, completed_at = tx.one(
         "SELECT wake_at, completed_at FROM timers WHERE run_id = ? AND name = ?", (lease.run_id, name)
     )
-    return int(wake_at), completed_at is not None
+    return max(0, int(wake_at) - tx.now), completed_at is not None
 
 
 def complete_timer(tx: Tx, lease: Lease, name: str) -> None:

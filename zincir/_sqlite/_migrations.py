@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import functools
-import importlib.resources
 import sqlite3
 from collections.abc import Iterator
-from pathlib import Path
 
-import attrs
-
-from ._errors import SchemaError
+from .. import _schema
+from .._errors import SchemaError
+from .._schema import Migration
 
 # PRAGMA application_id of every zincir database ("zncr"): tells our files from others.
 APPLICATION_ID = 0x7A6E6372
@@ -25,34 +22,8 @@ def _sqlite_code(exc: sqlite3.Error) -> int | None:
     return None if code is None else int(code) & 0xFF
 
 
-@attrs.frozen
-class Migration:
-    version: int
-    name: str
-    sql: str
-
-
-def _migration_files() -> list[tuple[str, str]]:
-    # In a wheel the SQL files ship inside the package; in a source checkout (editable
-    # install) they are read from the repository's top-level migrations/ folder.
-    packaged = importlib.resources.files("zincir") / "migrations"
-    if packaged.is_dir():
-        return [(f.name, f.read_text("utf-8")) for f in packaged.iterdir() if f.name.endswith(".sql")]
-    source = Path(__file__).resolve().parent.parent / "migrations"
-    return [(f.name, f.read_text("utf-8")) for f in source.glob("*.sql")]
-
-
-@functools.cache
 def load_migrations() -> tuple[Migration, ...]:
-    migrations = []
-    for filename, sql in _migration_files():
-        number, _, _ = filename.partition("_")
-        migrations.append(Migration(int(number), filename.removesuffix(".sql"), sql))
-    migrations.sort(key=lambda m: m.version)
-    ordered = tuple(migrations)
-    if [m.version for m in migrations] != list(range(1, len(migrations) + 1)):
-        raise SchemaError(f"zincir's migrations are not numbered 1..n: {migrations!r}")
-    return ordered
+    return _schema.load("sqlite")
 
 
 def _statements(sql: str) -> Iterator[str]:

@@ -1,0 +1,157 @@
+"""The storage interface: every operation a backend implements, in one place.
+
+The core (:class:`~zincir.Run`, :class:`~zincir.ResumeWorker`, :class:`~zincir.Database`) knows
+no SQL. It hands a backend's operations to the backend's database threads, which run each one
+inside a transaction and reply into Trio (see :mod:`zincir._threads`). A backend is a package
+(``zincir._sqlite``, ``zincir._postgres``) whose ``_store`` module satisfies :class:`Store` and
+whose ``open_backend`` builds the threads.
+
+Rules every operation keeps, on every backend:
+
+- It runs inside one transaction (or one SAVEPOINT of a group commit); if it raises, it leaves
+  nothing behind.
+- "Now" is the database's clock, read inside the operation (on PostgreSQL the server's), never
+  the caller's: callers pass durations, not instants.
+- A write on behalf of an owner is *fenced*: inside the same transaction it checks that the
+  owner's (owner, epoch) still holds an unexpired lease on a running run, and raises
+  :class:`LeaseLost` (fenced, expired, released) or :class:`RunTerminal` otherwise.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import attrs
+
+from ._types import Checkpoint, Event, RunRecord, RunStatus
+
+__all__ = ["SUBMIT_CHECKPOINT", "IntentRow", "Lease", "Store"]
+
+SUBMIT_CHECKPOINT = "submit_checkpoint"
+"""The tool name whose intents are answered by :meth:`Run.checkpoint`, not by a tool."""
+
+
+@attrs.frozen
+class Lease:
+    """One owner's hold on a run: valid while (owner, epoch) match and it has not expired."""
+
+    run_id: str
+    owner: str
+    epoch: int
+    ttl_ms: int
+    expires_at: int
+    """On the database's clock."""
+
+    @property
+    def fencing_token(self) -> str:
+        return f"{self.run_id}:{self.epoch}"
+
+
+@attrs.frozen
+class IntentRow:
+    """A tool intent of a model response, encoded and ready to store."""
+
+    call_id: str
+    name: str
+    payload_json: str
+
+
+class Store(Protocol):
+    """Every storage operation. Each takes the backend's transaction first.
+
+    Raises are listed per operation; every operation may also raise :class:`StorageError`
+    (or a subclass) when the database itself fails, and then has written nothing.
+    """
+
+    # -- leases ---------------------------------------------------------------------------
+
+    def create_run(
+        self,
+        tx: Any,
+        run_id: str,
+        parent_run_id: str | None,
+        role: str,
+        provider: str,
+        config_json: str,
+        owner: str,
+        ttl_ms: int,
+    ) -> Lease:
+        """Insert a run already leased and running, with its first event. RunNotFound (parent)."""
+
+    def acquire_run(self, tx: Any, run_id: str, owner: str, ttl_ms: int, force: bool) -> Lease:
+        """Take a free or expired lease (any, with ``force``); start a pending run.
+        RunNotFound, RunTerminal, RunLeased."""
+
+    def claim_due(
+        self, tx: Any, owner: str, ttl_ms: int, max_attempts: int | None, limit: int
+    ) -> list[tuple[Lease, int]]:
+        """Lease up to ``limit`` due runs, most overdue first: (lease, attempt) pairs. A run
+        past ``max_attempts`` is failed instead."""
+
+    def renew(self, tx: Any, lease: Lease) -> Lease:
+        """Extend an unexpired lease by its TTL. LeaseLost, RunTerminal."""
+
+    def release(self, tx: Any, lease: Lease, delay_ms: int, refund_attempt: bool) -> bool:
+        """Give the lease up; the run is claimable after ``delay_ms``. False if it was not
+        this owner's any more."""
+
+    def record_attempt_failure(
+        self, tx: Any, lease: Lease, failure: dict[str, Any], retry_delay_ms: int | None
+    ) -> None:
+        """Log ``attempt_failed`` (``failure`` plus its ``next_attempt_at``), then release the
+        run for a retry after the delay or, with None, fail it. Fenced."""
+
+    # -- the log --------------------------------------------------------------------------
+
+    def record_response(self, tx: Any, lease: Lease, llm_payload_json: str, intents: list[IntentRow]) -> int:
+        """Append ``llm_call`` and one ``tool_call`` per intent; the seq of ``llm_call``.
+        Fenced; DuplicateToolCall."""
+
+    def pending_tools(self, tx: Any, lease: Lease) -> list[tuple[str, int]]:
+        """(tool_call payload, response_tool_count) of each intent without a result."""
+
+    def record_tool_result(self, tx: Any, lease: Lease, call_id: str, payload_json: str) -> int:
+        """Append ``tool_result``; an identical repeat is a no-op. Fenced; NoDurableIntent,
+        ConflictingResult, InvalidArgument (a checkpoint call)."""
+
+    def finish(self, tx: Any, lease: Lease, status: RunStatus, payload_json: str) -> None:
+        """End the run with its ``state_transition``. Fenced; UnfinishedWork (completing)."""
+
+    # -- checkpoints ----------------------------------------------------------------------
+
+    def propose_checkpoint(self, tx: Any, lease: Lease, call_id: str, state_json: str) -> Checkpoint:
+        """Store a candidate for a pending ``submit_checkpoint`` intent. Fenced; CheckpointNotPending."""
+
+    def candidate(self, tx: Any, lease: Lease, checkpoint_id: int | None) -> Checkpoint | None:
+        """The run's undecided candidate (only if it has ``checkpoint_id``, when given)."""
+
+    def decide_checkpoint(
+        self, tx: Any, lease: Lease, checkpoint_id: int, verification_json: str, passed: bool
+    ) -> Checkpoint:
+        """Record the decision, its event and the answering tool result. Fenced; CheckpointNotPending."""
+
+    # -- steps and sleeps -----------------------------------------------------------------
+
+    def completed_step_names(self, tx: Any, run_id: str) -> list[str]: ...
+
+    def step_result(self, tx: Any, run_id: str, name: str) -> str | None:
+        """The stored JSON result of a completed step, or None."""
+
+    def complete_step(self, tx: Any, lease: Lease, name: str, result_json: str, elapsed_ms: int) -> str:
+        """Store a step's result (first one wins) and return the stored one. Fenced."""
+
+    def schedule_timer(self, tx: Any, lease: Lease, name: str, delay_ms: int) -> tuple[int, bool]:
+        """Store the wake time on the first call; (ms left until it, completed). Fenced."""
+
+    def complete_timer(self, tx: Any, lease: Lease, name: str) -> None: ...
+
+    # -- reading --------------------------------------------------------------------------
+
+    def durable_state(self, tx: Any, run_id: str) -> tuple[RunRecord, Checkpoint | None, list[Event]]:
+        """The run, its latest accepted checkpoint, and the events after it. RunNotFound."""
+
+    def events_page(self, tx: Any, run_id: str, after_seq: int, limit: int | None) -> list[Event]:
+        """Events with seq > ``after_seq``, in order. RunNotFound."""
+
+    def list_runs(self, tx: Any, status: RunStatus | None, role: str | None, limit: int) -> list[RunRecord]:
+        """Runs, oldest first."""

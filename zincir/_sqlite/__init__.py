@@ -1,0 +1,39 @@
+"""The embedded backend: one SQLite file in WAL mode, one writer thread, one reader thread."""
+
+from __future__ import annotations
+
+from typing import Final
+
+import trio
+
+from .._database import Backend, Clock, wall_clock_ms
+from .._threads import DatabaseThread
+from . import _store
+from ._connection import SQLiteSession, open_connections
+
+__all__ = ["open_backend"]
+
+_SYNCHRONOUS_LEVELS: Final = {"full": "FULL", "normal": "NORMAL"}
+
+
+async def open_backend(
+    path: str, *, token: trio.lowlevel.TrioToken, clock: Clock | None, synchronous: str
+) -> Backend:
+    clock = clock or wall_clock_ms
+    writer, reader = await trio.to_thread.run_sync(
+        open_connections, path, _SYNCHRONOUS_LEVELS[synchronous], clock()
+    )
+
+    def thread(role: str, session: SQLiteSession) -> DatabaseThread:
+        return DatabaseThread(
+            name=f"zincir-{role}:{path}", session=session, token=token, group_commit=role == "writer"
+        )
+
+    return Backend(
+        name="sqlite",
+        target=path,
+        store=_store,
+        writers=[thread("writer", SQLiteSession(writer, path, clock, immediate=True))],
+        reader=thread("reader", SQLiteSession(reader, path, clock, immediate=False)),
+        clock=clock,
+    )

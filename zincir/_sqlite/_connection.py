@@ -1,0 +1,168 @@
+"""SQLite connections: opening and validating a file, and the session a database thread drives."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import time
+from typing import Any, Final, final
+
+import attrs
+
+from .._errors import DatabaseBusy, StorageError
+from . import _migrations
+
+__all__ = ["SQLiteSession", "Tx", "open_connections", "storage_error"]
+
+logger = logging.getLogger("zincir")
+
+BUSY_TIMEOUT_MS: Final = 5000
+_SQLITE_BUSY_CODES: Final = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
+
+
+@final
+@attrs.define
+class Tx:
+    """What an operation sees on the database thread: the connection, and "now"."""
+
+    conn: sqlite3.Connection
+    now: int
+    """Milliseconds, read when the operation started, after the write lock was taken."""
+
+    def one(self, sql: str, params: tuple[Any, ...] = ()) -> Any:
+        return self.conn.execute(sql, params).fetchone()
+
+    def all(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+        return self.conn.execute(sql, params).fetchall()
+
+    def execute(self, sql: str, params: tuple[Any, ...] = ()) -> sqlite3.Cursor:
+        return self.conn.execute(sql, params)
+
+
+def storage_error(exc: sqlite3.Error, path: str) -> StorageError:
+    """Translate a sqlite3 error into the zincir error tree."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None and code & 0xFF in _SQLITE_BUSY_CODES:
+        return DatabaseBusy(f"{path}: the database stayed locked by another writer ({exc})")
+    if code is not None and code & 0xFF == sqlite3.SQLITE_FULL:
+        return StorageError(f"{path}: the database or disk is full ({exc}); nothing was written")
+    return StorageError(f"{path}: {exc}")
+
+
+class SQLiteSession:
+    """One sqlite3 connection, driven by one database thread."""
+
+    def __init__(self, conn: sqlite3.Connection, path: str, clock: Any, *, immediate: bool) -> None:
+        self._conn = conn
+        self._path = path
+        self._clock = clock
+        # The writer takes the write lock at BEGIN, so "now" is read after it is held.
+        self._begin = "BEGIN IMMEDIATE" if immediate else "BEGIN"
+
+    def begin(self) -> None:
+        self._conn.execute(self._begin)
+
+    def commit(self) -> None:
+        self._conn.execute("COMMIT")
+
+    def rollback(self) -> None:
+        if self._conn.in_transaction:
+            try:
+                self._conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                logger.exception("rollback on %s failed", self._path)
+
+    def savepoint(self) -> None:
+        self._conn.execute("SAVEPOINT operation")
+
+    def rollback_to_savepoint(self) -> None:
+        self._conn.execute("ROLLBACK TO operation")
+
+    def release_savepoint(self) -> None:
+        self._conn.execute("RELEASE operation")
+
+    def transaction_lost(self) -> bool:
+        # After some errors (SQLITE_FULL among them) SQLite rolls the whole transaction back.
+        return not self._conn.in_transaction
+
+    def tx(self) -> Tx:
+        return Tx(self._conn, self._clock())
+
+    def translate(self, exc: Exception) -> Exception:
+        return storage_error(exc, self._path) if isinstance(exc, sqlite3.Error) else exc
+
+    def after_commit(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def _open_error(exc: sqlite3.Error, path: str) -> StorageError:
+    error = storage_error(exc, path)
+    if isinstance(error, DatabaseBusy):
+        return error
+    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+    if code in (sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_READONLY, sqlite3.SQLITE_PERM):
+        return StorageError(
+            f"cannot open database {path!r}: {exc} (is its directory read-only or missing? a zincir"
+            " database needs to create its -wal and -shm files beside it)"
+        )
+    return StorageError(f"cannot open database {path!r}: {exc}")
+
+
+def _connect(path: str, synchronous: str) -> sqlite3.Connection:
+    try:
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    except sqlite3.Error as exc:
+        raise _open_error(exc, path) from exc
+    try:
+        # Wait out another connection's lock rather than mistake a locked file for a foreign one.
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        # Validate before anything else touches the file: a refused file stays unchanged.
+        _migrations.applied_version(conn, path)
+        conn.execute("PRAGMA foreign_keys = ON")
+        conn.execute(f"PRAGMA synchronous = {synchronous}")
+    except sqlite3.Error as exc:
+        conn.close()
+        raise _open_error(exc, path) from exc
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _enable_wal(conn: sqlite3.Connection, path: str) -> None:
+    # Switching a new file to WAL needs a moment of exclusivity; a second process opening
+    # the same new file can be told "locked" even with a busy timeout, so try for a while.
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        except sqlite3.OperationalError as exc:
+            if time.monotonic() > deadline:
+                raise storage_error(exc, path) from exc
+            time.sleep(0.01)
+            continue
+        if mode.lower() != "wal":
+            raise StorageError(f"{path}: SQLite refused WAL mode (journal mode is {mode})")
+        return
+
+
+def open_connections(
+    path: str, synchronous: str, now_ms: int
+) -> tuple[sqlite3.Connection, sqlite3.Connection]:
+    """The writer (migrated, in WAL mode) and a query-only reader."""
+    writer = _connect(path, synchronous)
+    try:
+        try:
+            _enable_wal(writer, path)
+            _migrations.migrate(writer, path, now_ms)
+        except sqlite3.Error as exc:
+            raise storage_error(exc, path) from exc
+        reader = _connect(path, synchronous)
+        reader.execute("PRAGMA query_only = ON")
+    except BaseException:
+        writer.close()
+        raise
+    return writer, reader

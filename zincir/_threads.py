@@ -1,0 +1,247 @@
+"""Database threads: one long-lived thread per connection, fed by a queue, replying into Trio.
+
+Trio tasks never touch a database driver themselves. They hand an *operation* (a plain function
+of a transaction) to a thread and sleep until the thread reschedules them with the outcome
+(``TrioToken.run_sync_soon`` + ``trio.lowlevel.reschedule``: far cheaper than a
+``to_thread.run_sync`` per call). A writer thread drains its queue and runs everything it found
+in ONE transaction, each operation inside its own SAVEPOINT, so a failing operation gets its own
+error while its neighbours still commit, and a whole batch pays for one durable commit. A
+caller's ``await`` returns only after the COMMIT that holds its operation.
+
+What differs between backends (how to begin, which errors mean what, reconnecting) is a
+:class:`Session`; everything here is backend-free.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any, Final, Protocol, TypeVar
+
+import attrs
+import outcome
+import trio
+
+from ._errors import StorageError
+
+__all__ = ["DatabaseThread", "Session", "submit"]
+
+logger = logging.getLogger("zincir")
+
+T = TypeVar("T")
+Operation = Callable[..., Any]
+
+# Bounds one transaction, so a flood of writers cannot make a single commit arbitrarily large.
+MAX_BATCH: Final = 512
+
+
+class Session(Protocol):
+    """One connection as a database thread drives it; only ever used on that thread."""
+
+    def begin(self) -> None: ...
+    def commit(self) -> None: ...
+    def rollback(self) -> None:
+        """Roll back the open transaction, if there is one; never raises."""
+
+    def savepoint(self) -> None: ...
+    def rollback_to_savepoint(self) -> None: ...
+    def release_savepoint(self) -> None: ...
+
+    def transaction_lost(self) -> bool:
+        """Whether the database gave up the open transaction on its own (after an error)."""
+
+    def tx(self) -> Any:
+        """The object an operation receives: statements, and the database's "now"."""
+
+    def translate(self, exc: Exception) -> Exception:
+        """The zincir error for a driver error; any other exception unchanged."""
+
+    def after_commit(self) -> None:
+        """Work that must follow a COMMIT outside any transaction (PostgreSQL's NOTIFY)."""
+
+    def close(self) -> None: ...
+
+
+@attrs.define(eq=False)
+class Request:
+    fn: Operation | None  # None asks the thread to finish its queue and close
+    args: tuple[Any, ...]
+    task: trio.lowlevel.Task
+    result: outcome.Outcome[Any] | None = None
+
+
+class DatabaseThread:
+    """A thread that owns one session and runs submitted operations in transactions."""
+
+    def __init__(
+        self, *, name: str, session: Session, token: trio.lowlevel.TrioToken, group_commit: bool
+    ) -> None:
+        self._session = session
+        self._name = name
+        self._token = token
+        self._group_commit = group_commit
+        self._queue: queue.SimpleQueue[Request] = queue.SimpleQueue()
+        # Set once if the thread dies; from then on every request fails at once (under the lock,
+        # so that none can slip into the queue after the thread emptied it for the last time).
+        self._death: str | None = None
+        self._lock = threading.Lock()
+        self._batch: list[Request] = []  # taken from the queue and not answered yet
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, request: Request) -> None:
+        with self._lock:
+            if self._death is not None:
+                raise StorageError(self._death)
+            self._queue.put(request)
+
+    def join(self) -> None:
+        self._thread.join()
+
+    # -- on the thread --------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        try:
+            self._serve_until_closed()
+        except BaseException as exc:
+            self._die(exc)
+
+    def _die(self, exc: BaseException) -> None:
+        """Whatever killed the thread: fail every request it holds or will ever get."""
+        logger.critical("database thread %s stopped unexpectedly", self._name, exc_info=exc)
+        death = (
+            f"{self._name}: the database thread stopped unexpectedly ({exc!r}); nothing in flight"
+            " was committed, and the database must be reopened"
+        )
+        with self._lock:
+            self._death = death
+            stranded = self._batch
+            while True:
+                try:
+                    stranded.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+        self._session.close()  # rolls back the transaction it died in, if any
+        for request in stranded:
+            request.result = outcome.Value(None) if request.fn is None else outcome.Error(StorageError(death))
+        if stranded:
+            with contextlib.suppress(trio.RunFinishedError):  # nobody is left to tell
+                self._reply(stranded)
+
+    def _serve_until_closed(self) -> None:
+        closing = False
+        while not closing:
+            batch = self._batch = [self._queue.get()]
+            while len(batch) < MAX_BATCH:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            work = [r for r in batch if r.fn is not None]
+            closing = len(work) < len(batch)
+            if work:
+                self._run_batch(work)
+            if closing:
+                self._session.close()
+                for request in batch:
+                    if request.fn is None:
+                        request.result = outcome.Value(None)
+            self._batch = []
+            self._reply(batch)
+
+    def _reply(self, batch: list[Request]) -> None:
+        def wake() -> None:
+            for request in batch:
+                assert request.result is not None
+                trio.lowlevel.reschedule(request.task, request.result)
+
+        # Closing waits for this thread's last reply and joins it: the Trio run is still there.
+        self._token.run_sync_soon(wake)
+
+    def _run_batch(self, batch: list[Request]) -> None:
+        if len(batch) == 1 or not self._group_commit:
+            for request in batch:
+                self._run_alone(request)
+        elif not self._run_together(batch):
+            # The shared transaction itself failed (commit error, or the database rolled it
+            # back): give every operation its own transaction so each gets its own outcome.
+            for request in batch:
+                self._run_alone(request)
+        else:
+            self._after_commit()
+
+    def _call(self, request: Request) -> outcome.Outcome[Any]:
+        assert request.fn is not None
+        try:
+            return outcome.Value(request.fn(self._session.tx(), *request.args))
+        except Exception as exc:
+            return outcome.Error(self._session.translate(exc))
+
+    def _run_alone(self, request: Request) -> None:
+        try:
+            self._session.begin()
+        except Exception as exc:
+            self._session.rollback()
+            request.result = outcome.Error(self._session.translate(exc))
+            return
+        result = self._call(request)
+        if isinstance(result, outcome.Value):
+            try:
+                self._session.commit()
+            except Exception as exc:
+                result = outcome.Error(self._session.translate(exc))
+            else:
+                self._after_commit()
+        # After some errors the database has already rolled back; the operation's own error is
+        # the one to report either way.
+        self._session.rollback()
+        request.result = result
+
+    def _run_together(self, batch: list[Request]) -> bool:
+        try:
+            self._session.begin()
+        except Exception as exc:
+            self._session.rollback()
+            for request in batch:
+                request.result = outcome.Error(self._session.translate(exc))
+            return True
+        try:
+            for request in batch:
+                self._session.savepoint()
+                request.result = self._call(request)
+                if isinstance(request.result, outcome.Error):
+                    if self._session.transaction_lost():
+                        return False
+                    self._session.rollback_to_savepoint()
+                self._session.release_savepoint()
+            self._session.commit()
+            return True
+        except Exception:
+            self._session.rollback()
+            return False
+
+    def _after_commit(self) -> None:
+        try:
+            self._session.after_commit()
+        except Exception:  # a lost hint, never a lost write: the commit has happened
+            logger.exception("database thread %s: the work after a commit failed", self._name)
+
+
+async def submit(thread: DatabaseThread, fn: Operation | None, args: tuple[Any, ...]) -> Any:
+    """Hand ``fn(tx, *args)`` to ``thread`` and wait for its outcome.
+
+    A caller cancelled before submitting writes nothing; once submitted, the operation is never
+    abandoned: the caller waits for its outcome, and Trio delivers the cancellation at the
+    caller's next checkpoint.
+    """
+    await trio.lowlevel.checkpoint_if_cancelled()
+    try:
+        thread.submit(Request(fn, args, trio.lowlevel.current_task()))
+    except StorageError:
+        if fn is None:
+            return None  # closing a thread that died: it closed its connection already
+        raise
+    return await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
