@@ -1,16 +1,26 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
 import zincir
 
+from .postgres_server import fresh_database, postgres_admin_url
+
+__all__ = ["ManualClock", "postgres_admin_url"]
+
+BACKENDS = ("sqlite", "postgresql")
+
 
 class ManualClock:
-    """An injected database clock (integer ms) that moves only when a test says so."""
+    """An injected database clock (integer ms) that moves only when a test says so.
+
+    On SQLite it is the database's clock; on PostgreSQL it fakes the server's (every operation
+    sets ``zincir.now_ms``, which the server's ``zincir_now_ms()`` reads).
+    """
 
     def __init__(self, start: int = 1_700_000_000_000) -> None:
         self._now = start
@@ -25,14 +35,43 @@ class ManualClock:
             self._now += round(seconds * 1000)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # A test that also asks for the SQLite file's path (db_path), or is marked sqlite_only, looks
+    # at the file itself: it is about the SQLite backend, so its PostgreSQL variant is not run.
+    keep, drop = [], []
+    for item in items:
+        params = getattr(item, "callspec", None)
+        on_postgres = params is not None and params.params.get("backend") == "postgresql"
+        sqlite_only = "db_path" in item.fixturenames or item.get_closest_marker("sqlite_only")
+        (drop if on_postgres and sqlite_only else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def db_target(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+    """Where the test's database lives: a new SQLite file, or a new PostgreSQL database."""
+    if backend == "sqlite":
+        yield str(tmp_path / "zincir.db")
+        return
+    with fresh_database(request.getfixturevalue("postgres_admin_url")) as url:
+        yield url
+
+
 @pytest.fixture
 def db_path(tmp_path: Path) -> Path:
     return tmp_path / "zincir.db"
 
 
 @pytest.fixture
-async def db(db_path: Path) -> AsyncIterator[zincir.Database]:
-    async with zincir.open_database(db_path) as database:
+async def db(db_target: str) -> AsyncIterator[zincir.Database]:
+    async with zincir.open_database(db_target) as database:
         yield database
 
 
@@ -42,6 +81,6 @@ def clock() -> ManualClock:
 
 
 @pytest.fixture
-async def clocked_db(db_path: Path, clock: ManualClock) -> AsyncIterator[zincir.Database]:
-    async with zincir.open_database(db_path, clock=clock) as database:
+async def clocked_db(db_target: str, clock: ManualClock) -> AsyncIterator[zincir.Database]:
+    async with zincir.open_database(db_target, clock=clock) as database:
         yield database

@@ -17,13 +17,33 @@ import zincir
 REPO = Path(__file__).resolve().parent.parent
 
 
-def dump(path: Path) -> str:
-    """Every row of every table, through a separate plain sqlite3 connection."""
-    conn = sqlite3.connect(path)
+def dump(target: Path | zincir.Database) -> str:
+    """Every row of every table, through a separate connection: a SQLite file's, or (given a
+    Database) its backend's."""
+    if isinstance(target, zincir.Database):
+        if target.backend == "postgresql":
+            return _dump_postgres(target.path)
+        target = Path(target.path)
+    conn = sqlite3.connect(target)
     try:
         return "\n".join(conn.iterdump())
     finally:
         conn.close()
+
+
+def _dump_postgres(url: str) -> str:
+    import psycopg
+
+    lines = []
+    with psycopg.connect(url) as conn:
+        tables = conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() ORDER BY tablename"
+        ).fetchall()
+        for (table,) in tables:
+            lines.append(f"-- {table}")
+            rows = conn.execute(f'SELECT t::text FROM "{table}" AS t ORDER BY t::text').fetchall()
+            lines.extend(row[0] for row in rows)
+    return "\n".join(lines)
 
 
 def file_digest(path: Path) -> str:
@@ -67,15 +87,13 @@ async def read_state(db: zincir.Database, run_id: str) -> zincir.DurableState:
     return await db.state(run_id)
 
 
-def trace_operations(monkeypatch: Any, *names: str) -> list[tuple[str, str | None]]:
+def trace_operations(monkeypatch: Any, store: Any, *names: str) -> list[tuple[str, str | None]]:
     """Wrap the named ``zincir._store`` operations so that each records, on the database
     thread, ``(name, None)`` when it returned or ``(name, error class name)`` when it raised,
     in the order the thread ran them."""
-    from zincir._sqlite import _store
-
     order: list[tuple[str, str | None]] = []
     for name in names:
-        real = getattr(_store, name)
+        real = getattr(store, name)
 
         def traced(*args: Any, _real: Any = real, _name: str = name) -> Any:
             try:
@@ -86,5 +104,5 @@ def trace_operations(monkeypatch: Any, *names: str) -> list[tuple[str, str | Non
             order.append((_name, None))
             return result
 
-        monkeypatch.setattr(_store, name, traced)
+        monkeypatch.setattr(store, name, traced)
     return order

@@ -36,6 +36,7 @@ def types(events: list[zincir.Event]) -> list[str]:
     return [e.type.value for e in events]
 
 
+@pytest.mark.sqlite_only  # reads or writes the file with SQLite's own SQL
 async def test_propose_verify_decide(db: zincir.Database) -> None:
     async with zincir.open_run(db, config={"goal": "g"}) as run:
         await submit(run, "cp-1")
@@ -121,14 +122,14 @@ async def test_siblings_must_have_results_first(db: zincir.Database) -> None:
 async def test_refusals(db: zincir.Database) -> None:
     async with zincir.open_run(db) as run:
         await run.record_response("", [{"id": "tool", "name": "write_file"}], "tool_use")
-        before = dump(Path(db.path))
+        before = dump(db)
         with pytest.raises(zincir.CheckpointNotPending, match="no durable intent"):
             await run.checkpoint("missing", DONE, accept)
         with pytest.raises(zincir.CheckpointNotPending, match="not submit_checkpoint"):
             await run.checkpoint("tool", DONE, accept)
         with pytest.raises(zincir.InvalidArgument, match="exactly the lists"):
             await run.checkpoint("tool", {"completed": []}, accept)
-        assert dump(Path(db.path)) == before
+        assert dump(db) == before
 
 
 class VerifierError(Exception):
@@ -180,6 +181,7 @@ async def _raise(state: CheckpointState) -> Verification:
     raise VerifierError
 
 
+@pytest.mark.sqlite_only  # reads or writes the file with SQLite's own SQL
 async def test_losing_the_lease_during_verification_decides_nothing(db: zincir.Database) -> None:
     verifying = trio.Event()
 
@@ -261,6 +263,7 @@ async def test_a_verifier_must_answer_with_a_bool(db: zincir.Database) -> None:
         assert candidate.status == "candidate"
 
 
+@pytest.mark.sqlite_only  # reads or writes the file with SQLite's own SQL
 async def test_a_verifier_that_outlives_the_lease_decides_nothing(db: zincir.Database) -> None:
     # The verifier ignores cancellation and answers after another owner took over: the
     # decision must be refused inside its transaction, not written.

@@ -47,12 +47,12 @@ def _recurse(frames: int, then: Callable[[], Any]) -> Any:
 @pytest.mark.parametrize("depth", [MAX_DEPTH - 3, MAX_DEPTH + 1, 500, 900, 960, 985])
 async def test_a_deep_value_is_refused_or_readable_everywhere(db: zincir.Database, depth: int) -> None:
     async with zincir.open_run(db) as run:
-        before = dump(Path(db.path))
+        before = dump(db)
         try:
             await run.record_response("", [zincir.ToolCall("c1", "tool", nested(depth))], "tool_use")
         except zincir.InvalidArgument:
             assert depth > MAX_DEPTH - 3
-            assert dump(Path(db.path)) == before
+            assert dump(db) == before
         else:
             assert depth <= MAX_DEPTH - 3
             assert (await run.state()).events[-1].payload["args"] == nested(depth)
@@ -184,10 +184,10 @@ async def test_a_lone_surrogate_is_invalid_and_nothing_runs(
 ) -> None:
     EFFECTS.clear()
     async with zincir.open_run(db) as run:
-        before = dump(Path(db.path))
+        before = dump(db)
         with pytest.raises(zincir.InvalidArgument, match="surrogate"):
             await call(run)
-        assert dump(Path(db.path)) == before
+        assert dump(db) == before
     assert EFFECTS == []
 
 
@@ -222,10 +222,10 @@ async def test_a_verifier_that_is_not_async_is_refused_before_a_candidate_is_sto
     async with zincir.open_run(db) as run:
         state = zincir.CheckpointState(completed=["a"])
         await run.record_response("", [zincir.ToolCall("cp", zincir.SUBMIT_CHECKPOINT, state.to_json())], "x")
-        before = dump(Path(db.path))
+        before = dump(db)
         with pytest.raises(zincir.InvalidArgument, match="verifier must be an async function"):
             await run.checkpoint("cp", state, verify)
-        assert dump(Path(db.path)) == before
+        assert dump(db) == before
         assert await run.pending_checkpoint() is None
     assert EFFECTS == []
 
@@ -319,10 +319,10 @@ HUGE = 2**64
 )
 async def test_out_of_range_input_is_invalid(db: zincir.Database, call: Any) -> None:
     async with zincir.open_run(db) as run:
-        before = dump(Path(db.path))
+        before = dump(db)
         with pytest.raises(zincir.InvalidArgument):
             await call(db, run)
-        assert dump(Path(db.path)) == before
+        assert dump(db) == before
 
 
 async def test_huge_durations_and_counts_are_invalid(db: zincir.Database) -> None:

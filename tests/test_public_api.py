@@ -9,8 +9,9 @@ import zincir
 
 PUBLIC = {
     "Backoff", "Checkpoint", "CheckpointNotPending", "CheckpointState", "Clock", "ConflictingResult",
-    "Database", "DatabaseBusy", "DatabaseClosed", "DuplicateToolCall", "DurableState", "Event",
-    "EventType", "Handler", "InvalidArgument", "LeaseLost", "MIN_LEASE_TTL", "NoDurableIntent",
+    "Database", "DatabaseBusy", "DatabaseClosed", "DatabaseUnavailable", "DuplicateToolCall",
+    "DurableState", "Event", "EventType", "Handler", "InvalidArgument", "LeaseLost", "MIN_LEASE_TTL",
+    "NoDurableIntent",
     "PendingToolCall", "ResumeWorker", "Run", "RunLeased", "RunNotFound", "RunRecord", "RunStatus",
     "RunTerminal", "SUBMIT_CHECKPOINT", "SchemaError", "StepAlreadyRunning", "StorageError", "ToolCall",
     "UnfinishedWork", "Verification", "Verifier", "ZincirError", "__version__", "artifacts",
@@ -28,11 +29,12 @@ def test_all_is_pinned() -> None:
 def test_every_error_is_a_zincir_error() -> None:
     errors = [getattr(zincir, n) for n in zincir.__all__ if isinstance(getattr(zincir, n), type)]
     errors = [e for e in errors if issubclass(e, Exception)]
-    assert len(errors) == 16
+    assert len(errors) == 17
     assert all(issubclass(e, zincir.ZincirError) for e in errors)
     assert issubclass(zincir.InvalidArgument, ValueError)
     assert issubclass(zincir.DuplicateToolCall, zincir.InvalidArgument)
     assert issubclass(zincir.DatabaseBusy, zincir.StorageError)
+    assert issubclass(zincir.DatabaseUnavailable, zincir.StorageError)
 
 
 def _instances() -> dict[type, object]:

@@ -61,6 +61,7 @@ async def busy_run(db: zincir.Database) -> zincir.Run:
     return run
 
 
+@pytest.mark.sqlite_only  # SQLite's EXPLAIN QUERY PLAN
 async def test_state_reads_by_index(db: zincir.Database, busy_run: zincir.Run) -> None:
     plans = await plans_of(db, _store.durable_state, busy_run.id)
     assert_indexed(plans)
@@ -69,6 +70,7 @@ async def test_state_reads_by_index(db: zincir.Database, busy_run: zincir.Run) -
     assert any("run_id=? AND seq>?" in step for step in events), events
 
 
+@pytest.mark.sqlite_only
 async def test_pending_tools_reads_by_index(db: zincir.Database, busy_run: zincir.Run) -> None:
     async with zincir.open_run(db, busy_run.id) as run:
         plans = await plans_of(db, _store.pending_tools, run._lease)
@@ -77,6 +79,7 @@ async def test_pending_tools_reads_by_index(db: zincir.Database, busy_run: zinci
     assert any("idx_tool_intents_pending" in " ".join(plan) for _, plan in plans), plans
 
 
+@pytest.mark.sqlite_only
 async def test_claiming_reads_by_index(db: zincir.Database, busy_run: zincir.Run) -> None:
     plans = await plans_of(db, _store.claim_due, "probe", 1000, None, 8)
     claim = [plan for sql, plan in plans if "idx_agent_runs_claimable" in sql]

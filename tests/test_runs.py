@@ -306,7 +306,7 @@ async def test_a_stale_owner_is_fenced_inside_the_transaction(
         submit = db._read if operation in ("pending_tools", "candidate") else db._write
         with pytest.raises(zincir.LeaseLost, match="fenced by a newer owner"):
             await submit(getattr(_store, operation), stale, *args)
-        assert not await db._write(_store.release, stale, 0)
+        assert not await db._write(db._store.release, stale, 0)
         assert dump(db_path) == before
         assert second.epoch == stale.epoch + 1
 
@@ -319,6 +319,7 @@ async def _stop_verifier(state: zincir.CheckpointState) -> zincir.Verification:
     raise VerifierStop  # leaves the candidate undecided
 
 
+@pytest.mark.sqlite_only  # reads or writes the file with SQLite's own SQL
 async def test_a_renewal_delayed_past_expiry_cannot_resurrect_the_lease(
     clocked_db: zincir.Database, clock: ManualClock
 ) -> None:
@@ -332,7 +333,7 @@ async def test_a_renewal_delayed_past_expiry_cannot_resurrect_the_lease(
 
                 async def renew() -> None:
                     try:
-                        await clocked_db._write(_store.renew, run._lease)
+                        await clocked_db._write(clocked_db._store.renew, run._lease)
                     except zincir.LeaseLost as exc:
                         renewal_error.append(exc)
 
@@ -495,7 +496,7 @@ def test_runs_have_no_public_constructor() -> None:
 async def test_transient_renewal_errors_are_retried_not_a_loss(
     db: zincir.Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    renew = _store.renew
+    renew = db._store.renew
     calls: list[str] = []
 
     def flaky_renew(tx: Any, lease: _store.Lease) -> _store.Lease:
@@ -504,13 +505,14 @@ async def test_transient_renewal_errors_are_retried_not_a_loss(
             raise zincir.DatabaseBusy("simulated: another process holds the write lock")
         return renew(tx, lease)
 
-    monkeypatch.setattr(_store, "renew", flaky_renew)
+    monkeypatch.setattr(db._store, "renew", flaky_renew)
     async with zincir.open_run(db, lease_ttl=0.6) as run:
         await trio.sleep(1.2)  # two TTLs: three failed renewals, then successful ones
         await run.record_response("still the owner", [], "end")
     assert len(calls) >= 5
 
 
+@pytest.mark.sqlite_only  # reads or writes the file with SQLite's own SQL
 @pytest.mark.parametrize("end", ["complete", "fail"])
 async def test_a_renewal_racing_complete_is_not_a_lease_loss(
     db: zincir.Database, mock_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch, end: str
@@ -518,7 +520,7 @@ async def test_a_renewal_racing_complete_is_not_a_lease_loss(
     # The race, forced: the heartbeat's renewal is queued right behind the write that ends the
     # run, so it runs after that write committed and finds the run over. Before the fix this
     # cancelled the finished body and the block raised LeaseLost although the run had ended.
-    order = trace_operations(monkeypatch, "finish", "renew")
+    order = trace_operations(monkeypatch, db._store, "finish", "renew")
     async with zincir.open_run(db, lease_ttl=30) as run:  # renews every 10 s of Trio time
         gate = Gate()
         async with trio.open_nursery() as nursery:
@@ -536,13 +538,14 @@ async def test_a_renewal_racing_complete_is_not_a_lease_loss(
     assert [e.seq for e in state.events] == [0, 1]
 
 
+@pytest.mark.sqlite_only  # reads or writes the file with SQLite's own SQL
 async def test_a_write_racing_the_runs_own_end_is_not_a_lease_loss(
     db: zincir.Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async def noop() -> None:
         return None
 
-    order = trace_operations(monkeypatch, "finish", "complete_step")
+    order = trace_operations(monkeypatch, db._store, "finish", "complete_step")
     raced: list[BaseException] = []
 
     async def step_behind_the_end(run: zincir.Run) -> None:
@@ -589,10 +592,10 @@ def nested(depth: int) -> list[object]:
 )
 async def test_more_bad_input_gets_invalid_argument(db: zincir.Database, call: Any, match: str) -> None:
     async with zincir.open_run(db) as run:
-        before = dump(Path(db.path))
+        before = dump(db)
         with pytest.raises(zincir.InvalidArgument, match=match):
             await call(run)
-        assert dump(Path(db.path)) == before
+        assert dump(db) == before
 
 
 async def test_an_absurd_lease_ttl_is_refused(db: zincir.Database) -> None:

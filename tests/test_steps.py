@@ -9,7 +9,6 @@ import pytest
 import trio
 
 import zincir
-from zincir._sqlite import _store
 
 from .conftest import ManualClock
 from .helpers import running_python, scalar
@@ -99,6 +98,7 @@ async def test_the_same_step_cannot_run_twice_at_once(db: zincir.Database) -> No
     assert calls == 1
 
 
+@pytest.mark.sqlite_only  # reads or writes the file with SQLite's own SQL
 async def test_a_takeover_reruns_an_unfinished_step_and_refuses_the_old_owner(db: zincir.Database) -> None:
     old_may_finish = trio.Event()
     old_started = trio.Event()
@@ -138,7 +138,7 @@ async def test_a_stale_owner_cannot_complete_a_step(db: zincir.Database) -> None
         stale = first._lease
     async with zincir.open_run(db, stale.run_id):
         with pytest.raises(zincir.LeaseLost, match="fenced"):
-            await db._write(_store.complete_step, stale, "s", '"x"', 0)
+            await db._write(db._store.complete_step, stale, "s", '"x"', 0)
 
 
 async def test_steps_work_in_a_plain_workflow(db_path: Path) -> None:
@@ -196,6 +196,7 @@ async def test_the_first_sleep_call_wins_and_only_the_remainder_is_waited(
         assert trio.current_time() - start < 0.25
 
 
+@pytest.mark.sqlite_only  # reads or writes the file with SQLite's own SQL
 async def test_lease_loss_cancels_a_sleep(db: zincir.Database) -> None:
     lost = trio.Event()
     async with trio.open_nursery() as nursery:

@@ -18,7 +18,6 @@ import trio
 import trio.testing
 
 import zincir
-from zincir._sqlite import _store
 
 from .conftest import ManualClock
 from .helpers import REPO, read_state, running_python, scalar, trace_operations
@@ -61,6 +60,7 @@ ABANDON = """
 """
 
 
+@pytest.mark.sqlite_only  # reads or writes the file with SQLite's own SQL
 async def test_a_run_abandoned_by_a_killed_process_is_completed_after_expiry(db: zincir.Database) -> None:
     with running_python(ABANDON, db.path) as proc:
         assert proc.stdout is not None
@@ -100,10 +100,11 @@ async def test_terminal_and_actively_leased_runs_are_never_dispatched(db: zincir
             await wait_until(lambda: _is(db, free, zincir.RunStatus.COMPLETED))
             worker.stop()
         assert handled == [free]
-        assert await db._write(_store.claim_due, "probe", 1000, None, 1) == []
+        assert await db._write(db._store.claim_due, "probe", 1000, None, 1) == []
         await held.record_response("still mine", [], "end")
 
 
+@pytest.mark.sqlite_only  # reads or writes the file with SQLite's own SQL
 async def test_a_failing_handler_is_retried_after_the_backoff_then_failed(
     clocked_db: zincir.Database, clock: ManualClock
 ) -> None:
@@ -129,7 +130,7 @@ async def test_a_failing_handler_is_retried_after_the_backoff_then_failed(
         await nursery.start(worker.run)
         await wait_until(lambda: _equals(failures, 1))
         # Not due again until the persisted retry time: nothing can claim it yet.
-        assert await clocked_db._write(_store.claim_due, "probe", 1000, None, 1) == []
+        assert await clocked_db._write(clocked_db._store.claim_due, "probe", 1000, None, 1) == []
         assert scalar(Path(clocked_db.path), "SELECT next_attempt_at FROM agent_runs") == clock() + 10_000
         clock.advance(10)
         await wait_until(lambda: _equals(failures, 2))
@@ -150,6 +151,7 @@ async def _equals(count: Callable[[], Awaitable[int]], expected: int) -> bool:
     return await count() == expected
 
 
+@pytest.mark.sqlite_only  # reads or writes the file with SQLite's own SQL
 async def test_a_run_out_of_attempts_is_failed_without_running(db: zincir.Database) -> None:
     [run_id] = await released_runs(db, 1)
     conn = sqlite3.connect(db.path)
@@ -218,7 +220,7 @@ async def test_stop_lets_a_short_handler_finish_and_cancels_a_long_one(db: zinci
     assert cancelled.is_set()
     assert await status_of(db, short) == zincir.RunStatus.COMPLETED
     # The cancelled handler's run was released: claimable at once by anyone.
-    [(lease, attempt)] = await db._write(_store.claim_due, "another-worker", 1000, None, 1)
+    [(lease, attempt)] = await db._write(db._store.claim_due, "another-worker", 1000, None, 1)
     assert lease.run_id == long
     assert attempt == 1  # the cancelled attempt was given back
 
@@ -248,6 +250,7 @@ def test_backoff_grows_exponentially_up_to_its_maximum() -> None:
         zincir.Backoff(initial=0)
 
 
+@pytest.mark.sqlite_only  # reads or writes the file with SQLite's own SQL
 async def test_a_renewal_racing_a_handlers_failure_record_is_not_a_lease_loss(
     db: zincir.Database,
     mock_clock: trio.testing.MockClock,
@@ -258,7 +261,7 @@ async def test_a_renewal_racing_a_handlers_failure_record_is_not_a_lease_loss(
     # the failure and releases the run, so it finds the lease released. That is this owner's
     # own release, not a loss: no "lease lost", and the failure is recorded once.
     caplog.set_level(logging.INFO)
-    order = trace_operations(monkeypatch, "record_attempt_failure", "renew")
+    order = trace_operations(monkeypatch, db._store, "record_attempt_failure", "renew")
     [run_id] = await released_runs(db, 1)
     entered = trio.Event()
     proceed = trio.Event()
@@ -320,6 +323,7 @@ async def test_bad_worker_settings(db: zincir.Database, kwargs: dict[str, object
 # -- two real worker processes --------------------------------------------------------------------
 
 
+@pytest.mark.sqlite_only  # reads or writes the file with SQLite's own SQL
 async def test_two_worker_processes_claim_each_run_exactly_once(db: zincir.Database, tmp_path: Path) -> None:
     ledger = tmp_path / "ledger.txt"
     env = {**os.environ, "LEDGER": str(ledger), "PYTHONPATH": str(REPO)}
@@ -406,7 +410,7 @@ async def test_a_handler_that_returns_without_ending_the_run_is_retried_after_th
     async with trio.open_nursery() as nursery:
         await nursery.start(worker.run)
         await wait_until(lambda: _released_until(clocked_db, clock() + 30_000))
-        assert await clocked_db._write(_store.claim_due, "probe", 1000, None, 1) == []
+        assert await clocked_db._write(clocked_db._store.claim_due, "probe", 1000, None, 1) == []
         clock.advance(30)
         with trio.fail_after(10):
             await second.wait()
@@ -423,7 +427,7 @@ async def _released_until(db: zincir.Database, when: int) -> bool:
 async def test_claim_errors_are_retried_not_fatal(
     db: zincir.Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    claim_due = _store.claim_due
+    claim_due = db._store.claim_due
     failures = 0
 
     def flaky_claim(*args: object) -> object:
@@ -433,7 +437,7 @@ async def test_claim_errors_are_retried_not_fatal(
             raise zincir.DatabaseBusy("simulated: another process holds the write lock")
         return claim_due(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(_store, "claim_due", flaky_claim)
+    monkeypatch.setattr(db._store, "claim_due", flaky_claim)
     handled = trio.Event()
 
     async def handler(run: zincir.Run) -> None:
@@ -488,5 +492,5 @@ async def test_the_cli_stops_on_sigint_and_a_second_signal_cancels_handlers(
     assert proc.returncode == 0, err
     assert "received again: cancelling the handlers" in err
     # The cancelled handler released the run: claimable at once, its attempt given back.
-    [(lease, attempt)] = await db._write(_store.claim_due, "next-worker", 1000, None, 1)
+    [(lease, attempt)] = await db._write(db._store.claim_due, "next-worker", 1000, None, 1)
     assert (lease.run_id, attempt) == (run_id, 1)

@@ -1,4 +1,4 @@
-"""zincir: durable, resumable execution for long-horizon AI agents, on Trio and SQLite.
+"""zincir: durable, resumable execution for long-horizon AI agents, on Trio, with SQLite or PostgreSQL.
 
 Applications keep their own model client, tools and loop; zincir records every model
 response, tool intent and tool result in an append-only per-run log, holds a fenced lease so
@@ -14,6 +14,7 @@ from ._errors import (
     ConflictingResult,
     DatabaseBusy,
     DatabaseClosed,
+    DatabaseUnavailable,
     DuplicateToolCall,
     InvalidArgument,
     LeaseLost,
@@ -57,6 +58,7 @@ __all__ = [
     "Database",
     "DatabaseBusy",
     "DatabaseClosed",
+    "DatabaseUnavailable",
     "DuplicateToolCall",
     "DurableState",
     "Event",

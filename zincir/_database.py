@@ -11,7 +11,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Final, Literal, TypeVar, final
+from typing import Any, Final, Literal, Protocol, TypeVar, final
 
 import attrs
 import trio
@@ -48,7 +48,15 @@ class Backend:
     """One or more; the operations of one run always go to the same one."""
     reader: DatabaseThread
     clock: Clock
-    """The clock operations use (SQLite, or a test's fake server clock), or the wall clock."""
+    """The clock operations use (SQLite, or a test's fake server clock), or an estimate of the
+    server's (PostgreSQL)."""
+    listen: Callable[[Callable[[], None]], Listening] | None = None
+    """Start hearing, from other processes, that runs became claimable (calls the argument)."""
+
+
+class Listening(Protocol):
+    def stop(self) -> None:
+        """Stop listening; may block briefly (it runs in a thread)."""
 
 
 @final
@@ -72,6 +80,7 @@ class Database:
     _reader: DatabaseThread
     _closed: bool
     _claim_listeners: set[Callable[[], None]]
+    _listening: Listening | None
 
     def __init__(self, *_: object, **__: object) -> None:
         raise TypeError("use zincir.open_database() to open a Database")
@@ -88,6 +97,7 @@ class Database:
         self._reader = backend.reader
         self._closed = False
         self._claim_listeners = set()
+        self._listening = None if backend.listen is None else backend.listen(self._announce_claimable)
         return self
 
     def __repr__(self) -> str:
@@ -149,6 +159,8 @@ class Database:
             return
         self._closed = True
         with trio.CancelScope(shield=True):
+            if self._listening is not None:
+                await trio.to_thread.run_sync(self._listening.stop)
             for thread in (*self._writers, self._reader):
                 await submit(thread, None, ())
                 # The thread's last act was that reply; joining it takes a moment, off the loop.

@@ -17,6 +17,7 @@
     ├── SchemaError               the file is not a zincir database, or is newer than this code
     └── StorageError              the database could not do what was asked (disk full, I/O)
         ├── DatabaseBusy          another process held the write lock too long; worth a retry
+        ├── DatabaseUnavailable   the connection to the server failed; zincir reconnects
         └── DatabaseClosed        the database was closed before the operation was submitted
 
 Every operation that raises leaves the database as it was: nothing is half-written.
@@ -29,6 +30,7 @@ __all__ = [
     "ConflictingResult",
     "DatabaseBusy",
     "DatabaseClosed",
+    "DatabaseUnavailable",
     "DuplicateToolCall",
     "InvalidArgument",
     "LeaseLost",
@@ -97,11 +99,16 @@ class SchemaError(ZincirError):
 
 
 class StorageError(ZincirError):
-    """SQLite could not complete the operation (for example the disk is full)."""
+    """The database could not complete the operation (for example the disk is full)."""
 
 
 class DatabaseBusy(StorageError):
     """Another connection held the write lock past the busy timeout; retrying may succeed."""
+
+
+class DatabaseUnavailable(StorageError):
+    """The connection to the database server failed. The operation did not commit, or (when
+    the connection failed during COMMIT, as the message says) whether it did is unknown."""
 
 
 class DatabaseClosed(StorageError):

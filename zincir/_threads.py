@@ -42,7 +42,10 @@ class Session(Protocol):
     """One connection as a database thread drives it; only ever used on that thread."""
 
     def begin(self) -> None: ...
-    def commit(self) -> None: ...
+    def commit(self) -> None:
+        """Raises :class:`StorageError` only when the outcome is unknown; any other error
+        means nothing was committed."""
+
     def rollback(self) -> None:
         """Roll back the open transaction, if there is one; never raises."""
 
@@ -218,10 +221,15 @@ class DatabaseThread:
                     self._session.rollback_to_savepoint()
                 self._session.release_savepoint()
             self._session.commit()
-            return True
+        except StorageError as exc:
+            # The session could not tell whether the COMMIT happened (a lost connection):
+            # running the batch again could apply it twice, so every operation gets the error.
+            for request in batch:
+                request.result = outcome.Error(exc)
         except Exception:
             self._session.rollback()
             return False
+        return True
 
     def _after_commit(self) -> None:
         try:

@@ -1,0 +1,60 @@
+"""The PostgreSQL backend: a small pool of writer threads, a reader thread and a listener, each
+with its own psycopg connection. Time is the server's; workers on several machines share it."""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+import trio
+
+from .._database import Backend, Clock
+from .._errors import StorageError
+from .._threads import DatabaseThread
+from . import _migrations, _store
+from ._connection import PostgresSession, connect, redact, server_clock_offset, storage_error
+from ._listener import Listener
+
+__all__ = ["open_backend"]
+
+
+def _prepare(url: str) -> int:
+    """Migrate (or validate) the database; the server clock's offset from this machine's."""
+    where = redact(url)
+    try:
+        conn = connect(url, application_name="zincir migrate")
+    except psycopg.Error as exc:
+        raise StorageError(f"cannot connect to {where}: {exc}") from exc
+    try:
+        _migrations.migrate(conn, where)
+        return server_clock_offset(conn)
+    except psycopg.Error as exc:
+        raise storage_error(exc, where) from exc
+    finally:
+        conn.close()
+
+
+async def open_backend(
+    url: str, *, token: trio.lowlevel.TrioToken, clock: Clock | None, writers: int
+) -> Backend:
+    offset = await trio.to_thread.run_sync(_prepare, url)
+    where = redact(url)
+
+    def thread(name: str, *, read_only: bool) -> DatabaseThread:
+        session = PostgresSession(url, name, read_only=read_only, clock=clock)
+        return DatabaseThread(
+            name=f"zincir-{name}:{where}", session=session, token=token, group_commit=not read_only
+        )
+
+    def estimated_server_clock() -> int:
+        return time.time_ns() // 1_000_000 + offset
+
+    return Backend(
+        name="postgresql",
+        target=where,
+        store=_store,
+        writers=[thread(f"writer{i}", read_only=False) for i in range(writers)],
+        reader=thread("reader", read_only=True),
+        clock=clock or estimated_server_clock,
+        listen=lambda wake: Listener(url, token, wake),
+    )

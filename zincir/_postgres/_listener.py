@@ -1,0 +1,66 @@
+"""LISTEN on its own connection and thread: wake this process's workers when another process
+(on any machine) releases a run. Notifications are hints; polling stays the fallback."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Final
+
+import psycopg
+import trio
+
+from ._connection import CLAIMABLE_CHANNEL, connect, redact
+
+logger = logging.getLogger("zincir")
+
+_WAIT_S: Final = 0.5  # how often the thread looks at its stop flag
+_RECONNECT_S: Final = 1.0
+
+
+class Listener:
+    """A thread that LISTENs and calls ``wake`` (in Trio) for each notification."""
+
+    def __init__(self, url: str, token: trio.lowlevel.TrioToken, wake: Callable[[], None]) -> None:
+        self._url = url
+        self._token = token
+        self._wake = wake
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(
+            target=self._serve, name=f"zincir-listener:{redact(url)}", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop and join the thread (blocks for up to about half a second)."""
+        self._stopping.set()
+        self._thread.join()
+
+    def _serve(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                conn = connect(self._url, application_name="zincir listener")
+            except psycopg.Error as exc:
+                logger.warning("zincir listener: cannot connect (%s); retrying", exc)
+                self._stopping.wait(_RECONNECT_S)
+                continue
+            try:
+                conn.execute(f"LISTEN {CLAIMABLE_CHANNEL}")
+                # Listen first, then look: whatever was released while this connection was down
+                # is found by the claim pass this wake-up causes.
+                self._announce()
+                while not self._stopping.is_set():
+                    for _ in conn.notifies(timeout=_WAIT_S):
+                        self._announce()
+            except psycopg.Error as exc:
+                logger.warning("zincir listener: connection lost (%s); reconnecting", exc)
+                self._stopping.wait(_RECONNECT_S)
+            finally:
+                conn.close()
+
+    def _announce(self) -> None:
+        try:
+            self._token.run_sync_soon(self._wake)
+        except trio.RunFinishedError:
+            self._stopping.set()

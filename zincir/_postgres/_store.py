@@ -1,0 +1,580 @@
+"""PostgreSQL operations behind runs: each function is one operation on a database thread.
+
+The same operations as the SQLite store, in PostgreSQL's SQL. Every function takes a
+:class:`Tx` first and runs inside a transaction (a SAVEPOINT of a writer's group commit, or a
+read-only snapshot). "Now" is the server's clock, read inside the operation: a fenced write
+locks the run's row and reads the clock in the same statement (``FOR UPDATE``), so a stale
+owner cannot slip through on another machine's idea of the time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from .._backend import SUBMIT_CHECKPOINT, IntentRow, Lease
+from .._errors import (
+    CheckpointNotPending,
+    ConflictingResult,
+    DuplicateToolCall,
+    InvalidArgument,
+    LeaseLost,
+    NoDurableIntent,
+    RunLeased,
+    RunNotFound,
+    RunTerminal,
+    UnfinishedWork,
+)
+from .._json import decode
+from .._json import dump_trusted as _dump
+from .._types import Checkpoint, CheckpointState, Event, EventType, RunRecord, RunStatus, Verification
+from ._connection import Tx
+
+_LIVE = (RunStatus.PENDING.value, RunStatus.RUNNING.value)
+_LEASE_COLUMNS = "status, lease_owner, lease_epoch, lease_expires_at, zincir_now_ms()"
+
+
+# -- acquiring and keeping leases ---------------------------------------------------------------
+
+
+def create_run(
+    tx: Tx,
+    run_id: str,
+    parent_run_id: str | None,
+    role: str,
+    provider: str,
+    config_json: str,
+    owner: str,
+    ttl_ms: int,
+) -> Lease:
+    """Insert a run that is already leased and running, with its first event, at once."""
+    if (
+        parent_run_id is not None
+        and tx.one("SELECT 1 FROM agent_runs WHERE id = %s", (parent_run_id,)) is None
+    ):
+        raise RunNotFound(f"parent run {parent_run_id} does not exist")
+    now = tx.now
+    expires_at = now + ttl_ms
+    tx.execute(
+        "INSERT INTO agent_runs (id, parent_run_id, role, provider, status, config, created_at,"
+        " updated_at, last_seq, lease_owner, lease_epoch, lease_expires_at, next_attempt_at)"
+        " VALUES (%s, %s, %s, %s, 'running', %s, %s, %s, 0, %s, 1, %s, %s)",
+        (run_id, parent_run_id, role, provider, config_json, now, now, owner, expires_at, now),
+    )
+    _insert_event(tx, run_id, 0, EventType.STATE_TRANSITION, '{"from":"pending","to":"running"}')
+    return Lease(run_id, owner, 1, ttl_ms, expires_at)
+
+
+def _lock_run(tx: Tx, run_id: str) -> tuple[str, str | None, int, int | None]:
+    """Lock the run's row and read the server clock in the same statement."""
+    row = tx.one(f"SELECT {_LEASE_COLUMNS} FROM agent_runs WHERE id = %s FOR UPDATE", (run_id,))
+    if row is None:
+        raise RunNotFound(f"run {run_id} does not exist")
+    status, owner, epoch, expires_at, now = row
+    tx.set_now(now)
+    return status, owner, epoch, expires_at
+
+
+def acquire_run(tx: Tx, run_id: str, owner: str, ttl_ms: int, force: bool) -> Lease:
+    """Take a free or expired lease (any lease with ``force``), and start a pending run."""
+    status, lease_owner, epoch, expires_at = _lock_run(tx, run_id)
+    if status not in _LIVE:
+        raise RunTerminal(f"run {run_id} is {status}; a terminal run cannot be leased")
+    if lease_owner is not None and expires_at is not None and expires_at > tx.now and not force:
+        raise RunLeased(
+            f"run {run_id} is leased by another owner (epoch {epoch}) for {expires_at - tx.now} ms"
+            " more; pass force=True only once that owner is known to be dead"
+        )
+    return _take(tx, run_id, status, owner, epoch + 1, ttl_ms)
+
+
+def claim_due(
+    tx: Tx, owner: str, ttl_ms: int, max_attempts: int | None, limit: int
+) -> list[tuple[Lease, int]]:
+    """Lease up to ``limit`` of the longest-due runs that are free or expired, skipping rows
+    another worker is claiming right now (``SKIP LOCKED``). (lease, attempt) pairs.
+
+    A run that already used ``max_attempts`` claims is failed here instead of handed out again.
+    """
+    claimed: list[tuple[Lease, int]] = []
+    while len(claimed) < limit:
+        now = tx.now
+        rows = tx.all(
+            "SELECT id, status, lease_epoch, attempts FROM agent_runs"
+            " WHERE status IN ('pending', 'running') AND next_attempt_at <= %s"
+            " AND (lease_owner IS NULL OR lease_expires_at <= %s)"
+            " ORDER BY next_attempt_at, created_at LIMIT %s FOR UPDATE SKIP LOCKED",
+            (now, now, limit - len(claimed)),
+        )
+        if not rows:
+            break
+        for run_id, status, epoch, attempts in rows:
+            if max_attempts is not None and attempts >= max_attempts:
+                _fail_exhausted(tx, run_id, status, attempts)
+                continue
+            tx.execute("UPDATE agent_runs SET attempts = attempts + 1 WHERE id = %s", (run_id,))
+            claimed.append((_take(tx, run_id, status, owner, epoch + 1, ttl_ms), attempts + 1))
+    return claimed
+
+
+def _fail_exhausted(tx: Tx, run_id: str, status: str, attempts: int) -> None:
+    # A new epoch: the owner whose lease expired must see a takeover (LeaseLost), not an end
+    # that its own epoch made.
+    tx.execute("UPDATE agent_runs SET lease_epoch = lease_epoch + 1 WHERE id = %s", (run_id,))
+    reason = f"attempt limit reached: {attempts} attempt(s) ended without finishing the run"
+    _end_run(tx, run_id, _dump({"from": status, "reason": reason, "to": "failed"}), RunStatus.FAILED)
+
+
+def record_attempt_failure(tx: Tx, lease: Lease, failure: dict[str, Any], retry_delay_ms: int | None) -> None:
+    """Log an ``attempt_failed`` event; then release the run for a retry after the delay, or,
+    when there is no retry, fail it. One transaction, fenced."""
+    check_lease(tx, lease)
+    retry_at = None if retry_delay_ms is None else tx.now + retry_delay_ms
+    seq = _allocate(tx, lease.run_id, 1)
+    payload = _dump({**failure, "next_attempt_at": retry_at})
+    _insert_event(tx, lease.run_id, seq, EventType.ATTEMPT_FAILED, payload)
+    if retry_delay_ms is None:
+        transition = {"from": "running", "reason": "attempt limit reached", "to": "failed"}
+        _end_run(tx, lease.run_id, _dump(transition), RunStatus.FAILED)
+    else:
+        release(tx, lease, retry_delay_ms)
+
+
+def _end_run(tx: Tx, run_id: str, transition_json: str, status: RunStatus) -> None:
+    """Append the final ``state_transition`` and make the run terminal and ownerless."""
+    seq = _allocate(tx, run_id, 1)
+    _insert_event(tx, run_id, seq, EventType.STATE_TRANSITION, transition_json)
+    tx.execute(
+        "UPDATE agent_runs SET status = %s, lease_owner = NULL, lease_expires_at = NULL WHERE id = %s",
+        (status.value, run_id),
+    )
+
+
+def _take(tx: Tx, run_id: str, status: str, owner: str, epoch: int, ttl_ms: int) -> Lease:
+    expires_at = tx.now + ttl_ms
+    tx.execute(
+        "UPDATE agent_runs SET lease_owner = %s, lease_epoch = %s, lease_expires_at = %s WHERE id = %s",
+        (owner, epoch, expires_at, run_id),
+    )
+    if status == RunStatus.PENDING:
+        seq = _allocate(tx, run_id, 1)
+        tx.execute("UPDATE agent_runs SET status = 'running' WHERE id = %s", (run_id,))
+        _insert_event(tx, run_id, seq, EventType.STATE_TRANSITION, '{"from":"pending","to":"running"}')
+    return Lease(run_id, owner, epoch, ttl_ms, expires_at)
+
+
+def renew(tx: Tx, lease: Lease) -> Lease:
+    """Extend an unexpired lease; the expiry is compared with the server clock after the row
+    lock is held, so a renewal that waited past its expiry cannot bring the lease back."""
+    check_lease(tx, lease)
+    expires_at = tx.now + lease.ttl_ms
+    tx.execute("UPDATE agent_runs SET lease_expires_at = %s WHERE id = %s", (expires_at, lease.run_id))
+    return attrs.evolve(lease, expires_at=expires_at)
+
+
+def release(tx: Tx, lease: Lease, delay_ms: int = 0, refund_attempt: bool = False) -> bool:
+    """Give the lease up; the run stays as it is, claimable after ``delay_ms``.
+    ``refund_attempt`` takes back the attempt its claim counted (the owner was stopped)."""
+    released = tx.one(
+        "UPDATE agent_runs SET lease_owner = NULL, lease_expires_at = NULL,"
+        " next_attempt_at = zincir_now_ms() + %s, attempts = attempts - %s"
+        " WHERE id = %s AND lease_owner = %s AND lease_epoch = %s RETURNING 1",
+        (delay_ms, int(refund_attempt), lease.run_id, lease.owner, lease.epoch),
+    )
+    if released is not None and delay_ms == 0:
+        tx.notify_claimable()
+    return released is not None
+
+
+def check_lease(tx: Tx, lease: Lease) -> None:
+    """Raise unless the lease holds on a running run, now (see the SQLite store)."""
+    status, owner, epoch, expires_at = _lock_run(tx, lease.run_id)
+    where = f"run {lease.run_id}: the lease of epoch {lease.epoch}"
+    if epoch != lease.epoch:
+        raise LeaseLost(f"{where} was fenced by a newer owner (epoch {epoch})")
+    if status not in _LIVE:
+        raise RunTerminal(f"run {lease.run_id} is already {status}")
+    if owner != lease.owner or expires_at is None:
+        raise LeaseLost(f"{where} was released")
+    if expires_at <= tx.now:
+        raise LeaseLost(f"{where} expired {tx.now - expires_at} ms ago")
+
+
+# -- the event log ------------------------------------------------------------------------------
+
+
+def _allocate(tx: Tx, run_id: str, count: int) -> int:
+    """Reserve ``count`` consecutive seqs for the run; returns the first."""
+    (last,) = tx.one(
+        "UPDATE agent_runs SET last_seq = last_seq + %s, updated_at = %s WHERE id = %s RETURNING last_seq",
+        (count, tx.now, run_id),
+    )
+    return int(last) - count + 1
+
+
+def _insert_event(
+    tx: Tx, run_id: str, seq: int, type: EventType, payload_json: str, key: str | None = None
+) -> None:
+    tx.execute(
+        "INSERT INTO events (run_id, seq, type, payload, idempotency_key, created_at)"
+        " VALUES (%s, %s, %s, %s, %s, %s)",
+        (run_id, seq, type.value, payload_json, key, tx.now),
+    )
+
+
+def record_response(tx: Tx, lease: Lease, llm_payload_json: str, intents: list[IntentRow]) -> int:
+    """Append the ``llm_call`` event and one ``tool_call`` intent per call; returns its seq."""
+    check_lease(tx, lease)
+    if intents:
+        reused = tx.all(
+            "SELECT call_id FROM tool_intents WHERE run_id = %s AND call_id = ANY(%s) ORDER BY call_id",
+            (lease.run_id, [i.call_id for i in intents]),
+        )
+        if reused:
+            ids = ", ".join(repr(r[0]) for r in reused)
+            raise DuplicateToolCall(f"run {lease.run_id}: tool call id {ids} was already used in this run")
+    seq = _allocate(tx, lease.run_id, 1 + len(intents))
+    _insert_event(tx, lease.run_id, seq, EventType.LLM_CALL, llm_payload_json)
+    for offset, intent in enumerate(intents, start=1):
+        _insert_event(
+            tx,
+            lease.run_id,
+            seq + offset,
+            EventType.TOOL_CALL,
+            intent.payload_json,
+            f"tool_call:{intent.call_id}",
+        )
+        tx.execute(
+            "INSERT INTO tool_intents (run_id, call_id, name, intent_seq, response_seq,"
+            " response_tool_count) VALUES (%s, %s, %s, %s, %s, %s)",
+            (lease.run_id, intent.call_id, intent.name, seq + offset, seq, len(intents)),
+        )
+    return seq
+
+
+def pending_tools(tx: Tx, lease: Lease) -> list[tuple[str, int]]:
+    """(tool_call payload, response_tool_count) of each intent without a result, in order."""
+    _check_lease_read(tx, lease)
+    rows = tx.all(
+        "SELECT e.payload, t.response_tool_count FROM tool_intents AS t"
+        " JOIN events AS e ON e.run_id = t.run_id AND e.seq = t.intent_seq"
+        " WHERE t.run_id = %s AND t.result_seq IS NULL ORDER BY t.intent_seq",
+        (lease.run_id,),
+    )
+    return [(payload, int(count)) for payload, count in rows]
+
+
+def _check_lease_read(tx: Tx, lease: Lease) -> None:
+    """check_lease for the read-only reader: the same verdict from the snapshot, no row lock."""
+    row = tx.one(f"SELECT {_LEASE_COLUMNS} FROM agent_runs WHERE id = %s", (lease.run_id,))
+    if row is None:
+        raise RunNotFound(f"run {lease.run_id} does not exist")
+    status, owner, epoch, expires_at, now = row
+    tx.set_now(now)
+    where = f"run {lease.run_id}: the lease of epoch {lease.epoch}"
+    if epoch != lease.epoch:
+        raise LeaseLost(f"{where} was fenced by a newer owner (epoch {epoch})")
+    if status not in _LIVE:
+        raise RunTerminal(f"run {lease.run_id} is already {status}")
+    if owner != lease.owner or expires_at is None:
+        raise LeaseLost(f"{where} was released")
+    if expires_at <= now:
+        raise LeaseLost(f"{where} expired {now - expires_at} ms ago")
+
+
+def record_tool_result(tx: Tx, lease: Lease, call_id: str, payload_json: str) -> int:
+    """Append the ``tool_result`` for an intent; an identical repeat is a no-op."""
+    check_lease(tx, lease)
+    row = tx.one(
+        "SELECT name, result_seq FROM tool_intents WHERE run_id = %s AND call_id = %s",
+        (lease.run_id, call_id),
+    )
+    if row is None:
+        raise NoDurableIntent(f"run {lease.run_id}: tool call {call_id!r} has no durable intent")
+    name, result_seq = row
+    if name == SUBMIT_CHECKPOINT:
+        raise InvalidArgument(
+            f"run {lease.run_id}: {call_id!r} is a {SUBMIT_CHECKPOINT} call;"
+            " its result comes from run.checkpoint() and the verifier"
+        )
+    if result_seq is not None:
+        (stored,) = tx.one(
+            "SELECT payload FROM events WHERE run_id = %s AND seq = %s", (lease.run_id, result_seq)
+        )
+        if stored != payload_json:
+            raise ConflictingResult(
+                f"run {lease.run_id}: tool call {call_id!r} already has a different result"
+            )
+        return int(result_seq)
+    seq = _allocate(tx, lease.run_id, 1)
+    _insert_event(tx, lease.run_id, seq, EventType.TOOL_RESULT, payload_json, f"tool_result:{call_id}")
+    tx.execute(
+        "UPDATE tool_intents SET result_seq = %s WHERE run_id = %s AND call_id = %s",
+        (seq, lease.run_id, call_id),
+    )
+    return seq
+
+
+def finish(tx: Tx, lease: Lease, status: RunStatus, payload_json: str) -> None:
+    """Make the run terminal with its ``state_transition`` and drop the lease, at once."""
+    check_lease(tx, lease)
+    if status == RunStatus.COMPLETED:
+        _require_no_open_work(tx, lease.run_id)
+    _end_run(tx, lease.run_id, payload_json, status)
+
+
+def _require_no_open_work(tx: Tx, run_id: str) -> None:
+    if tx.one("SELECT 1 FROM checkpoints WHERE run_id = %s AND status = 'candidate'", (run_id,)):
+        raise UnfinishedWork(f"run {run_id} cannot complete: a checkpoint candidate is undecided")
+    open_calls = tx.all(
+        "SELECT call_id FROM tool_intents WHERE run_id = %s AND result_seq IS NULL"
+        " ORDER BY intent_seq LIMIT 5",
+        (run_id,),
+    )
+    if open_calls:
+        ids = ", ".join(repr(r[0]) for r in open_calls)
+        raise UnfinishedWork(f"run {run_id} cannot complete: tool calls {ids} have no result yet")
+
+
+# -- reading ------------------------------------------------------------------------------------
+
+_RUN_COLUMNS = "id, parent_run_id, role, provider, status, config, created_at, updated_at"
+_CHECKPOINT_COLUMNS = (
+    "id, run_id, round, tool_call_id, based_on_event_seq, decision_event_seq, status, state,"
+    " verification, created_at, decided_at"
+)
+
+
+def to_run(row: Any) -> RunRecord:
+    id, parent, role, provider, status, config, created_at, updated_at = row
+    return RunRecord(id, parent, role, provider, RunStatus(status), decode(config), created_at, updated_at)
+
+
+def to_event(run_id: str, row: Any) -> Event:
+    seq, type, payload, key, created_at = row
+    return Event(run_id, seq, EventType(type), decode(payload), key, created_at)
+
+
+def to_checkpoint(row: Any) -> Checkpoint:
+    (id, run_id, round, call_id, based_on, decision, status, state, verification, created, decided) = row
+    verdict = None
+    if verification is not None:
+        data = decode(verification)
+        verdict = Verification(bool(data["passed"]), data.get("evidence"))
+    return Checkpoint(
+        id, run_id, round, call_id, based_on, decision, status,
+        CheckpointState.from_json(decode(state)), verdict, created, decided,
+    )  # fmt: skip
+
+
+def get_run(tx: Tx, run_id: str) -> RunRecord:
+    row = tx.one(f"SELECT {_RUN_COLUMNS} FROM agent_runs WHERE id = %s", (run_id,))
+    if row is None:
+        raise RunNotFound(f"run {run_id} does not exist")
+    return to_run(row)
+
+
+def list_runs(tx: Tx, status: RunStatus | None, role: str | None, limit: int) -> list[RunRecord]:
+    rows = tx.all(
+        f"SELECT {_RUN_COLUMNS} FROM agent_runs WHERE (%(status)s::text IS NULL OR status = %(status)s)"
+        " AND (%(role)s::text IS NULL OR role = %(role)s) ORDER BY created_at, id LIMIT %(limit)s",
+        {"status": None if status is None else status.value, "role": role, "limit": limit},
+    )
+    return [to_run(row) for row in rows]
+
+
+def events_after(tx: Tx, run_id: str, after_seq: int, limit: int | None = None) -> list[Event]:
+    rows = tx.all(
+        "SELECT seq, type, payload, idempotency_key, created_at FROM events"
+        " WHERE run_id = %s AND seq > %s ORDER BY seq LIMIT %s",
+        (run_id, after_seq, limit),
+    )
+    return [to_event(run_id, row) for row in rows]
+
+
+def events_page(tx: Tx, run_id: str, after_seq: int, limit: int | None) -> list[Event]:
+    get_run(tx, run_id)  # an unknown run is an error, not an empty page
+    return events_after(tx, run_id, after_seq, limit)
+
+
+def latest_accepted(tx: Tx, run_id: str) -> Checkpoint | None:
+    row = tx.one(
+        f"SELECT {_CHECKPOINT_COLUMNS} FROM checkpoints WHERE run_id = %s AND status = 'accepted'"
+        " ORDER BY round DESC LIMIT 1",
+        (run_id,),
+    )
+    return None if row is None else to_checkpoint(row)
+
+
+def durable_state(tx: Tx, run_id: str) -> tuple[RunRecord, Checkpoint | None, list[Event]]:
+    """The run, its latest accepted checkpoint and the events after that checkpoint's
+    decision and the tool result that answered it (seq > decision + 1)."""
+    run = get_run(tx, run_id)
+    checkpoint = latest_accepted(tx, run_id)
+    after = (
+        -1
+        if checkpoint is None or checkpoint.decision_event_seq is None
+        else checkpoint.decision_event_seq + 1
+    )
+    return run, checkpoint, events_after(tx, run_id, after)
+
+
+# -- checkpoints --------------------------------------------------------------------------------
+
+
+def propose_checkpoint(tx: Tx, lease: Lease, call_id: str, state_json: str) -> Checkpoint:
+    """Persist a candidate for a pending ``submit_checkpoint`` intent, before any verifier runs."""
+    check_lease(tx, lease)
+    where = f"run {lease.run_id}: checkpoint call {call_id!r}"
+    row = tx.one(
+        "SELECT name, response_seq, result_seq FROM tool_intents WHERE run_id = %s AND call_id = %s",
+        (lease.run_id, call_id),
+    )
+    if row is None:
+        raise CheckpointNotPending(f"{where} has no durable intent")
+    name, response_seq, result_seq = row
+    if name != SUBMIT_CHECKPOINT:
+        raise CheckpointNotPending(f"{where} is a {name!r} call, not {SUBMIT_CHECKPOINT}")
+    if result_seq is not None:
+        raise CheckpointNotPending(f"{where} was already decided")
+    siblings = tx.all(
+        "SELECT call_id FROM tool_intents WHERE run_id = %s AND result_seq IS NULL AND response_seq = %s"
+        " AND call_id != %s ORDER BY intent_seq",
+        (lease.run_id, response_seq, call_id),
+    )
+    if siblings:
+        ids = ", ".join(repr(r[0]) for r in siblings)
+        raise CheckpointNotPending(f"{where} must wait for the results of its sibling calls {ids}")
+    if tx.one("SELECT 1 FROM checkpoints WHERE run_id = %s AND status = 'candidate'", (lease.run_id,)):
+        raise CheckpointNotPending(f"run {lease.run_id} already has an undecided checkpoint candidate")
+    (round,) = tx.one(
+        "SELECT coalesce(max(round), 0) + 1 FROM checkpoints WHERE run_id = %s", (lease.run_id,)
+    )
+    seq = _allocate(tx, lease.run_id, 1)
+    (checkpoint_id,) = tx.one(
+        "INSERT INTO checkpoints (run_id, round, tool_call_id, based_on_event_seq, status, state,"
+        " created_at) VALUES (%s, %s, %s, %s, 'candidate', %s, %s) RETURNING id",
+        (lease.run_id, round, call_id, seq - 1, state_json, tx.now),
+    )
+    payload = _dump({"checkpoint_id": checkpoint_id, "round": round, "state": decode(state_json)})
+    _insert_event(
+        tx, lease.run_id, seq, EventType.CHECKPOINT_PROPOSED, payload, f"checkpoint:{checkpoint_id}:proposed"
+    )
+    return get_checkpoint(tx, lease.run_id, checkpoint_id)
+
+
+def get_checkpoint(tx: Tx, run_id: str, checkpoint_id: int) -> Checkpoint:
+    row = tx.one(
+        f"SELECT {_CHECKPOINT_COLUMNS} FROM checkpoints WHERE id = %s AND run_id = %s",
+        (checkpoint_id, run_id),
+    )
+    if row is None:
+        raise CheckpointNotPending(f"run {run_id} has no checkpoint {checkpoint_id}")
+    return to_checkpoint(row)
+
+
+def candidate(tx: Tx, lease: Lease, checkpoint_id: int | None) -> Checkpoint | None:
+    """The run's undecided candidate (the stored one, whatever a caller holds), if any."""
+    _check_lease_read(tx, lease)
+    return _candidate(tx, lease.run_id, checkpoint_id)
+
+
+def _candidate(tx: Tx, run_id: str, checkpoint_id: int | None) -> Checkpoint | None:
+    row = tx.one(
+        f"SELECT {_CHECKPOINT_COLUMNS} FROM checkpoints WHERE run_id = %s AND status = 'candidate'", (run_id,)
+    )
+    if row is None:
+        return None
+    found = to_checkpoint(row)
+    if checkpoint_id is not None and found.id != checkpoint_id:
+        return None
+    return found
+
+
+def decide_checkpoint(
+    tx: Tx, lease: Lease, checkpoint_id: int, verification_json: str, passed: bool
+) -> Checkpoint:
+    """Record the decision, its event and the tool result answering the intent, at once."""
+    check_lease(tx, lease)
+    current = _candidate(tx, lease.run_id, checkpoint_id)
+    if current is None:
+        raise CheckpointNotPending(
+            f"run {lease.run_id}: checkpoint {checkpoint_id} is not an undecided candidate"
+        )
+    status = "accepted" if passed else "rejected"
+    seq = _allocate(tx, lease.run_id, 2)
+    tx.execute(
+        "UPDATE checkpoints SET status = %s, verification = %s, decision_event_seq = %s, decided_at = %s"
+        " WHERE id = %s",
+        (status, verification_json, seq, tx.now, checkpoint_id),
+    )
+    verification = decode(verification_json)
+    decision = _dump({"checkpoint_id": checkpoint_id, "verification": verification})
+    event_type = EventType.CHECKPOINT_ACCEPTED if passed else EventType.CHECKPOINT_REJECTED
+    _insert_event(tx, lease.run_id, seq, event_type, decision, f"checkpoint:{checkpoint_id}:{status}")
+    content = {"accepted": passed, "verification": verification}
+    result = _dump({"call_id": current.tool_call_id, "content": content})
+    _insert_event(
+        tx, lease.run_id, seq + 1, EventType.TOOL_RESULT, result, f"checkpoint:{checkpoint_id}:tool_result"
+    )
+    tx.execute(
+        "UPDATE tool_intents SET result_seq = %s WHERE run_id = %s AND call_id = %s",
+        (seq + 1, lease.run_id, current.tool_call_id),
+    )
+    return get_checkpoint(tx, lease.run_id, checkpoint_id)
+
+
+# -- durable steps and sleeps -------------------------------------------------------------------
+
+
+def completed_step_names(tx: Tx, run_id: str) -> list[str]:
+    return [
+        row[0]
+        for row in tx.all("SELECT name FROM steps WHERE run_id = %s AND status = 'completed'", (run_id,))
+    ]
+
+
+def step_result(tx: Tx, run_id: str, name: str) -> str | None:
+    """The stored JSON result of a completed step, or None."""
+    row = tx.one(
+        "SELECT result FROM steps WHERE run_id = %s AND name = %s AND status = 'completed'", (run_id, name)
+    )
+    return None if row is None else str(row[0])
+
+
+def complete_step(tx: Tx, lease: Lease, name: str, result_json: str, elapsed_ms: int) -> str:
+    """Store a step's result, fenced; if a result is already stored, keep and return it."""
+    check_lease(tx, lease)
+    inserted = tx.one(
+        "INSERT INTO steps (run_id, name, status, epoch, result, started_at, completed_at)"
+        " VALUES (%s, %s, 'completed', %s, %s, %s, %s) ON CONFLICT (run_id, name) DO NOTHING RETURNING 1",
+        (lease.run_id, name, lease.epoch, result_json, tx.now - elapsed_ms, tx.now),
+    )
+    if inserted is not None:
+        return result_json
+    stored = step_result(tx, lease.run_id, name)
+    assert stored is not None
+    return stored
+
+
+def schedule_timer(tx: Tx, lease: Lease, name: str, delay_ms: int) -> tuple[int, bool]:
+    """Store the wake time on the first call (later calls keep it); (ms left, completed)."""
+    check_lease(tx, lease)
+    tx.execute(
+        "INSERT INTO timers (run_id, name, wake_at, created_at) VALUES (%s, %s, %s, %s)"
+        " ON CONFLICT (run_id, name) DO NOTHING",
+        (lease.run_id, name, tx.now + delay_ms, tx.now),
+    )
+    wake_at, completed_at = tx.one(
+        "SELECT wake_at, completed_at FROM timers WHERE run_id = %s AND name = %s", (lease.run_id, name)
+    )
+    return max(0, int(wake_at) - tx.now), completed_at is not None
+
+
+def complete_timer(tx: Tx, lease: Lease, name: str) -> None:
+    check_lease(tx, lease)
+    tx.execute(
+        "UPDATE timers SET completed_at = %s WHERE run_id = %s AND name = %s AND completed_at IS NULL",
+        (tx.now, lease.run_id, name),
+    )
