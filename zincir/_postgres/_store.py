@@ -28,7 +28,8 @@ from .._errors import (
 )
 from .._json import decode
 from .._json import dump_trusted as _dump
-from .._types import Checkpoint, CheckpointState, Event, EventType, RunRecord, RunStatus, Verification
+from .._rows import CHECKPOINT_COLUMNS, EVENT_COLUMNS, RUN_COLUMNS, to_checkpoint, to_event, to_run
+from .._types import Checkpoint, Event, EventType, RunRecord, RunStatus
 from ._connection import Tx
 
 _LIVE = (RunStatus.PENDING.value, RunStatus.RUNNING.value)
@@ -189,7 +190,12 @@ def release(tx: Tx, lease: Lease, delay_ms: int = 0, refund_attempt: bool = Fals
 
 def check_lease(tx: Tx, lease: Lease) -> None:
     """Raise unless the lease holds on a running run, now (see the SQLite store)."""
-    status, owner, epoch, expires_at = _lock_run(tx, lease.run_id)
+    _judge_lease(lease, *_lock_run(tx, lease.run_id), tx.now)
+
+
+def _judge_lease(
+    lease: Lease, status: str, owner: str | None, epoch: int, expires_at: int | None, now: int
+) -> None:
     where = f"run {lease.run_id}: the lease of epoch {lease.epoch}"
     if epoch != lease.epoch:
         raise LeaseLost(f"{where} was fenced by a newer owner (epoch {epoch})")
@@ -197,8 +203,8 @@ def check_lease(tx: Tx, lease: Lease) -> None:
         raise RunTerminal(f"run {lease.run_id} is already {status}")
     if owner != lease.owner or expires_at is None:
         raise LeaseLost(f"{where} was released")
-    if expires_at <= tx.now:
-        raise LeaseLost(f"{where} expired {tx.now - expires_at} ms ago")
+    if expires_at <= now:
+        raise LeaseLost(f"{where} expired {now - expires_at} ms ago")
 
 
 # -- the event log ------------------------------------------------------------------------------
@@ -272,15 +278,7 @@ def _check_lease_read(tx: Tx, lease: Lease) -> None:
         raise RunNotFound(f"run {lease.run_id} does not exist")
     status, owner, epoch, expires_at, now = row
     tx.set_now(now)
-    where = f"run {lease.run_id}: the lease of epoch {lease.epoch}"
-    if epoch != lease.epoch:
-        raise LeaseLost(f"{where} was fenced by a newer owner (epoch {epoch})")
-    if status not in _LIVE:
-        raise RunTerminal(f"run {lease.run_id} is already {status}")
-    if owner != lease.owner or expires_at is None:
-        raise LeaseLost(f"{where} was released")
-    if expires_at <= now:
-        raise LeaseLost(f"{where} expired {now - expires_at} ms ago")
+    _judge_lease(lease, status, owner, epoch, expires_at, now)
 
 
 def record_tool_result(tx: Tx, lease: Lease, call_id: str, payload_json: str) -> int:
@@ -339,37 +337,9 @@ def _require_no_open_work(tx: Tx, run_id: str) -> None:
 
 # -- reading ------------------------------------------------------------------------------------
 
-_RUN_COLUMNS = "id, parent_run_id, role, provider, status, config, created_at, updated_at"
-_CHECKPOINT_COLUMNS = (
-    "id, run_id, round, tool_call_id, based_on_event_seq, decision_event_seq, status, state,"
-    " verification, created_at, decided_at"
-)
-
-
-def to_run(row: Any) -> RunRecord:
-    id, parent, role, provider, status, config, created_at, updated_at = row
-    return RunRecord(id, parent, role, provider, RunStatus(status), decode(config), created_at, updated_at)
-
-
-def to_event(run_id: str, row: Any) -> Event:
-    seq, type, payload, key, created_at = row
-    return Event(run_id, seq, EventType(type), decode(payload), key, created_at)
-
-
-def to_checkpoint(row: Any) -> Checkpoint:
-    (id, run_id, round, call_id, based_on, decision, status, state, verification, created, decided) = row
-    verdict = None
-    if verification is not None:
-        data = decode(verification)
-        verdict = Verification(bool(data["passed"]), data.get("evidence"))
-    return Checkpoint(
-        id, run_id, round, call_id, based_on, decision, status,
-        CheckpointState.from_json(decode(state)), verdict, created, decided,
-    )  # fmt: skip
-
 
 def get_run(tx: Tx, run_id: str) -> RunRecord:
-    row = tx.one(f"SELECT {_RUN_COLUMNS} FROM agent_runs WHERE id = %s", (run_id,))
+    row = tx.one(f"SELECT {RUN_COLUMNS} FROM agent_runs WHERE id = %s", (run_id,))
     if row is None:
         raise RunNotFound(f"run {run_id} does not exist")
     return to_run(row)
@@ -377,7 +347,7 @@ def get_run(tx: Tx, run_id: str) -> RunRecord:
 
 def list_runs(tx: Tx, status: RunStatus | None, role: str | None, limit: int) -> list[RunRecord]:
     rows = tx.all(
-        f"SELECT {_RUN_COLUMNS} FROM agent_runs WHERE (%(status)s::text IS NULL OR status = %(status)s)"
+        f"SELECT {RUN_COLUMNS} FROM agent_runs WHERE (%(status)s::text IS NULL OR status = %(status)s)"
         " AND (%(role)s::text IS NULL OR role = %(role)s) ORDER BY created_at, id LIMIT %(limit)s",
         {"status": None if status is None else status.value, "role": role, "limit": limit},
     )
@@ -386,8 +356,7 @@ def list_runs(tx: Tx, status: RunStatus | None, role: str | None, limit: int) ->
 
 def events_after(tx: Tx, run_id: str, after_seq: int, limit: int | None = None) -> list[Event]:
     rows = tx.all(
-        "SELECT seq, type, payload, idempotency_key, created_at FROM events"
-        " WHERE run_id = %s AND seq > %s ORDER BY seq LIMIT %s",
+        f"SELECT {EVENT_COLUMNS} FROM events WHERE run_id = %s AND seq > %s ORDER BY seq LIMIT %s",
         (run_id, after_seq, limit),
     )
     return [to_event(run_id, row) for row in rows]
@@ -400,7 +369,7 @@ def events_page(tx: Tx, run_id: str, after_seq: int, limit: int | None) -> list[
 
 def latest_accepted(tx: Tx, run_id: str) -> Checkpoint | None:
     row = tx.one(
-        f"SELECT {_CHECKPOINT_COLUMNS} FROM checkpoints WHERE run_id = %s AND status = 'accepted'"
+        f"SELECT {CHECKPOINT_COLUMNS} FROM checkpoints WHERE run_id = %s AND status = 'accepted'"
         " ORDER BY round DESC LIMIT 1",
         (run_id,),
     )
@@ -466,7 +435,7 @@ def propose_checkpoint(tx: Tx, lease: Lease, call_id: str, state_json: str) -> C
 
 def get_checkpoint(tx: Tx, run_id: str, checkpoint_id: int) -> Checkpoint:
     row = tx.one(
-        f"SELECT {_CHECKPOINT_COLUMNS} FROM checkpoints WHERE id = %s AND run_id = %s",
+        f"SELECT {CHECKPOINT_COLUMNS} FROM checkpoints WHERE id = %s AND run_id = %s",
         (checkpoint_id, run_id),
     )
     if row is None:
@@ -482,7 +451,7 @@ def candidate(tx: Tx, lease: Lease, checkpoint_id: int | None) -> Checkpoint | N
 
 def _candidate(tx: Tx, run_id: str, checkpoint_id: int | None) -> Checkpoint | None:
     row = tx.one(
-        f"SELECT {_CHECKPOINT_COLUMNS} FROM checkpoints WHERE run_id = %s AND status = 'candidate'", (run_id,)
+        f"SELECT {CHECKPOINT_COLUMNS} FROM checkpoints WHERE run_id = %s AND status = 'candidate'", (run_id,)
     )
     if row is None:
         return None

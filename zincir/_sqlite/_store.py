@@ -27,7 +27,8 @@ from .._errors import (
 )
 from .._json import decode
 from .._json import dump_trusted as _dump
-from .._types import Checkpoint, CheckpointState, Event, EventType, RunRecord, RunStatus, Verification
+from .._rows import CHECKPOINT_COLUMNS, EVENT_COLUMNS, RUN_COLUMNS, to_checkpoint, to_event, to_run
+from .._types import Checkpoint, Event, EventType, RunRecord, RunStatus
 from ._connection import Tx
 
 _LIVE = (RunStatus.PENDING.value, RunStatus.RUNNING.value)
@@ -333,37 +334,9 @@ def _require_no_open_work(tx: Tx, run_id: str) -> None:
 
 # -- reading ------------------------------------------------------------------------------------
 
-_RUN_COLUMNS = "id, parent_run_id, role, provider, status, config, created_at, updated_at"
-_CHECKPOINT_COLUMNS = (
-    "id, run_id, round, tool_call_id, based_on_event_seq, decision_event_seq, status, state,"
-    " verification, created_at, decided_at"
-)
-
-
-def to_run(row: Any) -> RunRecord:
-    id, parent, role, provider, status, config, created_at, updated_at = row
-    return RunRecord(id, parent, role, provider, RunStatus(status), decode(config), created_at, updated_at)
-
-
-def to_event(run_id: str, row: Any) -> Event:
-    seq, type, payload, key, created_at = row
-    return Event(run_id, seq, EventType(type), decode(payload), key, created_at)
-
-
-def to_checkpoint(row: Any) -> Checkpoint:
-    (id, run_id, round, call_id, based_on, decision, status, state, verification, created, decided) = row
-    verdict = None
-    if verification is not None:
-        data = decode(verification)
-        verdict = Verification(bool(data["passed"]), data.get("evidence"))
-    return Checkpoint(
-        id, run_id, round, call_id, based_on, decision, status,
-        CheckpointState.from_json(decode(state)), verdict, created, decided,
-    )  # fmt: skip
-
 
 def get_run(tx: Tx, run_id: str) -> RunRecord:
-    row = tx.one(f"SELECT {_RUN_COLUMNS} FROM agent_runs WHERE id = ?", (run_id,))
+    row = tx.one(f"SELECT {RUN_COLUMNS} FROM agent_runs WHERE id = ?", (run_id,))
     if row is None:
         raise RunNotFound(f"run {run_id} does not exist")
     return to_run(row)
@@ -371,7 +344,7 @@ def get_run(tx: Tx, run_id: str) -> RunRecord:
 
 def list_runs(tx: Tx, status: RunStatus | None, role: str | None, limit: int) -> list[RunRecord]:
     rows = tx.all(
-        f"SELECT {_RUN_COLUMNS} FROM agent_runs WHERE (?1 IS NULL OR status = ?1)"
+        f"SELECT {RUN_COLUMNS} FROM agent_runs WHERE (?1 IS NULL OR status = ?1)"
         " AND (?2 IS NULL OR role = ?2) ORDER BY created_at, id LIMIT ?3",
         (None if status is None else status.value, role, limit),
     )
@@ -380,8 +353,7 @@ def list_runs(tx: Tx, status: RunStatus | None, role: str | None, limit: int) ->
 
 def events_after(tx: Tx, run_id: str, after_seq: int, limit: int | None = None) -> list[Event]:
     rows = tx.all(
-        "SELECT seq, type, payload, idempotency_key, created_at FROM events"
-        " WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+        f"SELECT {EVENT_COLUMNS} FROM events WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?",
         (run_id, after_seq, -1 if limit is None else limit),
     )
     return [to_event(run_id, row) for row in rows]
@@ -394,7 +366,7 @@ def events_page(tx: Tx, run_id: str, after_seq: int, limit: int | None) -> list[
 
 def latest_accepted(tx: Tx, run_id: str) -> Checkpoint | None:
     row = tx.one(
-        f"SELECT {_CHECKPOINT_COLUMNS} FROM checkpoints WHERE run_id = ? AND status = 'accepted'"
+        f"SELECT {CHECKPOINT_COLUMNS} FROM checkpoints WHERE run_id = ? AND status = 'accepted'"
         " ORDER BY round DESC LIMIT 1",
         (run_id,),
     )
@@ -458,7 +430,7 @@ def propose_checkpoint(tx: Tx, lease: Lease, call_id: str, state_json: str) -> C
 
 def get_checkpoint(tx: Tx, run_id: str, checkpoint_id: int) -> Checkpoint:
     row = tx.one(
-        f"SELECT {_CHECKPOINT_COLUMNS} FROM checkpoints WHERE id = ? AND run_id = ?", (checkpoint_id, run_id)
+        f"SELECT {CHECKPOINT_COLUMNS} FROM checkpoints WHERE id = ? AND run_id = ?", (checkpoint_id, run_id)
     )
     if row is None:
         raise CheckpointNotPending(f"run {run_id} has no checkpoint {checkpoint_id}")
@@ -469,7 +441,7 @@ def candidate(tx: Tx, lease: Lease, checkpoint_id: int | None) -> Checkpoint | N
     """The run's undecided candidate (the stored one, whatever a caller holds), if any."""
     check_lease(tx, lease)
     row = tx.one(
-        f"SELECT {_CHECKPOINT_COLUMNS} FROM checkpoints WHERE run_id = ? AND status = 'candidate'",
+        f"SELECT {CHECKPOINT_COLUMNS} FROM checkpoints WHERE run_id = ? AND status = 'candidate'",
         (lease.run_id,),
     )
     if row is None:

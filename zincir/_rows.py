@@ -1,0 +1,37 @@
+"""Rows as zincir hands them out: the same columns on every backend, decoded here once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._json import decode
+from ._types import Checkpoint, CheckpointState, Event, EventType, RunRecord, RunStatus, Verification
+
+RUN_COLUMNS = "id, parent_run_id, role, provider, status, config, created_at, updated_at"
+CHECKPOINT_COLUMNS = (
+    "id, run_id, round, tool_call_id, based_on_event_seq, decision_event_seq, status, state,"
+    " verification, created_at, decided_at"
+)
+EVENT_COLUMNS = "seq, type, payload, idempotency_key, created_at"
+
+
+def to_run(row: Any) -> RunRecord:
+    id, parent, role, provider, status, config, created_at, updated_at = row
+    return RunRecord(id, parent, role, provider, RunStatus(status), decode(config), created_at, updated_at)
+
+
+def to_event(run_id: str, row: Any) -> Event:
+    seq, type, payload, key, created_at = row
+    return Event(run_id, seq, EventType(type), decode(payload), key, created_at)
+
+
+def to_checkpoint(row: Any) -> Checkpoint:
+    (id, run_id, round, call_id, based_on, decision, status, state, verification, created, decided) = row
+    verdict = None
+    if verification is not None:
+        data = decode(verification)
+        verdict = Verification(bool(data["passed"]), data.get("evidence"))
+    return Checkpoint(
+        id, run_id, round, call_id, based_on, decision, status,
+        CheckpointState.from_json(decode(state)), verdict, created, decided,
+    )  # fmt: skip
