@@ -1,13 +1,14 @@
 """Automatic recovery: a process dies mid-run, and a ResumeWorker finishes the run for it.
 
-    python examples/automatic_resume.py
+    .venv/bin/python examples/automatic_resume.py
 
 1. A child process starts a run, records a model response that asks for a tool, and is
    killed with SIGKILL before the tool result is recorded: a real crash, lease and all.
 2. This process runs a ResumeWorker. Once the dead owner's lease expires (2 s here), the
    worker claims the run (epoch + 1), re-runs the pending tool intent and completes it.
 
-The same handler works with the command line worker:  zincir worker mymodule:handler
+The same handler works with the command line worker:
+    .venv/bin/zincir worker examples.automatic_resume:handler
 """
 
 from __future__ import annotations

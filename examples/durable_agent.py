@@ -1,7 +1,7 @@
 """A small durable agent: one file-writing tool, a verified checkpoint, and crash recovery.
 
-Run it:                      python examples/durable_agent.py
-Resume after a crash:        ZINCIR_RESUME=1 python examples/durable_agent.py
+Run it:                      .venv/bin/python examples/durable_agent.py
+Resume after a crash:        ZINCIR_RESUME=1 .venv/bin/python examples/durable_agent.py
 
 The "model" is scripted so the demo runs offline; a real one (see openai_agent.py) plugs
 into the same loop. Every model response, tool intent and tool result is recorded by zincir;

@@ -1,8 +1,8 @@
 """The durable agent of durable_agent.py, driven by the official OpenAI SDK under Trio.
 
-Run it offline (a local stub plays the model):   python examples/openai_agent.py
-Against the real API:                            OPENAI_API_KEY=... python examples/openai_agent.py
-Resume after a crash:                            ZINCIR_RESUME=1 python examples/openai_agent.py
+Run it offline (a local stub plays the model):   .venv/bin/python examples/openai_agent.py
+Against the real API:                            OPENAI_API_KEY=... .venv/bin/python examples/openai_agent.py
+Resume after a crash:                            ZINCIR_RESUME=1 .venv/bin/python examples/openai_agent.py
 
 Needs the extra: pip install 'zincir[openai]'. The SDK's ``AsyncOpenAI`` runs under
 ``trio.run`` as it is: its HTTP stack (httpx2 / httpcore2) and its retry sleeps (anyio) detect
