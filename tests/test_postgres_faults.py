@@ -1,0 +1,177 @@
+"""PostgreSQL faults: connections the server drops, a killed listener, a server restart.
+
+Real servers, real connections: backends are ended with ``pg_terminate_backend`` or by
+restarting the server (an immediate stop, like a crash), never by mocking psycopg.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import psycopg
+import pytest
+import trio
+
+import zincir
+
+from .postgres_server import fresh_database, restartable_server
+
+
+@pytest.fixture
+def pg_url(postgres_admin_url: str) -> Iterator[str]:
+    with fresh_database(postgres_admin_url) as url:
+        yield url
+
+
+@pytest.fixture
+async def pg_db(pg_url: str) -> AsyncIterator[zincir.Database]:
+    async with zincir.open_database(pg_url) as db:
+        yield db
+
+
+def terminate(url: str, application_name: str) -> int:
+    """End every backend of this database whose application_name starts with the given one."""
+    with psycopg.connect(url, autocommit=True) as admin:
+        rows = admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND application_name LIKE %s AND pid <> pg_backend_pid()",
+            (application_name + "%",),
+        ).fetchall()
+    return len(rows)
+
+
+async def wait_for_backend(url: str, application_name: str) -> None:
+    """Wait (bounded) until a backend with that application_name is connected again."""
+    with trio.fail_after(15):
+        while True:
+            with psycopg.connect(url, autocommit=True) as admin:
+                (count,) = admin.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND application_name = %s",
+                    (application_name,),
+                ).fetchone() or (0,)
+            if count:
+                return
+            await trio.sleep(0.05)  # another process's state: there is no event to await
+
+
+async def noop() -> None:
+    return None
+
+
+async def test_writes_after_the_server_dropped_idle_connections_reconnect(
+    pg_db: zincir.Database, pg_url: str
+) -> None:
+    async with zincir.open_run(pg_db, lease_ttl=5) as run:
+        await run.step("before", noop)
+        assert terminate(pg_url, "zincir ") >= 3  # both writers and the reader, at least
+        # Nothing was in flight: the next operations open new connections and succeed.
+        await run.step("after", noop)
+        assert [e.seq for e in (await run.state()).events] == [0]
+        await run.complete()
+    assert (await pg_db.state(run.id)).run.status is zincir.RunStatus.COMPLETED
+
+
+async def test_a_write_whose_connection_dies_in_flight_is_an_error_never_a_false_success(
+    pg_db: zincir.Database, pg_url: str
+) -> None:
+    async with zincir.open_run(pg_db, lease_ttl=5) as run:
+        killed = trio.Event()
+
+        def dies_mid_operation(tx: object, lease: object, *args: object) -> None:
+            terminate(pg_url, "zincir writer")  # this very connection, inside the transaction
+            killed.set()
+            tx.one("SELECT 1")  # type: ignore[attr-defined]
+
+        with pytest.raises(zincir.DatabaseUnavailable, match="connection"):
+            await pg_db._write(dies_mid_operation, run._lease, route=run.id)
+        assert killed.is_set()
+        # The run goes on over a new connection; nothing of the failed operation was written.
+        assert await run.record_response("still the owner", [], "end") == 1
+        await run.complete()
+
+
+async def test_the_heartbeat_rides_out_a_short_outage(pg_db: zincir.Database, pg_url: str) -> None:
+    async with zincir.open_run(pg_db, lease_ttl=0.9) as run:  # renews every 0.3 s
+        for _ in range(5):
+            terminate(pg_url, "zincir writer")
+            await trio.sleep(0.3)
+        assert run._lost is None
+        assert await run.record_response("still the owner", [], "end") == 1
+        await run.complete()
+
+
+async def test_a_killed_listener_reconnects_and_wakes_workers_again(pg_url: str) -> None:
+    handled: list[str] = []
+    wake = trio.Event()
+
+    async def handler(run: zincir.Run) -> None:
+        handled.append(run.id)
+        await run.complete()
+        wake.set()
+
+    async def release_one_elsewhere() -> str:
+        # Another Database (as another machine would): only NOTIFY can reach the worker's.
+        async with zincir.open_database(pg_url) as other, zincir.open_run(other) as run:
+            return run.id
+
+    async with zincir.open_database(pg_url) as db, trio.open_nursery() as nursery:
+        # A poll far longer than the test: only a notification can make the worker claim.
+        worker = zincir.ResumeWorker(db, handler, poll_interval=600)
+        await nursery.start(worker.run)
+        await wait_for_backend(pg_url, "zincir listener")
+        for round_ in range(2):
+            wake = trio.Event()
+            released = await release_one_elsewhere()
+            with trio.fail_after(10):
+                await wake.wait()
+            assert handled[-1] == released
+            if round_ == 0:
+                assert terminate(pg_url, "zincir listener") == 1
+                await wait_for_backend(pg_url, "zincir listener")
+        worker.stop()
+    assert len(handled) == 2
+
+
+async def test_a_server_restart_during_a_workers_life_loses_no_run() -> None:
+    with restartable_server() as (url, restart):
+        async with zincir.open_database(url) as setup:
+            ids = []
+            for _ in range(20):
+                async with zincir.open_run(setup) as run:
+                    ids.append(run.id)
+        done: set[str] = set()
+        halfway = trio.Event()
+
+        async def handler(run: zincir.Run) -> None:
+            await run.step("work", trio.sleep, 0.05)
+            await run.complete()
+            done.add(run.id)
+            if len(done) == 5:
+                halfway.set()
+
+        async with zincir.open_database(url) as db, trio.open_nursery() as nursery:
+            worker = zincir.ResumeWorker(
+                db, handler, lease_ttl=2, poll_interval=0.2, max_concurrency=4,
+                backoff=zincir.Backoff(initial=0.1, maximum=0.5),
+            )  # fmt: skip
+            await nursery.start(worker.run)
+            with trio.fail_after(20):
+                await halfway.wait()
+            await trio.to_thread.run_sync(restart)
+            with trio.fail_after(60):
+                while len(done) < len(ids):
+                    await trio.sleep(0.1)  # the worker's progress; there is no event to await
+            worker.stop()
+            records = await db.runs(limit=100)
+        assert sorted(done) == sorted(ids)
+        assert all(r.status is zincir.RunStatus.COMPLETED for r in records)
+        for run_id in ids:  # each ended exactly once
+            async with zincir.open_database(url) as check:
+                events = await check.events(run_id)
+            ends = [
+                e
+                for e in events
+                if e.type is zincir.EventType.STATE_TRANSITION and e.payload["to"] == "completed"
+            ]
+            assert len(ends) == 1
