@@ -97,7 +97,7 @@ class Child:
     """One child process hosting one system; JSON lines over its stdin/stdout."""
 
     def __init__(
-        self, spec: Spec, db_path: Path, log_path: Path, options: dict[str, Any] | None = None
+        self, spec: Spec, db_path: Path | str, log_path: Path, options: dict[str, Any] | None = None
     ) -> None:
         self.spec = spec
         self.log_path = log_path
@@ -264,21 +264,32 @@ def run_steps_and_concurrency(
     *,
     do_steps: bool = True,
     do_concurrent: bool = True,
+    paths: dict[str, str] | None = None,
+    options: dict[str, dict[str, Any]] | None = None,
 ) -> tuple[dict[str, dict[str, Any]], dict[str, Any], dict[str, Any]]:
-    """Returns (settings per label, comparison 1 results, comparison 2 results)."""
+    """Returns (settings per label, comparison 1 results, comparison 2 results).
+
+    ``paths`` (by label) replaces a system's default SQLite file, e.g. with a PostgreSQL URL
+    (``bench.postgres``); ``options`` (by label) are passed to its child.
+    """
     children: dict[str, Child] = {}
     settings: dict[str, dict[str, Any]] = {}
     try:
         for i, spec in enumerate(specs):
+            path = (paths or {}).get(spec.label) or str(workdir / f"steps-{i}-{spec.system}.sqlite")
             children[spec.label] = Child(
-                spec, workdir / f"steps-{i}-{spec.system}.sqlite", workdir / f"steps-{i}.log"
+                spec, path, workdir / f"steps-{i}.log", (options or {}).get(spec.label)
             )
         for label, child in children.items():
             child.ready()
-            settings[label] = child.call("open")
-            log(
-                f"   {label}: {settings[label]['journal_mode']}, synchronous={settings[label]['synchronous']}"
-            )
+            settings[label] = s = child.call("open")
+            if "journal_mode" in s:
+                log(f"   {label}: {s['journal_mode']}, synchronous={s['synchronous']}")
+            else:
+                log(
+                    f"   {label}: PostgreSQL {s['server_version']}, fsync={s['fsync']},"
+                    f" synchronous_commit={s['synchronous_commit']}"
+                )
 
         # 1. Each rep runs every system once, in a rotated order, so that drift in the disk or
         # the machine hits them all alike; the first `warmups` reps are thrown away.

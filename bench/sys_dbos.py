@@ -3,7 +3,9 @@
 Imported only inside a child process (``dbos`` is an optional peer). Variants:
 
 * ``default``: ``system_database_url="sqlite:///..."`` as shipped (rollback journal).
-* ``wal``: the same, plus the engine option ``db_engine_kwargs={"creator": ...}``: a connection
+* ``postgres``: ``system_database_url`` is the PostgreSQL URL given as the path
+  (``python -m bench.postgres``); DBOS creates that database if it is missing.
+* ``wal``: the same as ``default``, plus the engine option ``db_engine_kwargs={"creator": ...}``: a connection
   factory that switches the file to WAL and sets ``synchronous=FULL`` on every connection.
   DBOS's own ``connect`` listener (IMMEDIATE transactions, busy_timeout=30000) still applies.
 """
@@ -62,7 +64,7 @@ class DbosSystem:
     is_async = False
 
     def __init__(self, variant: str, path: str, options: dict[str, Any]) -> None:
-        assert variant in ("default", "wal"), variant
+        assert variant in ("default", "wal", "postgres"), variant
         self.variant = variant
         self.path = path
         self.executor_id: str | None = options.get("executor_id")
@@ -76,7 +78,7 @@ class DbosSystem:
     def open(self) -> dict[str, Any]:
         config: dict[str, Any] = {
             "name": "zincir-bench",
-            "system_database_url": f"sqlite:///{self.path}",
+            "system_database_url": self.path if self.variant == "postgres" else f"sqlite:///{self.path}",
             "log_level": "WARNING",
         }
         if self.executor_id is not None:
@@ -97,6 +99,16 @@ class DbosSystem:
         logging.getLogger("dbos").addHandler(self.locked_logs)
         logging.getLogger().addHandler(self.locked_logs)
         DBOS.launch()
+        if self.variant == "postgres":
+            from ._pg_server import server_settings
+
+            settings = server_settings(self.path)
+            settings["version"] = f"dbos {version('dbos')}, SQLAlchemy {version('sqlalchemy')}"
+            settings["notes"] = (
+                "one transaction per step output (operation_outputs) plus workflow status writes;"
+                " SQLAlchemy pool over psycopg 3"
+            )
+            return settings
         with self.instance._sys_db.engine.connect() as conn:
             settings = pragmas(lambda sql: conn.exec_driver_sql(sql).scalar())
         settings["version"] = f"dbos {version('dbos')}, SQLAlchemy {version('sqlalchemy')}"

@@ -32,17 +32,34 @@ class ZincirSystem:
     def __init__(self, variant: str, path: str, options: dict[str, Any]) -> None:
         self.variant = variant
         self.path = path
+        self.writers: int | None = options.get("writers")
         self._stack = AsyncExitStack()
         self.db: zincir.Database
         self.locked_logs = LockedLogCounter()
         logging.getLogger().addHandler(self.locked_logs)
 
     async def open(self) -> dict[str, Any]:
+        if self.path.startswith(("postgresql://", "postgres://")):
+            return await self._open_postgres()
         self.db = await self._stack.enter_async_context(zincir.open_database(self.path, synchronous="full"))
         # The writer thread's own connection: every durable write goes through it.
         settings = await self.db._write(lambda tx: pragmas(lambda sql: tx.one(sql)[0]))
         settings["version"] = zincir.__version__
         settings["notes"] = "one writer thread per database, group commit (BEGIN IMMEDIATE)"
+        return settings
+
+    async def _open_postgres(self) -> dict[str, Any]:
+        # bench.postgres: the same workloads on a PostgreSQL server; ``writers`` is the size of
+        # zincir's writer pool (one connection and one group commit each).
+        from ._pg_server import server_settings
+
+        self.db = await self._stack.enter_async_context(zincir.open_database(self.path, writers=self.writers))
+        settings = await trio.to_thread.run_sync(server_settings, self.path)
+        settings["version"] = zincir.__version__
+        settings["notes"] = (
+            f"{self.writers or 2} writer connection(s), each with its own group commit; a run's"
+            " writes go to one of them (by run id)"
+        )
         return settings
 
     async def close(self) -> None:
