@@ -9,10 +9,12 @@
 # concurrently writing runs (scripts/concurrent_writers.py) and checks that every event whose
 # commit was acknowledged survived.
 #
-# Usage:   PYTHON=.venv/bin/python scripts/crash_kill_resume.sh
-# Needs:   bash, a Python that can import zincir (PYTHON, default python3), and the sqlite3
-#          command-line shell (Debian/Ubuntu: apt-get install sqlite3; Fedora: dnf install
-#          sqlite; macOS: preinstalled, or brew install sqlite).
+# Usage:   PYTHON=.venv/bin/python scripts/crash_kill_resume.sh [--postgres ADMIN_URL]
+#          With --postgres, every case runs on a fresh database of that PostgreSQL server
+#          (ADMIN_URL may create databases); by default each case runs on a new SQLite file.
+# Needs:   bash, a Python that can import zincir (PYTHON, default python3), and for SQLite the
+#          sqlite3 command-line shell (Debian/Ubuntu: apt-get install sqlite3; Fedora: dnf
+#          install sqlite; macOS: preinstalled, or brew install sqlite); for PostgreSQL, psycopg.
 # Output:  one "PASS: <boundary> ..." line per boundary and "PASS: all crash boundaries
 #          recovered" at the end; "FAIL: <boundary>: <why>" and a non-zero exit on any failure.
 set -Eeuo pipefail
@@ -54,7 +56,15 @@ fail() {
     exit 1
 }
 
-if ! command -v sqlite3 >/dev/null 2>&1; then
+POSTGRES_ADMIN=""
+case ${1:-} in
+    --postgres) POSTGRES_ADMIN=${2:?--postgres needs an admin URL} ;;
+    "") ;;
+    *) echo "usage: $0 [--postgres ADMIN_URL]" >&2; exit 2 ;;
+esac
+PG_QUERY=$ROOT/scripts/pg_query.py
+
+if [[ -z $POSTGRES_ADMIN ]] && ! command -v sqlite3 >/dev/null 2>&1; then
     echo "FAIL: setup: the sqlite3 command-line shell is required but not on PATH" \
         "(Debian/Ubuntu: apt-get install sqlite3; Fedora: dnf install sqlite; macOS: brew install sqlite)"
     exit 2
@@ -77,6 +87,11 @@ cleanup() {
         kill -9 "$pid" 2>/dev/null || true
     done
     wait 2>/dev/null || true
+    if [[ -n $POSTGRES_ADMIN && -f $TMP_ROOT/.databases ]]; then
+        while read -r url; do
+            "$PYTHON" "$PG_QUERY" drop "$POSTGRES_ADMIN" "$url" || true
+        done <"$TMP_ROOT/.databases"
+    fi
     rm -rf "$TMP_ROOT"
 }
 trap cleanup EXIT
@@ -94,6 +109,10 @@ fi
 # sql_try DB QUERY: batch mode, no headers, stop at the first error. The connection never
 # checkpoints the WAL on close, so the resume finds the database exactly as the kill left it.
 sql_try() {
+    if [[ -n $POSTGRES_ADMIN ]]; then
+        "$PYTHON" "$PG_QUERY" "$1" <<<"$2"
+        return
+    fi
     sqlite3 -batch -noheader -bail "$1" <<EOF
 .timeout 5000
 .output /dev/null
@@ -115,7 +134,7 @@ sql() {
 # poll QUERY: sql_try on the case database, but quiet and "not yet" while the file does not
 # exist or is still being migrated.
 poll() {
-    [[ -f $DB ]] || return 1
+    [[ -n $POSTGRES_ADMIN || -f $DB ]] || return 1
     sql_try "$DB" "$1" 2>/dev/null
 }
 
@@ -158,7 +177,12 @@ new_case() {
     CASE=$1
     CASE_DIR=$TMP_ROOT/$CASE
     mkdir "$CASE_DIR"
-    DB=$CASE_DIR/zincir.db
+    if [[ -n $POSTGRES_ADMIN ]]; then
+        DB=$("$PYTHON" "$PG_QUERY" create "$POSTGRES_ADMIN") || fail "cannot create a PostgreSQL database"
+        echo "$DB" >>"$TMP_ROOT/.databases"
+    else
+        DB=$CASE_DIR/zincir.db
+    fi
     EFFECT=$CASE_DIR/call_1.json
 }
 
@@ -217,10 +241,10 @@ run_status() {
 # Everything a second resume must leave untouched.
 snapshot() {
     sql "$DB" "
-        SELECT status, updated_at, last_seq, lease_epoch, ifnull(lease_owner, '-') FROM agent_runs;
+        SELECT status, updated_at, last_seq, lease_epoch, coalesce(lease_owner, '-') FROM agent_runs;
         SELECT count(*), max(id) FROM events;
-        SELECT id, status, ifnull(decided_at, '-') FROM checkpoints ORDER BY id;
-        SELECT name, wake_at, ifnull(completed_at, '-') FROM timers ORDER BY name;"
+        SELECT id, status, coalesce(CAST(decided_at AS TEXT), '-') FROM checkpoints ORDER BY id;
+        SELECT name, wake_at, coalesce(CAST(completed_at AS TEXT), '-') FROM timers ORDER BY name;"
 }
 
 # assert_recovered RUN INODE WHEN: the run completed exactly once (INODE may be empty).
@@ -412,7 +436,7 @@ result=$(sql "$DB" "
     SELECT count(*) FROM acks;
     SELECT count(*) FROM acks a WHERE (SELECT count(*) FROM events e
         WHERE e.run_id = a.run_id AND e.type = 'llm_call'
-          AND json_extract(e.payload, '\$.content.n') = a.n) != 1;")
+          AND CAST(json_extract(e.payload, '\$.content.n') AS INTEGER) = a.n) != 1;")
 checked=$(sed -n 1p <<<"$result")
 missing=$(sed -n 2p <<<"$result")
 ((checked == acked)) || fail "loaded $checked of $acked acknowledgements into the check"
