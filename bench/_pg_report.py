@@ -75,8 +75,11 @@ def render(res: dict[str, Any], chart_name: str) -> str:
     if res.get("missing_peers"):
         add(f"- Not installed, so not measured: {', '.join(res['missing_peers'])} (see `bench/README.md`)")
     add(
-        "- The machine is shared: other engineers ran test suites on its 2 cores during this run, so"
-        " absolute figures are noisy. Read the ratios, which are measured side by side (interleaved"
+        "- The machine is shared (load average"
+        f" {res.get('loadavg_start', [math.nan])[0]:.1f} at the start,"
+        f" {res.get('loadavg_end', [math.nan])[0]:.1f} at the end, on"
+        f" {machine['cpu_count']} cores): other work ran beside this benchmark, so absolute figures"
+        " are noisy. Read the ratios, which are measured side by side (interleaved"
         " repetitions, rotated order), and the min - max columns."
     )
     add("")

@@ -22,11 +22,13 @@ import contextlib
 import datetime
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -97,16 +99,27 @@ def server(url: str | None, workdir: Path, log: _harness.Log) -> Iterator[str]:
 
 
 def _pg_worker(*args: str, log_path: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "bench._pg_worker", *args],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=log_path.open("ab"),
-        cwd=REPO,
-        env=child_env(),
-        text=True,
-        bufsize=1,
-    )
+    with log_path.open("ab") as log:  # the child has its own copy of the descriptor
+        return subprocess.Popen(
+            [sys.executable, "-m", "bench._pg_worker", *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            cwd=REPO,
+            env=child_env(),
+            text=True,
+            bufsize=1,
+        )
+
+
+def _reap(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    for stream in (proc.stdin, proc.stdout):
+        if stream is not None:
+            with contextlib.suppress(OSError):
+                stream.close()
 
 
 def _line(proc: subprocess.Popen[str]) -> dict[str, Any]:
@@ -116,14 +129,6 @@ def _line(proc: subprocess.Popen[str]) -> dict[str, Any]:
         raise _harness.ChildError(f"worker process {proc.pid} exited ({proc.wait()}); see its log")
     message: dict[str, Any] = json.loads(line)
     return message
-
-
-def completed_runs(url: str) -> int:
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute("SELECT count(*) FROM agent_runs WHERE status = 'completed'").fetchone()
-    return int(row[0]) if row else 0
 
 
 def worker_trial(admin_url: str, procs: int, sizes: PgSizes, workdir: Path, tag: str) -> dict[str, Any]:
@@ -142,6 +147,7 @@ def worker_trial(admin_url: str, procs: int, sizes: PgSizes, workdir: Path, tag:
         assert _line(seeder) == {"seeded": sizes.worker_runs}
         seed_seconds = time.perf_counter() - t0
         seeder.wait(timeout=60)
+        _reap(seeder)
         workers = [
             _pg_worker("work", url, str(sizes.worker_concurrency), str(sizes.worker_poll), log_path=log_path)
             for _ in range(procs)
@@ -179,9 +185,7 @@ def worker_trial(admin_url: str, procs: int, sizes: PgSizes, workdir: Path, tag:
                 w.wait(timeout=60)
         finally:
             for w in workers:
-                if w.poll() is None:
-                    w.kill()
-                    w.wait()
+                _reap(w)
     finally:
         drop_database(admin_url, dbname)
     return {
@@ -195,11 +199,11 @@ def worker_trial(admin_url: str, procs: int, sizes: PgSizes, workdir: Path, tag:
     }
 
 
-def run_workers(admin_url: str, sizes: PgSizes, workdir: Path, log: _harness.Log) -> dict[str, Any]:
+def run_workers(admin_url: str, sizes: PgSizes, workdir: Path, log: _harness.Log, tag: str) -> dict[str, Any]:
     trials: dict[str, list[dict[str, Any]]] = {str(p): [] for p in sizes.worker_procs}
     for rep in range(sizes.worker_reps):
         for procs in rotated(list(sizes.worker_procs), rep):
-            trial = worker_trial(admin_url, procs, sizes, workdir, f"{rep}_{procs}")
+            trial = worker_trial(admin_url, procs, sizes, workdir, f"{tag}_{rep}_{procs}")
             trials[str(procs)].append(trial)
             log(
                 f"4. rep {rep + 1}/{sizes.worker_reps}, {procs} worker process(es):"
@@ -289,6 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "sizes": asdict(sizes),
         "machine": _machine(workdir),
         "external_server": bool(args.url),
+        "loadavg_start": os.getloadavg(),
         "missing_peers": missing,
         "writers": args.writers,
         "settings": {},
@@ -304,7 +309,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             results["server"] = server_settings(admin_url)
             paths: dict[str, str] = {ZINCIR_SQLITE.label: str(workdir / "zincir.sqlite")}
-            dbnames = {ZINCIR_PG.label: "zincir_bench_steps", DBOS_PG.label: "dbos_bench_steps"}
+            # A tag of this run in every database name: several runs may share a --url server.
+            tag = uuid.uuid4().hex[:8]
+            dbnames = {ZINCIR_PG.label: f"zincir_bench_steps_{tag}", DBOS_PG.label: f"dbos_bench_steps_{tag}"}
             try:
                 for spec in specs:
                     if spec.label in dbnames:
@@ -339,13 +346,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"4. workers: {sizes.worker_runs:,} due runs, {sizes.worker_procs} process(es),"
                     f" max_concurrency={sizes.worker_concurrency} each"
                 )
-                results["workers"] = run_workers(admin_url, sizes, workdir, log)
+                results["workers"] = run_workers(admin_url, sizes, workdir, log, tag)
     finally:
         if args.keep:
             log(f"kept {workdir}")
         else:
             shutil.rmtree(workdir, ignore_errors=True)
     results["total_seconds"] = time.perf_counter() - started
+    results["loadavg_end"] = os.getloadavg()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     chart = out.with_suffix(".svg")
