@@ -50,8 +50,38 @@ def file_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def scalar(path: Path, sql: str, params: tuple[object, ...] = ()) -> object:
-    conn = sqlite3.connect(path)
+def rows(target: Path | zincir.Database, sql: str, params: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every row a statement returns (or changes: then none), through a separate connection
+    that commits; ``?`` placeholders on either backend."""
+    if isinstance(target, zincir.Database):
+        if target.backend == "postgresql":
+            import psycopg
+
+            with psycopg.connect(target.path) as conn:
+                cursor = conn.execute(sql.replace("?", "%s"), params)
+                return [tuple(r) for r in cursor.fetchall()] if cursor.description else []
+        target = Path(target.path)
+    conn = sqlite3.connect(target)
+    try:
+        result = [tuple(r) for r in conn.execute(sql, params).fetchall()]
+        conn.commit()
+        return result
+    finally:
+        conn.close()
+
+
+def scalar(target: Path | zincir.Database, sql: str, params: tuple[object, ...] = ()) -> object:
+    """The first column of the first row, through a separate connection (``?`` placeholders)."""
+    if isinstance(target, zincir.Database):
+        if target.backend == "postgresql":
+            import psycopg
+
+            with psycopg.connect(target.path) as conn:
+                row = conn.execute(sql.replace("?", "%s"), params).fetchone()
+            assert row is not None
+            return row[0]
+        target = Path(target.path)
+    conn = sqlite3.connect(target)
     try:
         return conn.execute(sql, params).fetchone()[0]
     finally:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import sqlite3
 from pathlib import Path
 
 import attrs
@@ -13,7 +12,7 @@ import trio
 import zincir
 from zincir import CheckpointState, Verification
 
-from .helpers import dump, read_state, running_python, scalar
+from .helpers import dump, read_state, rows, running_python, scalar
 
 DONE = CheckpointState(completed=["wrote the file"], remaining=[], artifacts=["out.txt"], evidence=["ok"])
 
@@ -36,7 +35,6 @@ def types(events: list[zincir.Event]) -> list[str]:
     return [e.type.value for e in events]
 
 
-@pytest.mark.sqlite_only  # reads or writes the file with SQLite's own SQL
 async def test_propose_verify_decide(db: zincir.Database) -> None:
     async with zincir.open_run(db, config={"goal": "g"}) as run:
         await submit(run, "cp-1")
@@ -66,9 +64,7 @@ async def test_propose_verify_decide(db: zincir.Database) -> None:
         state = await run.state()
         assert types(state.events) == ["llm_call"]
         await run.complete()
-    conn = sqlite3.connect(db.path)
-    log = conn.execute("SELECT seq, type, payload, idempotency_key FROM events ORDER BY seq").fetchall()
-    conn.close()
+    log = rows(db, "SELECT seq, type, payload, idempotency_key FROM events ORDER BY seq")
     assert [row[1] for row in log] == [
         "state_transition", "llm_call", "tool_call", "checkpoint_proposed",
         "checkpoint_accepted", "tool_result", "llm_call", "state_transition",
@@ -181,7 +177,6 @@ async def _raise(state: CheckpointState) -> Verification:
     raise VerifierError
 
 
-@pytest.mark.sqlite_only  # reads or writes the file with SQLite's own SQL
 async def test_losing_the_lease_during_verification_decides_nothing(db: zincir.Database) -> None:
     verifying = trio.Event()
 
@@ -204,7 +199,7 @@ async def test_losing_the_lease_during_verification_decides_nothing(db: zincir.D
         async with zincir.open_run(db, run_id, force=True) as new:
             candidate = await new.pending_checkpoint()
             assert candidate is not None
-    assert scalar(Path(db.path), "SELECT status FROM checkpoints") == "candidate"
+    assert scalar(db, "SELECT status FROM checkpoints") == "candidate"
 
 
 CRASH_IN_VERIFIER = """
@@ -263,7 +258,6 @@ async def test_a_verifier_must_answer_with_a_bool(db: zincir.Database) -> None:
         assert candidate.status == "candidate"
 
 
-@pytest.mark.sqlite_only  # reads or writes the file with SQLite's own SQL
 async def test_a_verifier_that_outlives_the_lease_decides_nothing(db: zincir.Database) -> None:
     # The verifier ignores cancellation and answers after another owner took over: the
     # decision must be refused inside its transaction, not written.
@@ -294,4 +288,4 @@ async def test_a_verifier_that_outlives_the_lease_decides_nothing(db: zincir.Dat
         async with zincir.open_run(db, run_id, force=True):
             taken.set()
             await finished.wait()
-    assert scalar(Path(db.path), "SELECT status FROM checkpoints") == "candidate"
+    assert scalar(db, "SELECT status FROM checkpoints") == "candidate"

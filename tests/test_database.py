@@ -168,7 +168,7 @@ async def test_closing_drains_the_queue_and_later_operations_fail(db_path: Path)
     assert not db._reader._thread.is_alive()
 
 
-@pytest.mark.sqlite_only  # reads or writes the file with SQLite's own SQL
+@pytest.mark.sqlite_only  # drives the writer with SQLite's own statements
 async def test_reads_see_one_snapshot(db: zincir.Database) -> None:
     await db._write(insert, "a")
 
@@ -184,7 +184,7 @@ async def test_reads_see_one_snapshot(db: zincir.Database) -> None:
     assert await db._read(read_twice) == (1, 1)
 
 
-@pytest.mark.sqlite_only  # reads or writes the file with SQLite's own SQL
+@pytest.mark.sqlite_only  # drives the writer with SQLite's own statements
 async def test_reads_cannot_write(db: zincir.Database) -> None:
     await db._write(insert, "a")
     with pytest.raises(zincir.StorageError, match="readonly"):

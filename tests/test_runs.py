@@ -319,7 +319,7 @@ async def _stop_verifier(state: zincir.CheckpointState) -> zincir.Verification:
     raise VerifierStop  # leaves the candidate undecided
 
 
-@pytest.mark.sqlite_only  # reads or writes the file with SQLite's own SQL
+@pytest.mark.sqlite_only  # drives the writer with SQLite's own statements
 async def test_a_renewal_delayed_past_expiry_cannot_resurrect_the_lease(
     clocked_db: zincir.Database, clock: ManualClock
 ) -> None:
@@ -512,7 +512,7 @@ async def test_transient_renewal_errors_are_retried_not_a_loss(
     assert len(calls) >= 5
 
 
-@pytest.mark.sqlite_only  # reads or writes the file with SQLite's own SQL
+@pytest.mark.sqlite_only  # drives the writer with SQLite's own statements
 @pytest.mark.parametrize("end", ["complete", "fail"])
 async def test_a_renewal_racing_complete_is_not_a_lease_loss(
     db: zincir.Database, mock_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch, end: str
@@ -538,7 +538,7 @@ async def test_a_renewal_racing_complete_is_not_a_lease_loss(
     assert [e.seq for e in state.events] == [0, 1]
 
 
-@pytest.mark.sqlite_only  # reads or writes the file with SQLite's own SQL
+@pytest.mark.sqlite_only  # drives the writer with SQLite's own statements
 async def test_a_write_racing_the_runs_own_end_is_not_a_lease_loss(
     db: zincir.Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -571,7 +571,7 @@ async def test_a_write_racing_the_runs_own_end_is_not_a_lease_loss(
     assert "already failed" in str(error)
     state = await read_state(db, run.id)
     assert state.run.status is zincir.RunStatus.FAILED
-    assert scalar(Path(db.path), "SELECT group_concat(name) FROM steps") == "early"
+    assert scalar(db, "SELECT group_concat(name) FROM steps") == "early"
 
 
 def nested(depth: int) -> list[object]:

@@ -98,7 +98,6 @@ async def test_the_same_step_cannot_run_twice_at_once(db: zincir.Database) -> No
     assert calls == 1
 
 
-@pytest.mark.sqlite_only  # reads or writes the file with SQLite's own SQL
 async def test_a_takeover_reruns_an_unfinished_step_and_refuses_the_old_owner(db: zincir.Database) -> None:
     old_may_finish = trio.Event()
     old_started = trio.Event()
@@ -129,8 +128,8 @@ async def test_a_takeover_reruns_an_unfinished_step_and_refuses_the_old_owner(db
             assert await new.step("work", new_work) == "new"
             old_may_finish.set()
     assert len(old_outcome) == 1
-    assert scalar(Path(db.path), "SELECT result FROM steps") == '"new"'
-    assert scalar(Path(db.path), "SELECT epoch FROM steps") == 2
+    assert scalar(db, "SELECT result FROM steps") == '"new"'
+    assert scalar(db, "SELECT epoch FROM steps") == 2
 
 
 async def test_a_stale_owner_cannot_complete_a_step(db: zincir.Database) -> None:
@@ -196,7 +195,6 @@ async def test_the_first_sleep_call_wins_and_only_the_remainder_is_waited(
         assert trio.current_time() - start < 0.25
 
 
-@pytest.mark.sqlite_only  # reads or writes the file with SQLite's own SQL
 async def test_lease_loss_cancels_a_sleep(db: zincir.Database) -> None:
     lost = trio.Event()
     async with trio.open_nursery() as nursery:
@@ -213,7 +211,7 @@ async def test_lease_loss_cancels_a_sleep(db: zincir.Database) -> None:
         async with zincir.open_run(db, run_id, force=True):
             with trio.fail_after(5):
                 await lost.wait()
-    assert scalar(Path(db.path), "SELECT completed_at FROM timers") is None
+    assert scalar(db, "SELECT completed_at FROM timers") is None
 
 
 SLEEP_IN_A_PROCESS = """

@@ -20,7 +20,7 @@ import trio.testing
 import zincir
 
 from .conftest import ManualClock
-from .helpers import REPO, read_state, running_python, scalar, trace_operations
+from .helpers import REPO, read_state, rows, running_python, scalar, trace_operations
 from .test_database import Gate
 
 
@@ -60,7 +60,6 @@ ABANDON = """
 """
 
 
-@pytest.mark.sqlite_only  # reads or writes the file with SQLite's own SQL
 async def test_a_run_abandoned_by_a_killed_process_is_completed_after_expiry(db: zincir.Database) -> None:
     with running_python(ABANDON, db.path) as proc:
         assert proc.stdout is not None
@@ -74,7 +73,7 @@ async def test_a_run_abandoned_by_a_killed_process_is_completed_after_expiry(db:
         worker.stop()
     state = await read_state(db, run_id)
     assert state.events[3].payload == {"call_id": "t1", "content": {"done_by_epoch": 2}}
-    assert scalar(Path(db.path), "SELECT attempts FROM agent_runs") == 1
+    assert scalar(db, "SELECT attempts FROM agent_runs") == 1
 
 
 async def _is(db: zincir.Database, run_id: str, status: zincir.RunStatus) -> bool:
@@ -104,7 +103,6 @@ async def test_terminal_and_actively_leased_runs_are_never_dispatched(db: zincir
         await held.record_response("still mine", [], "end")
 
 
-@pytest.mark.sqlite_only  # reads or writes the file with SQLite's own SQL
 async def test_a_failing_handler_is_retried_after_the_backoff_then_failed(
     clocked_db: zincir.Database, clock: ManualClock
 ) -> None:
@@ -131,7 +129,7 @@ async def test_a_failing_handler_is_retried_after_the_backoff_then_failed(
         await wait_until(lambda: _equals(failures, 1))
         # Not due again until the persisted retry time: nothing can claim it yet.
         assert await clocked_db._write(clocked_db._store.claim_due, "probe", 1000, None, 1) == []
-        assert scalar(Path(clocked_db.path), "SELECT next_attempt_at FROM agent_runs") == clock() + 10_000
+        assert scalar(clocked_db, "SELECT next_attempt_at FROM agent_runs") == clock() + 10_000
         clock.advance(10)
         await wait_until(lambda: _equals(failures, 2))
         clock.advance(20)
@@ -151,13 +149,9 @@ async def _equals(count: Callable[[], Awaitable[int]], expected: int) -> bool:
     return await count() == expected
 
 
-@pytest.mark.sqlite_only  # reads or writes the file with SQLite's own SQL
 async def test_a_run_out_of_attempts_is_failed_without_running(db: zincir.Database) -> None:
     [run_id] = await released_runs(db, 1)
-    conn = sqlite3.connect(db.path)
-    conn.execute("UPDATE agent_runs SET attempts = 3")  # three owners died mid-attempt
-    conn.commit()
-    conn.close()
+    rows(db, "UPDATE agent_runs SET attempts = 3")  # three owners died mid-attempt
 
     async def handler(run: zincir.Run) -> None:
         raise AssertionError("must not run")
@@ -250,7 +244,7 @@ def test_backoff_grows_exponentially_up_to_its_maximum() -> None:
         zincir.Backoff(initial=0)
 
 
-@pytest.mark.sqlite_only  # reads or writes the file with SQLite's own SQL
+@pytest.mark.sqlite_only  # drives the writer with SQLite's own statements
 async def test_a_renewal_racing_a_handlers_failure_record_is_not_a_lease_loss(
     db: zincir.Database,
     mock_clock: trio.testing.MockClock,
@@ -323,7 +317,6 @@ async def test_bad_worker_settings(db: zincir.Database, kwargs: dict[str, object
 # -- two real worker processes --------------------------------------------------------------------
 
 
-@pytest.mark.sqlite_only  # reads or writes the file with SQLite's own SQL
 async def test_two_worker_processes_claim_each_run_exactly_once(db: zincir.Database, tmp_path: Path) -> None:
     ledger = tmp_path / "ledger.txt"
     env = {**os.environ, "LEDGER": str(ledger), "PYTHONPATH": str(REPO)}
@@ -357,7 +350,7 @@ async def test_two_worker_processes_claim_each_run_exactly_once(db: zincir.Datab
         assert "SIGTERM received: stopping" in err
     lines = ledger.read_text().splitlines()
     assert sorted(line.split()[0] for line in lines) == sorted(ids)
-    assert scalar(Path(db.path), "SELECT max(attempts) FROM agent_runs") == 1
+    assert scalar(db, "SELECT max(attempts) FROM agent_runs") == 1
 
 
 def test_backoff_jitter_spreads_delays_across_its_whole_range() -> None:
