@@ -9,7 +9,7 @@ the file tool is idempotent, so a tool re-run after a crash never writes twice; 
 counts once a verifier checked the file's content.
 
 Environment:
-  ZINCIR_DATABASE_PATH   database file (default zincir.db)
+  ZINCIR_DATABASE_PATH   database file, or a postgresql:// URL (default zincir.db)
   ZINCIR_OUTPUT_DIR      where the tool writes (default output)
   ZINCIR_RESUME=1        resume every pending or running demo run instead of creating one. This
                          fences the previous owner (force=True): only do it once you know

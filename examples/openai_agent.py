@@ -27,7 +27,7 @@ What makes it durable:
 Environment:
   OPENAI_API_KEY         use the real API (otherwise the offline stub); OPENAI_BASE_URL works too
   OPENAI_MODEL           the model for the real API (default gpt-4o-mini)
-  ZINCIR_DATABASE_PATH   database file (default zincir.db)
+  ZINCIR_DATABASE_PATH   database file, or a postgresql:// URL (default zincir.db)
   ZINCIR_OUTPUT_DIR      where the tool writes (default output)
   ZINCIR_RESUME=1        resume every pending or running run of this example (role
                          openai-agent) instead of creating one. This fences the previous

@@ -3,12 +3,36 @@
 from __future__ import annotations
 
 import os
-import sqlite3
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+import trio
+
+import zincir
+
 from .helpers import REPO
+from .postgres_server import fresh_database
+
+
+@pytest.fixture
+def database(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+    """What the examples get as ZINCIR_DATABASE_PATH: their default file, or a PostgreSQL URL."""
+    if backend == "sqlite":
+        yield str(tmp_path / "zincir.db")
+        return
+    with fresh_database(request.getfixturevalue("postgres_admin_url")) as url:
+        yield url
+
+
+def status_of_runs(database: str) -> list[str]:
+    async def read() -> list[str]:
+        async with zincir.open_database(database) as db:
+            return [r.status.value for r in await db.runs()]
+
+    return trio.run(read)
 
 
 def run_example(name: str, cwd: Path, **env: str) -> str:
@@ -24,22 +48,22 @@ def run_example(name: str, cwd: Path, **env: str) -> str:
     return result.stdout + result.stderr
 
 
-def test_the_demo_completes_a_run_and_prints_its_log(tmp_path: Path) -> None:
-    out = run_example("durable_agent.py", tmp_path)
+def test_the_demo_completes_a_run_and_prints_its_log(tmp_path: Path, database: str) -> None:
+    out = run_example("durable_agent.py", tmp_path, ZINCIR_DATABASE_PATH=database)
     assert "status=completed" in out
     for event_type in ("llm_call", "tool_call", "checkpoint_proposed", "checkpoint_accepted"):
         assert event_type in out
     assert (tmp_path / "output" / "call_1.json").read_text() == '{"content": "hello", "ok": true}'
-    conn = sqlite3.connect(tmp_path / "zincir.db")
-    assert conn.execute("SELECT status FROM agent_runs").fetchall() == [("completed",)]
-    conn.close()
+    assert status_of_runs(database) == ["completed"]
     # Running it again starts a second run; resuming finds nothing left to do.
-    assert "resuming 0 run(s)" in run_example("durable_agent.py", tmp_path, ZINCIR_RESUME="1")
+    resumed = run_example("durable_agent.py", tmp_path, ZINCIR_RESUME="1", ZINCIR_DATABASE_PATH=database)
+    assert "resuming 0 run(s)" in resumed
 
 
-def test_automatic_resume_recovers_a_killed_process(tmp_path: Path) -> None:
-    out = run_example("automatic_resume.py", tmp_path)
+def test_automatic_resume_recovers_a_killed_process(tmp_path: Path, database: str) -> None:
+    out = run_example("automatic_resume.py", tmp_path, ZINCIR_DATABASE_PATH=database)
     assert "child process died with signal 9" in out
     assert "claimed run" in out
     assert "hello from epoch 2" in out
     assert "'to': 'completed'" in out
+    assert status_of_runs(database) == ["completed"]
