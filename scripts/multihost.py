@@ -730,7 +730,7 @@ def main() -> int:
         log("ERROR: the harness failed")
         return 2
     finally:
-        log("cleaned up: workers, namespaces, veths and the server are gone")
+        log("cleaned up: the workers, namespaces, veths, database and any throwaway server are gone")
 
 
 if __name__ == "__main__":
