@@ -1,7 +1,8 @@
 """Read-only CLI commands: ``zincir ui``, ``runs``, ``show``, ``checkpoints``, ``events``, ``export``.
 
-They share :mod:`zincir._queries` with the web inspector, open the database with SQLite's
-``mode=ro`` and never write. Every failure is one line on stderr and exit status 1.
+They share :mod:`zincir._queries` with the web inspector, open the database read-only
+(SQLite's ``mode=ro``; on PostgreSQL, read-only transactions), never migrate and never write.
+Every failure is one line on stderr and exit status 1.
 Every stored value is printed through :func:`_cell` (control and bidi characters escaped), so a
 hostile value cannot drive the terminal, whatever its column; JSON output is pure ASCII with
 control characters escaped. Stored ``NaN``/``Infinity`` print as the strings ``"NaN"``,
@@ -15,7 +16,6 @@ import datetime
 import functools
 import json
 import os
-import sqlite3
 import sys
 import time
 import unicodedata
@@ -61,7 +61,13 @@ def _clean_errors() -> Iterator[None]:
         sys.exit(0)
 
 
-def _require_file(path: str) -> None:
+def _require_file(target: str) -> None:
+    """A SQLite file must exist (inspection never creates one); a server URL is checked by
+    connecting."""
+    if q.is_url(target):
+        return
+    with _clean_errors():
+        path = q.sqlite_path(target)
     if not os.path.isfile(path):
         raise click.ClickException(
             f"database file {path!r} does not exist (give --db PATH or set {DATABASE_ENV}); "
@@ -70,7 +76,7 @@ def _require_file(path: str) -> None:
 
 
 @contextlib.contextmanager
-def _database(path: str) -> Iterator[sqlite3.Connection]:
+def _database(path: str) -> Iterator[q.Reader]:
     _require_file(path)
     conn = q.open_readonly(path)
     try:
@@ -168,7 +174,8 @@ def ui(database_path: str, address: str) -> None:
 async def _serve_ui(database_path: str, address: str) -> None:
     async with trio.open_nursery() as nursery:
         url = await nursery.start(functools.partial(serve, database_path, address))
-        click.echo(f"zincir inspector: serving {database_path} read-only at {url} (Ctrl+C to stop)")
+        shown = q.display_target(database_path)
+        click.echo(f"zincir inspector: serving {shown} read-only at {url} (Ctrl+C to stop)")
     click.echo("zincir inspector: stopped")
 
 
@@ -389,7 +396,7 @@ def events(
 
 
 def _stream_events(
-    conn: sqlite3.Connection,
+    conn: q.Reader,
     run_id: str,
     after: object,
     event_type: str | None,

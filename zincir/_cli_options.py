@@ -14,5 +14,6 @@ database_option = click.option(
     default=DEFAULT_DATABASE,
     show_default=True,
     type=click.Path(dir_okay=False),
-    help=f"SQLite database file (env {DATABASE_ENV}).",
+    metavar="PATH|URL",
+    help=f"SQLite database file (or sqlite:///PATH), or a postgresql:// URL (env {DATABASE_ENV}).",
 )

@@ -8,13 +8,14 @@ Safety properties, each enforced here and pinned by tests:
   ``Sec-Fetch-Site: cross-site``; WebSocket connections are refused before the app sees them;
 - every response carries a restrictive Content-Security-Policy (no script at all, styles
   only from the inspector itself, no framing), ``nosniff`` and ``no-referrer``;
-- it opens the database with SQLite's ``mode=ro`` and never writes, creates or migrates;
+- it opens the database read-only (SQLite's ``mode=ro``; on PostgreSQL a read-only session and
+  ``REPEATABLE READ READ ONLY`` transactions) and never writes, creates or migrates;
 - every value interpolated into a page goes through :func:`_e` (HTML escaping), whatever its
   type: the queries normalise stored values, but an INTEGER column can hold text, so the
   pages trust no type. A test walks this module's syntax tree to keep it so.
 
 Each request reads through its own read-only connection in a worker thread, inside one read
-transaction, and renders there too, so the Trio loop never blocks on SQLite.
+transaction, and renders there too, so the Trio loop never blocks on the database.
 """
 
 from __future__ import annotations
@@ -42,7 +43,14 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from . import _queries as q
-from ._errors import DatabaseBusy, InvalidArgument, RunNotFound, StorageError, ZincirError
+from ._errors import (
+    DatabaseBusy,
+    DatabaseUnavailable,
+    InvalidArgument,
+    RunNotFound,
+    StorageError,
+    ZincirError,
+)
 from ._version import __version__
 
 __all__ = ["DEFAULT_ADDRESS", "create_app", "format_host", "parse_address", "serve"]
@@ -306,6 +314,7 @@ _ERROR_STATUS: tuple[tuple[type[ZincirError], int, str], ...] = (
     (InvalidArgument, 400, "Bad Request"),
     (RunNotFound, 404, "Not Found"),
     (DatabaseBusy, 503, "Service Unavailable"),
+    (DatabaseUnavailable, 503, "Service Unavailable"),
     (StorageError, 500, "Internal Server Error"),
 )
 
@@ -390,7 +399,7 @@ async def _runs_route(app: InspectorApp) -> Response:
     now = _now_ms()
 
     def render(conn: Any) -> str:
-        return _page("Runs", _runs_body(query, query.fetch(conn), app.database_path, now))
+        return _page("Runs", _runs_body(query, query.fetch(conn), q.display_target(app.database_path), now))
 
     return _html(await _read(app, render))
 

@@ -1,12 +1,17 @@
 """Read-only queries over a zincir database, shared by ``zincir ui`` and the CLI.
 
-Everything here is plain synchronous code over one :class:`sqlite3.Connection` opened by
-:func:`open_readonly`. Nothing writes: the connection is opened with ``mode=ro``, so SQLite
-itself refuses writes, and no function issues one. Every list is bounded (keyset
-pagination), so a run with a million events costs one page, never the whole log.
+Everything here is plain synchronous code over one read-only connection opened by
+:func:`open_readonly`: a :class:`sqlite3.Connection` for a SQLite file, or a :class:`ReadOnly`
+adapter for a server (PostgreSQL, :mod:`zincir._postgres._readonly`). Both take the same
+qmark-style SQL through ``execute(sql, params)``; the few statements that differ between the
+backends are built from a :class:`Dialect`. Nothing writes: SQLite is opened with ``mode=ro``
+and PostgreSQL in read-only transactions, so the database itself refuses writes, and no
+function issues one. Every list is bounded (keyset pagination), so a run with a million
+events costs one page, never the whole log.
 
 Rows are normalised before they leave this module, because SQLite (the tables are not
-``STRICT``) lets anyone with write access store any type in any column:
+``STRICT``; PostgreSQL's columns are typed, so there these cases never arise) lets anyone
+with write access store any type in any column:
 
 - an INTEGER column gives an :class:`int`, or a :class:`Malformed` placeholder when the stored
   value is TEXT, BLOB, REAL or NULL (the placeholder keeps the value for keyset cursors);
@@ -18,7 +23,9 @@ Rows are normalised before they leave this module, because SQLite (the tables ar
 
 from __future__ import annotations
 
+import abc
 import contextlib
+import functools
 import json
 import math
 import os
@@ -27,7 +34,7 @@ import sqlite3
 import struct
 import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import attrs
 
@@ -40,12 +47,18 @@ __all__ = [
     "DEFAULT_PAGE",
     "LATEST",
     "MAX_INT",
+    "POSTGRESQL",
     "RUN_STATUSES",
     "SCAN_WINDOW",
+    "SQLITE",
     "CheckpointRow",
+    "Cursor",
+    "Dialect",
     "EventPage",
     "EventRow",
     "Malformed",
+    "ReadOnly",
+    "Reader",
     "RunCursor",
     "RunDetail",
     "RunPage",
@@ -54,6 +67,7 @@ __all__ = [
     "TimerRow",
     "checkpoint_to_json",
     "decode_key",
+    "display_target",
     "encode_key",
     "event_to_json",
     "event_types",
@@ -61,6 +75,7 @@ __all__ = [
     "get_event",
     "get_run",
     "get_step",
+    "is_url",
     "iter_events",
     "json_value",
     "key_json",
@@ -76,6 +91,7 @@ __all__ = [
     "raw_value",
     "read_snapshot",
     "run_to_json",
+    "sqlite_path",
     "step_to_json",
     "timer_to_json",
 ]
@@ -124,13 +140,104 @@ def _decode_text(raw: bytes) -> str:
     return raw.decode("utf-8", "replace")
 
 
-def open_readonly(path: str | os.PathLike[str]) -> sqlite3.Connection:
+class Cursor(Protocol):
+    """What ``execute`` returns: rows one by one, or the first one."""
+
+    def fetchone(self) -> Any: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+    def close(self) -> None: ...
+
+
+@attrs.frozen
+class Dialect:
+    """What the SQL of one backend needs to differ in; everything else is the common subset.
+
+    ``loose_types``: any column may hold any type (SQLite without ``STRICT``), so INTEGER
+    columns are read through ``typeof()`` (see :func:`_key`); PostgreSQL's columns are typed.
+    ``unlimited`` is the ``LIMIT`` parameter that means "no limit" (``-1`` on SQLite, ``NULL``
+    on PostgreSQL). ``scan_role`` forces a table scan when counting runs by role.
+    """
+
+    name: str
+    loose_types: bool
+    unlimited: int | None
+    scan_role: str
+
+
+SQLITE: Final = Dialect("sqlite", loose_types=True, unlimited=-1, scan_role="agent_runs NOT INDEXED")
+POSTGRESQL: Final = Dialect("postgresql", loose_types=False, unlimited=None, scan_role="agent_runs")
+
+
+class ReadOnly(abc.ABC):
+    """A read-only connection to a database server, driven like a :class:`sqlite3.Connection`.
+
+    ``execute`` takes the same qmark-style SQL and parameters and translates them for its
+    driver; :meth:`snapshot` runs a block in one read-only transaction.
+    """
+
+    dialect: Dialect
+    target: str
+    """What to call the database in messages and pages (a URL without its password)."""
+
+    @abc.abstractmethod
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor: ...
+
+    @abc.abstractmethod
+    def snapshot(self) -> contextlib.AbstractContextManager[None]: ...
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+
+Reader = sqlite3.Connection | ReadOnly
+"""What every query takes: the connection :func:`open_readonly` returned."""
+
+
+def _dialect(conn: Reader) -> Dialect:
+    return conn.dialect if isinstance(conn, ReadOnly) else SQLITE
+
+
+def is_url(target: str | os.PathLike[str]) -> bool:
+    """Whether ``target`` names a server database (``postgresql://``/``postgres://``)."""
+    return isinstance(target, str) and target.partition("://")[0] in ("postgresql", "postgres")
+
+
+def sqlite_path(target: str | os.PathLike[str]) -> str:
+    """The file a SQLite target names (``sqlite:///x.db`` is ``x.db``); InvalidArgument for
+    another URL scheme."""
+    text = os.fspath(target)
+    scheme, sep, _ = text.partition("://")
+    if sep and scheme != "sqlite":
+        raise InvalidArgument(
+            f"unknown database URL scheme {scheme!r}: use a path, sqlite:///path or postgresql://"
+        )
+    return text.removeprefix("sqlite:///")
+
+
+def display_target(target: str | os.PathLike[str]) -> str:
+    """The database as shown to people: a path as given, a URL without its password."""
+    if is_url(target):
+        from ._postgres._connection import redact
+
+        return redact(os.fspath(target))
+    return os.fspath(target)
+
+
+def open_readonly(path: str | os.PathLike[str]) -> Reader:
     """Open an existing zincir database strictly read-only and check its schema.
 
-    A missing file raises :class:`StorageError` and is not created; a file that is not a
-    zincir database (or is newer than this code) raises :class:`SchemaError`.
+    ``path`` is a SQLite file (or ``sqlite:///path``) or a ``postgresql://`` URL. A missing
+    file raises :class:`StorageError` and is not created; a database that is not zincir's (or
+    is newer than this code) raises :class:`SchemaError`, and is left as it is. A server that
+    cannot be reached raises :class:`~zincir.DatabaseUnavailable` (a :class:`StorageError`).
     """
-    path = os.fspath(path)
+    if is_url(path):
+        from ._postgres._readonly import open_postgres_readonly
+
+        return open_postgres_readonly(os.fspath(path), REQUIRED_TABLES)
+    path = sqlite_path(path)
     if not os.path.isfile(path):
         raise StorageError(
             f"database file {path!r} does not exist "
@@ -185,11 +292,15 @@ def _storage_error(exc: sqlite3.Error, doing: str) -> StorageError:
 
 
 @contextlib.contextmanager
-def read_snapshot(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+def read_snapshot(conn: Reader) -> Iterator[Reader]:
     """Run the reads inside the block in one read transaction (one consistent snapshot).
 
-    SQLite errors raised inside become :class:`StorageError` (or :class:`DatabaseBusy`).
+    Database errors raised inside become :class:`StorageError` (or :class:`DatabaseBusy`).
     """
+    if isinstance(conn, ReadOnly):
+        with conn.snapshot():
+            yield conn
+        return
     try:
         conn.execute("BEGIN")
     except sqlite3.Error as exc:
@@ -286,8 +397,10 @@ def _name(column: str) -> str:
     return f"substr({column}, 1, {NAME_CHARS})"
 
 
-def _key(column: str) -> str:
+def _key(column: str, d: Dialect) -> str:
     """SQL for an INTEGER column: TEXT or BLOB found there is read at most KEY_CHARS long."""
+    if not d.loose_types:
+        return column
     cut = f"substr({column}, 1, {KEY_CHARS})"
     return f"CASE WHEN typeof({column}) IN ('text', 'blob') THEN {cut} ELSE {column} END"
 
@@ -390,6 +503,33 @@ def _check_limit(limit: int) -> int:
     return limit
 
 
+def _comparable(d: Dialect, value: object, kind: type) -> bool:
+    """Whether a stored-value key can be compared with a column of ``kind`` (int or str).
+
+    Always on SQLite (any column may hold any value, and SQLite orders across types); on
+    PostgreSQL a column holds only its type, so a key of another type names no row.
+    """
+    if d.loose_types or value is None:
+        return True
+    if kind is int:
+        return type(value) is int or isinstance(value, float)
+    return isinstance(value, str)
+
+
+def _check_key(conn: Reader, value: object, kind: type, what: str) -> None:
+    if not _comparable(_dialect(conn), value, kind):
+        raise InvalidArgument(
+            f"{what} {encode_key(value)!r} cannot name a row of this database"
+            f" ({_dialect(conn).name} stores {'integers' if kind is int else 'text'} there)"
+        )
+
+
+def _check_cursor(conn: Reader, cursor: RunCursor | None) -> None:
+    if cursor is not None:
+        _check_key(conn, cursor.key, int, "cursor key")
+        _check_key(conn, cursor.id, str, "cursor id")
+
+
 def _check_status(status: str | None) -> None:
     if status is not None and status not in RUN_STATUSES:
         raise InvalidArgument(f"unknown run status {status!r}: expected one of {RUN_STATUSES}")
@@ -456,12 +596,20 @@ def raw_value(value: object) -> object:
     return value.raw if isinstance(value, Malformed) else value
 
 
-_SUMMARY_COLUMNS = (
-    f"{_name('id')}, {_name('parent_run_id')}, {_name('role')}, {_name('provider')}, {_name('status')},"
-    f" {_key('created_at')}, {_key('updated_at')},"
-    f" CASE typeof(last_seq) WHEN 'integer' THEN last_seq + 1 ELSE {_key('last_seq')} END,"
-    f" {_name('lease_owner')}, {_key('lease_expires_at')}, {_key('attempts')}"
-)
+def _event_count(d: Dialect) -> str:
+    """SQL for ``last_seq + 1`` (a malformed ``last_seq`` is read as it is)."""
+    if not d.loose_types:
+        return "last_seq + 1"
+    return f"CASE typeof(last_seq) WHEN 'integer' THEN last_seq + 1 ELSE {_key('last_seq', d)} END"
+
+
+@functools.cache
+def _summary_columns(d: Dialect) -> str:
+    return (
+        f"{_name('id')}, {_name('parent_run_id')}, {_name('role')}, {_name('provider')}, {_name('status')},"
+        f" {_key('created_at', d)}, {_key('updated_at', d)}, {_event_count(d)},"
+        f" {_name('lease_owner')}, {_key('lease_expires_at', d)}, {_key('attempts', d)}"
+    )
 
 
 def _summary(row: Sequence[Any]) -> RunSummary:
@@ -637,7 +785,7 @@ def _where(clauses: Sequence[str]) -> str:
 
 
 def list_runs(
-    conn: sqlite3.Connection,
+    conn: Reader,
     *,
     status: str | None = None,
     role: str | None = None,
@@ -654,6 +802,8 @@ def list_runs(
     _check_limit(limit)
     if before is not None and after is not None:
         raise InvalidArgument("give at most one of before= and after= to page through runs")
+    _check_cursor(conn, before)
+    _check_cursor(conn, after)
     clauses, params = _filters(status, role)
     if after is not None:
         rows = _runs_page(conn, clauses, params, after, ">", "ASC", limit + 1)
@@ -671,7 +821,7 @@ def list_runs(
 
 
 def _runs_page(
-    conn: sqlite3.Connection,
+    conn: Reader,
     clauses: list[str],
     params: list[Any],
     cursor: RunCursor | None,
@@ -684,27 +834,25 @@ def _runs_page(
         clauses.append(f"(updated_at, id) {op} (?, ?)")
         params += [cursor.key, cursor.id]
     sql = (
-        f"SELECT {_SUMMARY_COLUMNS} FROM agent_runs {_where(clauses)}"
+        f"SELECT {_summary_columns(_dialect(conn))} FROM agent_runs {_where(clauses)}"
         f" ORDER BY updated_at {order}, id {order} LIMIT ?"
     )
     return [_summary(row) for row in conn.execute(sql, [*params, limit])]
 
 
-def _runs_exist(
-    conn: sqlite3.Connection, clauses: list[str], params: list[Any], cursor: RunCursor, op: str
-) -> bool:
+def _runs_exist(conn: Reader, clauses: list[str], params: list[Any], cursor: RunCursor, op: str) -> bool:
     where = _where([*clauses, f"(updated_at, id) {op} (?, ?)"])
     sql = f"SELECT EXISTS (SELECT 1 FROM agent_runs {where})"
     return bool(conn.execute(sql, [*params, cursor.key, cursor.id]).fetchone()[0])
 
 
-def count_runs(conn: sqlite3.Connection, *, role: str | None = None) -> dict[str, int]:
+def count_runs(conn: Reader, *, role: str | None = None) -> dict[str, int]:
     """Number of runs per status (every status present, zero included; ``other`` if any)."""
     counts = dict.fromkeys(RUN_STATUSES, 0)
     clauses, params = _filters(None, role)
     # With a role filter there is no index to use (schema v1 has none on role), and walking the
     # status index with a row lookup per entry is ~10x slower than one sequential table scan.
-    table = "agent_runs NOT INDEXED" if role is not None else "agent_runs"
+    table = _dialect(conn).scan_role if role is not None else "agent_runs"
     sql = f"SELECT {_name('status')}, count(*) FROM {table} {_where(clauses)} GROUP BY status"
     for status, count in conn.execute(sql, params):
         name = _text(status)
@@ -714,7 +862,7 @@ def count_runs(conn: sqlite3.Connection, *, role: str | None = None) -> dict[str
 
 
 def get_run(
-    conn: sqlite3.Connection,
+    conn: Reader,
     run_id: str,
     *,
     children_limit: int = 100,
@@ -729,13 +877,14 @@ def get_run(
     :class:`InvalidArgument` for a malformed id, :class:`RunNotFound` for an unknown one.
     """
     run_id = parse_run_id(run_id)
+    _check_cursor(conn, children_after)
+    d = _dialect(conn)
     row = conn.execute(
         f"SELECT {_name('id')}, {_name('parent_run_id')}, {_name('role')}, {_name('provider')},"
         f" {_name('status')}, {_json_column('config', max_config_chars)},"
-        f" {_key('created_at')}, {_key('updated_at')},"
-        f" CASE typeof(last_seq) WHEN 'integer' THEN last_seq + 1 ELSE {_key('last_seq')} END,"
-        f" {_name('lease_owner')}, {_key('lease_epoch')}, {_key('lease_expires_at')}, {_key('attempts')},"
-        f" {_key('next_attempt_at')} FROM agent_runs WHERE id = ?",
+        f" {_key('created_at', d)}, {_key('updated_at', d)}, {_event_count(d)},"
+        f" {_name('lease_owner')}, {_key('lease_epoch', d)}, {_key('lease_expires_at', d)},"
+        f" {_key('attempts', d)}, {_key('next_attempt_at', d)} FROM agent_runs WHERE id = ?",
         (run_id,),
     ).fetchone()
     if row is None:
@@ -746,7 +895,7 @@ def get_run(
     total, capped = len(children), False
     if more or children_after is not None:
         counted = conn.execute(
-            "SELECT count(*) FROM (SELECT 1 FROM agent_runs WHERE parent_run_id = ? LIMIT ?)",
+            "SELECT count(*) FROM (SELECT 1 FROM agent_runs WHERE parent_run_id = ? LIMIT ?) AS children",
             (run_id, CHILD_COUNT_CAP + 1),
         ).fetchone()[0]
         total, capped = min(counted, CHILD_COUNT_CAP), counted > CHILD_COUNT_CAP
@@ -776,10 +925,10 @@ def get_run(
 
 
 def _children(
-    conn: sqlite3.Connection, run_id: str, limit: int, after: RunCursor | None
+    conn: Reader, run_id: str, limit: int, after: RunCursor | None
 ) -> tuple[tuple[RunSummary, ...], bool]:
     # idx_agent_runs_parent (parent_run_id, created_at, id) serves both the filter and the order.
-    sql = f"SELECT {_SUMMARY_COLUMNS} FROM agent_runs WHERE parent_run_id = ?"
+    sql = f"SELECT {_summary_columns(_dialect(conn))} FROM agent_runs WHERE parent_run_id = ?"
     params: list[Any] = [run_id]
     if after is not None:
         sql += " AND (created_at, id) > (?, ?)"
@@ -791,16 +940,12 @@ def _children(
 # --------------------------------------------------------------------------- lineage, steps
 
 
-_CHECKPOINT_SELECT = (
-    f"SELECT {_key('id')}, {_key('round')}, {_name('tool_call_id')}, {_name('status')},"
-    f" {_key('based_on_event_seq')}, {_key('decision_event_seq')}, {{state}}, {{verification}},"
-    f" {_key('created_at')}, {_key('decided_at')} FROM checkpoints"
-)
-
-
-def _checkpoint_sql(max_chars: int | None) -> str:
-    return _CHECKPOINT_SELECT.format(
-        state=_json_column("state", max_chars), verification=_json_column("verification", max_chars)
+def _checkpoint_sql(d: Dialect, max_chars: int | None) -> str:
+    return (
+        f"SELECT {_key('id', d)}, {_key('round', d)}, {_name('tool_call_id')}, {_name('status')},"
+        f" {_key('based_on_event_seq', d)}, {_key('decision_event_seq', d)},"
+        f" {_json_column('state', max_chars)}, {_json_column('verification', max_chars)},"
+        f" {_key('created_at', d)}, {_key('decided_at', d)} FROM checkpoints"
     )
 
 
@@ -825,30 +970,36 @@ def _checkpoint(row: Sequence[Any], max_chars: int | None) -> CheckpointRow:
 
 
 def list_checkpoints(
-    conn: sqlite3.Connection, run_id: str, *, limit: int | None = None, max_chars: int | None = None
+    conn: Reader, run_id: str, *, limit: int | None = None, max_chars: int | None = None
 ) -> tuple[CheckpointRow, ...]:
     """The run's checkpoints by round (the first ``limit`` rounds; all by default).
 
     ``max_chars`` cuts ``state`` and ``verification`` to a prefix in SQL, so a long list of
     large states costs only the prefixes (see :func:`get_checkpoint` for one whole row).
     """
+    d = _dialect(conn)
     rows = conn.execute(
-        _checkpoint_sql(max_chars) + " WHERE run_id = ? ORDER BY round LIMIT ?",
-        (run_id, -1 if limit is None else limit),
+        _checkpoint_sql(d, max_chars) + " WHERE run_id = ? ORDER BY round LIMIT ?",
+        (run_id, d.unlimited if limit is None else limit),
     )
     return tuple(_checkpoint(row, max_chars) for row in rows)
 
 
-def get_checkpoint(conn: sqlite3.Connection, run_id: str, round: object) -> CheckpointRow | None:
+def get_checkpoint(conn: Reader, run_id: str, round: object) -> CheckpointRow | None:
     """One checkpoint by round, with its whole state and verification, or ``None``."""
-    row = conn.execute(_checkpoint_sql(None) + " WHERE run_id = ? AND round = ?", (run_id, round)).fetchone()
+    d = _dialect(conn)
+    if not _comparable(d, round, int):
+        return None
+    sql = _checkpoint_sql(d, None) + " WHERE run_id = ? AND round = ?"
+    row = conn.execute(sql, (run_id, round)).fetchone()
     return None if row is None else _checkpoint(row, None)
 
 
-_STEP_SELECT = (
-    f"SELECT {_name('name')}, {_name('status')}, {_key('epoch')}, {{result}},"
-    f" {_key('started_at')}, {_key('completed_at')} FROM steps"
-)
+def _step_sql(d: Dialect, max_chars: int | None) -> str:
+    return (
+        f"SELECT {_name('name')}, {_name('status')}, {_key('epoch', d)}, {_json_column('result', max_chars)},"
+        f" {_key('started_at', d)}, {_key('completed_at', d)} FROM steps"
+    )
 
 
 def _step(row: Sequence[Any], max_chars: int | None) -> StepRow:
@@ -866,32 +1017,34 @@ def _step(row: Sequence[Any], max_chars: int | None) -> StepRow:
 
 
 def list_steps(
-    conn: sqlite3.Connection, run_id: str, *, limit: int | None = None, max_chars: int | None = None
+    conn: Reader, run_id: str, *, limit: int | None = None, max_chars: int | None = None
 ) -> tuple[StepRow, ...]:
     """The run's durable steps by start time (the first ``limit``; all by default).
 
     ``max_chars`` cuts each ``result`` to a prefix in SQL (see :func:`get_step`).
     """
-    sql = _STEP_SELECT.format(result=_json_column("result", max_chars))
+    d = _dialect(conn)
     rows = conn.execute(
-        sql + " WHERE run_id = ? ORDER BY started_at, name LIMIT ?", (run_id, -1 if limit is None else limit)
+        _step_sql(d, max_chars) + " WHERE run_id = ? ORDER BY started_at, name LIMIT ?",
+        (run_id, d.unlimited if limit is None else limit),
     )
     return tuple(_step(row, max_chars) for row in rows)
 
 
-def get_step(conn: sqlite3.Connection, run_id: str, name: str) -> StepRow | None:
+def get_step(conn: Reader, run_id: str, name: str) -> StepRow | None:
     """One step by name, with its whole result, or ``None``."""
-    sql = _STEP_SELECT.format(result=_json_column("result", None))
-    row = conn.execute(sql + " WHERE run_id = ? AND name = ?", (run_id, name)).fetchone()
+    sql = _step_sql(_dialect(conn), None) + " WHERE run_id = ? AND name = ?"
+    row = conn.execute(sql, (run_id, name)).fetchone()
     return None if row is None else _step(row, None)
 
 
-def list_timers(conn: sqlite3.Connection, run_id: str, *, limit: int | None = None) -> tuple[TimerRow, ...]:
+def list_timers(conn: Reader, run_id: str, *, limit: int | None = None) -> tuple[TimerRow, ...]:
     """The run's durable timers by wake time (the first ``limit``; all by default)."""
+    d = _dialect(conn)
     rows = conn.execute(
-        f"SELECT {_name('name')}, {_key('wake_at')}, {_key('created_at')}, {_key('completed_at')}"
+        f"SELECT {_name('name')}, {_key('wake_at', d)}, {_key('created_at', d)}, {_key('completed_at', d)}"
         " FROM timers WHERE run_id = ? ORDER BY wake_at, name LIMIT ?",
-        (run_id, -1 if limit is None else limit),
+        (run_id, d.unlimited if limit is None else limit),
     )
     return tuple(TimerRow(_text(r[0]), _int(r[1]), _int(r[2]), _opt_int(r[3])) for r in rows)
 
@@ -899,10 +1052,10 @@ def list_timers(conn: sqlite3.Connection, run_id: str, *, limit: int | None = No
 # --------------------------------------------------------------------------- events
 
 
-def _event_sql(max_payload_chars: int | None) -> str:
+def _event_sql(d: Dialect, max_payload_chars: int | None) -> str:
     return (
-        f"SELECT {_key('seq')}, {_name('type')}, {_json_column('payload', max_payload_chars)},"
-        f" {_name('idempotency_key')}, {_key('created_at')} FROM events"
+        f"SELECT {_key('seq', d)}, {_name('type')}, {_json_column('payload', max_payload_chars)},"
+        f" {_name('idempotency_key')}, {_key('created_at', d)} FROM events"
     )
 
 
@@ -920,7 +1073,7 @@ def _event(row: Sequence[Any], max_payload_chars: int | None) -> EventRow:
 
 
 def list_events(
-    conn: sqlite3.Connection,
+    conn: Reader,
     run_id: str,
     *,
     after: object = None,
@@ -947,6 +1100,10 @@ def list_events(
     _check_limit(limit)
     if after is not None and before is not None:
         raise InvalidArgument("give at most one of after= and before= to page through events")
+    d = _dialect(conn)
+    _check_key(conn, after, int, "after")
+    if before is not LATEST:
+        _check_key(conn, before, int, "before")
     descending = before is not None
     order = "DESC" if descending else "ASC"
     clauses = ["run_id = ?"]
@@ -960,7 +1117,7 @@ def list_events(
     scan_edge: object = None
     if type is not None:
         edge = conn.execute(
-            f"SELECT {_key('seq')} FROM events {_where(clauses)} ORDER BY seq {order}"
+            f"SELECT {_key('seq', d)} FROM events {_where(clauses)} ORDER BY seq {order}"
             f" LIMIT 1 OFFSET {SCAN_WINDOW - 1}",
             params,
         ).fetchone()
@@ -970,7 +1127,7 @@ def list_events(
             params.append(scan_edge)
         clauses.append("type = ?")
         params.append(type)
-    sql = f"{_event_sql(max_payload_chars)} {_where(clauses)} ORDER BY seq {order} LIMIT ?"
+    sql = f"{_event_sql(d, max_payload_chars)} {_where(clauses)} ORDER BY seq {order} LIMIT ?"
     rows, more = _collect(conn.execute(sql, [*params, limit + 1]), limit, max_payload_chars, max_chars_total)
     if descending:
         rows.reverse()
@@ -979,7 +1136,7 @@ def list_events(
 
 
 def _collect(
-    cursor: sqlite3.Cursor, limit: int, max_payload_chars: int | None, max_chars_total: int | None
+    cursor: Cursor, limit: int, max_payload_chars: int | None, max_chars_total: int | None
 ) -> tuple[list[EventRow], bool]:
     rows: list[EventRow] = []
     used, more = 0, False
@@ -1000,7 +1157,7 @@ def _collect(
 
 
 def _forward_page(
-    conn: sqlite3.Connection, run_id: str, rows: list[EventRow], more: bool, after: object, scan_edge: object
+    conn: Reader, run_id: str, rows: list[EventRow], more: bool, after: object, scan_edge: object
 ) -> EventPage:
     has_after = more or scan_edge is not None
     next_after = raw_value(rows[-1].seq) if more else scan_edge
@@ -1017,7 +1174,7 @@ def _forward_page(
 
 
 def _backward_page(
-    conn: sqlite3.Connection, run_id: str, rows: list[EventRow], more: bool, before: object, scan_edge: object
+    conn: Reader, run_id: str, rows: list[EventRow], more: bool, before: object, scan_edge: object
 ) -> EventPage:
     has_before = more or scan_edge is not None
     prev_before = raw_value(rows[0].seq) if more else scan_edge
@@ -1047,26 +1204,27 @@ def _predecessor(value: object) -> object:
     return None
 
 
-def _events_exist(conn: sqlite3.Connection, run_id: str, op: str, seq: object) -> bool:
+def _events_exist(conn: Reader, run_id: str, op: str, seq: object) -> bool:
     sql = f"SELECT EXISTS (SELECT 1 FROM events WHERE run_id = ? AND seq {op} ?)"
     return bool(conn.execute(sql, (run_id, seq)).fetchone()[0])
 
 
-def get_event(conn: sqlite3.Connection, run_id: str, seq: object) -> EventRow | None:
+def get_event(conn: Reader, run_id: str, seq: object) -> EventRow | None:
     """One event with its full payload, or ``None``."""
-    row = conn.execute(_event_sql(None) + " WHERE run_id = ? AND seq = ?", (run_id, seq)).fetchone()
+    d = _dialect(conn)
+    if not _comparable(d, seq, int):
+        return None
+    row = conn.execute(_event_sql(d, None) + " WHERE run_id = ? AND seq = ?", (run_id, seq)).fetchone()
     return None if row is None else _event(row, None)
 
 
-def event_types(conn: sqlite3.Connection, run_id: str) -> tuple[str, ...]:
+def event_types(conn: Reader, run_id: str) -> tuple[str, ...]:
     """The event types a run's timeline can be filtered by. Every type is offered: finding
     which ones a run has would need an index that each append would pay for."""
     return tuple(t.value for t in EventType)
 
 
-def iter_events(
-    conn: sqlite3.Connection, run_id: str, *, after: object = -1, page: int = 500
-) -> Iterator[EventRow]:
+def iter_events(conn: Reader, run_id: str, *, after: object = -1, page: int = 500) -> Iterator[EventRow]:
     """Every event after ``after``, fetched page by page (full payloads)."""
     while True:
         batch = list_events(conn, run_id, after=after, limit=page)
