@@ -48,10 +48,21 @@ def migrate(conn: psycopg.Connection[Any], where: str) -> None:
     migrations = _schema.load("postgresql")
     if applied_version(conn, where) == len(migrations):
         return
+    # A session lock taken before the transaction begins: the transaction then starts after
+    # the previous holder committed, so its catalog lookups see the tables that one created.
+    conn.execute("SET lock_timeout = '60s'")  # this connection only migrates, then closes
+    conn.execute("SELECT pg_advisory_lock(%s)", (_MIGRATION_LOCK,))
+    try:
+        _migrate_locked(conn, where, migrations)
+    finally:
+        conn.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATION_LOCK,))
+
+
+def _migrate_locked(
+    conn: psycopg.Connection[Any], where: str, migrations: tuple[_schema.Migration, ...]
+) -> None:
     conn.execute("BEGIN")
     try:
-        conn.execute("SET LOCAL lock_timeout = '60s'")
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
         current = applied_version(conn, where)  # again, now that the lock is held
         if current == 0:
             conn.execute(
