@@ -3,7 +3,7 @@
 The same operations as the SQLite store, in PostgreSQL's SQL. Every function takes a
 :class:`Tx` first and runs inside a transaction (a SAVEPOINT of a writer's group commit, or a
 read-only snapshot). "Now" is the server's clock, read inside the operation: a fenced write
-locks the run's row and reads the clock in the same statement (``FOR UPDATE``), so a stale
+locks the run's row and reads the clock in the same statement (``FOR NO KEY UPDATE``), so a stale
 owner cannot slip through on another machine's idea of the time.
 """
 
@@ -68,8 +68,12 @@ def create_run(
 
 
 def _lock_run(tx: Tx, run_id: str) -> tuple[str, str | None, int, int | None]:
-    """Lock the run's row and read the server clock in the same statement."""
-    row = tx.one(f"SELECT {_LEASE_COLUMNS} FROM agent_runs WHERE id = %s FOR UPDATE", (run_id,))
+    """Lock the run's row and read the server clock in the same statement.
+
+    NO KEY UPDATE serializes the run's writers as FOR UPDATE would, but does not block the
+    foreign-key checks of rows inserted elsewhere that point at this run (a child run's insert).
+    """
+    row = tx.one(f"SELECT {_LEASE_COLUMNS} FROM agent_runs WHERE id = %s FOR NO KEY UPDATE", (run_id,))
     if row is None:
         raise RunNotFound(f"run {run_id} does not exist")
     status, owner, epoch, expires_at, now = row
@@ -105,7 +109,7 @@ def claim_due(
             "SELECT id, status, lease_epoch, attempts FROM agent_runs"
             " WHERE status IN ('pending', 'running') AND next_attempt_at <= %s"
             " AND (lease_owner IS NULL OR lease_expires_at <= %s)"
-            " ORDER BY next_attempt_at, created_at LIMIT %s FOR UPDATE SKIP LOCKED",
+            " ORDER BY next_attempt_at, created_at LIMIT %s FOR NO KEY UPDATE SKIP LOCKED",
             (now, now, limit - len(claimed)),
         )
         if not rows:
