@@ -171,15 +171,16 @@ def render(res: dict[str, Any], chart_name: str) -> str:
     add("")
     add(
         "| worker processes | runs/s (median) | min - max | ÷ 1 process"
-        " | runs handled per process (last rep) |"
+        " | runs handled per process (last rep) | CPU ms/run: workers, server (medians) |"
     )
-    add("|---:|---:|---:|---:|---|")
+    add("|---:|---:|---:|---:|---|---|")
     one = workers.get("1", math.nan)
     for procs, values in res.get("workers", {}).get("per_s", {}).items():
         last = res["workers"]["trials"][procs][-1]
         add(
             f"| {procs} | {_fmt(workers[procs])} | {_fmt(min(values))} - {_fmt(max(values))} |"
             f" {_ratio(workers[procs] / one)} | {', '.join(map(str, last['handled_per_process']))} |"
+            f" {_cpu(res['workers']['trials'][procs])} |"
         )
     add("")
     for paragraph in EXPLAIN_4:
@@ -188,30 +189,45 @@ def render(res: dict[str, Any], chart_name: str) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def _cpu(trials: list[dict[str, Any]]) -> str:
+    client = _median([t["client_cpu_ms_per_run"] for t in trials if "client_cpu_ms_per_run" in t])
+    servers = [t["server_cpu_ms_per_run"] for t in trials if t.get("server_cpu_ms_per_run") is not None]
+    return f"{_fmt(client, 2)}, {_fmt(_median(servers), 2) if servers else 'n/a'}"
+
+
 EXPLAIN_3 = [
     "**Why the backends differ.** A durable step returns only after the COMMIT that records it."
-    " On SQLite that COMMIT is a local `fsync` of the WAL file by zincir's one writer thread, inside"
-    " the same process: no round trip, no server. On PostgreSQL each operation crosses a TCP round"
-    " trip to another process (client → backend → WAL writer flush → reply), and one step is a few"
-    " statements (`BEGIN`, the step row and its event under the lease check, `COMMIT`), each a round"
-    " trip of its own in psycopg's synchronous API; the server must also wake and schedule its"
-    " backend on a 2-core machine that the client shares. So a lone sequential run pays"
-    " (round trips x latency) + one WAL flush per step on PostgreSQL, against one fsync on SQLite.",
-    "With many runs at once both backends batch: zincir's writer collects every operation"
-    " submitted while the previous transaction committed and commits them together (group commit),"
-    " so one flush is shared by many steps. SQLite has one writer; PostgreSQL has a pool of writer"
-    " connections (2 by default), each with its own group commit, and the server overlaps their"
-    " flushes. On two cores the client's Python, psycopg and the server's backends compete for the"
-    " same CPUs, which caps what the pool can gain here; on a real deployment the server has its own"
-    " machine.",
+    " On SQLite that COMMIT is a local `fsync` of the WAL file by zincir's one writer thread, in"
+    " the same process: no round trip, no other process to wake. On PostgreSQL a lone step is four"
+    " statements on a writer connection (`BEGIN`; `SELECT … FROM agent_runs … FOR UPDATE`, the"
+    " lease check that also reads the server clock; `INSERT INTO steps`; `COMMIT`), and psycopg's"
+    " synchronous API makes each one a TCP round trip to the server's backend, which must be"
+    " scheduled on the same 2 cores as the client; the COMMIT then waits for the WAL flush"
+    " (`fsync=on`, `synchronous_commit=on`). So a sequential run pays about 4 round trips + 1 WAL"
+    " flush per step on PostgreSQL, against 1 fsync on SQLite (`python -m bench.profile_pg` counts"
+    " and times these statements).",
+    "With many runs at once both backends batch: a writer takes every operation submitted while"
+    " its previous transaction committed and commits them together (group commit), so one flush"
+    " is shared by many steps. On PostgreSQL, though, each operation of a batch still costs its own"
+    " round trips (`SAVEPOINT`, the lease check, the INSERT, `RELEASE SAVEPOINT`: four per step)"
+    " while the single SQLite writer runs the same SQL in-process at memory speed; the flush is"
+    " shared, the round trips are not. PostgreSQL has a pool of writer connections (2 by default)"
+    " that overlap, but on two shared cores the client's Python, psycopg and the server's"
+    " backends compete for the same CPUs. On separate machines the round trip is a network"
+    " latency instead of a context switch, and the point of PostgreSQL is several hosts, not the"
+    " speed of one.",
 ]
 
 EXPLAIN_4 = [
-    "A claim is one `UPDATE … FOR UPDATE SKIP LOCKED` transaction that takes as many due runs as the"
-    " worker has free handler slots; a completion is one transaction per run (batched with others by"
-    " group commit). Several processes scale only while the server and the client CPUs have room:"
-    " on this 2-core machine, 2 or 3 worker processes plus the PostgreSQL backends already"
-    " oversubscribe the cores, so the scaling shown is a floor, not what separate hosts would get."
+    "A claim is one transaction on one writer connection: `SELECT … FOR UPDATE SKIP LOCKED` of up"
+    " to as many due runs as the worker has free handler slots, then two `UPDATE`s per run"
+    " (attempts, lease); a completion is one operation per run (lease check, two reads for open"
+    " work, the event, the status), batched with others by group commit. The CPU columns say"
+    " where the time goes: client CPU per run (Python, Trio, psycopg in the worker processes) and"
+    " server CPU per run (the backends executing about ten statements per run). Several processes"
+    " scale only while the cores have room: on this 2-core machine the workers and the"
+    " PostgreSQL backends already oversubscribe the cores (and other work shared them), so the"
+    " scaling shown is a floor, not what workers on separate hosts would get.",
 ]
 
 

@@ -6,13 +6,15 @@
 A worker opens the database (imports, connections and migrations happen before the timing),
 prints ``{"ready": true}``, waits for ``go`` on stdin, then runs a ``zincir.ResumeWorker`` whose
 handler only completes the run (one claim + one completion per run: the worker's own cost). On
-``stop`` it stops claiming, lets its handlers finish, and prints how many runs it handled.
+``stop`` it stops claiming, lets its handlers finish, and prints how many runs it handled and
+the CPU seconds it used since ``go`` (all its threads).
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 
 import trio
 
@@ -54,11 +56,12 @@ async def work(url: str, concurrency: int, poll_interval: float) -> None:
         say({"ready": True})
         line = await trio.to_thread.run_sync(sys.stdin.readline)
         assert line.strip() == "go", line
+        cpu_at_go = time.process_time()
         async with trio.open_nursery() as nursery:
             await nursery.start(worker.run)
             line = await trio.to_thread.run_sync(sys.stdin.readline)
             worker.stop()
-    say({"handled": handled})
+    say({"handled": handled, "cpu_s": time.process_time() - cpu_at_go})
 
 
 def main() -> None:

@@ -131,6 +131,38 @@ def _line(proc: subprocess.Popen[str]) -> dict[str, Any]:
     return message
 
 
+def _cpu_seconds(pid: int) -> float:
+    """utime + stime of a process, from /proc (0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def server_cpu(backend_pid: int) -> float | None:
+    """CPU seconds used so far by every child of the postmaster that forked ``backend_pid``
+    (the server's backends and background processes); None if the server is not local."""
+    try:
+        with open(f"/proc/{backend_pid}/stat") as f:
+            postmaster = int(f.read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return None
+    total = 0.0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == postmaster:
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 def worker_trial(admin_url: str, procs: int, sizes: PgSizes, workdir: Path, tag: str) -> dict[str, Any]:
     """Seed ``worker_runs`` due runs in a fresh database, start ``procs`` workers (opened, not
     yet claiming), say go, and time until every run is completed (polled every 20 ms)."""
@@ -156,6 +188,8 @@ def worker_trial(admin_url: str, procs: int, sizes: PgSizes, workdir: Path, tag:
             for w in workers:
                 assert _line(w) == {"ready": True}
             with psycopg.connect(url, autocommit=True) as conn:
+                (backend,) = conn.execute("SELECT pg_backend_pid()").fetchone() or (0,)
+                server_before = server_cpu(backend)
                 start = time.perf_counter()
                 for w in workers:
                     assert w.stdin is not None
@@ -173,6 +207,7 @@ def worker_trial(admin_url: str, procs: int, sizes: PgSizes, workdir: Path, tag:
                         raise TimeoutError(f"{done}/{sizes.worker_runs} runs completed in time")
                     time.sleep(0.02)
                 seconds = time.perf_counter() - start
+                server_after = server_cpu(backend)
                 (claims,) = conn.execute("SELECT coalesce(sum(attempts), 0) FROM agent_runs").fetchone() or (
                     0,
                 )
@@ -180,7 +215,9 @@ def worker_trial(admin_url: str, procs: int, sizes: PgSizes, workdir: Path, tag:
                 assert w.stdin is not None
                 w.stdin.write("stop\n")
                 w.stdin.flush()
-            handled = [int(_line(w)["handled"]) for w in workers]
+            answers = [_line(w) for w in workers]
+            handled = [int(a["handled"]) for a in answers]
+            client_cpu = sum(float(a["cpu_s"]) for a in answers)
             for w in workers:
                 w.wait(timeout=60)
         finally:
@@ -195,8 +232,18 @@ def worker_trial(admin_url: str, procs: int, sizes: PgSizes, workdir: Path, tag:
         "per_s": sizes.worker_runs / seconds,
         "handled_per_process": handled,
         "claims": int(claims),
+        # CPU per run: the worker processes (from go to stop) and the server's processes (during
+        # the timed part).
+        "client_cpu_ms_per_run": client_cpu / sizes.worker_runs * 1e3,
+        "server_cpu_ms_per_run": None
+        if server_before is None or server_after is None
+        else (server_after - server_before) / sizes.worker_runs * 1e3,
         "seed_seconds": seed_seconds,
     }
+
+
+def _fmt_opt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
 
 
 def run_workers(admin_url: str, sizes: PgSizes, workdir: Path, log: _harness.Log, tag: str) -> dict[str, Any]:
@@ -209,6 +256,8 @@ def run_workers(admin_url: str, sizes: PgSizes, workdir: Path, log: _harness.Log
                 f"4. rep {rep + 1}/{sizes.worker_reps}, {procs} worker process(es):"
                 f" {trial['per_s']:,.0f} claims+completions/s ({sizes.worker_runs:,} runs in"
                 f" {trial['seconds']:.2f} s; per process {trial['handled_per_process']};"
+                f" CPU ms/run: workers {trial['client_cpu_ms_per_run']:.2f},"
+                f" server {_fmt_opt(trial['server_cpu_ms_per_run'])};"
                 f" seeding took {trial['seed_seconds']:.1f} s)"
             )
     return {

@@ -131,7 +131,6 @@ async def sequential(url: str, n: int, counter: Counter) -> dict[str, Any]:
 
 async def concurrent(url: str, runs: int, steps: int, counter: Counter) -> dict[str, Any]:
     async with zincir.open_database(url) as db:
-        counter.reset()
 
         async def one() -> None:
             async with zincir.open_run(db, role="profile-conc") as run:
@@ -139,6 +138,10 @@ async def concurrent(url: str, runs: int, steps: int, counter: Counter) -> dict[
                     await run.step(f"s{i}", noop, i)
                 await run.complete()
 
+        async with trio.open_nursery() as nursery:  # a warm-up: every connection opened
+            for _ in range(runs):
+                nursery.start_soon(one)
+        counter.reset()
         start = time.perf_counter()
         async with trio.open_nursery() as nursery:
             for _ in range(runs):
