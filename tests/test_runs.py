@@ -16,7 +16,7 @@ import zincir
 from zincir._sqlite import _store
 
 from .conftest import ManualClock
-from .helpers import dump, read_state, scalar, start_python, trace_operations
+from .helpers import dump, read_state, rows, scalar, start_python, trace_operations
 from .test_database import Gate
 
 
@@ -319,7 +319,6 @@ async def _stop_verifier(state: zincir.CheckpointState) -> zincir.Verification:
     raise VerifierStop  # leaves the candidate undecided
 
 
-@pytest.mark.sqlite_only  # drives the writer with SQLite's own statements
 async def test_a_renewal_delayed_past_expiry_cannot_resurrect_the_lease(
     clocked_db: zincir.Database, clock: ManualClock
 ) -> None:
@@ -328,7 +327,7 @@ async def test_a_renewal_delayed_past_expiry_cannot_resurrect_the_lease(
         async with zincir.open_run(clocked_db, lease_ttl=10) as run:
             gate = Gate()
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(clocked_db._write, gate.hold)
+                nursery.start_soon(functools.partial(clocked_db._write, gate.pause, route=run.id))
                 await gate.wait_entered()
 
                 async def renew() -> None:
@@ -512,7 +511,6 @@ async def test_transient_renewal_errors_are_retried_not_a_loss(
     assert len(calls) >= 5
 
 
-@pytest.mark.sqlite_only  # drives the writer with SQLite's own statements
 @pytest.mark.parametrize("end", ["complete", "fail"])
 async def test_a_renewal_racing_complete_is_not_a_lease_loss(
     db: zincir.Database, mock_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch, end: str
@@ -524,7 +522,7 @@ async def test_a_renewal_racing_complete_is_not_a_lease_loss(
     async with zincir.open_run(db, lease_ttl=30) as run:  # renews every 10 s of Trio time
         gate = Gate()
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(db._write, gate.hold)
+            nursery.start_soon(functools.partial(db._write, gate.pause, route=run.id))
             await gate.wait_entered()
             nursery.start_soon(run.complete if end == "complete" else functools.partial(run.fail, "done"))
             await trio.testing.wait_all_tasks_blocked()  # the end is queued behind the gate
@@ -538,7 +536,6 @@ async def test_a_renewal_racing_complete_is_not_a_lease_loss(
     assert [e.seq for e in state.events] == [0, 1]
 
 
-@pytest.mark.sqlite_only  # drives the writer with SQLite's own statements
 async def test_a_write_racing_the_runs_own_end_is_not_a_lease_loss(
     db: zincir.Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -558,7 +555,7 @@ async def test_a_write_racing_the_runs_own_end_is_not_a_lease_loss(
         await run.step("early", noop)  # steps are loaded: the next step goes straight to its write
         gate = Gate()
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(db._write, gate.hold)
+            nursery.start_soon(functools.partial(db._write, gate.pause, route=run.id))
             await gate.wait_entered()
             nursery.start_soon(run.fail, "giving up")
             await trio.testing.wait_all_tasks_blocked()  # fail()'s write is queued ...
@@ -571,7 +568,7 @@ async def test_a_write_racing_the_runs_own_end_is_not_a_lease_loss(
     assert "already failed" in str(error)
     state = await read_state(db, run.id)
     assert state.run.status is zincir.RunStatus.FAILED
-    assert scalar(db, "SELECT group_concat(name) FROM steps") == "early"
+    assert rows(db, "SELECT name FROM steps") == [("early",)]
 
 
 def nested(depth: int) -> list[object]:

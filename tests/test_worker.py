@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import random
 import signal
-import sqlite3
 import statistics
 import subprocess
 import sys
@@ -244,7 +244,6 @@ def test_backoff_grows_exponentially_up_to_its_maximum() -> None:
         zincir.Backoff(initial=0)
 
 
-@pytest.mark.sqlite_only  # drives the writer with SQLite's own statements
 async def test_a_renewal_racing_a_handlers_failure_record_is_not_a_lease_loss(
     db: zincir.Database,
     mock_clock: trio.testing.MockClock,
@@ -272,7 +271,7 @@ async def test_a_renewal_racing_a_handlers_failure_record_is_not_a_lease_loss(
     async with trio.open_nursery() as nursery:
         await nursery.start(worker.run)
         await entered.wait()
-        nursery.start_soon(db._write, gate.hold)
+        nursery.start_soon(functools.partial(db._write, gate.pause, route=run_id))
         await gate.wait_entered()
         proceed.set()
         await trio.testing.wait_all_tasks_blocked()  # the failure record is queued behind the gate
@@ -286,17 +285,9 @@ async def test_a_renewal_racing_a_handlers_failure_record_is_not_a_lease_loss(
     assert [m for m in warnings if "attempt 1 failed" in m]
     events = (await read_state(db, run_id)).events
     assert [e.type for e in events].count(zincir.EventType.ATTEMPT_FAILED) == 1
-    owner, next_attempt_at = scalar_row(db.path, "SELECT lease_owner, next_attempt_at FROM agent_runs")
+    [(owner, next_attempt_at)] = rows(db, "SELECT lease_owner, next_attempt_at FROM agent_runs")
     assert owner is None
     assert next_attempt_at == events[-1].payload["next_attempt_at"]
-
-
-def scalar_row(path: str, sql: str) -> tuple[object, ...]:
-    conn = sqlite3.connect(path)
-    try:
-        return tuple(conn.execute(sql).fetchone())
-    finally:
-        conn.close()
 
 
 @pytest.mark.parametrize(

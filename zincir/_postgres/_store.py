@@ -183,9 +183,9 @@ def release(tx: Tx, lease: Lease, delay_ms: int = 0, refund_attempt: bool = Fals
     ``refund_attempt`` takes back the attempt its claim counted (the owner was stopped)."""
     released = tx.one(
         "UPDATE agent_runs SET lease_owner = NULL, lease_expires_at = NULL,"
-        " next_attempt_at = zincir_now_ms() + %s, attempts = attempts - %s"
+        " next_attempt_at = %s, attempts = attempts - %s"
         " WHERE id = %s AND lease_owner = %s AND lease_epoch = %s RETURNING 1",
-        (delay_ms, int(refund_attempt), lease.run_id, lease.owner, lease.epoch),
+        (tx.now + delay_ms, int(refund_attempt), lease.run_id, lease.owner, lease.epoch),
     )
     if released is not None and delay_ms == 0:
         tx.notify_claimable()
