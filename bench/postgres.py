@@ -297,11 +297,18 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--dir", help="directory for the server's data and the SQLite files (default: .)")
     parser.add_argument("--keep", action="store_true", help="keep the working directory (logs) afterwards")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    parser.add_argument(
+        "--render", metavar="JSON", help="measure nothing: redraw --out and its chart from a run's JSON"
+    )
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
+    if args.render:  # only redraw the report and the chart from a run's JSON
+        results = json.loads(Path(args.render).read_text(encoding="utf-8"))
+        write_outputs(results, Path(args.out), json_too=False)
+        return 0
     sizes = PgSizes.quick() if args.quick else PgSizes()
     if args.reps is not None:
         sizes.step_reps = sizes.conc_reps = args.reps
@@ -404,13 +411,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     results["total_seconds"] = time.perf_counter() - started
     results["loadavg_end"] = os.getloadavg()
     out = Path(args.out)
+    write_outputs(results, out)
+    log(
+        f"wrote {out}, {out.with_suffix('.json')} and {out.with_suffix('.svg')}"
+        f" in {results['total_seconds']:.0f} s"
+    )
+    return 0
+
+
+def write_outputs(results: dict[str, Any], out: Path, *, json_too: bool = True) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     chart = out.with_suffix(".svg")
     write_chart(results, chart)
-    out.write_text(render(results, chart.name))
-    out.with_suffix(".json").write_text(json.dumps(results, indent=1, default=str) + "\n")
-    log(f"wrote {out}, {out.with_suffix('.json')} and {chart} in {results['total_seconds']:.0f} s")
-    return 0
+    out.write_text(render(results, chart.name), encoding="utf-8")
+    if json_too:
+        out.with_suffix(".json").write_text(
+            json.dumps(results, indent=1, default=str) + "\n", encoding="utf-8"
+        )
 
 
 def _machine(workdir: Path) -> dict[str, Any]:
