@@ -35,6 +35,7 @@ from zincir import _run
 from zincir._cli import main
 from zincir._errors import InvalidArgument, RunNotFound, SchemaError, StorageError
 from zincir._inspector import create_app, serve
+from zincir._postgres._readonly import PostgresReadOnly
 
 from .test_cli_inspect import _zincir_command, assert_clean_failure
 from .test_cli_inspect import zincir as cli
@@ -452,3 +453,86 @@ def test_a_select_only_role_can_inspect(pg_url: str) -> None:
         with psycopg.connect(pg_url, autocommit=True) as admin:
             admin.execute(f"REVOKE ALL ON ALL TABLES IN SCHEMA public FROM {role}")
             admin.execute(f"DROP ROLE {role}")
+
+
+# --------------------------------------------------------------------------- bounded reads
+
+
+async def test_postgres_pages_read_through_indexes(pg_url: str) -> None:
+    """Every event and child query a page makes is an index range scan, never a scan of the
+    log or a sort of it; the runs list walks the activity index (one run of 60,000 events
+    among 400 runs of 1,000 events, the children among 20,000 runs; vacuumed and analysed)."""
+    run_id = await _one_run(pg_url)
+    busy = "00000019-0000-4000-8000-000000000000"
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute(
+            "INSERT INTO agent_runs (id, parent_run_id, role, provider, status, created_at, updated_at,"
+            " last_seq) SELECT lpad(to_hex(r), 8, '0') || '-0000-4000-8000-000000000000', %s, 'bulk', '',"
+            " 'completed', r, r, 999 FROM generate_series(1, 400) AS r",
+            (run_id,),
+        )
+        admin.execute(
+            "INSERT INTO events (run_id, seq, type, payload, created_at)"
+            " SELECT lpad(to_hex(r), 8, '0') || '-0000-4000-8000-000000000000', s,"
+            " CASE WHEN s % 7 = 0 THEN 'tool_call' ELSE 'llm_call' END, '{}', s"
+            " FROM generate_series(1, 400) AS r, generate_series(0, 999) AS s"
+        )
+        admin.execute(
+            "INSERT INTO events (run_id, seq, type, payload, created_at) SELECT %s, s,"
+            " CASE WHEN s %% 7 = 0 THEN 'tool_call' ELSE 'llm_call' END, '{}', s"
+            " FROM generate_series(1000, 59999) AS s",
+            (busy,),
+        )
+        admin.execute("UPDATE agent_runs SET last_seq = 59999 WHERE id = %s", (busy,))
+        admin.execute(
+            "INSERT INTO agent_runs (id, role, provider, status, created_at, updated_at)"
+            " SELECT lpad(to_hex(r), 8, '0') || '-0000-4000-8000-000000000001', 'root', '', 'pending', r, r"
+            " FROM generate_series(1, 20000) AS r"
+        )
+        admin.execute("VACUUM ANALYZE")  # as autovacuum keeps an append-only table
+
+    def reads() -> list[tuple[str, list[Any]]]:
+        conn = q.open_readonly(pg_url)
+        assert isinstance(conn, PostgresReadOnly)
+        seen: list[tuple[str, list[Any]]] = []
+        real = conn._conn.execute
+
+        def traced(sql: Any, params: Any = None, **kwargs: Any) -> Any:
+            if params:
+                seen.append((sql, list(params)))
+            return real(sql, params, **kwargs)
+
+        conn._conn.execute = traced  # type: ignore[method-assign]
+        try:
+            with q.read_snapshot(conn):
+                q.list_events(conn, busy, after=30_000, limit=50)
+                q.list_events(conn, busy, before=q.LATEST, limit=50)
+                q.list_events(conn, busy, before=50_000, limit=50, type="tool_call")
+                q.list_events(conn, busy, after=10_000, limit=50, type="tool_call")
+                q.get_event(conn, busy, 12_345)
+                q.list_events(conn, busy, limit=50)  # the first page: nothing before seq 0
+                q.list_events(conn, busy, after=59_990, limit=50)  # the last: nothing after it
+                q.get_run(conn, run_id, children_limit=10)
+                q.get_run(conn, run_id, children_limit=10, children_after=q.RunCursor(20, busy))
+                page = q.list_runs(conn, limit=50, before=q.RunCursor(10_000, busy))
+                q.list_runs(conn, limit=50, after=page.runs[0].cursor)
+                q.list_runs(conn, status="pending", limit=50, before=page.runs[-1].cursor)
+        finally:
+            conn.close()
+        return seen
+
+    statements = await trio.to_thread.run_sync(reads)
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        plans = {sql: _plan(admin, sql, params) for sql, params in statements}
+    assert len(plans) >= 8, list(plans)
+    for sql, plan in plans.items():
+        if "FROM events" in sql or "parent_run_id = " in sql:  # the family of one run too
+            assert "Seq Scan" not in plan and "Sort" not in plan, (sql, plan)
+            assert "Index" in plan, (sql, plan)
+        elif "ORDER BY updated_at" in sql:
+            assert "Seq Scan" not in plan and "idx_agent_runs_" in plan, (sql, plan)
+
+
+def _plan(conn: psycopg.Connection[Any], sql: str, params: list[Any]) -> str:
+    rows = conn.execute(f"EXPLAIN {sql}", params).fetchall()
+    return "\n".join(row[0] for row in rows)

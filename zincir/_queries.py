@@ -842,8 +842,9 @@ def _runs_page(
 
 def _runs_exist(conn: Reader, clauses: list[str], params: list[Any], cursor: RunCursor, op: str) -> bool:
     where = _where([*clauses, f"(updated_at, id) {op} (?, ?)"])
-    sql = f"SELECT EXISTS (SELECT 1 FROM agent_runs {where})"
-    return bool(conn.execute(sql, [*params, cursor.key, cursor.id]).fetchone()[0])
+    order = "DESC" if "<" in op else "ASC"  # the nearest one in index order (see _events_exist)
+    sql = f"SELECT 1 FROM agent_runs {where} ORDER BY updated_at {order}, id {order} LIMIT 1"
+    return conn.execute(sql, [*params, cursor.key, cursor.id]).fetchone() is not None
 
 
 def count_runs(conn: Reader, *, role: str | None = None) -> dict[str, int]:
@@ -1205,8 +1206,11 @@ def _predecessor(value: object) -> object:
 
 
 def _events_exist(conn: Reader, run_id: str, op: str, seq: object) -> bool:
-    sql = f"SELECT EXISTS (SELECT 1 FROM events WHERE run_id = ? AND seq {op} ?)"
-    return bool(conn.execute(sql, (run_id, seq)).fetchone()[0])
+    # The nearest such event in index order, not EXISTS: PostgreSQL plans an EXISTS as a scan
+    # that stops at the first match, which reads the whole table when there is none.
+    order = "DESC" if "<" in op else "ASC"
+    sql = f"SELECT 1 FROM events WHERE run_id = ? AND seq {op} ? ORDER BY seq {order} LIMIT 1"
+    return conn.execute(sql, (run_id, seq)).fetchone() is not None
 
 
 def get_event(conn: Reader, run_id: str, seq: object) -> EventRow | None:
