@@ -29,6 +29,7 @@ import trio.testing
 import zincir
 from tests.conftest import ManualClock
 from tests.helpers import _dump_postgres
+from tests.inspect_fixtures import XSS_ALL, XSS_NAV
 from tests.postgres_server import fresh_database
 from zincir import _queries as q
 from zincir import _run
@@ -41,6 +42,7 @@ from .test_cli_inspect import _zincir_command, assert_clean_failure
 from .test_cli_inspect import zincir as cli
 from .test_inspector import HOST, Page
 
+XSS = f"{XSS_ALL}{XSS_NAV}\x1b[2J\u202e"  # escaped alike on both backends (the pages are compared)
 STATE = zincir.CheckpointState(completed=["parse"], remaining=["write"], artifacts=["notes.md"])
 
 
@@ -72,11 +74,14 @@ async def populate(target: str, monkeypatch: pytest.MonkeyPatch) -> Runs:
     clock = ManualClock()
     async with zincir.open_database(target, clock=clock) as db:
         async with zincir.open_run(
-            db, role="coder", provider="openai", config={"model": "gpt", "limits": {"steps": [1, 2]}}
+            db,
+            role="coder",
+            provider="openai",
+            config={"model": "gpt", "limits": {"steps": [1, 2]}, "note": XSS},
         ) as run:
             main_id = run.id
             clock.advance(1)
-            calls = [{"id": "call-1", "name": "search", "args": {"q": "zincir % ?"}}]
+            calls = [{"id": "call-1", "name": "search", "args": {"q": "zincir % ?", "html": XSS}}]
             await run.record_response({"text": "looking"}, calls, "tool_use", usage={"input_tokens": 7})
             clock.advance(1)
             await run.record_tool_result("call-1", {"hits": ["a", "b"]})
@@ -181,7 +186,7 @@ async def test_cli_on_postgres_reads_what_zincir_wrote(both: tuple[str, str, Run
     ]
     assert "4 shown; 4 in all (pending 0, running 1, completed 2, failed 1)" in listing
     shown = json.loads(await trio.to_thread.run_sync(run_cli, "show", runs.main, "--json", "--db", url))
-    assert shown["run"]["config"] == {"model": "gpt", "limits": {"steps": [1, 2]}}
+    assert shown["run"]["config"] == {"model": "gpt", "limits": {"steps": [1, 2]}, "note": XSS}
     assert shown["run"]["children"] == [runs.child]
     assert [(c["round"], c["status"]) for c in shown["checkpoints"]] == [(1, "rejected"), (2, "accepted")]
     assert shown["steps"][0]["result"] == {"rows": 3, "text": "100% sure? yes"}
@@ -351,9 +356,21 @@ async def test_inspector_shows_the_same_on_both_backends(both: tuple[str, str, R
     api = (await fetch(url, f"/api/runs/{runs.main}")).json()
     assert api["run"]["children"] == [runs.child]
     assert [c["status"] for c in api["checkpoints"]] == ["rejected", "accepted"]
+    run_page = (await fetch(url, f"/runs/{runs.main}")).text
+    assert "&lt;script&gt;" in run_page and "<script" not in run_page and "<meta http-equiv" not in run_page
     runs_page = await fetch(url, "/")
     assert runs.main in runs_page.text and q.display_target(url) in runs_page.text
     assert await _dump(url) == before
+
+
+async def test_inspector_answers_503_when_the_server_is_unreachable() -> None:
+    with socket_free_port() as port:
+        url = f"postgresql://nobody:secret@127.0.0.1:{port}/nothing?connect_timeout=2"
+        for page in ("/", "/api/runs"):
+            response = await fetch(url, page)
+            assert response.status == 503, response.text
+            assert "cannot connect to postgresql://nobody@127.0.0.1" in response.text
+            assert "secret" not in response.text
 
 
 async def test_inspector_never_migrates_an_empty_postgres_database(pg_url: str) -> None:
