@@ -6,13 +6,16 @@ restarting the server (an immediate stop, like a crash), never by mocking psycop
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import psycopg
 import pytest
 import trio
 
 import zincir
+from zincir._threads import submit
 
 from .postgres_server import fresh_database, restartable_server
 
@@ -175,3 +178,51 @@ async def test_a_server_restart_during_a_workers_life_loses_no_run() -> None:
                 if e.type is zincir.EventType.STATE_TRANSITION and e.payload["to"] == "completed"
             ]
             assert len(ends) == 1
+
+
+async def test_a_deadlock_fails_only_its_victim_and_keeps_the_connections(pg_url: str) -> None:
+    # Two writers' batches lock two runs in opposite order: PostgreSQL aborts one statement.
+    # The victim gets DatabaseBusy; its batch neighbour still commits in the same transaction,
+    # and neither writer's connection is thrown away (a deadlock is not a lost connection).
+    def lock_both(tx: Any, first: str, second: str) -> None:
+        tx.one("SELECT 1 FROM agent_runs WHERE id = %s FOR NO KEY UPDATE", (first,))
+        time.sleep(0.2)
+        tx.one("SELECT 1 FROM agent_runs WHERE id = %s FOR NO KEY UPDATE", (second,))
+
+    def backend_pid(tx: Any) -> int:
+        return int(tx.one("SELECT pg_backend_pid()")[0])
+
+    def pause(tx: Any) -> None:
+        time.sleep(0.3)  # lets the next operations queue up into one batch behind it
+
+    async with zincir.open_database(pg_url, writers=2) as db:
+        first, second = db._writers
+        ids = []
+        for _ in range(3):
+            async with zincir.open_run(db, lease_ttl=60) as run:
+                ids.append(run.id)
+        async with zincir.open_run(db, ids[2], lease_ttl=60) as neighbour:
+            pids_before = [await submit(w, backend_pid, ()) for w in (first, second)]
+            outcomes: dict[str, object] = {}
+
+            async def put(name: str, thread: Any, fn: Any, *args: Any) -> None:
+                try:
+                    outcomes[name] = await submit(thread, fn, args)
+                except zincir.ZincirError as exc:
+                    outcomes[name] = exc
+
+            async with trio.open_nursery() as nursery:
+                for thread in (first, second):
+                    nursery.start_soon(put, "pause", thread, pause)
+                await trio.sleep(0.05)
+                nursery.start_soon(
+                    put, "step", first, db._store.complete_step, neighbour._lease, "s", '"x"', 0
+                )
+                nursery.start_soon(put, "a", first, lock_both, ids[0], ids[1])
+                nursery.start_soon(put, "b", second, lock_both, ids[1], ids[0])
+            victims = [name for name in ("a", "b") if isinstance(outcomes[name], zincir.DatabaseBusy)]
+            assert len(victims) == 1 and "deadlock" in str(outcomes[victims[0]])
+            assert outcomes["step"] == '"x"'
+            assert [await submit(w, backend_pid, ()) for w in (first, second)] == pids_before
+            assert await neighbour.step("s", noop) == "x"  # committed, so it does not run again
+            await neighbour.complete()

@@ -127,7 +127,10 @@ class DatabaseThread:
                     stranded.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-        self._session.close()  # rolls back the transaction it died in, if any
+        try:
+            self._session.close()  # rolls back the transaction it died in, if any
+        except Exception:
+            logger.exception("database thread %s: closing its connection failed", self._name)
         for request in stranded:
             request.result = outcome.Value(None) if request.fn is None else outcome.Error(StorageError(death))
         if stranded:

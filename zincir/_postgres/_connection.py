@@ -59,6 +59,24 @@ def storage_error(exc: psycopg.Error, where: str) -> StorageError:
     return StorageError(f"{where}: {exc}")
 
 
+# SQLSTATEs that end the session, not just the statement: connection exceptions (class 08),
+# and the server shutting down or restarting (57P01 to 57P03).
+_SESSION_ENDING_STATES: Final = frozenset({"57P01", "57P02", "57P03"})
+
+
+def _connection_lost(exc: psycopg.Error, conn: psycopg.Connection[Any] | None) -> bool:
+    """Whether the error took the connection with it. A deadlock, lock or statement timeout
+    is an OperationalError too, but the connection stays usable (roll back to the savepoint)."""
+    if conn is None or conn.broken or conn.closed:
+        return True
+    state = exc.sqlstate or ""
+    return (
+        state.startswith("08")
+        or state in _SESSION_ENDING_STATES
+        or (not state and isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError))
+    )
+
+
 def connect(url: str, *, application_name: str) -> psycopg.Connection[Any]:
     conn = psycopg.connect(
         url, autocommit=True, connect_timeout=_CONNECT_TIMEOUT_S, application_name=application_name
@@ -142,9 +160,14 @@ class PostgresSession:
 
     def commit(self) -> None:
         assert self._conn is not None
+        if self._conn.info.transaction_status == TransactionStatus.INERROR:
+            # COMMIT would answer ROLLBACK without an error: never let that pass as a commit.
+            raise RuntimeError("the transaction failed before COMMIT")
         try:
             self._conn.execute("COMMIT")
-        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+        except psycopg.Error as exc:
+            if not _connection_lost(exc, self._conn):
+                raise  # the server answered: it rolled back (a deadlock, a serialization failure)
             self._discard()
             # The server may or may not have committed: never report a success we cannot know.
             raise DatabaseUnavailable(
@@ -184,7 +207,7 @@ class PostgresSession:
 
     def translate(self, exc: Exception) -> Exception:
         if isinstance(exc, psycopg.Error):
-            if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+            if _connection_lost(exc, self._conn):
                 self._discard()
             return storage_error(exc, self._where)
         return exc

@@ -73,7 +73,13 @@ def _lock_run(tx: Tx, run_id: str) -> tuple[str, str | None, int, int | None]:
     NO KEY UPDATE serializes the run's writers as FOR UPDATE would, but does not block the
     foreign-key checks of rows inserted elsewhere that point at this run (a child run's insert).
     """
-    row = tx.one(f"SELECT {_LEASE_COLUMNS} FROM agent_runs WHERE id = %s FOR NO KEY UPDATE", (run_id,))
+    # The clock is read after the lock is held: in the lock statement's own target list it would
+    # be computed before a wait on a holder that did not change the row.
+    row = tx.one(
+        "WITH locked AS (SELECT status, lease_owner, lease_epoch, lease_expires_at FROM agent_runs"
+        " WHERE id = %s FOR NO KEY UPDATE) SELECT locked.*, zincir_now_ms() FROM locked",
+        (run_id,),
+    )
     if row is None:
         raise RunNotFound(f"run {run_id} does not exist")
     status, owner, epoch, expires_at, now = row
