@@ -60,6 +60,8 @@ def render(res: dict[str, Any], chart_name: str) -> str:
     add("")
     add(f"- CPU: {machine['cpu_count']} x {machine['cpu_model']}; kernel {machine['kernel']}")
     add(f"- Python {machine['python']} ({machine['python_impl']}); SQLite library {machine['sqlite']}")
+    if machine.get("zincir_commit"):
+        add(f"- zincir at commit {machine['zincir_commit']} when the run started")
     add(f"- Working directory `{machine['workdir']}` on {machine['filesystem']} (deleted afterwards)")
     server = res.get("server", {})
     where = (
@@ -147,6 +149,9 @@ def render(res: dict[str, Any], chart_name: str) -> str:
     )
     add("")
 
+    if res.get("profile"):
+        add_profile(add, res["profile"], sizes)
+
     zs, zsc = us.get(ZSQ, math.nan), sps.get(ZSQ, math.nan)
     add("## 3. zincir on PostgreSQL vs zincir on SQLite (the same two workloads, same run)")
     add("")
@@ -190,10 +195,61 @@ def render(res: dict[str, Any], chart_name: str) -> str:
             f" {_cpu(res['workers']['trials'][procs])} |"
         )
     add("")
+    ceiling = _cpu_ceiling(res)
+    if ceiling:
+        add(ceiling)
+        add("")
     for paragraph in EXPLAIN_4:
         add(paragraph)
         add("")
     return "\n".join(lines).rstrip() + "\n"
+
+
+def add_profile(add: Any, profile: dict[str, Any], sizes: dict[str, Any]) -> None:
+    """Where zincir's time goes: ``bench.profile_pg``'s statement counts and times."""
+    floors = profile["floors"]
+    add("## Where zincir's time goes on PostgreSQL (`python -m bench.profile_pg`, same server)")
+    add("")
+    add(
+        "Every `psycopg.Connection.execute` that zincir makes is counted and timed by statement kind"
+        " (psycopg patched in that process only). 'In execute' is the wall time inside those calls,"
+        " summed over zincir's database threads: waiting for the server (round trip, execution,"
+        " the WAL flush of a COMMIT). `WITH` is the lease check (`WITH locked AS (SELECT … FOR NO KEY"
+        " UPDATE) SELECT locked.*, zincir_now_ms()`). Floors, plain psycopg on one connection:"
+        f" `SELECT 1` round trip {floors['select_1_round_trip_us']:,.0f} µs; autocommit `INSERT`"
+        f" (round trip + WAL flush) {floors['autocommit_insert_us']:,.0f} µs; `BEGIN` + `INSERT` +"
+        f" `COMMIT` {floors['begin_insert_commit_us']:,.0f} µs."
+    )
+    add("")
+    titles = {
+        "sequential": f"one run of {sizes['step_n']:,} sequential steps",
+        "concurrent": f"{sizes['conc_runs']} runs x {sizes['conc_steps']} steps at once",
+        "worker": "one ResumeWorker claiming + completing due runs (per run)",
+    }
+    add("| workload | µs per step (or run) | statements per step | steps per COMMIT | in execute ÷ wall |")
+    add("|---|---:|---:|---:|---:|")
+    for key, title in titles.items():
+        w = profile.get(key)
+        if w:
+            add(
+                f"| {title} | {_fmt(w['us_per_step'])} | {w['statements_per_step']:.2f} |"
+                f" {w['steps_per_commit']:.1f} | {w['seconds_in_execute'] / w['wall_s'] * 100:.0f}% |"
+            )
+    add("")
+    for key, title in titles.items():
+        w = profile.get(key)
+        if not w:
+            continue
+        add(f"Statements, {title}: µs per step (or run) spent in each kind (calls per step)")
+        add("")
+        add("| statement | µs/step | calls/step | µs/call |")
+        add("|---|---:|---:|---:|")
+        for kind, k in list(w["by_kind"].items())[:8]:
+            add(
+                f"| `{kind}` | {k['seconds'] / w['steps'] * 1e6:,.0f} | {k['calls'] / w['steps']:.2f} |"
+                f" {k['us_per_call']:,.0f} |"
+            )
+        add("")
 
 
 def _paired(res: dict[str, Any], section: str, key: str, a: str = ZPG, b: str = DPG) -> str:
@@ -203,6 +259,24 @@ def _paired(res: dict[str, Any], section: str, key: str, a: str = ZPG, b: str = 
     if not ratios:
         return "n/a"
     return f"{', '.join(f'{r:.2f}' for r in ratios)} (median {_ratio(_median(ratios))})"
+
+
+def _cpu_ceiling(res: dict[str, Any]) -> str:
+    """What the measured CPU per run allows on this machine's cores, if nothing else ran."""
+    every = [t for ts in res.get("workers", {}).get("trials", {}).values() for t in ts]
+    client = [t["client_cpu_ms_per_run"] for t in every if "client_cpu_ms_per_run" in t]
+    server = [t["server_cpu_ms_per_run"] for t in every if t.get("server_cpu_ms_per_run") is not None]
+    if not client or not server:
+        return ""
+    per_run = _median(client) + _median(server)
+    cores = res["machine"]["cpu_count"] or 1
+    return (
+        f"CPU per run claimed and completed, median over every trial: {_median(client):.2f} ms in the"
+        f" worker processes + {_median(server):.2f} ms in the server = {per_run:.2f} ms. With"
+        f" {cores} cores and nothing else running, that caps the whole machine at about"
+        f" {cores / per_run * 1e3:,.0f} runs/s whatever the number of worker processes: this"
+        " comparison is CPU-bound here, so more processes on the same machine cannot scale it."
+    )
 
 
 def _cpu(trials: list[dict[str, Any]]) -> str:

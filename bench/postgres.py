@@ -267,6 +267,43 @@ def run_workers(admin_url: str, sizes: PgSizes, workdir: Path, log: _harness.Log
     }
 
 
+def run_profile(admin_url: str, sizes: PgSizes, workdir: Path) -> dict[str, Any]:
+    """``python -m bench.profile_pg`` on the same server, at this run's sizes."""
+    out = workdir / "profile-pg.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.profile_pg",
+            "--url",
+            admin_url,
+            "--n",
+            str(sizes.step_n),
+            "--runs",
+            str(sizes.conc_runs),
+            "--steps",
+            str(sizes.conc_steps),
+            "--worker-runs",
+            str(min(sizes.worker_runs, 2000)),
+            "--worker-concurrency",
+            str(sizes.worker_concurrency),
+            "--json",
+            str(out),
+        ],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise _harness.ChildError(f"bench.profile_pg failed:\n{proc.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(out.read_text())
+    result["output"] = proc.stdout
+    return result
+
+
 # -- the command ------------------------------------------------------------------------------------
 
 
@@ -297,6 +334,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--dir", help="directory for the server's data and the SQLite files (default: .)")
     parser.add_argument("--keep", action="store_true", help="keep the working directory (logs) afterwards")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    parser.add_argument("--no-profile", action="store_true", help="skip python -m bench.profile_pg")
     parser.add_argument(
         "--render", metavar="JSON", help="measure nothing: redraw --out and its chart from a run's JSON"
     )
@@ -397,6 +435,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for spec in specs:
                     if spec.label in dbnames:
                         drop_database(admin_url, dbnames[spec.label])
+            if "zincir" in wanted and not args.no_profile and only & {"1", "2", "3"}:
+                log("profile of zincir's statements on PostgreSQL: python -m bench.profile_pg")
+                results["profile"] = run_profile(admin_url, sizes, workdir)
             if "4" in only and "zincir" in wanted:
                 log(
                     f"4. workers: {sizes.worker_runs:,} due runs, {sizes.worker_procs} process(es),"
@@ -433,7 +474,28 @@ def write_outputs(results: dict[str, Any], out: Path, *, json_too: bool = True) 
 def _machine(workdir: Path) -> dict[str, Any]:
     from .__main__ import machine
 
-    return machine(workdir)
+    facts = machine(workdir)
+    facts["zincir_commit"] = _zincir_commit()
+    return facts
+
+
+def _zincir_commit() -> str:
+    """The checkout's commit, and whether zincir/ or migrations/ differ from it (they are what
+    the children import)."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "zincir", "migrations"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + (" with uncommitted changes in zincir/ or migrations/" if dirty else "")
 
 
 if __name__ == "__main__":
