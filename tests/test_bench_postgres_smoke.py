@@ -43,6 +43,11 @@ def test_zincirs_part_of_every_postgres_comparison_runs_and_reports(
         assert set(workload) == {"zincir (PostgreSQL)", "zincir (SQLite)"}
         assert all(len(v) == sizes["step_reps"] and all(x > 0 for x in v) for v in workload.values())
 
+    profile = results["profile"]
+    for workload in ("sequential", "concurrent", "worker"):
+        assert profile[workload]["statements_per_step"] > 0
+        assert profile[workload]["by_kind"]["COMMIT"]["calls"] > 0
+
     workers = results["workers"]
     assert set(workers["per_s"]) == {str(p) for p in sizes["worker_procs"]}
     for procs, trials in workers["trials"].items():
