@@ -364,6 +364,7 @@ METHODS: dict[str, Callable[[zincir.Run, zincir.Checkpoint], Awaitable[object]]]
     "verify_checkpoint": lambda r, c: r.verify_checkpoint(c, _must_not_run),
     "step": lambda r, c: r.step("step", _must_not_run),
     "sleep": lambda r, c: r.sleep("nap", 0),
+    "wait_for_signal": lambda r, c: r.wait_for_signal("w", "go", timeout=0),
     "complete": lambda r, c: r.complete(),
     "fail": lambda r, c: r.fail("after the loss"),
 }

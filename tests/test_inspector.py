@@ -149,7 +149,7 @@ def test_open_readonly_refuses_foreign_files(tmp_path: Path) -> None:
 
 def test_open_readonly_refuses_newer_schema(tmp_path: Path) -> None:
     conn = create_database(tmp_path / "new.db")
-    conn.execute("INSERT INTO zincir_schema_migrations VALUES (2, '0002_future', 0)")
+    conn.execute("INSERT INTO zincir_schema_migrations VALUES (999, '0999_future', 0)")
     conn.close()
     with pytest.raises(SchemaError, match="newer than this zincir"):
         q.open_readonly(tmp_path / "new.db")

@@ -14,8 +14,8 @@ PUBLIC = {
     "NoDurableIntent",
     "PendingToolCall", "ResumeWorker", "Run", "RunLeased", "RunNotFound", "RunRecord", "RunStatus",
     "RunTerminal", "SUBMIT_CHECKPOINT", "SchemaError", "StepAlreadyRunning", "StorageError", "ToolCall",
-    "UnfinishedWork", "Verification", "Verifier", "ZincirError", "__version__", "artifacts",
-    "open_database", "open_run", "wall_clock_ms",
+    "UnfinishedWork", "Verification", "Verifier", "WaitTimeout", "ZincirError", "__version__",
+    "artifacts", "open_database", "open_run", "send_signal", "wall_clock_ms",
 }  # fmt: skip
 
 
@@ -29,12 +29,13 @@ def test_all_is_pinned() -> None:
 def test_every_error_is_a_zincir_error() -> None:
     errors = [getattr(zincir, n) for n in zincir.__all__ if isinstance(getattr(zincir, n), type)]
     errors = [e for e in errors if issubclass(e, Exception)]
-    assert len(errors) == 17
+    assert len(errors) == 18
     assert all(issubclass(e, zincir.ZincirError) for e in errors)
     assert issubclass(zincir.InvalidArgument, ValueError)
     assert issubclass(zincir.DuplicateToolCall, zincir.InvalidArgument)
     assert issubclass(zincir.DatabaseBusy, zincir.StorageError)
     assert issubclass(zincir.DatabaseUnavailable, zincir.StorageError)
+    assert issubclass(zincir.WaitTimeout, TimeoutError)
 
 
 def _instances() -> dict[type, object]:

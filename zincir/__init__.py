@@ -26,8 +26,10 @@ from ._errors import (
     StepAlreadyRunning,
     StorageError,
     UnfinishedWork,
+    WaitTimeout,
     ZincirError,
 )
+from ._inbox import send_signal
 from ._run import Run, open_run
 from ._types import (
     Checkpoint,
@@ -82,11 +84,13 @@ __all__ = [
     "UnfinishedWork",
     "Verification",
     "Verifier",
+    "WaitTimeout",
     "ZincirError",
     "__version__",
     "artifacts",
     "open_database",
     "open_run",
+    "send_signal",
     "wall_clock_ms",
 ]
 

@@ -19,13 +19,23 @@ Rules every operation keeps, on every backend:
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import attrs
 
+from ._errors import InvalidArgument
+from ._json import decode, dump_trusted
 from ._types import Checkpoint, Event, RunRecord, RunStatus
 
-__all__ = ["SUBMIT_CHECKPOINT", "IntentRow", "Lease", "Store"]
+__all__ = [
+    "SUBMIT_CHECKPOINT",
+    "IntentRow",
+    "Lease",
+    "Store",
+    "WaitOutcome",
+    "check_wait_topic",
+    "signal_received_payload",
+]
 
 SUBMIT_CHECKPOINT = "submit_checkpoint"
 """The tool name whose intents are answered by :meth:`Run.checkpoint`, not by a tool."""
@@ -54,6 +64,42 @@ class IntentRow:
     call_id: str
     name: str
     payload_json: str
+
+
+@attrs.frozen
+class WaitOutcome:
+    """What deciding a named wait found: a signal's payload, a timeout, or nothing yet."""
+
+    state: Literal["received", "timed_out", "pending"]
+    payload_json: str | None = None
+    deadline: int | None = None
+    """Timed out: the stored deadline. Pending: ms left until it (None: no deadline)."""
+
+    @classmethod
+    def received(cls, payload_json: str) -> WaitOutcome:
+        return cls("received", payload_json)
+
+    @classmethod
+    def timed_out(cls, deadline: int) -> WaitOutcome:
+        return cls("timed_out", deadline=deadline)
+
+    @classmethod
+    def pending(cls, remaining_ms: int | None) -> WaitOutcome:
+        return cls("pending", deadline=remaining_ms)
+
+
+def check_wait_topic(run_id: str, name: str, stored: str, asked: str) -> None:
+    if stored != asked:
+        raise InvalidArgument(
+            f"run {run_id}: wait {name!r} waits for signal {stored!r}, not {asked!r}; a wait's name"
+            " is bound to its first call"
+        )
+
+
+def signal_received_payload(name: str, topic: str, signal_id: int, payload_json: str) -> str:
+    return dump_trusted(
+        {"name": name, "payload": decode(payload_json), "signal": topic, "signal_id": signal_id}
+    )
 
 
 class Store(Protocol):
@@ -144,6 +190,24 @@ class Store(Protocol):
         """Store the wake time on the first call; (ms left until it, completed). Fenced."""
 
     def complete_timer(self, tx: Any, lease: Lease, name: str) -> None: ...
+
+    # -- signals and named waits ----------------------------------------------------------
+
+    def send_signal(
+        self, tx: Any, run_id: str, topic: str, payload_json: str, key: str | None
+    ) -> tuple[int, bool]:
+        """Put a signal in a run's inbox, no lease needed; (id, stored now). With ``key``, a
+        repeat returns the first signal's id and stores nothing. RunNotFound, RunTerminal."""
+
+    def await_signal(
+        self, tx: Any, lease: Lease, name: str, topic: str, timeout_ms: int | None
+    ) -> WaitOutcome:
+        """Record wait ``name`` (its deadline on the first call), then bind the oldest
+        unconsumed signal of ``topic`` to it, or time it out; both are logged. Fenced;
+        InvalidArgument when the name was first used for another topic."""
+
+    def signal_ready(self, tx: Any, run_id: str, topic: str, name: str) -> bool:
+        """Whether await_signal would now decide the wait (a read, for polling)."""
 
     # -- reading --------------------------------------------------------------------------
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import os
 import signal
@@ -16,6 +17,7 @@ from ._cli_inspect import register
 from ._cli_options import database_option
 from ._database import open_database
 from ._errors import ZincirError
+from ._inbox import send_signal
 from ._version import __version__
 from ._worker import Handler, ResumeWorker
 
@@ -100,6 +102,35 @@ def worker(
 
     try:
         trio.run(serve)
+    except ZincirError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@main.command("signal")
+@click.argument("run_id")
+@click.argument("signal_name", metavar="SIGNAL")
+@click.option("--data", default="null", show_default=True, help="The payload, as JSON.")
+@click.option("--key", default=None, help="An idempotency key: sending again with it stores nothing.")
+@database_option
+def send_signal_command(
+    run_id: str, signal_name: str, data: str, key: str | None, database_path: str
+) -> None:
+    """Send SIGNAL (a topic) with a JSON payload to run RUN_ID; prints the signal's id.
+
+    The run's next wait for that topic receives it, now or whenever it comes (a signal sent
+    before the wait began is kept).
+    """
+    try:
+        payload = json.loads(data)
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="--data") from None
+
+    async def send() -> int:
+        async with open_database(database_path) as db:
+            return await send_signal(db, run_id, signal_name, payload, key=key)
+
+    try:
+        click.echo(trio.run(send))
     except ZincirError as exc:
         raise click.ClickException(str(exc)) from None
 

@@ -50,8 +50,9 @@ class Backend:
     clock: Clock
     """The clock operations use (SQLite, or a test's fake server clock), or an estimate of the
     server's (PostgreSQL)."""
-    listen: Callable[[Callable[[], None]], Listening] | None = None
-    """Start hearing, from other processes, that runs became claimable (calls the argument)."""
+    listen: Callable[[Callable[[str | None, str | None], None]], Listening] | None = None
+    """Start hearing notifications from other processes: the argument is called with
+    ("claimable", None), ("signal", run id), or (None, None) when anything may have been missed."""
 
 
 class Listening(Protocol):
@@ -81,6 +82,7 @@ class Database:
     _closed: bool
     _claim_listeners: set[Callable[[], None]]
     _listening: Listening | None
+    _signal_waiters: dict[str, set[trio.Event]]
 
     def __init__(self, *_: object, **__: object) -> None:
         raise TypeError("use zincir.open_database() to open a Database")
@@ -97,7 +99,8 @@ class Database:
         self._reader = backend.reader
         self._closed = False
         self._claim_listeners = set()
-        self._listening = None if backend.listen is None else backend.listen(self._announce_claimable)
+        self._signal_waiters = {}
+        self._listening = None if backend.listen is None else backend.listen(self._hear)
         return self
 
     def __repr__(self) -> str:
@@ -134,6 +137,35 @@ class Database:
         """A run became claimable: wake the resume workers of this process at once."""
         for listener in list(self._claim_listeners):
             listener()
+
+    def _announce_signal(self, run_id: str) -> None:
+        """A signal was sent to ``run_id``: wake its waits in this process at once."""
+        for event in self._signal_waiters.get(run_id, ()):
+            event.set()
+
+    def _hear(self, channel: str | None, payload: str | None) -> None:
+        """A notification from another process (PostgreSQL)."""
+        if channel is None or channel.endswith("claimable"):
+            self._announce_claimable()
+        if channel is None:
+            for events in self._signal_waiters.values():
+                for event in events:
+                    event.set()
+        elif channel.endswith("signal") and payload is not None:
+            self._announce_signal(payload)
+
+    def _signal_event(self, run_id: str) -> trio.Event:
+        """An event set when ``run_id`` may have a signal; forget it with _forget_signal_event."""
+        event = trio.Event()
+        self._signal_waiters.setdefault(run_id, set()).add(event)
+        return event
+
+    def _forget_signal_event(self, run_id: str, event: trio.Event) -> None:
+        events = self._signal_waiters.get(run_id)
+        if events is not None:
+            events.discard(event)
+            if not events:
+                del self._signal_waiters[run_id]
 
     async def _write(self, fn: Callable[..., T], *args: Any, route: str = "") -> T:
         """Run ``fn(tx, *args)`` in the next group-commit transaction; return after COMMIT.

@@ -14,6 +14,7 @@
     ├── CheckpointNotPending      the checkpoint call or candidate cannot be proposed or decided
     ├── StepAlreadyRunning        the same step name is already running in this run
     ├── UnfinishedWork            complete() while tool intents or a candidate are open
+    ├── WaitTimeout               a named wait passed its deadline (also a TimeoutError)
     ├── SchemaError               the file is not a zincir database, or is newer than this code
     └── StorageError              the database could not do what was asked (disk full, I/O)
         ├── DatabaseBusy          another process held the write lock too long; worth a retry
@@ -42,6 +43,7 @@ __all__ = [
     "StepAlreadyRunning",
     "StorageError",
     "UnfinishedWork",
+    "WaitTimeout",
     "ZincirError",
 ]
 
@@ -92,6 +94,10 @@ class StepAlreadyRunning(ZincirError):
 
 class UnfinishedWork(ZincirError):
     """The run cannot complete: tool intents have no result, or a candidate is undecided."""
+
+
+class WaitTimeout(ZincirError, TimeoutError):
+    """A named wait passed its stored deadline; every later call with that name raises it too."""
 
 
 class SchemaError(ZincirError):

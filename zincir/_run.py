@@ -23,6 +23,7 @@ from ._errors import (
     RunTerminal,
     StepAlreadyRunning,
     StorageError,
+    WaitTimeout,
 )
 from ._json import JSONValue, decode, encode
 from ._types import (
@@ -50,6 +51,10 @@ __all__ = ["Run", "open_run"]
 logger = logging.getLogger("zincir")
 
 T = TypeVar("T")
+
+# How often a waiting owner looks for a signal another process sent (a read), when nothing
+# wakes it sooner: a send in this process, or a PostgreSQL notification, wakes it at once.
+_SIGNAL_POLL_S = 0.25
 
 
 @final
@@ -346,6 +351,61 @@ class Run:
         if remaining_ms > 0:
             await trio.sleep(remaining_ms / 1000)
         await self._write(self._store.complete_timer, name)
+
+    # -- waiting for the world ------------------------------------------------------------
+
+    async def wait_for_signal(
+        self,
+        name: str,
+        signal: str,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - a durable deadline, not a cancel scope
+    ) -> JSONValue:
+        """Wait for a signal of topic ``signal`` (see :func:`zincir.send_signal`) and return its
+        payload. A *named* wait, like a step: the first time wait ``name`` completes, the oldest
+        unconsumed signal of the topic is bound to it (a ``signal_received`` event), and every
+        later call with ``name`` returns that payload at once, in this owner or any later one.
+
+        ``timeout`` (seconds) is stored as an absolute deadline on the first call; past it the
+        call raises :class:`WaitTimeout`, recorded, so later calls with ``name`` raise it too.
+        A signal sent before the wait began is received.
+        """
+        check_name(name, f"run {self.id}: wait name")
+        topic = check_name(signal, f"run {self.id}: signal name")
+        timeout_ms = None
+        if timeout is not None:
+            timeout_ms = math.ceil(
+                check_seconds(timeout, f"run {self.id}: the timeout of wait {name!r}") * 1000
+            )
+        while True:
+            # Register before looking: a signal sent between the look and the wait still wakes us.
+            woken = self._db._signal_event(self.id)
+            try:
+                outcome = await self._write(self._store.await_signal, name, topic, timeout_ms)
+                if outcome.state == "received":
+                    assert outcome.payload_json is not None
+                    return decode(outcome.payload_json)
+                if outcome.state == "timed_out":
+                    raise WaitTimeout(
+                        f"run {self.id}: wait {name!r} for signal {topic!r} passed its deadline"
+                        f" ({outcome.deadline} ms)"
+                    )
+                await self._until_signal_may_be_there(woken, name, topic, outcome.deadline)
+            finally:
+                self._db._forget_signal_event(self.id, woken)
+
+    async def _until_signal_may_be_there(
+        self, woken: trio.Event, name: str, topic: str, remaining_ms: int | None
+    ) -> None:
+        # Woken at once by a send in this process (or a NOTIFY); otherwise a cheap read every
+        # poll interval finds what another process sent, until the deadline.
+        deadline = math.inf if remaining_ms is None else trio.current_time() + remaining_ms / 1000
+        while trio.current_time() < deadline:
+            with trio.move_on_at(min(deadline, trio.current_time() + _SIGNAL_POLL_S)):
+                await woken.wait()
+                return
+            if await self._db._read(self._store.signal_ready, self.id, topic, name):
+                return
 
     # -- ending ---------------------------------------------------------------------------
 

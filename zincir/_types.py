@@ -53,6 +53,8 @@ class EventType(enum.StrEnum):
     CHECKPOINT_ACCEPTED = "checkpoint_accepted"
     CHECKPOINT_REJECTED = "checkpoint_rejected"
     ATTEMPT_FAILED = "attempt_failed"
+    SIGNAL_RECEIVED = "signal_received"
+    WAIT_TIMED_OUT = "wait_timed_out"
 
 
 @attrs.frozen

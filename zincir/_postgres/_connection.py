@@ -32,6 +32,7 @@ _SESSION_SETTINGS: Final = (
 )
 _CONNECT_TIMEOUT_S: Final = 10
 CLAIMABLE_CHANNEL: Final = "zincir_claimable"
+SIGNAL_CHANNEL: Final = "zincir_signal"
 
 Clock = Callable[[], int]
 
@@ -120,6 +121,10 @@ class Tx:
         """After this transaction commits, tell listening workers that a run became claimable."""
         self._session.notify_pending = True
 
+    def notify_signal(self, run_id: str) -> None:
+        """After this transaction commits, tell a waiting owner anywhere that it has a signal."""
+        self._session.signalled.add(run_id)
+
 
 class PostgresSession:
     """One psycopg connection driven by one database thread; reconnects after a loss."""
@@ -132,6 +137,7 @@ class PostgresSession:
         self._clock = clock
         self._conn: psycopg.Connection[Any] | None = None
         self.notify_pending = False
+        self.signalled: set[str] = set()
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.broken or self._conn.closed:
@@ -147,6 +153,7 @@ class PostgresSession:
 
     def begin(self) -> None:
         self.notify_pending = False
+        self.signalled.clear()
         reused = self._conn is not None
         try:
             self._connection().execute(self._begin)
@@ -218,6 +225,9 @@ class PostgresSession:
         if self.notify_pending:
             self.notify_pending = False
             self._connection().execute(f"NOTIFY {CLAIMABLE_CHANNEL}")
+        for run_id in sorted(self.signalled):
+            self._connection().execute("SELECT pg_notify(%s, %s)", (SIGNAL_CHANNEL, run_id))
+        self.signalled.clear()
 
     def close(self) -> None:
         self._discard()

@@ -11,7 +11,7 @@ from typing import Final
 import psycopg
 import trio
 
-from ._connection import CLAIMABLE_CHANNEL, connect, redact
+from ._connection import CLAIMABLE_CHANNEL, SIGNAL_CHANNEL, connect, redact
 
 logger = logging.getLogger("zincir")
 
@@ -20,9 +20,12 @@ _RECONNECT_S: Final = 1.0
 
 
 class Listener:
-    """A thread that LISTENs and calls ``wake`` (in Trio) for each notification."""
+    """A thread that LISTENs and calls ``wake(channel, payload)`` (in Trio) for each
+    notification; ``wake(None, None)`` after (re)connecting, when anything may have been missed."""
 
-    def __init__(self, url: str, token: trio.lowlevel.TrioToken, wake: Callable[[], None]) -> None:
+    def __init__(
+        self, url: str, token: trio.lowlevel.TrioToken, wake: Callable[[str | None, str | None], None]
+    ) -> None:
         self._url = url
         self._token = token
         self._wake = wake
@@ -47,20 +50,21 @@ class Listener:
                 continue
             try:
                 conn.execute(f"LISTEN {CLAIMABLE_CHANNEL}")
-                # Listen first, then look: whatever was released while this connection was down
-                # is found by the claim pass this wake-up causes.
-                self._announce()
+                conn.execute(f"LISTEN {SIGNAL_CHANNEL}")
+                # Listen first, then look: whatever was released or signalled while this
+                # connection was down is found by the look this wake-up causes.
+                self._announce(None, None)
                 while not self._stopping.is_set():
-                    for _ in conn.notifies(timeout=_WAIT_S):
-                        self._announce()
+                    for notification in conn.notifies(timeout=_WAIT_S):
+                        self._announce(notification.channel, notification.payload)
             except psycopg.Error as exc:
                 logger.warning("zincir listener: connection lost (%s); reconnecting", exc)
                 self._stopping.wait(_RECONNECT_S)
             finally:
                 conn.close()
 
-    def _announce(self) -> None:
+    def _announce(self, channel: str | None, payload: str | None) -> None:
         try:
-            self._token.run_sync_soon(self._wake)
+            self._token.run_sync_soon(self._wake, channel, payload)
         except trio.RunFinishedError:
             self._stopping.set()

@@ -13,7 +13,14 @@ from typing import Any
 
 import attrs
 
-from .._backend import SUBMIT_CHECKPOINT, IntentRow, Lease
+from .._backend import (
+    SUBMIT_CHECKPOINT,
+    IntentRow,
+    Lease,
+    WaitOutcome,
+    check_wait_topic,
+    signal_received_payload,
+)
 from .._errors import (
     CheckpointNotPending,
     ConflictingResult,
@@ -557,3 +564,88 @@ def complete_timer(tx: Tx, lease: Lease, name: str) -> None:
         "UPDATE timers SET completed_at = %s WHERE run_id = %s AND name = %s AND completed_at IS NULL",
         (tx.now, lease.run_id, name),
     )
+
+
+# -- signals and named waits --------------------------------------------------------------------
+
+
+def send_signal(tx: Tx, run_id: str, topic: str, payload_json: str, key: str | None) -> tuple[int, bool]:
+    """Put a signal in the run's inbox (no lease: outsiders send). (signal id, stored now)."""
+    # KEY SHARE: the run cannot end while the signal is being stored, and its owner's row lock
+    # (NO KEY UPDATE) does not make the sender wait.
+    row = tx.one("SELECT status FROM agent_runs WHERE id = %s FOR KEY SHARE", (run_id,))
+    if row is None:
+        raise RunNotFound(f"run {run_id} does not exist")
+    if row[0] not in _LIVE:
+        raise RunTerminal(f"run {run_id} is {row[0]}; a terminal run takes no signals")
+    inserted = tx.one(
+        "INSERT INTO signals (run_id, topic, payload, key, created_at) VALUES (%s, %s, %s, %s, %s)"
+        " ON CONFLICT (run_id, key) WHERE key IS NOT NULL DO NOTHING RETURNING id",
+        (run_id, topic, payload_json, key, tx.now),
+    )
+    if inserted is None:  # a concurrent or earlier send with the same key won
+        (signal_id,) = tx.one("SELECT id FROM signals WHERE run_id = %s AND key = %s", (run_id, key))
+        return int(signal_id), False
+    tx.notify_signal(run_id)
+    return int(inserted[0]), True
+
+
+def await_signal(tx: Tx, lease: Lease, name: str, topic: str, timeout_ms: int | None) -> WaitOutcome:
+    """Record wait ``name`` on its first call; bind the oldest unconsumed signal of ``topic``
+    to it, or time it out past its stored deadline. Fenced; what is decided is logged."""
+    check_lease(tx, lease)
+    tx.execute(
+        "INSERT INTO waits (run_id, name, kind, topic, deadline, created_at)"
+        " VALUES (%s, %s, 'signal', %s, %s, %s) ON CONFLICT (run_id, name) DO NOTHING",
+        (lease.run_id, name, topic, None if timeout_ms is None else tx.now + timeout_ms, tx.now),
+    )
+    stored_topic, deadline, completed_at, signal_id, timed_out = tx.one(
+        "SELECT topic, deadline, completed_at, signal_id, timed_out FROM waits"
+        " WHERE run_id = %s AND name = %s",
+        (lease.run_id, name),
+    )
+    check_wait_topic(lease.run_id, name, stored_topic, topic)
+    if completed_at is not None:
+        if timed_out:
+            return WaitOutcome.timed_out(deadline)
+        (payload,) = tx.one("SELECT payload FROM signals WHERE id = %s", (signal_id,))
+        return WaitOutcome.received(payload)
+    signal = tx.one(
+        "SELECT id, payload FROM signals WHERE run_id = %s AND topic = %s AND consumed_by IS NULL"
+        " ORDER BY id LIMIT 1",
+        (lease.run_id, topic),
+    )
+    if signal is not None:
+        signal_id, payload = signal
+        tx.execute(
+            "UPDATE signals SET consumed_by = %s, consumed_at = %s WHERE id = %s", (name, tx.now, signal_id)
+        )
+        tx.execute(
+            "UPDATE waits SET completed_at = %s, signal_id = %s WHERE run_id = %s AND name = %s",
+            (tx.now, signal_id, lease.run_id, name),
+        )
+        seq = _allocate(tx, lease.run_id, 1)
+        event = signal_received_payload(name, topic, signal_id, payload)
+        _insert_event(tx, lease.run_id, seq, EventType.SIGNAL_RECEIVED, event, f"wait:{name}")
+        return WaitOutcome.received(payload)
+    if deadline is not None and deadline <= tx.now:
+        tx.execute(
+            "UPDATE waits SET completed_at = %s, timed_out = 1 WHERE run_id = %s AND name = %s",
+            (tx.now, lease.run_id, name),
+        )
+        seq = _allocate(tx, lease.run_id, 1)
+        event = _dump({"deadline": deadline, "name": name, "signal": topic})
+        _insert_event(tx, lease.run_id, seq, EventType.WAIT_TIMED_OUT, event, f"wait:{name}")
+        return WaitOutcome.timed_out(deadline)
+    return WaitOutcome.pending(None if deadline is None else deadline - tx.now)
+
+
+def signal_ready(tx: Tx, run_id: str, topic: str, name: str) -> bool:
+    """A cheap read for a waiting owner: is there something for wait ``name`` to decide?"""
+    row = tx.one(
+        "SELECT 1 FROM signals WHERE run_id = %s AND topic = %s AND consumed_by IS NULL"
+        " UNION ALL SELECT 1 FROM waits WHERE run_id = %s AND name = %s AND deadline <= zincir_now_ms()"
+        " LIMIT 1",
+        (run_id, topic, run_id, name),
+    )
+    return row is not None
