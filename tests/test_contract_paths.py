@@ -365,6 +365,7 @@ METHODS: dict[str, Callable[[zincir.Run, zincir.Checkpoint], Awaitable[object]]]
     "step": lambda r, c: r.step("step", _must_not_run),
     "sleep": lambda r, c: r.sleep("nap", 0),
     "wait_for_signal": lambda r, c: r.wait_for_signal("w", "go", timeout=0),
+    "wait_for_approval": lambda r, c: r.wait_for_approval("t1", timeout=0),
     "complete": lambda r, c: r.complete(),
     "fail": lambda r, c: r.fail("after the loss"),
 }

@@ -8,6 +8,7 @@ import pytest
 import zincir
 
 PUBLIC = {
+    "Approval", "ApprovalConflict", "ApprovalError", "ApprovalHashMismatch", "ApprovalNotRequested",
     "Backoff", "Checkpoint", "CheckpointNotPending", "CheckpointState", "Clock", "ConflictingResult",
     "Database", "DatabaseBusy", "DatabaseClosed", "DatabaseUnavailable", "DuplicateToolCall",
     "DurableState", "Event", "EventType", "Handler", "InvalidArgument", "LeaseLost", "MIN_LEASE_TTL",
@@ -15,7 +16,7 @@ PUBLIC = {
     "PendingToolCall", "ResumeWorker", "Run", "RunLeased", "RunNotFound", "RunRecord", "RunStatus",
     "RunTerminal", "SUBMIT_CHECKPOINT", "SchemaError", "StepAlreadyRunning", "StorageError", "ToolCall",
     "UnfinishedWork", "Verification", "Verifier", "WaitTimeout", "ZincirError", "__version__",
-    "artifacts", "open_database", "open_run", "send_signal", "wall_clock_ms",
+    "artifacts", "decide_approval", "open_database", "open_run", "send_signal", "wall_clock_ms",
 }  # fmt: skip
 
 
@@ -29,7 +30,7 @@ def test_all_is_pinned() -> None:
 def test_every_error_is_a_zincir_error() -> None:
     errors = [getattr(zincir, n) for n in zincir.__all__ if isinstance(getattr(zincir, n), type)]
     errors = [e for e in errors if issubclass(e, Exception)]
-    assert len(errors) == 18
+    assert len(errors) == 22
     assert all(issubclass(e, zincir.ZincirError) for e in errors)
     assert issubclass(zincir.InvalidArgument, ValueError)
     assert issubclass(zincir.DuplicateToolCall, zincir.InvalidArgument)
@@ -55,6 +56,7 @@ def _instances() -> dict[type, object]:
         zincir.RunRecord: record,
         zincir.DurableState: zincir.DurableState(record, checkpoint, [event]),
         zincir.Backoff: zincir.Backoff(),
+        zincir.Approval: zincir.Approval("c1", True, "ada", "ok", "0" * 64, 1, 2),
         zincir.artifacts.Artifact: zincir.artifacts.Artifact("file", "a.txt", "0" * 64),
     }
 

@@ -10,6 +10,10 @@ from . import artifacts
 from ._backend import SUBMIT_CHECKPOINT
 from ._database import Clock, Database, open_database, wall_clock_ms
 from ._errors import (
+    ApprovalConflict,
+    ApprovalError,
+    ApprovalHashMismatch,
+    ApprovalNotRequested,
     CheckpointNotPending,
     ConflictingResult,
     DatabaseBusy,
@@ -29,9 +33,10 @@ from ._errors import (
     WaitTimeout,
     ZincirError,
 )
-from ._inbox import send_signal
+from ._inbox import decide_approval, send_signal
 from ._run import Run, open_run
 from ._types import (
+    Approval,
     Checkpoint,
     CheckpointState,
     DurableState,
@@ -51,6 +56,11 @@ from ._worker import Backoff, Handler, ResumeWorker
 __all__ = [
     "MIN_LEASE_TTL",
     "SUBMIT_CHECKPOINT",
+    "Approval",
+    "ApprovalConflict",
+    "ApprovalError",
+    "ApprovalHashMismatch",
+    "ApprovalNotRequested",
     "Backoff",
     "Checkpoint",
     "CheckpointNotPending",
@@ -88,6 +98,7 @@ __all__ = [
     "ZincirError",
     "__version__",
     "artifacts",
+    "decide_approval",
     "open_database",
     "open_run",
     "send_signal",

@@ -19,20 +19,24 @@ Rules every operation keeps, on every backend:
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Literal, Protocol
 
 import attrs
 
 from ._errors import InvalidArgument
 from ._json import decode, dump_trusted
-from ._types import Checkpoint, Event, RunRecord, RunStatus
+from ._types import Approval, Checkpoint, Event, RunRecord, RunStatus
 
 __all__ = [
     "SUBMIT_CHECKPOINT",
+    "ApprovalOutcome",
     "IntentRow",
     "Lease",
     "Store",
     "WaitOutcome",
+    "approval_of",
+    "args_hash",
     "check_wait_topic",
     "signal_received_payload",
 ]
@@ -94,6 +98,28 @@ def check_wait_topic(run_id: str, name: str, stored: str, asked: str) -> None:
             f"run {run_id}: wait {name!r} waits for signal {stored!r}, not {asked!r}; a wait's name"
             " is bound to its first call"
         )
+
+
+def args_hash(name: str, args: Any) -> str:
+    """SHA-256 of the canonical JSON (sorted keys, compact) of a tool intent's name and args."""
+    return hashlib.sha256(dump_trusted({"args": args, "name": name}).encode()).hexdigest()
+
+
+@attrs.frozen
+class ApprovalOutcome:
+    """What looking at an approval found: its decision, a timeout, or nothing yet."""
+
+    state: Literal["decided", "timed_out", "pending"]
+    approval: Approval
+    remaining_ms: int | None = None
+
+
+def approval_of(row: Any) -> Approval:
+    """An Approval from (call_id, approved, decided_by, reason, args_hash, requested_at, decided_at)."""
+    call_id, approved, by, reason, hash_, requested_at, decided_at = row
+    return Approval(
+        call_id, None if approved is None else bool(approved), by, reason, hash_, requested_at, decided_at
+    )
 
 
 def signal_received_payload(name: str, topic: str, signal_id: int, payload_json: str) -> str:
@@ -208,6 +234,33 @@ class Store(Protocol):
 
     def signal_ready(self, tx: Any, run_id: str, topic: str, name: str) -> bool:
         """Whether await_signal would now decide the wait (a read, for polling)."""
+
+    # -- approvals ------------------------------------------------------------------------
+
+    def await_approval(self, tx: Any, lease: Lease, call_id: str, timeout_ms: int | None) -> ApprovalOutcome:
+        """Request approval of a pending intent on the first call (``approval_requested``, with
+        its args hash and deadline); log a decision once it is there (``approval_decided``), or
+        time the request out. Fenced; NoDurableIntent, InvalidArgument (no longer pending)."""
+
+    def decide_approval(
+        self,
+        tx: Any,
+        run_id: str,
+        call_id: str,
+        approved: bool,
+        by: str,
+        reason: str,
+        expected_hash: str | None,
+    ) -> Approval:
+        """An outsider's decision, no lease needed; deciding the same way again is a no-op.
+        RunNotFound, RunTerminal, NoDurableIntent, ApprovalNotRequested, ApprovalConflict,
+        ApprovalHashMismatch."""
+
+    def approval_ready(self, tx: Any, run_id: str, call_id: str) -> bool:
+        """Whether await_approval would now decide (a read, for polling)."""
+
+    def open_approvals(self, tx: Any, run_id: str | None, limit: int) -> list[tuple[str, str, Any, Approval]]:
+        """(run id, tool name, args, request) of undecided requests, oldest first."""
 
     # -- reading --------------------------------------------------------------------------
 

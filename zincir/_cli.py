@@ -8,7 +8,8 @@ import logging
 import os
 import signal
 import sys
-from typing import cast
+from collections.abc import Awaitable, Callable
+from typing import TypeVar, cast
 
 import click
 import trio
@@ -17,9 +18,13 @@ from ._cli_inspect import register
 from ._cli_options import database_option
 from ._database import open_database
 from ._errors import ZincirError
-from ._inbox import send_signal
+from ._inbox import decide_approval, send_signal
+from ._types import Approval
+from ._validation import canonical_run_id
 from ._version import __version__
 from ._worker import Handler, ResumeWorker
+
+T = TypeVar("T")
 
 
 @click.group()
@@ -129,8 +134,66 @@ def send_signal_command(
         async with open_database(database_path) as db:
             return await send_signal(db, run_id, signal_name, payload, key=key)
 
+    click.echo(_run_cli(send))
+
+
+@main.command()
+@click.option("--run", "run_id", default=None, help="Only this run's requests.")
+@click.option("--limit", type=click.IntRange(1, 10_000), default=100, show_default=True)
+@database_option
+def approvals(run_id: str | None, limit: int, database_path: str) -> None:
+    """List open approval requests, oldest first: run, call, tool, args and their hash."""
+
+    async def read() -> list[tuple[str, str, object, Approval]]:
+        async with open_database(database_path) as db:
+            wanted = None if run_id is None else canonical_run_id(run_id)
+            found: list[tuple[str, str, object, Approval]] = await db._read(
+                db._store.open_approvals, wanted, limit
+            )
+            return found
+
+    rows = _run_cli(read)
+    if not rows:
+        click.echo("no open approval requests")
+    for run, tool, args, request in rows:
+        click.echo(f"run {run}  call {request.call_id}  tool {tool}")
+        click.echo(f"  args  {json.dumps(args, sort_keys=True)}")
+        click.echo(f"  hash  {request.args_hash}")
+
+
+def _decide(approved: bool) -> click.Command:
+    verb = "approve" if approved else "deny"
+
+    @click.command(verb)
+    @click.argument("run_id")
+    @click.argument("call_id")
+    @click.option("--by", required=True, help="Who decides (recorded).")
+    @click.option("--reason", default="", help="Why (recorded).")
+    @click.option("--hash", "args_hash", default=None, help="Refuse unless this is the intent's args hash.")
+    @database_option
+    def decide(
+        run_id: str, call_id: str, by: str, reason: str, args_hash: str | None, database_path: str
+    ) -> None:
+        async def write() -> Approval:
+            async with open_database(database_path) as db:
+                return await decide_approval(
+                    db, run_id, call_id, approved=approved, by=by, reason=reason, args_hash=args_hash
+                )
+
+        decision = _run_cli(write)
+        click.echo(f"{'approved' if decision.approved else 'denied'} by {decision.by}: {decision.call_id}")
+
+    decide.help = f"{verb.capitalize()} tool call CALL_ID of run RUN_ID (see zincir approvals for the hash)."
+    return decide
+
+
+main.add_command(_decide(True))
+main.add_command(_decide(False))
+
+
+def _run_cli(fn: Callable[[], Awaitable[T]]) -> T:
     try:
-        click.echo(trio.run(send))
+        return trio.run(fn)
     except ZincirError as exc:
         raise click.ClickException(str(exc)) from None
 

@@ -82,7 +82,7 @@ class Database:
     _closed: bool
     _claim_listeners: set[Callable[[], None]]
     _listening: Listening | None
-    _signal_waiters: dict[str, set[trio.Event]]
+    _inbox_waiters: dict[str, set[trio.Event]]
 
     def __init__(self, *_: object, **__: object) -> None:
         raise TypeError("use zincir.open_database() to open a Database")
@@ -99,7 +99,7 @@ class Database:
         self._reader = backend.reader
         self._closed = False
         self._claim_listeners = set()
-        self._signal_waiters = {}
+        self._inbox_waiters = {}
         self._listening = None if backend.listen is None else backend.listen(self._hear)
         return self
 
@@ -138,9 +138,9 @@ class Database:
         for listener in list(self._claim_listeners):
             listener()
 
-    def _announce_signal(self, run_id: str) -> None:
-        """A signal was sent to ``run_id``: wake its waits in this process at once."""
-        for event in self._signal_waiters.get(run_id, ()):
+    def _announce_inbox(self, run_id: str) -> None:
+        """Something reached the inbox of ``run_id`` (a signal, a decision): wake its waits here."""
+        for event in self._inbox_waiters.get(run_id, ()):
             event.set()
 
     def _hear(self, channel: str | None, payload: str | None) -> None:
@@ -148,24 +148,24 @@ class Database:
         if channel is None or channel.endswith("claimable"):
             self._announce_claimable()
         if channel is None:
-            for events in self._signal_waiters.values():
+            for events in self._inbox_waiters.values():
                 for event in events:
                     event.set()
-        elif channel.endswith("signal") and payload is not None:
-            self._announce_signal(payload)
+        elif channel.endswith("inbox") and payload is not None:
+            self._announce_inbox(payload)
 
-    def _signal_event(self, run_id: str) -> trio.Event:
-        """An event set when ``run_id`` may have a signal; forget it with _forget_signal_event."""
+    def _inbox_event(self, run_id: str) -> trio.Event:
+        """An event set when ``run_id`` may have a signal; forget it with _forget_inbox_event."""
         event = trio.Event()
-        self._signal_waiters.setdefault(run_id, set()).add(event)
+        self._inbox_waiters.setdefault(run_id, set()).add(event)
         return event
 
-    def _forget_signal_event(self, run_id: str, event: trio.Event) -> None:
-        events = self._signal_waiters.get(run_id)
+    def _forget_inbox_event(self, run_id: str, event: trio.Event) -> None:
+        events = self._inbox_waiters.get(run_id)
         if events is not None:
             events.discard(event)
             if not events:
-                del self._signal_waiters[run_id]
+                del self._inbox_waiters[run_id]
 
     async def _write(self, fn: Callable[..., T], *args: Any, route: str = "") -> T:
         """Run ``fn(tx, *args)`` in the next group-commit transaction; return after COMMIT.

@@ -15,6 +15,10 @@
     ├── StepAlreadyRunning        the same step name is already running in this run
     ├── UnfinishedWork            complete() while tool intents or a candidate are open
     ├── WaitTimeout               a named wait passed its deadline (also a TimeoutError)
+    ├── ApprovalError             an approval cannot be requested or decided as asked
+    │   ├── ApprovalNotRequested  the tool call has no approval request
+    │   ├── ApprovalConflict      it was already decided differently, or timed out
+    │   └── ApprovalHashMismatch  the approver saw other arguments than the intent's
     ├── SchemaError               the file is not a zincir database, or is newer than this code
     └── StorageError              the database could not do what was asked (disk full, I/O)
         ├── DatabaseBusy          another process held the write lock too long; worth a retry
@@ -27,6 +31,10 @@ Every operation that raises leaves the database as it was: nothing is half-writt
 from __future__ import annotations
 
 __all__ = [
+    "ApprovalConflict",
+    "ApprovalError",
+    "ApprovalHashMismatch",
+    "ApprovalNotRequested",
     "CheckpointNotPending",
     "ConflictingResult",
     "DatabaseBusy",
@@ -98,6 +106,22 @@ class UnfinishedWork(ZincirError):
 
 class WaitTimeout(ZincirError, TimeoutError):
     """A named wait passed its stored deadline; every later call with that name raises it too."""
+
+
+class ApprovalError(ZincirError):
+    """An approval cannot be requested or decided as asked."""
+
+
+class ApprovalNotRequested(ApprovalError):
+    """The tool call has no approval request (yet): only a requested approval can be decided."""
+
+
+class ApprovalConflict(ApprovalError):
+    """The approval was already decided the other way, or its request timed out."""
+
+
+class ApprovalHashMismatch(ApprovalError):
+    """The ``args_hash`` given is not the intent's: the approver saw other arguments."""
 
 
 class SchemaError(ZincirError):

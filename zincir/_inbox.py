@@ -10,9 +10,10 @@ from __future__ import annotations
 from ._database import Database
 from ._errors import InvalidArgument
 from ._json import JSONValue, encode
-from ._validation import canonical_run_id, check_name, check_text
+from ._types import Approval
+from ._validation import canonical_run_id, check_call_id, check_name, check_text
 
-__all__ = ["send_signal"]
+__all__ = ["decide_approval", "send_signal"]
 
 
 async def send_signal(
@@ -36,5 +37,40 @@ async def send_signal(
     )
     signal_id, stored = await db._write(db._store.send_signal, run_id, topic, payload_json, key)
     if stored:
-        db._announce_signal(run_id)
+        db._announce_inbox(run_id)
     return signal_id
+
+
+async def decide_approval(
+    db: Database,
+    run_id: str,
+    call_id: str,
+    *,
+    approved: bool,
+    by: str,
+    reason: str = "",
+    args_hash: str | None = None,
+) -> Approval:
+    """Approve or deny the requested approval of tool call ``call_id`` of a run, as ``by``.
+
+    With ``args_hash``, the decision is refused (:class:`ApprovalHashMismatch`) unless it is the
+    intent's hash: the approver saw exactly these arguments. Deciding the same way again returns
+    the recorded decision; the other way, :class:`ApprovalConflict`. An unknown intent is
+    :class:`NoDurableIntent`, one without a request :class:`ApprovalNotRequested`. The run's
+    owner enters the decision in the log (``approval_decided``) when its wait sees it.
+    """
+    if not isinstance(db, Database):
+        raise InvalidArgument(f"decide_approval() needs a Database, not {db!r}")
+    run_id = canonical_run_id(run_id)
+    check_call_id(call_id, f"run {run_id}: call_id")
+    if not isinstance(approved, bool):
+        raise InvalidArgument(f"run {run_id}: approved must be True or False, not {approved!r}")
+    check_text(by, f"run {run_id}: the approver (by)")
+    check_text(reason, f"run {run_id}: the reason", max_chars=4000, allow_empty=True)
+    if args_hash is not None:
+        check_text(args_hash, f"run {run_id}: args_hash", max_chars=64)
+    approval: Approval = await db._write(
+        db._store.decide_approval, run_id, call_id, approved, by, reason, args_hash, route=run_id
+    )
+    db._announce_inbox(run_id)
+    return approval

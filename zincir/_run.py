@@ -13,7 +13,7 @@ from typing import Any, TypeVar, cast, final
 
 import trio
 
-from ._backend import IntentRow, Lease, Store
+from ._backend import ApprovalOutcome, IntentRow, Lease, Store
 from ._database import Database, open_database
 from ._errors import (
     CheckpointNotPending,
@@ -27,6 +27,7 @@ from ._errors import (
 )
 from ._json import JSONValue, decode, encode
 from ._types import (
+    Approval,
     Checkpoint,
     CheckpointState,
     DurableState,
@@ -54,7 +55,7 @@ T = TypeVar("T")
 
 # How often a waiting owner looks for a signal another process sent (a read), when nothing
 # wakes it sooner: a send in this process, or a PostgreSQL notification, wakes it at once.
-_SIGNAL_POLL_S = 0.25
+_INBOX_POLL_S = 0.25
 
 
 @final
@@ -379,7 +380,7 @@ class Run:
             )
         while True:
             # Register before looking: a signal sent between the look and the wait still wakes us.
-            woken = self._db._signal_event(self.id)
+            woken = self._db._inbox_event(self.id)
             try:
                 outcome = await self._write(self._store.await_signal, name, topic, timeout_ms)
                 if outcome.state == "received":
@@ -390,22 +391,45 @@ class Run:
                         f"run {self.id}: wait {name!r} for signal {topic!r} passed its deadline"
                         f" ({outcome.deadline} ms)"
                     )
-                await self._until_signal_may_be_there(woken, name, topic, outcome.deadline)
+                ready = functools.partial(self._db._read, self._store.signal_ready, self.id, topic, name)
+                await _until_ready(woken, ready, outcome.deadline)
             finally:
-                self._db._forget_signal_event(self.id, woken)
+                self._db._forget_inbox_event(self.id, woken)
 
-    async def _until_signal_may_be_there(
-        self, woken: trio.Event, name: str, topic: str, remaining_ms: int | None
-    ) -> None:
-        # Woken at once by a send in this process (or a NOTIFY); otherwise a cheap read every
-        # poll interval finds what another process sent, until the deadline.
-        deadline = math.inf if remaining_ms is None else trio.current_time() + remaining_ms / 1000
-        while trio.current_time() < deadline:
-            with trio.move_on_at(min(deadline, trio.current_time() + _SIGNAL_POLL_S)):
-                await woken.wait()
-                return
-            if await self._db._read(self._store.signal_ready, self.id, topic, name):
-                return
+    async def wait_for_approval(
+        self,
+        call_id: str,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - a durable deadline, not a cancel scope
+    ) -> Approval:
+        """Ask for approval of the pending tool intent ``call_id`` and wait for the decision.
+
+        The first call records the request (an ``approval_requested`` event with the intent's
+        ``args_hash``, and the deadline if ``timeout`` is given); the decision, made by
+        :func:`zincir.decide_approval` or ``zincir approve`` / ``zincir deny``, enters the log as
+        ``approval_decided``. Later calls return the recorded decision at once. Past the
+        deadline: :class:`WaitTimeout`. zincir runs no tools: a denied call gets whatever result
+        you record for it.
+        """
+        check_call_id(call_id, f"run {self.id}: call_id")
+        timeout_ms = None
+        if timeout is not None:
+            seconds = check_seconds(timeout, f"run {self.id}: the timeout of the approval of {call_id!r}")
+            timeout_ms = math.ceil(seconds * 1000)
+        while True:
+            woken = self._db._inbox_event(self.id)
+            try:
+                outcome: ApprovalOutcome = await self._write(self._store.await_approval, call_id, timeout_ms)
+                if outcome.state == "decided":
+                    return outcome.approval
+                if outcome.state == "timed_out":
+                    raise WaitTimeout(
+                        f"run {self.id}: the approval of tool call {call_id!r} passed its deadline"
+                    )
+                ready = functools.partial(self._db._read, self._store.approval_ready, self.id, call_id)
+                await _until_ready(woken, ready, outcome.remaining_ms)
+            finally:
+                self._db._forget_inbox_event(self.id, woken)
 
     # -- ending ---------------------------------------------------------------------------
 
@@ -489,6 +513,21 @@ class Run:
         if released and self._release_delay_ms == 0:
             self._db._announce_claimable()
         return released
+
+
+async def _until_ready(
+    woken: trio.Event, ready: Callable[[], Awaitable[bool]], remaining_ms: int | None
+) -> None:
+    """Return once the inbox may hold what a wait needs: woken at once by a write in this
+    process (or a PostgreSQL notification); otherwise a cheap read every poll interval finds
+    what another process wrote; at the latest when the deadline is due."""
+    deadline = math.inf if remaining_ms is None else trio.current_time() + remaining_ms / 1000
+    while trio.current_time() < deadline:
+        with trio.move_on_at(min(deadline, trio.current_time() + _INBOX_POLL_S)):
+            await woken.wait()
+            return
+        if await ready():
+            return
 
 
 @asynccontextmanager

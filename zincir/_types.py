@@ -15,6 +15,7 @@ from ._errors import InvalidArgument
 from ._json import JSONValue
 
 __all__ = [
+    "Approval",
     "Checkpoint",
     "CheckpointState",
     "DurableState",
@@ -55,6 +56,8 @@ class EventType(enum.StrEnum):
     ATTEMPT_FAILED = "attempt_failed"
     SIGNAL_RECEIVED = "signal_received"
     WAIT_TIMED_OUT = "wait_timed_out"
+    APPROVAL_REQUESTED = "approval_requested"
+    APPROVAL_DECIDED = "approval_decided"
 
 
 @attrs.frozen
@@ -172,6 +175,21 @@ class RunRecord:
     config: JSONValue
     created_at: int
     updated_at: int
+
+
+@attrs.frozen
+class Approval:
+    """A request to approve one tool intent, and the decision on it (``approved`` is None
+    while it is open). ``args_hash`` is the SHA-256 of the canonical JSON of the intent's name
+    and args as recorded: what the approver saw is exactly what the tool gets."""
+
+    call_id: str
+    approved: bool | None
+    by: str | None
+    reason: str | None
+    args_hash: str
+    requested_at: int
+    decided_at: int | None
 
 
 @attrs.frozen

@@ -32,7 +32,7 @@ _SESSION_SETTINGS: Final = (
 )
 _CONNECT_TIMEOUT_S: Final = 10
 CLAIMABLE_CHANNEL: Final = "zincir_claimable"
-SIGNAL_CHANNEL: Final = "zincir_signal"
+INBOX_CHANNEL: Final = "zincir_inbox"
 
 Clock = Callable[[], int]
 
@@ -121,7 +121,7 @@ class Tx:
         """After this transaction commits, tell listening workers that a run became claimable."""
         self._session.notify_pending = True
 
-    def notify_signal(self, run_id: str) -> None:
+    def notify_inbox(self, run_id: str) -> None:
         """After this transaction commits, tell a waiting owner anywhere that it has a signal."""
         self._session.signalled.add(run_id)
 
@@ -226,7 +226,7 @@ class PostgresSession:
             self.notify_pending = False
             self._connection().execute(f"NOTIFY {CLAIMABLE_CHANNEL}")
         for run_id in sorted(self.signalled):
-            self._connection().execute("SELECT pg_notify(%s, %s)", (SIGNAL_CHANNEL, run_id))
+            self._connection().execute("SELECT pg_notify(%s, %s)", (INBOX_CHANNEL, run_id))
         self.signalled.clear()
 
     def close(self) -> None:

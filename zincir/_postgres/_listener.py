@@ -11,7 +11,7 @@ from typing import Final
 import psycopg
 import trio
 
-from ._connection import CLAIMABLE_CHANNEL, SIGNAL_CHANNEL, connect, redact
+from ._connection import CLAIMABLE_CHANNEL, INBOX_CHANNEL, connect, redact
 
 logger = logging.getLogger("zincir")
 
@@ -50,7 +50,7 @@ class Listener:
                 continue
             try:
                 conn.execute(f"LISTEN {CLAIMABLE_CHANNEL}")
-                conn.execute(f"LISTEN {SIGNAL_CHANNEL}")
+                conn.execute(f"LISTEN {INBOX_CHANNEL}")
                 # Listen first, then look: whatever was released or signalled while this
                 # connection was down is found by the look this wake-up causes.
                 self._announce(None, None)

@@ -14,13 +14,19 @@ import attrs
 
 from .._backend import (
     SUBMIT_CHECKPOINT,
+    ApprovalOutcome,
     IntentRow,
     Lease,
     WaitOutcome,
+    approval_of,
+    args_hash,
     check_wait_topic,
     signal_received_payload,
 )
 from .._errors import (
+    ApprovalConflict,
+    ApprovalHashMismatch,
+    ApprovalNotRequested,
     CheckpointNotPending,
     ConflictingResult,
     DuplicateToolCall,
@@ -35,7 +41,7 @@ from .._errors import (
 from .._json import decode
 from .._json import dump_trusted as _dump
 from .._rows import CHECKPOINT_COLUMNS, EVENT_COLUMNS, RUN_COLUMNS, to_checkpoint, to_event, to_run
-from .._types import Checkpoint, Event, EventType, RunRecord, RunStatus
+from .._types import Approval, Checkpoint, Event, EventType, RunRecord, RunStatus
 from ._connection import Tx
 
 _LIVE = (RunStatus.PENDING.value, RunStatus.RUNNING.value)
@@ -625,3 +631,158 @@ def signal_ready(tx: Tx, run_id: str, topic: str, name: str) -> bool:
         (run_id, topic, run_id, name, tx.now),
     )
     return row is not None
+
+
+# -- approvals ----------------------------------------------------------------------------------
+
+_ROW_LOCK = ""
+_SHARE_LOCK = ""
+_APPROVAL_COLUMNS = "call_id, approved, decided_by, reason, args_hash, requested_at, decided_at"
+
+
+def await_approval(tx: Tx, lease: Lease, call_id: str, timeout_ms: int | None) -> ApprovalOutcome:
+    """Request approval of a pending intent on the first call; log its decision once there,
+    or time the request out past its stored deadline. Fenced."""
+    check_lease(tx, lease)
+    row = _approval_row(tx, lease.run_id, call_id, lock=True)
+    if row is None:
+        _request_approval(tx, lease.run_id, call_id, timeout_ms)
+        row = _approval_row(tx, lease.run_id, call_id, lock=False)
+        assert row is not None
+    *fields, deadline, timed_out, logged_at = row
+    approval = approval_of(fields)
+    if approval.approved is not None:
+        if logged_at is None:
+            decision = {
+                "approved": approval.approved, "args_hash": approval.args_hash, "by": approval.by,
+                "call_id": call_id, "reason": approval.reason,
+            }  # fmt: skip
+            seq = _allocate(tx, lease.run_id, 1)
+            _insert_event(
+                tx,
+                lease.run_id,
+                seq,
+                EventType.APPROVAL_DECIDED,
+                _dump(decision),
+                f"approval:{call_id}:decided",
+            )
+            tx.execute(
+                "UPDATE approvals SET logged_at = ? WHERE run_id = ? AND call_id = ?",
+                (tx.now, lease.run_id, call_id),
+            )
+        return ApprovalOutcome("decided", approval)
+    if timed_out:
+        return ApprovalOutcome("timed_out", approval)
+    if deadline is not None and deadline <= tx.now:
+        tx.execute(
+            "UPDATE approvals SET timed_out = 1 WHERE run_id = ? AND call_id = ?", (lease.run_id, call_id)
+        )
+        seq = _allocate(tx, lease.run_id, 1)
+        event = _dump({"deadline": deadline, "name": f"approval:{call_id}", "call_id": call_id})
+        _insert_event(tx, lease.run_id, seq, EventType.WAIT_TIMED_OUT, event, f"approval:{call_id}:timed_out")
+        return ApprovalOutcome("timed_out", approval)
+    return ApprovalOutcome("pending", approval, None if deadline is None else deadline - tx.now)
+
+
+def _approval_row(tx: Tx, run_id: str, call_id: str, *, lock: bool) -> Any:
+    return tx.one(
+        f"SELECT {_APPROVAL_COLUMNS}, deadline, timed_out, logged_at FROM approvals"
+        f" WHERE run_id = ? AND call_id = ?{_ROW_LOCK if lock else ''}",
+        (run_id, call_id),
+    )
+
+
+def _request_approval(tx: Tx, run_id: str, call_id: str, timeout_ms: int | None) -> None:
+    intent = tx.one(
+        "SELECT t.name, t.result_seq, e.payload FROM tool_intents AS t"
+        " JOIN events AS e ON e.run_id = t.run_id AND e.seq = t.intent_seq"
+        " WHERE t.run_id = ? AND t.call_id = ?",
+        (run_id, call_id),
+    )
+    if intent is None:
+        raise NoDurableIntent(f"run {run_id}: tool call {call_id!r} has no durable intent to approve")
+    name, result_seq, payload_json = intent
+    if result_seq is not None:
+        raise InvalidArgument(
+            f"run {run_id}: tool call {call_id!r} already has a result; approval is for pending calls"
+        )
+    if name == SUBMIT_CHECKPOINT:
+        raise InvalidArgument(
+            f"run {run_id}: {call_id!r} is a {SUBMIT_CHECKPOINT} call; its verifier decides it"
+        )
+    args = decode(payload_json)["args"]
+    hash_ = args_hash(name, args)
+    tx.execute(
+        "INSERT INTO approvals (run_id, call_id, tool_name, args_hash, requested_at, deadline)"
+        " VALUES (?, ?, ?, ?, ?, ?)",
+        (run_id, call_id, name, hash_, tx.now, None if timeout_ms is None else tx.now + timeout_ms),
+    )
+    seq = _allocate(tx, run_id, 1)
+    request = _dump({"args": args, "args_hash": hash_, "call_id": call_id, "name": name})
+    _insert_event(tx, run_id, seq, EventType.APPROVAL_REQUESTED, request, f"approval:{call_id}:requested")
+
+
+def decide_approval(
+    tx: Tx, run_id: str, call_id: str, approved: bool, by: str, reason: str, expected_hash: str | None
+) -> Approval:
+    """An outsider's decision on a requested approval; the same decision again is a no-op."""
+    status = tx.one(f"SELECT status FROM agent_runs WHERE id = ?{_SHARE_LOCK}", (run_id,))
+    if status is None:
+        raise RunNotFound(f"run {run_id} does not exist")
+    if status[0] not in _LIVE:
+        raise RunTerminal(f"run {run_id} is {status[0]}; its approvals can no longer be decided")
+    row = _approval_row(tx, run_id, call_id, lock=True)
+    where = f"run {run_id}: tool call {call_id!r}"
+    if row is None:
+        if tx.one("SELECT 1 FROM tool_intents WHERE run_id = ? AND call_id = ?", (run_id, call_id)) is None:
+            raise NoDurableIntent(f"{where} has no durable intent")
+        raise ApprovalNotRequested(f"{where} has no approval request")
+    *fields, _, timed_out, _ = row
+    current = approval_of(fields)
+    if expected_hash is not None and expected_hash != current.args_hash:
+        raise ApprovalHashMismatch(
+            f"{where}: the arguments approved (hash {expected_hash}) are not the intent's"
+            f" ({current.args_hash})"
+        )
+    if timed_out:
+        raise ApprovalConflict(f"{where}: the approval request timed out before a decision")
+    if current.approved is not None:
+        if current.approved != approved:
+            verdict = "approved" if current.approved else "denied"
+            raise ApprovalConflict(f"{where} was already {verdict} by {current.by}")
+        return current
+    tx.execute(
+        "UPDATE approvals SET approved = ?, decided_by = ?, reason = ?, decided_at = ?"
+        " WHERE run_id = ? AND call_id = ?",
+        (int(approved), by, reason, tx.now, run_id, call_id),
+    )
+    _notify_inbox(tx, run_id)
+    return attrs.evolve(current, approved=approved, by=by, reason=reason, decided_at=tx.now)
+
+
+def approval_ready(tx: Tx, run_id: str, call_id: str) -> bool:
+    """A cheap read for a waiting owner: is the approval decided, or past its deadline?"""
+    row = tx.one(
+        "SELECT 1 FROM approvals WHERE run_id = ? AND call_id = ?"
+        " AND (decided_at IS NOT NULL OR timed_out = 1 OR deadline <= ?)",
+        (run_id, call_id, tx.now),
+    )
+    return row is not None
+
+
+def open_approvals(tx: Tx, run_id: str | None, limit: int) -> list[tuple[str, str, Any, Approval]]:
+    """(run id, tool name, args, request) of undecided, unexpired requests, oldest first."""
+    rows = tx.all(
+        "SELECT a.run_id, a.tool_name, e.payload, a.call_id, a.approved, a.decided_by, a.reason, a.args_hash,"
+        " a.requested_at, a.decided_at FROM approvals AS a"
+        " JOIN tool_intents AS t ON t.run_id = a.run_id AND t.call_id = a.call_id"
+        " JOIN events AS e ON e.run_id = t.run_id AND e.seq = t.intent_seq"
+        " WHERE a.decided_at IS NULL AND a.timed_out = 0 AND (CAST(? AS TEXT) IS NULL OR a.run_id = ?)"
+        " ORDER BY a.requested_at, a.run_id LIMIT ?",
+        (run_id, run_id, limit),
+    )
+    return [(r[0], r[1], decode(r[2])["args"], approval_of(r[3:])) for r in rows]
+
+
+def _notify_inbox(tx: Tx, run_id: str) -> None:
+    pass  # one process writes SQLite: the in-process wake-up is enough

@@ -1,5 +1,5 @@
--- zincir schema, version 2, for PostgreSQL: signals (an inbox that outsiders write without a lease) and named
--- waits (what a run awaits, written only by its lease holder).
+-- zincir schema, version 2, for PostgreSQL: signals and approvals (inboxes that outsiders write without a lease)
+-- and named waits (what a run awaits, written only by its lease holder).
 
 CREATE TABLE signals (
     id          BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -34,3 +34,27 @@ CREATE TABLE waits (
 
 -- The open waits of a run (the inspector and CLI show them).
 CREATE INDEX idx_waits_open ON waits (run_id, created_at) WHERE completed_at IS NULL;
+
+-- Approvals of tool intents: the owner writes the request (bound to the intent's args hash),
+-- an outsider writes the decision without a lease, and the owner logs it. Never deleted.
+CREATE TABLE approvals (
+    run_id       TEXT COLLATE "C" NOT NULL REFERENCES agent_runs (id) ON DELETE CASCADE,
+    call_id      TEXT COLLATE "C" NOT NULL,
+    tool_name    TEXT COLLATE "C" NOT NULL,
+    -- SHA-256 of the canonical JSON of the intent's name and args, as recorded.
+    args_hash    TEXT COLLATE "C" NOT NULL,
+    requested_at BIGINT NOT NULL,
+    deadline     BIGINT,
+    approved     BIGINT CHECK (approved IN (0, 1)),
+    decided_by   TEXT,
+    reason       TEXT,
+    decided_at   BIGINT,
+    timed_out    BIGINT NOT NULL DEFAULT 0 CHECK (timed_out IN (0, 1)),
+    -- When the owner entered the decision in the log (approval_decided).
+    logged_at    BIGINT,
+    PRIMARY KEY (run_id, call_id),
+    CHECK ((approved IS NULL) = (decided_at IS NULL))
+);
+
+-- Open requests, oldest first (zincir approvals).
+CREATE INDEX idx_approvals_open ON approvals (requested_at, run_id) WHERE decided_at IS NULL AND timed_out = 0;
