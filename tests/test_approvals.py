@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 
 import pytest
 import trio
@@ -11,6 +12,7 @@ import trio.testing
 
 import zincir
 
+from .conftest import ManualClock
 from .helpers import REPO, dump, running_python
 
 REFUND = {"amount": 120, "order": "A-17"}
@@ -174,3 +176,40 @@ async def test_the_approval_commands_show_decide_and_refuse(db: zincir.Database)
         assert (await run.wait_for_approval("c1")).approved is False
         empty = await trio.run_process([zincir_bin, "approvals", "--db", db.path], capture_stdout=True)
         assert run.id not in empty.stdout.decode()
+
+
+async def test_a_decision_after_the_deadline_is_refused(
+    clocked_db: zincir.Database, clock: ManualClock
+) -> None:
+    async with zincir.open_run(clocked_db) as run:
+        await ask(run)
+        with trio.move_on_after(0.05):
+            await run.wait_for_approval("c1", timeout=5)
+        clock.advance(10)
+        with pytest.raises(zincir.ApprovalConflict, match="timed out"):
+            await zincir.decide_approval(clocked_db, run.id, "c1", approved=True, by="late")
+        with pytest.raises(zincir.WaitTimeout):
+            await run.wait_for_approval("c1")
+
+
+async def test_answered_calls_and_ended_runs_have_no_open_requests(db: zincir.Database) -> None:
+    zincir_bin = str(REPO / ".venv" / "bin" / "zincir")
+    async with zincir.open_run(db) as run:
+        await ask(run)
+        with trio.move_on_after(0.05):
+            await run.wait_for_approval("c1")
+        await run.record_tool_result("c1", "done without waiting")
+        with pytest.raises(zincir.ApprovalConflict, match="already has a result"):
+            await zincir.decide_approval(db, run.id, "c1", approved=True, by="ada")
+        listing = await trio.run_process([zincir_bin, "approvals", "--db", db.path], capture_stdout=True)
+        assert listing.stdout.decode().strip() == "no open approval requests"
+
+
+async def test_the_approvals_command_never_creates_a_database(tmp_path: Path) -> None:
+    zincir_bin = str(REPO / ".venv" / "bin" / "zincir")
+    missing = tmp_path / "nothing-here.db"
+    result = await trio.run_process(
+        [zincir_bin, "approvals", "--db", str(missing)], capture_stderr=True, check=False
+    )
+    assert result.returncode == 1 and b"does not exist" in result.stderr
+    assert not missing.exists()

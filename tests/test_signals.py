@@ -9,7 +9,9 @@ import trio.testing
 
 import zincir
 
+from .conftest import ManualClock
 from .helpers import REPO, dump, running_python
+from .postgres_server import restartable_server
 
 
 def received(events: list[zincir.Event]) -> list[dict[str, object]]:
@@ -205,3 +207,45 @@ async def test_the_signal_command_sends_once_per_key(db: zincir.Database) -> Non
         bad = await trio.run_process([*command, "--data", "{not json"], capture_stderr=True, check=False)
         assert bad.returncode == 2 and b"not JSON" in bad.stderr
         assert await run.wait_for_signal("w", "approved") == {"by": "ada"}
+
+
+async def test_a_signal_sent_after_the_deadline_is_too_late(
+    clocked_db: zincir.Database, clock: ManualClock
+) -> None:
+    async with zincir.open_run(clocked_db) as run:
+        with trio.move_on_after(0.05):  # the deadline is stored, then the owner stops waiting
+            await run.wait_for_signal("w", "go", timeout=5)
+        clock.advance(10)
+        await zincir.send_signal(clocked_db, run.id, "go", "late")
+        with pytest.raises(zincir.WaitTimeout):
+            await run.wait_for_signal("w", "go", timeout=5)
+        assert await run.wait_for_signal("next", "go") == "late"  # still there for another wait
+
+
+async def test_a_keyed_retry_after_the_run_ended_returns_the_first_id(db: zincir.Database) -> None:
+    async with zincir.open_run(db) as run:
+        first = await zincir.send_signal(db, run.id, "go", 1, key="k")
+        assert await run.wait_for_signal("w", "go") == 1
+        await run.complete()
+    assert await zincir.send_signal(db, run.id, "go", 1, key="k") == first  # it did go through
+    with pytest.raises(zincir.RunTerminal):
+        await zincir.send_signal(db, run.id, "go", 2, key="other")
+
+
+async def test_a_wait_rides_out_a_server_restart() -> None:
+    with restartable_server() as (url, restart):
+        async with zincir.open_database(url) as db, zincir.open_run(db, lease_ttl=30) as run:
+            got: list[object] = []
+
+            async def waiter(task_status: trio.TaskStatus[None]) -> None:
+                task_status.started()
+                got.append(await run.wait_for_signal("w", "go"))
+
+            async with trio.open_nursery() as nursery:
+                await nursery.start(waiter)
+                await trio.to_thread.run_sync(restart)
+                await trio.sleep(0.6)  # a few polls fail against the restarted server's old connections
+                async with zincir.open_database(url) as other:  # another process sends, after the restart
+                    await zincir.send_signal(other, run.id, "go", "after the restart")
+            assert got == ["after the restart"]
+            await run.complete()

@@ -259,9 +259,6 @@ class Store(Protocol):
     def approval_ready(self, tx: Any, run_id: str, call_id: str) -> bool:
         """Whether await_approval would now decide (a read, for polling)."""
 
-    def open_approvals(self, tx: Any, run_id: str | None, limit: int) -> list[tuple[str, str, Any, Approval]]:
-        """(run id, tool name, args, request) of undecided requests, oldest first."""
-
     # -- reading --------------------------------------------------------------------------
 
     def durable_state(self, tx: Any, run_id: str) -> tuple[RunRecord, Checkpoint | None, list[Event]]:

@@ -14,13 +14,14 @@ from typing import TypeVar, cast
 import click
 import trio
 
-from ._cli_inspect import register
+from . import _queries as q
+from ._cli_inspect import clean_errors as _clean_errors
+from ._cli_inspect import readonly_database, register
 from ._cli_options import database_option
-from ._database import open_database
+from ._database import open_database, wall_clock_ms
 from ._errors import ZincirError
 from ._inbox import decide_approval, send_signal
 from ._types import Approval
-from ._validation import canonical_run_id
 from ._version import __version__
 from ._worker import Handler, ResumeWorker
 
@@ -139,26 +140,26 @@ def send_signal_command(
 
 @main.command()
 @click.option("--run", "run_id", default=None, help="Only this run's requests.")
-@click.option("--limit", type=click.IntRange(1, 10_000), default=100, show_default=True)
+@click.option("--limit", type=click.IntRange(1, 1000), default=100, show_default=True)
 @database_option
 def approvals(run_id: str | None, limit: int, database_path: str) -> None:
-    """List open approval requests, oldest first: run, call, tool, args and their hash."""
+    """List open approval requests, oldest first: run, call, tool, args and their hash.
 
-    async def read() -> list[tuple[str, str, object, Approval]]:
-        async with open_database(database_path) as db:
-            wanted = None if run_id is None else canonical_run_id(run_id)
-            found: list[tuple[str, str, object, Approval]] = await db._read(
-                db._store.open_approvals, wanted, limit
-            )
-            return found
-
-    rows = _run_cli(read)
-    if not rows:
+    Read-only: the database is never created, migrated or written.
+    """
+    wanted = None if run_id is None else q.parse_run_id(run_id)
+    with _clean_errors(), readonly_database(database_path) as conn, q.read_snapshot(conn):
+        requests = q.list_open_approvals(conn, wanted, wall_clock_ms(), limit=limit)
+    if not requests:
         click.echo("no open approval requests")
-    for run, tool, args, request in rows:
-        click.echo(f"run {run}  call {request.call_id}  tool {tool}")
-        click.echo(f"  args  {json.dumps(args, sort_keys=True)}")
-        click.echo(f"  hash  {request.args_hash}")
+    for request in requests:
+        _print_request(request)
+
+
+def _print_request(request: q.ApprovalRequest) -> None:
+    click.echo(f"run {request.run_id}  call {request.call_id}  tool {request.tool}")
+    click.echo(f"  args  {json.dumps(request.args, sort_keys=True)}")
+    click.echo(f"  hash  {request.args_hash}")
 
 
 def _decide(approved: bool) -> click.Command:
@@ -174,6 +175,12 @@ def _decide(approved: bool) -> click.Command:
     def decide(
         run_id: str, call_id: str, by: str, reason: str, args_hash: str | None, database_path: str
     ) -> None:
+        run_id = q.parse_run_id(run_id)
+        with _clean_errors(), readonly_database(database_path) as conn, q.read_snapshot(conn):
+            request = q.get_approval_request(conn, run_id, call_id)
+        if request is not None:  # what is being decided, before deciding it
+            _print_request(request)
+
         async def write() -> Approval:
             async with open_database(database_path) as db:
                 return await decide_approval(
@@ -183,7 +190,10 @@ def _decide(approved: bool) -> click.Command:
         decision = _run_cli(write)
         click.echo(f"{'approved' if decision.approved else 'denied'} by {decision.by}: {decision.call_id}")
 
-    decide.help = f"{verb.capitalize()} tool call CALL_ID of run RUN_ID (see zincir approvals for the hash)."
+    decide.help = (
+        f"{verb.capitalize()} tool call CALL_ID of run RUN_ID; it prints the tool, args and hash first"
+        " (pass --hash to refuse unless they are what you saw in zincir approvals)."
+    )
     return decide
 
 

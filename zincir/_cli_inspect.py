@@ -47,7 +47,7 @@ def _leaf(error: BaseException) -> BaseException:
 
 
 @contextlib.contextmanager
-def _clean_errors() -> Iterator[None]:
+def clean_errors() -> Iterator[None]:
     """Turn zincir errors into a one-line ``Error: ...`` and exit status 1."""
     try:
         yield
@@ -66,7 +66,7 @@ def _require_file(target: str) -> None:
     connecting."""
     if q.is_url(target):
         return
-    with _clean_errors():
+    with clean_errors():
         path = q.sqlite_path(target)
     if not os.path.isfile(path):
         raise click.ClickException(
@@ -76,7 +76,7 @@ def _require_file(target: str) -> None:
 
 
 @contextlib.contextmanager
-def _database(path: str) -> Iterator[q.Reader]:
+def readonly_database(path: str) -> Iterator[q.Reader]:
     _require_file(path)
     conn = q.open_readonly(path)
     try:
@@ -190,7 +190,7 @@ async def _serve_ui(database_path: str, address: str) -> None:
 @click.option("--before", "cursor", metavar="CURSOR", help="Continue after this cursor (printed below).")
 def runs(database_path: str, status: str | None, role: str | None, limit: int, cursor: str | None) -> None:
     """List runs, most recent activity first, with counts per status."""
-    with _clean_errors(), _database(database_path) as conn, q.read_snapshot(conn):
+    with clean_errors(), readonly_database(database_path) as conn, q.read_snapshot(conn):
         before = None if cursor is None else q.parse_cursor(cursor)
         page = q.list_runs(conn, status=status, role=role, limit=limit, before=before)
         _print_runs(page)
@@ -229,7 +229,7 @@ def _print_runs(page: q.RunPage) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead.")
 def show(database_path: str, run_id: str, as_json: bool) -> None:
     """Show one run: lease, attempts, family, configuration, checkpoints, steps, timers."""
-    with _clean_errors(), _database(database_path) as conn, q.read_snapshot(conn):
+    with clean_errors(), readonly_database(database_path) as conn, q.read_snapshot(conn):
         run = q.get_run(conn, run_id)
         checkpoints = q.list_checkpoints(conn, run.id)
         steps = q.list_steps(conn, run.id)
@@ -248,7 +248,7 @@ def show(database_path: str, run_id: str, as_json: bool) -> None:
 @click.argument("run_id")
 def checkpoints(database_path: str, run_id: str) -> None:
     """Show a run's checkpoint lineage: round, status, based-on and decision seqs, evidence."""
-    with _clean_errors(), _database(database_path) as conn, q.read_snapshot(conn):
+    with clean_errors(), readonly_database(database_path) as conn, q.read_snapshot(conn):
         run = q.get_run(conn, run_id, children_limit=0)
         _print_lineage(q.list_checkpoints(conn, run.id))
 
@@ -386,7 +386,7 @@ def events(
     full: bool,
 ) -> None:
     """Print a run's events in seq order, page by page (never the whole log in memory)."""
-    with _clean_errors(), _database(database_path) as conn:
+    with clean_errors(), readonly_database(database_path) as conn:
         run_id = q.parse_run_id(run_id)
         printer = functools.partial(_print_event, run_id, as_json=as_json, full=full)
         try:
@@ -441,7 +441,7 @@ def export(database_path: str, run_id: str) -> None:
     Every line has a "kind" (run, event, checkpoint, step, timer); all are read from one
     consistent snapshot, events page by page.
     """
-    with _clean_errors(), _database(database_path) as conn, q.read_snapshot(conn):
+    with clean_errors(), readonly_database(database_path) as conn, q.read_snapshot(conn):
         run = q.get_run(conn, run_id, children_limit=1000)
         _emit("run", {**q.run_to_json(run), "children_total": run.children_total})
         for event in q.iter_events(conn, run.id):

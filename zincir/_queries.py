@@ -51,6 +51,7 @@ __all__ = [
     "RUN_STATUSES",
     "SCAN_WINDOW",
     "SQLITE",
+    "ApprovalRequest",
     "CheckpointRow",
     "Cursor",
     "Dialect",
@@ -71,6 +72,7 @@ __all__ = [
     "encode_key",
     "event_to_json",
     "event_types",
+    "get_approval_request",
     "get_checkpoint",
     "get_event",
     "get_run",
@@ -81,6 +83,7 @@ __all__ = [
     "key_json",
     "list_checkpoints",
     "list_events",
+    "list_open_approvals",
     "list_runs",
     "list_steps",
     "list_timers",
@@ -1378,3 +1381,60 @@ def timer_to_json(run_id: str, timer: TimerRow) -> dict[str, Any]:
         "completed_at": _plain(timer.completed_at),
         "run_id": run_id,
     }
+
+
+# --------------------------------------------------------------------------- approvals
+
+
+@attrs.frozen
+class ApprovalRequest:
+    """An approval request, with the tool call it is for."""
+
+    run_id: str
+    call_id: str
+    tool: str
+    args: Any
+    args_hash: str
+    requested_at: int
+    deadline: int | None
+    approved: bool | None
+    decided_by: str | None
+
+
+_APPROVAL_SQL = (
+    "SELECT a.run_id, a.call_id, a.tool_name, e.payload, a.args_hash, a.requested_at, a.deadline,"
+    " a.approved, a.decided_by FROM approvals AS a"
+    " JOIN tool_intents AS t ON t.run_id = a.run_id AND t.call_id = a.call_id"
+    " JOIN events AS e ON e.run_id = t.run_id AND e.seq = t.intent_seq"
+)
+
+
+def _approval_request(row: Sequence[Any]) -> ApprovalRequest:
+    run_id, call_id, tool, payload, hash_, requested_at, deadline, approved, by = row
+    intent = json_value(payload)
+    args = intent.get("args") if isinstance(intent, dict) else None
+    return ApprovalRequest(
+        _text(run_id), _text(call_id), _text(tool), args, _text(hash_), int(requested_at),
+        None if deadline is None else int(deadline), None if approved is None else bool(approved),
+        None if by is None else _text(by),
+    )  # fmt: skip
+
+
+def list_open_approvals(
+    conn: Reader, run_id: str | None, now_ms: int, *, limit: int
+) -> tuple[ApprovalRequest, ...]:
+    """Undecided requests that can still be decided (live run, call unanswered, deadline not
+    passed), oldest first."""
+    rows = conn.execute(
+        f"{_APPROVAL_SQL} JOIN agent_runs AS r ON r.id = a.run_id"
+        " WHERE a.decided_at IS NULL AND a.timed_out = 0 AND t.result_seq IS NULL"
+        " AND r.status IN ('pending', 'running') AND (a.deadline IS NULL OR a.deadline > ?)"
+        " AND (CAST(? AS TEXT) IS NULL OR a.run_id = ?) ORDER BY a.requested_at, a.run_id LIMIT ?",
+        (now_ms, run_id, run_id, _check_limit(limit)),
+    )
+    return tuple(_approval_request(r) for r in rows)
+
+
+def get_approval_request(conn: Reader, run_id: str, call_id: str) -> ApprovalRequest | None:
+    rows = list(conn.execute(f"{_APPROVAL_SQL} WHERE a.run_id = ? AND a.call_id = ?", (run_id, call_id)))
+    return _approval_request(rows[0]) if rows else None

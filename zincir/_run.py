@@ -17,6 +17,8 @@ from ._backend import ApprovalOutcome, IntentRow, Lease, Store
 from ._database import Database, open_database
 from ._errors import (
     CheckpointNotPending,
+    DatabaseBusy,
+    DatabaseUnavailable,
     DuplicateToolCall,
     InvalidArgument,
     LeaseLost,
@@ -382,7 +384,11 @@ class Run:
             # Register before looking: a signal sent between the look and the wait still wakes us.
             woken = self._db._inbox_event(self.id)
             try:
-                outcome = await self._write(self._store.await_signal, name, topic, timeout_ms)
+                try:
+                    outcome = await self._write(self._store.await_signal, name, topic, timeout_ms)
+                except (DatabaseBusy, DatabaseUnavailable) as exc:
+                    await _after_transient(self.id, exc)  # deciding twice is safe: the wait replays
+                    continue
                 if outcome.state == "received":
                     assert outcome.payload_json is not None
                     return decode(outcome.payload_json)
@@ -419,7 +425,13 @@ class Run:
         while True:
             woken = self._db._inbox_event(self.id)
             try:
-                outcome: ApprovalOutcome = await self._write(self._store.await_approval, call_id, timeout_ms)
+                try:
+                    outcome: ApprovalOutcome = await self._write(
+                        self._store.await_approval, call_id, timeout_ms
+                    )
+                except (DatabaseBusy, DatabaseUnavailable) as exc:
+                    await _after_transient(self.id, exc)
+                    continue
                 if outcome.state == "decided":
                     return outcome.approval
                 if outcome.state == "timed_out":
@@ -515,6 +527,12 @@ class Run:
         return released
 
 
+async def _after_transient(run_id: str, exc: Exception) -> None:
+    # While the lease lasts, a wait rides out an outage (the heartbeat gives up at expiry).
+    logger.warning("run %s: deciding a wait failed, retrying: %s", run_id, exc)
+    await trio.sleep(_INBOX_POLL_S)
+
+
 async def _until_ready(
     woken: trio.Event, ready: Callable[[], Awaitable[bool]], remaining_ms: int | None
 ) -> None:
@@ -526,8 +544,11 @@ async def _until_ready(
         with trio.move_on_at(min(deadline, trio.current_time() + _INBOX_POLL_S)):
             await woken.wait()
             return
-        if await ready():
-            return
+        try:
+            if await ready():
+                return
+        except StorageError as exc:  # an outage: the heartbeat judges the lease, we keep waiting
+            logger.warning("looking for a signal or decision failed, will look again: %s", exc)
 
 
 @asynccontextmanager

@@ -577,9 +577,13 @@ def complete_timer(tx: Tx, lease: Lease, name: str) -> None:
 
 def send_signal(tx: Tx, run_id: str, topic: str, payload_json: str, key: str | None) -> tuple[int, bool]:
     """Put a signal in the run's inbox (no lease: outsiders send). (signal id, stored now)."""
-    # KEY SHARE: the run cannot end while the signal is being stored, and its owner's row lock
-    # (NO KEY UPDATE) does not make the sender wait.
-    row = tx.one("SELECT status FROM agent_runs WHERE id = %s FOR KEY SHARE", (run_id,))
+    if key is not None:  # a retry of a send that went through: its id, whatever happened since
+        existing = tx.one("SELECT id FROM signals WHERE run_id = %s AND key = %s", (run_id, key))
+        if existing is not None:
+            return int(existing[0]), False
+    # FOR SHARE waits for an owner's write in flight (it holds NO KEY UPDATE), so a run that is
+    # ending cannot take a signal nobody will ever receive.
+    row = tx.one("SELECT status FROM agent_runs WHERE id = %s FOR SHARE", (run_id,))
     if row is None:
         raise RunNotFound(f"run {run_id} does not exist")
     if row[0] not in _LIVE:
@@ -618,8 +622,8 @@ def await_signal(tx: Tx, lease: Lease, name: str, topic: str, timeout_ms: int | 
         return WaitOutcome.received(payload)
     signal = tx.one(
         "SELECT id, payload FROM signals WHERE run_id = %s AND topic = %s AND consumed_by IS NULL"
-        " ORDER BY id LIMIT 1",
-        (lease.run_id, topic),
+        " AND (CAST(%s AS BIGINT) IS NULL OR created_at <= %s) ORDER BY id LIMIT 1",
+        (lease.run_id, topic, deadline, deadline),  # a signal sent after the deadline is too late
     )
     if signal is not None:
         signal_id, payload = signal
@@ -660,7 +664,7 @@ def signal_ready(tx: Tx, run_id: str, topic: str, name: str) -> bool:
 # -- approvals ----------------------------------------------------------------------------------
 
 _ROW_LOCK = " FOR UPDATE"
-_SHARE_LOCK = " FOR KEY SHARE"
+_SHARE_LOCK = " FOR SHARE"
 _APPROVAL_COLUMNS = "call_id, approved, decided_by, reason, args_hash, requested_at, decided_at"
 
 
@@ -761,15 +765,20 @@ def decide_approval(
         if tx.one("SELECT 1 FROM tool_intents WHERE run_id = %s AND call_id = %s", (run_id, call_id)) is None:
             raise NoDurableIntent(f"{where} has no durable intent")
         raise ApprovalNotRequested(f"{where} has no approval request")
-    *fields, _, timed_out, _ = row
+    *fields, deadline, timed_out, _ = row
     current = approval_of(fields)
     if expected_hash is not None and expected_hash != current.args_hash:
         raise ApprovalHashMismatch(
             f"{where}: the arguments approved (hash {expected_hash}) are not the intent's"
             f" ({current.args_hash})"
         )
-    if timed_out:
+    if timed_out or (deadline is not None and deadline <= tx.now):
         raise ApprovalConflict(f"{where}: the approval request timed out before a decision")
+    answered = tx.one(
+        "SELECT result_seq FROM tool_intents WHERE run_id = %s AND call_id = %s", (run_id, call_id)
+    )
+    if current.approved is None and answered is not None and answered[0] is not None:
+        raise ApprovalConflict(f"{where} already has a result: there is nothing left to approve")
     if current.approved is not None:
         if current.approved != approved:
             verdict = "approved" if current.approved else "denied"
@@ -792,20 +801,6 @@ def approval_ready(tx: Tx, run_id: str, call_id: str) -> bool:
         (run_id, call_id, tx.now),
     )
     return row is not None
-
-
-def open_approvals(tx: Tx, run_id: str | None, limit: int) -> list[tuple[str, str, Any, Approval]]:
-    """(run id, tool name, args, request) of undecided, unexpired requests, oldest first."""
-    rows = tx.all(
-        "SELECT a.run_id, a.tool_name, e.payload, a.call_id, a.approved, a.decided_by, a.reason, a.args_hash,"
-        " a.requested_at, a.decided_at FROM approvals AS a"
-        " JOIN tool_intents AS t ON t.run_id = a.run_id AND t.call_id = a.call_id"
-        " JOIN events AS e ON e.run_id = t.run_id AND e.seq = t.intent_seq"
-        " WHERE a.decided_at IS NULL AND a.timed_out = 0 AND (CAST(%s AS TEXT) IS NULL OR a.run_id = %s)"
-        " ORDER BY a.requested_at, a.run_id LIMIT %s",
-        (run_id, run_id, limit),
-    )
-    return [(r[0], r[1], decode(r[2])["args"], approval_of(r[3:])) for r in rows]
 
 
 def _notify_inbox(tx: Tx, run_id: str) -> None:

@@ -558,15 +558,15 @@ def complete_timer(tx: Tx, lease: Lease, name: str) -> None:
 
 def send_signal(tx: Tx, run_id: str, topic: str, payload_json: str, key: str | None) -> tuple[int, bool]:
     """Put a signal in the run's inbox (no lease: outsiders send). (signal id, stored now)."""
+    if key is not None:  # a retry of a send that went through: its id, whatever happened since
+        existing = tx.one("SELECT id FROM signals WHERE run_id = ? AND key = ?", (run_id, key))
+        if existing is not None:
+            return int(existing[0]), False
     row = tx.one("SELECT status FROM agent_runs WHERE id = ?", (run_id,))
     if row is None:
         raise RunNotFound(f"run {run_id} does not exist")
     if row[0] not in _LIVE:
         raise RunTerminal(f"run {run_id} is {row[0]}; a terminal run takes no signals")
-    if key is not None:
-        existing = tx.one("SELECT id FROM signals WHERE run_id = ? AND key = ?", (run_id, key))
-        if existing is not None:
-            return int(existing[0]), False
     (signal_id,) = tx.one(
         "INSERT INTO signals (run_id, topic, payload, key, created_at) VALUES (?, ?, ?, ?, ?) RETURNING id",
         (run_id, topic, payload_json, key, tx.now),
@@ -595,8 +595,8 @@ def await_signal(tx: Tx, lease: Lease, name: str, topic: str, timeout_ms: int | 
         return WaitOutcome.received(payload)
     signal = tx.one(
         "SELECT id, payload FROM signals WHERE run_id = ? AND topic = ? AND consumed_by IS NULL"
-        " ORDER BY id LIMIT 1",
-        (lease.run_id, topic),
+        " AND (CAST(? AS BIGINT) IS NULL OR created_at <= ?) ORDER BY id LIMIT 1",
+        (lease.run_id, topic, deadline, deadline),  # a signal sent after the deadline is too late
     )
     if signal is not None:
         signal_id, payload = signal
@@ -737,15 +737,20 @@ def decide_approval(
         if tx.one("SELECT 1 FROM tool_intents WHERE run_id = ? AND call_id = ?", (run_id, call_id)) is None:
             raise NoDurableIntent(f"{where} has no durable intent")
         raise ApprovalNotRequested(f"{where} has no approval request")
-    *fields, _, timed_out, _ = row
+    *fields, deadline, timed_out, _ = row
     current = approval_of(fields)
     if expected_hash is not None and expected_hash != current.args_hash:
         raise ApprovalHashMismatch(
             f"{where}: the arguments approved (hash {expected_hash}) are not the intent's"
             f" ({current.args_hash})"
         )
-    if timed_out:
+    if timed_out or (deadline is not None and deadline <= tx.now):
         raise ApprovalConflict(f"{where}: the approval request timed out before a decision")
+    answered = tx.one(
+        "SELECT result_seq FROM tool_intents WHERE run_id = ? AND call_id = ?", (run_id, call_id)
+    )
+    if current.approved is None and answered is not None and answered[0] is not None:
+        raise ApprovalConflict(f"{where} already has a result: there is nothing left to approve")
     if current.approved is not None:
         if current.approved != approved:
             verdict = "approved" if current.approved else "denied"
@@ -768,20 +773,6 @@ def approval_ready(tx: Tx, run_id: str, call_id: str) -> bool:
         (run_id, call_id, tx.now),
     )
     return row is not None
-
-
-def open_approvals(tx: Tx, run_id: str | None, limit: int) -> list[tuple[str, str, Any, Approval]]:
-    """(run id, tool name, args, request) of undecided, unexpired requests, oldest first."""
-    rows = tx.all(
-        "SELECT a.run_id, a.tool_name, e.payload, a.call_id, a.approved, a.decided_by, a.reason, a.args_hash,"
-        " a.requested_at, a.decided_at FROM approvals AS a"
-        " JOIN tool_intents AS t ON t.run_id = a.run_id AND t.call_id = a.call_id"
-        " JOIN events AS e ON e.run_id = t.run_id AND e.seq = t.intent_seq"
-        " WHERE a.decided_at IS NULL AND a.timed_out = 0 AND (CAST(? AS TEXT) IS NULL OR a.run_id = ?)"
-        " ORDER BY a.requested_at, a.run_id LIMIT ?",
-        (run_id, run_id, limit),
-    )
-    return [(r[0], r[1], decode(r[2])["args"], approval_of(r[3:])) for r in rows]
 
 
 def _notify_inbox(tx: Tx, run_id: str) -> None:
