@@ -155,7 +155,7 @@ class Database:
             self._announce_inbox(payload)
 
     def _inbox_event(self, run_id: str) -> trio.Event:
-        """An event set when ``run_id`` may have a signal; forget it with _forget_inbox_event."""
+        """An event set when the inbox of ``run_id`` may hold news; forget it with _forget_inbox_event."""
         event = trio.Event()
         self._inbox_waiters.setdefault(run_id, set()).add(event)
         return event
