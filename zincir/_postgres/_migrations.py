@@ -20,13 +20,13 @@ def applied_version(conn: psycopg.Connection[Any], where: str) -> int:
 
     Only reads, so a database that is refused is left unchanged.
     """
-    (has_versions,) = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (VERSION_TABLE,)).fetchone() or (
-        False,
-    )
+    # One statement, one snapshot: a migration committing meanwhile is seen whole or not at all.
+    has_versions, found = conn.execute(
+        "SELECT to_regclass(%s) IS NOT NULL,"
+        " array(SELECT t FROM unnest(%s::text[]) AS t WHERE to_regclass(t) IS NOT NULL)",
+        (VERSION_TABLE, list(_ZINCIR_TABLES)),
+    ).fetchone() or (False, [])
     if not has_versions:
-        found = [
-            t for t in _ZINCIR_TABLES if conn.execute("SELECT to_regclass(%s)", (t,)).fetchone() != (None,)
-        ]
         if found:
             raise SchemaError(
                 f"{where} has tables named like zincir's ({', '.join(found)}) but is not a zincir database"
