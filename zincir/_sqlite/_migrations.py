@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from collections.abc import Iterator
 
@@ -43,6 +44,17 @@ def applied_version(conn: sqlite3.Connection, path: str) -> int:
 
     Only reads, so a file that is refused is left byte-for-byte unchanged.
     """
+    # One read transaction for every read: a migration another process commits meanwhile is
+    # seen whole or not at all (not an application id of 0 beside zincir's tables).
+    conn.execute("SAVEPOINT zincir_schema_check")
+    try:
+        return _read_version(conn, path)
+    finally:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("RELEASE zincir_schema_check")
+
+
+def _read_version(conn: sqlite3.Connection, path: str) -> int:
     try:
         application_id = conn.execute("PRAGMA application_id").fetchone()[0]
         tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
