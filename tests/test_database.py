@@ -230,9 +230,10 @@ OPEN_AFTER_SIGNAL = """
 """
 
 
-def test_two_processes_opening_a_new_file_migrate_it_once(db_path: Path, tmp_path: Path) -> None:
-    go = tmp_path / "go"
-    procs = [start_python(OPEN_AFTER_SIGNAL, str(db_path), str(go)) for _ in range(4)]
+def open_from_processes_at_once(target: str, go: Path, count: int = 4) -> None:
+    """Open one new database from ``count`` processes released at the same instant; each must
+    open it without an error."""
+    procs = [start_python(OPEN_AFTER_SIGNAL, target, str(go)) for _ in range(count)]
     try:
         for proc in procs:
             assert proc.stdout is not None
@@ -245,6 +246,10 @@ def test_two_processes_opening_a_new_file_migrate_it_once(db_path: Path, tmp_pat
     for proc, (out, err) in zip(procs, results, strict=True):
         assert proc.returncode == 0, err
         assert out.strip() == "opened"
+
+
+def test_two_processes_opening_a_new_file_migrate_it_once(db_path: Path, tmp_path: Path) -> None:
+    open_from_processes_at_once(str(db_path), tmp_path / "go")
     assert scalar(db_path, "SELECT count(*) FROM zincir_schema_migrations") == len(load_migrations())
 
 

@@ -12,9 +12,9 @@ import pytest
 import zincir
 from zincir import _schema
 
-from .helpers import dump, start_python
+from .helpers import dump
 from .postgres_server import fresh_database
-from .test_database import OPEN_AFTER_SIGNAL
+from .test_database import open_from_processes_at_once
 
 
 @pytest.fixture
@@ -32,20 +32,7 @@ def tables(url: str) -> list[str]:
 
 
 def test_four_processes_opening_a_new_database_migrate_it_once(pg_url: str, tmp_path: Path) -> None:
-    go = tmp_path / "go"
-    procs = [start_python(OPEN_AFTER_SIGNAL, pg_url, str(go)) for _ in range(4)]
-    try:
-        for proc in procs:
-            assert proc.stdout is not None
-            assert proc.stdout.readline().strip() == "ready"
-        go.touch()
-        results = [p.communicate(timeout=60) for p in procs]
-    finally:
-        for proc in procs:
-            proc.kill()
-    for proc, (out, err) in zip(procs, results, strict=True):
-        assert proc.returncode == 0, err
-        assert out.strip() == "opened"
+    open_from_processes_at_once(pg_url, tmp_path / "go")
     with psycopg.connect(pg_url) as conn:
         versions = conn.execute("SELECT version FROM zincir_schema_migrations ORDER BY version").fetchall()
     assert versions == [(m.version,) for m in _schema.load("postgresql")]
