@@ -85,6 +85,19 @@ def migrate(conn: sqlite3.Connection, path: str, now_ms: int) -> None:
     migrations = load_migrations()
     if applied_version(conn, path) == len(migrations):
         return
+    # A migration that rebuilds a table drops the old one: with foreign keys on, that drop would
+    # delete (cascade) every row pointing at it. The pragma is ignored inside a transaction, so it
+    # is switched off around it, and the keys are checked before the commit instead.
+    conn.execute("PRAGMA foreign_keys = OFF")
+    try:
+        _migrate_immediate(conn, path, migrations, now_ms)
+    finally:
+        conn.execute("PRAGMA foreign_keys = ON")
+
+
+def _migrate_immediate(
+    conn: sqlite3.Connection, path: str, migrations: tuple[Migration, ...], now_ms: int
+) -> None:
     conn.execute("BEGIN IMMEDIATE")
     try:
         current = applied_version(conn, path)
@@ -101,6 +114,9 @@ def migrate(conn: sqlite3.Connection, path: str, now_ms: int) -> None:
                 f"INSERT INTO {VERSION_TABLE} (version, name, applied_at) VALUES (?, ?, ?)",
                 (migration.version, migration.name, now_ms),
             )
+        broken = conn.execute("PRAGMA foreign_key_check").fetchmany(5)
+        if broken:
+            raise SchemaError(f"{path}: a migration would leave broken foreign keys: {broken!r}")
         conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:  # SQLite rolls back by itself after some errors
