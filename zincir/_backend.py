@@ -31,9 +31,12 @@ from ._types import Approval, Checkpoint, Event, RunRecord, RunStatus
 __all__ = [
     "SUBMIT_CHECKPOINT",
     "ApprovalOutcome",
+    "DecideOutcome",
     "IntentRow",
     "Lease",
+    "SendOutcome",
     "Store",
+    "WaitKind",
     "WaitOutcome",
     "approval_of",
     "args_hash",
@@ -43,6 +46,9 @@ __all__ = [
 
 SUBMIT_CHECKPOINT = "submit_checkpoint"
 """The tool name whose intents are answered by :meth:`Run.checkpoint`, not by a tool."""
+
+WaitKind = Literal["signal", "approval", "sleep"]
+"""What a suspended run waits for: a named signal wait, an approval (by call id), a sleep."""
 
 
 @attrs.frozen
@@ -92,6 +98,16 @@ class WaitOutcome:
         return cls("pending", deadline=remaining_ms)
 
 
+@attrs.frozen
+class SendOutcome:
+    """What sending a signal did: its id, whether it was stored now (not a keyed repeat), and
+    whether it made a suspended run due."""
+
+    signal_id: int
+    stored: bool
+    woke: bool
+
+
 def check_wait_topic(run_id: str, name: str, stored: str, asked: str) -> None:
     if stored != asked:
         raise InvalidArgument(
@@ -112,6 +128,14 @@ class ApprovalOutcome:
     state: Literal["decided", "timed_out", "pending"]
     approval: Approval
     remaining_ms: int | None = None
+
+
+@attrs.frozen
+class DecideOutcome:
+    """The decision as recorded, and whether recording it made a suspended run due."""
+
+    approval: Approval
+    woke: bool
 
 
 def approval_of(row: Any) -> Approval:
@@ -167,6 +191,12 @@ class Store(Protocol):
         """Give the lease up; the run is claimable after ``delay_ms``. False if it was not
         this owner's any more."""
 
+    def suspend(self, tx: Any, lease: Lease, kind: WaitKind, name: str) -> bool:
+        """Unless what wait, approval or sleep ``name`` awaits is there (or due) already: log
+        running -> waiting, release the lease, give the claim's attempt back, and leave the run
+        due at the deadline (None: when a matching outsider's write arrives). True if it
+        suspended. Fenced."""
+
     def record_attempt_failure(
         self, tx: Any, lease: Lease, failure: dict[str, Any], retry_delay_ms: int | None
     ) -> None:
@@ -221,9 +251,10 @@ class Store(Protocol):
 
     def send_signal(
         self, tx: Any, run_id: str, topic: str, payload_json: str, key: str | None
-    ) -> tuple[int, bool]:
-        """Put a signal in a run's inbox, no lease needed; (id, stored now). With ``key``, a
-        repeat returns the first signal's id and stores nothing. RunNotFound, RunTerminal."""
+    ) -> SendOutcome:
+        """Put a signal in a run's inbox, no lease needed; a run suspended on its topic becomes
+        due. With ``key``, a repeat returns the first signal's id and stores nothing.
+        RunNotFound, RunTerminal."""
 
     def await_signal(
         self, tx: Any, lease: Lease, name: str, topic: str, timeout_ms: int | None
@@ -251,8 +282,9 @@ class Store(Protocol):
         by: str,
         reason: str,
         expected_hash: str | None,
-    ) -> Approval:
-        """An outsider's decision, no lease needed; deciding the same way again is a no-op.
+    ) -> DecideOutcome:
+        """An outsider's decision, no lease needed; deciding the same way again is a no-op. A
+        run suspended on the approval becomes due.
         RunNotFound, RunTerminal, NoDurableIntent, ApprovalNotRequested, ApprovalConflict,
         ApprovalHashMismatch."""
 

@@ -60,6 +60,12 @@ def _load_handler(spec: str) -> Handler:
 @click.option(
     "--grace-period", type=float, default=10.0, show_default=True, help="Seconds handlers get on stop."
 )
+@click.option(
+    "--suspend-after",
+    default="30",
+    show_default=True,
+    help="Suspend a run whose wait lasts this many seconds ('never': keep waits in the process).",
+)
 def worker(
     handler_spec: str,
     database_path: str,
@@ -68,11 +74,15 @@ def worker(
     max_concurrency: int,
     max_attempts: int | None,
     grace_period: float,
+    suspend_after: str,
 ) -> None:
     """Resume runs nobody is working on by calling MODULE:HANDLER(run) for each.
 
+    A run whose wait for a signal or approval lasts --suspend-after seconds (or that sleeps
+    longer) is suspended: status waiting, no lease, no process, until what it awaits arrives.
     Stops cleanly on SIGINT or SIGTERM: no new claims, running handlers get the grace period.
     """
+    suspend = _suspend_seconds(suspend_after)
     handler = _load_handler(handler_spec)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -86,6 +96,7 @@ def worker(
                 max_concurrency=max_concurrency,
                 max_attempts=max_attempts,
                 grace_period=grace_period,
+                suspend_after=suspend,
             )
             log = logging.getLogger("zincir.worker")
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -110,6 +121,15 @@ def worker(
         trio.run(serve)
     except ZincirError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def _suspend_seconds(text: str) -> float | None:
+    if text.strip().lower() == "never":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is neither a number of seconds nor 'never'") from None
 
 
 @main.command("signal")

@@ -50,9 +50,9 @@ class Backend:
     clock: Clock
     """The clock operations use (SQLite, or a test's fake server clock), or an estimate of the
     server's (PostgreSQL)."""
-    listen: Callable[[Callable[[str | None, str | None], None]], Listening] | None = None
-    """Start hearing notifications from other processes: the argument is called with
-    ("claimable", None), ("signal", run id), or (None, None) when anything may have been missed."""
+    listen: Callable[[Callable[[str | None, str | None], None]], Listening]
+    """Start hearing other processes' writes (a thread): the argument is called with
+    ("claimable", None), ("inbox", run id), or (None, None) when anything may have been missed."""
 
 
 class Listening(Protocol):
@@ -81,6 +81,7 @@ class Database:
     _reader: DatabaseThread
     _closed: bool
     _claim_listeners: set[Callable[[], None]]
+    _listen: Callable[[Callable[[str | None, str | None], None]], Listening]
     _listening: Listening | None
     _inbox_waiters: dict[str, set[trio.Event]]
 
@@ -100,7 +101,9 @@ class Database:
         self._closed = False
         self._claim_listeners = set()
         self._inbox_waiters = {}
-        self._listening = None if backend.listen is None else backend.listen(self._hear)
+        # Started by the first wait or worker: a process that only sends or reads never needs it.
+        self._listen = backend.listen
+        self._listening = None
         return self
 
     def __repr__(self) -> str:
@@ -133,6 +136,16 @@ class Database:
         check_int(limit, "limit", minimum=1)
         return await self._read(self._store.list_runs, status, role, limit)
 
+    def _hear_others(self) -> None:
+        """Make sure other processes' writes wake this one (workers and waits call this)."""
+        if self._listening is None and not self._closed:
+            self._listening = self._listen(self._hear)
+
+    def _add_claim_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` whenever a run may have become claimable (here or elsewhere)."""
+        self._hear_others()
+        self._claim_listeners.add(listener)
+
     def _announce_claimable(self) -> None:
         """A run became claimable: wake the resume workers of this process at once."""
         for listener in list(self._claim_listeners):
@@ -144,7 +157,7 @@ class Database:
             event.set()
 
     def _hear(self, channel: str | None, payload: str | None) -> None:
-        """A notification from another process (PostgreSQL)."""
+        """Word of another process's write (a PostgreSQL notification, a SQLite commit seen)."""
         if channel is None or channel.endswith("claimable"):
             self._announce_claimable()
         if channel is None:
@@ -156,6 +169,7 @@ class Database:
 
     def _inbox_event(self, run_id: str) -> trio.Event:
         """An event set when the inbox of ``run_id`` may hold news; forget it with _forget_inbox_event."""
+        self._hear_others()
         event = trio.Event()
         self._inbox_waiters.setdefault(run_id, set()).add(event)
         return event

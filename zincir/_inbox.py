@@ -7,6 +7,7 @@ transaction. So nothing an outsider does can interleave with the owner's sequenc
 
 from __future__ import annotations
 
+from ._backend import DecideOutcome, SendOutcome
 from ._database import Database
 from ._errors import InvalidArgument
 from ._json import JSONValue, encode
@@ -22,7 +23,8 @@ async def send_signal(
     """Send ``signal`` (a topic name) with a JSON ``payload`` to a run; returns the signal's id.
 
     The run need not be owned, or even running yet. The oldest unconsumed signal of a topic goes
-    to the next :meth:`Run.wait_for_signal` for that topic, whenever it comes. With ``key``,
+    to the next :meth:`Run.wait_for_signal` for that topic, whenever it comes; a run suspended
+    on that topic becomes claimable at once, and workers are woken. With ``key``,
     sending is idempotent: a repeat returns the first signal's id and stores nothing.
     Raises :class:`RunNotFound`, or :class:`RunTerminal` for a completed or failed run.
     """
@@ -35,10 +37,12 @@ async def send_signal(
     payload_json = encode(
         payload, what=f"run {run_id}: the payload of signal {topic!r}", limit=db.max_payload_bytes
     )
-    signal_id, stored = await db._write(db._store.send_signal, run_id, topic, payload_json, key)
-    if stored:
+    sent: SendOutcome = await db._write(db._store.send_signal, run_id, topic, payload_json, key, route=run_id)
+    if sent.stored:
         db._announce_inbox(run_id)
-    return signal_id
+    if sent.woke:
+        db._announce_claimable()
+    return sent.signal_id
 
 
 async def decide_approval(
@@ -69,8 +73,10 @@ async def decide_approval(
     check_text(reason, f"run {run_id}: the reason", max_chars=4000, allow_empty=True)
     if args_hash is not None:
         check_text(args_hash, f"run {run_id}: args_hash", max_chars=64)
-    approval: Approval = await db._write(
+    decided: DecideOutcome = await db._write(
         db._store.decide_approval, run_id, call_id, approved, by, reason, args_hash, route=run_id
     )
     db._announce_inbox(run_id)
-    return approval
+    if decided.woke:
+        db._announce_claimable()
+    return decided.approval

@@ -13,7 +13,7 @@ from typing import Any, TypeVar, cast, final
 
 import trio
 
-from ._backend import ApprovalOutcome, IntentRow, Lease, Store
+from ._backend import ApprovalOutcome, IntentRow, Lease, Store, WaitKind
 from ._database import Database, open_database
 from ._errors import (
     CheckpointNotPending,
@@ -83,6 +83,8 @@ class Run:
     _refund_attempt: bool
     _released: bool
     _ending: bool
+    _suspend_after: float | None
+    _suspended: bool
 
     def __init__(self, *_: object, **__: object) -> None:
         raise TypeError("runs come from zincir.open_run() or a ResumeWorker")
@@ -106,6 +108,9 @@ class Run:
         # True while a write that ends this ownership (complete, fail, a worker's failure
         # record) is in flight: a renewal racing it then fails without meaning a loss.
         self._ending = False
+        # Set by a worker: a wait longer than this many seconds suspends the run (see _suspend).
+        self._suspend_after = None
+        self._suspended = False
         return self
 
     def __repr__(self) -> str:
@@ -351,6 +356,8 @@ class Run:
         )
         if completed:
             return
+        if remaining_ms > 0 and self._suspend_after is not None and remaining_ms > self._suspend_after * 1000:
+            await self._suspend("sleep", name)
         if remaining_ms > 0:
             await trio.sleep(remaining_ms / 1000)
         await self._write(self._store.complete_timer, name)
@@ -371,7 +378,8 @@ class Run:
 
         ``timeout`` (seconds) is stored as an absolute deadline on the first call; past it the
         call raises :class:`WaitTimeout`, recorded, so later calls with ``name`` raise it too.
-        A signal sent before the wait began is received.
+        A signal sent before the wait began is received. Under a :class:`ResumeWorker` the run
+        suspends once the wait has lasted the worker's ``suspend_after``.
         """
         check_name(name, f"run {self.id}: wait name")
         topic = check_name(signal, f"run {self.id}: signal name")
@@ -380,6 +388,7 @@ class Run:
             timeout_ms = math.ceil(
                 check_seconds(timeout, f"run {self.id}: the timeout of wait {name!r}") * 1000
             )
+        suspend_at = self._suspend_time()
         while True:
             # Register before looking: a signal sent between the look and the wait still wakes us.
             woken = self._db._inbox_event(self.id)
@@ -398,7 +407,9 @@ class Run:
                         f" ({outcome.deadline} ms)"
                     )
                 ready = functools.partial(self._db._read, self._store.signal_ready, self.id, topic, name)
-                await _until_ready(woken, ready, outcome.deadline)
+                if not await _until_ready(woken, ready, outcome.deadline, suspend_at):
+                    await self._suspend("signal", name)
+                    suspend_at = self._suspend_time()  # it arrived meanwhile, or suspending failed
             finally:
                 self._db._forget_inbox_event(self.id, woken)
 
@@ -415,13 +426,15 @@ class Run:
         :func:`zincir.decide_approval` or ``zincir approve`` / ``zincir deny``, enters the log as
         ``approval_decided``. Later calls return the recorded decision at once. Past the
         deadline: :class:`WaitTimeout`. zincir runs no tools: a denied call gets whatever result
-        you record for it.
+        you record for it. Under a :class:`ResumeWorker` the run suspends once the wait has
+        lasted the worker's ``suspend_after``.
         """
         check_call_id(call_id, f"run {self.id}: call_id")
         timeout_ms = None
         if timeout is not None:
             seconds = check_seconds(timeout, f"run {self.id}: the timeout of the approval of {call_id!r}")
             timeout_ms = math.ceil(seconds * 1000)
+        suspend_at = self._suspend_time()
         while True:
             woken = self._db._inbox_event(self.id)
             try:
@@ -439,9 +452,39 @@ class Run:
                         f"run {self.id}: the approval of tool call {call_id!r} passed its deadline"
                     )
                 ready = functools.partial(self._db._read, self._store.approval_ready, self.id, call_id)
-                await _until_ready(woken, ready, outcome.remaining_ms)
+                if not await _until_ready(woken, ready, outcome.remaining_ms, suspend_at):
+                    await self._suspend("approval", call_id)
+                    suspend_at = self._suspend_time()
             finally:
                 self._db._forget_inbox_event(self.id, woken)
+
+    def _suspend_time(self) -> float:
+        """The Trio time at which a wait beginning now suspends the run (never: infinity)."""
+        if self._suspend_after is None:
+            return math.inf
+        return trio.current_time() + self._suspend_after
+
+    async def _suspend(self, kind: WaitKind, name: str) -> None:
+        """Suspend the run on what ``name`` awaits, then cancel the body; the handler starts
+        again from the top once the run is claimed again. Returns, and the owner goes on
+        waiting, only if the awaited thing arrived meanwhile or the write failed."""
+        self._ending = True  # a renewal racing the release below is not a loss of the lease
+        try:
+            suspended = await self._write(self._store.suspend, kind, name)
+        except (DatabaseBusy, DatabaseUnavailable) as exc:
+            logger.warning("run %s: suspending failed, waiting on in this process: %s", self.id, exc)
+            return
+        finally:
+            self._ending = False
+        if not suspended:
+            return
+        self._released = self._suspended = True
+        self._stop_heartbeat()
+        logger.info("run %s: suspended, waiting for %s %r", self.id, kind, name)
+        # Trio cancellation: user code's `except Exception` cannot swallow it, and the worker
+        # does not count a cancelled handler as a failed attempt.
+        self._body_scope.cancel()
+        await trio.lowlevel.checkpoint()
 
     # -- ending ---------------------------------------------------------------------------
 
@@ -534,32 +577,40 @@ async def _after_transient(run_id: str, exc: Exception) -> None:
 
 
 async def _until_ready(
-    woken: trio.Event, ready: Callable[[], Awaitable[bool]], remaining_ms: int | None
-) -> None:
-    """Return once the inbox may hold what a wait needs: woken at once by a write in this
-    process (or a PostgreSQL notification); otherwise a cheap read every poll interval finds
-    what another process wrote; at the latest when the deadline is due."""
+    woken: trio.Event, ready: Callable[[], Awaitable[bool]], remaining_ms: int | None, give_up_at: float
+) -> bool:
+    """True once the inbox may hold what a wait needs: woken at once by a write in this
+    process (or a notification from another); otherwise a cheap read every poll interval
+    finds what another process wrote; at the latest when the deadline is due. False at
+    ``give_up_at`` (Trio time) if none of that happened first."""
     deadline = math.inf if remaining_ms is None else trio.current_time() + remaining_ms / 1000
     while trio.current_time() < deadline:
-        with trio.move_on_at(min(deadline, trio.current_time() + _INBOX_POLL_S)):
+        if trio.current_time() >= give_up_at:
+            return False
+        with trio.move_on_at(min(deadline, give_up_at, trio.current_time() + _INBOX_POLL_S)):
             await woken.wait()
-            return
+            return True
         try:
             if await ready():
-                return
+                return True
         except StorageError as exc:  # an outage: the heartbeat judges the lease, we keep waiting
             logger.warning("looking for a signal or decision failed, will look again: %s", exc)
+    return True
 
 
 @asynccontextmanager
-async def owned_run(db: Database, lease: Lease) -> AsyncIterator[Run]:
+async def owned_run(db: Database, lease: Lease, *, suspend_after: float | None = None) -> AsyncIterator[Run]:
     """Run the body beside a heartbeat; release the lease on the way out.
+
+    With ``suspend_after`` (a worker's), a wait or sleep longer than that suspends the run: the
+    body is cancelled and the block ends quietly, the run left ``waiting`` in the database.
 
     What the body raised leaves unchanged: never wrapped in an ExceptionGroup by the internal
     nursery, never replaced by a cancellation of an outer scope. A body stopped by lease loss,
     or one whose lease was gone by the time it left, ends in :class:`LeaseLost`.
     """
     run = Run._create(db, lease)
+    run._suspend_after = suspend_after
     body_error: BaseException | None = None
     try:
         # The heartbeat's scope is shielded and stopped only by us, so an outer cancellation

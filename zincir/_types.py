@@ -31,10 +31,12 @@ __all__ = [
 
 
 class RunStatus(enum.StrEnum):
-    """Where a run is in its life. ``completed`` and ``failed`` are terminal."""
+    """Where a run is in its life. ``completed`` and ``failed`` are terminal; a ``waiting`` run
+    is suspended: no process holds it until what it waits for arrives or its deadline passes."""
 
     PENDING = "pending"
     RUNNING = "running"
+    WAITING = "waiting"
     COMPLETED = "completed"
     FAILED = "failed"
 

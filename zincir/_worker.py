@@ -72,6 +72,13 @@ class ResumeWorker:
     releases it until the backoff has passed. :meth:`stop` stops claiming at once and gives
     running handlers ``grace_period`` seconds before cancelling them; cancelled handlers
     release their runs, so another worker can claim them straight away.
+
+    A handler whose wait (:meth:`Run.wait_for_signal`, :meth:`Run.wait_for_approval`) is not
+    satisfied within ``suspend_after`` seconds, or that sleeps longer than that, *suspends* its
+    run: the run becomes ``waiting``, its lease is released and the handler is cancelled, without
+    counting an attempt. The signal, the decision or the deadline makes the run claimable again,
+    and the handler starts over from the top (its steps, sleeps, waits and recorded responses
+    return at once). ``suspend_after=None`` keeps every wait in the process.
     """
 
     def __init__(
@@ -85,6 +92,7 @@ class ResumeWorker:
         max_attempts: int | None = None,
         backoff: Backoff = Backoff(),
         grace_period: float = 10.0,
+        suspend_after: float | None = 30.0,
     ) -> None:
         if not isinstance(db, Database):
             raise InvalidArgument(f"ResumeWorker needs a Database, not {db!r}")
@@ -103,6 +111,7 @@ class ResumeWorker:
         self._max_attempts = max_attempts
         self._backoff = backoff
         self._grace_period = check_seconds(grace_period, "grace_period")
+        self._suspend_after = None if suspend_after is None else check_seconds(suspend_after, "suspend_after")
         self._owner = str(uuid.uuid4())
         self._claim_scope = trio.CancelScope()
         self._wakeup = trio.Event()
@@ -130,7 +139,7 @@ class ResumeWorker:
         if self._running:
             raise InvalidArgument("a ResumeWorker runs once; create another to run again")
         self._running = True
-        self._db._claim_listeners.add(self._wake)
+        self._db._add_claim_listener(self._wake)
         try:
             async with trio.open_nursery() as handlers:
                 with self._claim_scope:
@@ -193,7 +202,7 @@ class ResumeWorker:
 
     async def _handle(self, lease: Lease, attempt: int, slot: object) -> None:
         try:
-            async with owned_run(self._db, lease) as run:
+            async with owned_run(self._db, lease, suspend_after=self._suspend_after) as run:
                 try:
                     await self._handler(run)
                 except LeaseLost as exc:
@@ -206,8 +215,8 @@ class ResumeWorker:
                     await self._record_failure(run, attempt, exc)
                     return
                 except BaseException:
-                    # Cancelled by stop() or a shutdown: the run did not fail, so the attempt
-                    # its claim counted is given back.
+                    # Suspended, or cancelled by stop() or a shutdown: the run did not fail, so
+                    # the attempt its claim counted is given back.
                     run._refund_attempt = True
                     raise
                 if run._finished is None:

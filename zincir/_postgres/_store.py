@@ -16,8 +16,11 @@ import attrs
 from .._backend import (
     SUBMIT_CHECKPOINT,
     ApprovalOutcome,
+    DecideOutcome,
     IntentRow,
     Lease,
+    SendOutcome,
+    WaitKind,
     WaitOutcome,
     approval_of,
     args_hash,
@@ -42,10 +45,10 @@ from .._errors import (
 from .._json import decode
 from .._json import dump_trusted as _dump
 from .._rows import CHECKPOINT_COLUMNS, EVENT_COLUMNS, RUN_COLUMNS, to_checkpoint, to_event, to_run
-from .._types import Approval, Checkpoint, Event, EventType, RunRecord, RunStatus
+from .._types import Checkpoint, Event, EventType, RunRecord, RunStatus
 from ._connection import Tx
 
-_LIVE = (RunStatus.PENDING.value, RunStatus.RUNNING.value)
+_LIVE = (RunStatus.PENDING.value, RunStatus.RUNNING.value, RunStatus.WAITING.value)
 _LEASE_COLUMNS = "status, lease_owner, lease_epoch, lease_expires_at, zincir_now_ms()"
 
 
@@ -126,7 +129,7 @@ def claim_due(
         now = tx.now
         rows = tx.all(
             "SELECT id, status, lease_epoch, attempts FROM agent_runs"
-            " WHERE status IN ('pending', 'running') AND next_attempt_at <= %s"
+            " WHERE status IN ('pending', 'running', 'waiting') AND next_attempt_at <= %s"
             " AND (lease_owner IS NULL OR lease_expires_at <= %s)"
             " ORDER BY next_attempt_at, created_at LIMIT %s FOR NO KEY UPDATE SKIP LOCKED",
             (now, now, limit - len(claimed)),
@@ -170,21 +173,24 @@ def _end_run(tx: Tx, run_id: str, transition_json: str, status: RunStatus) -> No
     seq = _allocate(tx, run_id, 1)
     _insert_event(tx, run_id, seq, EventType.STATE_TRANSITION, transition_json)
     tx.execute(
-        "UPDATE agent_runs SET status = %s, lease_owner = NULL, lease_expires_at = NULL WHERE id = %s",
+        "UPDATE agent_runs SET status = %s, lease_owner = NULL, lease_expires_at = NULL,"
+        " wait_kind = NULL, wait_target = NULL WHERE id = %s",
         (status.value, run_id),
     )
 
 
 def _take(tx: Tx, run_id: str, status: str, owner: str, epoch: int, ttl_ms: int) -> Lease:
+    """Lease the run to ``owner``; a pending or suspended run starts running, logged."""
     expires_at = tx.now + ttl_ms
     tx.execute(
-        "UPDATE agent_runs SET lease_owner = %s, lease_epoch = %s, lease_expires_at = %s WHERE id = %s",
+        "UPDATE agent_runs SET lease_owner = %s, lease_epoch = %s, lease_expires_at = %s,"
+        " status = 'running', wait_kind = NULL, wait_target = NULL WHERE id = %s",
         (owner, epoch, expires_at, run_id),
     )
-    if status == RunStatus.PENDING:
+    if status != RunStatus.RUNNING:
         seq = _allocate(tx, run_id, 1)
-        tx.execute("UPDATE agent_runs SET status = 'running' WHERE id = %s", (run_id,))
-        _insert_event(tx, run_id, seq, EventType.STATE_TRANSITION, '{"from":"pending","to":"running"}')
+        transition = _dump({"from": status, "to": "running"})
+        _insert_event(tx, run_id, seq, EventType.STATE_TRANSITION, transition)
     return Lease(run_id, owner, epoch, ttl_ms, expires_at)
 
 
@@ -575,14 +581,16 @@ def complete_timer(tx: Tx, lease: Lease, name: str) -> None:
 # -- signals and named waits --------------------------------------------------------------------
 
 
-def send_signal(tx: Tx, run_id: str, topic: str, payload_json: str, key: str | None) -> tuple[int, bool]:
-    """Put a signal in the run's inbox (no lease: outsiders send). (signal id, stored now)."""
+def send_signal(tx: Tx, run_id: str, topic: str, payload_json: str, key: str | None) -> SendOutcome:
+    """Put a signal in the run's inbox (no lease: outsiders send); a run suspended on the topic
+    becomes due at once."""
     if key is not None:  # a retry of a send that went through: its id, whatever happened since
         existing = tx.one("SELECT id FROM signals WHERE run_id = %s AND key = %s", (run_id, key))
         if existing is not None:
-            return int(existing[0]), False
-    # FOR SHARE waits for an owner's write in flight (it holds NO KEY UPDATE), so a run that is
-    # ending cannot take a signal nobody will ever receive.
+            return SendOutcome(int(existing[0]), stored=False, woke=False)
+    # FOR SHARE waits for an owner's write in flight (it holds NO KEY UPDATE): a run that is
+    # ending cannot take a signal nobody will ever receive, and an owner suspending right now
+    # either sees this signal (and stays) or has committed 'waiting' before the wake below looks.
     row = tx.one("SELECT status FROM agent_runs WHERE id = %s FOR SHARE", (run_id,))
     if row is None:
         raise RunNotFound(f"run {run_id} does not exist")
@@ -595,9 +603,67 @@ def send_signal(tx: Tx, run_id: str, topic: str, payload_json: str, key: str | N
     )
     if inserted is None:  # a concurrent or earlier send with the same key won
         (signal_id,) = tx.one("SELECT id FROM signals WHERE run_id = %s AND key = %s", (run_id, key))
-        return int(signal_id), False
+        return SendOutcome(int(signal_id), stored=False, woke=False)
     tx.notify_inbox(run_id)
-    return int(inserted[0]), True
+    return SendOutcome(int(inserted[0]), stored=True, woke=_wake(tx, run_id, "signal", topic))
+
+
+def _wake(tx: Tx, run_id: str, kind: str, target: str) -> bool:
+    """Make the run due now if it is suspended on exactly this, and tell the workers."""
+    woke = tx.one(
+        "UPDATE agent_runs SET next_attempt_at = zincir_now_ms() WHERE id = %s AND status = 'waiting'"
+        " AND wait_kind = %s AND wait_target = %s"
+        " AND (next_attempt_at IS NULL OR next_attempt_at > zincir_now_ms()) RETURNING 1",
+        (run_id, kind, target),
+    )
+    if woke is not None:
+        tx.notify_claimable()
+    return woke is not None
+
+
+def suspend(tx: Tx, lease: Lease, kind: WaitKind, name: str) -> bool:
+    """Unless what ``name`` awaits is there already, or due, suspend the run on it (see the
+    SQLite store). Fenced: the run's row stays locked until the commit, so a sender (FOR SHARE)
+    either came first, and its signal is seen here, or wakes the committed 'waiting' run."""
+    check_lease(tx, lease)
+    awaited = _awaited(tx, lease.run_id, kind, name)
+    if awaited is None:
+        return False
+    target, until, waiting_for = awaited
+    if until is not None and until <= tx.now:
+        return False
+    seq = _allocate(tx, lease.run_id, 1)
+    transition = _dump({"from": "running", "to": "waiting", "until": until, "waiting_for": waiting_for})
+    _insert_event(tx, lease.run_id, seq, EventType.STATE_TRANSITION, transition)
+    tx.execute(
+        "UPDATE agent_runs SET status = 'waiting', wait_kind = %s, wait_target = %s, next_attempt_at = %s,"
+        " lease_owner = NULL, lease_expires_at = NULL, attempts = greatest(0, attempts - 1) WHERE id = %s",
+        (kind, target, until, lease.run_id),
+    )
+    return True
+
+
+def _awaited(tx: Tx, run_id: str, kind: WaitKind, name: str) -> tuple[str, int | None, dict[str, Any]] | None:
+    """(wake target, deadline, description) of what ``name`` still awaits; None if it is there."""
+    if kind == "signal":
+        row = tx.one(
+            "SELECT topic, deadline FROM waits WHERE run_id = %s AND name = %s AND completed_at IS NULL",
+            (run_id, name),
+        )
+        if row is None or signal_ready(tx, run_id, row[0], name):
+            return None
+        return row[0], row[1], {"kind": "signal", "name": name, "signal": row[0]}
+    if kind == "approval":
+        row = tx.one(
+            "SELECT deadline FROM approvals WHERE run_id = %s AND call_id = %s AND decided_at IS NULL"
+            " AND timed_out = 0",
+            (run_id, name),
+        )
+        return None if row is None else (name, row[0], {"call_id": name, "kind": "approval"})
+    row = tx.one(
+        "SELECT wake_at FROM timers WHERE run_id = %s AND name = %s AND completed_at IS NULL", (run_id, name)
+    )
+    return None if row is None else (name, row[0], {"kind": "sleep", "name": name})
 
 
 def await_signal(tx: Tx, lease: Lease, name: str, topic: str, timeout_ms: int | None) -> WaitOutcome:
@@ -752,7 +818,7 @@ def _request_approval(tx: Tx, run_id: str, call_id: str, timeout_ms: int | None)
 
 def decide_approval(
     tx: Tx, run_id: str, call_id: str, approved: bool, by: str, reason: str, expected_hash: str | None
-) -> Approval:
+) -> DecideOutcome:
     """An outsider's decision on a requested approval; the same decision again is a no-op."""
     status = tx.one(f"SELECT status FROM agent_runs WHERE id = %s{_SHARE_LOCK}", (run_id,))
     if status is None:
@@ -783,14 +849,15 @@ def decide_approval(
         if current.approved != approved:
             verdict = "approved" if current.approved else "denied"
             raise ApprovalConflict(f"{where} was already {verdict} by {current.by}")
-        return current
+        return DecideOutcome(current, woke=False)
     tx.execute(
         "UPDATE approvals SET approved = %s, decided_by = %s, reason = %s, decided_at = %s"
         " WHERE run_id = %s AND call_id = %s",
         (int(approved), by, reason, tx.now, run_id, call_id),
     )
     _notify_inbox(tx, run_id)
-    return attrs.evolve(current, approved=approved, by=by, reason=reason, decided_at=tx.now)
+    decided = attrs.evolve(current, approved=approved, by=by, reason=reason, decided_at=tx.now)
+    return DecideOutcome(decided, woke=_wake(tx, run_id, "approval", call_id))
 
 
 def approval_ready(tx: Tx, run_id: str, call_id: str) -> bool:

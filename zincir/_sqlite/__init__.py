@@ -1,4 +1,5 @@
-"""The embedded backend: one SQLite file in WAL mode, one writer thread, one reader thread."""
+"""The embedded backend: one SQLite file in WAL mode, one writer thread, one reader thread, and
+(once something waits) a thread watching for other processes' commits."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from .._database import Backend, Clock, wall_clock_ms
 from .._threads import DatabaseThread
 from . import _store
 from ._connection import SQLiteSession, open_connections
+from ._watcher import Watcher
 
 __all__ = ["open_backend"]
 
@@ -36,4 +38,5 @@ async def open_backend(
         writers=[thread("writer", SQLiteSession(writer, path, clock, immediate=True))],
         reader=thread("reader", SQLiteSession(reader, path, clock, immediate=False)),
         clock=clock,
+        listen=lambda wake: Watcher(path, clock, token, wake),
     )

@@ -15,8 +15,11 @@ import attrs
 from .._backend import (
     SUBMIT_CHECKPOINT,
     ApprovalOutcome,
+    DecideOutcome,
     IntentRow,
     Lease,
+    SendOutcome,
+    WaitKind,
     WaitOutcome,
     approval_of,
     args_hash,
@@ -41,10 +44,10 @@ from .._errors import (
 from .._json import decode
 from .._json import dump_trusted as _dump
 from .._rows import CHECKPOINT_COLUMNS, EVENT_COLUMNS, RUN_COLUMNS, to_checkpoint, to_event, to_run
-from .._types import Approval, Checkpoint, Event, EventType, RunRecord, RunStatus
+from .._types import Checkpoint, Event, EventType, RunRecord, RunStatus
 from ._connection import Tx
 
-_LIVE = (RunStatus.PENDING.value, RunStatus.RUNNING.value)
+_LIVE = (RunStatus.PENDING.value, RunStatus.RUNNING.value, RunStatus.WAITING.value)
 
 
 # -- acquiring and keeping leases ---------------------------------------------------------------
@@ -109,7 +112,7 @@ def claim_due(
     while len(claimed) < limit:
         rows = tx.all(
             "SELECT id, status, lease_epoch, attempts FROM agent_runs INDEXED BY idx_agent_runs_claimable"
-            " WHERE status IN ('pending', 'running') AND next_attempt_at <= ?1"
+            " WHERE status IN ('pending', 'running', 'waiting') AND next_attempt_at <= ?1"
             " AND (lease_owner IS NULL OR lease_expires_at <= ?1)"
             " ORDER BY next_attempt_at, created_at LIMIT ?2",
             (tx.now, limit - len(claimed)),
@@ -154,21 +157,24 @@ def _end_run(tx: Tx, run_id: str, transition_json: str, status: RunStatus) -> No
     seq = _allocate(tx, run_id, 1)
     _insert_event(tx, run_id, seq, EventType.STATE_TRANSITION, transition_json)
     tx.execute(
-        "UPDATE agent_runs SET status = ?, lease_owner = NULL, lease_expires_at = NULL WHERE id = ?",
+        "UPDATE agent_runs SET status = ?, lease_owner = NULL, lease_expires_at = NULL,"
+        " wait_kind = NULL, wait_target = NULL WHERE id = ?",
         (status.value, run_id),
     )
 
 
 def _take(tx: Tx, run_id: str, status: str, owner: str, epoch: int, ttl_ms: int) -> Lease:
+    """Lease the run to ``owner``; a pending or suspended run starts running, logged."""
     expires_at = tx.now + ttl_ms
     tx.execute(
-        "UPDATE agent_runs SET lease_owner = ?, lease_epoch = ?, lease_expires_at = ? WHERE id = ?",
+        "UPDATE agent_runs SET lease_owner = ?, lease_epoch = ?, lease_expires_at = ?,"
+        " status = 'running', wait_kind = NULL, wait_target = NULL WHERE id = ?",
         (owner, epoch, expires_at, run_id),
     )
-    if status == RunStatus.PENDING:
+    if status != RunStatus.RUNNING:
         seq = _allocate(tx, run_id, 1)
-        tx.execute("UPDATE agent_runs SET status = 'running' WHERE id = ?", (run_id,))
-        _insert_event(tx, run_id, seq, EventType.STATE_TRANSITION, '{"from":"pending","to":"running"}')
+        transition = _dump({"from": status, "to": "running"})
+        _insert_event(tx, run_id, seq, EventType.STATE_TRANSITION, transition)
     return Lease(run_id, owner, epoch, ttl_ms, expires_at)
 
 
@@ -556,12 +562,13 @@ def complete_timer(tx: Tx, lease: Lease, name: str) -> None:
 # -- signals and named waits --------------------------------------------------------------------
 
 
-def send_signal(tx: Tx, run_id: str, topic: str, payload_json: str, key: str | None) -> tuple[int, bool]:
-    """Put a signal in the run's inbox (no lease: outsiders send). (signal id, stored now)."""
+def send_signal(tx: Tx, run_id: str, topic: str, payload_json: str, key: str | None) -> SendOutcome:
+    """Put a signal in the run's inbox (no lease: outsiders send); a run suspended on the topic
+    becomes due at once."""
     if key is not None:  # a retry of a send that went through: its id, whatever happened since
         existing = tx.one("SELECT id FROM signals WHERE run_id = ? AND key = ?", (run_id, key))
         if existing is not None:
-            return int(existing[0]), False
+            return SendOutcome(int(existing[0]), stored=False, woke=False)
     row = tx.one("SELECT status FROM agent_runs WHERE id = ?", (run_id,))
     if row is None:
         raise RunNotFound(f"run {run_id} does not exist")
@@ -571,7 +578,63 @@ def send_signal(tx: Tx, run_id: str, topic: str, payload_json: str, key: str | N
         "INSERT INTO signals (run_id, topic, payload, key, created_at) VALUES (?, ?, ?, ?, ?) RETURNING id",
         (run_id, topic, payload_json, key, tx.now),
     )
-    return int(signal_id), True
+    return SendOutcome(int(signal_id), stored=True, woke=_wake(tx, run_id, "signal", topic))
+
+
+def _wake(tx: Tx, run_id: str, kind: str, target: str) -> bool:
+    """Make the run due now if it is suspended on exactly this; whether it was."""
+    return bool(
+        tx.execute(
+            "UPDATE agent_runs SET next_attempt_at = ?1 WHERE id = ?2 AND status = 'waiting'"
+            " AND wait_kind = ?3 AND wait_target = ?4 AND (next_attempt_at IS NULL OR next_attempt_at > ?1)",
+            (tx.now, run_id, kind, target),
+        ).rowcount
+    )
+
+
+def suspend(tx: Tx, lease: Lease, kind: WaitKind, name: str) -> bool:
+    """Unless what ``name`` awaits is there already, or due, suspend the run on it: log
+    running -> waiting (what, until when), give the lease and the claim's attempt back, and
+    leave the run due at the deadline (None: only when an outsider's write makes it due). Fenced."""
+    check_lease(tx, lease)
+    awaited = _awaited(tx, lease.run_id, kind, name)
+    if awaited is None:
+        return False
+    target, until, waiting_for = awaited
+    if until is not None and until <= tx.now:
+        return False
+    seq = _allocate(tx, lease.run_id, 1)
+    transition = _dump({"from": "running", "to": "waiting", "until": until, "waiting_for": waiting_for})
+    _insert_event(tx, lease.run_id, seq, EventType.STATE_TRANSITION, transition)
+    tx.execute(
+        "UPDATE agent_runs SET status = 'waiting', wait_kind = ?, wait_target = ?, next_attempt_at = ?,"
+        " lease_owner = NULL, lease_expires_at = NULL, attempts = max(0, attempts - 1) WHERE id = ?",
+        (kind, target, until, lease.run_id),
+    )
+    return True
+
+
+def _awaited(tx: Tx, run_id: str, kind: WaitKind, name: str) -> tuple[str, int | None, dict[str, Any]] | None:
+    """(wake target, deadline, description) of what ``name`` still awaits; None if it is there."""
+    if kind == "signal":
+        row = tx.one(
+            "SELECT topic, deadline FROM waits WHERE run_id = ? AND name = ? AND completed_at IS NULL",
+            (run_id, name),
+        )
+        if row is None or signal_ready(tx, run_id, row[0], name):
+            return None
+        return row[0], row[1], {"kind": "signal", "name": name, "signal": row[0]}
+    if kind == "approval":
+        row = tx.one(
+            "SELECT deadline FROM approvals WHERE run_id = ? AND call_id = ? AND decided_at IS NULL"
+            " AND timed_out = 0",
+            (run_id, name),
+        )
+        return None if row is None else (name, row[0], {"call_id": name, "kind": "approval"})
+    row = tx.one(
+        "SELECT wake_at FROM timers WHERE run_id = ? AND name = ? AND completed_at IS NULL", (run_id, name)
+    )
+    return None if row is None else (name, row[0], {"kind": "sleep", "name": name})
 
 
 def await_signal(tx: Tx, lease: Lease, name: str, topic: str, timeout_ms: int | None) -> WaitOutcome:
@@ -724,7 +787,7 @@ def _request_approval(tx: Tx, run_id: str, call_id: str, timeout_ms: int | None)
 
 def decide_approval(
     tx: Tx, run_id: str, call_id: str, approved: bool, by: str, reason: str, expected_hash: str | None
-) -> Approval:
+) -> DecideOutcome:
     """An outsider's decision on a requested approval; the same decision again is a no-op."""
     status = tx.one(f"SELECT status FROM agent_runs WHERE id = ?{_SHARE_LOCK}", (run_id,))
     if status is None:
@@ -755,14 +818,15 @@ def decide_approval(
         if current.approved != approved:
             verdict = "approved" if current.approved else "denied"
             raise ApprovalConflict(f"{where} was already {verdict} by {current.by}")
-        return current
+        return DecideOutcome(current, woke=False)
     tx.execute(
         "UPDATE approvals SET approved = ?, decided_by = ?, reason = ?, decided_at = ?"
         " WHERE run_id = ? AND call_id = ?",
         (int(approved), by, reason, tx.now, run_id, call_id),
     )
     _notify_inbox(tx, run_id)
-    return attrs.evolve(current, approved=approved, by=by, reason=reason, decided_at=tx.now)
+    decided = attrs.evolve(current, approved=approved, by=by, reason=reason, decided_at=tx.now)
+    return DecideOutcome(decided, woke=_wake(tx, run_id, "approval", call_id))
 
 
 def approval_ready(tx: Tx, run_id: str, call_id: str) -> bool:

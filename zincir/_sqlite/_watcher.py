@@ -1,0 +1,109 @@
+"""SQLite has no NOTIFY: a thread watches the file for other processes' commits instead.
+
+``PRAGMA data_version`` changes when another connection has committed; reading it touches only
+the shared-memory WAL index, so looking every few milliseconds costs next to nothing. Only when
+it changed does the thread read what matters (signals sent since it last looked, whether a run
+is due), and only that becomes a wake-up in Trio. Polling stays the fallback, as on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+from collections.abc import Callable
+from typing import Final
+
+import trio
+
+from .._database import Clock
+from ._connection import BUSY_TIMEOUT_MS
+
+logger = logging.getLogger("zincir")
+
+_LOOK_EVERY_S: Final = 0.005
+_RETRY_S: Final = 1.0
+
+Wake = Callable[[str | None, str | None], None]
+
+
+class Watcher:
+    """Calls ``wake("inbox", run_id)`` for each new signal, ``wake("claimable", None)`` when
+    a run is due, and ``wake(None, None)`` after (re)opening, when anything may have been missed."""
+
+    def __init__(self, path: str, clock: Clock, token: trio.lowlevel.TrioToken, wake: Wake) -> None:
+        self._path = path
+        self._clock = clock
+        self._token = token
+        self._wake = wake
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name=f"zincir-watcher:{path}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop and join the thread (it notices within a few milliseconds)."""
+        self._stopping.set()
+        self._thread.join()
+
+    def _serve(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+            except sqlite3.Error as exc:
+                logger.warning("zincir watcher: cannot open %s (%s); retrying", self._path, exc)
+                self._stopping.wait(_RETRY_S)
+                continue
+            try:
+                conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+                conn.execute("PRAGMA query_only = ON")
+                self._watch(conn)
+            except sqlite3.Error as exc:
+                logger.warning("zincir watcher: %s (%s); looking again", self._path, exc)
+                self._stopping.wait(_RETRY_S)
+            finally:
+                conn.close()
+
+    def _watch(self, conn: sqlite3.Connection) -> None:
+        version = _data_version(conn)
+        (last_signal,) = conn.execute("SELECT coalesce(max(id), 0) FROM signals").fetchone()
+        self._announce(None, None)
+        while not self._stopping.wait(_LOOK_EVERY_S):
+            current = _data_version(conn)
+            if current == version:
+                continue
+            version = current
+            conn.execute("BEGIN")  # one snapshot for both looks
+            try:
+                signalled = conn.execute(
+                    "SELECT id, run_id FROM signals WHERE id > ? ORDER BY id", (last_signal,)
+                ).fetchall()
+                due = _anything_due(conn, self._clock())
+            finally:
+                conn.execute("COMMIT")
+            for signal_id, run_id in signalled:
+                last_signal = signal_id
+                self._announce("inbox", run_id)
+            if due:
+                self._announce("claimable", None)
+
+    def _announce(self, channel: str | None, payload: str | None) -> None:
+        try:
+            self._token.run_sync_soon(self._wake, channel, payload)
+        except trio.RunFinishedError:
+            self._stopping.set()
+
+
+def _data_version(conn: sqlite3.Connection) -> int:
+    (version,) = conn.execute("PRAGMA data_version").fetchone()
+    return int(version)
+
+
+def _anything_due(conn: sqlite3.Connection, now: int) -> bool:
+    # The claim's own condition: waking a worker is worth it only if its claim would find a run.
+    row = conn.execute(
+        "SELECT 1 FROM agent_runs INDEXED BY idx_agent_runs_claimable"
+        " WHERE status IN ('pending', 'running', 'waiting') AND next_attempt_at <= ?1"
+        " AND (lease_owner IS NULL OR lease_expires_at <= ?1) LIMIT 1",
+        (now,),
+    ).fetchone()
+    return row is not None
