@@ -56,9 +56,11 @@ def test_runs_table(ids: Sample) -> None:
     result = zincir("runs", "--db", ids.path, "--limit", "3")
     assert result.exit_code == 0
     lines = result.stdout.splitlines()
-    assert lines[0].split() == ["RUN", "STATUS", "ROLE", "PROVIDER", "EVENTS", "ATTEMPTS", "LAST", "ACTIVITY"]
+    assert lines[0].split() == [
+        "RUN", "STATUS", "ROLE", "PROVIDER", "EVENTS", "ATTEMPTS", "LAST", "ACTIVITY", "AWAITS"
+    ]  # fmt: skip
     assert [line.split()[0] for line in lines[1:4]] == [ids.hostile, ids.main, ids.children[1]]
-    assert "3 shown; 10 in all (pending 5, running 2, completed 2, failed 1)" in result.stdout
+    assert "3 shown; 10 in all (pending 5, running 2, waiting 0, completed 2, failed 1)" in result.stdout
     cursor = re.search(r"more: --before (\S+)", result.stdout)
     assert cursor is not None
     more = zincir("runs", "--db", ids.path, "--limit", "3", "--before", cursor.group(1))

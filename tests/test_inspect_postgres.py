@@ -184,7 +184,7 @@ async def test_cli_on_postgres_reads_what_zincir_wrote(both: tuple[str, str, Run
         runs.main,
         runs.child,
     ]
-    assert "4 shown; 4 in all (pending 0, running 1, completed 2, failed 1)" in listing
+    assert "4 shown; 4 in all (pending 0, running 1, waiting 0, completed 2, failed 1)" in listing
     shown = json.loads(await trio.to_thread.run_sync(run_cli, "show", runs.main, "--json", "--db", url))
     assert shown["run"]["config"] == {"model": "gpt", "limits": {"steps": [1, 2]}, "note": XSS}
     assert shown["run"]["children"] == [runs.child]

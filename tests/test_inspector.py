@@ -200,6 +200,7 @@ def test_runs_keyset_pagination_with_ties(tmp_path: Path) -> None:
     assert q.list_runs(conn, status="failed").counts == {
         "pending": 0,
         "running": 11,
+        "waiting": 0,
         "completed": 0,
         "failed": 12,
     }

@@ -19,7 +19,7 @@ import os
 import sys
 import time
 import unicodedata
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import click
@@ -193,10 +193,20 @@ def runs(database_path: str, status: str | None, role: str | None, limit: int, c
     with clean_errors(), readonly_database(database_path) as conn, q.read_snapshot(conn):
         before = None if cursor is None else q.parse_cursor(cursor)
         page = q.list_runs(conn, status=status, role=role, limit=limit, before=before)
-        _print_runs(page)
+        awaiting = q.list_awaiting(conn, [r.id for r in page.runs if r.status in ("running", "waiting")])
+        _print_runs(page, awaiting)
 
 
-def _print_runs(page: q.RunPage) -> None:
+def _awaits_text(items: Sequence[q.Awaiting]) -> str:
+    """The soonest thing a run awaits, and until when; "+N" more."""
+    if not items:
+        return "—"
+    first = items[0]
+    text = f"{first.describe()} {'for ever' if first.until is None else 'until ' + _time(first.until)}"
+    return text + (f" (+{len(items) - 1})" if len(items) > 1 else "")
+
+
+def _print_runs(page: q.RunPage, awaiting: Mapping[str, Sequence[q.Awaiting]]) -> None:
     counts = ", ".join(f"{s} {page.counts[s]}" for s in q.RUN_STATUSES)
     if not page.runs:
         click.echo(f"No runs. ({counts})")
@@ -210,10 +220,11 @@ def _print_runs(page: q.RunPage) -> None:
             _cell(run.event_count),
             _cell(run.attempts),
             _time(run.updated_at),
+            _cell(_awaits_text(awaiting.get(run.id, ())), 72),
         ]
         for run in page.runs
     ]
-    headers = ["RUN", "STATUS", "ROLE", "PROVIDER", "EVENTS", "ATTEMPTS", "LAST ACTIVITY"]
+    headers = ["RUN", "STATUS", "ROLE", "PROVIDER", "EVENTS", "ATTEMPTS", "LAST ACTIVITY", "AWAITS"]
     click.echo(_table(headers, rows, frozenset({4, 5})))
     click.echo(f"\n{len(page.runs)} shown; {page.total} in all ({counts})")
     if page.has_older:
@@ -234,10 +245,12 @@ def show(database_path: str, run_id: str, as_json: bool) -> None:
         checkpoints = q.list_checkpoints(conn, run.id)
         steps = q.list_steps(conn, run.id)
         timers = q.list_timers(conn, run.id)
+        awaiting = q.list_awaiting(conn, [run.id]).get(run.id, ())
         if as_json:
-            click.echo(_json_line(_show_json(run, checkpoints, steps, timers)))
+            click.echo(_json_line(_show_json(run, checkpoints, steps, timers, awaiting)))
         else:
             _print_run(run, time.time_ns() // 1_000_000)
+            _print_awaiting(run, awaiting)
             _print_lineage(checkpoints)
             _print_steps(steps)
             _print_timers(timers)
@@ -258,9 +271,11 @@ def _show_json(
     checkpoints: Sequence[q.CheckpointRow],
     steps: Sequence[q.StepRow],
     timers: Sequence[q.TimerRow],
+    awaiting: Sequence[q.Awaiting],
 ) -> dict[str, Any]:
     return {
         "run": q.run_to_json(run),
+        "awaiting": [q.awaiting_to_json(a) for a in awaiting],
         "children_total": run.children_total,
         "checkpoints": [q.checkpoint_to_json(run.id, c) for c in checkpoints],
         "steps": [q.step_to_json(run.id, s) for s in steps],
@@ -277,6 +292,12 @@ def _lease_text(run: q.RunDetail, now: int) -> str:
         return f"{_cell(run.lease_owner)}, epoch {epoch}, until {_time(expires)}"
     state = f"active, expires {human_delta(expires - now)}" if expires > now else "expired"
     return f"{_cell(run.lease_owner)}, epoch {epoch}, until {_time(expires)} ({state})"
+
+
+def _next_attempt_text(next_attempt: object) -> str:
+    if next_attempt is None:
+        return "when what it awaits arrives"
+    return "any time" if type(next_attempt) is int and next_attempt <= 0 else _time(next_attempt)
 
 
 def _print_run(run: q.RunDetail, now: int) -> None:
@@ -297,16 +318,25 @@ def _print_run(run: q.RunDetail, now: int) -> None:
         ("events", _cell(run.event_count)),
         ("lease", _lease_text(run, now)),
         ("attempts", _cell(run.attempts)),
-        (
-            "next attempt",
-            "any time" if type(next_attempt) is int and next_attempt <= 0 else _time(next_attempt),
-        ),
+        ("next attempt", _next_attempt_text(next_attempt)),
     ]
     for name, value in fields:
         click.echo(f"{name:<13}{value}")
     config = json.dumps(q.json_value(run.config), indent=2, ensure_ascii=True)
     click.echo("config")
     click.echo("\n".join(f"  {_cell(line)}" for line in config.splitlines()))
+
+
+def _print_awaiting(run: q.RunDetail, awaiting: Sequence[q.Awaiting]) -> None:
+    rows = [
+        [_cell(a.kind), _cell(a.name, 40), _cell(a.target, 40), _time(a.since), _time(a.until)]
+        for a in awaiting
+    ]
+    _print_section("awaiting", ["KIND", "NAME", "FOR", "SINCE", "UNTIL"], rows, frozenset())
+    if run.status == "waiting":
+        due = run.next_attempt_at
+        when = "when what it awaits arrives" if due is None else f"at {_time(due)}, or when it arrives"
+        click.echo(f"  suspended: no process holds it; a worker resumes it {when}")
 
 
 def _print_section(title: str, headers: list[str], rows: list[list[str]], numeric: frozenset[int]) -> None:

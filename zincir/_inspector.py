@@ -399,7 +399,9 @@ async def _runs_route(app: InspectorApp) -> Response:
     now = _now_ms()
 
     def render(conn: Any) -> str:
-        return _page("Runs", _runs_body(query, query.fetch(conn), q.display_target(app.database_path), now))
+        page = query.fetch(conn)
+        awaiting = q.list_awaiting(conn, [r.id for r in page.runs if r.status in ("running", "waiting")])
+        return _page("Runs", _runs_body(query, page, awaiting, q.display_target(app.database_path), now))
 
     return _html(await _read(app, render))
 
@@ -411,7 +413,7 @@ async def _run_route(app: InspectorApp, run_id: str) -> Response:
 
     def render(conn: Any) -> str:
         view = _RunView.fetch(run_id, query, conn)
-        refresh = view.run.status in ("pending", "running") and query.refresh != "off"
+        refresh = view.run.status in _LIVE and query.refresh != "off"
         body = _run_body(view, query, now, refresh)
         return _page(f"Run {run_id}", body, refresh=REFRESH_SECONDS if refresh else None)
 
@@ -465,6 +467,7 @@ def _run_json(run_id: str, children_after: q.RunCursor | None, conn: Any) -> dic
     checkpoints = q.list_checkpoints(conn, run_id, limit=LIST_LIMIT + 1, max_chars=ITEM_PREVIEW_CHARS)
     steps = q.list_steps(conn, run_id, limit=LIST_LIMIT + 1, max_chars=ITEM_PREVIEW_CHARS)
     timers = q.list_timers(conn, run_id, limit=LIST_LIMIT + 1)
+    awaiting = q.list_awaiting(conn, [run_id]).get(run_id, ())
     budget = _Budget(API_BUDGET_CHARS)
     checkpoint_items = []
     for c in checkpoints[:LIST_LIMIT]:
@@ -490,6 +493,7 @@ def _run_json(run_id: str, children_after: q.RunCursor | None, conn: Any) -> dic
         "checkpoints": checkpoint_items,
         "steps": step_items,
         "timers": [q.timer_to_json(run_id, t) for t in timers[:LIST_LIMIT]],
+        "awaiting": [q.awaiting_to_json(a) for a in awaiting[:LIST_LIMIT]],
         "truncated": {
             "checkpoints": len(checkpoint_items) < len(checkpoints),
             "steps": len(step_items) < len(steps),
@@ -669,9 +673,10 @@ class _RunView:
         types: tuple[str, ...],
         steps: tuple[q.StepRow, ...],
         timers: tuple[q.TimerRow, ...],
+        awaiting: tuple[q.Awaiting, ...],
     ) -> None:
         self.run, self.checkpoints, self.events, self.types = run, checkpoints, events, types
-        self.steps, self.timers = steps, timers
+        self.steps, self.timers, self.awaiting = steps, timers, awaiting
 
     @classmethod
     def fetch(cls, run_id: str, query: _EventsQuery, conn: Any) -> _RunView:
@@ -688,6 +693,7 @@ class _RunView:
             q.event_types(conn, run_id),
             q.list_steps(conn, run_id, limit=LIST_LIMIT + 1, max_chars=ITEM_PREVIEW_CHARS),
             q.list_timers(conn, run_id, limit=LIST_LIMIT + 1),
+            q.list_awaiting(conn, [run_id]).get(run_id, ()),
         )
 
 
@@ -766,8 +772,9 @@ def _relative(ms: object, now: int) -> Html:
 
 
 _STATUS_CLASSES = frozenset(
-    {"pending", "running", "completed", "failed", "candidate", "accepted", "rejected"}
+    {"pending", "running", "waiting", "completed", "failed", "candidate", "accepted", "rejected"}
 )
+_LIVE = ("pending", "running", "waiting")
 
 
 def _pill(status: str) -> Html:
@@ -864,14 +871,20 @@ def _error_body(status: int, name: str, message: str) -> Html:
     )
 
 
-def _runs_body(query: _RunsQuery, page: q.RunPage, database: str, now: int) -> Html:
+def _runs_body(
+    query: _RunsQuery,
+    page: q.RunPage,
+    awaiting: Mapping[str, tuple[q.Awaiting, ...]],
+    database: str,
+    now: int,
+) -> Html:
     parts = [
         Html(f'<div class="title"><h1>Runs</h1>{_muted(database)}</div>'),
         _status_tabs(query, page),
         _runs_filter(query),
     ]
     if page.runs:
-        parts.append(_runs_table(page.runs, now))
+        parts.append(_runs_table(page.runs, awaiting, now))
     elif page.total == 0 and query.role is None:
         parts.append(_empty("No durable runs yet."))
     else:
@@ -937,7 +950,24 @@ def _ago(ms: object, now: int) -> Html:
     return _muted(human_delta(ms - now)) if type(ms) is int else Html("")
 
 
-def _runs_table(runs: Iterable[q.RunSummary], now: int) -> Html:
+def _awaits_cell(items: tuple[q.Awaiting, ...], now: int) -> Html:
+    if not items:
+        return _DASH
+    first = items[0]
+    until_html = Html("until " + _until(first, now)) if first.until is not None else _until(first, now)
+    more_html = _muted(f" +{len(items) - 1}") if len(items) > 1 else Html("")
+    return Html(f"{_clipped(first.describe(), 60)}<br>{until_html}{more_html}")
+
+
+def _until(item: q.Awaiting, now: int) -> Html:
+    if item.until is None:
+        return _muted("for ever")
+    return Html(_time(item.until) + _relative(item.until, now))
+
+
+def _runs_table(
+    runs: Iterable[q.RunSummary], awaiting: Mapping[str, tuple[q.Awaiting, ...]], now: int
+) -> Html:
     rows = [
         Html(
             f"<tr><td>{_run_link(run.id)}</td><td>{_pill(run.status)}</td>"
@@ -945,11 +975,14 @@ def _runs_table(runs: Iterable[q.RunSummary], now: int) -> Html:
             f'<td class="text">{_clipped(run.provider, 32)}</td>'
             f'<td class="num">{_num(run.event_count)}</td><td class="num">{_num(run.attempts)}</td>'
             f"<td>{_lease_cell(run, now)}</td>"
+            f"<td>{_awaits_cell(awaiting.get(run.id, ()), now)}</td>"
             f"<td>{_time(run.updated_at)}<br>{_ago(run.updated_at, now)}</td></tr>"
         )
         for run in runs
     ]
-    headers = _th("Run", "Status", "Role", "Provider", "#Events", "#Attempts", "Lease", "Last activity")
+    headers = _th(
+        "Run", "Status", "Role", "Provider", "#Events", "#Attempts", "Lease", "Awaits", "Last activity"
+    )
     return _table(headers, rows, cls="runs")
 
 
@@ -978,6 +1011,7 @@ def _run_body(view: _RunView, query: _EventsQuery, now: int, refresh: bool) -> H
             _section(_e("Overview"), _overview(run, now), anchor="overview"),
             _section(_e("Lease and attempts"), _lease(run, now), anchor="lease"),
             Html("</div>"),
+            _section(_e("Awaiting"), _awaiting(run, view.awaiting, now), anchor="awaiting"),
             _section(_e("Family"), _family(run, query), anchor="family"),
             _section(_e("Configuration"), config, anchor="config"),
             _section(_e("Checkpoints"), _checkpoints(run.id, view.checkpoints), anchor="checkpoints"),
@@ -994,7 +1028,7 @@ def _refresh_note(view: _RunView, query: _EventsQuery, refresh: bool) -> Html:
         return Html(
             f'<span class="muted">refreshes every {_e(REFRESH_SECONDS)} s · {_link(off, "pause")}</span>'
         )
-    if view.run.status in ("pending", "running"):
+    if view.run.status in _LIVE:
         on = query.url(view.run.id, refresh=None)
         return Html(f'<span class="muted">auto-refresh paused · {_link(on, "resume")}</span>')
     return Html("")
@@ -1029,7 +1063,9 @@ def _lease(run: q.RunDetail, now: int) -> Html:
             state = "active" if left > 0 else "expired"
             note = f"({state}, {human_delta(left)})"
             expires = Html(f'{_time(run.lease_expires_at)} <span class="lease-{_e(state)}">{_e(note)}</span>')
-    if type(run.next_attempt_at) is int and run.next_attempt_at <= 0:
+    if run.next_attempt_at is None:
+        next_attempt = _muted("when what it awaits arrives")
+    elif type(run.next_attempt_at) is int and run.next_attempt_at <= 0:
         next_attempt = _muted("any time")
     else:
         next_attempt = Html(_time(run.next_attempt_at) + _relative(run.next_attempt_at, now))
@@ -1238,6 +1274,26 @@ def _steps(run_id: str, steps: tuple[q.StepRow, ...]) -> Html:
     return Html(_table(headers, rows) + _cut_note(len(steps), "steps"))
 
 
+def _awaiting(run: q.RunDetail, awaiting: tuple[q.Awaiting, ...], now: int) -> Html:
+    if not awaiting:
+        return _empty("Nothing: no open wait, approval request or sleep.")
+    rows = [
+        Html(
+            f"<tr><td>{_pill(a.kind)}</td><td><code>{_e(a.name)}</code></td>"
+            f"<td>{_e(a.target or '—')}</td><td>{_time(a.since)}</td><td>{_until(a, now)}</td></tr>"
+        )
+        for a in awaiting[:LIST_LIMIT]
+    ]
+    note_html = Html("")
+    if run.status == "waiting":
+        note_html = Html(
+            '<p class="muted">Suspended: no process holds this run. What it awaits arriving'
+            " (or its deadline) makes it claimable, and a worker resumes it from the top.</p>"
+        )
+    headers = _th("Kind", "Name", "For", "Since", "Until")
+    return Html(note_html + _table(headers, rows) + _cut_note(len(awaiting), "waits"))
+
+
 def _timers(timers: tuple[q.TimerRow, ...], now: int) -> Html:
     if not timers:
         return _empty("No durable timers.")
@@ -1258,7 +1314,7 @@ STYLESHEET = """\
   color-scheme: dark;
   --bg: #0e1116; --panel: #161b22; --panel2: #1c222c; --border: #2b3340;
   --text: #d8dee9; --muted: #8b95a7; --link: #7fb4ff;
-  --pending: #e3b341; --running: #58a6ff; --completed: #56d364; --failed: #f47067;
+  --pending: #e3b341; --running: #58a6ff; --waiting: #d2a8ff; --completed: #56d364; --failed: #f47067;
 }
 * { box-sizing: border-box; }
 body { margin: 0; background: var(--bg); color: var(--text);
@@ -1298,6 +1354,7 @@ table.runs td.text { min-width: 9rem; }
   font-weight: 600; border: 1px solid currentColor; line-height: 1.45rem; white-space: nowrap; }
 .s-pending, .s-candidate { color: var(--pending); }
 .s-running { color: var(--running); }
+.s-waiting { color: var(--waiting); }
 .s-completed, .s-accepted { color: var(--completed); }
 .s-failed, .s-rejected { color: var(--failed); }
 .s-other, .s-all { color: var(--text); }

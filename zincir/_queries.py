@@ -52,6 +52,7 @@ __all__ = [
     "SCAN_WINDOW",
     "SQLITE",
     "ApprovalRequest",
+    "Awaiting",
     "CheckpointRow",
     "Cursor",
     "Dialect",
@@ -66,6 +67,7 @@ __all__ = [
     "RunSummary",
     "StepRow",
     "TimerRow",
+    "awaiting_to_json",
     "checkpoint_to_json",
     "decode_key",
     "display_target",
@@ -81,6 +83,7 @@ __all__ = [
     "iter_events",
     "json_value",
     "key_json",
+    "list_awaiting",
     "list_checkpoints",
     "list_events",
     "list_open_approvals",
@@ -111,7 +114,7 @@ REQUIRED_TABLES = frozenset(
         "messages",
     }
 )
-RUN_STATUSES = ("pending", "running", "completed", "failed")
+RUN_STATUSES = ("pending", "running", "waiting", "completed", "failed")
 DEFAULT_PAGE = 100
 MAX_PAGE = 1000
 BUSY_TIMEOUT = 5.0
@@ -675,7 +678,9 @@ class RunDetail:
     lease_epoch: Int
     lease_expires_at: OptInt
     attempts: Int
-    next_attempt_at: Int
+    next_attempt_at: OptInt
+    """When a worker may claim it; None for a suspended run that only an outsider's write
+    (a signal, a decision) makes due."""
     children: tuple[RunSummary, ...]
     children_total: int
     children_capped: bool = False
@@ -920,7 +925,7 @@ def get_run(
         lease_epoch=_int(row[11]),
         lease_expires_at=_opt_int(row[12]),
         attempts=_int(row[13]),
-        next_attempt_at=_int(row[14]),
+        next_attempt_at=_opt_int(row[14]),
         children=children,
         children_total=total,
         children_capped=capped,
@@ -1428,7 +1433,7 @@ def list_open_approvals(
     rows = conn.execute(
         f"{_APPROVAL_SQL} JOIN agent_runs AS r ON r.id = a.run_id"
         " WHERE a.decided_at IS NULL AND a.timed_out = 0 AND t.result_seq IS NULL"
-        " AND r.status IN ('pending', 'running') AND (a.deadline IS NULL OR a.deadline > ?)"
+        " AND r.status IN ('pending', 'running', 'waiting') AND (a.deadline IS NULL OR a.deadline > ?)"
         " AND (CAST(? AS TEXT) IS NULL OR a.run_id = ?) ORDER BY a.requested_at, a.run_id LIMIT ?",
         (now_ms, run_id, run_id, _check_limit(limit)),
     )
@@ -1438,3 +1443,77 @@ def list_open_approvals(
 def get_approval_request(conn: Reader, run_id: str, call_id: str) -> ApprovalRequest | None:
     rows = list(conn.execute(f"{_APPROVAL_SQL} WHERE a.run_id = ? AND a.call_id = ?", (run_id, call_id)))
     return _approval_request(rows[0]) if rows else None
+
+
+# --------------------------------------------------------------------------- what runs await
+
+
+@attrs.frozen
+class Awaiting:
+    """One thing a run waits for: a signal (``name`` is the wait, ``target`` the topic), an
+    approval (``name`` is the call id, ``target`` the tool) or a sleep (``target`` is empty).
+    ``until`` is the deadline or wake time; None waits for ever."""
+
+    run_id: str
+    kind: str
+    name: str
+    target: str
+    since: Int
+    until: OptInt
+
+    def describe(self) -> str:
+        if self.kind == "signal":
+            return f"signal {self.target!r} (wait {self.name!r})"
+        if self.kind == "approval":
+            return f"approval of call {self.name!r} ({self.target})"
+        return f"sleep {self.name!r}"
+
+
+def list_awaiting(conn: Reader, run_ids: Sequence[str]) -> dict[str, tuple[Awaiting, ...]]:
+    """The open waits, approval requests and sleeps of each run, soonest deadline first (those
+    without one last). A database from before signals (schema version 1) has sleeps only."""
+    if not run_ids:
+        return {}
+    d = _dialect(conn)
+    marks = ", ".join("?" * len(run_ids))
+    parts = [
+        f"SELECT run_id, 'sleep', {_name('name')}, '', {_key('created_at', d)}, {_key('wake_at', d)}"
+        f" FROM timers WHERE run_id IN ({marks}) AND completed_at IS NULL"
+    ]
+    if _has_table(conn, "waits"):
+        parts.append(
+            f"SELECT run_id, 'signal', {_name('name')}, {_name('topic')}, {_key('created_at', d)},"
+            f" {_key('deadline', d)} FROM waits WHERE run_id IN ({marks}) AND completed_at IS NULL"
+        )
+        parts.append(
+            f"SELECT run_id, 'approval', {_name('call_id')}, {_name('tool_name')},"
+            f" {_key('requested_at', d)}, {_key('deadline', d)} FROM approvals"
+            f" WHERE run_id IN ({marks}) AND decided_at IS NULL AND timed_out = 0"
+        )
+    rows = conn.execute(" UNION ALL ".join(parts), [*run_ids] * len(parts))
+    found: dict[str, list[Awaiting]] = {}
+    for run_id, kind, name, target, since, until in rows:
+        item = Awaiting(_text(run_id), kind, _text(name), _text(target), _int(since), _opt_int(until))
+        found.setdefault(item.run_id, []).append(item)
+    return {run_id: tuple(sorted(items, key=_soonest_first)) for run_id, items in found.items()}
+
+
+def _soonest_first(item: Awaiting) -> tuple[bool, int, str]:
+    return item.until is None, item.until if isinstance(item.until, int) else 0, item.name
+
+
+def awaiting_to_json(item: Awaiting) -> dict[str, Any]:
+    return {
+        "kind": item.kind,
+        "name": item.name,
+        "target": item.target,
+        "since": _plain(item.since),
+        "until": _plain(item.until),
+    }
+
+
+def _has_table(conn: Reader, name: str) -> bool:
+    if _dialect(conn).name == "postgresql":
+        return bool(conn.execute("SELECT to_regclass(?) IS NOT NULL", (name,)).fetchone()[0])
+    found = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,))
+    return found.fetchone() is not None

@@ -1,0 +1,118 @@
+"""What waiting runs await, and until when, as ``zincir runs``, ``zincir show`` and the inspector
+show it (DESIGN.md §8.2), on both backends."""
+
+from __future__ import annotations
+
+import json
+
+import trio
+from click.testing import CliRunner, Result
+
+import zincir
+from zincir._cli import main
+from zincir._inspector import create_app
+
+from .helpers import scalar
+from .test_suspension import new_runs, until, working
+
+HOST = "127.0.0.1:8787"
+
+
+def cli(*args: str) -> Result:
+    env = {"ZINCIR_DATABASE_PATH": None, "ZINCIR_UI_ADDRESS": None}
+    return CliRunner().invoke(main, list(args), env=env, catch_exceptions=False)
+
+
+async def page(db: zincir.Database, url: str) -> str:
+    app = create_app(db.path, HOST)
+    response = await app.test_client().open(url, method="GET", headers={"Host": HOST})
+    assert response.status_code == 200
+    return await response.get_data(as_text=True)
+
+
+async def suspended_and_blocked(db: zincir.Database) -> tuple[str, str, int]:
+    """A run suspended on signal "go" (wait "w", 1 h deadline) and one completed run."""
+    suspended, done = await new_runs(db, 2)
+    async with zincir.open_run(db, done) as run:
+        await run.complete()
+
+    async def handler(run: zincir.Run) -> None:
+        await run.wait_for_signal("w", "go", timeout=3600)
+
+    async with working(db, handler, suspend_after=0):
+        await until(lambda: _waiting(db, suspended))
+    deadline = scalar(db, "SELECT deadline FROM waits WHERE run_id = ?", (suspended,))
+    assert isinstance(deadline, int)
+    return suspended, done, deadline
+
+
+async def _waiting(db: zincir.Database, run_id: str) -> bool:
+    return (await db.state(run_id)).run.status is zincir.RunStatus.WAITING
+
+
+async def test_runs_and_show_say_what_a_suspended_run_awaits_and_until_when(db: zincir.Database) -> None:
+    suspended, done, deadline = await suspended_and_blocked(db)
+
+    listed = cli("runs", "--db", db.path, "--status", "waiting")
+    assert listed.exit_code == 0, listed.output
+    [header, row, *_] = listed.stdout.splitlines()
+    assert header.split()[-1] == "AWAITS"
+    assert row.split()[:2] == [suspended, "waiting"]
+    assert "signal 'go' (wait 'w') until" in row
+    assert done not in listed.stdout
+    assert "waiting 1" in listed.stdout
+
+    shown = cli("show", "--db", db.path, suspended)
+    assert shown.exit_code == 0, shown.output
+    assert "awaiting (1)" in shown.stdout
+    assert "suspended: no process holds it; a worker resumes it at" in shown.stdout
+    assert "next attempt" in shown.stdout
+    data = json.loads(cli("show", "--db", db.path, suspended, "--json").stdout)
+    assert data["awaiting"] == [
+        {
+            "kind": "signal",
+            "name": "w",
+            "target": "go",
+            "since": data["awaiting"][0]["since"],
+            "until": deadline,
+        }
+    ]
+    assert data["run"]["status"] == "waiting"
+    assert json.loads(cli("show", "--db", db.path, done, "--json").stdout)["awaiting"] == []
+
+
+async def test_an_in_process_wait_is_shown_while_the_owner_blocks(db: zincir.Database) -> None:
+    async with zincir.open_run(db) as run:
+        await run.record_response("", [zincir.ToolCall("c1", "send_refund", {"eur": 5})], "tool_use")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run.wait_for_approval, "c1")
+            await until(lambda: _requested(db, run.id))
+            data = json.loads(
+                (await trio.to_thread.run_sync(cli, "show", "--db", db.path, run.id, "--json")).stdout
+            )
+            assert [(a["kind"], a["name"], a["target"], a["until"]) for a in data["awaiting"]] == [
+                ("approval", "c1", "send_refund", None)
+            ]
+            assert data["run"]["status"] == "running"
+            nursery.cancel_scope.cancel()
+
+
+async def _requested(db: zincir.Database, run_id: str) -> bool:
+    return scalar(db, "SELECT count(*) FROM approvals WHERE run_id = ?", (run_id,)) == 1
+
+
+async def test_the_inspector_shows_a_waiting_tab_and_what_the_run_awaits(db: zincir.Database) -> None:
+    suspended, done, _ = await suspended_and_blocked(db)
+
+    runs = await page(db, "/?status=waiting")
+    assert 'class="tab s-waiting"' in runs
+    assert suspended in runs and done not in runs
+    assert "signal &#x27;go&#x27; (wait &#x27;w&#x27;)" in runs or "signal 'go' (wait 'w')" in runs
+
+    detail = await page(db, f"/runs/{suspended}")
+    assert 'id="awaiting"' in detail
+    assert "Suspended: no process holds this run." in detail
+    assert "<code>w</code>" in detail
+    assert "when what it awaits arrives" not in detail  # it has a deadline: that is shown instead
+    api = json.loads(await page(db, f"/api/runs/{suspended}"))
+    assert [(a["kind"], a["name"], a["target"]) for a in api["awaiting"]] == [("signal", "w", "go")]
