@@ -38,6 +38,10 @@ def _ms(value: float | None) -> str:
     return f"{value:,.1f}" if value < 100 else f"{value:,.0f}"
 
 
+def _times(ratio: float) -> str:
+    return f"{ratio:.0f}x" if ratio >= 10 else f"{ratio:.2f}x"
+
+
 def _poll_s(entry: dict[str, Any], sizes: dict[str, Any]) -> tuple[float | None, str]:
     """The polling period that would bound this configuration's wake-up if nothing woke it sooner."""
     if entry["system"] == "zincir" and entry["suspended"]:
@@ -64,9 +68,8 @@ def conclusions(res: dict[str, Any]) -> list[str]:
         if target is None:
             continue
         met = entry["p50_ms"] <= target
-        where = "a suspended run, across processes" if entry["suspended"] else "a run waiting in-process"
         text = (
-            f"- **{entry['label']}** ({where}): p50 **{_ms(entry['p50_ms'])} ms**, p99"
+            f"- **{entry['label']}**: p50 **{_ms(entry['p50_ms'])} ms**, p99"
             f" {_ms(entry['p99_ms'])} ms, against the target p50 ≤ {target:g} ms:"
             f" **{'met' if met else 'MISSED'}**."
         )
@@ -98,14 +101,15 @@ def conclusions(res: dict[str, Any]) -> list[str]:
             continue
         for mode in ("inprocess", "suspended"):
             z = lat.get(f"zincir-{backend}-{mode}")
-            if z is not None and dbos["p50_ms"] > 0:
+            if z is not None and z["p50_ms"] > 0 and z["p99_ms"] > 0:
                 lines.append(
-                    f"- {z['label']} vs {dbos['label']}: zincir's p50 is"
-                    f" {z['p50_ms'] / dbos['p50_ms']:.2f}x DBOS's (p99: {z['p99_ms'] / dbos['p99_ms']:.2f}x)."
+                    f"- {z['label']} vs {dbos['label']}: p50 {_ms(z['p50_ms'])} vs {_ms(dbos['p50_ms'])} ms"
+                    f" (DBOS ÷ zincir = {_times(dbos['p50_ms'] / z['p50_ms'])}), p99 {_ms(z['p99_ms'])} vs"
+                    f" {_ms(dbos['p99_ms'])} ms ({_times(dbos['p99_ms'] / z['p99_ms'])})."
                 )
     for backend, tp in res.get("throughput", {}).items():
         lines.append(
-            f"- Throughput, zincir on {'PostgreSQL' if backend == 'postgresql' else 'SQLite'}:"
+            f"- Throughput, zincir on {BACKEND_NAMES.get(backend, backend)}:"
             f" {tp['runs']:,} suspended runs signalled at once were all resumed and completed"
             f" **{tp['seconds']:.2f} s** after the first send: **{tp['per_s']:,.0f} runs/s**"
             f" (the sends alone took {tp['send_seconds']:.2f} s; {tp['completed']:,} runs completed)."
@@ -178,8 +182,8 @@ def render(res: dict[str, Any], chart_name: str) -> str:
         tp0 = next(iter(res["throughput"].values()))
         add(
             f"One worker process: `zincir.ResumeWorker(db, handler, suspend_after=0.0,"
-            f" poll_interval={tp0['poll_interval']:g}, max_concurrency={tp0['max_concurrency']})`, whose"
-            " handler does `await run.wait_for_signal(...)` then `await run.complete()`. The runs are"
+            f" poll_interval={float(tp0['poll_interval'])!r}, max_concurrency={tp0['max_concurrency']})`,"
+            " whose handler does `await run.wait_for_signal(...)` then `await run.complete()`. The runs are"
             " created (and claimed, and suspended) before the clock starts; once every one has status"
             f" `waiting`, one sender process signals all of them with {tp0['senders']} concurrent Trio"
             " tasks calling `zincir.send_signal`. Timed: from the first send until the worker's"
@@ -188,13 +192,16 @@ def render(res: dict[str, Any], chart_name: str) -> str:
         add("")
         add(
             "| backend | runs | first send → all completed (s) | runs/s | sends alone (s)"
-            " | CPU ms per run: worker, sender, server | creating + suspending them, untimed (s) |"
+            " | CPU ms per run: worker, sender, server | commits per run | creating + suspending them,"
+            " untimed (s) |"
         )
-        add("|---|---:|---:|---:|---:|---|---:|")
+        add("|---|---:|---:|---:|---:|---|---:|---:|")
         for backend, tp in res["throughput"].items():
             add(
-                f"| {backend} | {tp['runs']:,} | {tp['seconds']:.2f} | {tp['per_s']:,.0f}"
-                f" | {tp['send_seconds']:.2f} | {_cpu_per_run(tp)} | {tp['suspended_seconds']:.1f} |"
+                f"| {BACKEND_NAMES.get(backend, backend)} | {tp['runs']:,} | {tp['seconds']:.2f}"
+                f" | {tp['per_s']:,.0f}"
+                f" | {tp['send_seconds']:.2f} | {_cpu_per_run(tp)} | {_commits_per_run(tp)}"
+                f" | {tp['suspended_seconds']:.1f} |"
             )
         add("")
         add(
@@ -202,7 +209,9 @@ def render(res: dict[str, Any], chart_name: str) -> str:
             " PostgreSQL server processes (on SQLite there is none) from just before the first send"
             " until the last run completed, divided by the runs. The machine has"
             f" {machine['cpu_count']} cores: the sum of the three, times the runs/s, says how much of"
-            " them the trial kept busy."
+            " them the trial kept busy. Commits per run (PostgreSQL): `xact_commit` of the trial's"
+            " database in `pg_stat_database` over the same span (every connection's: the sender's,"
+            " the worker's writers and its claims), divided by the runs."
         )
     else:
         add("Not measured in this run.")
@@ -257,6 +266,11 @@ def _cpu_per_run(tp: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def _commits_per_run(tp: dict[str, Any]) -> str:
+    commits = tp.get("commits")
+    return "-" if commits is None else f"{commits / tp['runs']:.2f}"
+
+
 def _notes(res: dict[str, Any]) -> list[str]:
     sizes = res["sizes"]
     return [
@@ -269,7 +283,7 @@ def _notes(res: dict[str, Any]) -> list[str]:
         f" sender then sends to each at its own uniformly random moment within {sizes['spread']:g} s"
         " (one after another, in that order), so that a send falls at a random phase of any polling"
         f" loop with a period up to {sizes['spread']:g} s instead of right after the wait began (which"
-        f" would phase-lock it). The first {sizes['warmup_rounds']} round is a warm-up and is discarded;"
+        f" would phase-lock it). The first {sizes['warmup_rounds']} round(s) are a warm-up, discarded;"
         " several waits of a round may be in flight at once, so a tail sample may include another"
         " wake-up's work.",
         "'Waiting' means: zincir in-process, the wait's row is in the `waits` table (read with a plain"
@@ -295,6 +309,7 @@ def _notes(res: dict[str, Any]) -> list[str]:
 
 # -- the chart --------------------------------------------------------------------------------------
 
+BACKEND_NAMES = {"sqlite": "SQLite", "postgresql": "PostgreSQL"}
 COLORS = {"zincir": "#1f77b4", "dbos": "#d62728", "langgraph": "#2ca02c"}
 
 
@@ -310,7 +325,9 @@ def write_chart(res: dict[str, Any], path: Path) -> None:
     )
     values = [v for e in lat for v in (e["p50_ms"], e["p99_ms"]) if v > 0 and not math.isnan(v)]
     lo = 10 ** math.floor(math.log10(min(values, default=1.0)))
-    hi = 10 ** math.ceil(math.log10(max([*values, 60.0])))
+    top_value = max([*values, 60.0]) * 1.05
+    first = math.floor(math.log10(top_value))
+    hi = min(m * 10**e for e in (first, first + 1) for m in (1, 2, 5) if m * 10**e >= top_value)
     x0 = 10 + label_w
 
     def x(v: float) -> float:
@@ -318,13 +335,18 @@ def write_chart(res: dict[str, Any], path: Path) -> None:
         return x0 + plot_w * (math.log10(v) - math.log10(lo)) / (math.log10(hi) - math.log10(lo))
 
     bottom = top + len(lat) * row
-    decade = lo
+    ticks, decade = [], lo
     while decade <= hi * 1.001:
-        body.append(
-            f'<line x1="{x(decade):.1f}" y1="{top - 5}" x2="{x(decade):.1f}" y2="{bottom}" stroke="#ddd"/>'
-        )
-        body.append(f'<text x="{x(decade):.1f}" y="{bottom + 15}" text-anchor="middle">{decade:g}</text>')
+        ticks.append(decade)
         decade *= 10
+    if hi not in ticks and x(hi) - x(ticks[-1]) > 40:  # room for its label
+        ticks.append(hi)
+    for tick in ticks:
+        body.append(
+            f'<line x1="{x(tick):.1f}" y1="{top - 5}" x2="{x(tick):.1f}" y2="{bottom}" stroke="#ddd"/>'
+        )
+        body.append(f'<text x="{x(tick):.1f}" y="{bottom + 15}" text-anchor="middle">{tick:g}</text>')
+    body.append(f'<text x="{x0 + plot_w + 10}" y="{top - 8}" font-weight="bold">p50 / p99</text>')
     for target, name in ((10.0, "10 ms"), (50.0, "50 ms")):
         if lo <= target <= hi:
             body.append(
@@ -345,9 +367,9 @@ def write_chart(res: dict[str, Any], path: Path) -> None:
             f' fill="{color}"/>'
         )
         body.append(
-            f'<text x="{x(e["p99_ms"]) + 4:.1f}" y="{y + 16}">{_ms(e["p50_ms"])} / {_ms(e["p99_ms"])}</text>'
+            f'<text x="{x0 + plot_w + 10}" y="{y + 16}">{_ms(e["p50_ms"])} / {_ms(e["p99_ms"])}</text>'
         )
-    width = x0 + plot_w + 90
+    width = x0 + plot_w + 100
     if tps:
         px, pw = width + 20, 220
         body.append(f'<text x="{px}" y="20" font-weight="bold">Throughput (runs/s)</text>')
@@ -355,7 +377,8 @@ def write_chart(res: dict[str, Any], path: Path) -> None:
         for i, (backend, tp) in enumerate(tps.items()):
             y = top + i * (row + 14)
             w = pw * tp["per_s"] / peak if peak > 0 else 0
-            body.append(f'<text x="{px}" y="{y + 12}">zincir, {escape(backend)}: {tp["runs"]:,} runs</text>')
+            name = BACKEND_NAMES.get(backend, backend)
+            body.append(f'<text x="{px}" y="{y + 12}">zincir, {name}: {tp["runs"]:,} runs</text>')
             body.append(f'<rect x="{px}" y="{y + 16}" width="{w:.1f}" height="14" fill="#9467bd"/>')
             body.append(f'<text x="{px + w + 4:.1f}" y="{y + 28}">{tp["per_s"]:,.0f}</text>')
         width = px + pw + 70

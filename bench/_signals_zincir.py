@@ -130,7 +130,9 @@ class _Side:
     @contextlib.asynccontextmanager
     async def opened(self) -> AsyncIterator[None]:
         try:
-            async with zincir.open_database(self.target) as db, trio.open_nursery() as nursery:
+            writers = self.options.get("writers")
+            extra = {"writers": int(writers)} if writers and self.peek.postgres else {}
+            async with zincir.open_database(self.target, **extra) as db, trio.open_nursery() as nursery:
                 self.db, self.nursery = db, nursery
                 await self.started()
                 yield

@@ -152,6 +152,7 @@ class SignalSizes:
     senders: int = 128  # concurrent Trio tasks sending in the throughput trial
     fill_concurrency: int = 64  # runs created at once while filling the throughput trial
     worker_poll: float = 1.0  # ResumeWorker(poll_interval=...)
+    writers: int | None = None  # zincir's PostgreSQL writer connections (None: zincir's default)
 
     @classmethod
     def quick(cls) -> SignalSizes:
@@ -178,13 +179,17 @@ def suspension_available() -> bool:
 def latency_config(
     config: Config, target: str, sizes: SignalSizes, workdir: Path, rng: random.Random, log: Log
 ) -> dict[str, Any]:
-    options = {"max_concurrency": max(32, 2 * sizes.lanes), "poll_interval": sizes.worker_poll}
+    options = {
+        "max_concurrency": max(32, 2 * sizes.lanes),
+        "poll_interval": sizes.worker_poll,
+        "writers": sizes.writers,
+    }
     log_path = workdir / f"{config.key}.log"
     started = time.perf_counter()
     # Both processes start (and import) at once; they open the database one after the other, the
     # waiter first (it creates the schema).
     waiter = Proc(config.system, config.waiter, target, log_path, options)
-    sender = Proc(config.system, "sender", target, log_path)
+    sender = Proc(config.system, "sender", target, log_path, {"writers": sizes.writers})
     try:
         waiter.ready()
         sender.ready()
@@ -294,6 +299,16 @@ def _postmaster_pid(url: str) -> int | None:
             return None
 
 
+def _pg_commits(url: str) -> int:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
 def throughput_trial(
     backend: str, target: str, sizes: SignalSizes, workdir: Path, log: Log
 ) -> dict[str, Any]:
@@ -302,9 +317,10 @@ def throughput_trial(
         "max_concurrency": sizes.max_concurrency,
         "poll_interval": sizes.worker_poll,
         "suspend_after": 0.0,
+        "writers": sizes.writers,
     }
     worker = Proc("zincir", "worker", target, log_path, options)
-    sender = Proc("zincir", "sender", target, log_path)
+    sender = Proc("zincir", "sender", target, log_path, {"writers": sizes.writers})
     n = sizes.throughput_runs
     postmaster = _postmaster_pid(target) if backend == "postgresql" else None
     try:
@@ -319,10 +335,15 @@ def throughput_trial(
             f"   throughput, {backend}: {n:,} runs created in {fill['create_seconds']:.1f} s, all"
             f" suspended after {fill['suspended_seconds']:.1f} s; signalling them all"
         )
+        commits_before = _pg_commits(target) if backend == "postgresql" else None
         cpu_before = _cpu(worker, sender, postmaster)
         blast = sender.call("blast", ids=fill["ids"], concurrency=sizes.senders, timeout=max(300.0, n / 10))
         done = worker.event(timeout=max(300.0, n / 10))
         cpu_after = _cpu(worker, sender, postmaster)
+        commits = None
+        if commits_before is not None:
+            time.sleep(1.5)  # backends report their counters to pg_stat_database about once a second
+            commits = _pg_commits(target) - commits_before
         if done.get("event") != "all_done":
             raise RuntimeError(f"unexpected event from the worker: {done}")
         completed = worker.call("count", status="completed")
@@ -344,6 +365,8 @@ def throughput_trial(
         "poll_interval": sizes.worker_poll,
         # CPU seconds used from just before the first send until the last completion (the sender
         # finished earlier): the worker process, the sender process, PostgreSQL's processes.
+        # PostgreSQL: transactions committed in the trial's database meanwhile (every client's).
+        "commits": commits,
         "cpu_seconds": {
             k: None if cpu_after[k] is None or cpu_before[k] is None else cpu_after[k] - cpu_before[k]
             for k in cpu_before
@@ -390,6 +413,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--runs", type=int, help="runs in the throughput trial (10,000)")
     add("--max-concurrency", type=int, help="the throughput worker's max_concurrency (256)")
     add("--senders", type=int, help="concurrent sending tasks in the throughput trial (128)")
+    add("--writers", type=int, help="zincir's PostgreSQL writer connections (default: zincir's)")
     add("--seed", type=int, default=15, help="seed of the send moments")
     add("--dir", help="directory for the databases and the server's data (default: .)")
     add("--keep", action="store_true", help="keep the working directory (databases, logs)")
@@ -420,6 +444,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("runs", "throughput_runs"),
         ("max_concurrency", "max_concurrency"),
         ("senders", "senders"),
+        ("writers", "writers"),
     ):
         if getattr(args, name) is not None:
             setattr(sizes, attr, getattr(args, name))
@@ -512,7 +537,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 log(
                     f"throughput, {backend}: {sizes.throughput_runs:,} runs, ResumeWorker("
                     f"max_concurrency={sizes.max_concurrency}, suspend_after=0.0,"
-                    f" poll_interval={sizes.worker_poll:g}), {sizes.senders} sending tasks"
+                    f" poll_interval={sizes.worker_poll!r}), {sizes.senders} sending tasks"
                 )
                 with database(f"throughput-{backend}", backend) as db_target:
                     results["throughput"][backend] = throughput_trial(backend, db_target, sizes, workdir, log)
