@@ -7,14 +7,24 @@ transaction. So nothing an outsider does can interleave with the owner's sequenc
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, Final, TypeVar
+
+import trio
+
 from ._backend import DecideOutcome, SendOutcome
 from ._database import Database
-from ._errors import InvalidArgument
+from ._errors import DatabaseBusy, InvalidArgument
 from ._json import JSONValue, encode
 from ._types import Approval
 from ._validation import canonical_run_id, check_call_id, check_name, check_text
 
 __all__ = ["decide_approval", "send_signal"]
+
+T = TypeVar("T")
+
+# How long an outsider's write keeps trying while the run's owner is writing it.
+_BUSY_FOR_S: Final = 30.0
 
 
 async def send_signal(
@@ -37,7 +47,7 @@ async def send_signal(
     payload_json = encode(
         payload, what=f"run {run_id}: the payload of signal {topic!r}", limit=db.max_payload_bytes
     )
-    sent: SendOutcome = await db._write(db._store.send_signal, run_id, topic, payload_json, key, route=run_id)
+    sent: SendOutcome = await _as_outsider(db, run_id, db._store.send_signal, topic, payload_json, key)
     if sent.stored:
         db._announce_inbox(run_id)
     if sent.woke:
@@ -73,10 +83,24 @@ async def decide_approval(
     check_text(reason, f"run {run_id}: the reason", max_chars=4000, allow_empty=True)
     if args_hash is not None:
         check_text(args_hash, f"run {run_id}: args_hash", max_chars=64)
-    decided: DecideOutcome = await db._write(
-        db._store.decide_approval, run_id, call_id, approved, by, reason, args_hash, route=run_id
+    decided: DecideOutcome = await _as_outsider(
+        db, run_id, db._store.decide_approval, call_id, approved, by, reason, args_hash
     )
     db._announce_inbox(run_id)
     if decided.woke:
         db._announce_claimable()
     return decided.approval
+
+
+async def _as_outsider(db: Database, run_id: str, fn: Callable[..., T], *args: Any) -> T:
+    """Write ``run_id``'s inbox; while its owner's write holds the run (PostgreSQL refuses to
+    wait for it: see the store), try again shortly. Nothing was written by a busy attempt."""
+    delay, give_up_at = 0.001, trio.current_time() + _BUSY_FOR_S
+    while True:
+        try:
+            return await db._write(fn, run_id, *args, route=run_id)
+        except DatabaseBusy:
+            if trio.current_time() + delay > give_up_at:
+                raise
+        await trio.sleep(delay)
+        delay = min(2 * delay, 0.05)

@@ -145,6 +145,17 @@ def claim_due(
     return claimed
 
 
+def next_due_in(tx: Tx) -> int | None:
+    """Milliseconds until the next run becomes due by itself (a backoff, a deadline, a wake
+    time), None if none will: an idle worker sleeps until then rather than a poll late."""
+    (due,) = tx.one(
+        "SELECT min(next_attempt_at) - zincir_now_ms() FROM agent_runs"
+        " WHERE status IN ('pending', 'running', 'waiting') AND next_attempt_at > zincir_now_ms()",
+        (),
+    )
+    return None if due is None else int(due)
+
+
 def _fail_exhausted(tx: Tx, run_id: str, status: str, attempts: int) -> None:
     # A new epoch: the owner whose lease expired must see a takeover (LeaseLost), not an end
     # that its own epoch made.
@@ -580,6 +591,13 @@ def complete_timer(tx: Tx, lease: Lease, name: str) -> None:
 
 # -- signals and named waits --------------------------------------------------------------------
 
+# An outsider (a sender, an approver) locks the run's row as its owner's writes do, so that the
+# two are ordered: a run that is ending cannot take a signal nobody will ever receive, and an owner
+# suspending right now either sees the signal (and stays) or has committed 'waiting' before the
+# wake-up looks. NOWAIT: an outsider never waits for the row (the caller retries at once), so its
+# group commit, which may hold other runs' rows, can never close a deadlock with an owner's.
+_OUTSIDER_LOCK = " FOR NO KEY UPDATE NOWAIT"
+
 
 def send_signal(tx: Tx, run_id: str, topic: str, payload_json: str, key: str | None) -> SendOutcome:
     """Put a signal in the run's inbox (no lease: outsiders send); a run suspended on the topic
@@ -588,10 +606,7 @@ def send_signal(tx: Tx, run_id: str, topic: str, payload_json: str, key: str | N
         existing = tx.one("SELECT id FROM signals WHERE run_id = %s AND key = %s", (run_id, key))
         if existing is not None:
             return SendOutcome(int(existing[0]), stored=False, woke=False)
-    # FOR SHARE waits for an owner's write in flight (it holds NO KEY UPDATE): a run that is
-    # ending cannot take a signal nobody will ever receive, and an owner suspending right now
-    # either sees this signal (and stays) or has committed 'waiting' before the wake below looks.
-    row = tx.one("SELECT status FROM agent_runs WHERE id = %s FOR SHARE", (run_id,))
+    row = tx.one(f"SELECT status FROM agent_runs WHERE id = %s{_OUTSIDER_LOCK}", (run_id,))
     if row is None:
         raise RunNotFound(f"run {run_id} does not exist")
     if row[0] not in _LIVE:
@@ -623,7 +638,7 @@ def _wake(tx: Tx, run_id: str, kind: str, target: str) -> bool:
 
 def suspend(tx: Tx, lease: Lease, kind: WaitKind, name: str) -> bool:
     """Unless what ``name`` awaits is there already, or due, suspend the run on it (see the
-    SQLite store). Fenced: the run's row stays locked until the commit, so a sender (FOR SHARE)
+    SQLite store). Fenced: the run's row stays locked until the commit, so a sender (its lock)
     either came first, and its signal is seen here, or wakes the committed 'waiting' run."""
     check_lease(tx, lease)
     awaited = _awaited(tx, lease.run_id, kind, name)
@@ -730,7 +745,6 @@ def signal_ready(tx: Tx, run_id: str, topic: str, name: str) -> bool:
 # -- approvals ----------------------------------------------------------------------------------
 
 _ROW_LOCK = " FOR UPDATE"
-_SHARE_LOCK = " FOR SHARE"
 _APPROVAL_COLUMNS = "call_id, approved, decided_by, reason, args_hash, requested_at, decided_at"
 
 
@@ -820,7 +834,7 @@ def decide_approval(
     tx: Tx, run_id: str, call_id: str, approved: bool, by: str, reason: str, expected_hash: str | None
 ) -> DecideOutcome:
     """An outsider's decision on a requested approval; the same decision again is a no-op."""
-    status = tx.one(f"SELECT status FROM agent_runs WHERE id = %s{_SHARE_LOCK}", (run_id,))
+    status = tx.one(f"SELECT status FROM agent_runs WHERE id = %s{_OUTSIDER_LOCK}", (run_id,))
     if status is None:
         raise RunNotFound(f"run {run_id} does not exist")
     if status[0] not in _LIVE:

@@ -128,6 +128,17 @@ def claim_due(
     return claimed
 
 
+def next_due_in(tx: Tx) -> int | None:
+    """Milliseconds until the next run becomes due by itself (a backoff, a deadline, a wake
+    time), None if none will: an idle worker sleeps until then rather than a poll late."""
+    (due,) = tx.one(
+        "SELECT min(next_attempt_at) - ? FROM agent_runs INDEXED BY idx_agent_runs_claimable"
+        " WHERE status IN ('pending', 'running', 'waiting') AND next_attempt_at > ?",
+        (tx.now, tx.now),
+    )
+    return None if due is None else int(due)
+
+
 def _fail_exhausted(tx: Tx, run_id: str, status: str, attempts: int) -> None:
     # A new epoch: the owner whose lease expired must see a takeover (LeaseLost), not an end
     # that its own epoch made.
@@ -699,7 +710,6 @@ def signal_ready(tx: Tx, run_id: str, topic: str, name: str) -> bool:
 # -- approvals ----------------------------------------------------------------------------------
 
 _ROW_LOCK = ""
-_SHARE_LOCK = ""
 _APPROVAL_COLUMNS = "call_id, approved, decided_by, reason, args_hash, requested_at, decided_at"
 
 
@@ -789,7 +799,7 @@ def decide_approval(
     tx: Tx, run_id: str, call_id: str, approved: bool, by: str, reason: str, expected_hash: str | None
 ) -> DecideOutcome:
     """An outsider's decision on a requested approval; the same decision again is a no-op."""
-    status = tx.one(f"SELECT status FROM agent_runs WHERE id = ?{_SHARE_LOCK}", (run_id,))
+    status = tx.one("SELECT status FROM agent_runs WHERE id = ?", (run_id,))
     if status is None:
         raise RunNotFound(f"run {run_id} does not exist")
     if status[0] not in _LIVE:
