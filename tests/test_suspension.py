@@ -475,3 +475,24 @@ async def test_a_version_2_database_keeps_every_row_through_the_migration(
         assert rows(new, "SELECT wait_kind, wait_target FROM agent_runs WHERE id = 'p'") == [(None, None)]
         [child] = await new.runs(status="completed")
         assert child.parent_run_id == "p"
+
+
+async def test_an_idle_worker_resumes_a_suspended_run_at_its_deadline_not_a_poll_later(
+    db: zincir.Database,
+) -> None:
+    [run_id] = await new_runs(db, 1)
+    outcomes: list[str] = []
+
+    async def handler(run: zincir.Run) -> None:
+        try:
+            await run.wait_for_signal("w", "go", timeout=1.0)
+        except zincir.WaitTimeout:
+            outcomes.append("timed out")
+            await run.complete()
+
+    # Polling every 60 s, the worker would find the due run a minute late: it sleeps until the
+    # earliest stored due time instead.
+    async with working(db, handler, suspend_after=0, poll_interval=60):
+        with trio.fail_after(10):
+            await until(lambda: _is(db, run_id, zincir.RunStatus.COMPLETED))
+    assert outcomes == ["timed out"]

@@ -184,6 +184,9 @@ class Store(Protocol):
         """Lease up to ``limit`` due runs, most overdue first: (lease, attempt) pairs. A run
         past ``max_attempts`` is failed instead."""
 
+    def next_due_in(self, tx: Any) -> int | None:
+        """Milliseconds until the next run becomes due by itself; None if none will (a read)."""
+
     def renew(self, tx: Any, lease: Lease) -> Lease:
         """Extend an unexpired lease by its TTL. LeaseLost, RunTerminal."""
 

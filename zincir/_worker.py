@@ -179,9 +179,18 @@ class ResumeWorker:
                 logger.info("claimed run %s (attempt %d, epoch %d)", lease.run_id, attempt, lease.epoch)
                 handlers.start_soon(self._handle, lease, attempt, slot)
             self._release_slots(slots[len(claimed) :])
-            if len(claimed) < len(slots):  # nothing more is due: wait for a poll or a wake-up
-                with trio.move_on_after(self._poll_interval):
+            if len(claimed) < len(slots):  # nothing more is due: wait for a wake-up
+                with trio.move_on_after(await self._idle_time()):
                     await self._wakeup.wait()
+
+    async def _idle_time(self) -> float:
+        """Seconds until the next poll: the poll interval, or less if a run (a deadline, a wake
+        time, a backoff) becomes due sooner, so that it is resumed then, not a poll late."""
+        try:
+            due_in = await self._db._read(self._db._store.next_due_in)
+        except StorageError:
+            return self._poll_interval
+        return self._poll_interval if due_in is None else min(self._poll_interval, due_in / 1000)
 
     async def _free_slots(self) -> list[object]:
         """Wait for one free handler slot, then take every other free one too, so that one
@@ -234,6 +243,8 @@ class ResumeWorker:
             logger.exception("run %s: handler failed while recording its failure", lease.run_id)
         finally:
             self._limiter.release_on_behalf_of(slot)
+            # The run may be due again at a new time (a suspension, a backoff): look again.
+            self._wake()
 
     def _backoff_ms(self, attempt: int) -> int:
         return math.ceil(self._backoff.delay(attempt) * 1000)
