@@ -31,12 +31,24 @@ def database(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> It
         yield url
 
 
-def worker(database: str, env: dict[str, str]) -> subprocess.Popen[str]:
+def worker(database: str, env: dict[str, str], *options: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [ZINCIR, "worker", "examples.approval_agent:handler", "--db", database,
-         "--lease-ttl", "2", "--poll-interval", "0.2"],
+        [ZINCIR, "worker", "examples.approval_agent:handler", "--db", database, *options],
         cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
+
+
+# Killed while it waits in the process (it holds the lease: the next worker waits out its 2 s),
+# or killed once the run is suspended (no lease: the next worker takes it at once, although the
+# lease TTL is 30 s; polls are 30 s apart too, so only the decision's wake-up can explain it).
+WAYS = {
+    "waiting in the process": ("--suspend-after", "never", "--lease-ttl", "2", "--poll-interval", "0.2"),
+    "suspended": ("--suspend-after", "0.5", "--lease-ttl", "30", "--poll-interval", "30"),
+}
+
+
+def suspended(event: zincir.Event) -> bool:
+    return event.type is zincir.EventType.STATE_TRANSITION and event.payload.get("to") == "waiting"
 
 
 async def events_of(database: str, run_id: str) -> list[zincir.Event]:
@@ -61,17 +73,18 @@ def completed(event: zincir.Event) -> bool:
     return event.type is zincir.EventType.STATE_TRANSITION and event.payload.get("to") == "completed"
 
 
+@pytest.mark.parametrize("way", WAYS)
 async def test_the_approval_agent_survives_its_worker_killed_while_waiting(
-    database: str, tmp_path: Path
+    database: str, tmp_path: Path, way: str
 ) -> None:
     env = {**os.environ, "ZINCIR_DATABASE_PATH": database, "ZINCIR_LEDGER": str(tmp_path / "refunds.jsonl")}
     started = await trio.run_process(
         [sys.executable, "examples/approval_agent.py", "start"], cwd=REPO, env=env, capture_stdout=True
     )
     run_id = started.stdout.decode().strip()
-    first = worker(database, env)
+    first = worker(database, env, *WAYS[way])
     try:
-        events = await until(database, run_id, requested)
+        events = await until(database, run_id, suspended if way == "suspended" else requested)
     finally:
         first.send_signal(signal.SIGKILL)
         first.communicate()
@@ -83,9 +96,10 @@ async def test_the_approval_agent_survives_its_worker_killed_while_waiting(
     )  # fmt: skip
     assert approve.returncode == 0, approve.stderr
     assert b"send_refund" in approve.stdout and b"approved by ada" in approve.stdout
-    second = worker(database, env)
+    second = worker(database, env, *WAYS[way])
     try:
-        events = await until(database, run_id, completed)
+        with trio.fail_after(15):
+            events = await until(database, run_id, completed)
     finally:
         second.send_signal(signal.SIGTERM)
         _, err = second.communicate(timeout=30)
