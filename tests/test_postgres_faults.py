@@ -67,7 +67,7 @@ async def test_writes_after_the_server_dropped_idle_connections_reconnect(
 ) -> None:
     async with zincir.open_run(pg_db, lease_ttl=5) as run:
         await run.step("before", noop)
-        assert terminate(pg_url, "zincir ") >= 3  # both writers and the reader, at least
+        assert terminate(pg_url, "zincir ") >= 2  # the writer this run uses and the reader, at least
         # Nothing was in flight: the next operations open new connections and succeed.
         await run.step("after", noop)
         assert [e.seq for e in (await run.state()).events] == [0]

@@ -496,3 +496,37 @@ async def test_an_idle_worker_resumes_a_suspended_run_at_its_deadline_not_a_poll
         with trio.fail_after(10):
             await until(lambda: _is(db, run_id, zincir.RunStatus.COMPLETED))
     assert outcomes == ["timed out"]
+
+
+async def test_a_worker_killed_after_its_wait_received_leaves_the_same_payload_to_the_next(
+    db: zincir.Database, tmp_path: Any
+) -> None:
+    [run_id] = await new_runs(db, 1)
+    ledger = tmp_path / "ledger"
+    env = {**os.environ, "LEDGER": str(ledger)}
+    command = [
+        str(REPO / ".venv" / "bin" / "zincir"), "worker", "tests.worker_handlers:wait_note_then_hang_once",
+        "--db", db.path, "--poll-interval", "0.2", "--lease-ttl", "1", "--suspend-after", "0",
+    ]  # fmt: skip
+    first = subprocess.Popen(command, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        await until(lambda: _is(db, run_id, zincir.RunStatus.WAITING), within=30)
+        await zincir.send_signal(db, run_id, "go", {"n": 7})
+        await until(lambda: _exists(ledger), within=30)  # received, logged, noted: then it hangs
+    finally:
+        first.send_signal(signals.SIGKILL)
+        first.communicate()
+    second = subprocess.Popen(command, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        await until(lambda: _is(db, run_id, zincir.RunStatus.COMPLETED), within=30)
+    finally:
+        second.kill()
+        second.communicate()
+    [(pid1, payload1), (pid2, payload2)] = [line.split(" ", 1) for line in ledger.read_text().splitlines()]
+    assert pid1 != pid2 and payload1 == payload2 == "{'n': 7}"
+    received = [e for e in await db.events(run_id) if e.type is zincir.EventType.SIGNAL_RECEIVED]
+    assert len(received) == 1
+
+
+async def _exists(path: Any) -> bool:
+    return bool(path.exists())

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import trio
+
 import zincir
 
 
@@ -18,4 +20,16 @@ async def wait_then_complete(run: zincir.Run) -> None:
     payload = await run.wait_for_signal("w", "go")
     with open(os.environ["LEDGER"], "a") as ledger:  # noqa: ASYNC230 - a tiny append
         ledger.write(f"{run.id} {payload}\n")
+    await run.complete()
+
+
+async def wait_note_then_hang_once(run: zincir.Run) -> None:
+    """Wait for signal "go" and note its payload; the first time, hang there (to be killed)."""
+    payload = await run.wait_for_signal("w", "go")
+    ledger = os.environ["LEDGER"]
+    first = not os.path.exists(ledger)
+    with open(ledger, "a") as out:  # noqa: ASYNC230 - a tiny append
+        out.write(f"{os.getpid()} {payload}\n")
+    if first:
+        await trio.sleep_forever()
     await run.complete()
