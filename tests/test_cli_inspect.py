@@ -60,7 +60,8 @@ def test_runs_table(ids: Sample) -> None:
         "RUN", "STATUS", "ROLE", "PROVIDER", "EVENTS", "ATTEMPTS", "LAST", "ACTIVITY", "AWAITS"
     ]  # fmt: skip
     assert [line.split()[0] for line in lines[1:4]] == [ids.hostile, ids.main, ids.children[1]]
-    assert "3 shown; 10 in all (pending 5, running 2, waiting 0, completed 2, failed 1)" in result.stdout
+    counts = "pending 5, running 2, waiting 0, completed 2, failed 1, cancelled 0"
+    assert f"3 shown; 10 in all ({counts})" in result.stdout
     cursor = re.search(r"more: --before (\S+)", result.stdout)
     assert cursor is not None
     more = zincir("runs", "--db", ids.path, "--limit", "3", "--before", cursor.group(1))

@@ -355,6 +355,14 @@ async def _must_not_run(*args: object) -> zincir.Verification:
     return zincir.Verification(True)
 
 
+_SOME_RUN = "00000000-0000-4000-8000-000000000000"
+
+
+async def _spawn_in_a_nursery(run: zincir.Run) -> None:
+    async with run.children() as nursery:
+        await nursery.spawn("kid")
+
+
 METHODS: dict[str, Callable[[zincir.Run, zincir.Checkpoint], Awaitable[object]]] = {
     "record_response": lambda r, c: r.record_response("x", [{"id": "new", "name": "t"}], "tool_use"),
     "pending_tools": lambda r, c: r.pending_tools(),
@@ -366,6 +374,10 @@ METHODS: dict[str, Callable[[zincir.Run, zincir.Checkpoint], Awaitable[object]]]
     "sleep": lambda r, c: r.sleep("nap", 0),
     "wait_for_signal": lambda r, c: r.wait_for_signal("w", "go", timeout=0),
     "wait_for_approval": lambda r, c: r.wait_for_approval("t1", timeout=0),
+    "spawn": lambda r, c: r.spawn("kid"),
+    "join": lambda r, c: r.join(_SOME_RUN),
+    "cancel_child": lambda r, c: r.cancel_child(_SOME_RUN, "after the loss"),
+    "children": lambda r, c: _spawn_in_a_nursery(r),
     "complete": lambda r, c: r.complete(),
     "fail": lambda r, c: r.fail("after the loss"),
 }

@@ -184,7 +184,8 @@ async def test_cli_on_postgres_reads_what_zincir_wrote(both: tuple[str, str, Run
         runs.main,
         runs.child,
     ]
-    assert "4 shown; 4 in all (pending 0, running 1, waiting 0, completed 2, failed 1)" in listing
+    counts = "pending 0, running 1, waiting 0, completed 2, failed 1, cancelled 0"
+    assert f"4 shown; 4 in all ({counts})" in listing
     shown = json.loads(await trio.to_thread.run_sync(run_cli, "show", runs.main, "--json", "--db", url))
     assert shown["run"]["config"] == {"model": "gpt", "limits": {"steps": [1, 2]}, "note": XSS}
     assert shown["run"]["children"] == [runs.child]

@@ -203,6 +203,7 @@ def test_runs_keyset_pagination_with_ties(tmp_path: Path) -> None:
         "waiting": 0,
         "completed": 0,
         "failed": 12,
+        "cancelled": 0,
     }
     assert all(run.status == "failed" for run in q.list_runs(conn, status="failed").runs)
     conn.close()

@@ -9,14 +9,16 @@ import zincir
 
 PUBLIC = {
     "Approval", "ApprovalConflict", "ApprovalError", "ApprovalHashMismatch", "ApprovalNotRequested",
-    "Backoff", "Checkpoint", "CheckpointNotPending", "CheckpointState", "Clock", "ConflictingResult",
+    "Backoff", "Checkpoint", "CheckpointNotPending", "CheckpointState", "Children", "Clock",
+    "ConflictingResult",
     "Database", "DatabaseBusy", "DatabaseClosed", "DatabaseUnavailable", "DuplicateToolCall",
     "DurableState", "Event", "EventType", "Handler", "InvalidArgument", "LeaseLost", "MIN_LEASE_TTL",
     "NoDurableIntent",
-    "PendingToolCall", "ResumeWorker", "Run", "RunLeased", "RunNotFound", "RunRecord", "RunStatus",
+    "PendingToolCall", "ResumeWorker", "Run", "RunCancelled", "RunLeased", "RunNotFound", "RunRecord",
+    "RunStatus",
     "RunTerminal", "SUBMIT_CHECKPOINT", "SchemaError", "StepAlreadyRunning", "StorageError", "ToolCall",
     "UnfinishedWork", "Verification", "Verifier", "WaitTimeout", "ZincirError", "__version__",
-    "artifacts", "decide_approval", "open_database", "open_run", "send_signal", "wall_clock_ms",
+    "artifacts", "cancel_run", "decide_approval", "open_database", "open_run", "send_signal", "wall_clock_ms",
 }  # fmt: skip
 
 
@@ -30,7 +32,7 @@ def test_all_is_pinned() -> None:
 def test_every_error_is_a_zincir_error() -> None:
     errors = [getattr(zincir, n) for n in zincir.__all__ if isinstance(getattr(zincir, n), type)]
     errors = [e for e in errors if issubclass(e, Exception)]
-    assert len(errors) == 22
+    assert len(errors) == 23
     assert all(issubclass(e, zincir.ZincirError) for e in errors)
     assert issubclass(zincir.InvalidArgument, ValueError)
     assert issubclass(zincir.DuplicateToolCall, zincir.InvalidArgument)

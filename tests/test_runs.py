@@ -281,7 +281,11 @@ GUARDED: list[tuple[str, tuple[Any, ...]]] = [
     ("complete_step", ("step", '"x"', 0)),
     ("schedule_timer", ("nap", 10)),
     ("complete_timer", ("nap",)),
-    ("finish", (zincir.RunStatus.FAILED, '{"from":"running","to":"failed"}')),
+    ("finish", (zincir.RunStatus.FAILED, '{"from":"running","to":"failed"}', None)),
+    ("suspend", ("sleep", "nap")),
+    ("spawn_child", ("kid", "00000000-0000-4000-8000-00000000000c", "agent", "", "{}")),
+    ("await_child", ("00000000-0000-4000-8000-00000000000c", None)),
+    ("cancel_child", ("00000000-0000-4000-8000-00000000000c", "why")),
     ("record_attempt_failure", ('{"attempt":1}', None)),
     ("renew", ()),
 ]

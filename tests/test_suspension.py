@@ -471,7 +471,7 @@ async def test_a_version_2_database_keeps_every_row_through_the_migration(
     # have cascaded into every table above.
     async with zincir.open_database(db_target) as new:
         assert _contents(new) == before
-        assert rows(new, "SELECT max(version) FROM zincir_schema_migrations") == [(3,)]
+        assert rows(new, "SELECT max(version) FROM zincir_schema_migrations") == [(len(every(new.backend)),)]
         assert rows(new, "SELECT wait_kind, wait_target FROM agent_runs WHERE id = 'p'") == [(None, None)]
         [child] = await new.runs(status="completed")
         assert child.parent_run_id == "p"

@@ -23,6 +23,7 @@ from ._errors import (
     InvalidArgument,
     LeaseLost,
     NoDurableIntent,
+    RunCancelled,
     RunLeased,
     RunNotFound,
     RunTerminal,
@@ -33,8 +34,8 @@ from ._errors import (
     WaitTimeout,
     ZincirError,
 )
-from ._inbox import decide_approval, send_signal
-from ._run import Run, open_run
+from ._inbox import cancel_run, decide_approval, send_signal
+from ._run import Children, Run, open_run
 from ._types import (
     Approval,
     Checkpoint,
@@ -65,6 +66,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointNotPending",
     "CheckpointState",
+    "Children",
     "Clock",
     "ConflictingResult",
     "Database",
@@ -82,6 +84,7 @@ __all__ = [
     "PendingToolCall",
     "ResumeWorker",
     "Run",
+    "RunCancelled",
     "RunLeased",
     "RunNotFound",
     "RunRecord",
@@ -98,6 +101,7 @@ __all__ = [
     "ZincirError",
     "__version__",
     "artifacts",
+    "cancel_run",
     "decide_approval",
     "open_database",
     "open_run",

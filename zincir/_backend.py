@@ -31,8 +31,10 @@ from ._types import Approval, Checkpoint, Event, RunRecord, RunStatus
 __all__ = [
     "SUBMIT_CHECKPOINT",
     "ApprovalOutcome",
+    "CancelOutcome",
     "DecideOutcome",
     "IntentRow",
+    "JoinOutcome",
     "Lease",
     "SendOutcome",
     "Store",
@@ -47,8 +49,9 @@ __all__ = [
 SUBMIT_CHECKPOINT = "submit_checkpoint"
 """The tool name whose intents are answered by :meth:`Run.checkpoint`, not by a tool."""
 
-WaitKind = Literal["signal", "approval", "sleep"]
-"""What a suspended run waits for: a named signal wait, an approval (by call id), a sleep."""
+WaitKind = Literal["signal", "approval", "sleep", "child"]
+"""What a suspended run waits for: a named signal wait, an approval (by call id), a sleep, or
+a child run to end (by its id)."""
 
 
 @attrs.frozen
@@ -131,6 +134,26 @@ class ApprovalOutcome:
 
 
 @attrs.frozen
+class JoinOutcome:
+    """What looking at a join found: the ended child, a timeout, or nothing yet."""
+
+    state: Literal["ended", "timed_out", "pending"]
+    child: RunRecord | None = None
+    remaining_ms: int | None = None
+
+
+@attrs.frozen
+class CancelOutcome:
+    """What a cancellation did: the runs it ended now (the run itself, unowned descendants),
+    and those whose owners were asked to stop."""
+
+    cancelled: tuple[str, ...]
+    requested: tuple[str, ...]
+    already_terminal: str | None = None
+    """The run's status if it had ended before (then nothing was done)."""
+
+
+@attrs.frozen
 class DecideOutcome:
     """The decision as recorded, and whether recording it made a suspended run due."""
 
@@ -174,8 +197,9 @@ class Store(Protocol):
     ) -> Lease:
         """Insert a run already leased and running, with its first event. RunNotFound (parent)."""
 
-    def acquire_run(self, tx: Any, run_id: str, owner: str, ttl_ms: int, force: bool) -> Lease:
-        """Take a free or expired lease (any, with ``force``); start a pending run.
+    def acquire_run(self, tx: Any, run_id: str, owner: str, ttl_ms: int, force: bool) -> Lease | None:
+        """Take a free or expired lease (any, with ``force``); start a pending run. None: the run
+        had a cancellation request nobody acted on, and it was cancelled now.
         RunNotFound, RunTerminal, RunLeased."""
 
     def claim_due(
@@ -187,8 +211,9 @@ class Store(Protocol):
     def next_due_in(self, tx: Any) -> int | None:
         """Milliseconds until the next run becomes due by itself; None if none will (a read)."""
 
-    def renew(self, tx: Any, lease: Lease) -> Lease:
-        """Extend an unexpired lease by its TTL. LeaseLost, RunTerminal."""
+    def renew(self, tx: Any, lease: Lease) -> tuple[Lease, str | None]:
+        """Extend an unexpired lease by its TTL; with it, the reason of a cancellation someone
+        requested (None: none). LeaseLost, RunTerminal."""
 
     def release(self, tx: Any, lease: Lease, delay_ms: int, refund_attempt: bool) -> bool:
         """Give the lease up; the run is claimable after ``delay_ms``. False if it was not
@@ -219,8 +244,13 @@ class Store(Protocol):
         """Append ``tool_result``; an identical repeat is a no-op. Fenced; NoDurableIntent,
         ConflictingResult, InvalidArgument (a checkpoint call)."""
 
-    def finish(self, tx: Any, lease: Lease, status: RunStatus, payload_json: str) -> None:
-        """End the run with its ``state_transition``. Fenced; UnfinishedWork (completing)."""
+    def finish(
+        self, tx: Any, lease: Lease, status: RunStatus, payload_json: str, result_json: str | None
+    ) -> str | None:
+        """End the run with its ``state_transition`` (and ``result``, completing); a failed or
+        cancelled run's live descendants are cancelled with it. Returns the parent's id (it may
+        be waiting for this run). Fenced; UnfinishedWork (completing with open work or a live
+        child)."""
 
     # -- checkpoints ----------------------------------------------------------------------
 
@@ -293,6 +323,33 @@ class Store(Protocol):
 
     def approval_ready(self, tx: Any, run_id: str, call_id: str) -> bool:
         """Whether await_approval would now decide (a read, for polling)."""
+
+    # -- child runs -----------------------------------------------------------------------
+
+    def spawn_child(
+        self, tx: Any, lease: Lease, name: str, child_id: str, role: str, provider: str, config_json: str
+    ) -> str:
+        """Create the child named ``name`` as a pending, unleased run, once: a repeat returns the
+        first child's id. Logs ``child_spawned``. Fenced."""
+
+    def await_child(self, tx: Any, lease: Lease, child_id: str, timeout_ms: int | None) -> JoinOutcome:
+        """Record the join (its deadline on the first call); once the child has ended, log
+        ``child_joined`` and return it; time out past the deadline. Fenced; InvalidArgument
+        (not a child of this run)."""
+
+    def child_ready(self, tx: Any, run_id: str, child_id: str) -> bool:
+        """Whether await_child would now decide (a read, for polling)."""
+
+    def cancel_run(self, tx: Any, run_id: str, reason: str) -> CancelOutcome:
+        """An outsider's cancellation, no lease needed: an unowned run (and its unowned live
+        descendants) ends ``cancelled`` at once, under a new epoch that fences any stale owner;
+        an owned one gets a request its owner acts on. RunNotFound."""
+
+    def cancel_requested(self, tx: Any, run_id: str) -> str | None:
+        """The reason of a cancellation requested and not yet acted on (a read)."""
+
+    def cancel_child(self, tx: Any, lease: Lease, child_id: str, reason: str) -> CancelOutcome:
+        """cancel_run of one of this run's children. Fenced; InvalidArgument (not a child)."""
 
     # -- reading --------------------------------------------------------------------------
 

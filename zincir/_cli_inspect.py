@@ -444,7 +444,7 @@ def _stream_events(
             continue
         if page.events:
             after = q.raw_value(page.events[-1].seq)
-        if not follow or status in ("completed", "failed"):
+        if not follow or status in ("completed", "failed", "cancelled"):
             return
         time.sleep(FOLLOW_INTERVAL)
 

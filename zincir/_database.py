@@ -167,9 +167,12 @@ class Database:
         elif channel.endswith("inbox") and payload is not None:
             self._announce_inbox(payload)
 
-    def _inbox_event(self, run_id: str) -> trio.Event:
-        """An event set when the inbox of ``run_id`` may hold news; forget it with _forget_inbox_event."""
-        self._hear_others()
+    def _inbox_event(self, run_id: str, *, hear_others: bool = True) -> trio.Event:
+        """An event set when the inbox of ``run_id`` may hold news (a signal, a decision, an
+        ended child, a cancellation); forget it with _forget_inbox_event. ``hear_others`` starts
+        listening to other processes' writes, if nothing has yet."""
+        if hear_others:
+            self._hear_others()
         event = trio.Event()
         self._inbox_waiters.setdefault(run_id, set()).add(event)
         return event

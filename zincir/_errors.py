@@ -73,7 +73,12 @@ class RunNotFound(ZincirError, LookupError):
 
 
 class RunTerminal(ZincirError):
-    """The run is completed or failed, so it cannot be leased or written."""
+    """The run is completed, failed or cancelled, so it cannot be leased or written."""
+
+
+class RunCancelled(RunTerminal):
+    """The run was cancelled (:func:`zincir.cancel_run`, or with its parent): its owner's block
+    was stopped and the run ended ``cancelled``."""
 
 
 class RunLeased(ZincirError):
@@ -133,7 +138,13 @@ class StorageError(ZincirError):
 
 
 class DatabaseBusy(StorageError):
-    """Another connection held the write lock past the busy timeout; retrying may succeed."""
+    """Another connection held the write lock past the busy timeout (or, on PostgreSQL, a row
+    this operation needed); nothing was written, and retrying may succeed."""
+
+
+class TransientConflict(DatabaseBusy):
+    """Not public: a conflict with another transaction that ends in milliseconds (a row held
+    NOWAIT, a deadlock or serialization failure the server broke). zincir retries these itself."""
 
 
 class DatabaseUnavailable(StorageError):

@@ -12,14 +12,15 @@ from typing import Any, Final, TypeVar
 
 import trio
 
-from ._backend import DecideOutcome, SendOutcome
+from ._backend import CancelOutcome, DecideOutcome, SendOutcome
 from ._database import Database
-from ._errors import DatabaseBusy, InvalidArgument
+from ._errors import InvalidArgument, RunTerminal, TransientConflict
 from ._json import JSONValue, encode
+from ._run import announce_cancellation
 from ._types import Approval
 from ._validation import canonical_run_id, check_call_id, check_name, check_text
 
-__all__ = ["decide_approval", "send_signal"]
+__all__ = ["cancel_run", "decide_approval", "send_signal"]
 
 T = TypeVar("T")
 
@@ -92,6 +93,23 @@ async def decide_approval(
     return decided.approval
 
 
+async def cancel_run(db: Database, run_id: str, reason: str) -> None:
+    """Cancel a run and its live descendants. A run nobody holds (pending, suspended, or whose
+    owner died) ends ``cancelled`` at once; an owned one gets a request its owner's heartbeat
+    acts on at its next renewal (at once in this process, or when another process's worker hears
+    of it), stopping the body and ending the run ``cancelled``. Cancelling a cancelled run does
+    nothing; a completed or failed one is :class:`RunTerminal`; an unknown one
+    :class:`RunNotFound`."""
+    if not isinstance(db, Database):
+        raise InvalidArgument(f"cancel_run() needs a Database, not {db!r}")
+    run_id = canonical_run_id(run_id)
+    reason = check_text(reason, f"run {run_id}: the reason", max_chars=4000, allow_empty=True)
+    outcome: CancelOutcome = await _as_outsider(db, run_id, db._store.cancel_run, reason)
+    if outcome.already_terminal not in (None, "cancelled"):
+        raise RunTerminal(f"run {run_id} is already {outcome.already_terminal}; it cannot be cancelled")
+    announce_cancellation(db, outcome)
+
+
 async def _as_outsider(db: Database, run_id: str, fn: Callable[..., T], *args: Any) -> T:
     """Write ``run_id``'s inbox; while its owner's write holds the run (PostgreSQL refuses to
     wait for it: see the store), try again shortly. Nothing was written by a busy attempt."""
@@ -99,7 +117,7 @@ async def _as_outsider(db: Database, run_id: str, fn: Callable[..., T], *args: A
     while True:
         try:
             return await db._write(fn, run_id, *args, route=run_id)
-        except DatabaseBusy:
+        except TransientConflict:
             if trio.current_time() + delay > give_up_at:
                 raise
         await trio.sleep(delay)

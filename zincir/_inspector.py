@@ -772,7 +772,7 @@ def _relative(ms: object, now: int) -> Html:
 
 
 _STATUS_CLASSES = frozenset(
-    {"pending", "running", "waiting", "completed", "failed", "candidate", "accepted", "rejected"}
+    {"pending", "running", "waiting", "completed", "failed", "cancelled", "candidate", "accepted", "rejected"}
 )
 _LIVE = ("pending", "running", "waiting")
 
@@ -1357,6 +1357,7 @@ table.runs td.text { min-width: 9rem; }
 .s-waiting { color: var(--waiting); }
 .s-completed, .s-accepted { color: var(--completed); }
 .s-failed, .s-rejected { color: var(--failed); }
+.s-cancelled { color: var(--muted); }
 .s-other, .s-all { color: var(--text); }
 .tabs { display: flex; flex-wrap: wrap; gap: .5rem; margin: .8rem 0; }
 .tab { padding: .25rem .8rem; border: 1px solid var(--border); border-radius: 999px;

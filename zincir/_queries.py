@@ -114,7 +114,7 @@ REQUIRED_TABLES = frozenset(
         "messages",
     }
 )
-RUN_STATUSES = ("pending", "running", "waiting", "completed", "failed")
+RUN_STATUSES = ("pending", "running", "waiting", "completed", "failed", "cancelled")
 DEFAULT_PAGE = 100
 MAX_PAGE = 1000
 BUSY_TIMEOUT = 5.0

@@ -13,7 +13,7 @@ from typing import Any, TypeVar, cast, final
 
 import trio
 
-from ._backend import ApprovalOutcome, IntentRow, Lease, Store, WaitKind
+from ._backend import ApprovalOutcome, CancelOutcome, IntentRow, JoinOutcome, Lease, Store, WaitKind
 from ._database import Database, open_database
 from ._errors import (
     CheckpointNotPending,
@@ -22,10 +22,13 @@ from ._errors import (
     DuplicateToolCall,
     InvalidArgument,
     LeaseLost,
+    RunCancelled,
     RunTerminal,
     StepAlreadyRunning,
     StorageError,
+    TransientConflict,
     WaitTimeout,
+    ZincirError,
 )
 from ._json import JSONValue, decode, encode
 from ._types import (
@@ -34,6 +37,7 @@ from ._types import (
     CheckpointState,
     DurableState,
     PendingToolCall,
+    RunRecord,
     RunStatus,
     ToolCall,
     Verification,
@@ -49,7 +53,7 @@ from ._validation import (
     lease_ttl_ms,
 )
 
-__all__ = ["Run", "open_run"]
+__all__ = ["Children", "Run", "open_run"]
 
 logger = logging.getLogger("zincir")
 
@@ -85,6 +89,7 @@ class Run:
     _ending: bool
     _suspend_after: float | None
     _suspended: bool
+    _cancel_reason: str | None
 
     def __init__(self, *_: object, **__: object) -> None:
         raise TypeError("runs come from zincir.open_run() or a ResumeWorker")
@@ -111,6 +116,7 @@ class Run:
         # Set by a worker: a wait longer than this many seconds suspends the run (see _suspend).
         self._suspend_after = None
         self._suspended = False
+        self._cancel_reason = None  # a cancellation the heartbeat found requested
         return self
 
     def __repr__(self) -> str:
@@ -154,13 +160,22 @@ class Run:
         return await self._as_owner(self._db._read, fn, *args)
 
     async def _as_owner(self, submit: Callable[..., Awaitable[Any]], fn: Any, *args: Any) -> Any:
-        """Run a store operation with this owner's lease, which the operation checks."""
-        self._check_usable()
-        try:
-            return await submit(fn, self._lease, *args)
-        except LeaseLost as exc:
-            self._lose(str(exc))
-            raise
+        """Run a store operation with this owner's lease, which the operation checks. While
+        another transaction holds a row it needs for a moment (nothing was written), try again,
+        until the lease would have expired."""
+        delay = 0.001
+        while True:
+            self._check_usable()
+            try:
+                return await submit(fn, self._lease, *args)
+            except LeaseLost as exc:
+                self._lose(str(exc))
+                raise
+            except TransientConflict:
+                if self._lease.expires_at - self._db.clock() <= delay * 1000:
+                    raise
+            await trio.sleep(delay)
+            delay = min(2 * delay, 0.1)
 
     def _stop_heartbeat(self) -> None:
         self._heartbeat_scope.cancel()
@@ -458,6 +473,90 @@ class Run:
             finally:
                 self._db._forget_inbox_event(self.id, woken)
 
+    # -- child runs -----------------------------------------------------------------------
+
+    async def spawn(
+        self, name: str, *, role: str = "agent", provider: str = "", config: JSONValue = None
+    ) -> str:
+        """Create the child run ``name`` of this run, once: a repeat (after a restart, say)
+        returns the same child's id. The child is ``pending`` and unleased: any worker may claim
+        it. A ``child_spawned`` event enters this run's log."""
+        check_name(name, f"run {self.id}: child name")
+        description = (
+            check_name(role, f"run {self.id}: the role of child {name!r}"),
+            _check_provider(provider),
+            self._encode({} if config is None else config, f"the config of child {name!r}"),
+        )
+        child_id: str = await self._write(self._store.spawn_child, name, str(uuid.uuid4()), *description)
+        self._db._announce_claimable()
+        return child_id
+
+    async def join(
+        self,
+        child_id: str,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - a durable deadline, not a cancel scope
+    ) -> RunRecord:
+        """Wait until child run ``child_id`` has ended (completed, failed or cancelled) and return
+        it, with its :attr:`~RunRecord.result`. The first time it is seen ended, ``child_joined``
+        enters this run's log; later calls return at once. ``timeout`` works as for
+        :meth:`wait_for_signal` (a stored deadline, then :class:`WaitTimeout`). Under a
+        :class:`ResumeWorker` the run suspends once the join has lasted ``suspend_after``, and the
+        child's end wakes it."""
+        child_id = canonical_run_id(child_id, f"run {self.id}: child_id")
+        timeout_ms = None
+        if timeout is not None:
+            seconds = check_seconds(timeout, f"run {self.id}: the timeout of the join of {child_id}")
+            timeout_ms = math.ceil(seconds * 1000)
+        suspend_at = self._suspend_time()
+        while True:
+            woken = self._db._inbox_event(self.id)
+            try:
+                try:
+                    outcome: JoinOutcome = await self._write(self._store.await_child, child_id, timeout_ms)
+                except (DatabaseBusy, DatabaseUnavailable) as exc:
+                    await _after_transient(self.id, exc)
+                    continue
+                if outcome.state == "ended":
+                    assert outcome.child is not None
+                    return outcome.child
+                if outcome.state == "timed_out":
+                    raise WaitTimeout(f"run {self.id}: the join of child {child_id} passed its deadline")
+                ready = functools.partial(self._db._read, self._store.child_ready, self.id, child_id)
+                if not await _until_ready(woken, ready, outcome.remaining_ms, suspend_at):
+                    await self._suspend("child", child_id)
+                    suspend_at = self._suspend_time()
+            finally:
+                self._db._forget_inbox_event(self.id, woken)
+
+    async def cancel_child(self, child_id: str, reason: str) -> None:
+        """Cancel child run ``child_id`` and its live descendants (see :func:`zincir.cancel_run`);
+        join it to wait until it has stopped."""
+        child_id = canonical_run_id(child_id, f"run {self.id}: child_id")
+        reason = check_text(reason, f"run {self.id}: the reason", max_chars=4000, allow_empty=True)
+        outcome: CancelOutcome = await self._write(self._store.cancel_child, child_id, reason)
+        announce_cancellation(self._db, outcome)
+
+    @asynccontextmanager
+    async def children(self) -> AsyncIterator[Children]:
+        """A durable nursery: ``async with run.children() as nursery:`` joins every child
+        spawned through it when the block ends cleanly, and cancels them when it raises. Spawns
+        are named, so a handler restarted in the middle of the block finds the same children."""
+        nursery = Children._create(self)
+        try:
+            yield nursery
+        except Exception as exc:
+            # Trio cancellation (a suspension, a stop, a lost lease) is not an error of the
+            # block: the children go on, and the restarted block finds them again.
+            for child_id in nursery.spawned:
+                try:
+                    await self.cancel_child(child_id, f"the parent's nursery raised {type(exc).__name__}")
+                except ZincirError as error:
+                    logger.warning("run %s: cancelling child %s failed: %s", self.id, child_id, error)
+            raise
+        for child_id in nursery.spawned:
+            await self.join(child_id)
+
     def _suspend_time(self) -> float:
         """The Trio time at which a wait beginning now suspends the run (never: infinity)."""
         if self._suspend_after is None:
@@ -488,45 +587,62 @@ class Run:
 
     # -- ending ---------------------------------------------------------------------------
 
-    async def complete(self) -> None:
-        """End the run as completed. Refused while tool intents or a candidate are open."""
-        await self._finish(RunStatus.COMPLETED, {"from": "running", "to": "completed"})
+    async def complete(self, result: JSONValue = None) -> None:
+        """End the run as completed, with ``result`` (JSON, for its parent: see
+        :attr:`RunRecord.result`). Refused (:class:`UnfinishedWork`) while tool intents, a
+        candidate or a child run are open."""
+        result_json = None if result is None else self._encode(result, "the result")
+        await self._finish(RunStatus.COMPLETED, {"from": "running", "to": "completed"}, result_json)
 
     async def fail(self, reason: str) -> None:
-        """End the run as failed, recording ``reason``."""
+        """End the run as failed, recording ``reason``; its live child runs are cancelled."""
         if not isinstance(reason, str):
             raise InvalidArgument(f"run {self.id}: the failure reason must be a string, not {reason!r}")
         await self._finish(RunStatus.FAILED, {"from": "running", "reason": reason, "to": "failed"})
 
-    async def _finish(self, status: RunStatus, transition: dict[str, str]) -> None:
+    async def _finish(
+        self, status: RunStatus, transition: dict[str, str], result_json: str | None = None
+    ) -> None:
         payload = self._encode(transition, "the final transition")
-        await self._end_ownership(self._store.finish, status, payload)
+        parent = await self._end_ownership(self._store.finish, status, payload, result_json)
         self._finished = status
+        if parent is not None:  # it may be joining this run, here (or be due, if suspended)
+            self._db._announce_inbox(parent)
+            self._db._announce_claimable()
 
-    async def _end_ownership(self, fn: Any, *args: Any) -> None:
+    async def _end_ownership(self, fn: Any, *args: Any) -> Any:
         """Run a write that gives up the lease, then stop renewing it."""
         self._ending = True
         try:
-            await self._write(fn, *args)
+            result = await self._write(fn, *args)
         except BaseException:
             self._ending = False
             raise
         self._released = True
         self._stop_heartbeat()
+        return result
 
     # -- the lease ------------------------------------------------------------------------
 
     async def _keep_lease(self) -> None:
         """Renew every ttl/3. Transient database errors are retried, sooner as the expiry
-        nears, until the lease would have expired; a definitive loss cancels the body at once."""
+        nears, until the lease would have expired; a definitive loss cancels the body at once.
+        Each renewal also reads whether a cancellation was requested; news in the run's inbox
+        (a request made in this process, or heard from another) has that read at once."""
         interval = self._lease.ttl_ms / 3000
         delay = interval
         with self._heartbeat_scope:
             while True:
-                await trio.sleep(delay)
+                renew_at = trio.current_time() + delay
+                while trio.current_time() < renew_at:
+                    if await self._poked_until(renew_at):
+                        self._stop_if_cancelled(await self._cancel_requested())
                 try:
-                    self._lease = await self._db._write(self._store.renew, self._lease, route=self.id)
+                    self._lease, cancel_reason = await self._db._write(
+                        self._store.renew, self._lease, route=self.id
+                    )
                     delay = interval
+                    self._stop_if_cancelled(cancel_reason)
                 except RunTerminal:
                     return  # this owner ended the run (another task of the body did)
                 except LeaseLost as exc:
@@ -548,6 +664,42 @@ class Run:
                     self._lose(f"run {self.id}: renewing the lease failed unexpectedly: {exc!r}")
                     return
 
+    async def _poked_until(self, deadline: float) -> bool:
+        """Whether news reached the run's inbox before ``deadline`` (Trio time)."""
+        poked = self._db._inbox_event(self.id, hear_others=False)
+        try:
+            with trio.move_on_at(deadline):
+                await poked.wait()
+                return True
+            return False
+        finally:
+            self._db._forget_inbox_event(self.id, poked)
+
+    async def _cancel_requested(self) -> str | None:
+        try:
+            reason: str | None = await self._db._read(self._store.cancel_requested, self.id)
+        except StorageError:
+            return None  # the next renewal reads it again
+        return reason
+
+    def _stop_if_cancelled(self, reason: str | None) -> None:
+        if reason is not None and self._cancel_reason is None:
+            self._cancel_reason = reason
+            logger.info("run %s: cancellation requested (%s); stopping", self.id, reason)
+            self._body_scope.cancel()
+
+    async def _end_cancelled(self) -> None:
+        """The body was stopped for a requested cancellation: end the run so, unless it ended
+        (or was lost) first."""
+        if self._finished is not None or self._lost is not None or self._released:
+            return
+        transition = {"from": "running", "reason": self._cancel_reason or "", "to": "cancelled"}
+        with trio.CancelScope(shield=True):
+            try:
+                await self._finish(RunStatus.CANCELLED, transition)
+            except ZincirError as exc:
+                logger.warning("run %s: recording the cancellation failed: %s", self.id, exc)
+
     async def _release(self) -> bool:
         """Give the lease up on leaving the block; False if it was no longer this owner's."""
         if self._finished is not None or self._lost is not None or self._released:
@@ -568,6 +720,43 @@ class Run:
         if released and self._release_delay_ms == 0:
             self._db._announce_claimable()
         return released
+
+
+@final
+class Children:
+    """The durable nursery of :meth:`Run.children`: spawn through it, and its block joins the
+    children on a clean exit and cancels them when it raises. No public constructor."""
+
+    spawned: list[str]
+    """The ids of the children spawned through this nursery, in order."""
+    _run: Run
+
+    def __init__(self, *_: object, **__: object) -> None:
+        raise TypeError("nurseries come from run.children()")
+
+    @classmethod
+    def _create(cls, run: Run) -> Children:
+        self = object.__new__(cls)
+        self._run = run
+        self.spawned = []
+        return self
+
+    async def spawn(
+        self, name: str, *, role: str = "agent", provider: str = "", config: JSONValue = None
+    ) -> str:
+        """:meth:`Run.spawn`, with the child joined (or cancelled) when the block ends."""
+        child_id = await self._run.spawn(name, role=role, provider=provider, config=config)
+        if child_id not in self.spawned:
+            self.spawned.append(child_id)
+        return child_id
+
+
+def announce_cancellation(db: Database, outcome: CancelOutcome) -> None:
+    """Wake, in this process, the owners asked to stop and whatever waits for the runs ended."""
+    for run_id in outcome.requested:
+        db._announce_inbox(run_id)
+    if outcome.cancelled:
+        db._announce_claimable()  # a parent suspended on one of them may be due now
 
 
 async def _after_transient(run_id: str, exc: Exception) -> None:
@@ -623,11 +812,15 @@ async def owned_run(db: Database, lease: Lease, *, suspend_after: float | None =
             except BaseException as exc:
                 body_error = exc
             finally:
+                if run._cancel_reason is not None:
+                    await run._end_cancelled()
                 run._stop_heartbeat()
     finally:
         released = await run._release()
     if body_error is not None:
         raise body_error
+    if run._cancel_reason is not None and run._finished is RunStatus.CANCELLED:
+        raise RunCancelled(f"run {run.id} was cancelled: {run._cancel_reason}")
     if run._lost is not None:
         raise LeaseLost(run._lost)
     if not released:
@@ -669,12 +862,14 @@ async def open_run(
         parent = None if parent_run_id is None else canonical_run_id(parent_run_id, "parent_run_id")
         new_id = str(uuid.uuid4())
         description = (check_name(role, "role"), _check_provider(provider), config_json)
-        lease = await db._write(
+        lease: Lease | None = await db._write(
             db._store.create_run, new_id, parent, *description, owner, ttl_ms, route=new_id
         )
     else:
         run_id = canonical_run_id(run_id)
         lease = await db._write(db._store.acquire_run, run_id, owner, ttl_ms, bool(force), route=run_id)
+    if lease is None:
+        raise RunCancelled(f"run {run_id} was cancelled (its cancellation was requested before)")
     async with owned_run(db, lease) as run:
         yield run
 

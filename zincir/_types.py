@@ -31,18 +31,20 @@ __all__ = [
 
 
 class RunStatus(enum.StrEnum):
-    """Where a run is in its life. ``completed`` and ``failed`` are terminal; a ``waiting`` run
-    is suspended: no process holds it until what it waits for arrives or its deadline passes."""
+    """Where a run is in its life. ``completed``, ``failed`` and ``cancelled`` are terminal; a
+    ``waiting`` run is suspended: no process holds it until what it waits for arrives or its
+    deadline passes."""
 
     PENDING = "pending"
     RUNNING = "running"
     WAITING = "waiting"
     COMPLETED = "completed"
     FAILED = "failed"
+    CANCELLED = "cancelled"
 
     @property
     def is_terminal(self) -> bool:
-        return self in (RunStatus.COMPLETED, RunStatus.FAILED)
+        return self in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
 
 
 class EventType(enum.StrEnum):
@@ -60,6 +62,8 @@ class EventType(enum.StrEnum):
     WAIT_TIMED_OUT = "wait_timed_out"
     APPROVAL_REQUESTED = "approval_requested"
     APPROVAL_DECIDED = "approval_decided"
+    CHILD_SPAWNED = "child_spawned"
+    CHILD_JOINED = "child_joined"
 
 
 @attrs.frozen
@@ -167,7 +171,8 @@ class Event:
 
 @attrs.frozen
 class RunRecord:
-    """A run as stored. ``updated_at`` is its last event or status change (not heartbeats)."""
+    """A run as stored. ``updated_at`` is its last event or status change (not heartbeats);
+    ``result`` is what it completed with (:meth:`Run.complete`), None until then."""
 
     id: str
     parent_run_id: str | None
@@ -177,6 +182,7 @@ class RunRecord:
     config: JSONValue
     created_at: int
     updated_at: int
+    result: JSONValue = None
 
 
 @attrs.frozen

@@ -15,7 +15,7 @@ import trio
 
 from ._backend import Lease
 from ._database import Database
-from ._errors import InvalidArgument, LeaseLost, StorageError
+from ._errors import InvalidArgument, LeaseLost, RunCancelled, StorageError
 from ._run import Run, owned_run
 from ._types import RunStatus
 from ._validation import check_int, check_seconds, lease_ttl_ms
@@ -237,6 +237,8 @@ class ResumeWorker:
                     )
                 else:
                     logger.info("run %s: %s", run.id, run._finished.value)
+        except RunCancelled as exc:
+            logger.info("%s", exc)
         except LeaseLost as exc:
             logger.warning("run %s: lease lost: %s", lease.run_id, exc)
         except Exception:

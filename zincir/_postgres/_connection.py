@@ -17,7 +17,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg.pq import TransactionStatus
 
-from .._errors import DatabaseBusy, DatabaseUnavailable, StorageError
+from .._errors import DatabaseBusy, DatabaseUnavailable, StorageError, TransientConflict
 
 __all__ = ["PostgresSession", "Tx", "connect", "redact", "storage_error"]
 
@@ -52,7 +52,7 @@ def storage_error(exc: psycopg.Error, where: str) -> StorageError:
     if isinstance(
         exc, pg_errors.SerializationFailure | pg_errors.DeadlockDetected | pg_errors.LockNotAvailable
     ):
-        return DatabaseBusy(f"{where}: {exc}; retrying may succeed")
+        return TransientConflict(f"{where}: {exc}; retrying may succeed")
     if isinstance(exc, pg_errors.QueryCanceled):
         return DatabaseBusy(f"{where}: the statement took too long ({exc})")
     if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):

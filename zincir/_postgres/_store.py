@@ -16,8 +16,10 @@ import attrs
 from .._backend import (
     SUBMIT_CHECKPOINT,
     ApprovalOutcome,
+    CancelOutcome,
     DecideOutcome,
     IntentRow,
+    JoinOutcome,
     Lease,
     SendOutcome,
     WaitKind,
@@ -103,8 +105,9 @@ def _lock_run(tx: Tx, run_id: str) -> tuple[str, str | None, int, int | None]:
     return status, owner, epoch, expires_at
 
 
-def acquire_run(tx: Tx, run_id: str, owner: str, ttl_ms: int, force: bool) -> Lease:
-    """Take a free or expired lease (any lease with ``force``), and start a pending run."""
+def acquire_run(tx: Tx, run_id: str, owner: str, ttl_ms: int, force: bool) -> Lease | None:
+    """Take a free or expired lease (any lease with ``force``), and start a pending run. None:
+    the run had a cancellation request its dead owner never acted on, and was cancelled now."""
     status, lease_owner, epoch, expires_at = _lock_run(tx, run_id)
     if status not in _LIVE:
         raise RunTerminal(f"run {run_id} is {status}; a terminal run cannot be leased")
@@ -113,6 +116,10 @@ def acquire_run(tx: Tx, run_id: str, owner: str, ttl_ms: int, force: bool) -> Le
             f"run {run_id} is leased by another owner (epoch {epoch}) for {expires_at - tx.now} ms"
             " more; pass force=True only once that owner is known to be dead"
         )
+    (cancel_reason,) = tx.one("SELECT cancel_reason FROM agent_runs WHERE id = %s", (run_id,))
+    if cancel_reason is not None:
+        _cancel_unowned(tx, run_id, status, cancel_reason)
+        return None
     return _take(tx, run_id, status, owner, epoch + 1, ttl_ms)
 
 
@@ -128,7 +135,7 @@ def claim_due(
     while len(claimed) < limit:
         now = tx.now
         rows = tx.all(
-            "SELECT id, status, lease_epoch, attempts FROM agent_runs"
+            "SELECT id, status, lease_epoch, attempts, cancel_reason FROM agent_runs"
             " WHERE status IN ('pending', 'running', 'waiting') AND next_attempt_at <= %s"
             " AND (lease_owner IS NULL OR lease_expires_at <= %s)"
             " ORDER BY next_attempt_at, created_at LIMIT %s FOR NO KEY UPDATE SKIP LOCKED",
@@ -136,7 +143,10 @@ def claim_due(
         )
         if not rows:
             break
-        for run_id, status, epoch, attempts in rows:
+        for run_id, status, epoch, attempts, cancel_reason in rows:
+            if cancel_reason is not None:  # its owner died before it could stop
+                _cancel_unowned(tx, run_id, status, cancel_reason)
+                continue
             if max_attempts is not None and attempts >= max_attempts:
                 _fail_exhausted(tx, run_id, status, attempts)
                 continue
@@ -179,15 +189,85 @@ def record_attempt_failure(tx: Tx, lease: Lease, failure: dict[str, Any], retry_
         release(tx, lease, retry_delay_ms)
 
 
-def _end_run(tx: Tx, run_id: str, transition_json: str, status: RunStatus) -> None:
-    """Append the final ``state_transition`` and make the run terminal and ownerless."""
+def _end_run(
+    tx: Tx, run_id: str, transition_json: str, status: RunStatus, result_json: str | None = None
+) -> str | None:
+    """Append the final ``state_transition`` and make the run terminal and ownerless; a failed
+    or cancelled run takes its live descendants with it, and a parent waiting for the run is
+    woken. Returns the parent's id."""
+    parent = _close(tx, run_id, transition_json, status, result_json)
+    if status is not RunStatus.COMPLETED:
+        _cancel_descendants(tx, run_id, f"its ancestor {run_id} ended {status.value}")
+    return parent
+
+
+def _close(
+    tx: Tx, run_id: str, transition_json: str, status: RunStatus, result_json: str | None
+) -> str | None:
     seq = _allocate(tx, run_id, 1)
     _insert_event(tx, run_id, seq, EventType.STATE_TRANSITION, transition_json)
-    tx.execute(
+    (parent,) = tx.one(
         "UPDATE agent_runs SET status = %s, lease_owner = NULL, lease_expires_at = NULL,"
-        " wait_kind = NULL, wait_target = NULL WHERE id = %s",
-        (status.value, run_id),
+        " wait_kind = NULL, wait_target = NULL, result = %s, cancel_requested_at = NULL"
+        " WHERE id = %s RETURNING parent_run_id",
+        (status.value, result_json, run_id),
     )
+    if parent is None:
+        return None
+    tx.notify_inbox(parent)
+    # An UPDATE that matches nothing locks nothing: a parent that is not waiting for this run is
+    # left alone, and one suspending on it right now sees it ended (suspend locks the child).
+    _wake(tx, parent, "child", run_id)
+    return str(parent)
+
+
+def _cancel_unowned(tx: Tx, run_id: str, status: str, reason: str) -> None:
+    """End a run nobody holds as cancelled; the new epoch fences an owner whose lease expired."""
+    tx.execute("UPDATE agent_runs SET lease_epoch = lease_epoch + 1 WHERE id = %s", (run_id,))
+    transition = _dump({"from": status, "reason": reason, "to": "cancelled"})
+    _end_run(tx, run_id, transition, RunStatus.CANCELLED)
+
+
+def _cancel_descendants(tx: Tx, root: str, reason: str) -> tuple[list[str], list[str]]:
+    """Cancel the live runs below ``root``, level by level: unowned ones at once, owned ones by
+    a request their owners act on. (cancelled, requested) ids.
+
+    Rows are locked NOWAIT: a descendant its owner is writing right now makes the whole
+    operation busy (the caller tries again), so that this transaction never waits for a run while
+    holding others, which could close a deadlock with an owner's group commit.
+    """
+    cancelled: list[str] = []
+    requested: list[str] = []
+    level = [root]
+    while level:
+        rows = tx.all(
+            "SELECT id, status, lease_owner, lease_expires_at, zincir_now_ms() FROM agent_runs"
+            " WHERE parent_run_id = ANY(%s) AND status IN ('pending', 'running', 'waiting')"
+            " FOR NO KEY UPDATE NOWAIT",
+            (level,),
+        )
+        level = []
+        for run_id, status, owner, expires_at, now in rows:
+            level.append(run_id)
+            if owner is not None and expires_at is not None and expires_at > now:
+                _request_cancel(tx, run_id, reason)
+                requested.append(run_id)
+            else:
+                # Its own descendants are this loop's next level: nothing to cascade twice.
+                tx.execute("UPDATE agent_runs SET lease_epoch = lease_epoch + 1 WHERE id = %s", (run_id,))
+                transition = _dump({"from": status, "reason": reason, "to": "cancelled"})
+                _close(tx, run_id, transition, RunStatus.CANCELLED, None)
+                cancelled.append(run_id)
+    return cancelled, requested
+
+
+def _request_cancel(tx: Tx, run_id: str, reason: str) -> None:
+    tx.execute(
+        "UPDATE agent_runs SET cancel_requested_at = coalesce(cancel_requested_at, zincir_now_ms()),"
+        " cancel_reason = coalesce(cancel_reason, %s) WHERE id = %s",
+        (reason, run_id),
+    )
+    tx.notify_inbox(run_id)
 
 
 def _take(tx: Tx, run_id: str, status: str, owner: str, epoch: int, ttl_ms: int) -> Lease:
@@ -205,13 +285,17 @@ def _take(tx: Tx, run_id: str, status: str, owner: str, epoch: int, ttl_ms: int)
     return Lease(run_id, owner, epoch, ttl_ms, expires_at)
 
 
-def renew(tx: Tx, lease: Lease) -> Lease:
-    """Extend an unexpired lease; the expiry is compared with the server clock after the row
-    lock is held, so a renewal that waited past its expiry cannot bring the lease back."""
+def renew(tx: Tx, lease: Lease) -> tuple[Lease, str | None]:
+    """Extend an unexpired lease, and read a cancellation requested meanwhile; the expiry is
+    compared with the server clock after the row lock is held, so a renewal that waited past
+    its expiry cannot bring the lease back."""
     check_lease(tx, lease)
     expires_at = tx.now + lease.ttl_ms
-    tx.execute("UPDATE agent_runs SET lease_expires_at = %s WHERE id = %s", (expires_at, lease.run_id))
-    return attrs.evolve(lease, expires_at=expires_at)
+    (cancel_reason,) = tx.one(
+        "UPDATE agent_runs SET lease_expires_at = %s WHERE id = %s RETURNING cancel_reason",
+        (expires_at, lease.run_id),
+    )
+    return attrs.evolve(lease, expires_at=expires_at), cancel_reason
 
 
 def release(tx: Tx, lease: Lease, delay_ms: int = 0, refund_attempt: bool = False) -> bool:
@@ -354,12 +438,13 @@ def record_tool_result(tx: Tx, lease: Lease, call_id: str, payload_json: str) ->
     return seq
 
 
-def finish(tx: Tx, lease: Lease, status: RunStatus, payload_json: str) -> None:
-    """Make the run terminal with its ``state_transition`` and drop the lease, at once."""
+def finish(tx: Tx, lease: Lease, status: RunStatus, payload_json: str, result_json: str | None) -> str | None:
+    """Make the run terminal with its ``state_transition`` (and result) and drop the lease, at
+    once; returns the parent's id."""
     check_lease(tx, lease)
     if status == RunStatus.COMPLETED:
         _require_no_open_work(tx, lease.run_id)
-    _end_run(tx, lease.run_id, payload_json, status)
+    return _end_run(tx, lease.run_id, payload_json, status, result_json)
 
 
 def _require_no_open_work(tx: Tx, run_id: str) -> None:
@@ -373,6 +458,14 @@ def _require_no_open_work(tx: Tx, run_id: str) -> None:
     if open_calls:
         ids = ", ".join(repr(r[0]) for r in open_calls)
         raise UnfinishedWork(f"run {run_id} cannot complete: tool calls {ids} have no result yet")
+    live = tx.all(
+        "SELECT id FROM agent_runs WHERE parent_run_id = %s AND status IN ('pending', 'running', 'waiting')"
+        " LIMIT 5",
+        (run_id,),
+    )
+    if live:
+        ids = ", ".join(r[0] for r in live)
+        raise UnfinishedWork(f"run {run_id} cannot complete: child runs {ids} have not ended (join them)")
 
 
 # -- reading ------------------------------------------------------------------------------------
@@ -675,6 +768,16 @@ def _awaited(tx: Tx, run_id: str, kind: WaitKind, name: str) -> tuple[str, int |
             (run_id, name),
         )
         return None if row is None else (name, row[0], {"call_id": name, "kind": "approval"})
+    if kind == "child":
+        # FOR SHARE waits for the child's own write in flight: a child ending right now is seen
+        # ended here (and the run does not suspend), or commits after this run is 'waiting'.
+        row = tx.one(
+            "SELECT j.deadline FROM joins AS j JOIN agent_runs AS c ON c.id = j.child_id"
+            " WHERE j.run_id = %s AND j.child_id = %s AND j.completed_at IS NULL"
+            " AND c.status IN ('pending', 'running', 'waiting') FOR SHARE OF c",
+            (run_id, name),
+        )
+        return None if row is None else (name, row[0], {"child_id": name, "kind": "child"})
     row = tx.one(
         "SELECT wake_at FROM timers WHERE run_id = %s AND name = %s AND completed_at IS NULL", (run_id, name)
     )
@@ -886,3 +989,121 @@ def approval_ready(tx: Tx, run_id: str, call_id: str) -> bool:
 
 def _notify_inbox(tx: Tx, run_id: str) -> None:
     tx.notify_inbox(run_id)
+
+
+# -- child runs ---------------------------------------------------------------------------------
+
+
+def cancel_requested(tx: Tx, run_id: str) -> str | None:
+    """The reason of a cancellation requested and not yet acted on (a read)."""
+    row = tx.one(
+        "SELECT cancel_reason FROM agent_runs WHERE id = %s AND cancel_requested_at IS NOT NULL", (run_id,)
+    )
+    return None if row is None else str(row[0])
+
+
+def spawn_child(
+    tx: Tx, lease: Lease, name: str, child_id: str, role: str, provider: str, config_json: str
+) -> str:
+    """Create the child named ``name`` once, pending and unleased; a repeat returns its id."""
+    check_lease(tx, lease)
+    existing = tx.one(
+        "SELECT id FROM agent_runs WHERE parent_run_id = %s AND spawn_name = %s", (lease.run_id, name)
+    )
+    if existing is not None:
+        return str(existing[0])
+    tx.execute(
+        "INSERT INTO agent_runs (id, parent_run_id, role, provider, status, config, created_at,"
+        " updated_at, next_attempt_at, spawn_name)"
+        " VALUES (%s, %s, %s, %s, 'pending', %s, %s, %s, %s, %s)",
+        (child_id, lease.run_id, role, provider, config_json, tx.now, tx.now, tx.now, name),
+    )
+    seq = _allocate(tx, lease.run_id, 1)
+    event = _dump({"child_id": child_id, "name": name, "role": role})
+    _insert_event(tx, lease.run_id, seq, EventType.CHILD_SPAWNED, event, f"spawn:{name}")
+    tx.notify_claimable()
+    return child_id
+
+
+def await_child(tx: Tx, lease: Lease, child_id: str, timeout_ms: int | None) -> JoinOutcome:
+    """Record the join on its first call; log ``child_joined`` once the child has ended, or
+    time the join out past its stored deadline. Fenced."""
+    check_lease(tx, lease)
+    parent = tx.one("SELECT parent_run_id FROM agent_runs WHERE id = %s", (child_id,))
+    if parent is None or parent[0] != lease.run_id:
+        raise InvalidArgument(f"run {lease.run_id}: {child_id} is not a child of this run")
+    tx.execute(
+        "INSERT INTO joins (run_id, child_id, deadline, created_at) VALUES (%s, %s, %s, %s)"
+        " ON CONFLICT (run_id, child_id) DO NOTHING",
+        (lease.run_id, child_id, None if timeout_ms is None else tx.now + timeout_ms, tx.now),
+    )
+    deadline, completed_at, timed_out = tx.one(
+        "SELECT deadline, completed_at, timed_out FROM joins WHERE run_id = %s AND child_id = %s",
+        (lease.run_id, child_id),
+    )
+    if timed_out:
+        return JoinOutcome("timed_out")
+    child = get_run(tx, child_id)
+    if completed_at is not None:
+        return JoinOutcome("ended", child)
+    if child.status.is_terminal:
+        tx.execute(
+            "UPDATE joins SET completed_at = %s WHERE run_id = %s AND child_id = %s",
+            (tx.now, lease.run_id, child_id),
+        )
+        seq = _allocate(tx, lease.run_id, 1)
+        event = _dump({"child_id": child_id, "result": child.result, "status": child.status.value})
+        _insert_event(tx, lease.run_id, seq, EventType.CHILD_JOINED, event, f"join:{child_id}")
+        return JoinOutcome("ended", child)
+    if deadline is not None and deadline <= tx.now:
+        tx.execute(
+            "UPDATE joins SET completed_at = %s, timed_out = 1 WHERE run_id = %s AND child_id = %s",
+            (tx.now, lease.run_id, child_id),
+        )
+        seq = _allocate(tx, lease.run_id, 1)
+        event = _dump({"child_id": child_id, "deadline": deadline, "name": f"join:{child_id}"})
+        _insert_event(tx, lease.run_id, seq, EventType.WAIT_TIMED_OUT, event, f"join:{child_id}")
+        return JoinOutcome("timed_out")
+    return JoinOutcome("pending", remaining_ms=None if deadline is None else deadline - tx.now)
+
+
+def child_ready(tx: Tx, run_id: str, child_id: str) -> bool:
+    """A cheap read for a joining owner: has the child ended, or the join's deadline passed?"""
+    row = tx.one(
+        "SELECT 1 FROM agent_runs WHERE id = %s AND status IN ('completed', 'failed', 'cancelled')"
+        " UNION ALL SELECT 1 FROM joins WHERE run_id = %s AND child_id = %s AND deadline <= zincir_now_ms()"
+        " LIMIT 1",
+        (child_id, run_id, child_id),
+    )
+    return row is not None
+
+
+def cancel_run(tx: Tx, run_id: str, reason: str) -> CancelOutcome:
+    """An outsider's cancellation: end an unowned run now, ask an owned one's owner to; the
+    same for every live descendant."""
+    row = tx.one(
+        "SELECT status, lease_owner, lease_expires_at, zincir_now_ms() FROM agent_runs"
+        f" WHERE id = %s{_OUTSIDER_LOCK}",
+        (run_id,),
+    )
+    if row is None:
+        raise RunNotFound(f"run {run_id} does not exist")
+    status, owner, expires_at, now = row
+    tx.set_now(now)
+    if status not in _LIVE:
+        return CancelOutcome((), (), already_terminal=status)
+    if owner is not None and expires_at is not None and expires_at > now:
+        _request_cancel(tx, run_id, reason)
+        cancelled, requested = _cancel_descendants(tx, run_id, reason)
+        return CancelOutcome(tuple(cancelled), (run_id, *requested))
+    _cancel_unowned(tx, run_id, status, reason)
+    return CancelOutcome((run_id,), ())
+
+
+def cancel_child(tx: Tx, lease: Lease, child_id: str, reason: str) -> CancelOutcome:
+    """The parent's cancellation of one of its children. Fenced; InvalidArgument (not a child)."""
+    check_lease(tx, lease)
+    parent = tx.one("SELECT parent_run_id FROM agent_runs WHERE id = %s", (child_id,))
+    if parent is None or parent[0] != lease.run_id:
+        raise InvalidArgument(f"run {lease.run_id}: {child_id} is not a child of this run")
+    return cancel_run(tx, child_id, reason)

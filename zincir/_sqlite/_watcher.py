@@ -28,8 +28,9 @@ Wake = Callable[[str | None, str | None], None]
 
 
 class Watcher:
-    """Calls ``wake("inbox", run_id)`` for each new signal, ``wake("claimable", None)`` when
-    a run is due, and ``wake(None, None)`` after (re)opening, when anything may have been missed."""
+    """Calls ``wake("inbox", run_id)`` for each new signal and each run whose cancellation is
+    requested, ``wake("claimable", None)`` when a run is due, and ``wake(None, None)`` after
+    (re)opening, when anything may have been missed."""
 
     def __init__(self, path: str, clock: Clock, token: trio.lowlevel.TrioToken, wake: Wake) -> None:
         self._path = path
@@ -77,11 +78,18 @@ class Watcher:
                 signalled = conn.execute(
                     "SELECT id, run_id FROM signals WHERE id > ? ORDER BY id", (last_signal,)
                 ).fetchall()
+                # Requests not yet acted on: the index holds only those (ending a run clears it).
+                cancelling = conn.execute(
+                    "SELECT id FROM agent_runs INDEXED BY idx_agent_runs_cancel"
+                    " WHERE cancel_requested_at IS NOT NULL"
+                ).fetchall()
                 due = _anything_due(conn, self._clock())
             finally:
                 conn.execute("COMMIT")
             for signal_id, run_id in signalled:
                 last_signal = signal_id
+                self._announce("inbox", run_id)
+            for (run_id,) in cancelling:
                 self._announce("inbox", run_id)
             if due:
                 self._announce("claimable", None)

@@ -1,0 +1,337 @@
+"""Child runs (DESIGN.md §8.4), on both backends: spawn once per name, join as a wait, cancel
+with the whole family below, and a durable nursery."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+import zincir
+
+from .helpers import dump, rows, running_python, scalar
+from .test_suspension import until, working
+
+
+def types_of(events: list[zincir.Event]) -> list[zincir.EventType]:
+    return [e.type for e in events]
+
+
+async def status_of(db: zincir.Database, run_id: str) -> zincir.RunStatus:
+    return (await db.state(run_id)).run.status
+
+
+async def _is(db: zincir.Database, run_id: str, status: zincir.RunStatus) -> bool:
+    return await status_of(db, run_id) is status
+
+
+async def test_spawn_creates_a_pending_unleased_child_once_per_name(db: zincir.Database) -> None:
+    async with zincir.open_run(db, role="lead") as parent:
+        child = await parent.spawn("researcher-1", role="researcher", config={"source": "arxiv"})
+        assert await parent.spawn("researcher-1", role="ignored") == child
+        other = await parent.spawn("researcher-2")
+        [record] = [r for r in await db.runs(role="researcher")]
+        assert (record.id, record.parent_run_id, record.status) == (
+            child,
+            parent.id,
+            zincir.RunStatus.PENDING,
+        )
+        assert record.config == {"source": "arxiv"}
+        assert rows(db, "SELECT lease_owner FROM agent_runs WHERE id = ?", (child,)) == [(None,)]
+        spawned = [e.payload for e in await db.events(parent.id) if e.type is zincir.EventType.CHILD_SPAWNED]
+        assert spawned == [
+            {"child_id": child, "name": "researcher-1", "role": "researcher"},
+            {"child_id": other, "name": "researcher-2", "role": "agent"},
+        ]
+        await parent.cancel_child(child, "done with it")
+        await parent.cancel_child(other, "done with it")
+        await parent.complete()
+
+
+async def test_a_spawn_repeated_after_a_crash_before_it_returned_finds_the_child(db: zincir.Database) -> None:
+    async with zincir.open_run(db) as parent:
+        # The first attempt committed, then its process died before spawn() returned.
+        first = str(uuid.uuid4())
+        await db._write(
+            db._store.spawn_child, parent._lease, "kid", first, "agent", "", "{}", route=parent.id
+        )
+        assert await parent.spawn("kid") == first
+        assert scalar(db, "SELECT count(*) FROM agent_runs WHERE parent_run_id = ?", (parent.id,)) == 1
+        assert types_of(await db.events(parent.id)).count(zincir.EventType.CHILD_SPAWNED) == 1
+
+
+async def test_join_of_a_child_that_already_ended_returns_it_at_once_with_its_result(
+    db: zincir.Database,
+) -> None:
+    async with zincir.open_run(db) as parent:
+        child = await parent.spawn("kid")
+        async with zincir.open_run(db, child) as run:
+            await run.complete(result={"answer": 42})
+        with trio.fail_after(2):
+            joined = await parent.join(child)
+        assert (joined.status, joined.result) == (zincir.RunStatus.COMPLETED, {"answer": 42})
+        assert (await parent.join(child)).result == {"answer": 42}  # replayed
+        [event] = [e.payload for e in await db.events(parent.id) if e.type is zincir.EventType.CHILD_JOINED]
+        assert event == {"child_id": child, "result": {"answer": 42}, "status": "completed"}
+        await parent.complete(result=["all", "done"])
+    assert (await db.state(parent.id)).run.result == ["all", "done"]
+
+
+async def test_a_join_waits_for_a_child_ending_in_the_same_process(db: zincir.Database) -> None:
+    async with zincir.open_run(db) as parent:
+        child = await parent.spawn("kid")
+        got: list[zincir.RunRecord] = []
+
+        async def joiner() -> None:
+            got.append(await parent.join(child))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(joiner)
+            await trio.testing.wait_all_tasks_blocked()
+            async with zincir.open_run(db, child) as run:
+                await run.fail("no luck")
+        assert [(r.id, r.status) for r in got] == [(child, zincir.RunStatus.FAILED)]
+
+
+async def test_only_a_runs_own_children_can_be_joined_or_cancelled(db: zincir.Database) -> None:
+    async with zincir.open_run(db) as stranger, zincir.open_run(db) as parent:
+        before = dump(db)
+        with pytest.raises(zincir.InvalidArgument, match="is not a child of this run"):
+            await parent.join(stranger.id)
+        with pytest.raises(zincir.InvalidArgument, match="is not a child of this run"):
+            await parent.cancel_child(stranger.id, "no")
+        with pytest.raises(zincir.InvalidArgument):
+            await parent.join("not-a-run-id")
+        assert dump(db) == before
+
+
+async def test_a_parent_cannot_complete_before_its_children_have_ended(db: zincir.Database) -> None:
+    async with zincir.open_run(db) as parent:
+        child = await parent.spawn("kid")
+        with pytest.raises(zincir.UnfinishedWork, match="child runs"):
+            await parent.complete()
+        async with zincir.open_run(db, child) as run:
+            await run.complete()
+        await parent.join(child)
+        await parent.complete()
+
+
+async def test_failing_a_parent_cancels_its_live_children_and_theirs(db: zincir.Database) -> None:
+    async with zincir.open_run(db) as parent:
+        child = await parent.spawn("kid")
+        async with zincir.open_run(db, child) as run:
+            grandchild = await run.spawn("grandkid")
+        done = await parent.spawn("done")
+        async with zincir.open_run(db, done) as run:
+            await run.complete()
+        await parent.fail("gave up")
+    assert [await status_of(db, r) for r in (child, grandchild, done)] == [
+        zincir.RunStatus.CANCELLED,
+        zincir.RunStatus.CANCELLED,
+        zincir.RunStatus.COMPLETED,
+    ]
+    [transition] = [e.payload for e in await db.events(grandchild) if e.payload.get("to") == "cancelled"]
+    assert transition["reason"] == f"its ancestor {parent.id} ended failed"
+
+
+async def test_a_fenced_parent_cannot_spawn(db: zincir.Database) -> None:
+    with pytest.raises(zincir.LeaseLost):
+        async with zincir.open_run(db) as stale:
+            async with zincir.open_run(db, stale.id, force=True) as current:
+                await current.complete()
+            before = dump(db)
+            with pytest.raises(zincir.LeaseLost):
+                await stale.spawn("kid")
+            assert dump(db) == before
+
+
+async def test_cancelling_an_unowned_run_ends_it_and_its_family_at_once(db: zincir.Database) -> None:
+    async with zincir.open_run(db) as root:
+        level = [root.id]
+        child = await root.spawn("a")
+    for depth in range(5):  # a chain of grandchildren five deep, nobody running any of them
+        async with zincir.open_run(db, child) as run:
+            level.append(child)
+            if depth < 4:
+                child = await run.spawn(f"level-{depth}")
+    await zincir.cancel_run(db, root.id, "the user changed their mind")
+    assert [await status_of(db, r) for r in level] == [zincir.RunStatus.CANCELLED] * 6
+    [transition] = [e.payload for e in await db.events(root.id) if e.payload.get("to") == "cancelled"]
+    assert transition == {"from": "running", "reason": "the user changed their mind", "to": "cancelled"}
+    await zincir.cancel_run(db, root.id, "again")  # cancelling a cancelled run does nothing
+    async with zincir.open_run(db) as finished:
+        await finished.complete()
+    with pytest.raises(zincir.RunTerminal, match="completed"):
+        await zincir.cancel_run(db, finished.id, "too late")
+    with pytest.raises(zincir.RunNotFound):
+        await zincir.cancel_run(db, str(uuid.uuid4()), "who?")
+
+
+async def test_an_owners_body_stops_promptly_when_its_run_is_cancelled(db: zincir.Database) -> None:
+    stopped_after: list[float] = []
+    with pytest.raises(zincir.RunCancelled, match="stop now"):
+        async with zincir.open_run(db, lease_ttl=60) as run:  # a renewal is 20 s away
+            child = await run.spawn("kid")
+            started = trio.current_time()
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(zincir.cancel_run, db, run.id, "stop now")
+                    await trio.sleep_forever()
+            finally:
+                stopped_after.append(trio.current_time() - started)
+    assert stopped_after[0] < 5
+    assert await status_of(db, run.id) is zincir.RunStatus.CANCELLED
+    assert await status_of(db, child) is zincir.RunStatus.CANCELLED
+
+
+async def test_a_cancellation_from_another_process_stops_a_workers_handler(db: zincir.Database) -> None:
+    async with zincir.open_run(db, role="sleeper"):
+        pass
+    [run_id] = [r.id for r in await db.runs(role="sleeper")]
+
+    async def handler(run: zincir.Run) -> None:
+        await trio.sleep_forever()
+
+    canceller = """
+        import sys, trio, zincir
+        async def main():
+            async with zincir.open_database(sys.argv[1]) as db:
+                await zincir.cancel_run(db, sys.argv[2], "from elsewhere")
+        trio.run(main)
+    """
+    async with working(db, handler, lease_ttl=60, suspend_after=None):
+        await until(lambda: _is(db, run_id, zincir.RunStatus.RUNNING))
+        await until(lambda: _leased(db, run_id))
+        with running_python(canceller, db.path, run_id) as proc:
+            # The renewal is 20 s away: the watcher of the file (SQLite) or NOTIFY (PostgreSQL)
+            # has the heartbeat look now.
+            await until(lambda: _is(db, run_id, zincir.RunStatus.CANCELLED), within=10)
+            _, err = await trio.to_thread.run_sync(proc.communicate)
+            assert proc.returncode == 0, err
+    assert not [e for e in await db.events(run_id) if e.type is zincir.EventType.ATTEMPT_FAILED]
+
+
+async def _leased(db: zincir.Database, run_id: str) -> bool:
+    return scalar(db, "SELECT lease_owner FROM agent_runs WHERE id = ?", (run_id,)) is not None
+
+
+async def test_a_cancellation_racing_a_completion_leaves_exactly_one_end(db: zincir.Database) -> None:
+    async def cancel(run_id: str) -> None:
+        with contextlib.suppress(zincir.RunTerminal):  # the completion came first
+            await zincir.cancel_run(db, run_id, "race")
+
+    for _ in range(10):
+        with contextlib.suppress(zincir.RunCancelled):  # the cancellation came first
+            async with zincir.open_run(db) as run, trio.open_nursery() as nursery:
+                nursery.start_soon(cancel, run.id)
+                with contextlib.suppress(zincir.RunTerminal):
+                    await run.complete()
+        events = await db.events(run.id)
+        ends = [e.payload["to"] for e in events if e.type is zincir.EventType.STATE_TRANSITION][1:]
+        assert ends in (["completed"], ["cancelled"])
+        assert (await status_of(db, run.id)).value == ends[0]
+
+
+# -- under a worker ------------------------------------------------------------------------------
+
+
+async def family(run: zincir.Run) -> None:
+    """A parent (role "lead") fans out to three children; each child completes with its name."""
+    record = (await run.state()).run
+    config: Any = record.config
+    if record.role == "lead":
+        async with run.children() as nursery:
+            for i in range(config["children"]):
+                await nursery.spawn(f"child-{i}", role="child", config={"i": i, "gated": config.get("gated")})
+        results = [(await run.join(c)).result for c in nursery.spawned]
+        await run.complete(result=results)
+    else:
+        if config.get("gated"):
+            await run.wait_for_signal("gate", "go")
+        await run.complete(result=config["i"])
+
+
+async def test_a_worker_runs_a_family_and_a_childs_end_wakes_its_suspended_parent(
+    db: zincir.Database,
+) -> None:
+    async with zincir.open_run(db, role="lead", config={"children": 3, "gated": True}) as lead:
+        pass
+    async with working(db, family, suspend_after=0, max_concurrency=2):
+        await until(lambda: _waits_for_a_child(db, lead.id))
+        children = [r[0] for r in rows(db, "SELECT id FROM agent_runs WHERE parent_run_id = ?", (lead.id,))]
+        for child in children:
+            await zincir.send_signal(db, child, "go", None)
+        # poll_interval is 60 s: only a child's end can wake the suspended parent this fast.
+        await until(lambda: _is(db, lead.id, zincir.RunStatus.COMPLETED), within=30)
+    record = (await db.state(lead.id)).run
+    assert record.result == [0, 1, 2]
+    events = await db.events(lead.id)
+    assert types_of(events).count(zincir.EventType.CHILD_SPAWNED) == 3
+    assert types_of(events).count(zincir.EventType.CHILD_JOINED) == 3
+    assert any(e.payload.get("waiting_for", {}).get("kind") == "child" for e in events)
+
+
+async def _waits_for_a_child(db: zincir.Database, run_id: str) -> bool:
+    found = rows(db, "SELECT status, wait_kind FROM agent_runs WHERE id = ?", (run_id,))
+    return found == [("waiting", "child")]
+
+
+async def test_two_hundred_children_joined_in_one_nursery(db: zincir.Database) -> None:
+    async with zincir.open_run(db, role="lead", config={"children": 200}) as lead:
+        pass
+    async with working(db, family, suspend_after=0.5, max_concurrency=64):
+        await until(lambda: _is(db, lead.id, zincir.RunStatus.COMPLETED), within=120, every=0.1)
+    assert (await db.state(lead.id)).run.result == list(range(200))
+    assert scalar(db, "SELECT count(*) FROM agent_runs WHERE parent_run_id = ?", (lead.id,)) == 200
+
+
+async def test_a_nursery_that_raises_cancels_its_children(db: zincir.Database) -> None:
+    async with zincir.open_run(db) as parent:
+        with pytest.raises(ValueError, match="planner broke"):
+            async with parent.children() as nursery:
+                kids = [await nursery.spawn(f"kid-{i}") for i in range(3)]
+                raise ValueError("planner broke")
+        assert [await status_of(db, k) for k in kids] == [zincir.RunStatus.CANCELLED] * 3
+        await parent.complete()  # every child has ended
+
+
+async def test_a_parent_restarted_inside_its_nursery_finds_the_same_children(db: zincir.Database) -> None:
+    async with zincir.open_run(db) as parent:
+        with trio.move_on_after(0.3):  # the first owner dies while its nursery joins
+            async with parent.children() as nursery:
+                first = [await nursery.spawn(f"kid-{i}") for i in range(3)]
+    for kid in first:
+        async with zincir.open_run(db, kid) as run:
+            await run.complete(result=kid[:4])
+    async with zincir.open_run(db, parent.id) as again:
+        async with again.children() as nursery:
+            second = [await nursery.spawn(f"kid-{i}") for i in range(3)]
+        assert second == first
+        await again.complete()
+    assert scalar(db, "SELECT count(*) FROM agent_runs WHERE parent_run_id = ?", (parent.id,)) == 3
+
+
+async def test_cancelling_a_suspended_parent_cancels_its_children_with_no_process_running(
+    db: zincir.Database,
+) -> None:
+    async with zincir.open_run(db, role="lead", config={"children": 4}) as lead:
+        pass
+
+    async def spawn_then_wait(run: zincir.Run) -> None:  # children never get to run
+        if (await run.state()).run.role == "lead":
+            async with run.children() as nursery:
+                for i in range(4):
+                    await nursery.spawn(f"child-{i}", role="child")
+        else:
+            await trio.sleep_forever()
+
+    async with working(db, spawn_then_wait, suspend_after=0, max_concurrency=1):
+        await until(lambda: _is(db, lead.id, zincir.RunStatus.WAITING))
+    kids = [r[0] for r in rows(db, "SELECT id FROM agent_runs WHERE parent_run_id = ?", (lead.id,))]
+    assert len(kids) == 4 and scalar(db, "SELECT count(*) FROM agent_runs WHERE lease_owner IS NOT NULL") == 0
+    await zincir.cancel_run(db, lead.id, "no longer needed")
+    assert [await status_of(db, r) for r in [lead.id, *kids]] == [zincir.RunStatus.CANCELLED] * 5
