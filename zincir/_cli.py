@@ -20,7 +20,7 @@ from ._cli_inspect import readonly_database, register
 from ._cli_options import database_option
 from ._database import open_database, wall_clock_ms
 from ._errors import ZincirError
-from ._inbox import decide_approval, send_signal
+from ._inbox import cancel_run, decide_approval, send_signal
 from ._types import Approval
 from ._version import __version__
 from ._worker import Handler, ResumeWorker
@@ -229,3 +229,27 @@ def _run_cli(fn: Callable[[], Awaitable[T]]) -> T:
 
 
 register(main)
+
+
+@main.command("cancel")
+@click.argument("run_id")
+@click.option("--reason", required=True, help="Why (recorded in the run's log).")
+@database_option
+def cancel_command(run_id: str, reason: str, database_path: str) -> None:
+    """Cancel run RUN_ID and its live descendants.
+
+    A run nobody holds ends cancelled at once; an owned one is asked to stop, and its owner ends
+    it (at once if its process listens: a worker does; otherwise at its next lease renewal).
+    """
+    run_id = q.parse_run_id(run_id)
+
+    async def cancel() -> str:
+        async with open_database(database_path) as db:
+            await cancel_run(db, run_id, reason)
+            return (await db.state(run_id)).run.status.value
+
+    status = _run_cli(cancel)
+    if status == "cancelled":
+        click.echo(f"cancelled {run_id}")
+    else:
+        click.echo(f"asked the owner of {run_id} to stop (it is {status} until it does)")

@@ -491,7 +491,42 @@ def _emit(kind: str, data: dict[str, Any]) -> None:
 # --------------------------------------------------------------------------- registration
 
 
+@click.command("tree")
+@database_option
+@click.argument("run_id")
+@click.option("--depth", type=click.IntRange(1, 100), default=20, show_default=True, help="Levels shown.")
+@click.option(
+    "--width", type=click.IntRange(1, 1000), default=50, show_default=True, help="Children per run."
+)
+def tree(database_path: str, run_id: str, depth: int, width: int) -> None:
+    """Show a run's family: its ancestors, then it and its descendants with their statuses."""
+    with clean_errors(), readonly_database(database_path) as conn, q.read_snapshot(conn):
+        ancestors, node = q.family_tree(conn, run_id, depth=depth, per_node=width)
+    for ancestor in ancestors:
+        click.echo(f"{_family_line(ancestor)}  (ancestor)")
+    for line in _tree_lines(node, ""):
+        click.echo(line)
+
+
+def _family_line(run: q.RunSummary) -> str:
+    return f"{_cell(run.id)}  {_cell(run.status)}  {_cell(run.role, 40)}"
+
+
+def _tree_lines(node: q.FamilyNode, indent: str) -> Iterator[str]:
+    yield _family_line(node.run)
+    entries: list[q.FamilyNode | int] = [*node.children, *([node.more] if node.more else [])]
+    for i, entry in enumerate(entries):
+        last = i == len(entries) - 1
+        branch, below = ("└─ ", "   ") if last else ("├─ ", "│  ")
+        if isinstance(entry, int):
+            yield f"{indent}{branch}… {entry} more"
+            continue
+        lines = _tree_lines(entry, indent + below)
+        yield f"{indent}{branch}{next(lines)}"
+        yield from lines
+
+
 def register(group: click.Group) -> None:
     """Add the inspection commands to the ``zincir`` group."""
-    for command in (ui, runs, show, checkpoints, events, export):
+    for command in (ui, runs, show, tree, checkpoints, events, export):
         group.add_command(command)

@@ -71,6 +71,9 @@ API_BUDGET_CHARS = 4 * 1024 * 1024
 LIST_LIMIT = 500
 #: Children listed per page of the family section.
 CHILDREN_PAGE = 100
+# The family tree on a run page: grandchildren and below, this deep and this wide per run.
+TREE_DEPTH = 4
+TREE_WIDTH = 20
 REFRESH_SECONDS = 5
 
 CONTENT_SECURITY_POLICY = (
@@ -674,9 +677,11 @@ class _RunView:
         steps: tuple[q.StepRow, ...],
         timers: tuple[q.TimerRow, ...],
         awaiting: tuple[q.Awaiting, ...],
+        family: tuple[tuple[q.RunSummary, ...], q.FamilyNode],
     ) -> None:
         self.run, self.checkpoints, self.events, self.types = run, checkpoints, events, types
         self.steps, self.timers, self.awaiting = steps, timers, awaiting
+        self.ancestors, self.descendants = family
 
     @classmethod
     def fetch(cls, run_id: str, query: _EventsQuery, conn: Any) -> _RunView:
@@ -694,6 +699,7 @@ class _RunView:
             q.list_steps(conn, run_id, limit=LIST_LIMIT + 1, max_chars=ITEM_PREVIEW_CHARS),
             q.list_timers(conn, run_id, limit=LIST_LIMIT + 1),
             q.list_awaiting(conn, [run_id]).get(run_id, ()),
+            q.family_tree(conn, run_id, depth=TREE_DEPTH, per_node=TREE_WIDTH),
         )
 
 
@@ -1012,7 +1018,7 @@ def _run_body(view: _RunView, query: _EventsQuery, now: int, refresh: bool) -> H
             _section(_e("Lease and attempts"), _lease(run, now), anchor="lease"),
             Html("</div>"),
             _section(_e("Awaiting"), _awaiting(run, view.awaiting, now), anchor="awaiting"),
-            _section(_e("Family"), _family(run, query), anchor="family"),
+            _section(_e("Family"), _family(view, query), anchor="family"),
             _section(_e("Configuration"), config, anchor="config"),
             _section(_e("Checkpoints"), _checkpoints(run.id, view.checkpoints), anchor="checkpoints"),
             _section(events_title, _events(run.id, view, query), anchor="events"),
@@ -1080,11 +1086,19 @@ def _lease(run: q.RunDetail, now: int) -> Html:
     )
 
 
-def _family(run: q.RunDetail, query: _EventsQuery) -> Html:
+def _family(view: _RunView, query: _EventsQuery) -> Html:
+    run = view.run
     parent_html = _run_link(run.parent_run_id) if run.parent_run_id else _muted("none")
+    if len(view.ancestors) > 1:
+        chain_html = _join(Html(f"{_run_link(a.id)} {_pill(a.status)} &rarr; ") for a in view.ancestors)
+        parent_html = Html(f'<span class="ancestors">{chain_html}</span>')
     total_html = Html(_num(run.children_total) + ("+" if run.children_capped else ""))
+    below = {node.run.id: node for node in view.descendants.children}
     if run.children:
-        items = [Html(f"<li>{_run_link(c.id)} {_pill(c.status)} {_muted(c.role)}</li>") for c in run.children]
+        items = [
+            Html(f"<li>{_run_link(c.id)} {_pill(c.status)} {_muted(c.role)}{_subtree(below.get(c.id))}</li>")
+            for c in run.children
+        ]
         links = []
         if query.children_after is not None:
             links.append(_link(_fragment(query.url(run.id), "family"), "⇤ First children"))
@@ -1103,6 +1117,19 @@ def _family(run: q.RunDetail, query: _EventsQuery) -> Html:
         f"<dl><dt>Parent</dt><dd>{parent_html}</dd>"
         f"<dt>Children ({total_html})</dt><dd>{children_html}</dd></dl>"
     )
+
+
+def _subtree(node: q.FamilyNode | None) -> Html:
+    """A child's own descendants, nested (as deep and wide as the page reads them)."""
+    if node is None or (not node.children and not node.more):
+        return Html("")
+    items = [
+        Html(f"<li>{_run_link(c.run.id)} {_pill(c.run.status)} {_muted(c.run.role)}{_subtree(c)}</li>")
+        for c in node.children
+    ]
+    if node.more:
+        items.append(Html(f"<li>{_muted(f'… {node.more} more')} {_run_link(node.run.id)}</li>"))
+    return Html(f'<ul class="children">{_join(items)}</ul>')
 
 
 def _anchor(seq: object) -> str:

@@ -58,6 +58,7 @@ __all__ = [
     "Dialect",
     "EventPage",
     "EventRow",
+    "FamilyNode",
     "Malformed",
     "ReadOnly",
     "Reader",
@@ -74,6 +75,7 @@ __all__ = [
     "encode_key",
     "event_to_json",
     "event_types",
+    "family_tree",
     "get_approval_request",
     "get_checkpoint",
     "get_event",
@@ -1451,7 +1453,8 @@ def get_approval_request(conn: Reader, run_id: str, call_id: str) -> ApprovalReq
 @attrs.frozen
 class Awaiting:
     """One thing a run waits for: a signal (``name`` is the wait, ``target`` the topic), an
-    approval (``name`` is the call id, ``target`` the tool) or a sleep (``target`` is empty).
+    approval (``name`` is the call id, ``target`` the tool), a child run to end (``name`` is its
+    id) or a sleep (``target`` is empty for both).
     ``until`` is the deadline or wake time; None waits for ever."""
 
     run_id: str
@@ -1466,6 +1469,8 @@ class Awaiting:
             return f"signal {self.target!r} (wait {self.name!r})"
         if self.kind == "approval":
             return f"approval of call {self.name!r} ({self.target})"
+        if self.kind == "child":
+            return f"child run {self.name}"
         return f"sleep {self.name!r}"
 
 
@@ -1480,6 +1485,11 @@ def list_awaiting(conn: Reader, run_ids: Sequence[str]) -> dict[str, tuple[Await
         f"SELECT run_id, 'sleep', {_name('name')}, '', {_key('created_at', d)}, {_key('wake_at', d)}"
         f" FROM timers WHERE run_id IN ({marks}) AND completed_at IS NULL"
     ]
+    if _has_table(conn, "joins"):
+        parts.append(
+            f"SELECT run_id, 'child', {_name('child_id')}, '', {_key('created_at', d)}, {_key('deadline', d)}"
+            f" FROM joins WHERE run_id IN ({marks}) AND completed_at IS NULL"
+        )
     if _has_table(conn, "waits"):
         parts.append(
             f"SELECT run_id, 'signal', {_name('name')}, {_name('topic')}, {_key('created_at', d)},"
@@ -1517,3 +1527,61 @@ def _has_table(conn: Reader, name: str) -> bool:
         return bool(conn.execute("SELECT to_regclass(?) IS NOT NULL", (name,)).fetchone()[0])
     found = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,))
     return found.fetchone() is not None
+
+
+# --------------------------------------------------------------------------- families
+
+
+@attrs.frozen
+class FamilyNode:
+    """A run and (some of) its descendants: ``children`` holds at most the first ``per_node``
+    by creation, ``more`` counts the others; below ``depth`` levels ``more`` counts them all."""
+
+    run: RunSummary
+    children: tuple[FamilyNode, ...]
+    more: int
+
+
+def family_tree(
+    conn: Reader, run_id: str, *, depth: int = 20, per_node: int = 50
+) -> tuple[tuple[RunSummary, ...], FamilyNode]:
+    """The run's ancestors (root first) and the tree of its descendants, ``depth`` levels deep
+    and ``per_node`` children wide at most: each level is one indexed read per run shown."""
+    run_id = parse_run_id(run_id)
+    d = _dialect(conn)
+    columns = _summary_columns(d)
+    row = conn.execute(f"SELECT {columns} FROM agent_runs WHERE id = ?", (run_id,)).fetchone()
+    if row is None:
+        raise RunNotFound(f"run {run_id} not found")
+    top = _summary(row)
+    ancestors: list[RunSummary] = []
+    seen = {top.id}
+    parent = top.parent_run_id
+    while parent is not None and parent not in seen and len(ancestors) < MAX_ANCESTORS:
+        found = conn.execute(f"SELECT {columns} FROM agent_runs WHERE id = ?", (parent,)).fetchone()
+        if found is None:
+            break
+        seen.add(parent)
+        ancestors.append(_summary(found))
+        parent = ancestors[-1].parent_run_id
+    return tuple(reversed(ancestors)), _subtree(conn, top, depth, per_node)
+
+
+MAX_ANCESTORS: Final = 100
+
+
+def _subtree(conn: Reader, run: RunSummary, depth: int, per_node: int) -> FamilyNode:
+    if depth <= 0:
+        return FamilyNode(run, (), _count_children(conn, run.id))
+    children, more = _children(conn, run.id, per_node, None)
+    extra = _count_children(conn, run.id) - len(children) if more else 0
+    return FamilyNode(run, tuple(_subtree(conn, c, depth - 1, per_node) for c in children), extra)
+
+
+def _count_children(conn: Reader, run_id: str) -> int:
+    return _size(
+        conn.execute(
+            "SELECT count(*) FROM (SELECT 1 FROM agent_runs WHERE parent_run_id = ? LIMIT ?) AS children",
+            (run_id, CHILD_COUNT_CAP),
+        ).fetchone()[0]
+    )
