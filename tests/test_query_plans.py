@@ -9,6 +9,7 @@ from __future__ import annotations
 import sqlite3
 
 import pytest
+import trio
 
 import zincir
 from zincir._sqlite import _store
@@ -86,3 +87,31 @@ async def test_claiming_reads_by_index(db: zincir.Database, busy_run: zincir.Run
     assert claim
     assert all("USING INDEX idx_agent_runs_claimable" in " ".join(plan) for plan in claim)
     assert_indexed([(sql, plan) for sql, plan in plans if sql.lstrip().startswith("SELECT")])
+
+
+@pytest.mark.sqlite_only
+async def test_suspending_and_the_idle_workers_look_read_by_index(db: zincir.Database) -> None:
+    with pytest.raises(zincir.LeaseLost, match="gone"):  # the probe did suspend the run
+        async with zincir.open_run(db) as run:
+            with trio.move_on_after(0.05):
+                await run.wait_for_signal("w", "go")
+            plans = await plans_of(db, _store.suspend, run._lease, "signal", "w")
+    assert_indexed([(sql, plan) for sql, plan in plans if sql.lstrip().startswith("SELECT")])
+    due = await plans_of(db, _store.next_due_in)
+    assert all("USING INDEX idx_agent_runs_claimable" in " ".join(plan) for _, plan in due), due
+
+
+@pytest.mark.sqlite_only
+async def test_family_operations_read_by_index(db: zincir.Database) -> None:
+    async with zincir.open_run(db) as root:
+        children = [await root.spawn(f"kid-{i}") for i in range(20)]
+        for child in children[:5]:
+            async with zincir.open_run(db, child) as run:
+                await run.spawn("grandkid")
+        spawn = await plans_of(db, _store.spawn_child, root._lease, "kid-0", "unused", "agent", "", "{}")
+        join = await plans_of(db, _store.await_child, root._lease, children[0], None)
+        cascade = await plans_of(db, _store._cancel_descendants, root.id, "probe")
+    for plans in (spawn, join, cascade):
+        assert_indexed([(sql, plan) for sql, plan in plans if sql.lstrip().startswith("SELECT")])
+    # The family is walked level by level through the parent index, not by scanning every run.
+    assert any("idx_agent_runs_parent" in " ".join(plan) for _, plan in cascade), cascade
