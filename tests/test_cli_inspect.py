@@ -57,7 +57,7 @@ def test_runs_table(ids: Sample) -> None:
     assert result.exit_code == 0
     lines = result.stdout.splitlines()
     assert lines[0].split() == [
-        "RUN", "STATUS", "ROLE", "PROVIDER", "EVENTS", "ATTEMPTS", "LAST", "ACTIVITY", "AWAITS"
+        "RUN", "STATUS", "ROLE", "PROVIDER", "EVENTS", "ATTEMPTS", "LAST", "ACTIVITY", "BUDGET", "AWAITS"
     ]  # fmt: skip
     assert [line.split()[0] for line in lines[1:4]] == [ids.hostile, ids.main, ids.children[1]]
     counts = "pending 5, running 2, waiting 0, completed 2, failed 1, cancelled 0"

@@ -9,16 +9,17 @@ import zincir
 
 PUBLIC = {
     "Approval", "ApprovalConflict", "ApprovalError", "ApprovalHashMismatch", "ApprovalNotRequested",
-    "Backoff", "Checkpoint", "CheckpointNotPending", "CheckpointState", "Children", "Clock",
-    "ConflictingResult",
+    "Backoff", "Budget", "BudgetExceeded", "Checkpoint", "CheckpointNotPending", "CheckpointState",
+    "Children", "Clock", "ConflictingResult",
     "Database", "DatabaseBusy", "DatabaseClosed", "DatabaseUnavailable", "DuplicateToolCall",
-    "DurableState", "Event", "EventType", "Handler", "InvalidArgument", "LeaseLost", "MIN_LEASE_TTL",
-    "NoDurableIntent",
+    "DurableState", "Event", "EventType", "Handler", "InvalidArgument", "LeaseLost", "LoopDetected",
+    "MIN_LEASE_TTL", "NoDurableIntent", "NoProgress",
     "PendingToolCall", "ResumeWorker", "Run", "RunCancelled", "RunLeased", "RunNotFound", "RunRecord",
-    "RunStatus",
-    "RunTerminal", "SUBMIT_CHECKPOINT", "SchemaError", "StepAlreadyRunning", "StorageError", "ToolCall",
-    "UnfinishedWork", "Verification", "Verifier", "WaitTimeout", "ZincirError", "__version__",
-    "artifacts", "cancel_run", "decide_approval", "open_database", "open_run", "send_signal", "wall_clock_ms",
+    "RunStatus", "RunTerminal", "SUBMIT_CHECKPOINT", "SchemaError", "Spend", "StepAlreadyRunning",
+    "StorageError", "ToolCall", "UnfinishedWork", "Usage", "Verification", "Verifier", "WaitTimeout",
+    "ZincirError", "__version__",
+    "artifacts", "cancel_run", "decide_approval", "open_database", "open_run", "raise_budget", "send_signal",
+    "wall_clock_ms",
 }  # fmt: skip
 
 
@@ -32,7 +33,7 @@ def test_all_is_pinned() -> None:
 def test_every_error_is_a_zincir_error() -> None:
     errors = [getattr(zincir, n) for n in zincir.__all__ if isinstance(getattr(zincir, n), type)]
     errors = [e for e in errors if issubclass(e, Exception)]
-    assert len(errors) == 23
+    assert len(errors) == 26
     assert all(issubclass(e, zincir.ZincirError) for e in errors)
     assert issubclass(zincir.InvalidArgument, ValueError)
     assert issubclass(zincir.DuplicateToolCall, zincir.InvalidArgument)
@@ -58,6 +59,9 @@ def _instances() -> dict[type, object]:
         zincir.RunRecord: record,
         zincir.DurableState: zincir.DurableState(record, checkpoint, [event]),
         zincir.Backoff: zincir.Backoff(),
+        zincir.Budget: zincir.Budget(tokens=10),
+        zincir.Spend: zincir.Spend(),
+        zincir.Usage: zincir.Usage(zincir.Spend(), zincir.Budget()),
         zincir.Approval: zincir.Approval("c1", True, "ada", "ok", "0" * 64, 1, 2),
         zincir.artifacts.Artifact: zincir.artifacts.Artifact("file", "a.txt", "0" * 64),
     }

@@ -13,6 +13,7 @@ import trio
 import trio.testing
 
 import zincir
+from zincir._budget import Debit
 from zincir._sqlite import _store
 
 from .conftest import ManualClock
@@ -269,7 +270,8 @@ STATE_JSON = zincir.CheckpointState().to_json()
 
 # Every store operation a run owner performs, with arguments it would otherwise accept.
 GUARDED: list[tuple[str, tuple[Any, ...]]] = [
-    ("record_response", ('{"content":"x"}', [])),
+    ("record_response", ('{"content":"x"}', [], Debit(0, 0, 0.0, ()))),
+    ("note_exceeded", ("wall_time", "probe")),
     ("record_tool_result", ("tool", '{"call_id":"tool","content":1}')),
     ("pending_tools", ()),
     (

@@ -8,12 +8,14 @@ checkpoint that an independent verifier accepted.
 
 from . import artifacts
 from ._backend import SUBMIT_CHECKPOINT
+from ._budget import Budget, Spend, Usage
 from ._database import Clock, Database, open_database, wall_clock_ms
 from ._errors import (
     ApprovalConflict,
     ApprovalError,
     ApprovalHashMismatch,
     ApprovalNotRequested,
+    BudgetExceeded,
     CheckpointNotPending,
     ConflictingResult,
     DatabaseBusy,
@@ -22,7 +24,9 @@ from ._errors import (
     DuplicateToolCall,
     InvalidArgument,
     LeaseLost,
+    LoopDetected,
     NoDurableIntent,
+    NoProgress,
     RunCancelled,
     RunLeased,
     RunNotFound,
@@ -34,7 +38,7 @@ from ._errors import (
     WaitTimeout,
     ZincirError,
 )
-from ._inbox import cancel_run, decide_approval, send_signal
+from ._inbox import cancel_run, decide_approval, raise_budget, send_signal
 from ._run import Children, Run, open_run
 from ._types import (
     Approval,
@@ -63,6 +67,8 @@ __all__ = [
     "ApprovalHashMismatch",
     "ApprovalNotRequested",
     "Backoff",
+    "Budget",
+    "BudgetExceeded",
     "Checkpoint",
     "CheckpointNotPending",
     "CheckpointState",
@@ -80,7 +86,9 @@ __all__ = [
     "Handler",
     "InvalidArgument",
     "LeaseLost",
+    "LoopDetected",
     "NoDurableIntent",
+    "NoProgress",
     "PendingToolCall",
     "ResumeWorker",
     "Run",
@@ -91,10 +99,12 @@ __all__ = [
     "RunStatus",
     "RunTerminal",
     "SchemaError",
+    "Spend",
     "StepAlreadyRunning",
     "StorageError",
     "ToolCall",
     "UnfinishedWork",
+    "Usage",
     "Verification",
     "Verifier",
     "WaitTimeout",
@@ -105,6 +115,7 @@ __all__ = [
     "decide_approval",
     "open_database",
     "open_run",
+    "raise_budget",
     "send_signal",
     "wall_clock_ms",
 ]

@@ -24,6 +24,7 @@ from typing import Any, Literal, Protocol
 
 import attrs
 
+from ._budget import Debit, Exceeded, Usage
 from ._errors import InvalidArgument
 from ._json import decode, dump_trusted
 from ._types import Approval, Checkpoint, Event, RunRecord, RunStatus
@@ -49,9 +50,9 @@ __all__ = [
 SUBMIT_CHECKPOINT = "submit_checkpoint"
 """The tool name whose intents are answered by :meth:`Run.checkpoint`, not by a tool."""
 
-WaitKind = Literal["signal", "approval", "sleep", "child"]
+WaitKind = Literal["signal", "approval", "sleep", "child", "budget"]
 """What a suspended run waits for: a named signal wait, an approval (by call id), a sleep, or
-a child run to end (by its id)."""
+a child run to end (by its id), or a budget raised (target "")."""
 
 
 @attrs.frozen
@@ -64,6 +65,8 @@ class Lease:
     ttl_ms: int
     expires_at: int
     """On the database's clock."""
+    wall_time_ends_at: int | None = None
+    """When the run's budget of wall time runs out, on the database's clock (None: no limit)."""
 
     @property
     def fencing_token(self) -> str:
@@ -194,8 +197,10 @@ class Store(Protocol):
         config_json: str,
         owner: str,
         ttl_ms: int,
+        budget: tuple[Any, ...] | None = None,
     ) -> Lease:
-        """Insert a run already leased and running, with its first event. RunNotFound (parent)."""
+        """Insert a run already leased and running, with its first event and its budget's limits
+        (in LIMIT_COLUMNS order). RunNotFound (parent)."""
 
     def acquire_run(self, tx: Any, run_id: str, owner: str, ttl_ms: int, force: bool) -> Lease | None:
         """Take a free or expired lease (any, with ``force``); start a pending run. None: the run
@@ -233,9 +238,12 @@ class Store(Protocol):
 
     # -- the log --------------------------------------------------------------------------
 
-    def record_response(self, tx: Any, lease: Lease, llm_payload_json: str, intents: list[IntentRow]) -> int:
-        """Append ``llm_call`` and one ``tool_call`` per intent; the seq of ``llm_call``.
-        Fenced; DuplicateToolCall."""
+    def record_response(
+        self, tx: Any, lease: Lease, llm_payload_json: str, intents: list[IntentRow], debit: Debit
+    ) -> tuple[int, Exceeded | None]:
+        """Append ``llm_call`` and one ``tool_call`` per intent, and debit the run's budget (the
+        first time that reaches a limit, logged); the seq of ``llm_call``, and the limit the run
+        has reached, if any. Fenced; DuplicateToolCall."""
 
     def pending_tools(self, tx: Any, lease: Lease) -> list[tuple[str, int]]:
         """(tool_call payload, response_tool_count) of each intent without a result."""
@@ -327,7 +335,15 @@ class Store(Protocol):
     # -- child runs -----------------------------------------------------------------------
 
     def spawn_child(
-        self, tx: Any, lease: Lease, name: str, child_id: str, role: str, provider: str, config_json: str
+        self,
+        tx: Any,
+        lease: Lease,
+        name: str,
+        child_id: str,
+        role: str,
+        provider: str,
+        config_json: str,
+        budget: tuple[Any, ...] | None = None,
     ) -> str:
         """Create the child named ``name`` as a pending, unleased run, once: a repeat returns the
         first child's id. Logs ``child_spawned``. Fenced."""
@@ -345,11 +361,24 @@ class Store(Protocol):
         descendants) ends ``cancelled`` at once, under a new epoch that fences any stale owner;
         an owned one gets a request its owner acts on. RunNotFound."""
 
-    def cancel_requested(self, tx: Any, run_id: str) -> str | None:
-        """The reason of a cancellation requested and not yet acted on (a read)."""
+    def owner_news(self, tx: Any, run_id: str) -> tuple[str | None, int | None]:
+        """What an owner looks at when its inbox has news (a read): the reason of a cancellation
+        requested and not yet acted on, and when the run's wall time runs out (None: none)."""
 
     def cancel_child(self, tx: Any, lease: Lease, child_id: str, reason: str) -> CancelOutcome:
         """cancel_run of one of this run's children. Fenced; InvalidArgument (not a child)."""
+
+    # -- budgets --------------------------------------------------------------------------
+
+    def budget_usage(self, tx: Any, run_id: str) -> Usage | None:
+        """The run's spend against its limits; None if it has no budget. RunNotFound."""
+
+    def set_budget(self, tx: Any, run_id: str, changes: dict[str, Any]) -> bool:
+        """An outsider's change of limit columns (a run without a budget gets one); True if that
+        made a run suspended for its budget due. RunNotFound, RunTerminal."""
+
+    def note_exceeded(self, tx: Any, lease: Lease, limit: str, message: str) -> None:
+        """Log a limit the owner found reached (its wall time). Fenced."""
 
     # -- reading --------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from ._cli_inspect import readonly_database, register
 from ._cli_options import database_option
 from ._database import open_database, wall_clock_ms
 from ._errors import ZincirError
-from ._inbox import cancel_run, decide_approval, send_signal
+from ._inbox import cancel_run, decide_approval, raise_budget, send_signal
 from ._types import Approval
 from ._version import __version__
 from ._worker import Handler, ResumeWorker
@@ -253,3 +253,58 @@ def cancel_command(run_id: str, reason: str, database_path: str) -> None:
         click.echo(f"cancelled {run_id}")
     else:
         click.echo(f"asked the owner of {run_id} to stop (it is {status} until it does)")
+
+
+_LIMIT_OPTIONS = (
+    ("tokens", int), ("input_tokens", int), ("output_tokens", int), ("cost", float), ("model_calls", int),
+    ("tool_calls", int), ("wall_time", float), ("max_identical_tool_calls", int),
+    ("max_responses_without_progress", int),
+)  # fmt: skip
+
+
+def _limit_options(command: Callable[..., None]) -> Callable[..., None]:
+    for name, kind in reversed(_LIMIT_OPTIONS):
+        flag = "--" + name.replace("_", "-")
+        command = click.option(flag, name, type=kind, default=None, help=f"Set the {name} limit.")(command)
+    return command
+
+
+@main.command("budget")
+@click.argument("run_id")
+@_limit_options
+@database_option
+def budget_command(run_id: str, database_path: str, **limits: float | None) -> None:
+    """Show run RUN_ID's spend against its limits; with options, set those limits first.
+
+    Wall time is in seconds since the run was created. A run suspended for its budget resumes
+    at once when the new limits hold.
+    """
+    run_id = q.parse_run_id(run_id)
+    changes = {name: value for name, value in limits.items() if value is not None}
+    if changes:
+
+        async def set_limits() -> None:
+            async with open_database(database_path) as db:
+                await raise_budget(db, run_id, **changes)
+
+        _run_cli(set_limits)
+    with _clean_errors(), readonly_database(database_path) as conn, q.read_snapshot(conn):
+        q.get_run(conn, run_id, children_limit=0)  # an unknown run is an error
+        usage = q.budgets_of(conn, [run_id], wall_clock_ms()).get(run_id)
+    if usage is None:
+        click.echo(f"run {run_id} has no budget (set one with an option, e.g. --tokens 200000)")
+        return
+    click.echo(f"run {run_id}: {q.spend_text(usage)}")
+    spent = usage.spent
+    rows = [
+        ("tokens", spent.tokens), ("input_tokens", spent.input_tokens),
+        ("output_tokens", spent.output_tokens), ("cost", spent.cost), ("model_calls", spent.model_calls),
+        ("tool_calls", spent.tool_calls),
+        ("wall_time", round(spent.wall_time, 1)), ("max_identical_tool_calls", spent.identical_tool_calls),
+        ("max_responses_without_progress", spent.responses_without_progress),
+    ]  # fmt: skip
+    for name, value in rows:
+        limit = getattr(usage.limits, name)
+        left = getattr(usage.remaining, name)
+        limit_text, left_text = ("—", "—") if limit is None else (limit, left)
+        click.echo(f"  {name:<31} {value:>12}  limit {limit_text:>12}  left {left_text}")

@@ -194,7 +194,8 @@ def runs(database_path: str, status: str | None, role: str | None, limit: int, c
         before = None if cursor is None else q.parse_cursor(cursor)
         page = q.list_runs(conn, status=status, role=role, limit=limit, before=before)
         awaiting = q.list_awaiting(conn, [r.id for r in page.runs if r.status in ("running", "waiting")])
-        _print_runs(page, awaiting)
+        budgets = q.budgets_of(conn, [r.id for r in page.runs], time.time_ns() // 1_000_000)
+        _print_runs(page, awaiting, budgets)
 
 
 def _awaits_text(items: Sequence[q.Awaiting]) -> str:
@@ -206,7 +207,9 @@ def _awaits_text(items: Sequence[q.Awaiting]) -> str:
     return text + (f" (+{len(items) - 1})" if len(items) > 1 else "")
 
 
-def _print_runs(page: q.RunPage, awaiting: Mapping[str, Sequence[q.Awaiting]]) -> None:
+def _print_runs(
+    page: q.RunPage, awaiting: Mapping[str, Sequence[q.Awaiting]], budgets: Mapping[str, q.Usage]
+) -> None:
     counts = ", ".join(f"{s} {page.counts[s]}" for s in q.RUN_STATUSES)
     if not page.runs:
         click.echo(f"No runs. ({counts})")
@@ -220,11 +223,12 @@ def _print_runs(page: q.RunPage, awaiting: Mapping[str, Sequence[q.Awaiting]]) -
             _cell(run.event_count),
             _cell(run.attempts),
             _time(run.updated_at),
+            _cell(q.spend_text(budgets[run.id]) if run.id in budgets else None, 48),
             _cell(_awaits_text(awaiting.get(run.id, ())), 72),
         ]
         for run in page.runs
     ]
-    headers = ["RUN", "STATUS", "ROLE", "PROVIDER", "EVENTS", "ATTEMPTS", "LAST ACTIVITY", "AWAITS"]
+    headers = ["RUN", "STATUS", "ROLE", "PROVIDER", "EVENTS", "ATTEMPTS", "LAST ACTIVITY", "BUDGET", "AWAITS"]
     click.echo(_table(headers, rows, frozenset({4, 5})))
     click.echo(f"\n{len(page.runs)} shown; {page.total} in all ({counts})")
     if page.has_older:
@@ -246,10 +250,12 @@ def show(database_path: str, run_id: str, as_json: bool) -> None:
         steps = q.list_steps(conn, run.id)
         timers = q.list_timers(conn, run.id)
         awaiting = q.list_awaiting(conn, [run.id]).get(run.id, ())
+        budget = q.budgets_of(conn, [run.id], time.time_ns() // 1_000_000).get(run.id)
         if as_json:
             click.echo(_json_line(_show_json(run, checkpoints, steps, timers, awaiting)))
         else:
             _print_run(run, time.time_ns() // 1_000_000)
+            click.echo(f"{'budget':<13}{_cell(q.spend_text(budget)) if budget else 'none'}")
             _print_awaiting(run, awaiting)
             _print_lineage(checkpoints)
             _print_steps(steps)

@@ -109,6 +109,25 @@ class UnfinishedWork(ZincirError):
     """The run cannot complete: tool intents have no result, or a candidate is undecided."""
 
 
+class BudgetExceeded(ZincirError):
+    """A limit of the run's :class:`~zincir.Budget` is reached (``limit`` names it). The response
+    that reached it is recorded; under a worker the run waits until the budget is raised."""
+
+    limit: str
+
+    def __init__(self, message: str, limit: str = "") -> None:
+        super().__init__(message)
+        self.limit = limit
+
+
+class LoopDetected(BudgetExceeded):
+    """The same tool was called with the same arguments ``max_identical_tool_calls`` times."""
+
+
+class NoProgress(BudgetExceeded):
+    """``max_responses_without_progress`` responses since the latest accepted checkpoint."""
+
+
 class WaitTimeout(ZincirError, TimeoutError):
     """A named wait passed its stored deadline; every later call with that name raises it too."""
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
+import attrs
 import trio
 
 from ._backend import CancelOutcome, DecideOutcome, SendOutcome
+from ._budget import LIMIT_COLUMNS, Budget
 from ._database import Database
 from ._errors import InvalidArgument, RunTerminal, TransientConflict
 from ._json import JSONValue, encode
@@ -20,7 +22,7 @@ from ._run import announce_cancellation
 from ._types import Approval
 from ._validation import canonical_run_id, check_call_id, check_name, check_text
 
-__all__ = ["cancel_run", "decide_approval", "send_signal"]
+__all__ = ["cancel_run", "decide_approval", "raise_budget", "send_signal"]
 
 T = TypeVar("T")
 
@@ -108,6 +110,28 @@ async def cancel_run(db: Database, run_id: str, reason: str) -> None:
     if outcome.already_terminal not in (None, "cancelled"):
         raise RunTerminal(f"run {run_id} is already {outcome.already_terminal}; it cannot be cancelled")
     announce_cancellation(db, outcome)
+
+
+async def raise_budget(db: Database, run_id: str, **limits: Any) -> None:
+    """Set some of a run's :class:`~zincir.Budget` limits (keywords as Budget's; None removes
+    one). A run without a budget gets one, its spend counted from now on. A run suspended for
+    its budget resumes at once if it is within every limit again. :class:`RunNotFound`,
+    :class:`RunTerminal`; a bad limit is :class:`InvalidArgument` and changes nothing."""
+    if not isinstance(db, Database):
+        raise InvalidArgument(f"raise_budget() needs a Database, not {db!r}")
+    run_id = canonical_run_id(run_id)
+    unknown = sorted(set(limits) - {f.name for f in attrs.fields(Budget)})
+    if unknown or not limits:
+        raise InvalidArgument(f"raise_budget() takes Budget's limits as keywords, not {unknown or 'none'}")
+    columns = zip(_LIMIT_NAMES, LIMIT_COLUMNS, Budget(**limits).to_row(), strict=True)  # validates
+    changes = {column: value for name, column, value in columns if name in limits}
+    woke: bool = await _as_outsider(db, run_id, db._store.set_budget, changes)
+    db._announce_inbox(run_id)
+    if woke:
+        db._announce_claimable()
+
+
+_LIMIT_NAMES: Final = tuple(f.name for f in attrs.fields(Budget))
 
 
 async def _as_outsider(db: Database, run_id: str, fn: Callable[..., T], *args: Any) -> T:

@@ -404,7 +404,9 @@ async def _runs_route(app: InspectorApp) -> Response:
     def render(conn: Any) -> str:
         page = query.fetch(conn)
         awaiting = q.list_awaiting(conn, [r.id for r in page.runs if r.status in ("running", "waiting")])
-        return _page("Runs", _runs_body(query, page, awaiting, q.display_target(app.database_path), now))
+        budgets = q.budgets_of(conn, [r.id for r in page.runs], now)
+        body = _runs_body(query, page, awaiting, budgets, q.display_target(app.database_path), now)
+        return _page("Runs", body)
 
     return _html(await _read(app, render))
 
@@ -678,10 +680,12 @@ class _RunView:
         timers: tuple[q.TimerRow, ...],
         awaiting: tuple[q.Awaiting, ...],
         family: tuple[tuple[q.RunSummary, ...], q.FamilyNode],
+        budget: q.Usage | None,
     ) -> None:
         self.run, self.checkpoints, self.events, self.types = run, checkpoints, events, types
         self.steps, self.timers, self.awaiting = steps, timers, awaiting
         self.ancestors, self.descendants = family
+        self.budget = budget
 
     @classmethod
     def fetch(cls, run_id: str, query: _EventsQuery, conn: Any) -> _RunView:
@@ -700,6 +704,7 @@ class _RunView:
             q.list_timers(conn, run_id, limit=LIST_LIMIT + 1),
             q.list_awaiting(conn, [run_id]).get(run_id, ()),
             q.family_tree(conn, run_id, depth=TREE_DEPTH, per_node=TREE_WIDTH),
+            q.budgets_of(conn, [run_id], _now_ms()).get(run_id),
         )
 
 
@@ -881,6 +886,7 @@ def _runs_body(
     query: _RunsQuery,
     page: q.RunPage,
     awaiting: Mapping[str, tuple[q.Awaiting, ...]],
+    budgets: Mapping[str, q.Usage],
     database: str,
     now: int,
 ) -> Html:
@@ -890,7 +896,7 @@ def _runs_body(
         _runs_filter(query),
     ]
     if page.runs:
-        parts.append(_runs_table(page.runs, awaiting, now))
+        parts.append(_runs_table(page.runs, awaiting, budgets, now))
     elif page.total == 0 and query.role is None:
         parts.append(_empty("No durable runs yet."))
     else:
@@ -965,6 +971,10 @@ def _awaits_cell(items: tuple[q.Awaiting, ...], now: int) -> Html:
     return Html(f"{_clipped(first.describe(), 60)}<br>{until_html}{more_html}")
 
 
+def _spend_cell(usage: q.Usage | None) -> Html:
+    return _DASH if usage is None else _clipped(q.spend_text(usage), 60)
+
+
 def _until(item: q.Awaiting, now: int) -> Html:
     if item.until is None:
         return _muted("for ever")
@@ -972,7 +982,10 @@ def _until(item: q.Awaiting, now: int) -> Html:
 
 
 def _runs_table(
-    runs: Iterable[q.RunSummary], awaiting: Mapping[str, tuple[q.Awaiting, ...]], now: int
+    runs: Iterable[q.RunSummary],
+    awaiting: Mapping[str, tuple[q.Awaiting, ...]],
+    budgets: Mapping[str, q.Usage],
+    now: int,
 ) -> Html:
     rows = [
         Html(
@@ -981,13 +994,23 @@ def _runs_table(
             f'<td class="text">{_clipped(run.provider, 32)}</td>'
             f'<td class="num">{_num(run.event_count)}</td><td class="num">{_num(run.attempts)}</td>'
             f"<td>{_lease_cell(run, now)}</td>"
+            f"<td>{_spend_cell(budgets.get(run.id))}</td>"
             f"<td>{_awaits_cell(awaiting.get(run.id, ()), now)}</td>"
             f"<td>{_time(run.updated_at)}<br>{_ago(run.updated_at, now)}</td></tr>"
         )
         for run in runs
     ]
     headers = _th(
-        "Run", "Status", "Role", "Provider", "#Events", "#Attempts", "Lease", "Awaits", "Last activity"
+        "Run",
+        "Status",
+        "Role",
+        "Provider",
+        "#Events",
+        "#Attempts",
+        "Lease",
+        "Budget",
+        "Awaits",
+        "Last activity",
     )
     return _table(headers, rows, cls="runs")
 
@@ -1018,6 +1041,7 @@ def _run_body(view: _RunView, query: _EventsQuery, now: int, refresh: bool) -> H
             _section(_e("Lease and attempts"), _lease(run, now), anchor="lease"),
             Html("</div>"),
             _section(_e("Awaiting"), _awaiting(run, view.awaiting, now), anchor="awaiting"),
+            _section(_e("Budget"), _budget(view.budget), anchor="budget"),
             _section(_e("Family"), _family(view, query), anchor="family"),
             _section(_e("Configuration"), config, anchor="config"),
             _section(_e("Checkpoints"), _checkpoints(run.id, view.checkpoints), anchor="checkpoints"),
@@ -1319,6 +1343,28 @@ def _awaiting(run: q.RunDetail, awaiting: tuple[q.Awaiting, ...], now: int) -> H
         )
     headers = _th("Kind", "Name", "For", "Since", "Until")
     return Html(note_html + _table(headers, rows) + _cut_note(len(awaiting), "waits"))
+
+
+def _budget(usage: q.Usage | None) -> Html:
+    if usage is None:
+        return _empty("No budget: spend is not tracked.")
+    spent, limits, left = usage.spent, usage.limits, usage.remaining
+    pairs = [
+        ("tokens", spent.tokens), ("input_tokens", spent.input_tokens),
+        ("output_tokens", spent.output_tokens), ("cost", spent.cost), ("model_calls", spent.model_calls),
+        ("tool_calls", spent.tool_calls),
+        ("wall_time", round(spent.wall_time, 1)), ("max_identical_tool_calls", spent.identical_tool_calls),
+        ("max_responses_without_progress", spent.responses_without_progress),
+    ]  # fmt: skip
+    rows = [
+        Html(
+            f'<tr><td><code>{_e(name)}</code></td><td class="num">{_e(value)}</td>'
+            f'<td class="num">{_e("—" if getattr(limits, name) is None else getattr(limits, name))}</td>'
+            f'<td class="num">{_e("—" if getattr(left, name) is None else getattr(left, name))}</td></tr>'
+        )
+        for name, value in pairs
+    ]
+    return Html(f"<p>{_e(q.spend_text(usage))}</p>" + _table(_th("Limit", "Spent", "Limit", "Left"), rows))
 
 
 def _timers(timers: tuple[q.TimerRow, ...], now: int) -> Html:

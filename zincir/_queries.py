@@ -38,6 +38,7 @@ from typing import Any, Final, Protocol
 
 import attrs
 
+from ._budget import BUDGET_COLUMNS, Usage, usage_of
 from ._errors import DatabaseBusy, InvalidArgument, RunNotFound, SchemaError, StorageError
 from ._sqlite._migrations import APPLICATION_ID, load_migrations
 from ._types import EventType
@@ -68,7 +69,9 @@ __all__ = [
     "RunSummary",
     "StepRow",
     "TimerRow",
+    "Usage",
     "awaiting_to_json",
+    "budgets_of",
     "checkpoint_to_json",
     "decode_key",
     "display_target",
@@ -99,6 +102,7 @@ __all__ = [
     "raw_value",
     "read_snapshot",
     "run_to_json",
+    "spend_text",
     "sqlite_path",
     "step_to_json",
     "timer_to_json",
@@ -1585,3 +1589,52 @@ def _count_children(conn: Reader, run_id: str) -> int:
             (run_id, CHILD_COUNT_CAP),
         ).fetchone()[0]
     )
+
+
+# --------------------------------------------------------------------------- budgets
+
+
+def budgets_of(conn: Reader, run_ids: Sequence[str], now_ms: int) -> dict[str, Usage]:
+    """The spend against the limits of each run that has a budget (a database from before
+    budgets, schema version 4 or older, has none)."""
+    if not run_ids or not _has_table(conn, "budgets"):
+        return {}
+    marks = ", ".join("?" * len(run_ids))
+    rows = conn.execute(
+        f"SELECT b.run_id, r.created_at, {', '.join('b.' + c for c in BUDGET_COLUMNS.split(', '))}"
+        f" FROM budgets AS b JOIN agent_runs AS r ON r.id = b.run_id WHERE b.run_id IN ({marks})",
+        list(run_ids),
+    )
+    found = {}
+    for run_id, created_at, *row in rows:
+        try:
+            found[_text(run_id)] = usage_of(row, now_ms - int(created_at))
+        except (TypeError, ValueError, InvalidArgument):  # a damaged row: shown as none
+            continue
+    return found
+
+
+_SHOWN: Final = (
+    ("tokens", "tokens"), ("input", "input_tokens"), ("output", "output_tokens"), ("cost", "cost"),
+    ("calls", "model_calls"), ("tools", "tool_calls"), ("wall", "wall_time"),
+)  # fmt: skip
+
+
+def spend_text(usage: Usage) -> str:
+    """Spend against limits in a few words, e.g. ``tokens 1,200/200,000 · cost 0.4/5``."""
+    s, limits = usage.spent, usage.limits
+    parts = []
+    for label, name in _SHOWN:
+        spent = s.tokens if name == "tokens" else getattr(s, name)
+        limit = getattr(limits, name)
+        if limit is None and not (name in ("tokens", "cost") and spent):
+            continue
+        shown = (
+            f"{spent:,.0f}s" if name == "wall_time" else f"{spent:,.4g}" if name == "cost" else f"{spent:,}"
+        )
+        parts.append(f"{label} {shown}" + ("" if limit is None else f"/{limit:,.4g}"))
+    if limits.max_identical_tool_calls is not None:
+        parts.append(f"repeats {s.identical_tool_calls}/{limits.max_identical_tool_calls}")
+    if limits.max_responses_without_progress is not None:
+        parts.append(f"stalled {s.responses_without_progress}/{limits.max_responses_without_progress}")
+    return " · ".join(parts) or "no limits, nothing spent"

@@ -11,11 +11,23 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar, cast, final
 
+import attrs
 import trio
 
-from ._backend import ApprovalOutcome, CancelOutcome, IntentRow, JoinOutcome, Lease, Store, WaitKind
+from ._backend import (
+    ApprovalOutcome,
+    CancelOutcome,
+    IntentRow,
+    JoinOutcome,
+    Lease,
+    Store,
+    WaitKind,
+    args_hash,
+)
+from ._budget import Budget, Usage, debit_of, exceeded_error, judge
 from ._database import Database, open_database
 from ._errors import (
+    BudgetExceeded,
     CheckpointNotPending,
     DatabaseBusy,
     DatabaseUnavailable,
@@ -90,6 +102,8 @@ class Run:
     _suspend_after: float | None
     _suspended: bool
     _cancel_reason: str | None
+    _budget_stop: BudgetExceeded | None
+    _in_worker: bool
 
     def __init__(self, *_: object, **__: object) -> None:
         raise TypeError("runs come from zincir.open_run() or a ResumeWorker")
@@ -117,6 +131,8 @@ class Run:
         self._suspend_after = None
         self._suspended = False
         self._cancel_reason = None  # a cancellation the heartbeat found requested
+        self._budget_stop = None  # the wall time the heartbeat found spent
+        self._in_worker = False  # a worker suspends a run over budget instead of raising
         return self
 
     def __repr__(self) -> str:
@@ -253,8 +269,28 @@ class Run:
             )
             for c in calls
         ]
-        seq: int = await self._write(self._store.record_response, llm_payload, intents)
-        return seq
+        debit = debit_of(usage, tuple((c.name, args_hash(c.name, c.args)) for c in calls), f"run {self.id}")
+        seq, reached = await self._write(self._store.record_response, llm_payload, intents, debit)
+        if reached is not None:  # recorded and debited all the same: it was paid for
+            raise exceeded_error(self.id, reached)
+        return int(seq)
+
+    # -- budgets --------------------------------------------------------------------------
+
+    async def usage(self) -> Usage | None:
+        """The run's spend against its :class:`Budget` (None if it has none): tokens, cost,
+        model and tool calls, wall time since it was created, and the loop and progress
+        counters, as the database has them. A plain read."""
+        usage: Usage | None = await self._db._read(self._store.budget_usage, self.id)
+        return usage
+
+    async def check_budget(self) -> None:
+        """Raise :class:`BudgetExceeded` (:class:`LoopDetected`, :class:`NoProgress`) if a
+        limit is reached: call it before the next model call."""
+        usage = await self.usage()
+        reached = None if usage is None else judge(usage)
+        if reached is not None:
+            raise exceeded_error(self.id, reached)
 
     async def pending_tools(self) -> list[PendingToolCall]:
         """The tool intents that have no result yet, oldest first: run them (again)."""
@@ -476,18 +512,28 @@ class Run:
     # -- child runs -----------------------------------------------------------------------
 
     async def spawn(
-        self, name: str, *, role: str = "agent", provider: str = "", config: JSONValue = None
+        self,
+        name: str,
+        *,
+        role: str = "agent",
+        provider: str = "",
+        config: JSONValue = None,
+        budget: Budget | None = None,
     ) -> str:
         """Create the child run ``name`` of this run, once: a repeat (after a restart, say)
         returns the same child's id. The child is ``pending`` and unleased: any worker may claim
-        it. A ``child_spawned`` event enters this run's log."""
+        it. A ``child_spawned`` event enters this run's log. ``budget`` is the child's own: what
+        it spends is not its parent's."""
         check_name(name, f"run {self.id}: child name")
+        limits = _budget_row(budget)
         description = (
             check_name(role, f"run {self.id}: the role of child {name!r}"),
             _check_provider(provider),
             self._encode({} if config is None else config, f"the config of child {name!r}"),
         )
-        child_id: str = await self._write(self._store.spawn_child, name, str(uuid.uuid4()), *description)
+        child_id: str = await self._write(
+            self._store.spawn_child, name, str(uuid.uuid4()), *description, limits
+        )
         self._db._announce_claimable()
         return child_id
 
@@ -556,6 +602,20 @@ class Run:
             raise
         for child_id in nursery.spawned:
             await self.join(child_id)
+
+    async def _suspend_for_budget(self, exceeded: BudgetExceeded) -> bool:
+        """Suspend the run until its budget is raised (a worker's answer to BudgetExceeded);
+        False if it is within its limits again already."""
+        self._ending = True
+        try:
+            suspended = bool(await self._write(self._store.suspend, "budget", exceeded.limit))
+        finally:
+            self._ending = False
+        if suspended:
+            self._released = self._suspended = True
+            self._stop_heartbeat()
+            logger.info("run %s: suspended until its budget is raised (%s)", self.id, exceeded)
+        return suspended
 
     def _suspend_time(self) -> float:
         """The Trio time at which a wait beginning now suspends the run (never: infinity)."""
@@ -635,12 +695,16 @@ class Run:
             while True:
                 renew_at = trio.current_time() + delay
                 while trio.current_time() < renew_at:
-                    if await self._poked_until(renew_at):
-                        self._stop_if_cancelled(await self._cancel_requested())
+                    if await self._poked_until(min(renew_at, self._out_of_time_at())):
+                        await self._look_at_news()
+                    elif trio.current_time() >= self._out_of_time_at():
+                        await self._look_at_news()  # the budget may have been raised meanwhile
+                        if trio.current_time() >= self._out_of_time_at():
+                            await self._stop_out_of_time()
                 try:
                     self._lease, cancel_reason = await self._db._write(
                         self._store.renew, self._lease, route=self.id
-                    )
+                    )  # the renewed lease says when the run's wall time ends, too
                     delay = interval
                     self._stop_if_cancelled(cancel_reason)
                 except RunTerminal:
@@ -664,6 +728,24 @@ class Run:
                     self._lose(f"run {self.id}: renewing the lease failed unexpectedly: {exc!r}")
                     return
 
+    def _out_of_time_at(self) -> float:
+        """The Trio time at which the run's wall time runs out (infinity: no limit, or stopped)."""
+        ends_at = self._lease.wall_time_ends_at
+        if ends_at is None or self._budget_stop is not None:
+            return math.inf
+        return trio.current_time() + (ends_at - self._db.clock()) / 1000
+
+    async def _stop_out_of_time(self) -> None:
+        limit = "wall_time"
+        message = "budget exceeded: its wall time has run out"
+        try:
+            await self._write(self._store.note_exceeded, limit, message)
+        except ZincirError as exc:
+            logger.warning("run %s: recording the wall time's end failed: %s", self.id, exc)
+        self._budget_stop = BudgetExceeded(f"run {self.id}: {message}", limit)
+        logger.info("%s; stopping", self._budget_stop)
+        self._body_scope.cancel()
+
     async def _poked_until(self, deadline: float) -> bool:
         """Whether news reached the run's inbox before ``deadline`` (Trio time)."""
         poked = self._db._inbox_event(self.id, hear_others=False)
@@ -675,12 +757,14 @@ class Run:
         finally:
             self._db._forget_inbox_event(self.id, poked)
 
-    async def _cancel_requested(self) -> str | None:
+    async def _look_at_news(self) -> None:
+        """Read what an outsider may have changed: a cancellation request, the wall time."""
         try:
-            reason: str | None = await self._db._read(self._store.cancel_requested, self.id)
+            reason, wall_end = await self._db._read(self._store.owner_news, self.id)
         except StorageError:
-            return None  # the next renewal reads it again
-        return reason
+            return  # the next renewal reads both again
+        self._lease = attrs.evolve(self._lease, wall_time_ends_at=wall_end)
+        self._stop_if_cancelled(reason)
 
     def _stop_if_cancelled(self, reason: str | None) -> None:
         if reason is not None and self._cancel_reason is None:
@@ -742,10 +826,16 @@ class Children:
         return self
 
     async def spawn(
-        self, name: str, *, role: str = "agent", provider: str = "", config: JSONValue = None
+        self,
+        name: str,
+        *,
+        role: str = "agent",
+        provider: str = "",
+        config: JSONValue = None,
+        budget: Budget | None = None,
     ) -> str:
         """:meth:`Run.spawn`, with the child joined (or cancelled) when the block ends."""
-        child_id = await self._run.spawn(name, role=role, provider=provider, config=config)
+        child_id = await self._run.spawn(name, role=role, provider=provider, config=config, budget=budget)
         if child_id not in self.spawned:
             self.spawned.append(child_id)
         return child_id
@@ -757,6 +847,21 @@ def announce_cancellation(db: Database, outcome: CancelOutcome) -> None:
         db._announce_inbox(run_id)
     if outcome.cancelled:
         db._announce_claimable()  # a parent suspended on one of them may be due now
+
+
+async def _quietly(write: Awaitable[object]) -> None:
+    try:
+        await write
+    except ZincirError as exc:
+        logger.warning("%s", exc)
+
+
+def _budget_row(budget: object) -> tuple[Any, ...] | None:
+    if budget is None:
+        return None
+    if not isinstance(budget, Budget):
+        raise InvalidArgument(f"budget must be a zincir.Budget, not {budget!r}")
+    return budget.to_row()
 
 
 async def _after_transient(run_id: str, exc: Exception) -> None:
@@ -788,7 +893,9 @@ async def _until_ready(
 
 
 @asynccontextmanager
-async def owned_run(db: Database, lease: Lease, *, suspend_after: float | None = None) -> AsyncIterator[Run]:
+async def owned_run(
+    db: Database, lease: Lease, *, suspend_after: float | None = None, in_worker: bool = False
+) -> AsyncIterator[Run]:
     """Run the body beside a heartbeat; release the lease on the way out.
 
     With ``suspend_after`` (a worker's), a wait or sleep longer than that suspends the run: the
@@ -800,6 +907,7 @@ async def owned_run(db: Database, lease: Lease, *, suspend_after: float | None =
     """
     run = Run._create(db, lease)
     run._suspend_after = suspend_after
+    run._in_worker = in_worker
     body_error: BaseException | None = None
     try:
         # The heartbeat's scope is shielded and stopped only by us, so an outer cancellation
@@ -814,6 +922,9 @@ async def owned_run(db: Database, lease: Lease, *, suspend_after: float | None =
             finally:
                 if run._cancel_reason is not None:
                     await run._end_cancelled()
+                elif run._budget_stop is not None and run._in_worker:
+                    with trio.CancelScope(shield=True):
+                        await _quietly(run._suspend_for_budget(run._budget_stop))
                 run._stop_heartbeat()
     finally:
         released = await run._release()
@@ -821,6 +932,8 @@ async def owned_run(db: Database, lease: Lease, *, suspend_after: float | None =
         raise body_error
     if run._cancel_reason is not None and run._finished is RunStatus.CANCELLED:
         raise RunCancelled(f"run {run.id} was cancelled: {run._cancel_reason}")
+    if run._budget_stop is not None and not run._suspended:
+        raise run._budget_stop
     if run._lost is not None:
         raise LeaseLost(run._lost)
     if not released:
@@ -838,6 +951,7 @@ async def open_run(
     parent_run_id: str | None = None,
     lease_ttl: float = 30.0,
     force: bool = False,
+    budget: Budget | None = None,
 ) -> AsyncIterator[Run]:
     """Own a run for the duration of the block: a new one (``run_id=None``) or an existing one.
 
@@ -851,7 +965,7 @@ async def open_run(
     if not isinstance(db, Database):
         async with open_database(db) as opened, open_run(
             opened, run_id, role=role, provider=provider, config=config,
-            parent_run_id=parent_run_id, lease_ttl=lease_ttl, force=force,
+            parent_run_id=parent_run_id, lease_ttl=lease_ttl, force=force, budget=budget,
         ) as run:  # fmt: skip
             yield run
         return
@@ -862,8 +976,9 @@ async def open_run(
         parent = None if parent_run_id is None else canonical_run_id(parent_run_id, "parent_run_id")
         new_id = str(uuid.uuid4())
         description = (check_name(role, "role"), _check_provider(provider), config_json)
+        limits = _budget_row(budget)
         lease: Lease | None = await db._write(
-            db._store.create_run, new_id, parent, *description, owner, ttl_ms, route=new_id
+            db._store.create_run, new_id, parent, *description, owner, ttl_ms, limits, route=new_id
         )
     else:
         run_id = canonical_run_id(run_id)

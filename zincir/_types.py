@@ -64,6 +64,9 @@ class EventType(enum.StrEnum):
     APPROVAL_DECIDED = "approval_decided"
     CHILD_SPAWNED = "child_spawned"
     CHILD_JOINED = "child_joined"
+    BUDGET_EXCEEDED = "budget_exceeded"
+    LOOP_DETECTED = "loop_detected"
+    NO_PROGRESS = "no_progress"
 
 
 @attrs.frozen

@@ -15,7 +15,7 @@ import trio
 
 from ._backend import Lease
 from ._database import Database
-from ._errors import InvalidArgument, LeaseLost, RunCancelled, StorageError
+from ._errors import BudgetExceeded, InvalidArgument, LeaseLost, RunCancelled, StorageError
 from ._run import Run, owned_run
 from ._types import RunStatus
 from ._validation import check_int, check_seconds, lease_ttl_ms
@@ -78,7 +78,8 @@ class ResumeWorker:
     run: the run becomes ``waiting``, its lease is released and the handler is cancelled, without
     counting an attempt. The signal, the decision or the deadline makes the run claimable again,
     and the handler starts over from the top (its steps, sleeps, waits and recorded responses
-    return at once). ``suspend_after=None`` keeps every wait in the process.
+    return at once). ``suspend_after=None`` keeps every wait in the process. A handler that lets
+    :class:`BudgetExceeded` escape suspends its run the same way, until its budget is raised.
     """
 
     def __init__(
@@ -211,9 +212,14 @@ class ResumeWorker:
 
     async def _handle(self, lease: Lease, attempt: int, slot: object) -> None:
         try:
-            async with owned_run(self._db, lease, suspend_after=self._suspend_after) as run:
+            async with owned_run(self._db, lease, suspend_after=self._suspend_after, in_worker=True) as run:
                 try:
                     await self._handler(run)
+                except BudgetExceeded as exc:
+                    # Not a failure: the run waits, with no process, until its budget is raised.
+                    if not await run._suspend_for_budget(exc):
+                        logger.info("run %s: %s, but its budget was raised meanwhile", run.id, exc)
+                    return
                 except LeaseLost as exc:
                     if run._lost is not None:
                         raise  # this run's own lease is gone: nothing to record, nobody to back off

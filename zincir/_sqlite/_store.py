@@ -28,6 +28,7 @@ from .._backend import (
     check_wait_topic,
     signal_received_payload,
 )
+from .._budget import BUDGET_COLUMNS, LIMIT_COLUMNS, Debit, Exceeded, Usage, judge, usage_of
 from .._errors import (
     ApprovalConflict,
     ApprovalHashMismatch,
@@ -64,8 +65,10 @@ def create_run(
     config_json: str,
     owner: str,
     ttl_ms: int,
+    budget: tuple[Any, ...] | None = None,
 ) -> Lease:
-    """Insert a run that is already leased and running, with its first event, at once."""
+    """Insert a run that is already leased and running, with its first event (and its budget's
+    limits, in LIMIT_COLUMNS order), at once."""
     if (
         parent_run_id is not None
         and tx.one("SELECT 1 FROM agent_runs WHERE id = ?", (parent_run_id,)) is None
@@ -79,7 +82,10 @@ def create_run(
         (run_id, parent_run_id, role, provider, config_json, tx.now, tx.now, owner, expires_at, tx.now),
     )
     _insert_event(tx, run_id, 0, EventType.STATE_TRANSITION, '{"from":"pending","to":"running"}')
-    return Lease(run_id, owner, 1, ttl_ms, expires_at)
+    if budget is None:
+        return Lease(run_id, owner, 1, ttl_ms, expires_at)
+    _insert_budget(tx, run_id, budget)
+    return Lease(run_id, owner, 1, ttl_ms, expires_at, _wall_end(tx, run_id))
 
 
 def acquire_run(tx: Tx, run_id: str, owner: str, ttl_ms: int, force: bool) -> Lease | None:
@@ -266,7 +272,7 @@ def _take(tx: Tx, run_id: str, status: str, owner: str, epoch: int, ttl_ms: int)
         seq = _allocate(tx, run_id, 1)
         transition = _dump({"from": status, "to": "running"})
         _insert_event(tx, run_id, seq, EventType.STATE_TRANSITION, transition)
-    return Lease(run_id, owner, epoch, ttl_ms, expires_at)
+    return Lease(run_id, owner, epoch, ttl_ms, expires_at, _wall_end(tx, run_id))
 
 
 def renew(tx: Tx, lease: Lease) -> tuple[Lease, str | None]:
@@ -281,7 +287,9 @@ def renew(tx: Tx, lease: Lease) -> tuple[Lease, str | None]:
     )
     if updated is None:
         check_lease(tx, lease)  # raises with the reason
-    return attrs.evolve(lease, expires_at=expires_at), updated[0]
+    return attrs.evolve(lease, expires_at=expires_at, wall_time_ends_at=_wall_end(tx, lease.run_id)), updated[
+        0
+    ]
 
 
 def release(tx: Tx, lease: Lease, delay_ms: int = 0, refund_attempt: bool = False) -> bool:
@@ -346,8 +354,11 @@ def _insert_event(
     )
 
 
-def record_response(tx: Tx, lease: Lease, llm_payload_json: str, intents: list[IntentRow]) -> int:
-    """Append the ``llm_call`` event and one ``tool_call`` intent per call; returns its seq."""
+def record_response(
+    tx: Tx, lease: Lease, llm_payload_json: str, intents: list[IntentRow], debit: Debit
+) -> tuple[int, Exceeded | None]:
+    """Append the ``llm_call`` event and one ``tool_call`` intent per call, and debit the run's
+    budget; the seq of ``llm_call``, and the limit the run has reached, if any."""
     check_lease(tx, lease)
     if intents:
         marks = ",".join("?" * len(intents))
@@ -374,7 +385,7 @@ def record_response(tx: Tx, lease: Lease, llm_payload_json: str, intents: list[I
             " response_tool_count) VALUES (?, ?, ?, ?, ?, ?)",
             (lease.run_id, intent.call_id, intent.name, seq + offset, seq, len(intents)),
         )
-    return seq
+    return seq, _debit(tx, lease.run_id, seq, debit)
 
 
 def pending_tools(tx: Tx, lease: Lease) -> list[tuple[str, int]]:
@@ -589,6 +600,8 @@ def decide_checkpoint(
         " WHERE id = ?",
         (status, verification_json, seq, tx.now, checkpoint_id),
     )
+    if passed:  # progress: a budget's count of responses without it starts again
+        tx.execute("UPDATE budgets SET responses_without_progress = 0 WHERE run_id = ?", (lease.run_id,))
     verification = decode(verification_json)
     decision = _dump({"checkpoint_id": checkpoint_id, "verification": verification})
     event_type = EventType.CHECKPOINT_ACCEPTED if passed else EventType.CHECKPOINT_REJECTED
@@ -732,6 +745,10 @@ def _awaited(tx: Tx, run_id: str, kind: WaitKind, name: str) -> tuple[str, int |
             (run_id, name),
         )
         return None if row is None else (name, row[0], {"call_id": name, "kind": "approval"})
+    if kind == "budget":
+        usage = budget_usage(tx, run_id)
+        reached = None if usage is None else judge(usage)
+        return None if reached is None else ("", None, {"kind": "budget", "limit": reached.limit})
     if kind == "child":
         row = tx.one(
             "SELECT j.deadline FROM joins AS j JOIN agent_runs AS c ON c.id = j.child_id"
@@ -808,6 +825,7 @@ def signal_ready(tx: Tx, run_id: str, topic: str, name: str) -> bool:
 # -- approvals ----------------------------------------------------------------------------------
 
 _ROW_LOCK = ""
+_OUTSIDER_LOCK = ""  # one writer: nothing to order against
 _APPROVAL_COLUMNS = "call_id, approved, decided_by, reason, args_hash, requested_at, decided_at"
 
 
@@ -954,16 +972,32 @@ def _notify_inbox(tx: Tx, run_id: str) -> None:
 # -- child runs ---------------------------------------------------------------------------------
 
 
-def cancel_requested(tx: Tx, run_id: str) -> str | None:
-    """The reason of a cancellation requested and not yet acted on (a read)."""
+def owner_news(tx: Tx, run_id: str) -> tuple[str | None, int | None]:
+    """A cancellation requested and not yet acted on, and when the run's wall time runs out."""
+    row = tx.one("SELECT cancel_reason, cancel_requested_at FROM agent_runs WHERE id = ?", (run_id,))
+    reason = None if row is None or row[1] is None else str(row[0])
+    return reason, _wall_end(tx, run_id)
+
+
+def _wall_end(tx: Tx, run_id: str) -> int | None:
+    """When the run's budget of wall time runs out (its creation plus the limit), if it has one."""
     row = tx.one(
-        "SELECT cancel_reason FROM agent_runs WHERE id = ? AND cancel_requested_at IS NOT NULL", (run_id,)
+        "SELECT r.created_at + b.max_wall_time_ms FROM budgets AS b JOIN agent_runs AS r ON r.id = b.run_id"
+        " WHERE b.run_id = ? AND b.max_wall_time_ms IS NOT NULL",
+        (run_id,),
     )
-    return None if row is None else str(row[0])
+    return None if row is None else int(row[0])
 
 
 def spawn_child(
-    tx: Tx, lease: Lease, name: str, child_id: str, role: str, provider: str, config_json: str
+    tx: Tx,
+    lease: Lease,
+    name: str,
+    child_id: str,
+    role: str,
+    provider: str,
+    config_json: str,
+    budget: tuple[Any, ...] | None = None,
 ) -> str:
     """Create the child named ``name`` once, pending and unleased; a repeat returns its id."""
     check_lease(tx, lease)
@@ -980,6 +1014,8 @@ def spawn_child(
     seq = _allocate(tx, lease.run_id, 1)
     event = _dump({"child_id": child_id, "name": name, "role": role})
     _insert_event(tx, lease.run_id, seq, EventType.CHILD_SPAWNED, event, f"spawn:{name}")
+    if budget is not None:  # the child's own, whatever its parent spends
+        _insert_budget(tx, child_id, budget)
     return child_id
 
 
@@ -1059,3 +1095,98 @@ def cancel_child(tx: Tx, lease: Lease, child_id: str, reason: str) -> CancelOutc
     if parent is None or parent[0] != lease.run_id:
         raise InvalidArgument(f"run {lease.run_id}: {child_id} is not a child of this run")
     return cancel_run(tx, child_id, reason)
+
+
+# -- budgets ------------------------------------------------------------------------------------
+
+
+def _debit(tx: Tx, run_id: str, seq: int, debit: Debit) -> Exceeded | None:
+    """Add a response's spend to the run's budget (a run without one has no row: nothing to do);
+    log the first time it reaches a limit. Returns the limit reached, if any."""
+    row = tx.one(
+        "UPDATE budgets SET input_tokens = input_tokens + ?, output_tokens = output_tokens + ?,"
+        " cost = cost + ?, model_calls = model_calls + 1, tool_calls = tool_calls + ?,"
+        " responses_without_progress = responses_without_progress + 1, updated_at = ?"
+        f" WHERE run_id = ? RETURNING {BUDGET_COLUMNS}",
+        (debit.input_tokens, debit.output_tokens, debit.cost, len(debit.calls), tx.now, run_id),
+    )
+    if row is None:
+        return None
+    row = list(row)
+    most = row[-2]
+    if row[7] is not None and debit.calls:  # max_identical_tool_calls: count each (name, args)
+        for _, hash_ in debit.calls:
+            (count,) = tx.one(
+                "INSERT INTO tool_call_counts (run_id, args_hash, count) VALUES (?, ?, 1)"
+                " ON CONFLICT (run_id, args_hash) DO UPDATE SET count = tool_call_counts.count + 1"
+                " RETURNING count",
+                (run_id, hash_),
+            )
+            most = max(most, count)
+        if most != row[-2]:
+            tx.execute("UPDATE budgets SET most_identical_tool_calls = ? WHERE run_id = ?", (most, run_id))
+    before, after = list(row), list(row)
+    after[-2] = most
+    before[9:] = [
+        row[9] - debit.input_tokens, row[10] - debit.output_tokens, row[11] - debit.cost, row[12] - 1,
+        row[13] - len(debit.calls), row[-2], row[-1] - 1,
+    ]  # fmt: skip
+    elapsed = tx.now - _created_at(tx, run_id)
+    reached = judge(usage_of(after, elapsed))
+    if reached is not None and judge(usage_of(before, elapsed)) is None:
+        _log_exceeded(tx, run_id, reached, _allocate(tx, run_id, 1))
+    return reached
+
+
+def _created_at(tx: Tx, run_id: str) -> int:
+    (created,) = tx.one("SELECT created_at FROM agent_runs WHERE id = ?", (run_id,))
+    return int(created)
+
+
+def _log_exceeded(tx: Tx, run_id: str, reached: Exceeded, seq: int) -> None:
+    kinds = {"max_identical_tool_calls": "loop_detected", "max_responses_without_progress": "no_progress"}
+    event = EventType(kinds.get(reached.limit, "budget_exceeded"))
+    _insert_event(tx, run_id, seq, event, _dump({"limit": reached.limit, "message": reached.message}))
+
+
+def budget_usage(tx: Tx, run_id: str) -> Usage | None:
+    """The run's spend against its limits; None if it has no budget."""
+    row = tx.one(f"SELECT {BUDGET_COLUMNS} FROM budgets WHERE run_id = ?", (run_id,))
+    if row is None:
+        get_run(tx, run_id)  # an unknown run is an error
+        return None
+    return usage_of(row, tx.now - _created_at(tx, run_id))
+
+
+def _insert_budget(tx: Tx, run_id: str, limits: tuple[Any, ...]) -> None:
+    columns = ", ".join(LIMIT_COLUMNS)
+    marks = ", ".join(["?"] * (len(LIMIT_COLUMNS) + 2))
+    tx.execute(
+        f"INSERT INTO budgets (run_id, {columns}, updated_at) VALUES ({marks})", (run_id, *limits, tx.now)
+    )
+
+
+def set_budget(tx: Tx, run_id: str, changes: dict[str, Any]) -> bool:
+    """An outsider's change of limits (a run without a budget gets one, spending from now);
+    a run suspended for its budget becomes due if it is within every limit again. Whether it was."""
+    row = tx.one(f"SELECT status FROM agent_runs WHERE id = ?{_OUTSIDER_LOCK}", (run_id,))
+    if row is None:
+        raise RunNotFound(f"run {run_id} does not exist")
+    if row[0] not in _LIVE:
+        raise RunTerminal(f"run {run_id} is {row[0]}; its budget can no longer change")
+    if tx.one("SELECT 1 FROM budgets WHERE run_id = ?", (run_id,)) is None:
+        _insert_budget(tx, run_id, (None,) * len(LIMIT_COLUMNS))
+    assignments = ", ".join(f"{column} = ?" for column in changes)
+    tx.execute(
+        f"UPDATE budgets SET {assignments}, updated_at = ? WHERE run_id = ?",
+        (*changes.values(), tx.now, run_id),
+    )
+    _notify_inbox(tx, run_id)  # an owner watching its wall time looks again
+    usage = budget_usage(tx, run_id)
+    return usage is not None and judge(usage) is None and _wake(tx, run_id, "budget", "")
+
+
+def note_exceeded(tx: Tx, lease: Lease, limit: str, message: str) -> None:
+    """Log that the run reached a limit its owner found (its wall time). Fenced."""
+    check_lease(tx, lease)
+    _log_exceeded(tx, lease.run_id, Exceeded(limit, message), _allocate(tx, lease.run_id, 1))
