@@ -199,7 +199,7 @@ async def in_flight(db: zincir.Database, role: str) -> list[str]:
     applications may share the database file."""
     runs = [
         run
-        for status in ("running", "pending")
+        for status in ("running", "pending", "waiting")
         for run in await db.runs(status=status, role=role, limit=100_000)
     ]
     return [run.id for run in runs]

@@ -20,6 +20,10 @@ What makes it durable:
   that was in flight when the process died is repeated: its answer never reached the log.)
 - The file tool is idempotent (the call id names the file), so a tool re-run after a crash
   never writes twice.
+- The run has a budget (tokens, model calls, and three identical tool calls at most), debited
+  with each recorded response, so a restart keeps counting instead of spending from zero. The
+  loop checks it before every model call; once it is spent the run stops, unfinished, until
+  the budget is raised (``zincir budget RUN_ID --tokens N``) and the run resumed.
 - The model's checkpoint names its artifacts with labels; the agent replaces them with the
   measured content identities of what the tool wrote (``zincir.artifacts``), and a verifier
   accepts the checkpoint only if those files exist with exactly that content.
@@ -29,6 +33,7 @@ Environment:
   OPENAI_MODEL           the model for the real API (default gpt-4o-mini)
   ZINCIR_DATABASE_PATH   database file, or a postgresql:// URL (default zincir.db)
   ZINCIR_OUTPUT_DIR      where the tool writes (default output)
+  ZINCIR_TOKEN_BUDGET    the run's token budget (default 50000; a resumed run keeps its own)
   ZINCIR_RESUME=1        resume every pending or running run of this example (role
                          openai-agent) instead of creating one. This fences the previous
                          owner (force=True): only do it once you know that process is dead,
@@ -286,7 +291,12 @@ async def drive(run: zincir.Run, client: AsyncOpenAI, model: str, out: Path) -> 
             await pause("AFTER_CHECKPOINT")
             await run.complete()
             return
-        await ask_model(run, client, model, state)
+        try:
+            await run.check_budget()  # before paying for the next call
+            await ask_model(run, client, model, state)
+        except zincir.BudgetExceeded as exc:  # the response that reached it is recorded
+            print(f"stopped: {exc}. Raise it (zincir budget {run.id} --tokens N), then resume", flush=True)
+            return
     await run.fail(f"no accepted checkpoint without remaining work after {MAX_ROUNDS} model calls")
 
 
@@ -379,6 +389,11 @@ async def open_model() -> AsyncIterator[tuple[AsyncOpenAI, str, str]]:
         yield client, "stub-model", "openai-stub"
 
 
+def budget() -> zincir.Budget:
+    tokens = int(os.environ.get("ZINCIR_TOKEN_BUDGET", "50000"))
+    return zincir.Budget(tokens=tokens, model_calls=MAX_ROUNDS, max_identical_tool_calls=3)
+
+
 async def main(db_path: str, out: Path) -> list[str]:
     """Start a run (or, with ZINCIR_RESUME=1, resume every in-flight one); return the run ids."""
     done: list[str] = []
@@ -395,9 +410,16 @@ async def main(db_path: str, out: Path) -> list[str]:
                 provider=provider,
                 config={"goal": GOAL, "model": model},
                 force=run_id is not None,  # resuming: the previous owner is known to be dead
+                budget=budget(),  # a new run's; a resumed one keeps its own
             ) as run:
                 print(f"run {run.id} (epoch {run.epoch}, model {model})", flush=True)
                 await drive(run, client, model, out)
+                usage = await run.usage()
+                if usage is not None:
+                    print(
+                        f"spent: {usage.spent.tokens} tokens in {usage.spent.model_calls} model calls",
+                        flush=True,
+                    )
             print_run(await db.state(run.id), await db.events(run.id))
             done.append(run.id)
     return done

@@ -188,3 +188,29 @@ def test_a_killed_run_resumes_without_paying_for_a_recorded_response_again(tmp_p
     assert again.returncode == 0, again.stderr
     assert "resuming 0 run(s)" in again.stdout
     assert len(stub_calls(tmp_path)) == 2 and effect_files(out) == [effect]
+
+
+def test_a_spent_budget_stops_the_run_until_it_is_raised_and_the_count_survives(tmp_path: Path) -> None:
+    env = offline_env(tmp_path, ZINCIR_TOKEN_BUDGET="1")
+    first = subprocess.run(
+        [sys.executable, str(EXAMPLE)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30
+    )
+    assert first.returncode == 0, first.stderr
+    assert "stopped:" in first.stdout and "budget exceeded: tokens" in first.stdout
+    assert len(stub_calls(tmp_path)) == 1  # the call that spent it, recorded; no second one
+    conn = sqlite3.connect(tmp_path / "zincir.db")
+    [(run_id, status)] = conn.execute("SELECT id, status FROM agent_runs").fetchall()
+    (spent,) = conn.execute("SELECT input_tokens + output_tokens FROM budgets").fetchone()
+    conn.close()
+    assert status == "running" and spent > 1
+    raised = subprocess.run(
+        [str(REPO / ".venv" / "bin" / "zincir"), "budget", run_id, "--tokens", "100000",
+         "--db", str(tmp_path / "zincir.db")],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert raised.returncode == 0, raised.stderr
+    again = resume(tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert "status=completed" in again.stdout
+    [line] = [x for x in again.stdout.splitlines() if x.startswith("spent:")]
+    assert int(line.split()[1]) > spent  # counted on from the first process's spend, not from 0
