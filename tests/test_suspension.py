@@ -512,7 +512,7 @@ async def test_a_worker_killed_after_its_wait_received_leaves_the_same_payload_t
     try:
         await until(lambda: _is(db, run_id, zincir.RunStatus.WAITING), within=30)
         await zincir.send_signal(db, run_id, "go", {"n": 7})
-        await until(lambda: _exists(ledger), within=30)  # received, logged, noted: then it hangs
+        await until(lambda: _has_a_line(ledger), within=30)  # received, logged, noted: then it hangs
     finally:
         first.send_signal(signals.SIGKILL)
         first.communicate()
@@ -528,5 +528,5 @@ async def test_a_worker_killed_after_its_wait_received_leaves_the_same_payload_t
     assert len(received) == 1
 
 
-async def _exists(path: Any) -> bool:
-    return bool(path.exists())
+async def _has_a_line(path: Any) -> bool:
+    return bool(path.exists() and path.read_text().endswith("\n"))  # not just created
