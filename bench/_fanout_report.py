@@ -314,6 +314,17 @@ def render(res: dict[str, Any], chart_name: str) -> str:
         "",
     ]
     md += [f"- {line}" for line in conclusions(res, summary, found)]
+    changes = res.get("source_changes") or {}
+    if changes:
+        md.append(
+            "- **Caution**: zincir's source changed while this run went on (a shared checkout), so some"
+            " processes may have imported other code than the commit named below: "
+            + "; ".join(
+                f"{k.replace('_', ' ')}: {', '.join(v) if isinstance(v, list) else v}"
+                for k, v in changes.items()
+            )
+            + "."
+        )
     for key, why in res.get("skipped", {}).items():
         md.append(f"- Skipped {key}: {why}.")
     md += ["", "## Figures", ""]

@@ -344,6 +344,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "profile": {},
     }
     tag = uuid.uuid4().hex[:8]
+    wall_start = time.time()
     try:
         with contextlib.ExitStack() as stack:
             admin_url = None
@@ -361,6 +362,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
     results["total_seconds"] = time.perf_counter() - started
     results["loadavg_end"] = os.getloadavg()
+    results["source_changes"] = _source_changes(wall_start, results["machine"].get("zincir_commit", ""))
+    if results["source_changes"]:
+        log(f"zincir's source changed during the run: {results['source_changes']}")
     write_outputs(results, out)
     log(
         f"wrote {out}, {out.with_suffix('.json')} and {out.with_suffix('.svg')} in"
@@ -467,6 +471,33 @@ def write_outputs(results: dict[str, Any], out: Path, *, json_too: bool = True) 
         out.with_suffix(".json").write_text(
             json.dumps(results, indent=1, default=str) + "\n", encoding="utf-8"
         )
+
+
+def _source_changes(since: float, commit_at_start: str) -> dict[str, Any]:
+    """What changed in zincir/ and migrations/ while the run went on (a shared checkout): files
+    written since it started, and a new commit. Empty if nothing did."""
+    changed = sorted(
+        str(path.relative_to(REPO))
+        for folder in ("zincir", "migrations")
+        for path in (REPO / folder).rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts and path.stat().st_mtime >= since
+    )
+    out: dict[str, Any] = {}
+    if changed:
+        out["files_written"] = changed
+    commit_at_end = _git_commit()
+    if commit_at_end.split(" ", 1)[0] != commit_at_start.split(" ", 1)[0]:
+        out["commit_at_end"] = commit_at_end
+    return out
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.run(
+            ["git", "log", "-1", "--format=%h %s"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 def _machine(workdir: Path) -> dict[str, Any]:
