@@ -356,6 +356,7 @@ async def _must_not_run(*args: object) -> zincir.Verification:
 
 
 _SOME_RUN = "00000000-0000-4000-8000-000000000000"
+_PENDING = zincir.PendingToolCall(zincir.ToolCall("t1", "t"), 1, "tool_call:t1", "x:1", started=1)
 
 
 async def _spawn_in_a_nursery(run: zincir.Run) -> None:
@@ -374,6 +375,8 @@ METHODS: dict[str, Callable[[zincir.Run, zincir.Checkpoint], Awaitable[object]]]
     "sleep": lambda r, c: r.sleep("nap", 0),
     "wait_for_signal": lambda r, c: r.wait_for_signal("w", "go", timeout=0),
     "wait_for_approval": lambda r, c: r.wait_for_approval("t1", timeout=0),
+    "start_tool": lambda r, c: r.start_tool("t1"),
+    "execute": lambda r, c: r.execute(_PENDING, _must_not_run),
     "spawn": lambda r, c: r.spawn("kid"),
     "join": lambda r, c: r.join(_SOME_RUN),
     "cancel_child": lambda r, c: r.cancel_child(_SOME_RUN, "after the loss"),

@@ -419,7 +419,7 @@ async def test_a_suspended_runs_worker_killed_costs_nothing_and_a_new_one_resume
     assert ledger.read_text().split() == [f"{run_id}", "{'n':", "1}"]
 
 
-_TABLES = ("events", "tool_intents", "checkpoints", "steps", "timers", "signals", "waits", "approvals")
+_TABLES = ("events", "checkpoints", "steps", "timers", "signals", "waits", "approvals")
 _RUN_COLUMNS = (
     "id, parent_run_id, role, provider, status, config, created_at, updated_at, last_seq,"
     " lease_owner, lease_epoch, lease_expires_at, attempts, next_attempt_at"
@@ -429,6 +429,8 @@ _RUN_COLUMNS = (
 def _contents(db: zincir.Database) -> dict[str, list[tuple[Any, ...]]]:
     found = {t: sorted(map(repr, rows(db, f"SELECT * FROM {t}"))) for t in _TABLES}
     found["agent_runs"] = sorted(map(repr, rows(db, f"SELECT {_RUN_COLUMNS} FROM agent_runs")))
+    intents = "run_id, call_id, name, intent_seq, response_seq, response_tool_count, result_seq"
+    found["tool_intents"] = sorted(map(repr, rows(db, f"SELECT {intents} FROM tool_intents")))
     return found  # type: ignore[return-value]
 
 

@@ -72,8 +72,12 @@ async def test_a_run_abandoned_by_a_killed_process_is_completed_after_expiry(db:
         await wait_until(lambda: _is(db, run_id, zincir.RunStatus.COMPLETED))
         worker.stop()
     state = await read_state(db, run_id)
-    assert state.events[3].payload == {"call_id": "t1", "content": {"done_by_epoch": 2}}
+    [result] = [e for e in state.events if e.type is zincir.EventType.TOOL_RESULT]
+    assert result.payload == {"call_id": "t1", "content": {"done_by_epoch": 2}}
     assert scalar(db, "SELECT attempts FROM agent_runs") == 1
+    # The dead owner was a process of this host: its lease was taken at once, and why is logged.
+    [takeover] = [e for e in state.events if e.type is zincir.EventType.LEASE_TAKEN_OVER]
+    assert takeover.payload["from_epoch"] == 1 and "is gone" in takeover.payload["reason"]
 
 
 async def _is(db: zincir.Database, run_id: str, status: zincir.RunStatus) -> bool:

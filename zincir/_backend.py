@@ -245,8 +245,13 @@ class Store(Protocol):
         first time that reaches a limit, logged); the seq of ``llm_call``, and the limit the run
         has reached, if any. Fenced; DuplicateToolCall."""
 
-    def pending_tools(self, tx: Any, lease: Lease) -> list[tuple[str, int]]:
-        """(tool_call payload, response_tool_count) of each intent without a result."""
+    def pending_tools(self, tx: Any, lease: Lease) -> list[tuple[str, int, int, int | None]]:
+        """(tool_call payload, response_tool_count, starts, last start) of each intent without a
+        result."""
+
+    def start_tool(self, tx: Any, lease: Lease, call_id: str) -> int:
+        """Count a start of a pending intent's tool and log ``tool_started``; the attempt number.
+        Fenced; NoDurableIntent, InvalidArgument (it has a result)."""
 
     def record_tool_result(self, tx: Any, lease: Lease, call_id: str, payload_json: str) -> int:
         """Append ``tool_result``; an identical repeat is a no-op. Fenced; NoDurableIntent,

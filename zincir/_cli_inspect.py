@@ -251,12 +251,16 @@ def show(database_path: str, run_id: str, as_json: bool) -> None:
         timers = q.list_timers(conn, run.id)
         awaiting = q.list_awaiting(conn, [run.id]).get(run.id, ())
         budget = q.budgets_of(conn, [run.id], time.time_ns() // 1_000_000).get(run.id)
+        intents = q.list_intents(conn, run.id)
         if as_json:
-            click.echo(_json_line(_show_json(run, checkpoints, steps, timers, awaiting)))
+            data = _show_json(run, checkpoints, steps, timers, awaiting)
+            data["tool_calls"] = [q.intent_to_json(i) for i in intents]
+            click.echo(_json_line(data))
         else:
             _print_run(run, time.time_ns() // 1_000_000)
             click.echo(f"{'budget':<13}{_cell(q.spend_text(budget)) if budget else 'none'}")
             _print_awaiting(run, awaiting)
+            _print_intents(intents)
             _print_lineage(checkpoints)
             _print_steps(steps)
             _print_timers(timers)
@@ -343,6 +347,15 @@ def _print_awaiting(run: q.RunDetail, awaiting: Sequence[q.Awaiting]) -> None:
         due = run.next_attempt_at
         when = "when what it awaits arrives" if due is None else f"at {_time(due)}, or when it arrives"
         click.echo(f"  suspended: no process holds it; a worker resumes it {when}")
+
+
+def _print_intents(intents: Sequence[q.IntentRow]) -> None:
+    rows = [
+        [_cell(i.call_id, 40), _cell(i.name, 32), _cell(i.state), _cell(i.started), _time(i.last_started_at)]
+        for i in intents
+    ]
+    headers = ["CALL", "TOOL", "STATE", "STARTS", "LAST START"]
+    _print_section("tool calls", headers, rows, frozenset({3}))
 
 
 def _print_section(title: str, headers: list[str], rows: list[list[str]], numeric: frozenset[int]) -> None:

@@ -681,11 +681,12 @@ class _RunView:
         awaiting: tuple[q.Awaiting, ...],
         family: tuple[tuple[q.RunSummary, ...], q.FamilyNode],
         budget: q.Usage | None,
+        intents: tuple[q.IntentRow, ...],
     ) -> None:
         self.run, self.checkpoints, self.events, self.types = run, checkpoints, events, types
         self.steps, self.timers, self.awaiting = steps, timers, awaiting
         self.ancestors, self.descendants = family
-        self.budget = budget
+        self.budget, self.intents = budget, intents
 
     @classmethod
     def fetch(cls, run_id: str, query: _EventsQuery, conn: Any) -> _RunView:
@@ -705,6 +706,7 @@ class _RunView:
             q.list_awaiting(conn, [run_id]).get(run_id, ()),
             q.family_tree(conn, run_id, depth=TREE_DEPTH, per_node=TREE_WIDTH),
             q.budgets_of(conn, [run_id], _now_ms()).get(run_id),
+            q.list_intents(conn, run_id, limit=LIST_LIMIT + 1),
         )
 
 
@@ -1042,6 +1044,7 @@ def _run_body(view: _RunView, query: _EventsQuery, now: int, refresh: bool) -> H
             Html("</div>"),
             _section(_e("Awaiting"), _awaiting(run, view.awaiting, now), anchor="awaiting"),
             _section(_e("Budget"), _budget(view.budget), anchor="budget"),
+            _section(_e("Tool calls"), _intents(view.intents), anchor="tool-calls"),
             _section(_e("Family"), _family(view, query), anchor="family"),
             _section(_e("Configuration"), config, anchor="config"),
             _section(_e("Checkpoints"), _checkpoints(run.id, view.checkpoints), anchor="checkpoints"),
@@ -1367,6 +1370,26 @@ def _budget(usage: q.Usage | None) -> Html:
     return Html(f"<p>{_e(q.spend_text(usage))}</p>" + _table(_th("Limit", "Spent", "Limit", "Left"), rows))
 
 
+def _state_class(state: str) -> str:
+    return state.split(",")[0].replace(" ", "-")  # "started, outcome unknown" -> "started"
+
+
+def _intents(intents: tuple[q.IntentRow, ...]) -> Html:
+    if not intents:
+        return _empty("No tool calls.")
+    rows = [
+        Html(
+            f"<tr><td><code>{_e(i.call_id)}</code></td><td>{_e(i.name)}</td>"
+            f'<td><span class="intent-{_e(_state_class(i.state))}">{_e(i.state)}</span></td>'
+            f'<td class="num">{_e("—" if i.started is None else i.started)}</td>'
+            f"<td>{_time(i.last_started_at)}</td></tr>"
+        )
+        for i in intents[:LIST_LIMIT]
+    ]
+    headers = _th("Call", "Tool", "State", "Starts", "Last start")
+    return Html(_table(headers, rows) + _cut_note(len(intents), "tool calls"))
+
+
 def _timers(timers: tuple[q.TimerRow, ...], now: int) -> Html:
     if not timers:
         return _empty("No durable timers.")
@@ -1431,6 +1454,8 @@ table.runs td.text { min-width: 9rem; }
 .s-completed, .s-accepted { color: var(--completed); }
 .s-failed, .s-rejected { color: var(--failed); }
 .s-cancelled { color: var(--muted); }
+.intent-started { color: var(--failed); font-weight: 600; }
+.intent-never-started { color: var(--pending); }
 .s-other, .s-all { color: var(--text); }
 .tabs { display: flex; flex-wrap: wrap; gap: .5rem; margin: .8rem 0; }
 .tab { padding: .25rem .8rem; border: 1px solid var(--border); border-radius: 999px;

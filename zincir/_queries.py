@@ -60,6 +60,7 @@ __all__ = [
     "EventPage",
     "EventRow",
     "FamilyNode",
+    "IntentRow",
     "Malformed",
     "ReadOnly",
     "Reader",
@@ -84,6 +85,7 @@ __all__ = [
     "get_event",
     "get_run",
     "get_step",
+    "intent_to_json",
     "is_url",
     "iter_events",
     "json_value",
@@ -91,6 +93,7 @@ __all__ = [
     "list_awaiting",
     "list_checkpoints",
     "list_events",
+    "list_intents",
     "list_open_approvals",
     "list_runs",
     "list_steps",
@@ -1638,3 +1641,63 @@ def spend_text(usage: Usage) -> str:
     if limits.max_responses_without_progress is not None:
         parts.append(f"stalled {s.responses_without_progress}/{limits.max_responses_without_progress}")
     return " · ".join(parts) or "no limits, nothing spent"
+
+
+# --------------------------------------------------------------------------- tool intents
+
+
+@attrs.frozen
+class IntentRow:
+    """A tool intent and what is known of it: ``done`` (it has a result), ``started, outcome
+    unknown`` (its tool began at least once: a crash may have come before or after the effect)
+    or ``never started`` (safe to run). Databases older than start marks say ``pending``."""
+
+    call_id: str
+    name: str
+    state: str
+    started: int | None
+    last_started_at: OptInt
+
+
+def list_intents(conn: Reader, run_id: str, *, limit: int = 100) -> tuple[IntentRow, ...]:
+    """The run's open intents first (oldest first), then the latest done ones, ``limit`` in all."""
+    d = _dialect(conn)
+    marks = _has_start_marks(conn)
+    started = f"{_key('started', d)}, {_key('last_started_at', d)}" if marks else "NULL, NULL"
+    rows = conn.execute(
+        f"SELECT {_name('call_id')}, {_name('name')}, result_seq IS NOT NULL, {started} FROM tool_intents"
+        " WHERE run_id = ? ORDER BY result_seq IS NOT NULL, CASE WHEN result_seq IS NULL THEN intent_seq"
+        " ELSE -intent_seq END LIMIT ?",
+        (run_id, _check_limit(limit)),
+    )
+    found = []
+    for call_id, name, done, count, last in rows:
+        if done:
+            state = "done"
+        elif count is None:
+            state = "pending"
+        else:
+            state = "started, outcome unknown" if count else "never started"
+        found.append(IntentRow(_text(call_id), _text(name), state, _opt_int(count), _opt_int(last)))  # type: ignore[arg-type]
+    return tuple(found)
+
+
+def intent_to_json(intent: IntentRow) -> dict[str, Any]:
+    return {
+        "call_id": intent.call_id,
+        "name": intent.name,
+        "state": intent.state,
+        "started": intent.started,
+        "last_started_at": _plain(intent.last_started_at),
+    }
+
+
+def _has_start_marks(conn: Reader) -> bool:
+    if _dialect(conn).name == "postgresql":
+        found = conn.execute(
+            "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()"
+            " AND table_name = 'tool_intents' AND column_name = 'started'"
+        )
+    else:
+        found = conn.execute("SELECT 1 FROM pragma_table_info('tool_intents') WHERE name = 'started'")
+    return found.fetchone() is not None

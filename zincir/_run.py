@@ -296,11 +296,50 @@ class Run:
         """The tool intents that have no result yet, oldest first: run them (again)."""
         rows = await self._read(self._store.pending_tools)
         pending = []
-        for payload_json, count in rows:
+        for payload_json, count, started, last_started_at in rows:
             payload = decode(payload_json)
             call = ToolCall(payload["call_id"], payload["name"], payload["args"])
-            pending.append(PendingToolCall(call, count, f"tool_call:{call.id}", self.fencing_token))
+            key = f"tool_call:{call.id}"
+            pending.append(PendingToolCall(call, count, key, self.fencing_token, started, last_started_at))
         return pending
+
+    async def start_tool(self, call_id: str) -> int:
+        """Record that the tool of pending intent ``call_id`` is about to run (``tool_started``,
+        with its attempt number), so that after a crash :attr:`PendingToolCall.started` tells a
+        call that never began from one whose outcome is unknown. Returns the attempt (1, 2, ...)."""
+        check_call_id(call_id, f"run {self.id}: call_id")
+        attempt: int = await self._write(self._store.start_tool, call_id)
+        return attempt
+
+    async def execute(
+        self,
+        pending: PendingToolCall,
+        fn: Callable[[PendingToolCall], Awaitable[JSONValue]],
+        *,
+        reconcile: Callable[[PendingToolCall], Awaitable[JSONValue | None]] | None = None,
+    ) -> JSONValue:
+        """Run a pending tool call once more and record its result; returns the result.
+
+        A call started before (``pending.started > 0``) may have had its effect: with
+        ``reconcile``, ``await reconcile(pending)`` looks first, and a result it returns is
+        recorded without running ``fn`` (the effect happened); None means it did not, and ``fn``
+        runs. Without ``reconcile``, ``fn`` runs again (at-least-once: make it idempotent by
+        ``pending.idempotency_key``). The start is recorded before ``fn`` runs.
+        """
+        if not isinstance(pending, PendingToolCall):
+            raise InvalidArgument(f"run {self.id}: execute() takes a PendingToolCall, not {pending!r}")
+        check_async_callable(fn, f"run {self.id}: the tool of {pending.call.id!r}")
+        if reconcile is not None:
+            check_async_callable(reconcile, f"run {self.id}: the reconciler of {pending.call.id!r}")
+        if pending.started and reconcile is not None:
+            found = await reconcile(pending)
+            if found is not None:
+                await self.record_tool_result(pending.call.id, found)
+                return found
+        await self.start_tool(pending.call.id)
+        result = await fn(pending)
+        await self.record_tool_result(pending.call.id, result)
+        return result
 
     async def record_tool_result(self, call_id: str, content: JSONValue) -> None:
         """Record a tool's result. Repeating the identical result is a no-op."""

@@ -67,6 +67,8 @@ class EventType(enum.StrEnum):
     BUDGET_EXCEEDED = "budget_exceeded"
     LOOP_DETECTED = "loop_detected"
     NO_PROGRESS = "no_progress"
+    TOOL_STARTED = "tool_started"
+    LEASE_TAKEN_OVER = "lease_taken_over"
 
 
 @attrs.frozen
@@ -103,6 +105,11 @@ class PendingToolCall:
     """``tool_call:<call id>``: stable across crashes and owners, unique within the run."""
     fencing_token: str
     """The current owner's token, ``<run id>:<epoch>``; a higher epoch fences a lower one."""
+    started: int = 0
+    """How often its tool was started before (:meth:`Run.start_tool`): 0 means it never began
+    and is safe to run; more means its outcome is unknown (see :meth:`Run.execute`)."""
+    last_started_at: int | None = None
+    """When it was last started (Unix ms), if ever."""
 
 
 @attrs.frozen

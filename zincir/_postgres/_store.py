@@ -47,6 +47,7 @@ from .._errors import (
 )
 from .._json import decode
 from .._json import dump_trusted as _dump
+from .._owner import Owner, is_gone, this_process
 from .._rows import CHECKPOINT_COLUMNS, EVENT_COLUMNS, RUN_COLUMNS, to_checkpoint, to_event, to_run
 from .._types import Checkpoint, Event, EventType, RunRecord, RunStatus
 from ._connection import Tx
@@ -80,9 +81,10 @@ def create_run(
     expires_at = now + ttl_ms
     tx.execute(
         "INSERT INTO agent_runs (id, parent_run_id, role, provider, status, config, created_at,"
-        " updated_at, last_seq, lease_owner, lease_epoch, lease_expires_at, next_attempt_at)"
-        " VALUES (%s, %s, %s, %s, 'running', %s, %s, %s, 0, %s, 1, %s, %s)",
-        (run_id, parent_run_id, role, provider, config_json, now, now, owner, expires_at, now),
+        " updated_at, last_seq, lease_owner, lease_epoch, lease_expires_at, next_attempt_at, lease_host,"
+        " lease_pid, lease_process_start)"
+        " VALUES (%s, %s, %s, %s, 'running', %s, %s, %s, 0, %s, 1, %s, %s, %s, %s, %s)",
+        (run_id, parent_run_id, role, provider, config_json, now, now, owner, expires_at, now, *_identity()),
     )
     _insert_event(tx, run_id, 0, EventType.STATE_TRANSITION, '{"from":"pending","to":"running"}')
     if budget is None:
@@ -117,7 +119,16 @@ def acquire_run(tx: Tx, run_id: str, owner: str, ttl_ms: int, force: bool) -> Le
     status, lease_owner, epoch, expires_at = _lock_run(tx, run_id)
     if status not in _LIVE:
         raise RunTerminal(f"run {run_id} is {status}; a terminal run cannot be leased")
+    taken_over = None
     if lease_owner is not None and expires_at is not None and expires_at > tx.now and not force:
+        taken_over = _gone_owner(tx, run_id)
+    if (
+        taken_over is None
+        and lease_owner is not None
+        and expires_at is not None
+        and expires_at > tx.now
+        and not force
+    ):
         raise RunLeased(
             f"run {run_id} is leased by another owner (epoch {epoch}) for {expires_at - tx.now} ms"
             " more; pass force=True only once that owner is known to be dead"
@@ -126,7 +137,7 @@ def acquire_run(tx: Tx, run_id: str, owner: str, ttl_ms: int, force: bool) -> Le
     if cancel_reason is not None:
         _cancel_unowned(tx, run_id, status, cancel_reason)
         return None
-    return _take(tx, run_id, status, owner, epoch + 1, ttl_ms)
+    return _take(tx, run_id, status, owner, epoch + 1, ttl_ms, taken_over)
 
 
 def claim_due(
@@ -137,7 +148,7 @@ def claim_due(
 
     A run that already used ``max_attempts`` claims is failed here instead of handed out again.
     """
-    claimed: list[tuple[Lease, int]] = []
+    claimed = _take_from_the_dead(tx, owner, ttl_ms, limit)
     while len(claimed) < limit:
         now = tx.now
         rows = tx.all(
@@ -276,14 +287,23 @@ def _request_cancel(tx: Tx, run_id: str, reason: str) -> None:
     tx.notify_inbox(run_id)
 
 
-def _take(tx: Tx, run_id: str, status: str, owner: str, epoch: int, ttl_ms: int) -> Lease:
-    """Lease the run to ``owner``; a pending or suspended run starts running, logged."""
+def _take(
+    tx: Tx, run_id: str, status: str, owner: str, epoch: int, ttl_ms: int, taken_over: str | None = None
+) -> Lease:
+    """Lease the run to ``owner`` (this process: its identity is stored with the lease); a
+    pending or suspended run starts running, and a takeover from a dead owner, logged."""
     expires_at = tx.now + ttl_ms
+    me = this_process()
     tx.execute(
         "UPDATE agent_runs SET lease_owner = %s, lease_epoch = %s, lease_expires_at = %s,"
-        " status = 'running', wait_kind = NULL, wait_target = NULL WHERE id = %s",
-        (owner, epoch, expires_at, run_id),
+        " status = 'running', wait_kind = NULL, wait_target = NULL, lease_host = %s, lease_pid = %s,"
+        " lease_process_start = %s WHERE id = %s",
+        (owner, epoch, expires_at, me.host, me.pid, me.process_start, run_id),
     )
+    if taken_over is not None:
+        seq = _allocate(tx, run_id, 1)
+        event = _dump({"from_epoch": epoch - 1, "reason": taken_over})
+        _insert_event(tx, run_id, seq, EventType.LEASE_TAKEN_OVER, event)
     if status != RunStatus.RUNNING:
         seq = _allocate(tx, run_id, 1)
         transition = _dump({"from": status, "to": "running"})
@@ -393,16 +413,17 @@ def record_response(
     return seq, _debit(tx, lease.run_id, seq, debit)
 
 
-def pending_tools(tx: Tx, lease: Lease) -> list[tuple[str, int]]:
-    """(tool_call payload, response_tool_count) of each intent without a result, in order."""
+def pending_tools(tx: Tx, lease: Lease) -> list[tuple[str, int, int, int | None]]:
+    """(tool_call payload, response_tool_count, starts, last start) of each intent without a
+    result, in order."""
     _check_lease_read(tx, lease)
     rows = tx.all(
-        "SELECT e.payload, t.response_tool_count FROM tool_intents AS t"
+        "SELECT e.payload, t.response_tool_count, t.started, t.last_started_at FROM tool_intents AS t"
         " JOIN events AS e ON e.run_id = t.run_id AND e.seq = t.intent_seq"
         " WHERE t.run_id = %s AND t.result_seq IS NULL ORDER BY t.intent_seq",
         (lease.run_id,),
     )
-    return [(payload, int(count)) for payload, count in rows]
+    return [(payload, int(count), int(started), last) for payload, count, started, last in rows]
 
 
 def _check_lease_read(tx: Tx, lease: Lease) -> None:
@@ -1236,3 +1257,64 @@ def note_exceeded(tx: Tx, lease: Lease, limit: str, message: str) -> None:
     """Log that the run reached a limit its owner found (its wall time). Fenced."""
     check_lease(tx, lease)
     _log_exceeded(tx, lease.run_id, Exceeded(limit, message), _allocate(tx, lease.run_id, 1))
+
+
+# -- dead owners and tool starts ----------------------------------------------------------------
+
+
+def _identity() -> tuple[str | None, int | None, int | None]:
+    me = this_process()
+    return me.host, me.pid, me.process_start
+
+
+def _gone_owner(tx: Tx, run_id: str) -> str | None:
+    """Why the run's lease holder is provably gone (a process of this host that no longer runs),
+    or None: it may live, or it is on another host, and its lease must expire."""
+    host, pid, started = tx.one(
+        "SELECT lease_host, lease_pid, lease_process_start FROM agent_runs WHERE id = %s", (run_id,)
+    )
+    if not is_gone(Owner(host, pid, started)):
+        return None
+    return f"its owner, process {pid} of this host, is gone"
+
+
+def _take_from_the_dead(tx: Tx, owner: str, ttl_ms: int, limit: int) -> list[tuple[Lease, int]]:
+    """Lease the runs whose unexpired leases belong to processes of this host that are gone."""
+    me = this_process()
+    if me.host is None:
+        return []
+    rows = tx.all(
+        "SELECT id, status, lease_epoch, attempts, lease_pid, lease_process_start FROM agent_runs"
+        " WHERE lease_host = %s AND lease_owner IS NOT NULL AND lease_expires_at > %s"
+        " AND status = 'running' AND NOT (lease_pid = %s AND lease_process_start = %s)"
+        " LIMIT %s FOR NO KEY UPDATE SKIP LOCKED",
+        (me.host, tx.now, me.pid, me.process_start, limit),
+    )
+    taken = []
+    for run_id, status, epoch, attempts, pid, started in rows:
+        if is_gone(Owner(me.host, pid, started)):
+            tx.execute("UPDATE agent_runs SET attempts = attempts + 1 WHERE id = %s", (run_id,))
+            why = f"its owner, process {pid} of this host, is gone"
+            taken.append((_take(tx, run_id, status, owner, epoch + 1, ttl_ms, why), attempts + 1))
+    return taken
+
+
+def start_tool(tx: Tx, lease: Lease, call_id: str) -> int:
+    """Mark a pending intent's tool as starting (``tool_started``); returns the attempt number."""
+    check_lease(tx, lease)
+    row = tx.one(
+        "UPDATE tool_intents SET started = started + 1, last_started_at = %s"
+        " WHERE run_id = %s AND call_id = %s AND result_seq IS NULL RETURNING started",
+        (tx.now, lease.run_id, call_id),
+    )
+    if row is None:
+        known = tx.one(
+            "SELECT 1 FROM tool_intents WHERE run_id = %s AND call_id = %s", (lease.run_id, call_id)
+        )
+        if known is None:
+            raise NoDurableIntent(f"run {lease.run_id}: tool call {call_id!r} has no durable intent")
+        raise InvalidArgument(f"run {lease.run_id}: tool call {call_id!r} already has a result")
+    seq = _allocate(tx, lease.run_id, 1)
+    event = _dump({"attempt": int(row[0]), "call_id": call_id})
+    _insert_event(tx, lease.run_id, seq, EventType.TOOL_STARTED, event)
+    return int(row[0])

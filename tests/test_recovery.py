@@ -1,0 +1,241 @@
+"""Knowing what happened before recovering (DESIGN.md §8.6), on both backends, with real
+SIGKILLs: tool start marks, reconciliation, and taking over a dead same-host owner at once."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+import zincir
+from zincir import _owner
+
+from .helpers import rows, running_python, start_python
+
+ONE_CALL = zincir.ToolCall("pay", "send_payment", {"to": "ada", "eur": 10})
+
+
+async def test_start_marks_count_the_starts_of_a_tool_call(db: zincir.Database) -> None:
+    async with zincir.open_run(db) as run:
+        await run.record_response("", [ONE_CALL], "tool_use")
+        [pending] = await run.pending_tools()
+        assert (pending.started, pending.last_started_at) == (0, None)
+        assert await run.start_tool("pay") == 1
+        assert await run.start_tool("pay") == 2
+        [pending] = await run.pending_tools()
+        assert pending.started == 2 and isinstance(pending.last_started_at, int)
+        starts = [e.payload for e in await db.events(run.id) if e.type is zincir.EventType.TOOL_STARTED]
+        assert starts == [{"attempt": 1, "call_id": "pay"}, {"attempt": 2, "call_id": "pay"}]
+        await run.record_tool_result("pay", "done")
+        with pytest.raises(zincir.InvalidArgument, match="already has a result"):
+            await run.start_tool("pay")
+        with pytest.raises(zincir.NoDurableIntent):
+            await run.start_tool("nope")
+
+
+async def test_execute_reconciles_only_a_call_that_started_before(db: zincir.Database) -> None:
+    ran: list[str] = []
+    looked: list[str] = []
+
+    async def tool(pending: zincir.PendingToolCall) -> str:
+        ran.append(pending.call.id)
+        return "paid"
+
+    async def found(pending: zincir.PendingToolCall) -> str | None:
+        looked.append(pending.call.id)
+        return "paid already" if pending.call.id == "effect-happened" else None
+
+    async with zincir.open_run(db) as run:
+        calls = [zincir.ToolCall(i, "pay", {"n": i}) for i in ("fresh", "effect-happened", "effect-missing")]
+        await run.record_response("", calls, "tool_use")
+        await run.start_tool("effect-happened")
+        await run.start_tool("effect-missing")
+        results = [await run.execute(p, tool, reconcile=found) for p in await run.pending_tools()]
+        assert results == ["paid", "paid already", "paid"]
+        assert looked == ["effect-happened", "effect-missing"]  # never for a call that never began
+        assert ran == ["fresh", "effect-missing"]
+        assert await run.pending_tools() == []
+        await run.complete()
+
+
+# A process that records one payment intent and dies, before starting the tool or after its
+# effect (written to the ledger) but before its result.
+DIES = """
+    import os, signal, sys, trio, zincir
+    async def main():
+        target, run_id, ledger, moment = sys.argv[1:]
+        async with zincir.open_database(target) as db, zincir.open_run(db, run_id) as run:
+            await run.record_response("", [zincir.ToolCall("pay", "send_payment", {"eur": 10})], "tool_use")
+            [pending] = await run.pending_tools()
+            if moment == "before-start":
+                os.kill(os.getpid(), signal.SIGKILL)
+            async def pay(pending):
+                with open(ledger, "a") as out:
+                    out.write(pending.idempotency_key + "\\n")
+                os.kill(os.getpid(), signal.SIGKILL)  # the effect happened; its result never arrives
+            await run.execute(pending, pay)
+    trio.run(main)
+"""
+
+
+@pytest.mark.parametrize("moment", ["before-start", "after-the-effect"])
+async def test_after_a_sigkill_the_marks_say_whether_the_tool_began(
+    db: zincir.Database, tmp_path: Path, moment: str
+) -> None:
+    async with zincir.open_run(db) as run:
+        run_id = run.id
+    ledger = tmp_path / "ledger"
+    with running_python(DIES, db.path, run_id, str(ledger), moment) as proc:
+        await trio.to_thread.run_sync(proc.communicate)
+        assert proc.returncode == -9
+    looked: list[int] = []
+
+    async def reconcile(pending: zincir.PendingToolCall) -> Any:
+        looked.append(pending.started)
+        paid = ledger.exists() and pending.idempotency_key in ledger.read_text().split()
+        return {"paid": True, "reconciled": True} if paid else None
+
+    async def pay(pending: zincir.PendingToolCall) -> Any:
+        with ledger.open("a") as out:
+            out.write(pending.idempotency_key + "\n")
+        return {"paid": True}
+
+    async with zincir.open_run(db, run_id) as again:  # the dead owner was on this host: at once
+        [pending] = await again.pending_tools()
+        result = await again.execute(pending, pay, reconcile=reconcile)
+        await again.complete()
+    payments = ledger.read_text().split()
+    assert payments == ["tool_call:pay"]  # once, either way
+    if moment == "before-start":
+        assert pending.started == 0 and looked == [] and result == {"paid": True}
+    else:
+        assert pending.started == 1 and looked == [1] and result == {"paid": True, "reconciled": True}
+
+
+LEASE_HOLDER = """
+    import sys, trio, zincir
+    async def main():
+        async with zincir.open_database(sys.argv[1]) as db, zincir.open_run(db, sys.argv[2], lease_ttl=30):
+            print("holding", flush=True)
+            await trio.sleep_forever()
+    trio.run(main)
+"""
+
+
+async def _held_by_a_child(db: zincir.Database, run_id: str) -> subprocess.Popen[str]:
+    proc = start_python(LEASE_HOLDER, db.path, run_id)
+    assert proc.stdout is not None
+    assert await trio.to_thread.run_sync(proc.stdout.readline) == "holding\n"
+    return proc
+
+
+async def test_a_dead_owner_of_this_host_is_taken_over_at_once_a_live_one_never(
+    db: zincir.Database,
+) -> None:
+    async with zincir.open_run(db) as run:
+        run_id = run.id
+    holder = await _held_by_a_child(db, run_id)
+    try:
+        with pytest.raises(zincir.RunLeased):  # alive: its lease holds, for 30 s
+            async with zincir.open_run(db, run_id):
+                pass
+    finally:
+        holder.kill()
+        holder.communicate()
+    with trio.fail_after(5):  # a 30 s lease, taken over because its process is gone
+        async with zincir.open_run(db, run_id) as again:
+            assert again.epoch == 3
+    [takeover] = [e for e in await db.events(run_id) if e.type is zincir.EventType.LEASE_TAKEN_OVER]
+    assert takeover.payload["from_epoch"] == 2
+    assert f"process {holder.pid} of this host, is gone" in takeover.payload["reason"]
+
+
+async def _lease_as(db: zincir.Database, run_id: str, host: str | None, pid: int, started: int) -> None:
+    """Make the run look leased for a minute by a process described by (host, pid, started)."""
+    now = db.clock()
+    rows(
+        db,
+        "UPDATE agent_runs SET lease_owner = 'ghost', lease_epoch = lease_epoch + 1, lease_expires_at = ?,"
+        " lease_host = ?, lease_pid = ?, lease_process_start = ? WHERE id = ?",
+        (now + 60_000, host, pid, started, run_id),
+    )
+
+
+async def test_a_reused_pid_with_another_start_time_counts_as_dead(db: zincir.Database) -> None:
+    async with zincir.open_run(db) as run:
+        run_id = run.id
+    with running_python("import time; time.sleep(60)") as alive:  # a live process with the PID
+        real_start = _owner.process_start(alive.pid)
+        assert isinstance(real_start, int) and real_start > 0
+        me = _owner.this_process()
+        await _lease_as(db, run_id, me.host, alive.pid, real_start - 1)  # the owner started earlier
+        async with zincir.open_run(db, run_id):
+            pass
+        await _lease_as(db, run_id, me.host, alive.pid, real_start)  # the very process: alive
+        with pytest.raises(zincir.RunLeased):
+            async with zincir.open_run(db, run_id):
+                pass
+
+
+async def test_an_owner_in_another_pid_namespace_is_never_taken_over_early(db: zincir.Database) -> None:
+    async with zincir.open_run(db) as run:
+        run_id = run.id
+    me = _owner.this_process()
+    assert me.host is not None
+    other_container = me.host.rsplit("/", 1)[0] + "/pid:[1]"  # same boot, another PID namespace
+    await _lease_as(db, run_id, other_container, 999_999, 12345)  # no such PID here: means nothing
+    with pytest.raises(zincir.RunLeased):
+        async with zincir.open_run(db, run_id):
+            pass
+    await _lease_as(db, run_id, None, 999_999, 12345)  # an owner that could not say who it was
+    with pytest.raises(zincir.RunLeased):
+        async with zincir.open_run(db, run_id):
+            pass
+
+
+async def test_a_worker_resumes_a_sigkilled_owners_run_in_well_under_a_second(db: zincir.Database) -> None:
+    async with zincir.open_run(db) as run:
+        run_id = run.id
+    holder = await _held_by_a_child(db, run_id)
+    holder.kill()
+    holder.communicate()
+    killed_at = trio.current_time()
+    resumed: list[float] = []
+
+    async def handler(run: zincir.Run) -> None:
+        resumed.append(trio.current_time() - killed_at)
+        await run.complete()
+
+    worker = zincir.ResumeWorker(db, handler, lease_ttl=30, poll_interval=0.1)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        with trio.fail_after(10):
+            while not resumed:
+                await trio.sleep(0.01)
+        worker.stop()
+    assert resumed[0] < 1.0, resumed  # not the 30 s its lease had left
+
+
+async def test_show_and_the_inspector_mark_what_is_known_of_each_tool_call(db: zincir.Database) -> None:
+    import json
+
+    from .test_waiting_views import cli, page
+
+    async with zincir.open_run(db) as run:
+        calls = [zincir.ToolCall(i, "pay", {"n": i}) for i in ("a", "b", "c")]
+        await run.record_response("", calls, "tool_use")
+        await run.start_tool("b")
+        await run.record_tool_result("c", "ok")
+    data = json.loads(cli("show", "--db", db.path, run.id, "--json").stdout)
+    assert [(t["call_id"], t["state"], t["started"]) for t in data["tool_calls"]] == [
+        ("a", "never started", 0),
+        ("b", "started, outcome unknown", 1),
+        ("c", "done", 0),
+    ]
+    assert "tool calls (3)" in cli("show", "--db", db.path, run.id).stdout
+    detail = await page(db, f"/runs/{run.id}")
+    assert '<span class="intent-started">started, outcome unknown</span>' in detail
+    assert '<span class="intent-never-started">never started</span>' in detail
