@@ -234,3 +234,29 @@ async def test_the_budget_command_shows_and_raises_limits_and_runs_show_spend(db
     async with zincir.open_run(db) as plain:
         pass
     assert "has no budget" in cli("budget", plain.id, "--db", db.path).stdout
+
+
+async def test_a_nursery_over_budget_keeps_its_children_for_when_the_budget_is_raised(
+    db: zincir.Database,
+) -> None:
+    async with zincir.open_run(db, role="lead", budget=zincir.Budget(model_calls=1)) as lead:
+        pass
+
+    async def handler(run: zincir.Run) -> None:
+        if (await run.state()).run.role != "lead":
+            await run.complete(result="found")
+            return
+        async with run.children() as nursery:
+            await nursery.spawn("kid", role="kid")
+            if not kinds(await db.events(run.id), zincir.EventType.LLM_CALL):
+                await run.record_response("plan", [], "end")  # spends the one model call
+            await run.check_budget()
+        await run.complete(result=[(await run.join(c)).result for c in nursery.spawned])
+
+    async with working(db, handler, max_concurrency=2):
+        await until(lambda: _waits_for_budget(db, lead.id))
+        [kid] = [r for r in await db.runs(role="kid")]
+        assert kid.status is not zincir.RunStatus.CANCELLED
+        await zincir.raise_budget(db, lead.id, model_calls=5)
+        await until(lambda: _is(db, lead.id, zincir.RunStatus.COMPLETED))
+    assert (await db.state(lead.id)).run.result == ["found"]

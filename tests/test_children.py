@@ -335,3 +335,18 @@ async def test_cancelling_a_suspended_parent_cancels_its_children_with_no_proces
     assert len(kids) == 4 and scalar(db, "SELECT count(*) FROM agent_runs WHERE lease_owner IS NOT NULL") == 0
     await zincir.cancel_run(db, lead.id, "no longer needed")
     assert [await status_of(db, r) for r in [lead.id, *kids]] == [zincir.RunStatus.CANCELLED] * 5
+
+
+async def test_a_run_asked_to_cancel_does_not_suspend_but_stops(db: zincir.Database) -> None:
+    async with zincir.open_run(db) as parent:
+        child = await parent.spawn("kid")
+    with pytest.raises(zincir.RunCancelled):
+        async with zincir.open_run(db, child, lease_ttl=60) as run:
+            with trio.move_on_after(0.05):
+                await run.wait_for_signal("w", "go")  # the wait is recorded
+            await zincir.cancel_run(db, child, "now")  # a request: the run is owned
+            # Its owner, about to suspend, sees the request instead of going to sleep with it.
+            assert await db._write(db._store.suspend, run._lease, "signal", "w", route=child) is False
+            run._suspend_after = 0
+            await run.wait_for_signal("w", "go")
+    assert await status_of(db, child) is zincir.RunStatus.CANCELLED

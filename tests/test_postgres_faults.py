@@ -226,3 +226,29 @@ async def test_a_deadlock_fails_only_its_victim_and_keeps_the_connections(pg_url
             assert [await submit(w, backend_pid, ()) for w in (first, second)] == pids_before
             assert await neighbour.step("s", noop) == "x"  # committed, so it does not run again
             await neighbour.complete()
+
+
+async def test_a_busy_descendant_does_not_keep_a_claim_from_other_due_runs(
+    pg_db: zincir.Database, pg_url: str
+) -> None:
+    import psycopg
+
+    # A run whose dead owner left a cancellation request, with a child its owner is writing now.
+    async with zincir.open_run(pg_db, lease_ttl=30) as parent:
+        child = await parent.spawn("kid")
+    async with zincir.open_run(pg_db) as other:
+        pass
+    with psycopg.connect(pg_url) as conn:
+        conn.execute("UPDATE agent_runs SET cancel_requested_at = 1, cancel_reason = 'stop' WHERE id = %s",
+                     (parent.id,))  # fmt: skip
+        conn.execute("UPDATE agent_runs SET next_attempt_at = NULL WHERE id = %s", (child,))  # not due
+        conn.commit()
+        conn.execute("SELECT 1 FROM agent_runs WHERE id = %s FOR NO KEY UPDATE", (child,))  # held
+        claimed = await pg_db._write(pg_db._store.claim_due, "probe", 30_000, None, 8)
+        # The parent waits for its child's row; the unrelated due run is claimed all the same.
+        assert [lease.run_id for lease, _ in claimed] == [other.id]
+        conn.rollback()
+    claimed = await pg_db._write(pg_db._store.claim_due, "probe", 30_000, None, 8)
+    assert claimed == []  # the parent was cancelled this time, with its child
+    assert (await pg_db.state(parent.id)).run.status is zincir.RunStatus.CANCELLED
+    assert (await pg_db.state(child)).run.status is zincir.RunStatus.CANCELLED

@@ -39,7 +39,7 @@ async def send_signal(
     to the next :meth:`Run.wait_for_signal` for that topic, whenever it comes; a run suspended
     on that topic becomes claimable at once, and workers are woken. With ``key``,
     sending is idempotent: a repeat returns the first signal's id and stores nothing.
-    Raises :class:`RunNotFound`, or :class:`RunTerminal` for a completed or failed run.
+    Raises :class:`RunNotFound`, or :class:`RunTerminal` for a completed, failed or cancelled run.
     """
     if not isinstance(db, Database):
         raise InvalidArgument(f"send_signal() needs a Database, not {db!r}")
@@ -114,7 +114,8 @@ async def cancel_run(db: Database, run_id: str, reason: str) -> None:
 
 async def raise_budget(db: Database, run_id: str, **limits: Any) -> None:
     """Set some of a run's :class:`~zincir.Budget` limits (keywords as Budget's; None removes
-    one). A run without a budget gets one, its spend counted from now on. A run suspended for
+    one). A run without a budget gets one: its spend is counted from now on (its wall time, as
+    always, from its creation). A run suspended for
     its budget resumes at once if it is within every limit again. :class:`RunNotFound`,
     :class:`RunTerminal`; a bad limit is :class:`InvalidArgument` and changes nothing."""
     if not isinstance(db, Database):

@@ -630,9 +630,11 @@ class Run:
         nursery = Children._create(self)
         try:
             yield nursery
+        except BudgetExceeded:
+            raise  # the run will wait for its budget and go on: so do its children
         except Exception as exc:
             # Trio cancellation (a suspension, a stop, a lost lease) is not an error of the
-            # block: the children go on, and the restarted block finds them again.
+            # block either: the children go on, and the restarted block finds them again.
             for child_id in nursery.spawned:
                 try:
                     await self.cancel_child(child_id, f"the parent's nursery raised {type(exc).__name__}")
@@ -648,8 +650,10 @@ class Run:
         self._ending = True
         try:
             suspended = bool(await self._write(self._store.suspend, "budget", exceeded.limit))
-        finally:
+        except BaseException:
             self._ending = False
+            raise
+        self._ending = suspended
         if suspended:
             self._released = self._suspended = True
             self._stop_heartbeat()
@@ -670,11 +674,15 @@ class Run:
         try:
             suspended = await self._write(self._store.suspend, kind, name)
         except (DatabaseBusy, DatabaseUnavailable) as exc:
+            self._ending = False
             logger.warning("run %s: suspending failed, waiting on in this process: %s", self.id, exc)
             return
-        finally:
+        except BaseException:
             self._ending = False
+            raise
         if not suspended:
+            self._ending = False
+            await self._look_at_news()  # a cancellation requested, perhaps: act on it now
             return
         self._released = self._suspended = True
         self._stop_heartbeat()
@@ -969,9 +977,10 @@ async def owned_run(
         released = await run._release()
     if body_error is not None:
         raise body_error
-    if run._cancel_reason is not None and run._finished is RunStatus.CANCELLED:
+    if run._cancel_reason is not None and run._finished in (None, RunStatus.CANCELLED):
+        # Its body was stopped; if ending it failed, its next owner (or claim) ends it.
         raise RunCancelled(f"run {run.id} was cancelled: {run._cancel_reason}")
-    if run._budget_stop is not None and not run._suspended:
+    if run._budget_stop is not None and not run._suspended and run._finished is None:
         raise run._budget_stop
     if run._lost is not None:
         raise LeaseLost(run._lost)

@@ -73,13 +73,14 @@ class ResumeWorker:
     running handlers ``grace_period`` seconds before cancelling them; cancelled handlers
     release their runs, so another worker can claim them straight away.
 
-    A handler whose wait (:meth:`Run.wait_for_signal`, :meth:`Run.wait_for_approval`) is not
-    satisfied within ``suspend_after`` seconds, or that sleeps longer than that, *suspends* its
-    run: the run becomes ``waiting``, its lease is released and the handler is cancelled, without
-    counting an attempt. The signal, the decision or the deadline makes the run claimable again,
-    and the handler starts over from the top (its steps, sleeps, waits and recorded responses
-    return at once). ``suspend_after=None`` keeps every wait in the process. A handler that lets
-    :class:`BudgetExceeded` escape suspends its run the same way, until its budget is raised.
+    A handler whose wait (:meth:`Run.wait_for_signal`, :meth:`Run.wait_for_approval`,
+    :meth:`Run.join`) is not satisfied within ``suspend_after`` seconds, or that sleeps longer
+    than that, *suspends* its run: the run becomes ``waiting``, its lease is released and the
+    handler is cancelled, without counting an attempt. The signal, the decision, the child's end
+    or the deadline makes the run claimable again, and the handler starts over from the top
+    (its steps, sleeps, waits and recorded responses return at once). ``suspend_after=None``
+    keeps every wait in the process. A handler that lets :class:`BudgetExceeded` escape
+    suspends its run the same way, until its budget is raised.
     """
 
     def __init__(

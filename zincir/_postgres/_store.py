@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
+from psycopg import errors as pg_errors
 
 from .._backend import (
     SUBMIT_CHECKPOINT,
@@ -149,27 +150,45 @@ def claim_due(
     A run that already used ``max_attempts`` claims is failed here instead of handed out again.
     """
     claimed = _take_from_the_dead(tx, owner, ttl_ms, limit)
+    postponed: list[str] = []  # runs whose ending has to wait for a busy descendant
     while len(claimed) < limit:
         now = tx.now
         rows = tx.all(
             "SELECT id, status, lease_epoch, attempts, cancel_reason FROM agent_runs"
             " WHERE status IN ('pending', 'running', 'waiting') AND next_attempt_at <= %s"
-            " AND (lease_owner IS NULL OR lease_expires_at <= %s)"
+            " AND (lease_owner IS NULL OR lease_expires_at <= %s) AND NOT (id = ANY(%s))"
             " ORDER BY next_attempt_at, created_at LIMIT %s FOR NO KEY UPDATE SKIP LOCKED",
-            (now, now, limit - len(claimed)),
+            (now, now, postponed, limit - len(claimed)),
         )
         if not rows:
             break
         for run_id, status, epoch, attempts, cancel_reason in rows:
             if cancel_reason is not None:  # its owner died before it could stop
-                _cancel_unowned(tx, run_id, status, cancel_reason)
+                if not _unless_busy(tx, _cancel_unowned, run_id, status, cancel_reason):
+                    postponed.append(run_id)
                 continue
             if max_attempts is not None and attempts >= max_attempts:
-                _fail_exhausted(tx, run_id, status, attempts)
+                if not _unless_busy(tx, _fail_exhausted, run_id, status, attempts):
+                    postponed.append(run_id)
                 continue
             tx.execute("UPDATE agent_runs SET attempts = attempts + 1 WHERE id = %s", (run_id,))
             claimed.append((_take(tx, run_id, status, owner, epoch + 1, ttl_ms), attempts + 1))
     return claimed
+
+
+def _unless_busy(tx: Tx, end: Any, run_id: str, *args: Any) -> bool:
+    """End a run in a savepoint of its own; False (and nothing done) if a descendant it cancels
+    is being written by its owner right now: the run stays due, and the other due runs are
+    claimed meanwhile instead of all waiting behind it."""
+    tx.execute("SAVEPOINT zincir_ending")
+    try:
+        end(tx, run_id, *args)
+    except pg_errors.LockNotAvailable:
+        tx.execute("ROLLBACK TO SAVEPOINT zincir_ending")
+        tx.execute("RELEASE SAVEPOINT zincir_ending")
+        return False
+    tx.execute("RELEASE SAVEPOINT zincir_ending")
+    return True
 
 
 def next_due_in(tx: Tx) -> int | None:
@@ -410,7 +429,7 @@ def record_response(
             " response_tool_count) VALUES (%s, %s, %s, %s, %s, %s)",
             (lease.run_id, intent.call_id, intent.name, seq + offset, seq, len(intents)),
         )
-    return seq, _debit(tx, lease.run_id, seq, debit)
+    return seq, _debit(tx, lease.run_id, debit)
 
 
 def pending_tools(tx: Tx, lease: Lease) -> list[tuple[str, int, int, int | None]]:
@@ -765,8 +784,11 @@ def _wake(tx: Tx, run_id: str, kind: str, target: str) -> bool:
 def suspend(tx: Tx, lease: Lease, kind: WaitKind, name: str) -> bool:
     """Unless what ``name`` awaits is there already, or due, suspend the run on it (see the
     SQLite store). Fenced: the run's row stays locked until the commit, so a sender (its lock)
-    either came first, and its signal is seen here, or wakes the committed 'waiting' run."""
+    either came first, and its signal is seen here, or wakes the committed 'waiting' run. Not
+    while a cancellation is requested: the owner acts on that instead."""
     check_lease(tx, lease)
+    if cancel_requested(tx, lease.run_id) is not None:
+        return False
     awaited = _awaited(tx, lease.run_id, kind, name)
     if awaited is None:
         return False
@@ -1033,9 +1055,13 @@ def _notify_inbox(tx: Tx, run_id: str) -> None:
 
 def owner_news(tx: Tx, run_id: str) -> tuple[str | None, int | None]:
     """A cancellation requested and not yet acted on, and when the run's wall time runs out."""
+    return cancel_requested(tx, run_id), _wall_end(tx, run_id)
+
+
+def cancel_requested(tx: Tx, run_id: str) -> str | None:
+    """The reason of a cancellation requested and not yet acted on."""
     row = tx.one("SELECT cancel_reason, cancel_requested_at FROM agent_runs WHERE id = %s", (run_id,))
-    reason = None if row is None or row[1] is None else str(row[0])
-    return reason, _wall_end(tx, run_id)
+    return None if row is None or row[1] is None else str(row[0])
 
 
 def _wall_end(tx: Tx, run_id: str) -> int | None:
@@ -1167,12 +1193,14 @@ def cancel_child(tx: Tx, lease: Lease, child_id: str, reason: str) -> CancelOutc
 # -- budgets ------------------------------------------------------------------------------------
 
 
-def _debit(tx: Tx, run_id: str, seq: int, debit: Debit) -> Exceeded | None:
+def _debit(tx: Tx, run_id: str, debit: Debit) -> Exceeded | None:
     """Add a response's spend to the run's budget (a run without one has no row: nothing to do);
     log the first time it reaches a limit. Returns the limit reached, if any."""
     row = tx.one(
-        "UPDATE budgets SET input_tokens = input_tokens + %s, output_tokens = output_tokens + %s,"
-        " cost = cost + %s, model_calls = model_calls + 1, tool_calls = tool_calls + %s,"
+        "UPDATE budgets SET input_tokens = LEAST(input_tokens::numeric + %s, 9223372036854775807),"
+        " output_tokens = LEAST(output_tokens::numeric + %s, 9223372036854775807),"
+        " cost = cost + %s, model_calls = model_calls + 1,"
+        " tool_calls = LEAST(tool_calls::numeric + %s, 9223372036854775807),"
         " responses_without_progress = responses_without_progress + 1, updated_at = %s"
         f" WHERE run_id = %s RETURNING {BUDGET_COLUMNS}",
         (debit.input_tokens, debit.output_tokens, debit.cost, len(debit.calls), tx.now, run_id),

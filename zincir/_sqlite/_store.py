@@ -49,6 +49,7 @@ from .._json import dump_trusted as _dump
 from .._owner import Owner, is_gone, this_process
 from .._rows import CHECKPOINT_COLUMNS, EVENT_COLUMNS, RUN_COLUMNS, to_checkpoint, to_event, to_run
 from .._types import Checkpoint, Event, EventType, RunRecord, RunStatus
+from .._validation import MAX_INT
 from ._connection import Tx
 
 _LIVE = (RunStatus.PENDING.value, RunStatus.RUNNING.value, RunStatus.WAITING.value)
@@ -400,7 +401,7 @@ def record_response(
             " response_tool_count) VALUES (?, ?, ?, ?, ?, ?)",
             (lease.run_id, intent.call_id, intent.name, seq + offset, seq, len(intents)),
         )
-    return seq, _debit(tx, lease.run_id, seq, debit)
+    return seq, _debit(tx, lease.run_id, debit)
 
 
 def pending_tools(tx: Tx, lease: Lease) -> list[tuple[str, int, int, int | None]]:
@@ -725,8 +726,11 @@ def _wake(tx: Tx, run_id: str, kind: str, target: str) -> bool:
 def suspend(tx: Tx, lease: Lease, kind: WaitKind, name: str) -> bool:
     """Unless what ``name`` awaits is there already, or due, suspend the run on it: log
     running -> waiting (what, until when), give the lease and the claim's attempt back, and
-    leave the run due at the deadline (None: only when an outsider's write makes it due). Fenced."""
+    leave the run due at the deadline (None: only when an outsider's write makes it due). Not
+    while a cancellation is requested: the owner acts on that instead. Fenced."""
     check_lease(tx, lease)
+    if cancel_requested(tx, lease.run_id) is not None:
+        return False
     awaited = _awaited(tx, lease.run_id, kind, name)
     if awaited is None:
         return False
@@ -990,9 +994,13 @@ def _notify_inbox(tx: Tx, run_id: str) -> None:
 
 def owner_news(tx: Tx, run_id: str) -> tuple[str | None, int | None]:
     """A cancellation requested and not yet acted on, and when the run's wall time runs out."""
+    return cancel_requested(tx, run_id), _wall_end(tx, run_id)
+
+
+def cancel_requested(tx: Tx, run_id: str) -> str | None:
+    """The reason of a cancellation requested and not yet acted on."""
     row = tx.one("SELECT cancel_reason, cancel_requested_at FROM agent_runs WHERE id = ?", (run_id,))
-    reason = None if row is None or row[1] is None else str(row[0])
-    return reason, _wall_end(tx, run_id)
+    return None if row is None or row[1] is None else str(row[0])
 
 
 def _wall_end(tx: Tx, run_id: str) -> int | None:
@@ -1116,15 +1124,16 @@ def cancel_child(tx: Tx, lease: Lease, child_id: str, reason: str) -> CancelOutc
 # -- budgets ------------------------------------------------------------------------------------
 
 
-def _debit(tx: Tx, run_id: str, seq: int, debit: Debit) -> Exceeded | None:
+def _debit(tx: Tx, run_id: str, debit: Debit) -> Exceeded | None:
     """Add a response's spend to the run's budget (a run without one has no row: nothing to do);
     log the first time it reaches a limit. Returns the limit reached, if any."""
     row = tx.one(
-        "UPDATE budgets SET input_tokens = input_tokens + ?, output_tokens = output_tokens + ?,"
-        " cost = cost + ?, model_calls = model_calls + 1, tool_calls = tool_calls + ?,"
-        " responses_without_progress = responses_without_progress + 1, updated_at = ?"
-        f" WHERE run_id = ? RETURNING {BUDGET_COLUMNS}",
-        (debit.input_tokens, debit.output_tokens, debit.cost, len(debit.calls), tx.now, run_id),
+        "UPDATE budgets SET input_tokens = min(input_tokens + ?1, ?7),"
+        " output_tokens = min(output_tokens + ?2, ?7),"
+        " cost = cost + ?3, model_calls = model_calls + 1, tool_calls = min(tool_calls + ?4, ?7),"
+        " responses_without_progress = responses_without_progress + 1, updated_at = ?5"
+        f" WHERE run_id = ?6 RETURNING {BUDGET_COLUMNS}",
+        (debit.input_tokens, debit.output_tokens, debit.cost, len(debit.calls), tx.now, run_id, MAX_INT),
     )
     if row is None:
         return None
