@@ -115,3 +115,14 @@ async def test_family_operations_read_by_index(db: zincir.Database) -> None:
         assert_indexed([(sql, plan) for sql, plan in plans if sql.lstrip().startswith("SELECT")])
     # The family is walked level by level through the parent index, not by scanning every run.
     assert any("idx_agent_runs_parent" in " ".join(plan) for _, plan in cascade), cascade
+
+
+@pytest.mark.sqlite_only
+async def test_looking_for_dead_owners_of_this_host_reads_only_the_leases_held(db: zincir.Database) -> None:
+    for _ in range(30):
+        async with zincir.open_run(db) as run:
+            await run.complete()
+    async with zincir.open_run(db):
+        plans = await plans_of(db, _store._take_from_the_dead, "probe", 1000, 8)
+    assert_indexed(plans)
+    assert any("idx_agent_runs_leased" in " ".join(plan) for _, plan in plans), plans

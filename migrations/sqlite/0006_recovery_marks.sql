@@ -11,3 +11,6 @@ ALTER TABLE tool_intents ADD COLUMN last_started_at INTEGER;
 ALTER TABLE agent_runs ADD COLUMN lease_host TEXT;
 ALTER TABLE agent_runs ADD COLUMN lease_pid INTEGER;
 ALTER TABLE agent_runs ADD COLUMN lease_process_start INTEGER;
+
+-- The leases held on each host: a claim looks for dead owners of its own host among these only.
+CREATE INDEX idx_agent_runs_leased ON agent_runs (lease_host) WHERE lease_owner IS NOT NULL;
