@@ -494,11 +494,20 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--out", default=str(REPO / "bench" / "report-recovery.md"))
     p.add_argument("--keep", action="store_true", help="keep the scratch directory")
     p.add_argument("-q", "--quiet", action="store_true")
+    p.add_argument("--render", metavar="JSON", help="only redraw the report and chart from a run's JSON")
     return p.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
+    if args.render:
+        results = json.loads(Path(args.render).read_text())
+        out = Path(args.out)
+        out.write_text(render(results))
+        write_chart(results, out.with_suffix(".svg"))
+        if out.with_suffix(".json").resolve() != Path(args.render).resolve():
+            out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
+        return 0
     raw_argv = list(sys.argv[1:] if argv is None else argv)
     sizes = Sizes.quick() if args.quick else Sizes()
     if args.kills is not None:
