@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -59,12 +60,19 @@ def _reading(r: dict[str, Any]) -> list[str]:
                 f" events: target < {target_s:.0f} s **{verdict}** — with a 30 s lease left."
             )
         else:
+            owned = statistics.median(t["owned_s"] for t in c["trials"])
+            after_launch = statistics.median(t["seconds"] - t["owned_s"] for t in c["trials"])
             lines.append(
                 f"- {c['label']}: the workflow went on a median **{_ms(med)}** after the kill ({spread};"
-                f" {n} kills), of which starting the process and importing DBOS"
-                f" {_ms(c['startup_s']['median'])}. DBOS recovers a killed executor's workflows only when"
-                " a process launches (`DBOS.launch()`): this is the restart time of the process, and"
-                " without a restart (or DBOS Conductor asking a live process) the workflow stays PENDING."
+                f" {n} kills): starting the process, importing DBOS and configuring it took"
+                f" {_ms(c['startup_s']['median'])}, `DBOS.launch()` returned at"
+                f" {_ms(owned)},"
+                f" and the recovered workflow ran its next step {_ms(after_launch)}"
+                " after that (medians). DBOS recovers a killed executor's workflows only when a DBOS"
+                " process launches: `DBOS.launch()` hands this executor's PENDING workflows to a"
+                " background recovery thread. So this is the restart time of the process; until a"
+                " restart the workflow stays PENDING (a live DBOS process does not adopt it here: no"
+                " DBOS Conductor)."
             )
     if r.get("skipped"):
         for name, why in r["skipped"].items():
