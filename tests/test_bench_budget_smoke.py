@@ -18,5 +18,5 @@ def test_the_budget_bench_reports_both_backends(tmp_path: Path, postgres_admin_u
     assert "| SQLite |" in report and "| PostgreSQL |" in report
     results = json.loads(out.with_suffix(".json").read_text())
     for data in results["backends"].values():
-        assert len(data["without"]) == len(data["with"]) == 2
-        assert all(x > 0 for x in data["without"] + data["with"])
+        assert {k: len(v) for k, v in data.items()} == {"without": 2, "with": 2, "with loop detection": 2}
+        assert all(x > 0 for series in data.values() for x in series)

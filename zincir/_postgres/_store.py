@@ -1210,25 +1210,24 @@ def _debit(tx: Tx, run_id: str, debit: Debit) -> Exceeded | None:
     row = list(row)
     most = row[-2]
     if row[7] is not None and debit.calls:  # max_identical_tool_calls: count each (name, args)
-        for _, hash_ in debit.calls:
-            (count,) = tx.one(
-                "INSERT INTO tool_call_counts (run_id, args_hash, count) VALUES (%s, %s, 1)"
-                " ON CONFLICT (run_id, args_hash) DO UPDATE SET count = tool_call_counts.count + 1"
-                " RETURNING count",
-                (run_id, hash_),
-            )
-            most = max(most, count)
-        if most != row[-2]:
-            tx.execute("UPDATE budgets SET most_identical_tool_calls = %s WHERE run_id = %s", (most, run_id))
+        values = ", ".join(["(%s, %s, 1)"] * len(debit.calls))
+        (most,) = tx.one(  # one round trip: count them, and keep the highest count
+            f"WITH counted AS (INSERT INTO tool_call_counts (run_id, args_hash, count) VALUES {values}"
+            " ON CONFLICT (run_id, args_hash) DO UPDATE SET count = tool_call_counts.count + 1"
+            " RETURNING count) UPDATE budgets SET most_identical_tool_calls ="
+            " GREATEST(most_identical_tool_calls, (SELECT max(count) FROM counted)) WHERE run_id = %s"
+            " RETURNING most_identical_tool_calls",
+            (*(x for _, hash_ in debit.calls for x in (run_id, hash_)), run_id),
+        )
     before, after = list(row), list(row)
     after[-2] = most
     before[9:] = [
         row[9] - debit.input_tokens, row[10] - debit.output_tokens, row[11] - debit.cost, row[12] - 1,
         row[13] - len(debit.calls), row[-2], row[-1] - 1,
     ]  # fmt: skip
-    elapsed = tx.now - _created_at(tx, run_id)
-    reached = judge(usage_of(after, elapsed))
-    if reached is not None and judge(usage_of(before, elapsed)) is None:
+    # Wall time is not judged here (the owner's heartbeat keeps it): the age does not matter.
+    reached = judge(usage_of(after, 0))
+    if reached is not None and judge(usage_of(before, 0)) is None:
         _log_exceeded(tx, run_id, reached, _allocate(tx, run_id, 1))
     return reached
 
