@@ -273,11 +273,10 @@ def _where_time_went(name: str, z: dict[str, Any], entries: dict[str, Any]) -> l
     nursery = entries.get("zincir-nursery")
     if nursery is not None:
         lines.append(
-            f"{name}, the nursery took {_s(nursery['seconds'])} s,"
-            f" {nursery['seconds'] / z['seconds']:.2f}x the"
-            " explicit spawn + join: its exit joins every child, and the results are read back with a"
-            " second `run.join` per child (replayed, but a write transaction each), since the nursery does"
-            " not hand the joined records back."
+            f"{name}, the nursery took {_s(nursery['seconds'])} s, {nursery['seconds'] / z['seconds']:.2f}x"
+            " the explicit spawn + join's time. It does the same spawns and joins (at its exit), then"
+            " reads the results back with a second `run.join` per child (replayed, but a write"
+            " transaction each), since the nursery does not hand the joined records back."
         )
     concurrent = entries.get("zincir-concurrent")
     if concurrent is not None:
