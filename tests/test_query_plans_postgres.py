@@ -430,7 +430,7 @@ async def test_state_after_a_checkpoint_reads_by_index(populated: Populated) -> 
 async def test_pending_tools_read_by_index(populated: Populated) -> None:
     async with zincir.open_database(populated.url) as db, zincir.open_run(db, populated.big) as run:
         pending, plans = await plans_of(db, _store.pending_tools, run._lease)
-    assert [json.loads(payload)["call_id"] for payload, _ in pending] == ["open-2"]
+    assert [json.loads(payload)["call_id"] for payload, *_ in pending] == ["open-2"]
     assert_indexed(plans)
     # Only the intents without a result are visited (the partial index), not ~9,000 answered ones.
     join = the(plans, "FROM tool_intents")
@@ -463,8 +463,11 @@ async def test_claiming_reads_by_index(populated: Populated) -> None:
     assert len(claimed) == 8 and populated.big not in [lease.run_id for lease, _ in claimed]
     assert_indexed(plans)
     # ~1,000 claimable runs of 5,000, the oldest due first, by the claimable index's order.
-    [claim] = [plan for plan in plans if "SKIP LOCKED" in plan.sql]
+    [claim] = [plan for plan in plans if "SKIP LOCKED" in plan.sql and "next_attempt_at" in plan.sql]
     assert uses_index(claim, "idx_agent_runs_claimable"), claim
+    # Dead owners of this host are looked for among the leases held, not among every run.
+    [dead] = [plan for plan in plans if "lease_host" in plan.sql and "SKIP LOCKED" in plan.sql]
+    assert uses_index(dead, "idx_agent_runs_leased"), dead
     # Taking each lease updates one row by its key.
     for plan in plans:
         if plan.sql.startswith("UPDATE agent_runs"):

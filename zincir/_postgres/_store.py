@@ -215,9 +215,8 @@ def record_attempt_failure(tx: Tx, lease: Lease, failure: dict[str, Any], retry_
     when there is no retry, fail it. One transaction, fenced."""
     check_lease(tx, lease)
     retry_at = None if retry_delay_ms is None else tx.now + retry_delay_ms
-    seq = _allocate(tx, lease.run_id, 1)
     payload = _dump({**failure, "next_attempt_at": retry_at})
-    _insert_event(tx, lease.run_id, seq, EventType.ATTEMPT_FAILED, payload)
+    _append(tx, lease.run_id, EventType.ATTEMPT_FAILED, payload)
     if retry_delay_ms is None:
         transition = {"from": "running", "reason": "attempt limit reached", "to": "failed"}
         _end_run(tx, lease.run_id, _dump(transition), RunStatus.FAILED)
@@ -240,8 +239,7 @@ def _end_run(
 def _close(
     tx: Tx, run_id: str, transition_json: str, status: RunStatus, result_json: str | None
 ) -> str | None:
-    seq = _allocate(tx, run_id, 1)
-    _insert_event(tx, run_id, seq, EventType.STATE_TRANSITION, transition_json)
+    _append(tx, run_id, EventType.STATE_TRANSITION, transition_json)
     (parent,) = tx.one(
         "UPDATE agent_runs SET status = %s, lease_owner = NULL, lease_expires_at = NULL,"
         " wait_kind = NULL, wait_target = NULL, result = %s, cancel_requested_at = NULL"
@@ -320,13 +318,11 @@ def _take(
         (owner, epoch, expires_at, me.host, me.pid, me.process_start, run_id),
     )
     if taken_over is not None:
-        seq = _allocate(tx, run_id, 1)
         event = _dump({"from_epoch": epoch - 1, "reason": taken_over})
-        _insert_event(tx, run_id, seq, EventType.LEASE_TAKEN_OVER, event)
+        _append(tx, run_id, EventType.LEASE_TAKEN_OVER, event)
     if status != RunStatus.RUNNING:
-        seq = _allocate(tx, run_id, 1)
         transition = _dump({"from": status, "to": "running"})
-        _insert_event(tx, run_id, seq, EventType.STATE_TRANSITION, transition)
+        _append(tx, run_id, EventType.STATE_TRANSITION, transition)
     return Lease(run_id, owner, epoch, ttl_ms, expires_at, _wall_end(tx, run_id))
 
 
@@ -387,6 +383,18 @@ def _allocate(tx: Tx, run_id: str, count: int) -> int:
         (count, tx.now, run_id),
     )
     return int(last) - count + 1
+
+
+def _append(tx: Tx, run_id: str, type: EventType, payload_json: str, key: str | None = None) -> int:
+    """Allocate the run's next seq and append one event with it, in one statement (one round trip
+    where _allocate and _insert_event take two); returns the seq."""
+    (seq,) = tx.one(
+        "WITH allocated AS (UPDATE agent_runs SET last_seq = last_seq + 1, updated_at = %s WHERE id = %s"
+        " RETURNING last_seq) INSERT INTO events (run_id, seq, type, payload, idempotency_key, created_at)"
+        " SELECT %s, last_seq, %s, %s, %s, %s FROM allocated RETURNING seq",
+        (tx.now, run_id, run_id, type.value, payload_json, key, tx.now),
+    )
+    return int(seq)
 
 
 def _insert_event(
@@ -479,8 +487,7 @@ def record_tool_result(tx: Tx, lease: Lease, call_id: str, payload_json: str) ->
                 f"run {lease.run_id}: tool call {call_id!r} already has a different result"
             )
         return int(result_seq)
-    seq = _allocate(tx, lease.run_id, 1)
-    _insert_event(tx, lease.run_id, seq, EventType.TOOL_RESULT, payload_json, f"tool_result:{call_id}")
+    seq = _append(tx, lease.run_id, EventType.TOOL_RESULT, payload_json, f"tool_result:{call_id}")
     tx.execute(
         "UPDATE tool_intents SET result_seq = %s WHERE run_id = %s AND call_id = %s",
         (seq, lease.run_id, call_id),
@@ -498,23 +505,21 @@ def finish(tx: Tx, lease: Lease, status: RunStatus, payload_json: str, result_js
 
 
 def _require_no_open_work(tx: Tx, run_id: str) -> None:
-    if tx.one("SELECT 1 FROM checkpoints WHERE run_id = %s AND status = 'candidate'", (run_id,)):
+    candidate, open_calls, live = tx.one(  # one round trip for the three questions
+        "SELECT EXISTS (SELECT 1 FROM checkpoints WHERE run_id = %s AND status = 'candidate'),"
+        " ARRAY (SELECT call_id FROM tool_intents WHERE run_id = %s AND result_seq IS NULL"
+        " ORDER BY intent_seq LIMIT 5),"
+        " ARRAY (SELECT id FROM agent_runs WHERE parent_run_id = %s"
+        " AND status IN ('pending', 'running', 'waiting') LIMIT 5)",
+        (run_id, run_id, run_id),
+    )
+    if candidate:
         raise UnfinishedWork(f"run {run_id} cannot complete: a checkpoint candidate is undecided")
-    open_calls = tx.all(
-        "SELECT call_id FROM tool_intents WHERE run_id = %s AND result_seq IS NULL"
-        " ORDER BY intent_seq LIMIT 5",
-        (run_id,),
-    )
     if open_calls:
-        ids = ", ".join(repr(r[0]) for r in open_calls)
+        ids = ", ".join(repr(c) for c in open_calls)
         raise UnfinishedWork(f"run {run_id} cannot complete: tool calls {ids} have no result yet")
-    live = tx.all(
-        "SELECT id FROM agent_runs WHERE parent_run_id = %s AND status IN ('pending', 'running', 'waiting')"
-        " LIMIT 5",
-        (run_id,),
-    )
     if live:
-        ids = ", ".join(r[0] for r in live)
+        ids = ", ".join(live)
         raise UnfinishedWork(f"run {run_id} cannot complete: child runs {ids} have not ended (join them)")
 
 
@@ -795,9 +800,8 @@ def suspend(tx: Tx, lease: Lease, kind: WaitKind, name: str) -> bool:
     target, until, waiting_for = awaited
     if until is not None and until <= tx.now:
         return False
-    seq = _allocate(tx, lease.run_id, 1)
     transition = _dump({"from": "running", "to": "waiting", "until": until, "waiting_for": waiting_for})
-    _insert_event(tx, lease.run_id, seq, EventType.STATE_TRANSITION, transition)
+    _append(tx, lease.run_id, EventType.STATE_TRANSITION, transition)
     tx.execute(
         "UPDATE agent_runs SET status = 'waiting', wait_kind = %s, wait_target = %s, next_attempt_at = %s,"
         " lease_owner = NULL, lease_expires_at = NULL, attempts = greatest(0, attempts - 1) WHERE id = %s",
@@ -877,18 +881,16 @@ def await_signal(tx: Tx, lease: Lease, name: str, topic: str, timeout_ms: int | 
             "UPDATE waits SET completed_at = %s, signal_id = %s WHERE run_id = %s AND name = %s",
             (tx.now, signal_id, lease.run_id, name),
         )
-        seq = _allocate(tx, lease.run_id, 1)
         event = signal_received_payload(name, topic, signal_id, payload)
-        _insert_event(tx, lease.run_id, seq, EventType.SIGNAL_RECEIVED, event, f"wait:{name}")
+        _append(tx, lease.run_id, EventType.SIGNAL_RECEIVED, event, f"wait:{name}")
         return WaitOutcome.received(payload)
     if deadline is not None and deadline <= tx.now:
         tx.execute(
             "UPDATE waits SET completed_at = %s, timed_out = 1 WHERE run_id = %s AND name = %s",
             (tx.now, lease.run_id, name),
         )
-        seq = _allocate(tx, lease.run_id, 1)
         event = _dump({"deadline": deadline, "name": name, "signal": topic})
-        _insert_event(tx, lease.run_id, seq, EventType.WAIT_TIMED_OUT, event, f"wait:{name}")
+        _append(tx, lease.run_id, EventType.WAIT_TIMED_OUT, event, f"wait:{name}")
         return WaitOutcome.timed_out(deadline)
     return WaitOutcome.pending(None if deadline is None else deadline - tx.now)
 
@@ -947,9 +949,8 @@ def await_approval(tx: Tx, lease: Lease, call_id: str, timeout_ms: int | None) -
         tx.execute(
             "UPDATE approvals SET timed_out = 1 WHERE run_id = %s AND call_id = %s", (lease.run_id, call_id)
         )
-        seq = _allocate(tx, lease.run_id, 1)
         event = _dump({"deadline": deadline, "name": f"approval:{call_id}", "call_id": call_id})
-        _insert_event(tx, lease.run_id, seq, EventType.WAIT_TIMED_OUT, event, f"approval:{call_id}:timed_out")
+        seq = _append(tx, lease.run_id, EventType.WAIT_TIMED_OUT, event, f"approval:{call_id}:timed_out")
         return ApprovalOutcome("timed_out", approval)
     return ApprovalOutcome("pending", approval, None if deadline is None else deadline - tx.now)
 
@@ -987,9 +988,8 @@ def _request_approval(tx: Tx, run_id: str, call_id: str, timeout_ms: int | None)
         " VALUES (%s, %s, %s, %s, %s, %s)",
         (run_id, call_id, name, hash_, tx.now, None if timeout_ms is None else tx.now + timeout_ms),
     )
-    seq = _allocate(tx, run_id, 1)
     request = _dump({"args": args, "args_hash": hash_, "call_id": call_id, "name": name})
-    _insert_event(tx, run_id, seq, EventType.APPROVAL_REQUESTED, request, f"approval:{call_id}:requested")
+    _append(tx, run_id, EventType.APPROVAL_REQUESTED, request, f"approval:{call_id}:requested")
 
 
 def decide_approval(
@@ -1086,20 +1086,20 @@ def spawn_child(
 ) -> str:
     """Create the child named ``name`` once, pending and unleased; a repeat returns its id."""
     check_lease(tx, lease)
-    existing = tx.one(
-        "SELECT id FROM agent_runs WHERE parent_run_id = %s AND spawn_name = %s", (lease.run_id, name)
-    )
-    if existing is not None:
-        return str(existing[0])
-    tx.execute(
+    inserted = tx.one(
         "INSERT INTO agent_runs (id, parent_run_id, role, provider, status, config, created_at,"
         " updated_at, next_attempt_at, spawn_name)"
-        " VALUES (%s, %s, %s, %s, 'pending', %s, %s, %s, %s, %s)",
+        " VALUES (%s, %s, %s, %s, 'pending', %s, %s, %s, %s, %s)"
+        " ON CONFLICT (parent_run_id, spawn_name) WHERE spawn_name IS NOT NULL DO NOTHING RETURNING 1",
         (child_id, lease.run_id, role, provider, config_json, tx.now, tx.now, tx.now, name),
     )
-    seq = _allocate(tx, lease.run_id, 1)
+    if inserted is None:  # spawned before (a restart repeats the spawn): that child
+        (existing,) = tx.one(
+            "SELECT id FROM agent_runs WHERE parent_run_id = %s AND spawn_name = %s", (lease.run_id, name)
+        )
+        return str(existing)
     event = _dump({"child_id": child_id, "name": name, "role": role})
-    _insert_event(tx, lease.run_id, seq, EventType.CHILD_SPAWNED, event, f"spawn:{name}")
+    _append(tx, lease.run_id, EventType.CHILD_SPAWNED, event, f"spawn:{name}")
     if budget is not None:  # the child's own, whatever its parent spends
         _insert_budget(tx, child_id, budget)
     tx.notify_claimable()
@@ -1110,21 +1110,18 @@ def await_child(tx: Tx, lease: Lease, child_id: str, timeout_ms: int | None) -> 
     """Record the join on its first call; log ``child_joined`` once the child has ended, or
     time the join out past its stored deadline. Fenced."""
     check_lease(tx, lease)
-    parent = tx.one("SELECT parent_run_id FROM agent_runs WHERE id = %s", (child_id,))
-    if parent is None or parent[0] != lease.run_id:
+    found = tx.one(f"SELECT {RUN_COLUMNS} FROM agent_runs WHERE id = %s", (child_id,))
+    child = None if found is None else to_run(found)
+    if child is None or child.parent_run_id != lease.run_id:
         raise InvalidArgument(f"run {lease.run_id}: {child_id} is not a child of this run")
-    tx.execute(
+    deadline, completed_at, timed_out = tx.one(  # the first call stores it; later ones read it
         "INSERT INTO joins (run_id, child_id, deadline, created_at) VALUES (%s, %s, %s, %s)"
-        " ON CONFLICT (run_id, child_id) DO NOTHING",
+        " ON CONFLICT (run_id, child_id) DO UPDATE SET run_id = joins.run_id"
+        " RETURNING deadline, completed_at, timed_out",
         (lease.run_id, child_id, None if timeout_ms is None else tx.now + timeout_ms, tx.now),
-    )
-    deadline, completed_at, timed_out = tx.one(
-        "SELECT deadline, completed_at, timed_out FROM joins WHERE run_id = %s AND child_id = %s",
-        (lease.run_id, child_id),
     )
     if timed_out:
         return JoinOutcome("timed_out")
-    child = get_run(tx, child_id)
     if completed_at is not None:
         return JoinOutcome("ended", child)
     if child.status.is_terminal:
@@ -1132,18 +1129,16 @@ def await_child(tx: Tx, lease: Lease, child_id: str, timeout_ms: int | None) -> 
             "UPDATE joins SET completed_at = %s WHERE run_id = %s AND child_id = %s",
             (tx.now, lease.run_id, child_id),
         )
-        seq = _allocate(tx, lease.run_id, 1)
         event = _dump({"child_id": child_id, "result": child.result, "status": child.status.value})
-        _insert_event(tx, lease.run_id, seq, EventType.CHILD_JOINED, event, f"join:{child_id}")
+        _append(tx, lease.run_id, EventType.CHILD_JOINED, event, f"join:{child_id}")
         return JoinOutcome("ended", child)
     if deadline is not None and deadline <= tx.now:
         tx.execute(
             "UPDATE joins SET completed_at = %s, timed_out = 1 WHERE run_id = %s AND child_id = %s",
             (tx.now, lease.run_id, child_id),
         )
-        seq = _allocate(tx, lease.run_id, 1)
         event = _dump({"child_id": child_id, "deadline": deadline, "name": f"join:{child_id}"})
-        _insert_event(tx, lease.run_id, seq, EventType.WAIT_TIMED_OUT, event, f"join:{child_id}")
+        _append(tx, lease.run_id, EventType.WAIT_TIMED_OUT, event, f"join:{child_id}")
         return JoinOutcome("timed_out")
     return JoinOutcome("pending", remaining_ms=None if deadline is None else deadline - tx.now)
 
@@ -1341,7 +1336,6 @@ def start_tool(tx: Tx, lease: Lease, call_id: str) -> int:
         if known is None:
             raise NoDurableIntent(f"run {lease.run_id}: tool call {call_id!r} has no durable intent")
         raise InvalidArgument(f"run {lease.run_id}: tool call {call_id!r} already has a result")
-    seq = _allocate(tx, lease.run_id, 1)
     event = _dump({"attempt": int(row[0]), "call_id": call_id})
-    _insert_event(tx, lease.run_id, seq, EventType.TOOL_STARTED, event)
+    _append(tx, lease.run_id, EventType.TOOL_STARTED, event)
     return int(row[0])
