@@ -58,7 +58,8 @@ async def main(database: str) -> None:
         unfinished = [r.id for r in await db.runs(status="running", role=ROLE)]
         async with zincir.open_run(db, unfinished[0] if unfinished else None, role=ROLE) as run:
             if not await db.events(run.id, after=0):  # a new run: the model asks for a payment
-                call = zincir.ToolCall("pay-invoice-7", "pay", {"to": "ACME", "amount": 120})
+                # The call id (so the payment's reference) is this run's: another run pays anew.
+                call = zincir.ToolCall(f"pay-invoice-7-{run.id[:8]}", "pay", {"to": "ACME", "amount": 120})
                 await run.record_response("Paying the invoice.", [call], "tool_use")
             for pending in await run.pending_tools():
                 print(f"{pending.call.id}: started {pending.started} time(s) before", flush=True)

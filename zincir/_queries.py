@@ -1604,14 +1604,15 @@ def budgets_of(conn: Reader, run_ids: Sequence[str], now_ms: int) -> dict[str, U
         return {}
     marks = ", ".join("?" * len(run_ids))
     rows = conn.execute(
-        f"SELECT b.run_id, r.created_at, {', '.join('b.' + c for c in BUDGET_COLUMNS.split(', '))}"
+        "SELECT b.run_id, CASE WHEN r.status IN ('completed', 'failed', 'cancelled') THEN r.updated_at"
+        f" ELSE ? END - r.created_at, {', '.join('b.' + c for c in BUDGET_COLUMNS.split(', '))}"
         f" FROM budgets AS b JOIN agent_runs AS r ON r.id = b.run_id WHERE b.run_id IN ({marks})",
-        list(run_ids),
+        [now_ms, *run_ids],
     )
     found = {}
-    for run_id, created_at, *row in rows:
+    for run_id, age, *row in rows:
         try:
-            found[_text(run_id)] = usage_of(row, now_ms - int(created_at))
+            found[_text(run_id)] = usage_of(row, int(age))
         except (TypeError, ValueError, InvalidArgument):  # a damaged row: shown as none
             continue
     return found
@@ -1621,6 +1622,10 @@ _SHOWN: Final = (
     ("tokens", "tokens"), ("input", "input_tokens"), ("output", "output_tokens"), ("cost", "cost"),
     ("calls", "model_calls"), ("tools", "tool_calls"), ("wall", "wall_time"),
 )  # fmt: skip
+
+
+def _number(value: float) -> str:
+    return f"{value:,}" if isinstance(value, int) else f"{value:,.4g}"
 
 
 def spend_text(usage: Usage) -> str:
@@ -1635,7 +1640,7 @@ def spend_text(usage: Usage) -> str:
         shown = (
             f"{spent:,.0f}s" if name == "wall_time" else f"{spent:,.4g}" if name == "cost" else f"{spent:,}"
         )
-        parts.append(f"{label} {shown}" + ("" if limit is None else f"/{limit:,.4g}"))
+        parts.append(f"{label} {shown}" + ("" if limit is None else f"/{_number(limit)}"))
     if limits.max_identical_tool_calls is not None:
         parts.append(f"repeats {s.identical_tool_calls}/{limits.max_identical_tool_calls}")
     if limits.max_responses_without_progress is not None:

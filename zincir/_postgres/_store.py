@@ -1227,9 +1227,14 @@ def _debit(tx: Tx, run_id: str, debit: Debit) -> Exceeded | None:
     return reached
 
 
-def _created_at(tx: Tx, run_id: str) -> int:
-    (created,) = tx.one("SELECT created_at FROM agent_runs WHERE id = %s", (run_id,))
-    return int(created)
+def _age(tx: Tx, run_id: str) -> int:
+    """How long the run has lived, in ms: until now, or until it ended (its wall time stops)."""
+    (age,) = tx.one(
+        "SELECT CASE WHEN status IN ('completed', 'failed', 'cancelled') THEN updated_at ELSE %s END"
+        " - created_at FROM agent_runs WHERE id = %s",
+        (tx.now, run_id),
+    )
+    return int(age)
 
 
 def _log_exceeded(tx: Tx, run_id: str, reached: Exceeded, seq: int) -> None:
@@ -1244,7 +1249,7 @@ def budget_usage(tx: Tx, run_id: str) -> Usage | None:
     if row is None:
         get_run(tx, run_id)  # an unknown run is an error
         return None
-    return usage_of(row, tx.now - _created_at(tx, run_id))
+    return usage_of(row, _age(tx, run_id))
 
 
 def _insert_budget(tx: Tx, run_id: str, limits: tuple[Any, ...]) -> None:
