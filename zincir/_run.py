@@ -473,35 +473,21 @@ class Run:
         """
         check_name(name, f"run {self.id}: wait name")
         topic = check_name(signal, f"run {self.id}: signal name")
-        timeout_ms = None
-        if timeout is not None:
-            timeout_ms = math.ceil(
-                check_seconds(timeout, f"run {self.id}: the timeout of wait {name!r}") * 1000
-            )
-        suspend_at = self._suspend_time()
-        while True:
-            # Register before looking: a signal sent between the look and the wait still wakes us.
-            woken = self._db._inbox_event(self.id)
-            try:
-                try:
-                    outcome = await self._write(self._store.await_signal, name, topic, timeout_ms)
-                except (DatabaseBusy, DatabaseUnavailable) as exc:
-                    await _after_transient(self.id, exc)  # deciding twice is safe: the wait replays
-                    continue
-                if outcome.state == "received":
-                    assert outcome.payload_json is not None
-                    return decode(outcome.payload_json)
-                if outcome.state == "timed_out":
-                    raise WaitTimeout(
-                        f"run {self.id}: wait {name!r} for signal {topic!r} passed its deadline"
-                        f" ({outcome.deadline} ms)"
-                    )
-                ready = functools.partial(self._db._read, self._store.signal_ready, self.id, topic, name)
-                if not await _until_ready(woken, ready, outcome.deadline, suspend_at):
-                    await self._suspend("signal", name)
-                    suspend_at = self._suspend_time()  # it arrived meanwhile, or suspending failed
-            finally:
-                self._db._forget_inbox_event(self.id, woken)
+        timeout_ms = self._timeout_ms(timeout, f"the timeout of wait {name!r}")
+
+        async def decide() -> tuple[bool, JSONValue, int | None]:
+            outcome = await self._write(self._store.await_signal, name, topic, timeout_ms)
+            if outcome.state == "timed_out":
+                raise WaitTimeout(
+                    f"run {self.id}: wait {name!r} for signal {topic!r} passed its deadline"
+                    f" ({outcome.deadline} ms)"
+                )
+            if outcome.state == "received":
+                return True, decode(outcome.payload_json), None
+            return False, None, outcome.deadline
+
+        ready = functools.partial(self._db._read, self._store.signal_ready, self.id, topic, name)
+        return await self._wait(decide, ready, "signal", name)
 
     async def wait_for_approval(
         self,
@@ -520,33 +506,17 @@ class Run:
         lasted the worker's ``suspend_after``.
         """
         check_call_id(call_id, f"run {self.id}: call_id")
-        timeout_ms = None
-        if timeout is not None:
-            seconds = check_seconds(timeout, f"run {self.id}: the timeout of the approval of {call_id!r}")
-            timeout_ms = math.ceil(seconds * 1000)
-        suspend_at = self._suspend_time()
-        while True:
-            woken = self._db._inbox_event(self.id)
-            try:
-                try:
-                    outcome: ApprovalOutcome = await self._write(
-                        self._store.await_approval, call_id, timeout_ms
-                    )
-                except (DatabaseBusy, DatabaseUnavailable) as exc:
-                    await _after_transient(self.id, exc)
-                    continue
-                if outcome.state == "decided":
-                    return outcome.approval
-                if outcome.state == "timed_out":
-                    raise WaitTimeout(
-                        f"run {self.id}: the approval of tool call {call_id!r} passed its deadline"
-                    )
-                ready = functools.partial(self._db._read, self._store.approval_ready, self.id, call_id)
-                if not await _until_ready(woken, ready, outcome.remaining_ms, suspend_at):
-                    await self._suspend("approval", call_id)
-                    suspend_at = self._suspend_time()
-            finally:
-                self._db._forget_inbox_event(self.id, woken)
+        timeout_ms = self._timeout_ms(timeout, f"the timeout of the approval of {call_id!r}")
+
+        async def decide() -> tuple[bool, Approval | None, int | None]:
+            outcome: ApprovalOutcome = await self._write(self._store.await_approval, call_id, timeout_ms)
+            if outcome.state == "timed_out":
+                raise WaitTimeout(f"run {self.id}: the approval of tool call {call_id!r} passed its deadline")
+            return outcome.state == "decided", outcome.approval, outcome.remaining_ms
+
+        ready = functools.partial(self._db._read, self._store.approval_ready, self.id, call_id)
+        approval: Approval = await self._wait(decide, ready, "approval", call_id)
+        return approval
 
     # -- child runs -----------------------------------------------------------------------
 
@@ -589,30 +559,17 @@ class Run:
         :class:`ResumeWorker` the run suspends once the join has lasted ``suspend_after``, and the
         child's end wakes it."""
         child_id = canonical_run_id(child_id, f"run {self.id}: child_id")
-        timeout_ms = None
-        if timeout is not None:
-            seconds = check_seconds(timeout, f"run {self.id}: the timeout of the join of {child_id}")
-            timeout_ms = math.ceil(seconds * 1000)
-        suspend_at = self._suspend_time()
-        while True:
-            woken = self._db._inbox_event(self.id)
-            try:
-                try:
-                    outcome: JoinOutcome = await self._write(self._store.await_child, child_id, timeout_ms)
-                except (DatabaseBusy, DatabaseUnavailable) as exc:
-                    await _after_transient(self.id, exc)
-                    continue
-                if outcome.state == "ended":
-                    assert outcome.child is not None
-                    return outcome.child
-                if outcome.state == "timed_out":
-                    raise WaitTimeout(f"run {self.id}: the join of child {child_id} passed its deadline")
-                ready = functools.partial(self._db._read, self._store.child_ready, self.id, child_id)
-                if not await _until_ready(woken, ready, outcome.remaining_ms, suspend_at):
-                    await self._suspend("child", child_id)
-                    suspend_at = self._suspend_time()
-            finally:
-                self._db._forget_inbox_event(self.id, woken)
+        timeout_ms = self._timeout_ms(timeout, f"the timeout of the join of {child_id}")
+
+        async def decide() -> tuple[bool, RunRecord | None, int | None]:
+            outcome: JoinOutcome = await self._write(self._store.await_child, child_id, timeout_ms)
+            if outcome.state == "timed_out":
+                raise WaitTimeout(f"run {self.id}: the join of child {child_id} passed its deadline")
+            return outcome.state == "ended", outcome.child, outcome.remaining_ms
+
+        ready = functools.partial(self._db._read, self._store.child_ready, self.id, child_id)
+        child: RunRecord = await self._wait(decide, ready, "child", child_id)
+        return child
 
     async def cancel_child(self, child_id: str, reason: str) -> None:
         """Cancel child run ``child_id`` and its live descendants (see :func:`zincir.cancel_run`);
@@ -659,6 +616,39 @@ class Run:
             self._stop_heartbeat()
             logger.info("run %s: suspended until its budget is raised (%s)", self.id, exceeded)
         return suspended
+
+    def _timeout_ms(self, timeout: object, what: str) -> int | None:
+        if timeout is None:
+            return None
+        return math.ceil(check_seconds(timeout, f"run {self.id}: {what}") * 1000)
+
+    async def _wait(
+        self,
+        decide: Callable[[], Awaitable[tuple[bool, Any, int | None]]],
+        ready: Callable[[], Awaitable[bool]],
+        kind: WaitKind,
+        name: str,
+    ) -> Any:
+        """The loop of every durable wait. ``decide`` (a fenced write) returns (done, value, ms
+        left until the deadline) or raises WaitTimeout; until it is done, sleep until the inbox
+        may hold news, the deadline, or ``suspend_after`` (then suspend, under a worker)."""
+        suspend_at = self._suspend_time()
+        while True:
+            # Register before looking: news arriving between the look and the sleep still wakes us.
+            woken = self._db._inbox_event(self.id)
+            try:
+                try:
+                    done, value, remaining_ms = await decide()
+                except (DatabaseBusy, DatabaseUnavailable) as exc:
+                    await _after_transient(self.id, exc)  # deciding twice is safe: the wait replays
+                    continue
+                if done:
+                    return value
+                if not await _until_ready(woken, ready, remaining_ms, suspend_at):
+                    await self._suspend(kind, name)
+                    suspend_at = self._suspend_time()  # it arrived meanwhile, or suspending failed
+            finally:
+                self._db._forget_inbox_event(self.id, woken)
 
     def _suspend_time(self) -> float:
         """The Trio time at which a wait beginning now suspends the run (never: infinity)."""
