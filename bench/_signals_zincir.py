@@ -20,7 +20,6 @@ Roles (``python -m bench._signals_child zincir ROLE TARGET``):
 from __future__ import annotations
 
 import contextlib
-import inspect
 import time
 from collections.abc import AsyncIterator, Callable
 from importlib.metadata import version
@@ -162,10 +161,6 @@ class InProcessWaiter(_Side):
             await run.wait_for_signal(WAIT_NAME, TOPIC)
             self.emit({"event": "resumed", "id": run.id, "t": time.monotonic()})
             await run.complete()
-
-
-def suspension_supported() -> bool:
-    return "suspend_after" in inspect.signature(zincir.ResumeWorker).parameters
 
 
 class SuspendingWorker(_Side):

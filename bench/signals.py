@@ -167,12 +167,6 @@ def peer_available(system: str) -> bool:
         return False
 
 
-def suspension_available() -> bool:
-    from ._signals_zincir import suspension_supported
-
-    return suspension_supported()
-
-
 # -- one latency configuration ----------------------------------------------------------------------
 
 
@@ -452,7 +446,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     backends = _split(args.backends, BACKENDS, "backends")
     parts = _split(args.only, PARTS, "parts")
     missing = [s for s in systems if not peer_available(s)]
-    suspension = suspension_available()
     rng = random.Random(args.seed)
 
     started = time.perf_counter()
@@ -469,15 +462,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 continue
             if config.system in missing:
                 skipped[config.key] = f"{config.system} is not installed"
-            elif config.suspended and not suspension:
-                skipped[config.key] = "this zincir has no ResumeWorker(suspend_after=...)"
             else:
                 configs.append(config)
     tp_backends = [b for b in backends if "throughput" in parts and "zincir" in systems]
-    if tp_backends and not suspension:
-        for b in tp_backends:
-            skipped[f"throughput-{b}"] = "this zincir has no ResumeWorker(suspend_after=...)"
-        tp_backends = []
     for key, why in skipped.items():
         log(f"skipped {key}: {why}")
 
