@@ -472,3 +472,27 @@ async def test_claiming_reads_by_index(populated: Populated) -> None:
     for plan in plans:
         if plan.sql.startswith("UPDATE agent_runs"):
             assert uses_index(plan, "agent_runs_pkey"), plan
+
+
+async def test_suspending_spawning_joining_and_cascading_read_by_index(populated: Populated) -> None:
+    async with zincir.open_database(populated.url) as db:
+        _, due = await plans_of(db, _store.next_due_in)
+        with pytest.raises(zincir.LeaseLost, match="gone"):  # the last probe suspends the parent
+            async with zincir.open_run(db) as parent:
+                kids = [await parent.spawn(f"kid-{i}") for i in range(5)]
+                again = (parent._lease, "kid-0", str(uuid.uuid4()), "agent", "", "{}", None)
+                _, spawn = await plans_of(db, _store.spawn_child, *again, write=True)
+                _, join = await plans_of(db, _store.await_child, parent._lease, kids[0], None, write=True)
+                _, cascade = await plans_of(db, _store._cancel_descendants, parent.id, "probe", write=True)
+                with trio.move_on_after(0.05):
+                    await parent.wait_for_signal("w", "nobody-sends-this")
+                _, suspend = await plans_of(db, _store.suspend, parent._lease, "signal", "w", write=True)
+    reads = [
+        plan for plan in spawn + join + cascade + suspend if plan.sql.lstrip().startswith(("SELECT", "WITH"))
+    ]
+    assert_indexed(due + reads)
+    # Among ~5,000 runs: the next due time is the claimable index's first entry past now, and the
+    # family is walked through the parent index.
+    assert all(uses_index(p, "idx_agent_runs_claimable") for p in due), due
+    walks = [p for p in cascade if "parent_run_id = ANY" in p.sql]  # one statement per level
+    assert walks and all(uses_index(p, "idx_agent_runs_parent") for p in walks), walks
