@@ -4,10 +4,11 @@ deadline makes it claimable again, and the handler starts over from the top."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal as signals
 import subprocess
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -391,31 +392,34 @@ async def _never_called(run: zincir.Run) -> None:
     raise AssertionError("not reached")
 
 
+@contextlib.contextmanager
+def worker_process(db: zincir.Database, handler: str, ledger: Any, *options: str) -> Iterator[None]:
+    """A `zincir worker` process running tests.worker_handlers:HANDLER; SIGKILLed at the end."""
+    command = [str(REPO / ".venv" / "bin" / "zincir"), "worker", f"tests.worker_handlers:{handler}"]
+    env = {**os.environ, "LEDGER": str(ledger)}
+    proc = subprocess.Popen(
+        [*command, "--db", db.path, *options], cwd=REPO, env=env, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        yield
+    finally:
+        proc.send_signal(signals.SIGKILL)
+        proc.communicate()
+
+
 async def test_a_suspended_runs_worker_killed_costs_nothing_and_a_new_one_resumes_it_at_once(
     db: zincir.Database, tmp_path: Any
 ) -> None:
     [run_id] = await new_runs(db, 1)
     ledger = tmp_path / "ledger"
-    env = {**os.environ, "LEDGER": str(ledger)}
-    command = [
-        str(REPO / ".venv" / "bin" / "zincir"), "worker", "tests.worker_handlers:wait_then_complete",
-        "--db", db.path, "--poll-interval", "60", "--lease-ttl", "30", "--suspend-after", "0",
-    ]  # fmt: skip
-    worker = subprocess.Popen(command, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
-    try:
+    options = ("--poll-interval", "60", "--lease-ttl", "30", "--suspend-after", "0")
+    with worker_process(db, "wait_then_complete", ledger, *options):
         await until(lambda: _is(db, run_id, zincir.RunStatus.WAITING), within=30)
-    finally:
-        worker.send_signal(signals.SIGKILL)
-        worker.communicate()
     # A lease of 30 s would make a crashed owner's run wait; a suspended run has none.
     assert rows(db, "SELECT lease_owner FROM agent_runs WHERE id = ?", (run_id,)) == [(None,)]
-    again = subprocess.Popen(command, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
-    try:
+    with worker_process(db, "wait_then_complete", ledger, *options):
         await zincir.send_signal(db, run_id, "go", {"n": 1})
         await until(lambda: _is(db, run_id, zincir.RunStatus.COMPLETED), within=20)
-    finally:
-        again.kill()
-        again.communicate()
     assert ledger.read_text().split() == [f"{run_id}", "{'n':", "1}"]
 
 
@@ -505,25 +509,13 @@ async def test_a_worker_killed_after_its_wait_received_leaves_the_same_payload_t
 ) -> None:
     [run_id] = await new_runs(db, 1)
     ledger = tmp_path / "ledger"
-    env = {**os.environ, "LEDGER": str(ledger)}
-    command = [
-        str(REPO / ".venv" / "bin" / "zincir"), "worker", "tests.worker_handlers:wait_note_then_hang_once",
-        "--db", db.path, "--poll-interval", "0.2", "--lease-ttl", "1", "--suspend-after", "0",
-    ]  # fmt: skip
-    first = subprocess.Popen(command, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
-    try:
+    options = ("--poll-interval", "0.2", "--lease-ttl", "1", "--suspend-after", "0")
+    with worker_process(db, "wait_note_then_hang_once", ledger, *options):
         await until(lambda: _is(db, run_id, zincir.RunStatus.WAITING), within=30)
         await zincir.send_signal(db, run_id, "go", {"n": 7})
         await until(lambda: _has_a_line(ledger), within=30)  # received, logged, noted: then it hangs
-    finally:
-        first.send_signal(signals.SIGKILL)
-        first.communicate()
-    second = subprocess.Popen(command, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
-    try:
+    with worker_process(db, "wait_note_then_hang_once", ledger, *options):
         await until(lambda: _is(db, run_id, zincir.RunStatus.COMPLETED), within=30)
-    finally:
-        second.kill()
-        second.communicate()
     [(pid1, payload1), (pid2, payload2)] = [line.split(" ", 1) for line in ledger.read_text().splitlines()]
     assert pid1 != pid2 and payload1 == payload2 == "{'n': 7}"
     received = [e for e in await db.events(run_id) if e.type is zincir.EventType.SIGNAL_RECEIVED]
