@@ -68,8 +68,14 @@ def process_start(pid: int) -> int | None:
 
 def this_process() -> Owner:
     """This process as a lease's owner (fields None where the host cannot say)."""
-    pid = os.getpid()
-    return Owner(_host(), pid, process_start(pid))
+    return _owner_of(os.getpid())  # by PID: a forked child is another owner
+
+
+@functools.cache
+def _owner_of(pid: int) -> Owner:
+    # Read once: every lease taken (a claim, a create, an acquire) stores it.
+    started = process_start(pid)
+    return Owner(_host(), pid, None if started == GONE else started)
 
 
 def is_gone(owner: Owner) -> bool:
