@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import trio
+
 import zincir
 
 REPO = Path(__file__).resolve().parent.parent
@@ -136,3 +138,20 @@ def trace_operations(monkeypatch: Any, store: Any, *names: str) -> list[tuple[st
 
         monkeypatch.setattr(store, name, traced)
     return order
+
+
+async def hearing_others(db: zincir.Database, monkeypatch: Any) -> None:
+    """Start ``db`` listening to other processes' writes and wait for the listener's first word
+    (the "anything may have been missed" wake-up after it connects), so that it cannot arrive
+    later, in the middle of a race a test sets up."""
+    heard = trio.Event()
+    hear = db._hear
+
+    def noting(channel: str | None, payload: str | None) -> None:
+        if channel is None:
+            heard.set()
+        hear(channel, payload)
+
+    monkeypatch.setattr(db, "_hear", noting)
+    db._hear_others()
+    await heard.wait()  # no deadline of its own: tests on a mock clock use this too

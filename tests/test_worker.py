@@ -20,7 +20,7 @@ import trio.testing
 import zincir
 
 from .conftest import ManualClock
-from .helpers import REPO, read_state, rows, running_python, scalar, trace_operations
+from .helpers import REPO, hearing_others, read_state, rows, running_python, scalar, trace_operations
 from .test_database import Gate
 
 
@@ -259,6 +259,7 @@ async def test_a_renewal_racing_a_handlers_failure_record_is_not_a_lease_loss(
     # own release, not a loss: no "lease lost", and the failure is recorded once.
     caplog.set_level(logging.INFO)
     order = trace_operations(monkeypatch, db._store, "record_attempt_failure", "renew")
+    await hearing_others(db, monkeypatch)  # its first word would poke the heartbeat mid-race
     [run_id] = await released_runs(db, 1)
     entered = trio.Event()
     proceed = trio.Event()
