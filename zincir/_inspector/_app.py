@@ -42,8 +42,8 @@ from quart import Response, current_app, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from . import _queries as q
-from ._errors import (
+from .. import _queries as q
+from .._errors import (
     DatabaseBusy,
     DatabaseUnavailable,
     InvalidArgument,
@@ -51,7 +51,7 @@ from ._errors import (
     StorageError,
     ZincirError,
 )
-from ._version import __version__
+from .._version import __version__
 
 __all__ = ["DEFAULT_ADDRESS", "create_app", "format_host", "parse_address", "serve"]
 
