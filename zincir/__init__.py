@@ -31,6 +31,7 @@ from ._errors import (
     RunLeased,
     RunNotFound,
     RunTerminal,
+    RunWaiting,
     SchemaError,
     StepAlreadyRunning,
     StorageError,
@@ -38,7 +39,7 @@ from ._errors import (
     WaitTimeout,
     ZincirError,
 )
-from ._inbox import cancel_run, decide_approval, raise_budget, send_signal
+from ._inbox import cancel_run, decide_approval, raise_budget, retry_now, send_signal
 from ._run import Children, Run, open_run
 from ._types import (
     Approval,
@@ -98,6 +99,7 @@ __all__ = [
     "RunRecord",
     "RunStatus",
     "RunTerminal",
+    "RunWaiting",
     "SchemaError",
     "Spend",
     "StepAlreadyRunning",
@@ -116,6 +118,7 @@ __all__ = [
     "open_database",
     "open_run",
     "raise_budget",
+    "retry_now",
     "send_signal",
     "wall_clock_ms",
 ]

@@ -162,6 +162,8 @@ class DecideOutcome:
 
     approval: Approval
     woke: bool
+    recorded: bool = True
+    """False when the same decision was there already (nothing was written)."""
 
 
 def approval_of(row: Any) -> Approval:
@@ -384,6 +386,18 @@ class Store(Protocol):
 
     def note_exceeded(self, tx: Any, lease: Lease, limit: str, message: str) -> None:
         """Log a limit the owner found reached (its wall time). Fenced."""
+
+    # -- outsiders: retry now, and the audit trail -----------------------------------------
+
+    def retry_now(self, tx: Any, run_id: str) -> int | None:
+        """An outsider's cut of a backoff: a live run nobody holds, not waiting, whose next
+        attempt is in the future becomes due now (workers are told). Returns the due time it
+        had; None if it was due already (nothing written). RunNotFound, RunTerminal, RunLeased,
+        RunWaiting."""
+
+    def record_action(self, tx: Any, run_id: str, action: str, by: str | None, detail_json: str) -> None:
+        """Append a row to the outsiders' audit trail (``outsider_actions``), in the transaction
+        of the write it describes."""
 
     # -- reading --------------------------------------------------------------------------
 

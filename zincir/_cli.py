@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import importlib
 import json
 import logging
@@ -20,7 +21,7 @@ from ._cli_inspect import readonly_database, register
 from ._cli_options import database_option
 from ._database import open_database, wall_clock_ms
 from ._errors import ZincirError
-from ._inbox import cancel_run, decide_approval, raise_budget, send_signal
+from ._inbox import cancel_run, decide_approval, raise_budget, retry_now, send_signal
 from ._types import Approval
 from ._version import __version__
 from ._worker import Handler, ResumeWorker
@@ -132,14 +133,30 @@ def _suspend_seconds(text: str) -> float | None:
         raise click.BadParameter(f"{text!r} is neither a number of seconds nor 'never'") from None
 
 
+def os_user() -> str:
+    """Who a command acts as unless told: the OS user name (``getpass``), or ``uid <n>``."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no user name for this uid (a container's bare uid)
+        return f"uid {os.getuid()}"
+
+
+_by_option = click.option(
+    "--by",
+    default=None,
+    help="Who acts, recorded in the audit trail (default: your OS user name).",
+)
+
+
 @main.command("signal")
 @click.argument("run_id")
 @click.argument("signal_name", metavar="SIGNAL")
 @click.option("--data", default="null", show_default=True, help="The payload, as JSON.")
 @click.option("--key", default=None, help="An idempotency key: sending again with it stores nothing.")
+@_by_option
 @database_option
 def send_signal_command(
-    run_id: str, signal_name: str, data: str, key: str | None, database_path: str
+    run_id: str, signal_name: str, data: str, key: str | None, by: str | None, database_path: str
 ) -> None:
     """Send SIGNAL (a topic) with a JSON payload to run RUN_ID; prints the signal's id.
 
@@ -153,7 +170,7 @@ def send_signal_command(
 
     async def send() -> int:
         async with open_database(database_path) as db:
-            return await send_signal(db, run_id, signal_name, payload, key=key)
+            return await send_signal(db, run_id, signal_name, payload, key=key, by=by or os_user())
 
     click.echo(_run_cli(send))
 
@@ -234,8 +251,9 @@ register(main)
 @main.command("cancel")
 @click.argument("run_id")
 @click.option("--reason", required=True, help="Why (recorded in the run's log).")
+@_by_option
 @database_option
-def cancel_command(run_id: str, reason: str, database_path: str) -> None:
+def cancel_command(run_id: str, reason: str, by: str | None, database_path: str) -> None:
     """Cancel run RUN_ID and its live descendants.
 
     A run nobody holds ends cancelled at once; an owned one is asked to stop, and its owner ends
@@ -245,7 +263,7 @@ def cancel_command(run_id: str, reason: str, database_path: str) -> None:
 
     async def cancel() -> str:
         async with open_database(database_path) as db:
-            await cancel_run(db, run_id, reason)
+            await cancel_run(db, run_id, reason, by=by or os_user())
             return (await db.state(run_id)).run.status.value
 
     status = _run_cli(cancel)
@@ -253,6 +271,29 @@ def cancel_command(run_id: str, reason: str, database_path: str) -> None:
         click.echo(f"cancelled {run_id}")
     else:
         click.echo(f"asked the owner of {run_id} to stop (it is {status} until it does)")
+
+
+@main.command("retry")
+@click.argument("run_id")
+@_by_option
+@database_option
+def retry_command(run_id: str, by: str | None, database_path: str) -> None:
+    """Retry run RUN_ID now instead of at the end of its backoff.
+
+    For a run a worker released after a failed attempt (or after its handler returned without
+    ending it): it becomes due at once and workers are woken. A running, waiting or ended run is
+    refused, and nothing is written.
+    """
+    run_id = q.parse_run_id(run_id)
+
+    async def retry() -> bool:
+        async with open_database(database_path) as db:
+            return await retry_now(db, run_id, by=by or os_user())
+
+    if _run_cli(retry):
+        click.echo(f"{run_id} is due now; a worker will claim it")
+    else:
+        click.echo(f"{run_id} was due already; nothing changed")
 
 
 _LIMIT_OPTIONS = (
@@ -272,8 +313,9 @@ def _limit_options(command: Callable[..., None]) -> Callable[..., None]:
 @main.command("budget")
 @click.argument("run_id")
 @_limit_options
+@_by_option
 @database_option
-def budget_command(run_id: str, database_path: str, **limits: float | None) -> None:
+def budget_command(run_id: str, by: str | None, database_path: str, **limits: float | None) -> None:
     """Show run RUN_ID's spend against its limits; with options, set those limits first.
 
     Wall time is in seconds since the run was created. A run suspended for its budget resumes
@@ -285,7 +327,7 @@ def budget_command(run_id: str, database_path: str, **limits: float | None) -> N
 
         async def set_limits() -> None:
             async with open_database(database_path) as db:
-                await raise_budget(db, run_id, **changes)
+                await raise_budget(db, run_id, by=by or os_user(), **changes)
 
         _run_cli(set_limits)
     with _clean_errors(), readonly_database(database_path) as conn, q.read_snapshot(conn):

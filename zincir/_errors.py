@@ -8,6 +8,7 @@
     ├── RunNotFound               no run has that id
     ├── RunTerminal               the run is completed or failed; it can never be written again
     ├── RunLeased                 another owner holds an active lease on the run
+    ├── RunWaiting                the run is suspended on a wait: only what it awaits moves it
     ├── LeaseLost                 this owner was fenced, or its lease expired
     ├── NoDurableIntent           a tool result names a call that has no recorded intent
     ├── ConflictingResult         a tool call already has a different result
@@ -47,6 +48,7 @@ __all__ = [
     "RunLeased",
     "RunNotFound",
     "RunTerminal",
+    "RunWaiting",
     "SchemaError",
     "StepAlreadyRunning",
     "StorageError",
@@ -83,6 +85,12 @@ class RunCancelled(RunTerminal):
 
 class RunLeased(ZincirError):
     """Another owner holds an active lease on the run (use ``force=True`` only if it is dead)."""
+
+
+class RunWaiting(ZincirError):
+    """The run is suspended (``waiting``) for a signal, an approval, a child, a sleep or its budget:
+    it is not backing off, so :func:`zincir.retry_now` cannot make it due; what it awaits, or
+    :func:`zincir.cancel_run`, can."""
 
 
 class LeaseLost(ZincirError):

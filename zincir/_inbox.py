@@ -3,6 +3,11 @@
 Only the lease holder writes a run's log: a signal sent here lands in the ``signals`` table and
 enters the log (``signal_received``) when the run's owner consumes it, in the owner's own fenced
 transaction. So nothing an outsider does can interleave with the owner's sequence.
+
+Every write here also leaves a row in the audit trail (``outsider_actions``), in the same
+transaction: what was done, to which run, when, and by whom (``by``, as the caller names them;
+None when it names nobody). A call that changes nothing (a keyed repeat of a signal, the same
+decision again, cancelling a cancelled run) leaves no row.
 """
 
 from __future__ import annotations
@@ -17,12 +22,12 @@ from ._backend import CancelOutcome, DecideOutcome, SendOutcome
 from ._budget import LIMIT_COLUMNS, Budget
 from ._database import Database
 from ._errors import InvalidArgument, RunTerminal, TransientConflict
-from ._json import JSONValue, encode
+from ._json import JSONValue, dump_trusted, encode
 from ._run import announce_cancellation
 from ._types import Approval
 from ._validation import canonical_run_id, check_call_id, check_name, check_text
 
-__all__ = ["cancel_run", "decide_approval", "raise_budget", "send_signal"]
+__all__ = ["cancel_run", "decide_approval", "raise_budget", "retry_now", "send_signal"]
 
 T = TypeVar("T")
 
@@ -31,14 +36,21 @@ _BUSY_FOR_S: Final = 30.0
 
 
 async def send_signal(
-    db: Database, run_id: str, signal: str, payload: JSONValue = None, *, key: str | None = None
+    db: Database,
+    run_id: str,
+    signal: str,
+    payload: JSONValue = None,
+    *,
+    key: str | None = None,
+    by: str | None = None,
 ) -> int:
     """Send ``signal`` (a topic name) with a JSON ``payload`` to a run; returns the signal's id.
 
     The run need not be owned, or even running yet. The oldest unconsumed signal of a topic goes
     to the next :meth:`Run.wait_for_signal` for that topic, whenever it comes; a run suspended
     on that topic becomes claimable at once, and workers are woken. With ``key``,
-    sending is idempotent: a repeat returns the first signal's id and stores nothing.
+    sending is idempotent: a repeat returns the first signal's id and stores nothing. ``by``
+    names the sender in the audit trail.
     Raises :class:`RunNotFound`, or :class:`RunTerminal` for a completed, failed or cancelled run.
     """
     if not isinstance(db, Database):
@@ -47,10 +59,16 @@ async def send_signal(
     topic = check_name(signal, f"run {run_id}: signal name")
     if key is not None:
         check_text(key, f"run {run_id}: signal key", max_chars=1024)
+    by = _check_by(by, run_id)
     payload_json = encode(
         payload, what=f"run {run_id}: the payload of signal {topic!r}", limit=db.max_payload_bytes
     )
-    sent: SendOutcome = await _as_outsider(db, run_id, db._store.send_signal, topic, payload_json, key)
+
+    def audit(sent: SendOutcome) -> _Entry | None:
+        return ("signal", {"key": key, "signal": topic, "signal_id": sent.signal_id}) if sent.stored else None
+
+    write = _audited(db, db._store.send_signal, audit, by)
+    sent: SendOutcome = await _as_outsider(db, run_id, write, topic, payload_json, key)
     if sent.stored:
         db._announce_inbox(run_id)
     if sent.woke:
@@ -74,7 +92,8 @@ async def decide_approval(
     intent's hash: the approver saw exactly these arguments. Deciding the same way again returns
     the recorded decision; the other way, :class:`ApprovalConflict`. An unknown intent is
     :class:`NoDurableIntent`, one without a request :class:`ApprovalNotRequested`. The run's
-    owner enters the decision in the log (``approval_decided``) when its wait sees it.
+    owner enters the decision in the log (``approval_decided``) when its wait sees it; the
+    audit trail has it at once (action ``approve`` or ``deny``, by ``by``).
     """
     if not isinstance(db, Database):
         raise InvalidArgument(f"decide_approval() needs a Database, not {db!r}")
@@ -86,33 +105,48 @@ async def decide_approval(
     check_text(reason, f"run {run_id}: the reason", max_chars=4000, allow_empty=True)
     if args_hash is not None:
         check_text(args_hash, f"run {run_id}: args_hash", max_chars=64)
-    decided: DecideOutcome = await _as_outsider(
-        db, run_id, db._store.decide_approval, call_id, approved, by, reason, args_hash
-    )
+
+    def audit(decided: DecideOutcome) -> _Entry | None:
+        if not decided.recorded:
+            return None
+        detail = {"args_hash": decided.approval.args_hash, "call_id": call_id, "reason": reason}
+        return ("approve" if approved else "deny", detail)
+
+    write = _audited(db, db._store.decide_approval, audit, by)
+    decided: DecideOutcome = await _as_outsider(db, run_id, write, call_id, approved, by, reason, args_hash)
     db._announce_inbox(run_id)
     if decided.woke:
         db._announce_claimable()
     return decided.approval
 
 
-async def cancel_run(db: Database, run_id: str, reason: str) -> None:
+async def cancel_run(db: Database, run_id: str, reason: str, *, by: str | None = None) -> None:
     """Cancel a run and its live descendants. A run nobody holds (pending, suspended, or whose
     owner died) ends ``cancelled`` at once; an owned one gets a request its owner's heartbeat
     acts on at its next renewal (at once in this process, or when another process's worker hears
     of it), stopping the body and ending the run ``cancelled``. Cancelling a cancelled run does
     nothing; a completed or failed one is :class:`RunTerminal`; an unknown one
-    :class:`RunNotFound`."""
+    :class:`RunNotFound`. ``by`` names who cancelled in the audit trail."""
     if not isinstance(db, Database):
         raise InvalidArgument(f"cancel_run() needs a Database, not {db!r}")
     run_id = canonical_run_id(run_id)
     reason = check_text(reason, f"run {run_id}: the reason", max_chars=4000, allow_empty=True)
-    outcome: CancelOutcome = await _as_outsider(db, run_id, db._store.cancel_run, reason)
+    by = _check_by(by, run_id)
+
+    def audit(outcome: CancelOutcome) -> _Entry | None:
+        if outcome.already_terminal is not None:
+            return None
+        detail = {"cancelled": len(outcome.cancelled), "reason": reason, "requested": len(outcome.requested)}
+        return ("cancel", detail)
+
+    write = _audited(db, db._store.cancel_run, audit, by)
+    outcome: CancelOutcome = await _as_outsider(db, run_id, write, reason)
     if outcome.already_terminal not in (None, "cancelled"):
         raise RunTerminal(f"run {run_id} is already {outcome.already_terminal}; it cannot be cancelled")
     announce_cancellation(db, outcome)
 
 
-async def raise_budget(db: Database, run_id: str, **limits: Any) -> None:
+async def raise_budget(db: Database, run_id: str, *, by: str | None = None, **limits: Any) -> None:
     """Set some of a run's :class:`~zincir.Budget` limits (keywords as Budget's; None removes
     one). A run without a budget gets one: its spend is counted from now on (its wall time, as
     always, from its creation). A run suspended for
@@ -126,13 +160,66 @@ async def raise_budget(db: Database, run_id: str, **limits: Any) -> None:
         raise InvalidArgument(f"raise_budget() takes Budget's limits as keywords, not {unknown or 'none'}")
     columns = zip(_LIMIT_NAMES, LIMIT_COLUMNS, Budget(**limits).to_row(), strict=True)  # validates
     changes = {column: value for name, column, value in columns if name in limits}
-    woke: bool = await _as_outsider(db, run_id, db._store.set_budget, changes)
+    by = _check_by(by, run_id)
+    detail = {"limits": dict(limits)}  # as given, and valid: Budget() checked them
+    write = _audited(db, db._store.set_budget, lambda _: ("raise_budget", detail), by)
+    woke: bool = await _as_outsider(db, run_id, write, changes)
     db._announce_inbox(run_id)
     if woke:
         db._announce_claimable()
 
 
 _LIMIT_NAMES: Final = tuple(f.name for f in attrs.fields(Budget))
+
+
+async def retry_now(db: Database, run_id: str, *, by: str | None = None) -> bool:
+    """Retry a backing-off run now: a live run nobody holds whose next attempt lies in the
+    future (a worker released it after a failure, or after its handler returned without ending
+    it) becomes due at once, and workers are woken. Returns True; False if the run was due
+    already (nothing is written). The attempt count is kept, so ``max_attempts`` still holds.
+    ``by`` names who asked in the audit trail. :class:`RunNotFound`; :class:`RunTerminal` for
+    an ended run; :class:`RunLeased` for one an owner holds (it is running); :class:`RunWaiting`
+    for one suspended on a wait (what it awaits makes it due, not this)."""
+    if not isinstance(db, Database):
+        raise InvalidArgument(f"retry_now() needs a Database, not {db!r}")
+    run_id = canonical_run_id(run_id)
+    by = _check_by(by, run_id)
+
+    def audit(was_due_at: int | None) -> _Entry | None:
+        return None if was_due_at is None else ("retry_now", {"was_due_at": was_due_at})
+
+    write = _audited(db, db._store.retry_now, audit, by)
+    was_due_at: int | None = await _as_outsider(db, run_id, write)
+    if was_due_at is None:
+        return False
+    db._announce_claimable()
+    return True
+
+
+_Entry = tuple[str, dict[str, Any]]
+"""An audit row to write: the action and its detail."""
+
+
+def _check_by(by: object, run_id: str) -> str | None:
+    return None if by is None else check_text(by, f"run {run_id}: who acts (by)")
+
+
+def _audited(
+    db: Database, write: Callable[..., T], entry_of: Callable[[T], _Entry | None], by: str | None
+) -> Callable[..., T]:
+    """``write``, then (in its transaction, on the database thread) the audit row ``entry_of``
+    makes of its outcome, if any; a write that raises leaves neither."""
+    record = db._store.record_action
+
+    def audited(tx: Any, run_id: str, *args: Any) -> T:
+        outcome = write(tx, run_id, *args)
+        entry = entry_of(outcome)
+        if entry is not None:
+            action, detail = entry
+            record(tx, run_id, action, by, dump_trusted(detail))
+        return outcome
+
+    return audited
 
 
 async def _as_outsider(db: Database, run_id: str, fn: Callable[..., T], *args: Any) -> T:

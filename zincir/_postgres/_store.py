@@ -44,6 +44,7 @@ from .._errors import (
     RunLeased,
     RunNotFound,
     RunTerminal,
+    RunWaiting,
     UnfinishedWork,
 )
 from .._json import decode
@@ -1025,7 +1026,7 @@ def decide_approval(
         if current.approved != approved:
             verdict = "approved" if current.approved else "denied"
             raise ApprovalConflict(f"{where} was already {verdict} by {current.by}")
-        return DecideOutcome(current, woke=False)
+        return DecideOutcome(current, woke=False, recorded=False)
     tx.execute(
         "UPDATE approvals SET approved = %s, decided_by = %s, reason = %s, decided_at = %s"
         " WHERE run_id = %s AND call_id = %s",
@@ -1344,3 +1345,40 @@ def start_tool(tx: Tx, lease: Lease, call_id: str) -> int:
     event = _dump({"attempt": int(row[0]), "call_id": call_id})
     _append(tx, lease.run_id, EventType.TOOL_STARTED, event)
     return int(row[0])
+
+
+# -- outsiders: retry now, and the audit trail --------------------------------------------------
+
+
+def retry_now(tx: Tx, run_id: str) -> int | None:
+    """An outsider's cut of a backoff (see the SQLite store); the row is locked as the other
+    outsiders lock it, and workers are told."""
+    row = tx.one(
+        "SELECT status, lease_owner, lease_expires_at, next_attempt_at, zincir_now_ms() FROM agent_runs"
+        f" WHERE id = %s{_OUTSIDER_LOCK}",
+        (run_id,),
+    )
+    if row is None:
+        raise RunNotFound(f"run {run_id} does not exist")
+    status, owner, expires_at, due_at, now = row
+    tx.set_now(now)
+    if status not in _LIVE:
+        raise RunTerminal(f"run {run_id} is {status}; there is nothing left to retry")
+    if owner is not None and expires_at is not None and expires_at > now:
+        raise RunLeased(f"run {run_id} is leased by {owner} for {expires_at - now} ms more: it is running")
+    if status == RunStatus.WAITING.value:
+        raise RunWaiting(f"run {run_id} is waiting, not backing off: what it awaits makes it due")
+    if due_at is None or due_at <= now:
+        return None
+    tx.execute("UPDATE agent_runs SET next_attempt_at = %s WHERE id = %s", (now, run_id))
+    tx.notify_claimable()
+    return int(due_at)
+
+
+def record_action(tx: Tx, run_id: str, action: str, by: str | None, detail_json: str) -> None:
+    """One row of the outsiders' audit trail, in the transaction of the write it describes."""
+    tx.execute(
+        "INSERT INTO outsider_actions (run_id, action, done_by, detail, created_at)"
+        " VALUES (%s, %s, %s, %s, %s)",
+        (run_id, action, by, detail_json, tx.now),
+    )

@@ -42,6 +42,7 @@ from .._errors import (
     RunLeased,
     RunNotFound,
     RunTerminal,
+    RunWaiting,
     UnfinishedWork,
 )
 from .._json import decode
@@ -964,7 +965,7 @@ def decide_approval(
         if current.approved != approved:
             verdict = "approved" if current.approved else "denied"
             raise ApprovalConflict(f"{where} was already {verdict} by {current.by}")
-        return DecideOutcome(current, woke=False)
+        return DecideOutcome(current, woke=False, recorded=False)
     tx.execute(
         "UPDATE approvals SET approved = ?, decided_by = ?, reason = ?, decided_at = ?"
         " WHERE run_id = ? AND call_id = ?",
@@ -1279,3 +1280,36 @@ def start_tool(tx: Tx, lease: Lease, call_id: str) -> int:
     event = _dump({"attempt": int(row[0]), "call_id": call_id})
     _insert_event(tx, lease.run_id, seq, EventType.TOOL_STARTED, event)
     return int(row[0])
+
+
+# -- outsiders: retry now, and the audit trail --------------------------------------------------
+
+
+def retry_now(tx: Tx, run_id: str) -> int | None:
+    """An outsider's cut of a backoff: a run nobody holds, due later (released after a failure,
+    or by a handler that returned), becomes due now. The due time it had; None: due already."""
+    row = tx.one(
+        "SELECT status, lease_owner, lease_expires_at, next_attempt_at FROM agent_runs WHERE id = ?",
+        (run_id,),
+    )
+    if row is None:
+        raise RunNotFound(f"run {run_id} does not exist")
+    status, owner, expires_at, due_at = row
+    if status not in _LIVE:
+        raise RunTerminal(f"run {run_id} is {status}; there is nothing left to retry")
+    if owner is not None and expires_at > tx.now:
+        raise RunLeased(f"run {run_id} is leased by {owner} for {expires_at - tx.now} ms more: it is running")
+    if status == RunStatus.WAITING.value:
+        raise RunWaiting(f"run {run_id} is waiting, not backing off: what it awaits makes it due")
+    if due_at is None or due_at <= tx.now:
+        return None
+    tx.execute("UPDATE agent_runs SET next_attempt_at = ? WHERE id = ?", (tx.now, run_id))
+    return int(due_at)
+
+
+def record_action(tx: Tx, run_id: str, action: str, by: str | None, detail_json: str) -> None:
+    """One row of the outsiders' audit trail, in the transaction of the write it describes."""
+    tx.execute(
+        "INSERT INTO outsider_actions (run_id, action, done_by, detail, created_at) VALUES (?, ?, ?, ?, ?)",
+        (run_id, action, by, detail_json, tx.now),
+    )
