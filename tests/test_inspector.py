@@ -626,12 +626,12 @@ async def test_malformed_rows_render_as_escaped_placeholders(
     page = await fetch(ids.path, f"/runs/{bad.run}")
     # Text in an integer column: a placeholder naming it, escaped (seq, round, epoch, attempts, times).
     assert page.text.count('<code class="malformed">(malformed text: ') >= 8
-    assert "(malformed blob: x&#x27;3c61" in page.text  # the BLOB lease expiry, as hex
+    assert "(malformed blob: x&#39;3c61" in page.text  # the BLOB lease expiry, as hex
     assert "(malformed real: 2.5)" in page.text  # next_attempt_at
     assert 'id="er3ff8000000000000"' in page.text  # the REAL seq 1.5, in seq order
     assert page.text.index('id="e1"') < page.text.index('id="er3ff8') < page.text.index('id="e2"')
-    assert "role &quot;&gt;&lt;meta http-equiv" in page.text  # the BLOB role, decoded
-    assert "&quot;NaN&quot;" in page.text  # NaN in the config shows as the string "NaN"
+    assert "role &#34;&gt;&lt;meta http-equiv" in page.text  # the BLOB role, decoded
+    assert "&#34;NaN&#34;" in page.text  # NaN in the config shows as the string "NaN"
     runs = await fetch(ids.path, "/")
     # A TEXT updated_at sorts after every number: the malformed run comes first, and the rest
     # of the list is still there.
@@ -803,98 +803,59 @@ def test_stored_json_never_fails_to_decode() -> None:
 # --------------------------------------------------------------------------- escaping, statically
 
 
-def _html_functions(tree: ast.Module) -> dict[str, ast.FunctionDef]:
-    return {
-        node.name: node
-        for node in tree.body
-        if isinstance(node, ast.FunctionDef)
-        and isinstance(node.returns, ast.Constant | ast.Name)
-        and (node.returns.value if isinstance(node.returns, ast.Constant) else node.returns.id) == "Html"
-    }
+TEMPLATES = Path(zincir.__file__).parent / "_inspector" / "templates"
+INSPECTOR = Path(zincir.__file__).parent / "_inspector"
 
 
-def test_every_interpolation_is_escaped() -> None:
-    """Every value that reaches markup in _inspector goes through _e(), whatever its type.
+def test_templates_never_mark_data_safe() -> None:
+    """Jinja2 escapes every ``{{ }}`` on every page: nothing may switch that off.
 
-    Markup is typed ``Html`` (mypy keeps plain strings out of it); the only way in is the
-    ``Html(...)`` cast, so every cast's argument must be built from literals, ``_e(...)`` calls,
-    other ``-> Html`` helpers and ``*_html`` names. Any function holding markup must return Html.
+    No template uses ``|safe``, turns autoescape off, or builds markup from strings; no Python
+    module of the inspector makes :class:`markupsafe.Markup` (the only way around escaping),
+    and the environment escapes whatever the template name.
     """
-    source = (Path(zincir.__file__).parent / "_inspector" / "_app.py").read_text("utf-8")
-    tree = ast.parse(source)
-    html_functions = _html_functions(tree)
-    assert {"_event", "_runs_table", "_checkpoints", "_steps", "_timers", "_family", "_seq_link"} <= set(
-        html_functions
-    )
-    constants = {
-        target.id
-        for node in tree.body
-        if isinstance(node, ast.Assign)
-        and isinstance(node.value, ast.Call)
-        and isinstance(node.value.func, ast.Name)
-        and node.value.func.id == "Html"
-        for target in node.targets
-        if isinstance(target, ast.Name)
-    }
-    trusted = {"_e", "_join"}  # the escaping and joining primitives themselves
-
-    def safe(node: ast.expr) -> bool:
-        if isinstance(node, ast.Constant):
-            return isinstance(node.value, str)
-        if isinstance(node, ast.JoinedStr):
-            return all(
-                safe(part.value) and part.conversion == -1 and part.format_spec is None
-                if isinstance(part, ast.FormattedValue)
-                else True
-                for part in node.values
-            )
-        if isinstance(node, ast.Name):
-            return node.id.endswith("_html") or node.id in constants
-        if isinstance(node, ast.IfExp):
-            return safe(node.body) and safe(node.orelse)
-        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-            return safe(node.left) and safe(node.right)
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-            if node.func.id == "Html":
-                return len(node.args) == 1 and safe(node.args[0])
-            return node.func.id in html_functions or node.func.id == "_e"
-        return False
-
+    templates = sorted(TEMPLATES.rglob("*.html")) + sorted(TEMPLATES.rglob("*.svg"))
+    assert {"base.html", "runs.html", "run.html", "error.html", "macros.html"} <= {t.name for t in templates}
     problems = []
-    for function in [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]:
-        docstring = function.body[0] if isinstance(function.body[0], ast.Expr) else None
-        holds_markup = any(
-            isinstance(c, ast.Constant)
-            and isinstance(c.value, str)
-            and not c.value.startswith("/")  # URL rules such as /runs/<run_id>
-            and re.search(r"<[a-z/!]", c.value)
-            for c in ast.walk(function)
-            if docstring is None or c is not docstring.value
-        )
-        returns = ast.unparse(function.returns) if function.returns else ""
-        if holds_markup and "Html" not in returns:
-            problems.append(f"{function.name} builds markup but does not return Html")
-        if function.name in trusted:
-            continue
-        for node in ast.walk(function):
-            is_cast = (
-                isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Html"
-            )
-            if is_cast and not (len(node.args) == 1 and safe(node.args[0])):  # type: ignore[attr-defined]
-                problems.append(f"{function.name}:{node.lineno}: {ast.unparse(node)[:120]}")
-            targets = node.targets if isinstance(node, ast.Assign) else []
-            for target in targets:
-                if isinstance(target, ast.Name) and target.id.endswith("_html") and not safe(node.value):  # type: ignore[union-attr]
-                    problems.append(f"{function.name}:{node.lineno}: {target.id} = unsafe value")
-        for arg in function.args.args:
-            if arg.arg.endswith("_html"):
-                assert isinstance(arg.annotation, ast.Constant | ast.Name)
-                annotation = (
-                    arg.annotation.value if isinstance(arg.annotation, ast.Constant) else arg.annotation.id
-                )
-                if annotation != "Html":
-                    problems.append(f"{function.name}: parameter {arg.arg} is not typed Html")
+    for template in templates:
+        text = template.read_text("utf-8")
+        for pattern in (r"\|\s*safe\b", r"autoescape\s+false", r"\bMarkup\b", r"\|\s*forceescape\b"):
+            if re.search(pattern, text, re.IGNORECASE):
+                problems.append(f"{template.name}: {pattern}")
+    for module in sorted(INSPECTOR.rglob("*.py")):
+        tree = ast.parse(module.read_text("utf-8"))
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import | ast.ImportFrom) else []
+            if any(n.split(".")[0] == "markupsafe" or n == "Markup" for n in names):
+                problems.append(f"{module.name}:{node.lineno} imports markupsafe")
+            if isinstance(node, ast.Attribute) and node.attr in ("Markup", "__html__"):
+                problems.append(f"{module.name}:{node.lineno} uses {node.attr}")
+            if isinstance(node, ast.FunctionDef) and node.name == "__html__":
+                problems.append(f"{module.name}:{node.lineno} defines __html__")
     assert problems == []
+
+    from markupsafe import Markup
+
+    from zincir._inspector._render import environment
+
+    env = environment()
+    assert env.autoescape is True
+    assert env.from_string("{{ x }}").render(x=XSS_NAV) == str(Markup.escape(XSS_NAV))
+    # Every filter hands back plain data, which Jinja2 then escapes.
+    hostile = [XSS_NAV, XSS_SCRIPT, 12, None, q.Malformed(XSS_META)]
+    for name in sorted(set(env.filters) - set(jinja2_builtin_filters())):
+        for value in hostile:
+            try:
+                result = env.filters[name](value)
+            except (TypeError, ValueError, AttributeError, KeyError):
+                continue
+            assert not hasattr(result, "__html__"), (name, value)
+
+
+def jinja2_builtin_filters() -> set[str]:
+    import jinja2
+
+    return set(jinja2.Environment().filters)
 
 
 # --------------------------------------------------------------------------- bounded reads

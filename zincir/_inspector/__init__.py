@@ -9,10 +9,10 @@ from ._app import (
     DEFAULT_ADDRESS,
     create_app,
     format_host,
-    human_delta,
     parse_address,
     serve,
 )
+from ._render import human_delta
 
 __all__ = [
     "CONTENT_SECURITY_POLICY",

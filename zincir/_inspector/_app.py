@@ -10,9 +10,11 @@ Safety properties, each enforced here and pinned by tests:
   only from the inspector itself, no framing), ``nosniff`` and ``no-referrer``;
 - it opens the database read-only (SQLite's ``mode=ro``; on PostgreSQL a read-only session and
   ``REPEATABLE READ READ ONLY`` transactions) and never writes, creates or migrates;
-- every value interpolated into a page goes through :func:`_e` (HTML escaping), whatever its
-  type: the queries normalise stored values, but an INTEGER column can hold text, so the
-  pages trust no type. A test walks this module's syntax tree to keep it so.
+- pages are Jinja2 templates (``templates/``) rendered with autoescape always on, from view
+  models (:mod:`._views`) of plain data: every value printed is HTML-escaped, whatever its
+  type (the queries normalise stored values, but an INTEGER column can hold text, so the
+  pages trust no type). No filter returns markup and no template marks data ``|safe``; a
+  test scans the templates to keep it so.
 
 Each request reads through its own read-only connection in a worker thread, inside one read
 transaction, and renders there too, so the Trio loop never blocks on the database.
@@ -20,20 +22,17 @@ transaction, and renders there too, so the Trio loop never blocks on the databas
 
 from __future__ import annotations
 
-import contextlib
-import datetime
 import functools
-import html
 import ipaddress
 import json
 import re
 import signal
 import threading
 import time
-import urllib.parse
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any, NewType, TypeVar
+from typing import Any, TypeVar
 
+import attrs
 import hypercorn.config
 import hypercorn.trio
 import trio
@@ -52,6 +51,9 @@ from .._errors import (
     ZincirError,
 )
 from .._version import __version__
+from . import _views as v
+from ._render import STATIC, human_delta, render
+from ._views import LIST_LIMIT
 
 __all__ = ["DEFAULT_ADDRESS", "create_app", "format_host", "parse_address", "serve"]
 
@@ -67,8 +69,6 @@ ITEM_PREVIEW_CHARS = 8 * 1024
 #: A JSON API list stops adding items once their stored values add up to this many characters
 #: (at least one item is always given); the response says where to continue.
 API_BUDGET_CHARS = 4 * 1024 * 1024
-#: Checkpoints, steps and timers listed at most (page and JSON API).
-LIST_LIMIT = 500
 #: Children listed per page of the family section.
 CHILDREN_PAGE = 100
 # The family tree on a run page: grandchildren and below, this deep and this wide per run.
@@ -90,9 +90,6 @@ SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
 _SECURITY_NAMES = frozenset(name for name, _ in SECURITY_HEADERS)
 
 T = TypeVar("T")
-
-#: Text that is already HTML: built only by :func:`_e` and the ``-> Html`` helpers below.
-Html = NewType("Html", str)
 
 
 # --------------------------------------------------------------------------- addresses
@@ -158,6 +155,10 @@ class InspectorApp(QuartTrio):
 
     database_path: str
     served_host: str
+    #: The label shown in every page's header.
+    mode: str
+    #: Callables run in a page request's context; each returns names for the templates.
+    page_context: list[Callable[[], Mapping[str, Any]]]
 
     async def asgi_app(self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
         if scope["type"] == "lifespan":
@@ -220,7 +221,7 @@ def _secured(send: ASGISendCallable) -> ASGISendCallable:
 
 async def _send_refusal(send: ASGISendCallable, status: int, name: str, message: str) -> None:
     """A styled error page sent straight through ASGI, before Quart sees the request."""
-    body = _page(name, _error_body(status, name, message)).encode()
+    body = _error_page(status, name, message).encode("utf-8", "backslashreplace")
     headers = [
         (b"content-type", b"text/html; charset=utf-8"),
         (b"content-length", str(len(body)).encode()),
@@ -231,13 +232,30 @@ async def _send_refusal(send: ASGISendCallable, status: int, name: str, message:
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-def create_app(database_path: str, served_host: str) -> QuartTrio:
-    """The inspector app for one database, answering only ``Host: <served_host>``."""
+def create_app(
+    database_path: str, served_host: str, *, extend: Callable[[InspectorApp], None] | None = None
+) -> QuartTrio:
+    """The inspector app for one database, answering only ``Host: <served_host>``.
+
+    ``extend``, when given, is called once with the app after the read-only routes are added:
+    the hook for features layered on top (the guarded actions). It may add routes or
+    blueprints, set ``app.mode`` (the label in every page's header, ``"read-only"`` by
+    default) and append to ``app.page_context``: callables run in each page request's context
+    (before the read) returning a mapping merged into the template context. Templates see
+    those names directly; ``run.html`` includes ``actions_panel.html`` when that template
+    exists (``ignore missing``), with the whole run-page context (``view``: the run, its
+    awaits, intents and checkpoints; ``now``) plus those extra names. Everything stays
+    autoescaped. Without ``extend`` the app opens no write connection.
+    """
     app = InspectorApp(__name__, static_folder=None)
     app.database_path = database_path
     app.served_host = served_host
+    app.mode = "read-only"
+    app.page_context = []
     app.config["JSON_SORT_KEYS"] = False
     _add_routes(app)
+    if extend is not None:
+        extend(app)
     return app
 
 
@@ -310,7 +328,7 @@ def _wants_json() -> bool:
 def _error_response(status: int, name: str, message: str) -> Response:
     if _wants_json():
         return _json({"error": {"status": status, "name": name, "message": message}}, status)
-    return _html(_page(f"{status} {name}", _error_body(status, name, message)), status)
+    return _html(_error_page(status, name, message), status)
 
 
 _ERROR_STATUS: tuple[tuple[type[ZincirError], int, str], ...] = (
@@ -392,7 +410,7 @@ def _cursor_arg(name: str) -> q.RunCursor | None:
 
 
 async def _css_route() -> Response:
-    response = Response(STYLESHEET, content_type="text/css; charset=utf-8")
+    response = Response(_stylesheet(), content_type="text/css; charset=utf-8")
     response.headers["Cache-Control"] = "max-age=300"
     return response
 
@@ -401,12 +419,14 @@ async def _runs_route(app: InspectorApp) -> Response:
     query = _RunsQuery.from_request()
     now = _now_ms()
 
+    extra = _extra_context(app)
+
     def render(conn: Any) -> str:
         page = query.fetch(conn)
         awaiting = q.list_awaiting(conn, [r.id for r in page.runs if r.status in ("running", "waiting")])
         budgets = q.budgets_of(conn, [r.id for r in page.runs], now)
-        body = _runs_body(query, page, awaiting, budgets, q.display_target(app.database_path), now)
-        return _page("Runs", body)
+        context = _runs_context(query, page, awaiting, budgets, q.display_target(app.database_path), now)
+        return _render_page(app, "runs.html", "Runs", {**context, **extra})
 
     return _html(await _read(app, render))
 
@@ -416,11 +436,13 @@ async def _run_route(app: InspectorApp, run_id: str) -> Response:
     query = _EventsQuery.from_request(q.DEFAULT_PAGE, PAYLOAD_PREVIEW_CHARS)
     now = _now_ms()
 
+    extra = _extra_context(app)
+
     def render(conn: Any) -> str:
         view = _RunView.fetch(run_id, query, conn)
-        refresh = view.run.status in _LIVE and query.refresh != "off"
-        body = _run_body(view, query, now, refresh)
-        return _page(f"Run {run_id}", body, refresh=REFRESH_SECONDS if refresh else None)
+        context = _run_context(view, query, now)
+        refresh = REFRESH_SECONDS if context["view"].refresh_on else None
+        return _render_page(app, "run.html", f"Run {run_id}", {**context, **extra}, refresh=refresh)
 
     return _html(await _read(app, render))
 
@@ -453,12 +475,8 @@ class _Budget:
         return True
 
 
-def _checkpoint_url(run_id: str, checkpoint: q.CheckpointRow) -> str:
-    return _path("api", "runs", run_id, "checkpoints", q.encode_key(checkpoint.round))
-
-
-def _step_url(run_id: str, step: q.StepRow) -> str:
-    return _path("api", "runs", run_id, "steps", step.name)
+_checkpoint_url = v.checkpoint_api_url
+_step_url = v.step_api_url
 
 
 def _run_json(run_id: str, children_after: q.RunCursor | None, conn: Any) -> dict[str, Any]:
@@ -617,7 +635,7 @@ class _RunsQuery:
         if params["limit"] == RUNS_PAGE:
             params["limit"] = None
         params.update(changes)
-        return _url("/", params)
+        return v.url("/", params)
 
 
 class _EventsQuery:
@@ -666,7 +684,7 @@ class _EventsQuery:
         for name in ("after", "before"):
             if params[name] is not None:
                 params[name] = _token(params[name])
-        return _url(_path("runs", run_id), params)
+        return v.url(v.path("runs", run_id), params)
 
 
 class _RunView:
@@ -710,787 +728,240 @@ class _RunView:
         )
 
 
-def _path(*segments: object) -> str:
-    """An absolute URL path; each segment is percent-encoded (``/`` included)."""
-    return "/" + "/".join(urllib.parse.quote(str(s), safe="") for s in segments)
-
-
-def _url(path: str, params: Mapping[str, Any]) -> str:
-    kept = {k: str(v) for k, v in params.items() if v is not None}
-    return f"{path}?{urllib.parse.urlencode(kept, quote_via=urllib.parse.quote)}" if kept else path
-
-
-def _fragment(url: str, anchor: str) -> str:
-    return f"{url}#{urllib.parse.quote(anchor, safe='')}"
-
-
-# --------------------------------------------------------------------------- formatting
-
-
-def _e(value: object) -> Html:
-    """Escape any value for HTML text or a quoted attribute. Every interpolation goes here."""
-    return Html(html.escape(str(value), quote=True))
-
-
-def _join(parts: Iterable[Html]) -> Html:
-    return Html("".join(parts))
-
-
-_DASH = Html('<span class="muted">—</span>')
-
-
-def _num(value: object) -> Html:
-    """A stored integer with thousands separators (a malformed value shows as its placeholder)."""
-    return _e(f"{value:,}") if type(value) is int else _malformed(value)
-
-
-def _malformed(value: object) -> Html:
-    return Html(f'<code class="malformed">{_e(value)}</code>')
-
-
-def _time(ms: object) -> Html:
-    if ms is None:
-        return _DASH
-    if type(ms) is not int:
-        return _malformed(ms)
-    try:
-        moment = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
-    except (OverflowError, OSError, ValueError):
-        return Html(f"<code>{_e(ms)}</code>")
-    stamp = moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-    shown = moment.strftime("%Y-%m-%d %H:%M:%S")
-    return Html(f'<time datetime="{_e(stamp)}" title="{_e(stamp)}">{_e(shown)}</time>')
-
-
-def human_delta(ms: int) -> str:
-    """A short human duration: ``in 4.2 s``, ``3 min ago``."""
-    seconds = abs(ms) / 1000
-    if seconds < 60:
-        text = f"{seconds:.1f} s"
-    elif seconds < 3600:
-        text = f"{seconds / 60:.0f} min"
-    elif seconds < 86400:
-        text = f"{seconds / 3600:.1f} h"
-    elif seconds < 864000:
-        text = f"{seconds / 86400:.1f} d"
-    else:
-        text = f"{seconds / 86400:,.0f} d"
-    return f"in {text}" if ms >= 0 else f"{text} ago"
-
-
-def _relative(ms: object, now: int) -> Html:
-    if type(ms) is not int:
-        return Html("")
-    return Html(f' <span class="muted">({_e(human_delta(ms - now))})</span>')
-
-
-_STATUS_CLASSES = frozenset(
-    {"pending", "running", "waiting", "completed", "failed", "cancelled", "candidate", "accepted", "rejected"}
-)
-_LIVE = ("pending", "running", "waiting")
-
-
-def _pill(status: str) -> Html:
-    kind = status if status in _STATUS_CLASSES else "other"
-    return Html(f'<span class="pill s-{_e(kind)}">{_e(status)}</span>')
-
-
-def _run_link(run_id: str) -> Html:
-    try:
-        run_id = q.parse_run_id(run_id)
-    except InvalidArgument:
-        return Html(f"<code>{_e(run_id)}</code>")
-    return Html(f'<a href="{_e(_path("runs", run_id))}"><code>{_e(run_id)}</code></a>')
-
-
-def _pretty(text: str) -> Html:
-    """Pretty-print stored JSON text (or show it as it is if it cannot be decoded), escaped."""
-    ok, value = q.parse_json(text)
-    shown = text
-    if ok:
-        with contextlib.suppress(RecursionError, ValueError):
-            shown = json.dumps(value, indent=2, ensure_ascii=False)
-    return Html(f"<pre>{_e(shown)}</pre>")
-
-
-def _stored_value(text: str, truncated: bool, size: int, url: str | None) -> Html:
-    """A stored JSON value: pretty-printed whole, or its cut beginning and where the rest is."""
-    if not truncated:
-        return _pretty(text)
-    where_html = Html("")
-    if url is not None:
-        where_html = Html(f' The whole value is at <a href="{_e(url)}">{_e(url)}</a>.')
-    return Html(
-        f'<pre>{_e(text)}</pre><p class="muted">Showing the first {_num(len(text))} of {_num(size)}'
-        f" characters.{where_html}</p>"
-    )
-
-
-def _preview(text: str, limit: int = 140) -> str:
-    flat = " ".join(text[: limit * 2].split())
-    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
-
-
-def _table(headers: Iterable[Html], rows: Iterable[Html], *, cls: str = "") -> Html:
-    klass_html = Html(f' class="{_e(cls)}"') if cls else Html("")
-    return Html(
-        f"<table{klass_html}><thead><tr>{_join(headers)}</tr></thead><tbody>{_join(rows)}</tbody></table>"
-    )
-
-
-def _th(*names: str) -> list[Html]:
-    return [
-        Html(f'<th class="num">{_e(n[1:])}</th>') if n.startswith("#") else Html(f"<th>{_e(n)}</th>")
-        for n in names
-    ]
-
-
-def _section(title_html: Html, body_html: Html, *, anchor: str) -> Html:
-    return Html(f'<section id="{_e(anchor)}"><h2>{title_html}</h2>{body_html}</section>')
-
-
-def _empty(text: str) -> Html:
-    return Html(f'<p class="empty">{_e(text)}</p>')
-
-
-def _muted(text: str) -> Html:
-    return Html(f'<span class="muted">{_e(text)}</span>')
-
-
-def _link(url: str, label: str) -> Html:
-    return Html(f'<a href="{_e(url)}">{_e(label)}</a>')
-
-
 # --------------------------------------------------------------------------- pages
 
 
-def _page(title: str, body_html: Html, *, refresh: int | None = None) -> Html:
-    refresh_html = Html(f'<meta http-equiv="refresh" content="{_e(refresh)}">') if refresh else Html("")
-    return Html(
-        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"{refresh_html}<title>{_e(title)} · zincir inspector</title>"
-        f'<link rel="stylesheet" href="{_e(_url("/static/inspector.css", {"v": __version__}))}">'
-        '</head><body><header><a class="brand" href="/">zincir</a>'
-        '<span class="label">Inspector</span><span class="readonly">read-only</span></header>'
-        f"<main>{body_html}</main></body></html>"
-    )
+@functools.cache
+def _stylesheet() -> bytes:
+    return (STATIC / "inspector.css").read_bytes()
 
 
-def _error_body(status: int, name: str, message: str) -> Html:
-    return Html(
-        f'<div class="error"><h1>{_e(status)} {_e(name)}</h1><p>{_e(message)}</p>'
-        '<p><a href="/">← All runs</a></p></div>'
-    )
+_STYLESHEET_URL = v.url("/static/inspector.css", {"v": __version__})
 
 
-def _runs_body(
+def _page_context(title: str, mode: str, refresh: int | None) -> dict[str, Any]:
+    return {"title": title, "mode": mode, "refresh": refresh, "stylesheet": _STYLESHEET_URL}
+
+
+def _error_page(status: int, name: str, message: str) -> str:
+    context = {**_page_context(f"{status} {name}", "read-only", None), "status": status}
+    return render("error.html", {**context, "name": name, "message": message})
+
+
+def _extra_context(app: InspectorApp) -> dict[str, Any]:
+    """What ``create_app(extend=...)`` hooks add to a page's context (run in the request)."""
+    extra: dict[str, Any] = {}
+    for hook in app.page_context:
+        extra.update(hook())
+    return extra
+
+
+def _render_page(
+    app: InspectorApp, template: str, title: str, context: Mapping[str, Any], *, refresh: int | None = None
+) -> str:
+    return render(template, {**_page_context(title, app.mode, refresh), **context})
+
+
+def _runs_context(
     query: _RunsQuery,
     page: q.RunPage,
     awaiting: Mapping[str, tuple[q.Awaiting, ...]],
     budgets: Mapping[str, q.Usage],
     database: str,
     now: int,
-) -> Html:
-    parts = [
-        Html(f'<div class="title"><h1>Runs</h1>{_muted(database)}</div>'),
-        _status_tabs(query, page),
-        _runs_filter(query),
-    ]
-    if page.runs:
-        parts.append(_runs_table(page.runs, awaiting, budgets, now))
-    elif page.total == 0 and query.role is None:
-        parts.append(_empty("No durable runs yet."))
-    else:
-        parts.append(_empty("No runs match these filters."))
-    parts.append(_runs_nav(query, page))
-    return _join(parts)
-
-
-def _status_tabs(query: _RunsQuery, page: q.RunPage) -> Html:
-    tabs = [(None, "all", page.total)] + [(s, s, page.counts[s]) for s in q.RUN_STATUSES]
-    links = []
-    for status, label, count in tabs:
-        current_html = Html(' aria-current="page"') if status == query.status else Html("")
-        href = query.url(status=status)
-        links.append(
-            Html(
-                f'<a class="tab s-{_e(label)}" href="{_e(href)}"{current_html}>{_e(label)} '
-                f'<span class="count">{_num(count)}</span></a>'
-            )
-        )
-    return Html(f'<nav class="tabs">{_join(links)}</nav>')
-
-
-def _runs_filter(query: _RunsQuery) -> Html:
-    options = [Html('<option value="">any status</option>')] + [
-        Html(f'<option value="{_e(s)}"{_selected(s == query.status)}>{_e(s)}</option>')
-        for s in q.RUN_STATUSES
-    ]
-    return Html(
-        '<form class="filters" method="get" action="/">'
-        f'<label>Status <select name="status">{_join(options)}</select></label>'
-        f'<label>Role <input name="role" value="{_e(query.role or "")}" '
-        'placeholder="any role"></label><button type="submit">Filter</button>'
-        '<a href="/">Reset</a></form>'
-    )
-
-
-def _selected(selected: bool) -> Html:
-    return Html(" selected") if selected else Html("")
-
-
-def _clipped(text: str, limit: int) -> Html:
-    """Escaped ``text`` cut to ``limit`` characters; the (bounded) whole in a tooltip."""
-    if len(text) <= limit:
-        return _e(text)
-    return Html(f'<span title="{_e(text[:1000])}">{_e(text[: limit - 1])}…</span>')
-
-
-def _lease_cell(run: q.RunSummary, now: int) -> Html:
-    if run.lease_owner is None or run.lease_expires_at is None:
-        return _DASH
-    owner_html = Html(f"<code>{_clipped(run.lease_owner, 16)}</code>")
-    expires = run.lease_expires_at
-    if type(expires) is not int:
-        return Html(f"{owner_html}<br>{_malformed(expires)}")
-    left = expires - now
-    state = f"expires {human_delta(left)}" if left > 0 else f"expired {human_delta(left)}"
-    kind = "active" if left > 0 else "expired"
-    return Html(f'{owner_html}<br><span class="lease-{_e(kind)}">{_e(state)}</span>')
-
-
-def _ago(ms: object, now: int) -> Html:
-    return _muted(human_delta(ms - now)) if type(ms) is int else Html("")
-
-
-def _awaits_cell(items: tuple[q.Awaiting, ...], now: int) -> Html:
-    if not items:
-        return _DASH
-    first = items[0]
-    until_html = Html("until " + _until(first, now)) if first.until is not None else _until(first, now)
-    more_html = _muted(f" +{len(items) - 1}") if len(items) > 1 else Html("")
-    return Html(f"{_clipped(first.describe(), 60)}<br>{until_html}{more_html}")
-
-
-def _spend_cell(usage: q.Usage | None) -> Html:
-    return _DASH if usage is None else _clipped(q.spend_text(usage), 60)
-
-
-def _until(item: q.Awaiting, now: int) -> Html:
-    if item.until is None:
-        return _muted("for ever")
-    return Html(_time(item.until) + _relative(item.until, now))
-
-
-def _runs_table(
-    runs: Iterable[q.RunSummary],
-    awaiting: Mapping[str, tuple[q.Awaiting, ...]],
-    budgets: Mapping[str, q.Usage],
-    now: int,
-) -> Html:
-    rows = [
-        Html(
-            f"<tr><td>{_run_link(run.id)}</td><td>{_pill(run.status)}</td>"
-            f'<td class="text">{_clipped(run.role, 48)}</td>'
-            f'<td class="text">{_clipped(run.provider, 32)}</td>'
-            f'<td class="num">{_num(run.event_count)}</td><td class="num">{_num(run.attempts)}</td>'
-            f"<td>{_lease_cell(run, now)}</td>"
-            f"<td>{_spend_cell(budgets.get(run.id))}</td>"
-            f"<td>{_awaits_cell(awaiting.get(run.id, ()), now)}</td>"
-            f"<td>{_time(run.updated_at)}<br>{_ago(run.updated_at, now)}</td></tr>"
-        )
-        for run in runs
-    ]
-    headers = _th(
-        "Run",
-        "Status",
-        "Role",
-        "Provider",
-        "#Events",
-        "#Attempts",
-        "Lease",
-        "Budget",
-        "Awaits",
-        "Last activity",
-    )
-    return _table(headers, rows, cls="runs")
-
-
-def _runs_nav(query: _RunsQuery, page: q.RunPage) -> Html:
-    links = []
+) -> dict[str, Any]:
+    tabs = [v.Tab("all", "all", page.total, query.url(status=None), query.status is None)]
+    tabs += [v.Tab(s, s, page.counts[s], query.url(status=s), s == query.status) for s in q.RUN_STATUSES]
+    nav = []
     if page.has_newer:
-        links.append(_link(query.url(), "⇤ Newest"))
-        links.append(_link(query.url(after=page.runs[0].cursor.encode()), "← Newer"))
+        nav.append(v.Link("⇤ Newest", query.url()))
+        nav.append(v.Link("← Newer", query.url(after=page.runs[0].cursor.encode())))
     if page.has_older:
-        links.append(_link(query.url(before=page.runs[-1].cursor.encode()), "Older →"))
-    return Html(f'<nav class="pager">{_join(links)}</nav>') if links else Html("")
+        nav.append(v.Link("Older →", query.url(before=page.runs[-1].cursor.encode())))
+    return {
+        "database": database,
+        "tabs": tabs,
+        "statuses": q.RUN_STATUSES,
+        "query": query,
+        "rows": v.run_rows(page.runs, awaiting, budgets, now),
+        "empty_database": page.total == 0 and query.role is None,
+        "nav": nav,
+        "now": now,
+        "chart": None,
+    }
 
 
-def _run_body(view: _RunView, query: _EventsQuery, now: int, refresh: bool) -> Html:
+@attrs.frozen
+class _StepView:
+    row: q.StepRow
+    result: v.Stored | None
+
+
+@attrs.frozen
+class _EventView:
+    row: q.EventRow
+    anchor: str
+    payload: v.Stored
+
+
+@attrs.define
+class RunPageView:
+    """Everything ``run.html`` shows of one run (plain data; see :mod:`._views`)."""
+
+    run: q.RunDetail
+    live: bool
+    refresh_on: bool
+    refresh_seconds: int
+    pause_url: str
+    resume_url: str
+    lease_state: str | None
+    lease_delta: str
+    next_attempt: str  # "ended", "awaits", "any" or "at"
+    awaiting: tuple[q.Awaiting, ...]
+    budget: q.Usage | None
+    spend: str
+    budget_rows: list[v.BudgetRow]
+    intents: tuple[q.IntentRow, ...]
+    ancestors: list[v.RunRef]
+    parent: v.RunRef | None
+    children: list[v.TreeNode]
+    children_nav: list[v.Link]
+    children_first_url: str | None
+    config: v.Stored
+    checkpoints: list[v.CheckpointView]
+    checkpoint_count: int
+    events: q.EventPage
+    event_items: list[_EventView]
+    types: tuple[str, ...]
+    type: str | None
+    events_action: str
+    events_hidden: list[tuple[str, str]]
+    events_nav: list[v.Link]
+    steps: list[_StepView]
+    step_count: int
+    timers: tuple[q.TimerRow, ...]
+
+
+def _run_context(view: _RunView, query: _EventsQuery, now: int) -> dict[str, Any]:
     run = view.run
-    events_title = Html(f'Events <span class="muted">({_num(run.event_count)})</span>')
-    config = _stored_value(run.config, run.config_truncated, run.config_size, _path("api", "runs", run.id))
-    return _join(
-        [
-            Html('<p><a href="/">← All runs</a></p>'),
-            Html(
-                f'<div class="title"><h1>Run <code>{_e(run.id)}</code></h1>{_pill(run.status)}'
-                f"{_refresh_note(view, query, refresh)}</div>"
-            ),
-            Html('<div class="grid">'),
-            _section(_e("Overview"), _overview(run, now), anchor="overview"),
-            _section(_e("Lease and attempts"), _lease(run, now), anchor="lease"),
-            Html("</div>"),
-            _section(_e("Awaiting"), _awaiting(run, view.awaiting, now), anchor="awaiting"),
-            _section(_e("Budget"), _budget(view.budget), anchor="budget"),
-            _section(_e("Tool calls"), _intents(view.intents), anchor="tool-calls"),
-            _section(_e("Family"), _family(view, query), anchor="family"),
-            _section(_e("Configuration"), config, anchor="config"),
-            _section(_e("Checkpoints"), _checkpoints(run.id, view.checkpoints), anchor="checkpoints"),
-            _section(events_title, _events(run.id, view, query), anchor="events"),
-            _section(_e("Steps"), _steps(run.id, view.steps), anchor="steps"),
-            _section(_e("Timers"), _timers(view.timers, now), anchor="timers"),
-        ]
-    )
-
-
-def _refresh_note(view: _RunView, query: _EventsQuery, refresh: bool) -> Html:
-    if refresh:
-        off = query.url(view.run.id, refresh="off")
-        return Html(
-            f'<span class="muted">refreshes every {_e(REFRESH_SECONDS)} s · {_link(off, "pause")}</span>'
-        )
-    if view.run.status in _LIVE:
-        on = query.url(view.run.id, refresh=None)
-        return Html(f'<span class="muted">auto-refresh paused · {_link(on, "resume")}</span>')
-    return Html("")
-
-
-def _dl(items: Iterable[tuple[str, Html]]) -> Html:
-    return Html(f"<dl>{_join(Html(f'<dt>{_e(k)}</dt><dd>{v_html}</dd>') for k, v_html in items)}</dl>")
-
-
-def _overview(run: q.RunDetail, now: int) -> Html:
-    return _dl(
-        [
-            ("Status", _pill(run.status)),
-            ("Role", _e(run.role)),
-            ("Provider", _e(run.provider) or _DASH),
-            ("Created", Html(_time(run.created_at) + _relative(run.created_at, now))),
-            ("Last activity", Html(_time(run.updated_at) + _relative(run.updated_at, now))),
-            ("Events", _num(run.event_count)),
-        ]
-    )
-
-
-def _lease(run: q.RunDetail, now: int) -> Html:
-    if run.lease_owner is None:
-        owner = _muted("none (free)")
-        expires = _DASH
-    else:
-        owner = Html(f"<code>{_e(run.lease_owner)}</code>")
-        expires = _time(run.lease_expires_at)
-        if type(run.lease_expires_at) is int:
-            left = run.lease_expires_at - now
-            state = "active" if left > 0 else "expired"
-            note = f"({state}, {human_delta(left)})"
-            expires = Html(f'{_time(run.lease_expires_at)} <span class="lease-{_e(state)}">{_e(note)}</span>')
-    if run.next_attempt_at is None:
-        next_attempt = _muted("when what it awaits arrives")
+    live = run.status in v.LIVE
+    lease_state, lease_delta = None, ""
+    if run.lease_owner is not None and type(run.lease_expires_at) is int:
+        left = run.lease_expires_at - now
+        lease_state, lease_delta = ("active" if left > 0 else "expired"), human_delta(left)
+    if run.status in v.TERMINAL:
+        next_attempt = "ended"
+    elif run.next_attempt_at is None:
+        next_attempt = "awaits"
     elif type(run.next_attempt_at) is int and run.next_attempt_at <= 0:
-        next_attempt = _muted("any time")
+        next_attempt = "any"
     else:
-        next_attempt = Html(_time(run.next_attempt_at) + _relative(run.next_attempt_at, now))
-    return _dl(
-        [
-            ("Owner", owner),
-            ("Epoch", _num(run.lease_epoch)),
-            ("Expires", expires),
-            ("Attempts", _num(run.attempts)),
-            ("Next attempt", next_attempt),
-        ]
+        next_attempt = "at"
+    page = RunPageView(
+        run=run,
+        live=live,
+        refresh_on=live and query.refresh != "off",
+        refresh_seconds=REFRESH_SECONDS,
+        pause_url=query.url(run.id, refresh="off"),
+        resume_url=query.url(run.id, refresh=None),
+        lease_state=lease_state,
+        lease_delta=lease_delta,
+        next_attempt=next_attempt,
+        awaiting=view.awaiting,
+        budget=view.budget,
+        spend="" if view.budget is None else q.spend_text(view.budget),
+        budget_rows=[] if view.budget is None else v.budget_rows(view.budget),
+        intents=view.intents,
+        **_family_fields(view, query),
+        config=v.Stored(run.config, run.config_truncated, run.config_size, v.path("api", "runs", run.id)),
+        checkpoints=v.checkpoint_views(run.id, view.checkpoints),
+        checkpoint_count=len(view.checkpoints),
+        **_event_fields(view, query),
+        steps=[
+            _StepView(
+                s,
+                None
+                if s.result is None
+                else v.Stored(s.result, s.truncated, s.result_size, _step_url(run.id, s)),
+            )
+            for s in view.steps[:LIST_LIMIT]
+        ],
+        step_count=len(view.steps),
+        timers=view.timers,
     )
+    return {"view": page, "now": now, "limit": LIST_LIMIT, "scan_window": q.SCAN_WINDOW}
 
 
-def _family(view: _RunView, query: _EventsQuery) -> Html:
+def _family_fields(view: _RunView, query: _EventsQuery) -> dict[str, Any]:
     run = view.run
-    parent_html = _run_link(run.parent_run_id) if run.parent_run_id else _muted("none")
-    if len(view.ancestors) > 1:
-        chain_html = _join(Html(f"{_run_link(a.id)} {_pill(a.status)} &rarr; ") for a in view.ancestors)
-        parent_html = Html(f'<span class="ancestors">{chain_html}</span>')
-    total_html = Html(_num(run.children_total) + ("+" if run.children_capped else ""))
     below = {node.run.id: node for node in view.descendants.children}
+    children = [
+        v.TreeNode(v.run_ref(c.id, c.status, c.role), v.tree_nodes(below.get(c.id)), _more(below.get(c.id)))
+        for c in run.children
+    ]
+    nav = []
+    first_url = None
     if run.children:
-        items = [
-            Html(f"<li>{_run_link(c.id)} {_pill(c.status)} {_muted(c.role)}{_subtree(below.get(c.id))}</li>")
-            for c in run.children
-        ]
-        links = []
         if query.children_after is not None:
-            links.append(_link(_fragment(query.url(run.id), "family"), "⇤ First children"))
+            nav.append(v.Link("⇤ First children", v.fragment(query.url(run.id), "family")))
         if run.children_next is not None:
             more = query.url(run.id, children_after=run.children_next.encode())
-            links.append(_link(_fragment(more, "family"), "More children →"))
-        nav_html = Html(f'<nav class="pager">{_join(links)}</nav>') if links else Html("")
-        children_html = Html(f'<ul class="children">{_join(items)}</ul>{nav_html}')
+            nav.append(v.Link("More children →", v.fragment(more, "family")))
     elif query.children_after is not None:
-        children_html = Html(
-            f"{_muted('no more children')} {_link(_fragment(query.url(run.id), 'family'), '⇤ First')}"
-        )
-    else:
-        children_html = _muted("none")
-    return Html(
-        f"<dl><dt>Parent</dt><dd>{parent_html}</dd>"
-        f"<dt>Children ({total_html})</dt><dd>{children_html}</dd></dl>"
-    )
+        first_url = v.fragment(query.url(run.id), "family")
+    return {
+        "ancestors": [v.run_ref(a.id, a.status, a.role) for a in view.ancestors],
+        "parent": v.run_ref(run.parent_run_id) if run.parent_run_id else None,
+        "children": children,
+        "children_nav": nav,
+        "children_first_url": first_url,
+    }
 
 
-def _subtree(node: q.FamilyNode | None) -> Html:
-    """A child's own descendants, nested (as deep and wide as the page reads them)."""
-    if node is None or (not node.children and not node.more):
-        return Html("")
-    items = [
-        Html(f"<li>{_run_link(c.run.id)} {_pill(c.run.status)} {_muted(c.run.role)}{_subtree(c)}</li>")
-        for c in node.children
-    ]
-    if node.more:
-        items.append(Html(f"<li>{_muted(f'… {node.more} more')} {_run_link(node.run.id)}</li>"))
-    return Html(f'<ul class="children">{_join(items)}</ul>')
+def _more(node: q.FamilyNode | None) -> int:
+    return 0 if node is None else node.more
 
 
-def _anchor(seq: object) -> str:
-    return "e" + q.encode_key(seq)
-
-
-def _seq_link(run_id: str, seq: object) -> Html:
-    if seq is None:
-        return _DASH
-    if type(seq) is not int:
-        return _malformed(seq)
-    href = _url(_path("runs", run_id), {"after": seq - 1 if seq > 0 else None})
-    return _link(_fragment(href, _anchor(seq)), f"#{seq}")
-
-
-def _lineage(checkpoints: Iterable[q.CheckpointRow]) -> dict[object, str]:
-    """For each round, which accepted round it builds on (the baseline before it)."""
-    builds_on: dict[object, str] = {}
-    baseline = "original goal"
-    for checkpoint in checkpoints:
-        builds_on[checkpoint.round] = baseline
-        if checkpoint.status == "accepted":
-            baseline = f"round {checkpoint.round}"
-    return builds_on
-
-
-def _checkpoints(run_id: str, checkpoints: tuple[q.CheckpointRow, ...]) -> Html:
-    if not checkpoints:
-        return _empty("No checkpoints.")
-    lineage = _lineage(checkpoints)
-    rows = []
-    for c in checkpoints[:LIST_LIMIT]:
-        url = _checkpoint_url(run_id, c)
-        verification_html = _details(
-            "verification", c.verification, c.verification_truncated, c.verification_size, url
-        )
-        state_html = _details("state", c.state, c.state_truncated, c.state_size, url)
-        rows.append(
-            Html(
-                f'<tr><td class="num">{_num(c.round)}</td><td>{_pill(c.status)}</td>'
-                f"<td>{_e(lineage[c.round])}</td><td><code>{_e(c.tool_call_id)}</code></td>"
-                f'<td class="num">{_seq_link(run_id, c.based_on_event_seq)}</td>'
-                f'<td class="num">{_seq_link(run_id, c.decision_event_seq)}</td>'
-                f"<td>{_time(c.created_at)}</td><td>{_time(c.decided_at)}</td>"
-                f"<td>{verification_html}{state_html}</td></tr>"
-            )
-        )
-    headers = _th(
-        "#Round",
-        "Status",
-        "Builds on",
-        "Tool call",
-        "#Based on",
-        "#Decision",
-        "Proposed",
-        "Decided",
-        "Evidence and state",
-    )
-    return Html(_table(headers, rows) + _cut_note(len(checkpoints), "checkpoints"))
-
-
-def _details(label: str, text: str | None, truncated: bool, size: int, url: str) -> Html:
-    if text is None:
-        return _muted(f"no {label}")
-    return Html(
-        f"<details><summary>{_e(label)}</summary>{_stored_value(text, truncated, size, url)}</details>"
-    )
-
-
-def _cut_note(count: int, what: str) -> Html:
-    if count <= LIST_LIMIT:
-        return Html("")
-    return Html(
-        f'<p class="muted">Showing the first {_e(LIST_LIMIT)} {_e(what)}; <code>zincir show --json</code> '
-        "or <code>zincir export</code> prints all of them.</p>"
-    )
-
-
-def _events(run_id: str, view: _RunView, query: _EventsQuery) -> Html:
-    page = view.events
-    parts = [_events_filter(run_id, view.types, query), _events_nav(run_id, view, query)]
-    if page.scan_edge is not None:
-        parts.append(
-            Html(
-                f'<p class="muted">There is no index on the event type: a filtered page looks at '
-                f"{_num(q.SCAN_WINDOW)} events at most, and this one stopped at "
-                f"#{_e(q.encode_key(page.scan_edge))}.</p>"
-            )
-        )
-    if not page.events:
-        if query.type is None:
-            parts.append(_empty("No events."))
-        elif page.scan_edge is not None:
-            parts.append(_empty("No events of this type among the events looked at; continue scanning."))
-        else:
-            parts.append(_empty("No events of this type."))
-    for event in page.events:
-        parts.append(_event(run_id, event))
-    parts.append(_events_nav(run_id, view, query))
-    return _join(parts)
-
-
-def _events_filter(run_id: str, types: Iterable[str], query: _EventsQuery) -> Html:
-    options = [Html('<option value="">all types</option>')] + [
-        Html(f'<option value="{_e(t)}"{_selected(t == query.type)}>{_e(t)}</option>') for t in types
-    ]
-    hidden_html = (
-        Html('<input type="hidden" name="refresh" value="off">') if query.refresh == "off" else Html("")
-    )
-    return Html(
-        f'<form class="filters" method="get" action="{_e(_fragment(_path("runs", run_id), "events"))}">'
-        f'<label>Type <select name="type">{_join(options)}</select></label>{hidden_html}'
-        '<button type="submit">Filter</button></form>'
-    )
-
-
-def _events_nav(run_id: str, view: _RunView, query: _EventsQuery) -> Html:
+def _event_fields(view: _RunView, query: _EventsQuery) -> dict[str, Any]:
+    run_id = view.run.id
     page = view.events
     scanning = page.scan_edge is not None
 
-    def link(label: str, **changes: Any) -> Html:
-        return _link(_fragment(query.url(run_id, **changes), "events"), label)
+    def link(label: str, **changes: Any) -> v.Link:
+        return v.Link(label, v.fragment(query.url(run_id, **changes), "events"))
 
-    links = []
+    nav = []
     if page.has_before:
-        links.append(link("⇤ First", after=None, before=None))
+        nav.append(link("⇤ First", after=None, before=None))
         if page.prev_before is not None:
             back = scanning and page.prev_before == page.scan_edge
-            links.append(
+            nav.append(
                 link("← Continue scanning" if back else "← Previous", after=None, before=page.prev_before)
             )
     if page.has_after:
         if page.next_after is not None:
             onward = scanning and page.next_after == page.scan_edge
-            links.append(
+            nav.append(
                 link("Continue scanning →" if onward else "Next →", after=page.next_after, before=None)
             )
-        links.append(link("Latest ⇥", after=None, before=q.LATEST))
-    return Html(f'<nav class="pager">{_join(links)}</nav>') if links else Html("")
-
-
-def _event(run_id: str, event: q.EventRow) -> Html:
-    api = _path("api", "runs", run_id, "events", q.encode_key(event.seq)) if event.truncated else None
-    body_html = _stored_value(event.payload, event.truncated, event.payload_size, api)
-    key_html = Html("")
-    if event.idempotency_key is not None:
-        key_html = Html(f'<p class="muted">idempotency key <code>{_e(event.idempotency_key)}</code></p>')
-    return Html(
-        f'<details class="event" id="{_e(_anchor(event.seq))}"><summary>'
-        f'<span class="seq">#{_e(event.seq)}</span> <strong>{_e(event.type)}</strong> '
-        f'{_time(event.created_at)} <span class="preview">{_e(_preview(event.payload))}</span>'
-        f"</summary>{key_html}{body_html}</details>"
-    )
-
-
-def _steps(run_id: str, steps: tuple[q.StepRow, ...]) -> Html:
-    if not steps:
-        return _empty("No named steps.")
-    rows = [
-        Html(
-            f"<tr><td><code>{_e(s.name)}</code></td><td>{_pill(s.status)}</td>"
-            f'<td class="num">{_num(s.epoch)}</td><td>{_time(s.started_at)}</td>'
-            f"<td>{_time(s.completed_at)}</td>"
-            f"<td>{_details('result', s.result, s.truncated, s.result_size, _step_url(run_id, s))}</td></tr>"
+        nav.append(link("Latest ⇥", after=None, before=q.LATEST))
+    items = []
+    for event in page.events:
+        api = v.path("api", "runs", run_id, "events", q.encode_key(event.seq)) if event.truncated else None
+        items.append(
+            _EventView(
+                event, v.anchor(event.seq), v.Stored(event.payload, event.truncated, event.payload_size, api)
+            )
         )
-        for s in steps[:LIST_LIMIT]
-    ]
-    headers = _th("Name", "Status", "#Epoch", "Started", "Completed", "Result")
-    return Html(_table(headers, rows) + _cut_note(len(steps), "steps"))
-
-
-def _awaiting(run: q.RunDetail, awaiting: tuple[q.Awaiting, ...], now: int) -> Html:
-    if not awaiting:
-        return _empty("Nothing: no open wait, approval request or sleep.")
-    rows = [
-        Html(
-            f"<tr><td>{_pill(a.kind)}</td><td><code>{_e(a.name)}</code></td>"
-            f"<td>{_e(a.target or '—')}</td><td>{_time(a.since)}</td><td>{_until(a, now)}</td></tr>"
-        )
-        for a in awaiting[:LIST_LIMIT]
-    ]
-    note_html = Html("")
-    if run.status == "waiting":
-        note_html = Html(
-            '<p class="muted">Suspended: no process holds this run. What it awaits arriving'
-            " (or its deadline) makes it claimable, and a worker resumes it from the top.</p>"
-        )
-    headers = _th("Kind", "Name", "For", "Since", "Until")
-    return Html(note_html + _table(headers, rows) + _cut_note(len(awaiting), "waits"))
-
-
-def _budget(usage: q.Usage | None) -> Html:
-    if usage is None:
-        return _empty("No budget: spend is not tracked.")
-    spent, limits, left = usage.spent, usage.limits, usage.remaining
-    pairs = [
-        ("tokens", spent.tokens), ("input_tokens", spent.input_tokens),
-        ("output_tokens", spent.output_tokens), ("cost", spent.cost), ("model_calls", spent.model_calls),
-        ("tool_calls", spent.tool_calls),
-        ("wall_time", round(spent.wall_time, 1)), ("max_identical_tool_calls", spent.identical_tool_calls),
-        ("max_responses_without_progress", spent.responses_without_progress),
-    ]  # fmt: skip
-    rows = [
-        Html(
-            f'<tr><td><code>{_e(name)}</code></td><td class="num">{_e(value)}</td>'
-            f'<td class="num">{_e("—" if getattr(limits, name) is None else getattr(limits, name))}</td>'
-            f'<td class="num">{_e("—" if getattr(left, name) is None else getattr(left, name))}</td></tr>'
-        )
-        for name, value in pairs
-    ]
-    return Html(f"<p>{_e(q.spend_text(usage))}</p>" + _table(_th("Limit", "Spent", "Limit", "Left"), rows))
-
-
-def _state_class(state: str) -> str:
-    return state.split(",")[0].replace(" ", "-")  # "started, outcome unknown" -> "started"
-
-
-def _intents(intents: tuple[q.IntentRow, ...]) -> Html:
-    if not intents:
-        return _empty("No tool calls.")
-    rows = [
-        Html(
-            f"<tr><td><code>{_e(i.call_id)}</code></td><td>{_e(i.name)}</td>"
-            f'<td><span class="intent-{_e(_state_class(i.state))}">{_e(i.state)}</span></td>'
-            f'<td class="num">{_e("—" if i.started is None else i.started)}</td>'
-            f"<td>{_time(i.last_started_at)}</td></tr>"
-        )
-        for i in intents[:LIST_LIMIT]
-    ]
-    headers = _th("Call", "Tool", "State", "Starts", "Last start")
-    return Html(_table(headers, rows) + _cut_note(len(intents), "tool calls"))
-
-
-def _timers(timers: tuple[q.TimerRow, ...], now: int) -> Html:
-    if not timers:
-        return _empty("No durable timers.")
-    rows = [
-        Html(
-            f"<tr><td><code>{_e(t.name)}</code></td>"
-            f"<td>{_time(t.wake_at)}{_relative(t.wake_at, now) if t.completed_at is None else Html('')}</td>"
-            f"<td>{_time(t.created_at)}</td><td>{_time(t.completed_at)}</td></tr>"
-        )
-        for t in timers[:LIST_LIMIT]
-    ]
-    headers = _th("Name", "Wakes at", "Created", "Completed")
-    return Html(_table(headers, rows) + _cut_note(len(timers), "timers"))
-
-
-STYLESHEET = """\
-:root {
-  color-scheme: dark;
-  --bg: #0e1116; --panel: #161b22; --panel2: #1c222c; --border: #2b3340;
-  --text: #d8dee9; --muted: #8b95a7; --link: #7fb4ff;
-  --pending: #e3b341; --running: #58a6ff; --waiting: #d2a8ff; --completed: #56d364; --failed: #f47067;
-}
-* { box-sizing: border-box; }
-body { margin: 0; background: var(--bg); color: var(--text);
-  font: 14px/1.5 system-ui, -apple-system, "Segoe UI", Roboto, "DejaVu Sans", sans-serif; }
-a { color: var(--link); text-decoration: none; }
-a:hover { text-decoration: underline; }
-header { display: flex; gap: .75rem; align-items: baseline; padding: .7rem 1.5rem;
-  background: var(--panel); border-bottom: 1px solid var(--border); }
-header .brand { color: var(--text); font-weight: 700; font-size: 1.15rem; letter-spacing: .02em; }
-header .label { color: var(--muted); }
-header .readonly { margin-left: auto; color: var(--muted); font-size: .8rem;
-  border: 1px solid var(--border); border-radius: 999px; padding: 0 .6rem; }
-main { max-width: 1280px; margin: 0 auto; padding: 1rem 1.5rem 4rem; }
-h1 { font-size: 1.35rem; margin: .3rem 0; overflow-wrap: anywhere; }
-h2 { font-size: 1.05rem; margin: 1.6rem 0 .6rem; padding-bottom: .3rem;
-  border-bottom: 1px solid var(--border); }
-.title { display: flex; flex-wrap: wrap; gap: .8rem; align-items: center; }
-.muted { color: var(--muted); }
-time { white-space: nowrap; }
-.empty { color: var(--muted); font-style: italic; }
-code, pre { font-family: ui-monospace, "SFMono-Regular", Menlo, Consolas, "DejaVu Sans Mono",
-  monospace; font-size: .85rem; }
-pre { background: #0a0d12; border: 1px solid var(--border); border-radius: 6px; padding: .7rem .9rem;
-  margin: .4rem 0; max-height: 32rem; overflow: auto; white-space: pre-wrap;
-  overflow-wrap: anywhere; }
-table { width: 100%; border-collapse: collapse; font-variant-numeric: tabular-nums;
-  background: var(--panel); border: 1px solid var(--border); border-radius: 6px; }
-th, td { text-align: left; vertical-align: top; padding: .45rem .7rem;
-  border-bottom: 1px solid var(--border); overflow-wrap: anywhere; }
-th { color: var(--muted); font-size: .75rem; font-weight: 600; text-transform: uppercase;
-  letter-spacing: .05em; background: var(--panel2); white-space: nowrap; }
-tbody tr:hover { background: var(--panel2); }
-th.num, td.num { text-align: right; white-space: nowrap; }
-table.runs td:first-child { white-space: nowrap; }
-table.runs td.text { min-width: 9rem; }
-.pill { display: inline-block; padding: 0 .55rem; border-radius: 999px; font-size: .75rem;
-  font-weight: 600; border: 1px solid currentColor; line-height: 1.45rem; white-space: nowrap; }
-.s-pending, .s-candidate { color: var(--pending); }
-.s-running { color: var(--running); }
-.s-waiting { color: var(--waiting); }
-.s-completed, .s-accepted { color: var(--completed); }
-.s-failed, .s-rejected { color: var(--failed); }
-.s-cancelled { color: var(--muted); }
-.intent-started { color: var(--failed); font-weight: 600; }
-.intent-never-started { color: var(--pending); }
-.s-other, .s-all { color: var(--text); }
-.tabs { display: flex; flex-wrap: wrap; gap: .5rem; margin: .8rem 0; }
-.tab { padding: .25rem .8rem; border: 1px solid var(--border); border-radius: 999px;
-  background: var(--panel); }
-.tab[aria-current] { border-color: currentColor; background: var(--panel2); }
-.tab .count { color: var(--muted); margin-left: .2rem; }
-.filters { display: flex; flex-wrap: wrap; gap: .8rem; align-items: center; margin: .6rem 0 1rem; }
-.filters label { color: var(--muted); }
-input, select, button { background: var(--panel2); color: var(--text); border: 1px solid var(--border);
-  border-radius: 4px; padding: .25rem .5rem; font: inherit; }
-button { cursor: pointer; }
-.pager { display: flex; gap: 1.2rem; margin: .8rem 0; }
-.grid { display: grid; grid-template-columns: repeat(auto-fit, minmax(22rem, 1fr)); gap: 0 2rem; }
-dl { display: grid; grid-template-columns: max-content 1fr; gap: .35rem 1.2rem; margin: 0; }
-dt { color: var(--muted); }
-dd { margin: 0; overflow-wrap: anywhere; }
-.children { margin: 0; padding-left: 1.1rem; }
-.lease-active { color: var(--completed); white-space: nowrap; }
-.lease-expired { color: var(--failed); white-space: nowrap; }
-details.event { background: var(--panel); border: 1px solid var(--border); border-radius: 6px;
-  margin: .3rem 0; padding: .3rem .7rem; }
-details.event summary { cursor: pointer; white-space: nowrap; overflow: hidden;
-  text-overflow: ellipsis; }
-details.event .seq { color: var(--muted); display: inline-block; min-width: 3.5rem;
-  font-variant-numeric: tabular-nums; }
-details.event strong { display: inline-block; min-width: 13rem; }
-details.event .preview { color: var(--muted); font-family: ui-monospace, Menlo, Consolas,
-  "DejaVu Sans Mono", monospace; font-size: .8rem; margin-left: .6rem; }
-details.event:target { border-color: var(--link); }
-td details summary { cursor: pointer; color: var(--link); }
-.error { max-width: 40rem; margin: 3rem auto; padding: 1.5rem 2rem; background: var(--panel);
-  border: 1px solid var(--border); border-radius: 8px; }
-.error h1 { color: var(--failed); }
-.malformed { color: var(--failed); overflow-wrap: anywhere; }
-"""
+    return {
+        "events": page,
+        "event_items": items,
+        "types": view.types,
+        "type": query.type,
+        "events_action": v.fragment(v.path("runs", run_id), "events"),
+        "events_hidden": [("refresh", "off")] if query.refresh == "off" else [],
+        "events_nav": nav,
+    }
 
 
 # --------------------------------------------------------------------------- serving
@@ -1511,6 +982,7 @@ async def serve(
     address: str = DEFAULT_ADDRESS,
     *,
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
+    extend: Callable[[InspectorApp], None] | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the inspector for ``database_path`` on a loopback ``address`` until shutdown.
@@ -1521,7 +993,7 @@ async def serve(
     """
     ip, port = parse_address(address)
     await trio.to_thread.run_sync(_check_database, database_path)
-    app = create_app(database_path, format_host(ip, port))
+    app = create_app(database_path, format_host(ip, port), extend=extend)
     assert isinstance(app, InspectorApp)
     config = hypercorn.config.Config()
     config.bind = [format_host(ip, port)]
