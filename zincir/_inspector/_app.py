@@ -159,6 +159,9 @@ class InspectorApp(QuartTrio):
     mode: str
     #: Callables run in a page request's context; each returns names for the templates.
     page_context: list[Callable[[], Mapping[str, Any]]]
+    #: The headers every answer carries; an ``extend`` hook may adjust them (the actions send
+    #: ``Referrer-Policy: same-origin``, or a browser's form POST says ``Origin: null``).
+    security_headers: tuple[tuple[bytes, bytes], ...]
 
     async def asgi_app(self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
         if scope["type"] == "lifespan":
@@ -186,7 +189,7 @@ class InspectorApp(QuartTrio):
                 "Open it by typing its address or following a link from the inspector itself.",
             )
             return
-        await super().asgi_app(scope, receive, _secured(send))
+        await super().asgi_app(scope, receive, _secured(send, self.security_headers))
 
 
 def _accepted_hosts(served_host: str) -> tuple[str, ...]:
@@ -209,11 +212,13 @@ def _host_of(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
     return hosts[0].decode("latin-1").lower()
 
 
-def _secured(send: ASGISendCallable) -> ASGISendCallable:
+def _secured(
+    send: ASGISendCallable, security_headers: tuple[tuple[bytes, bytes], ...] = SECURITY_HEADERS
+) -> ASGISendCallable:
     async def send_secured(message: ASGISendEvent) -> None:
         if message["type"] == "http.response.start":
             kept = [(n, v) for n, v in message["headers"] if n.lower() not in _SECURITY_NAMES]
-            message = {**message, "headers": [*kept, *SECURITY_HEADERS]}
+            message = {**message, "headers": [*kept, *security_headers]}
         await send(message)
 
     return send_secured
@@ -252,6 +257,7 @@ def create_app(
     app.served_host = served_host
     app.mode = "read-only"
     app.page_context = []
+    app.security_headers = SECURITY_HEADERS
     app.config["JSON_SORT_KEYS"] = False
     _add_routes(app)
     if extend is not None:
