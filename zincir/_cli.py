@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import getpass
 import importlib
 import json
 import logging
@@ -18,7 +17,7 @@ import trio
 from . import _queries as q
 from ._cli_inspect import clean_errors as _clean_errors
 from ._cli_inspect import readonly_database, register
-from ._cli_options import database_option
+from ._cli_options import database_option, os_user
 from ._database import open_database, wall_clock_ms
 from ._errors import ZincirError
 from ._inbox import cancel_run, decide_approval, raise_budget, retry_now, send_signal
@@ -131,14 +130,6 @@ def _suspend_seconds(text: str) -> float | None:
         return float(text)
     except ValueError:
         raise click.BadParameter(f"{text!r} is neither a number of seconds nor 'never'") from None
-
-
-def os_user() -> str:
-    """Who a command acts as unless told: the OS user name (``getpass``), or ``uid <n>``."""
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):  # no user name for this uid (a container's bare uid)
-        return f"uid {os.getuid()}"
 
 
 _by_option = click.option(

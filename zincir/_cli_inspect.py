@@ -26,7 +26,7 @@ import click
 import trio
 
 from . import _queries as q
-from ._cli_options import DATABASE_ENV, database_option
+from ._cli_options import DATABASE_ENV, database_option, os_user
 from ._errors import ZincirError
 from ._inspector import DEFAULT_ADDRESS, human_delta, serve
 
@@ -155,11 +155,33 @@ def _json_line(value: Any) -> str:
     show_default=True,
     help=f"Loopback IP:PORT to serve on, [::1]:PORT for IPv6; port 0 picks one (env {UI_ADDRESS_ENV}).",
 )
-def ui(database_path: str, address: str) -> None:
-    """Serve the read-only web inspector on a loopback address until Ctrl+C or SIGTERM."""
+@click.option(
+    "--allow-actions",
+    is_flag=True,
+    help="Also allow actions (approve/deny, signal, cancel, retry now, raise a budget) after a"
+    " one-time login; without it the inspector opens no write connection at all.",
+)
+@click.option(
+    "--as",
+    "actor",
+    default=None,
+    metavar="NAME",
+    help="Who the actions are recorded as (default: your OS user name). Needs --allow-actions.",
+)
+def ui(database_path: str, address: str, allow_actions: bool, actor: str | None) -> None:
+    """Serve the web inspector on a loopback address until Ctrl+C or SIGTERM.
+
+    Read-only unless --allow-actions: then it prints a one-time login URL, and a browser logged
+    in with it can act on runs, each action recorded with the --as name.
+    """
+    if actor is not None and not allow_actions:
+        raise click.UsageError("--as names who acts: it needs --allow-actions")
     _require_file(database_path)
     try:
-        trio.run(_serve_ui, database_path, address)
+        if allow_actions:
+            trio.run(_serve_ui_with_actions, database_path, address, actor or os_user())
+        else:
+            trio.run(_serve_ui, database_path, address)
     except BaseException as error:
         leaf = _leaf(error)
         if isinstance(leaf, ZincirError):
@@ -176,6 +198,18 @@ async def _serve_ui(database_path: str, address: str) -> None:
         url = await nursery.start(functools.partial(serve, database_path, address))
         shown = q.display_target(database_path)
         click.echo(f"zincir inspector: serving {shown} read-only at {url} (Ctrl+C to stop)")
+    click.echo("zincir inspector: stopped")
+
+
+async def _serve_ui_with_actions(database_path: str, address: str, actor: str) -> None:
+    from ._inspector._actions import serve_with_actions  # only this mode imports the writes
+
+    async with trio.open_nursery() as nursery:
+        start = functools.partial(serve_with_actions, database_path, address, actor=actor)
+        url, login_url = await nursery.start(start)
+        shown = q.display_target(database_path)
+        click.echo(f"zincir inspector: serving {shown} at {url}, actions allowed as {actor} (Ctrl+C to stop)")
+        click.echo(f"zincir inspector: log in once with {login_url}")
     click.echo("zincir inspector: stopped")
 
 

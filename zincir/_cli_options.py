@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import getpass
+import os
+
 import click
 
 DATABASE_ENV = "ZINCIR_DATABASE_PATH"
@@ -17,3 +20,11 @@ database_option = click.option(
     metavar="PATH|URL",
     help=f"SQLite database file (or sqlite:///PATH), or a postgresql:// URL (env {DATABASE_ENV}).",
 )
+
+
+def os_user() -> str:
+    """Who a command acts as unless told: the OS user name (``getpass``), or ``uid <n>``."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no user name for this uid (a container's bare uid)
+        return f"uid {os.getuid()}"
