@@ -7,7 +7,11 @@ import contextlib
 import functools
 import html
 import http.client
+import os
 import re
+import signal
+import subprocess
+import sys
 import urllib.parse
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -399,3 +403,43 @@ async def test_a_browser_logs_in_once_and_approves_a_tool_call(db: zincir.Databa
         db, "SELECT call_id, approved, decided_by, reason FROM approvals WHERE approved IS NOT NULL"
     ) == [("c1", 1, "ada", "fine by me")]
     assert trail(db) == [(scene.asking, "approve", "ada")]
+
+
+# -- the command line -------------------------------------------------------------------------
+
+
+def test_zincir_ui_allow_actions_prints_a_one_time_login_url_and_stops_cleanly(tmp_path: Path) -> None:
+    target = str(tmp_path / "zincir.db")
+    trio.run(_one_run, target)
+    command = [sys.executable, "-c", "import sys; from zincir._cli import main; sys.exit(main())"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    refused = subprocess.run(
+        [*command, "ui", "--db", target, "--as", "ada"], capture_output=True, text=True, env=env
+    )
+    assert refused.returncode == 2 and "--as names who acts: it needs --allow-actions" in refused.stderr
+    serving = [*command, "ui", "--db", target, "--address", "127.0.0.1:0", "--allow-actions", "--as", "ada"]
+    process = subprocess.Popen(serving, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert process.stdout is not None
+        first, second = process.stdout.readline(), process.stdout.readline()
+        assert re.fullmatch(r"zincir inspector: serving \S+ at http://127\.0\.0\.1:[0-9]+/, actions allowed"
+                            r" as ada \(Ctrl\+C to stop\)\n", first), first  # fmt: skip
+        found = re.fullmatch(
+            r"zincir inspector: log in once with (http://127\.0\.0\.1:([0-9]+)/login\?token=[A-Za-z0-9_-]{43})\n",
+            second,
+        )
+        assert found is not None, second
+        server = Server(f"http://127.0.0.1:{found[2]}/", found[1])
+        answers = [_request(server, "GET", found[1].removeprefix(server.origin), {}, "") for _ in range(2)]
+        assert [a.status for a in answers] == [303, 403]
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=10)
+    finally:
+        process.kill()
+    assert process.returncode == 0, err
+    assert "stopped" in out and "Traceback" not in err
+
+
+async def _one_run(target: str) -> None:
+    async with zincir.open_database(target) as db, zincir.open_run(db):
+        pass
