@@ -58,12 +58,22 @@ def _trials(entries: list[dict[str, Any]], metric: str) -> list[float]:
     return [t[metric] for e in entries for t in e["trials"]]
 
 
+def _base(entries: list[dict[str, Any]], metric: str) -> list[float]:
+    """``metric`` of every uninterrupted run of ``entries``."""
+    return [t[metric] for e in entries for t in e["uninterrupted"]]
+
+
 def _med(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
 def _more(a: float, b: float, more: str = "more", fewer: str = "fewer") -> str:
     return more if a > b else (fewer if a < b else "as many")
+
+
+def _tag(e: dict[str, Any]) -> str:
+    """A combination's context and verification, e.g. ``fresh/verifier``."""
+    return f"{e['context']}/{'verifier' if e['verification'] == 'verifier' else 'no verifier'}"
 
 
 def _reading(r: dict[str, Any]) -> list[str]:
@@ -76,8 +86,9 @@ def _reading(r: dict[str, Any]) -> list[str]:
         b = best["summary"]
         lines.append(
             f"- **zincir resume + fresh context + verifier** finished all {n} subtasks verified in"
-            f" **{b['correct']} of {b['seeds']}** killed runs ({b['kills_landed']['median']:.0f} SIGKILLs"
-            f" landed, median), with **{b['duplicates']['max']:.0f}** duplicated external effects at most,"
+            f" **{b['correct']} of {b['seeds']}** killed runs ({sum(_trials([best], 'kills_landed')):.0f}"
+            f" SIGKILLs landed in all, a median of {b['kills_landed']['median']:.0f} per run),"
+            f" with **{b['duplicates']['max']:.0f}** duplicated external effects at most,"
             f" {b['falsely_believed']['max']:.0f} subtasks falsely believed done at most, a median of"
             f" {b['model_calls']['median']:.0f} model calls ({b['model_calls_uninterrupted']['median']:.0f}"
             f" uninterrupted) and {b['tokens']['median']:,.0f} tokens."
@@ -101,13 +112,13 @@ def _reading(r: dict[str, Any]) -> list[str]:
         ]
         lines.append(
             f"- **Crash durability.** The same SIGKILLs cost a run without durability a median of"
-            f" **{_med(extra_none):.0f}** extra model calls (per combination: "
-            + ", ".join(f"{_num(x)}" for x in extra_none)
+            f" **{_med(extra_none):.0f}** extra model calls (median per combination: "
+            + ", ".join(f"{_tag(e)} {_num(x)}" for e, x in zip(none, extra_none, strict=True))
             + f") and **{_med(wall_none):.2f}x** its uninterrupted wall time; resumed by zincir,"
             f" **{_med(extra_zin):.0f}** extra calls ("
-            + ", ".join(f"{_num(x)}" for x in extra_zin)
+            + ", ".join(f"{_tag(e)} {_num(x)}" for e, x in zip(zin, extra_zin, strict=True))
             + f") and {_med(wall_zin):.2f}x. Restarting from scratch repeated the non-idempotent"
-            f" `notify`: **{sum(dup_none):.0f}** duplicated effects over {len(dup_none)} killed runs"
+            f" `notify`: **{sum(dup_none):,.0f}** duplicated effects over {len(dup_none)} killed runs"
             f" (median {_med(dup_none):.0f} per run); zincir's resume, with `run.execute(...,"
             f" reconcile=probe)`, **{sum(dup_zin):.0f}** over {len(dup_zin)}."
         )
@@ -120,37 +131,41 @@ def _reading(r: dict[str, Any]) -> list[str]:
             for a, b in pairs
             if b["summary"]["tokens"]["median"]
         ]
-        wrong_full, wrong_fresh = _trials(full, "wrong_writes"), _trials(fresh, "wrong_writes")
-        prompt_full, prompt_fresh = _trials(full, "max_prompt_tokens"), _trials(fresh, "max_prompt_tokens")
+        wrong_full, wrong_fresh = _base(full, "wrong_writes"), _base(fresh, "wrong_writes")
+        prompt_full, prompt_fresh = _base(full, "max_prompt_tokens"), _base(fresh, "max_prompt_tokens")
         fb = [
-            (a["summary"]["falsely_believed"]["median"], b["summary"]["falsely_believed"]["median"])
+            (a, a["summary"]["falsely_believed"]["median"], b["summary"]["falsely_believed"]["median"])
             for a, b in pairs
             if a["verification"] == "none"
         ]
         calls = [
-            (a["summary"]["model_calls"]["median"], b["summary"]["model_calls"]["median"])
+            (a, _med(_base([a], "model_calls")), _med(_base([b], "model_calls")))
             for a, b in pairs
             if a["verification"] == "verifier"
         ]
         text = (
-            f"- **Context strategy.** The full history grew to a median largest prompt of"
-            f" {_med(prompt_full):,.0f} tokens against {_med(prompt_fresh):,.0f} for a fresh context;"
-            f" it used **{_med(tok_ratio):.0f}x** the tokens (median over the {len(tok_ratio)} pairs that"
-            f" differ only in context) and, its error rate growing with its prompt, the model wrote a"
-            f" wrong file a median of **{_med(wrong_full):.0f}** times per run against"
-            f" **{_med(wrong_fresh):.0f}** in a fresh context."
+            f"- **Context strategy.** Uninterrupted, the full history grew to a median largest prompt"
+            f" of {_med(prompt_full):,.0f} tokens against {_med(prompt_fresh):,.0f} for a fresh context;"
+            f" killed, it used **{_med(tok_ratio):.0f}x** the tokens (median over the {len(tok_ratio)}"
+            " pairs of combinations that differ only in context). Its error rate growing with its"
+            f" prompt, the model wrote a wrong file a median of **{_med(wrong_full):.0f}** times per"
+            f" uninterrupted run with the full history, **{_med(wrong_fresh):.0f}** in a fresh context."
         )
         if fb:
             text += (
-                " Without a verifier those wrong files stayed believed done: a median of "
-                + " and ".join(f"{x:.0f} (full) vs {y:.0f} (fresh)" for x, y in fb)
-                + " subtasks falsely believed done."
+                " Without a verifier those wrong files stayed believed done: in the killed runs a median of "
+                + " and ".join(
+                    f"{x:.0f} (full) vs {y:.0f} (fresh) subtasks falsely believed done with"
+                    f" {NAMES[('durability', a['durability'])]}"
+                    for a, x, y in fb
+                )
+                + "."
             )
         if calls:
+            x, y = calls[-1][1], calls[-1][2]
             text += (
-                " With a verifier they were caught and redone, which cost model calls: "
-                + " and ".join(f"{x:.0f} (full) vs {y:.0f} (fresh)" for x, y in calls)
-                + " (medians)."
+                " With a verifier they were caught and redone, which cost model calls: a median of"
+                f" {x:.0f} (full) vs {y:.0f} (fresh) per uninterrupted run."
             )
         lines.append(text)
     pairs = _pairs(r, "verification")
@@ -160,18 +175,17 @@ def _reading(r: dict[str, Any]) -> list[str]:
         ok_nov, ok_ver = sum(e["summary"]["correct"] for e in nov), sum(e["summary"]["correct"] for e in ver)
         runs_nov, runs_ver = sum(e["summary"]["seeds"] for e in nov), sum(e["summary"]["seeds"] for e in ver)
         fb_nov, fb_ver = _trials(nov, "falsely_believed"), _trials(ver, "falsely_believed")
-        fc = _trials(nov + ver, "false_claims")
-        call_ratio = [
-            b["summary"]["model_calls"]["median"] / a["summary"]["model_calls"]["median"] for a, b in pairs
-        ]
+        fc = _base(nov + ver, "false_claims")
+        call_ratio = [_med(_base([b], "model_calls")) / _med(_base([a], "model_calls")) for a, b in pairs]
         lines.append(
             f"- **Verification policy.** The model made a median of {_med(fc):.0f} false claims per"
-            f" run (probability {s['model']['p_false']:.2f} per subtask attempt). Accepting its claims,"
+            f" uninterrupted run (probability {s['model']['p_false']:.2f} per subtask attempt)."
+            " Accepting its claims,"
             f" **{ok_nov} of {runs_nov}** killed runs ended with all {n} subtasks right, and a run"
             f" believed a median of **{_med(fb_nov):.0f}** (at most {max(fb_nov):.0f}) subtasks done"
             f" that were not. With the independent verifier, **{ok_ver} of {runs_ver}** did, with"
             f" {sum(fb_ver):.0f} subtasks falsely believed done in all; the price was"
-            f" {_med(call_ratio):.2f}x the model calls (median over the pairs)."
+            f" {_med(call_ratio):.2f}x the model calls of an uninterrupted run (median over the pairs)."
         )
     keyed = sum(_trials(list(combos.values()), "keyed_duplicates"))
     runs = sum(e["summary"]["seeds"] for e in combos.values())
@@ -350,7 +364,8 @@ def write_chart(r: dict[str, Any], path: Path) -> None:
         ' font-family="sans-serif" font-size="11">',
         f'<rect width="{width}" height="{height}" fill="white"/>',
         f'<text x="10" y="20" font-size="14">Long-horizon agent, {r["sizes"]["subtasks"]} subtasks,'
-        f" {r['sizes']['kills']} SIGKILLs per run: median over {seeds} seeds (line: min-max)</text>",
+        f" {r['sizes']['kills']} SIGKILLs per run: median over {seeds} seed{'s' if seeds != 1 else ''}"
+        " (line: min-max)</text>",
     ]
     for i, e in enumerate(combos):
         y = top + i * (bar_h + gap_y)

@@ -72,7 +72,7 @@ COMBOS = tuple(
 @dataclass
 class Sizes:
     subtasks: int = 40
-    seeds: int = 5
+    seeds: int = 6
     kills: int = 3
     model: ModelParams = field(default_factory=ModelParams)
 
@@ -397,7 +397,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.horizon", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run, not a measurement")
     parser.add_argument("--subtasks", type=int, help="subtasks per run (default 40)")
-    parser.add_argument("--seeds", type=int, help="seeds 0..N-1 (default 5)")
+    parser.add_argument("--seeds", type=int, help="seeds 0..N-1 (default 6)")
     parser.add_argument("--kills", type=int, help="SIGKILLs per killed run (default 3)")
     parser.add_argument("--only", help="comma-separated combination keys, e.g. zincir-fresh-verifier")
     parser.add_argument("--out", default=str(REPO / "bench" / "report-horizon.md"))
