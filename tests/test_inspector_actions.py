@@ -3,6 +3,7 @@ against the real server (both backends), and one flow in a real headless Chromiu
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import functools
 import html
@@ -27,6 +28,8 @@ from zincir._inspector._actions import ACTIONS, serve_with_actions
 
 from . import cdp
 from .helpers import dump, rows
+
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 
 # -- the scene: a run with two requested approvals, and a run backing off ---------------------
 
@@ -394,6 +397,12 @@ async def test_a_browser_logs_in_once_and_approves_a_tool_call(db: zincir.Databa
         assert (await page.evaluate("document.querySelector('p.done').textContent")).startswith("Approved.")
         assert await page.evaluate("location.search") == "?refresh=off&done=approve"
         assert await page.evaluate("document.querySelectorAll('form.action-approve').length") == 1
+        await page.send(
+            "Emulation.setDeviceMetricsOverride", width=1280, height=2400, deviceScaleFactor=1, mobile=False
+        )
+        shot = await page.send("Page.captureScreenshot", format="png", captureBeyondViewport=True)
+        ARTIFACTS.mkdir(exist_ok=True)  # for a human to look at the panel after an approval
+        (ARTIFACTS / "inspector-actions.png").write_bytes(base64.b64decode(shot["data"]))
         # The login URL was for one browser, once: a second profile gets a refusal.
         async with cdp.chromium(tmp_path / "second") as second_browser:
             second = await second_browser.new_page()
