@@ -156,8 +156,9 @@ async def forms(server: Server, run_id: str, cookie: str) -> dict[tuple[str, str
     found = {}
     for action_url, action, inner in _FORM.findall(page.body):
         assert html.unescape(action_url) == f"/runs/{run_id}/actions/{action}"
-        hidden = dict(re.findall(r'<input type="hidden" name="([a-z_]+)" value="([^"]*)">', inner))
-        found[(action, hidden.get("call_id", ""))] = {k: html.unescape(v) for k, v in hidden.items()}
+        fields = re.findall(r'<input type="hidden" name="([a-z_]+)" value="([^"]*)">', inner)
+        hidden = {name: html.unescape(value) for name, value in fields}
+        found[(action, hidden.get("call_id", ""))] = hidden
     return found
 
 
@@ -452,3 +453,37 @@ def test_zincir_ui_allow_actions_prints_a_one_time_login_url_and_stops_cleanly(t
 async def _one_run(target: str) -> None:
     async with zincir.open_database(target) as db, zincir.open_run(db):
         pass
+
+
+HOSTILE = (
+    '"><img src=x onerror="document.body.dataset.pwned=1"><script>document.body.dataset.pwned=1</script>'
+)
+
+
+async def test_hostile_call_ids_tools_and_signal_names_stay_inert_in_the_panel(db: zincir.Database) -> None:
+    async with zincir.open_run(db) as run:
+        await run.record_response("", [zincir.ToolCall(HOSTILE, f"<b>{HOSTILE}</b>", {})], "tool_use")
+        with trio.move_on_after(0.02):
+            await run.wait_for_approval(HOSTILE)
+        with trio.move_on_after(0.02):
+            await run.wait_for_signal("w", HOSTILE)
+        run_id = run.id
+    async with actions_server(db.path, actor=HOSTILE) as server:
+        cookie = await log_in(server)
+        page = await get(server, f"/runs/{run_id}?refresh=off", Cookie=cookie)
+        assert page.status == 200
+        panel = page.body[page.body.index('<section id="actions">') :]
+        panel = panel[: panel.index("</section>")]
+        assert "<script" not in panel and "<img" not in panel and "<b>" not in panel
+        assert html.escape(HOSTILE).replace("&quot;", "&#34;") in panel  # as markupsafe writes it
+        found = await forms(server, run_id, cookie)
+        assert found[("approve", HOSTILE)]["call_id"] == HOSTILE
+        answer = await post(
+            server,
+            f"/runs/{run_id}/actions/approve",
+            found[("approve", HOSTILE)],
+            Cookie=cookie,
+            Origin=server.origin,
+        )
+        assert answer.status == 303
+    assert rows(db, "SELECT call_id, decided_by FROM approvals") == [(HOSTILE, HOSTILE)]
