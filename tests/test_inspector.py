@@ -354,14 +354,16 @@ async def test_run_page(ids: Sample) -> None:
         "round 2",
         "original goal",
         "pytest exit 1",
-        "idempotency key <code>tool_call:call_1</code>",
         "Next attempt",
     ):
         assert expected in text, expected
     assert f'href="/runs/{ids.children[0]}"' in text
     assert f'href="/runs/{ids.children[1]}"' in text
     assert '<meta http-equiv="refresh" content="5">' in text
-    assert text.count('<details class="event"') == 14
+    raw = (await fetch(ids.path, f"/runs/{ids.main}?view=events")).text  # the raw list, one click away
+    assert "idempotency key <code>tool_call:call_1</code>" in raw
+    assert raw.count('<details class="event"') == 14
+    assert f'href="/runs/{ids.main}?view=events#views"' in text
     child = await fetch(ids.path, f"/runs/{ids.children[0]}")
     assert f'href="/runs/{ids.main}"' in child.text
     assert 'http-equiv="refresh"' not in child.text
@@ -371,12 +373,12 @@ async def test_run_page(ids: Sample) -> None:
 
 
 async def test_run_page_paginates_events(ids: Sample) -> None:
-    first = await fetch(ids.path, f"/runs/{ids.long}")
+    first = await fetch(ids.path, f"/runs/{ids.long}?view=events")
     assert first.text.count('<details class="event"') == 100
     assert 'id="e99"' in first.text
     assert 'id="e100"' not in first.text
-    assert f'href="/runs/{ids.long}?after=99#events"' in first.text
-    latest = await fetch(ids.path, f"/runs/{ids.long}?before=250&limit=20")
+    assert f'href="/runs/{ids.long}?after=99&amp;view=events#events"' in first.text
+    latest = await fetch(ids.path, f"/runs/{ids.long}?before=250&limit=20&view=events")
     assert latest.text.count('<details class="event"') == 20
     assert 'id="e249"' in latest.text
     typed = await fetch(ids.path, f"/runs/{ids.long}?type=tool_result&after=200")
@@ -392,7 +394,7 @@ async def test_large_payload_is_cut_on_the_page(sample: tuple[sqlite3.Connection
     writer, ids = sample
     big = "x" * 300_000
     seq = add_event(writer, ids.long, "llm_call", {"content": big})
-    page = await fetch(ids.path, f"/runs/{ids.long}?after={seq - 1}")
+    page = await fetch(ids.path, f"/runs/{ids.long}?after={seq - 1}&view=events")
     assert "Showing the first 65,536 of 300,014 characters" in page.text
     assert len(page.text) < 120_000
     full = await fetch(ids.path, f"/api/runs/{ids.long}/events/{seq}")
@@ -579,7 +581,7 @@ async def test_reads_a_database_written_by_the_core_library(tmp_path: Path) -> N
         await run.record_response("thinking", [{"id": "c1", "name": "read", "args": {}}], "tool_use")
         await run.record_tool_result("c1", {"ok": True})
         before = file_digests(path)
-        page = await fetch(path, f"/runs/{run.id}")
+        page = await fetch(path, f"/runs/{run.id}?view=events")
         assert page.status == 200
         assert "tool_result" in page.text
         assert run.id in (await fetch(path, "/")).text
@@ -623,7 +625,7 @@ async def test_malformed_rows_render_as_escaped_placeholders(
     ids, bad = malformed_sample(sample)
     for url in ("/", f"/runs/{bad.run}", f"/runs/{bad.run}?before=end", f"/runs/{bad.child}"):
         assert_clean_html(await fetch(ids.path, url))
-    page = await fetch(ids.path, f"/runs/{bad.run}")
+    page = await fetch(ids.path, f"/runs/{bad.run}?view=events")
     # Text in an integer column: a placeholder naming it, escaped (seq, round, epoch, attempts, times).
     assert page.text.count('<code class="malformed">(malformed text: ') >= 8
     assert "(malformed blob: x&#39;3c61" in page.text  # the BLOB lease expiry, as hex
@@ -902,7 +904,7 @@ async def test_long_values_are_previews_with_a_link(sample: tuple[sqlite3.Connec
     writer.execute(
         "UPDATE checkpoints SET state = ? WHERE run_id = ? AND round = 2", (json.dumps(big), ids.main)
     )
-    page = await fetch(ids.path, f"/runs/{ids.main}")
+    page = await fetch(ids.path, f"/runs/{ids.main}?view=events")
     assert page.status == 200
     assert len(page.text) < 80_000
     assert page.text.count("Showing the first 8,192 of 300,011 characters.") == 2

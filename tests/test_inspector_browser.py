@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import trio
 
+import zincir
 from tests.inspect_fixtures import (
     XSS_HREF,
     XSS_IMG,
@@ -29,6 +30,9 @@ from tests.inspect_fixtures import (
     build_sample,
 )
 from zincir._inspector import serve
+
+from .agent_scenarios import family, long_run, over_budget_run
+from .test_waiting_views import suspended_and_blocked
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
@@ -83,11 +87,11 @@ async def dump_dom(profile: Path, url: str) -> str:
     return await run_browser(chromium(profile, "--dump-dom", url))
 
 
-async def screenshot(profile: Path, url: str, name: str) -> Path:
+async def screenshot(profile: Path, url: str, name: str, height: int = 900) -> Path:
     ARTIFACTS.mkdir(exist_ok=True)
     target = ARTIFACTS / name
     target.unlink(missing_ok=True)
-    await run_browser(chromium(profile, f"--screenshot={target}", "--window-size=1280,900", url))
+    await run_browser(chromium(profile, f"--screenshot={target}", f"--window-size=1280,{height}", url))
     data = target.read_bytes()
     assert data.startswith(b"\x89PNG\r\n\x1a\n")
     assert len(data) > 10_000  # a rendered page, not a blank one
@@ -195,4 +199,34 @@ async def test_markup_in_integer_columns_stays_text_in_a_real_browser(
         assert malformed.run in runs_dom
         assert ids.main in runs_dom  # one malformed row does not take the list down
         await screenshot(profile, f"{url}runs/{malformed.run}", "inspector-run-malformed.png")
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_agent_view_in_a_real_browser(tmp_path: Path) -> None:
+    """Screenshots of a run of 300 events, a waiting run, a family of three levels and a run
+    over budget (``test-artifacts/inspector-agent-*.png``), each checked by its DOM for the
+    marks it must carry (the test client checks the rest, on both backends)."""
+    path = tmp_path / "agent.db"
+    async with zincir.open_database(str(path)) as db:
+        long = await long_run(db, responses=100)
+        waiting, _, _ = await suspended_and_blocked(db)
+        root, child, grandchild = await family(db)
+        spender = await over_budget_run(db)
+    profile = tmp_path / "profile"
+    checks = {
+        f"runs/{long}": ("300-events", ['id="timeline"', 'data-kind="response"', 'data-state="done"']),
+        f"runs/{waiting}": ("waiting", ['class="wait-line" data-kind="signal"', 'data-lane="waits"']),
+        f"runs/{root}": ("family", [f'href="/runs/{child}"', f'href="/runs/{grandchild}"']),
+        f"runs/{spender}": ("over-budget", ['class="budget-row over"', "Over budget"]),
+    }
+    async with trio.open_nursery() as nursery:
+        start = functools.partial(serve, str(path), "127.0.0.1:0", shutdown_trigger=trio.sleep_forever)
+        url: str = await nursery.start(start)
+        for page, (name, marks) in checks.items():
+            dom = await dump_dom(profile, f"{url}{page}")
+            assert_nothing_ran(dom)
+            for mark in marks:
+                assert mark in dom, (page, mark)
+            await screenshot(profile, f"{url}{page}", f"inspector-agent-{name}.png", height=1600)
+        await screenshot(profile, url, "inspector-agent-runs.png")
         nursery.cancel_scope.cancel()

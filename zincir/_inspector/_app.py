@@ -52,6 +52,19 @@ from .._errors import (
 )
 from .._version import __version__
 from . import _views as v
+from ._charts import LANE_CAP, BudgetBar, Timeline, budget_bars, status_chart, timeline
+from ._conversation import Context, Entry, call_ids_of, decided_on_page, entries
+from ._reads import (
+    CallOutcome,
+    Intent,
+    Mark,
+    WaitSpan,
+    activity_sample,
+    call_outcomes,
+    intents_since,
+    latest_events,
+    wait_spans,
+)
 from ._render import STATIC, human_delta, render
 from ._views import LIST_LIMIT
 
@@ -75,6 +88,10 @@ CHILDREN_PAGE = 100
 TREE_DEPTH = 4
 TREE_WIDTH = 20
 REFRESH_SECONDS = 5
+#: The run page's timeline covers the latest this many events (the whole run when shorter).
+TIMELINE_EVENTS = 2000
+#: The runs page's chart samples the most recently active this many runs.
+CHART_SAMPLE = 5000
 
 CONTENT_SECURITY_POLICY = (
     "default-src 'none'; style-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
@@ -431,8 +448,9 @@ async def _runs_route(app: InspectorApp) -> Response:
         page = query.fetch(conn)
         awaiting = q.list_awaiting(conn, [r.id for r in page.runs if r.status in ("running", "waiting")])
         budgets = q.budgets_of(conn, [r.id for r in page.runs], now)
+        chart = status_chart(activity_sample(conn, CHART_SAMPLE), q.RUN_STATUSES, page.total)
         context = _runs_context(query, page, awaiting, budgets, q.display_target(app.database_path), now)
-        return _render_page(app, "runs.html", "Runs", {**context, **extra})
+        return _render_page(app, "runs.html", "Runs", {**context, "chart": chart, **extra})
 
     return _html(await _read(app, render))
 
@@ -656,9 +674,13 @@ class _EventsQuery:
         payload_chars: int | None,
         refresh: str | None = None,
         children_after: q.RunCursor | None = None,
+        view: str | None = None,
     ) -> None:
         self.after, self.before, self.limit, self.type = after, before, limit, type
         self.payload_chars, self.refresh, self.children_after = payload_chars, refresh, children_after
+        #: "events" shows the raw event list; anything else (the default) the conversation.
+        #: A type filter applies to the raw list only, so it implies "events".
+        self.view = "events" if view == "events" or type is not None else None
 
     @classmethod
     def from_request(cls, default_limit: int, payload_chars: int | None) -> _EventsQuery:
@@ -666,8 +688,18 @@ class _EventsQuery:
         if after is not None and before is not None:
             raise InvalidArgument("give at most one of after= and before=")
         limit = _int_arg("limit", default_limit, 1, q.MAX_PAGE)
+        view = _arg("view")
+        if view not in (None, "events", "conversation"):
+            raise InvalidArgument(f"unknown view {view[:40]!r}: expected events or conversation")
         return cls(
-            after, before, limit, _arg("type"), payload_chars, _arg("refresh"), _cursor_arg("children_after")
+            after,
+            before,
+            limit,
+            _arg("type"),
+            payload_chars,
+            _arg("refresh"),
+            _cursor_arg("children_after"),
+            view,
         )
 
     def fetch(self, run_id: str, conn: Any, *, max_chars_total: int | None = None) -> q.EventPage:
@@ -686,7 +718,10 @@ class _EventsQuery:
         params: dict[str, Any] = {"type": self.type, "after": self.after, "before": self.before}
         params["limit"] = None if self.limit == q.DEFAULT_PAGE else self.limit
         params["refresh"] = self.refresh
+        params["view"] = self.view if self.type is None else None
         params.update(changes)
+        if params.get("type") is not None:
+            params["view"] = None  # implied
         for name in ("after", "before"):
             if params[name] is not None:
                 params[name] = _token(params[name])
@@ -706,14 +741,36 @@ class _RunView:
         family: tuple[tuple[q.RunSummary, ...], q.FamilyNode],
         budget: q.Usage | None,
         intents: tuple[q.IntentRow, ...],
+        outcomes: Mapping[str, CallOutcome],
+        marks: tuple[tuple[Mark, ...], bool],
+        window_intents: tuple[Intent, ...],
+        waits: tuple[WaitSpan, ...],
     ) -> None:
         self.run, self.checkpoints, self.events, self.types = run, checkpoints, events, types
         self.steps, self.timers, self.awaiting = steps, timers, awaiting
         self.ancestors, self.descendants = family
         self.budget, self.intents = budget, intents
+        self.outcomes, (self.marks, self.earlier) = outcomes, marks
+        self.window_intents, self.waits = window_intents, waits
 
     @classmethod
     def fetch(cls, run_id: str, query: _EventsQuery, conn: Any) -> _RunView:
+        events = query.fetch(run_id, conn)
+        conversation = query.view != "events"
+        outcomes = (
+            call_outcomes(conn, run_id, call_ids_of(events.events), max_chars=ITEM_PREVIEW_CHARS)
+            if conversation
+            else {}
+        )
+        later = query.after is not None or query.before is not None
+        marks: tuple[tuple[Mark, ...], bool] = ((), False)
+        window: tuple[Intent, ...] = ()
+        waits: tuple[WaitSpan, ...] = ()
+        if not later:
+            marks = latest_events(conn, run_id, TIMELINE_EVENTS)
+            first_seq = marks[0][0].seq if marks[0] else 0
+            window = intents_since(conn, run_id, first_seq, LANE_CAP * 2)
+            waits = wait_spans(conn, run_id, LIST_LIMIT)
         return cls(
             q.get_run(
                 conn,
@@ -723,7 +780,7 @@ class _RunView:
                 max_config_chars=BLOCK_CHARS,
             ),
             q.list_checkpoints(conn, run_id, limit=LIST_LIMIT + 1, max_chars=ITEM_PREVIEW_CHARS),
-            query.fetch(run_id, conn),
+            events,
             q.event_types(conn, run_id),
             q.list_steps(conn, run_id, limit=LIST_LIMIT + 1, max_chars=ITEM_PREVIEW_CHARS),
             q.list_timers(conn, run_id, limit=LIST_LIMIT + 1),
@@ -731,6 +788,10 @@ class _RunView:
             q.family_tree(conn, run_id, depth=TREE_DEPTH, per_node=TREE_WIDTH),
             q.budgets_of(conn, [run_id], _now_ms()).get(run_id),
             q.list_intents(conn, run_id, limit=LIST_LIMIT + 1),
+            outcomes,
+            marks,
+            window,
+            waits,
         )
 
 
@@ -846,6 +907,44 @@ class RunPageView:
     steps: list[_StepView]
     step_count: int
     timers: tuple[q.TimerRow, ...]
+    mode: str  # "conversation" or "events"
+    page_url: str  # /runs/<id>, for the section links
+    later_page: bool  # paged past the first page: the overview is left out
+    top_url: str
+    conversation_url: str
+    raw_url: str
+    entries: list[Entry]
+    open_waits_here: bool
+    waiting_for: list[WaitLine]
+    timeline: Timeline | None
+    budget_bars: list[BudgetBar]
+    over_budget: bool
+
+
+@attrs.frozen
+class WaitLine:
+    """One thing the run waits for, in words: "signal 'go' (wait 'w')"."""
+
+    item: q.Awaiting
+    kind: str
+    what: str
+    url: str | None
+    link_label: str
+
+
+def _wait_lines(awaiting: Iterable[q.Awaiting]) -> list[WaitLine]:
+    lines = []
+    for a in awaiting:
+        if a.kind == "signal":
+            lines.append(WaitLine(a, a.kind, f"signal {a.target!r} (wait {a.name!r})", None, ""))
+        elif a.kind == "approval":
+            lines.append(WaitLine(a, a.kind, f"approval of tool call {a.name!r} ({a.target})", None, ""))
+        elif a.kind == "child":
+            ref = v.run_ref(a.name)
+            lines.append(WaitLine(a, a.kind, f"child run {a.name} to end", ref.url, "open it"))
+        else:
+            lines.append(WaitLine(a, a.kind, f"sleep {a.name!r} to end", None, ""))
+    return lines
 
 
 def _run_context(view: _RunView, query: _EventsQuery, now: int) -> dict[str, Any]:
@@ -894,8 +993,58 @@ def _run_context(view: _RunView, query: _EventsQuery, now: int) -> dict[str, Any
         ],
         step_count=len(view.steps),
         timers=view.timers,
+        **_agent_fields(view, query, now, live),
     )
     return {"view": page, "now": now, "limit": LIST_LIMIT, "scan_window": q.SCAN_WINDOW}
+
+
+def _agent_fields(view: _RunView, query: _EventsQuery, now: int, live: bool) -> dict[str, Any]:
+    """The conversation, what the run waits for, the timeline and the spend bars."""
+    run = view.run
+    mode = "events" if query.view == "events" else "conversation"
+    later = query.after is not None or query.before is not None
+    found: list[Entry] = []
+    if mode == "conversation":
+        cards = {c.row.round: c for c in v.checkpoint_views(run.id, view.checkpoints)}
+        ctx = Context(
+            run.id,
+            view.outcomes,
+            cards,
+            frozenset(a.name for a in view.awaiting if a.kind == "approval"),
+            decided_on_page(view.events.events),
+            {c.id: c.status for c in run.children},
+        )
+        found = entries(ctx, view.events.events)
+    tl = None
+    if not later:
+        tl = timeline(
+            run=run,
+            now=now,
+            marks=view.marks,
+            earlier=view.earlier,
+            intents=view.window_intents,
+            steps=view.steps[:LIST_LIMIT],
+            timers=view.timers[:LIST_LIMIT],
+            waits=view.waits,
+            checkpoints=view.checkpoints[:LIST_LIMIT],
+            live=live,
+        )
+    bars = [] if view.budget is None else budget_bars(view.budget)
+    base = v.path("runs", run.id)
+    return {
+        "mode": mode,
+        "page_url": base,
+        "later_page": later,
+        "top_url": query.url(run.id, after=None, before=None),
+        "conversation_url": v.fragment(v.url(base, {"refresh": query.refresh}), "views"),
+        "raw_url": v.fragment(v.url(base, {"view": "events", "refresh": query.refresh}), "views"),
+        "entries": found,
+        "open_waits_here": mode == "conversation" and not view.events.has_after,
+        "waiting_for": _wait_lines(view.awaiting[:LIST_LIMIT]),
+        "timeline": tl,
+        "budget_bars": bars,
+        "over_budget": any(b.over for b in bars),
+    }
 
 
 def _family_fields(view: _RunView, query: _EventsQuery) -> dict[str, Any]:

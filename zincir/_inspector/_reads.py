@@ -1,0 +1,201 @@
+"""Bounded reads the agent view needs beyond :mod:`zincir._queries` (same SQL on both backends).
+
+Every read here is keyed by the run and bounded: a call lookup by primary key for the calls
+shown on one page, the latest ``limit`` events' seq, type and time (no payload but for the
+rare kinds a timeline marks), and the run's waits, approvals and joins up to ``limit``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import attrs
+
+from .. import _queries as q
+from .._queries import Int, OptInt, Reader
+
+#: Event types whose payload the timeline reads (restarts, verdicts, limits, timeouts).
+MARKED_TYPES = (
+    "attempt_failed",
+    "lease_taken_over",
+    "budget_exceeded",
+    "loop_detected",
+    "no_progress",
+    "wait_timed_out",
+)
+MARK_PAYLOAD_CHARS = 2000
+
+
+@attrs.frozen
+class CallOutcome:
+    """A tool intent and what is known of it, with its result event when it has one."""
+
+    call_id: str
+    name: str
+    state: str  # done / started, outcome unknown / never started / pending
+    started: int | None
+    last_started_at: OptInt
+    intent_seq: Int
+    response_seq: Int
+    result: q.EventRow | None
+
+
+def call_outcomes(
+    conn: Reader, run_id: str, call_ids: Iterable[str], *, max_chars: int | None
+) -> dict[str, CallOutcome]:
+    """The intents of ``call_ids`` (looked up by primary key) and their results' events."""
+    ids = sorted(set(call_ids))
+    if not ids:
+        return {}
+    d = q._dialect(conn)
+    marks = q._has_start_marks(conn)
+    started = f"{q._key('started', d)}, {q._key('last_started_at', d)}" if marks else "NULL, NULL"
+    rows = list(
+        conn.execute(
+            f"SELECT {q._name('call_id')}, {q._name('name')}, {q._key('intent_seq', d)},"
+            f" {q._key('response_seq', d)}, {q._key('result_seq', d)}, {started} FROM tool_intents"
+            f" WHERE run_id = ? AND call_id IN ({', '.join('?' * len(ids))})",
+            [run_id, *ids],
+        )
+    )
+    result_seqs = [r[4] for r in rows if r[4] is not None]
+    results: dict[object, q.EventRow] = {}
+    if result_seqs:
+        found = conn.execute(
+            q._event_sql(d, max_chars)
+            + f" WHERE run_id = ? AND seq IN ({', '.join('?' * len(result_seqs))})",
+            [run_id, *result_seqs],
+        )
+        for row in found:
+            event = q._event(row, max_chars)
+            results[event.seq] = event
+    outcomes = {}
+    for call_id, name, intent_seq, response_seq, result_seq, count, last in rows:
+        if result_seq is not None:
+            state = "done"
+        elif count is None:
+            state = "pending"
+        else:
+            state = "started, outcome unknown" if count else "never started"
+        outcomes[q._text(call_id)] = CallOutcome(
+            q._text(call_id),
+            q._text(name),
+            state,
+            count if type(count) is int else None,
+            q._opt_int(last),
+            q._int(intent_seq),
+            q._int(response_seq),
+            None if result_seq is None else results.get(q._int(result_seq)),
+        )
+    return outcomes
+
+
+@attrs.frozen
+class Mark:
+    """One event as the timeline sees it; ``payload`` only for :data:`MARKED_TYPES`."""
+
+    seq: Int
+    type: str
+    at: Int
+    payload: str | None
+
+
+def latest_events(conn: Reader, run_id: str, limit: int) -> tuple[tuple[Mark, ...], bool]:
+    """The run's latest ``limit`` events in seq order, and whether earlier ones exist."""
+    d = q._dialect(conn)
+    kinds = ", ".join(f"'{t}'" for t in MARKED_TYPES)
+    rows = list(
+        conn.execute(
+            f"SELECT {q._key('seq', d)}, {q._name('type')}, {q._key('created_at', d)},"
+            f" CASE WHEN type IN ({kinds}) THEN substr(payload, 1, {MARK_PAYLOAD_CHARS}) END"
+            " FROM events WHERE run_id = ? ORDER BY seq DESC LIMIT ?",
+            (run_id, limit + 1),
+        )
+    )
+    marks = [Mark(q._int(r[0]), q._text(r[1]), q._int(r[2]), q._opt_text(r[3])) for r in rows[:limit]]
+    return tuple(reversed(marks)), len(rows) > limit
+
+
+@attrs.frozen
+class Intent:
+    call_id: str
+    name: str
+    intent_seq: Int
+    result_seq: OptInt
+    last_started_at: OptInt
+
+
+def intents_since(conn: Reader, run_id: str, seq: object, limit: int) -> tuple[Intent, ...]:
+    """The run's tool intents from ``seq`` on (the timeline's window), ``limit`` at most."""
+    d = q._dialect(conn)
+    last = q._key("last_started_at", d) if q._has_start_marks(conn) else "NULL"
+    rows = conn.execute(
+        f"SELECT {q._name('call_id')}, {q._name('name')}, {q._key('intent_seq', d)},"
+        f" {q._key('result_seq', d)}, {last} FROM tool_intents WHERE run_id = ? AND intent_seq >= ?"
+        " ORDER BY intent_seq LIMIT ?",
+        (run_id, seq if type(seq) is int else 0, limit),
+    )
+    return tuple(
+        Intent(q._text(c), q._text(n), q._int(i), q._opt_int(r), q._opt_int(s)) for c, n, i, r, s in rows
+    )
+
+
+@attrs.frozen
+class WaitSpan:
+    """A wait, approval request or join of a run, open or closed."""
+
+    kind: str  # signal / approval / child
+    name: str
+    target: str
+    since: Int
+    until: OptInt  # the deadline
+    ended: OptInt  # when it was answered (None: still open)
+    timed_out: bool
+
+
+def wait_spans(conn: Reader, run_id: str, limit: int) -> tuple[WaitSpan, ...]:
+    """The run's waits, approval requests and joins (``limit`` of each at most), oldest first."""
+    d = q._dialect(conn)
+    parts: list[str] = []
+    if q._has_table(conn, "waits"):
+        parts.append(
+            f"SELECT 'signal', {q._name('name')}, {q._name('topic')}, {q._key('created_at', d)},"
+            f" {q._key('deadline', d)}, {q._key('completed_at', d)}, timed_out FROM waits WHERE run_id = ?"
+        )
+        parts.append(
+            f"SELECT 'approval', {q._name('call_id')}, {q._name('tool_name')}, {q._key('requested_at', d)},"
+            f" {q._key('deadline', d)}, {q._key('decided_at', d)}, timed_out FROM approvals WHERE run_id = ?"
+        )
+    if q._has_table(conn, "joins"):
+        parts.append(
+            f"SELECT 'child', {q._name('child_id')}, '', {q._key('created_at', d)}, {q._key('deadline', d)},"
+            f" {q._key('completed_at', d)}, timed_out FROM joins WHERE run_id = ?"
+        )
+    spans: list[WaitSpan] = []
+    for part in parts:
+        for kind, name, target, since, until, ended, timed_out in conn.execute(
+            f"{part} LIMIT ?", (run_id, limit)
+        ):
+            spans.append(
+                WaitSpan(
+                    kind,
+                    q._text(name),
+                    q._text(target),
+                    q._int(since),
+                    q._opt_int(until),
+                    q._opt_int(ended),
+                    bool(timed_out),
+                )
+            )
+    return tuple(sorted(spans, key=lambda s: s.since if type(s.since) is int else 0))
+
+
+def activity_sample(conn: Reader, limit: int) -> tuple[tuple[str, Int], ...]:
+    """The status and last activity of the ``limit`` most recently active runs (an index walk)."""
+    d = q._dialect(conn)
+    rows = conn.execute(
+        f"SELECT {q._name('status')}, {q._key('updated_at', d)} FROM agent_runs"
+        " ORDER BY updated_at DESC LIMIT ?",
+        (limit,),
+    )
+    return tuple((q._text(s), q._int(u)) for s, u in rows)
