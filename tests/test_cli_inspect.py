@@ -98,8 +98,8 @@ def test_show(ids: Sample) -> None:
     ):
         assert expected in text, expected
     rows = {line.split()[0]: line.split() for line in text.splitlines() if re.match(r"\s+[123]\s", line)}
-    assert rows["1"][:5] == ["1", "rejected", "goal", "4", "6"]
-    assert rows["3"][:6] == ["3", "candidate", "round", "2", "12", "—"]
+    assert rows["1"][:6] == ["1", "1", "rejected", "goal", "4", "6"]  # round, then the checkpoint id
+    assert rows["3"][:7] == ["3", "3", "candidate", "round", "2", "12", "—"]
     data = json.loads(zincir("show", "--db", ids.path, ids.main, "--json").stdout)
     assert data["run"]["lease_epoch"] == 3
     assert [c["round"] for c in data["checkpoints"]] == [1, 2, 3]
@@ -258,10 +258,10 @@ def test_commands_never_write(sample: tuple[sqlite3.Connection, Sample]) -> None
     assert sum(r["kind"] == "event" for r in records) == 14
     lineage = zincir("checkpoints", "--db", ids.path, ids.main)
     assert lineage.exit_code == 0, lineage.output
-    assert [line.split()[:2] for line in lineage.stdout.splitlines() if re.match(r"\s+[123]\s", line)] == [
-        ["1", "rejected"],
-        ["2", "accepted"],
-        ["3", "candidate"],
+    assert [line.split()[:3] for line in lineage.stdout.splitlines() if re.match(r"\s+[123]\s", line)] == [
+        ["1", "1", "rejected"],
+        ["2", "2", "accepted"],
+        ["3", "3", "candidate"],
     ]
     for result in (listed, shown, as_json, events, exported, lineage):
         assert result.stderr == ""
@@ -310,11 +310,11 @@ async def test_checkpoints_command_prints_the_lineage(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["checkpoints", "--db", str(path), run.id])
     assert result.exit_code == 0, result.output
     header, rejected, accepted = result.output.strip().splitlines()[1:]
-    assert header.split()[:4] == ["ROUND", "STATUS", "BUILDS", "ON"]
+    assert header.split()[:5] == ["ROUND", "ID", "STATUS", "BUILDS", "ON"]
     assert header.split()[-1] == "VERIFICATION"
-    assert rejected.split()[:6] == ["1", "rejected", "goal", "2", "4", "cp-1"]
+    assert rejected.split()[:7] == ["1", "1", "rejected", "goal", "2", "4", "cp-1"]
     # A rejected round is no baseline: the next round builds on the goal too.
-    assert accepted.split()[:6] == ["2", "accepted", "goal", "7", "9", "cp-2"]
+    assert accepted.split()[:7] == ["2", "2", "accepted", "goal", "7", "9", "cp-2"]
     assert accepted.endswith('{"evidence":{"seen":["all of it"]},"passed":true}')
     missing = CliRunner().invoke(
         main, ["checkpoints", "--db", str(path), "00000000-0000-0000-0000-000000000000"]

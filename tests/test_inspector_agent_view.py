@@ -180,7 +180,7 @@ async def test_a_run_of_300_events_pages_its_conversation(db: zincir.Database) -
 
 async def test_hostile_payloads_in_every_agent_field_stay_inert(db: zincir.Database) -> None:
     run_id = await conversation_run(db, hostile=True)
-    for url in (f"/runs/{run_id}", f"/runs/{run_id}?view=events", "/"):
+    for url in (f"/runs/{run_id}", f"/runs/{run_id}?view=events", f"/runs/{run_id}/checkpoints/1", "/"):
         text = await page(db, url)
         assert XSS_META not in text and XSS_HREF not in text
         lowered = text.lower()

@@ -279,7 +279,7 @@ def _print_runs(
 def show(database_path: str, run_id: str, as_json: bool) -> None:
     """Show one run: lease, attempts, family, configuration, checkpoints, steps, timers."""
     with clean_errors(), readonly_database(database_path) as conn, q.read_snapshot(conn):
-        run = q.get_run(conn, run_id)
+        run = q.get_run(conn, q.resolve_run_id(conn, run_id))
         checkpoints = q.list_checkpoints(conn, run.id)
         steps = q.list_steps(conn, run.id)
         timers = q.list_timers(conn, run.id)
@@ -306,7 +306,7 @@ def show(database_path: str, run_id: str, as_json: bool) -> None:
 def checkpoints(database_path: str, run_id: str) -> None:
     """Show a run's checkpoint lineage: round, status, based-on and decision seqs, evidence."""
     with clean_errors(), readonly_database(database_path) as conn, q.read_snapshot(conn):
-        run = q.get_run(conn, run_id, children_limit=0)
+        run = q.get_run(conn, q.resolve_run_id(conn, run_id), children_limit=0)
         _print_lineage(q.list_checkpoints(conn, run.id))
 
 
@@ -338,7 +338,9 @@ def _lease_text(run: q.RunDetail, now: int) -> str:
     return f"{_cell(run.lease_owner)}, epoch {epoch}, until {_time(expires)} ({state})"
 
 
-def _next_attempt_text(next_attempt: object) -> str:
+def _next_attempt_text(next_attempt: object, status: str) -> str:
+    if status in ("completed", "failed", "cancelled"):
+        return "none (the run has ended)"
     if next_attempt is None:
         return "when what it awaits arrives"
     return "any time" if type(next_attempt) is int and next_attempt <= 0 else _time(next_attempt)
@@ -362,7 +364,7 @@ def _print_run(run: q.RunDetail, now: int) -> None:
         ("events", _cell(run.event_count)),
         ("lease", _lease_text(run, now)),
         ("attempts", _cell(run.attempts)),
-        ("next attempt", _next_attempt_text(next_attempt)),
+        ("next attempt", _next_attempt_text(next_attempt, run.status)),
     ]
     for name, value in fields:
         click.echo(f"{name:<13}{value}")
@@ -405,6 +407,7 @@ def _print_lineage(checkpoints: Sequence[q.CheckpointRow]) -> None:
         rows.append(
             [
                 _cell(c.round),
+                _cell(c.id),
                 _cell(c.status),
                 _cell(baseline),
                 _cell(c.based_on_event_seq),
@@ -418,6 +421,7 @@ def _print_lineage(checkpoints: Sequence[q.CheckpointRow]) -> None:
             baseline = f"round {c.round}"
     headers = [
         "ROUND",
+        "ID",
         "STATUS",
         "BUILDS ON",
         "BASED ON",
@@ -426,7 +430,7 @@ def _print_lineage(checkpoints: Sequence[q.CheckpointRow]) -> None:
         "PROPOSED",
         "VERIFICATION",
     ]
-    _print_section("checkpoints", headers, rows, frozenset({0, 3, 4}))
+    _print_section("checkpoints", headers, rows, frozenset({0, 1, 4, 5}))
 
 
 def _print_steps(steps: Sequence[q.StepRow]) -> None:
@@ -470,7 +474,8 @@ def events(
 ) -> None:
     """Print a run's events in seq order, page by page (never the whole log in memory)."""
     with clean_errors(), readonly_database(database_path) as conn:
-        run_id = q.parse_run_id(run_id)
+        with q.read_snapshot(conn):
+            run_id = q.resolve_run_id(conn, run_id)
         printer = functools.partial(_print_event, run_id, as_json=as_json, full=full)
         try:
             _stream_events(conn, run_id, after, event_type, follow, printer)
@@ -525,7 +530,7 @@ def export(database_path: str, run_id: str) -> None:
     consistent snapshot, events page by page.
     """
     with clean_errors(), readonly_database(database_path) as conn, q.read_snapshot(conn):
-        run = q.get_run(conn, run_id, children_limit=1000)
+        run = q.get_run(conn, q.resolve_run_id(conn, run_id), children_limit=1000)
         _emit("run", {**q.run_to_json(run), "children_total": run.children_total})
         for event in q.iter_events(conn, run.id):
             _emit("event", q.event_to_json(run.id, event))
@@ -554,7 +559,7 @@ def _emit(kind: str, data: dict[str, Any]) -> None:
 def tree(database_path: str, run_id: str, depth: int, width: int) -> None:
     """Show a run's family: its ancestors, then it and its descendants with their statuses."""
     with clean_errors(), readonly_database(database_path) as conn, q.read_snapshot(conn):
-        ancestors, node = q.family_tree(conn, run_id, depth=depth, per_node=width)
+        ancestors, node = q.family_tree(conn, q.resolve_run_id(conn, run_id), depth=depth, per_node=width)
     for ancestor in ancestors:
         click.echo(f"{_family_line(ancestor)}  (ancestor)")
     for line in _tree_lines(node, ""):

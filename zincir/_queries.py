@@ -510,6 +510,41 @@ def parse_run_id(text: str) -> str:
 
 
 _EXAMPLE_ID = "0b7c6a1e-5a43-4f4e-9d7e-2f0c7a1d9b11"
+_RUN_ID_PREFIX = re.compile(r"[0-9a-f-]{1,35}")
+#: The fewest leading characters of a run id that the CLI accepts in its place.
+MIN_PREFIX = 4
+
+
+def resolve_run_id(conn: Reader, text: str) -> str:
+    """A whole run id (canonical form), or the one run id that starts with ``text``.
+
+    A prefix needs :data:`MIN_PREFIX` characters at least. No run with it is
+    :class:`RunNotFound`; several are :class:`InvalidArgument` naming the first few. One
+    indexed range read (ids are compared bytewise on both backends).
+    """
+    lowered = text.lower()
+    if _RUN_ID.fullmatch(lowered):
+        return lowered
+    if len(lowered) < MIN_PREFIX or not _RUN_ID_PREFIX.fullmatch(lowered):
+        shown = text if len(text) <= 80 else text[:80] + "…"
+        raise InvalidArgument(
+            f"malformed run id {shown!r}: expected a UUID like {_EXAMPLE_ID}, "
+            f"or its first {MIN_PREFIX} characters or more"
+        )
+    # Every id character is 0-9, a-f or '-', all below 'g': [prefix, prefix + 'g') holds them.
+    rows = conn.execute(
+        "SELECT id FROM agent_runs WHERE id >= ? AND id < ? ORDER BY id LIMIT 3", (lowered, lowered + "g")
+    )
+    found = [_text(row[0]) for row in rows]
+    if not found:
+        raise RunNotFound(f"no run id starts with {lowered!r}")
+    if len(found) > 1:
+        more = ", …" if len(found) > 2 else ""
+        raise InvalidArgument(
+            f"run id prefix {lowered!r} is ambiguous: {found[0]}, {found[1]}{more} start with it;"
+            " give more characters"
+        )
+    return found[0]
 
 
 def _check_limit(limit: int) -> int:
@@ -1149,8 +1184,18 @@ def list_events(
     rows, more = _collect(conn.execute(sql, [*params, limit + 1]), limit, max_payload_chars, max_chars_total)
     if descending:
         rows.reverse()
-        return _backward_page(conn, run_id, rows, more, before, scan_edge)
-    return _forward_page(conn, run_id, rows, more, after, scan_edge)
+        page = _backward_page(conn, run_id, rows, more, before, scan_edge)
+        if type is not None and before is LATEST:
+            # Nothing of the type comes after the log's end: events of other types after the
+            # last one shown would only lead "Next" to an empty page.
+            page = attrs.evolve(page, has_after=False, next_after=None)
+        return page
+    page = _forward_page(conn, run_id, rows, more, after, scan_edge)
+    if type is not None and after is None:
+        # The scan started at the log's start and found nothing of the type before this page's
+        # first event: earlier events of other types give "Previous" nothing to show.
+        page = attrs.evolve(page, has_before=False, prev_before=None)
+    return page
 
 
 def _collect(

@@ -63,6 +63,7 @@ from ._reads import (
     call_outcomes,
     intents_since,
     latest_events,
+    neighbour_rounds,
     wait_spans,
 )
 from ._render import STATIC, human_delta, render
@@ -286,6 +287,7 @@ def _add_routes(app: InspectorApp) -> None:
     routes: list[tuple[str, str, Callable[..., Awaitable[Response]]]] = [
         ("/", "runs", functools.partial(_runs_route, app)),
         ("/runs/<run_id>", "run", functools.partial(_run_route, app)),
+        ("/runs/<run_id>/checkpoints/<round>", "checkpoint", functools.partial(_checkpoint_route, app)),
         ("/static/inspector.css", "css", _css_route),
         ("/api/runs", "api_runs", functools.partial(_api_runs, app)),
         ("/api/runs/<run_id>", "api_run", functools.partial(_api_run, app)),
@@ -469,6 +471,47 @@ async def _run_route(app: InspectorApp, run_id: str) -> Response:
         return _render_page(app, "run.html", f"Run {run_id}", {**context, **extra}, refresh=refresh)
 
     return _html(await _read(app, render))
+
+
+async def _checkpoint_route(app: InspectorApp, run_id: str, round: str) -> Response:
+    """One checkpoint: its round and id, status, lineage, verdict, evidence and whole state."""
+    run_id = q.parse_run_id(run_id)
+    value = q.decode_key(round, "checkpoint round")
+    now = _now_ms()
+    extra = _extra_context(app)
+
+    def render(conn: Any) -> str:
+        run = q.get_run(conn, run_id, children_limit=0)
+        row = q.get_checkpoint(conn, run_id, value)
+        if row is None:
+            raise RunNotFound(f"run {run_id} has no checkpoint round {q.encode_key(value)}")
+        row = _cut_checkpoint(row)
+        builds_on, previous, following = neighbour_rounds(conn, run_id, row.round)
+        context = {
+            "run": run,
+            "run_url": v.path("runs", run_id),
+            "card": v.checkpoint_view(run_id, row, builds_on),
+            "previous_url": None if previous is None else v.checkpoint_page_url(run_id, previous),
+            "next_url": None if following is None else v.checkpoint_page_url(run_id, following),
+            "now": now,
+        }
+        title = f"Checkpoint round {q.encode_key(row.round)} of run {run_id}"
+        return _render_page(app, "checkpoint.html", title, {**context, **extra})
+
+    return _html(await _read(app, render))
+
+
+def _cut_checkpoint(row: q.CheckpointRow) -> q.CheckpointRow:
+    """A checkpoint's state and verification cut to BLOCK_CHARS for the page (the API has all)."""
+    return attrs.evolve(
+        row,
+        state=row.state[:BLOCK_CHARS],
+        state_truncated=len(row.state) > BLOCK_CHARS,
+        state_size=len(row.state),
+        verification=None if row.verification is None else row.verification[:BLOCK_CHARS],
+        verification_truncated=row.verification is not None and len(row.verification) > BLOCK_CHARS,
+        verification_size=len(row.verification or ""),
+    )
 
 
 async def _api_runs(app: InspectorApp) -> Response:

@@ -199,3 +199,24 @@ def activity_sample(conn: Reader, limit: int) -> tuple[tuple[str, Int], ...]:
         (limit,),
     )
     return tuple((q._text(s), q._int(u)) for s, u in rows)
+
+
+def neighbour_rounds(conn: Reader, run_id: str, round: object) -> tuple[object, object, object]:
+    """Around checkpoint ``round``: the accepted round it builds on (None: the original goal),
+    and the rounds just before and after it (None at either end). Three indexed reads."""
+    d = q._dialect(conn)
+    if type(round) is not int:
+        return None, None, None
+    builds = conn.execute(
+        f"SELECT {q._key('round', d)} FROM checkpoints WHERE run_id = ? AND status = 'accepted'"
+        " AND round < ? ORDER BY round DESC LIMIT 1",
+        (run_id, round),
+    ).fetchone()
+    column = f"SELECT {q._key('round', d)} FROM checkpoints WHERE run_id = ?"
+    before = conn.execute(f"{column} AND round < ? ORDER BY round DESC LIMIT 1", (run_id, round)).fetchone()
+    after = conn.execute(f"{column} AND round > ? ORDER BY round LIMIT 1", (run_id, round)).fetchone()
+    return (
+        None if builds is None else q._int(builds[0]),
+        None if before is None else q._int(before[0]),
+        None if after is None else q._int(after[0]),
+    )
