@@ -23,7 +23,8 @@ of the context it is given (the prompt text, which this module renders from the 
   (output), and takes ``latency_s + latency_per_ktoken_s * input_tokens / 1000`` to answer.
 
 Every model call appends one line to a meter file (what the provider would bill) before it
-answers, so calls whose answer a SIGKILL lost are counted too.
+answers, so calls whose answer a SIGKILL lost are counted too; then it tells the parent (a
+``call`` event with this process's count), which times its SIGKILLs by these events.
 
 Crash durability ``zincir``: the run is found by its role in the database and resumed with plain
 ``open_run(db, run_id)`` (the dead owner's lease is taken over at once); an interrupted
@@ -311,6 +312,8 @@ class Agent:
         self.max_calls = int(args.get("max_calls", 10 * self.n))
         self.goal = goal_text(self.seed, self.n)
         self.run_id = ""
+        self.calls = 0  # model calls made by this process
+        self.channel: Channel | None = None
 
     # the tools: real effects in the scratch directory and the ledger
 
@@ -391,6 +394,9 @@ class Agent:
             "task": answer.task,
         }
         await trio.to_thread.run_sync(ledger_append, self.meter, entry)  # billed before it answers
+        self.calls += 1
+        if self.channel is not None:  # the parent times its SIGKILLs by these
+            self.channel.emit("call", n=self.calls)
         return answer
 
     def finished(self, checkpoint: zincir.Checkpoint | None) -> bool:
@@ -434,6 +440,7 @@ class Agent:
         if not go:  # the parent closed stdin: not needed
             return
         ch.emit("go")
+        self.channel = ch
         if self.durability == "none":  # the log does not outlive its process
             for suffix in ("", "-wal", "-shm", "-journal"):
                 await trio.Path(f"{self.db}{suffix}").unlink(missing_ok=True)

@@ -10,10 +10,12 @@ switchable dimensions, all 8 combinations:
 * context strategy: ``full`` (every recorded event) / ``fresh`` (goal + latest accepted checkpoint);
 * verification policy: ``none`` (accept the claim) / ``verifier`` (measured artifacts checked).
 
-Per seed and combination: one uninterrupted run (its duration ``T`` sets the kill moments), then
-one run whose child processes are SIGKILLed ``--kills`` times, each ``u * T`` after it started work
-(``u`` uniform in [0.05, 0.95), seeded, the same for every combination of a seed). Each killed
-process is replaced by a fresh one (started, and done importing, beforehand). Writes
+Per seed and combination: one uninterrupted run (``C`` model calls in ``T`` seconds), then one run
+whose child processes are SIGKILLed ``--kills`` times: the k-th process ``v * T / C`` s after its own
+model call number ``round(u * C)`` (``u`` uniform in [0.05, 0.95), ``v`` in [0, 1), seeded, the same
+for every combination of a seed), so that the kills fall at the same progress however loaded the
+machine is. Each killed process is replaced by a fresh one (started, and done importing,
+beforehand). Writes
 ``bench/report-horizon.md``, its figures as JSON and a chart (SVG) beside it.
 """
 
@@ -81,9 +83,17 @@ class Sizes:
         return cls(subtasks=8, seeds=1, kills=2)
 
 
-def kill_fractions(seed: int, kills: int) -> list[float]:
+def kill_plan(seed: int, kills: int) -> list[tuple[float, float]]:
+    """Per kill, (u, v): the k-th process is killed after ``round(u * C)`` of its own model calls
+    (``C``: the uninterrupted run's), ``v * T / C`` s into that call's round (``T``: its duration).
+    The same for every combination of a seed."""
     rng = random.Random(f"horizon-kills:{seed}")
-    return [rng.uniform(0.05, 0.95) for _ in range(kills)]
+    return [(rng.uniform(0.05, 0.95), rng.random()) for _ in range(kills)]
+
+
+def kill_moments(plan: list[tuple[float, float]], base: dict[str, Any]) -> list[tuple[int, float]]:
+    calls = max(1, int(base["model_calls"]))
+    return [(max(1, round(u * calls)), v * base["wall_s"] / calls) for u, v in plan]
 
 
 # -- child processes ------------------------------------------------------------------------------
@@ -137,6 +147,20 @@ class Proc:
             if message["event"] == event:
                 return message
 
+    def until(self, timeout: float, *, calls: int) -> dict[str, Any]:
+        """The first ``call`` event numbered ``calls`` or more, or ``done``, whichever comes first."""
+        stop = time.monotonic() + timeout
+        while True:
+            try:
+                message = self.events.get(timeout=max(0.0, stop - time.monotonic()))
+            except queue.Empty:
+                raise TimeoutError(f"no model call {calls} in {timeout:.1f} s") from None
+            if message is None:
+                self.events.put(None)
+                raise RuntimeError(f"the agent exited; see {self.log_path}\n{self.tail()}")
+            if message["event"] == "done" or (message["event"] == "call" and message["n"] >= calls):
+                return message
+
     def go(self) -> None:
         assert self.proc.stdin is not None
         self.proc.stdin.write('{"go": true}\n')
@@ -185,10 +209,11 @@ def iter_queue(p: Proc) -> list[dict[str, Any]]:
 
 
 def run_trial(
-    combo: Combo, seed: int, sizes: Sizes, work: Path, tag: str, delays: list[float]
+    combo: Combo, seed: int, sizes: Sizes, work: Path, tag: str, kills: list[tuple[int, float]]
 ) -> dict[str, Any]:
-    """One run of the task, its processes SIGKILLed ``delays`` s after each started work (no
-    delays: uninterrupted), each replaced by a fresh process; then the checker and the ledger."""
+    """One run of the task; for each ``(calls, offset)`` of ``kills`` in turn, the process is
+    SIGKILLed ``offset`` s after its own model call number ``calls`` (unless it finished first) and
+    replaced by a fresh one; then the checker and the ledger. No kills: uninterrupted."""
     here = work / f"{combo.key}-seed{seed}-{tag}"
     scratch = here / "scratch"
     scratch.mkdir(parents=True)
@@ -214,18 +239,22 @@ def run_trial(
     spare: Proc | None = None
     try:
         current.expect("ready", timeout=120)
-        for delay in [*delays, None]:
-            spare = Proc(args, log_path) if delay is not None else None
+        for kill in [*kills, None]:
+            spare = Proc(args, log_path) if kill is not None else None
             if spare is not None:
                 spare.expect("ready", timeout=120)  # the replacement is up before the kill
             current.go()
             processes += 1
             began = current.expect("go", timeout=60)["at"]
             try:
-                done = current.expect("done", timeout=timeout if delay is None else delay)
+                if kill is None:
+                    done = current.expect("done", timeout=timeout)
+                else:
+                    reached = current.until(timeout, calls=kill[0])
+                    done = reached if reached["event"] == "done" else current.expect("done", timeout=kill[1])
                 wall += done["at"] - began
             except TimeoutError:
-                if delay is None:
+                if kill is None:
                     raise
                 current.kill()
                 finished = [m for m in iter_queue(current) if m.get("event") == "done"]
@@ -252,7 +281,7 @@ def run_trial(
     counts = ledger_counts(here / "ledger.jsonl")
     return {
         "seed": seed,
-        "delays": delays,
+        "kills": kills,
         "kills_landed": landed,
         "processes": processes,
         "outcome": done["outcome"],
@@ -319,13 +348,12 @@ def run_all(
     total = len(combos) * len(seeds)
     k = 0
     for s, seed in enumerate(seeds):
-        fractions = kill_fractions(seed, sizes.kills)
+        plan = kill_plan(seed, sizes.kills)
         order = list(combos[s % len(combos) :]) + list(combos[: s % len(combos)])  # drift hits all alike
         for combo in order:
             k += 1
             base = run_trial(combo, seed, sizes, work, "uninterrupted", [])
-            delays = [u * base["wall_s"] for u in fractions]
-            killed = run_trial(combo, seed, sizes, work, "killed", delays)
+            killed = run_trial(combo, seed, sizes, work, "killed", kill_moments(plan, base))
             results[combo.key]["uninterrupted"].append(base)
             results[combo.key]["trials"].append(killed)
             log(

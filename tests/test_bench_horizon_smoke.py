@@ -21,7 +21,7 @@ from bench._horizon_agent import (
     respond,
     task_file,
 )
-from bench.horizon import kill_fractions, main
+from bench.horizon import kill_plan, main
 
 N = 8
 
@@ -30,7 +30,7 @@ def test_zincir_resume_keeps_its_work_and_effects_where_a_restart_from_scratch_r
     tmp_path: Path,
 ) -> None:
     out = tmp_path / "report-horizon.md"
-    assert min(kill_fractions(0, 2)) > 0.1  # seed 0 kills late enough for work to be lost
+    assert min(u for u, _ in kill_plan(0, 2)) > 0.1  # seed 0 kills late enough for work to be lost
     combos = "none-fresh-verifier,zincir-fresh-verifier"
     argv = ["--subtasks", str(N), "--seeds", "1", "--kills", "2", "--only", combos, "-q"]
     assert main([*argv, "--out", str(out), "--dir", str(tmp_path)]) == 0
@@ -59,7 +59,6 @@ def test_zincir_resume_keeps_its_work_and_effects_where_a_restart_from_scratch_r
     assert lost["model_calls"] > scratch_base["model_calls"]  # ...but lost work was paid twice
     assert lost["model_calls"] > killed["model_calls"]
     assert lost["duplicates"] > 0 and lost["keyed_duplicates"] == 0
-    assert lost["wall_s"] > killed["wall_s"]
 
     report = out.read_text()
     assert report.startswith("# A long-horizon agent under SIGKILLs")
