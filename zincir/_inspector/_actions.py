@@ -74,7 +74,8 @@ BUDGET_FIELDS: Final = (
 )
 
 MAX_FORM_BYTES: Final = 2 * 1024 * 1024
-"""The largest form a write accepts (a signal's payload is at most the database's limit)."""
+"""The largest form a write accepts; a larger one is a 413 and writes nothing (a bigger signal
+payload, up to the database's limit, goes through :func:`zincir.send_signal` or ``zincir signal``)."""
 
 
 @attrs.frozen
