@@ -146,12 +146,12 @@ class Profile:
             return False
         profile = self
 
-        def call(request: Any) -> Any:
+        def call(request: Any, **kwargs: Any) -> Any:
             name = operation_name(request.fn)
             profile._current.name = name
             start = time.perf_counter()
             try:
-                return original(request)
+                return original(request, **kwargs)
             finally:
                 elapsed = time.perf_counter() - start
                 profile._current.name = None

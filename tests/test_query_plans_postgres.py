@@ -6,8 +6,10 @@ by zincir and, for volume, by COPY in zincir's own row format; then VACUUM ANALY
 autovacuum would). Each store operation then runs for real, and every statement it sends is
 first EXPLAINed on the same connection, in the same transaction, with the same parameters.
 No plan may scan a zincir table sequentially or sort. On PostgreSQL 16 and later the generic
-plan of each statement is checked too: psycopg prepares a statement after its fifth
-execution, and the server may then run it with a generic plan.
+plan of each statement is checked too (on a connection of its own: a zincir connection is in
+pipeline mode, which cannot send a statement with placeholders and no values): psycopg
+prepares a statement after its fifth execution, and the server may then run it with a
+generic plan.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import zincir
 from tests.postgres_server import fresh_database
 from zincir._backend import WaitOutcome
 from zincir._postgres import _store
-from zincir._postgres._connection import Tx
+from zincir._postgres._connection import Sent, Tx
 
 BIG_TURNS = 10_000  # about 29,000 events in the big run
 OTHER_RUNS = 5_000
@@ -329,28 +331,24 @@ def _placeholders(sql: str) -> str:
 class PlanTx(Tx):
     """A Tx that EXPLAINs each statement with its parameters, then runs it as the store does."""
 
-    def __init__(self, tx: Tx, plans: list[Plan]) -> None:
+    def __init__(self, tx: Tx, plans: list[Plan], generic: psycopg.Connection[Any] | None) -> None:
         super().__init__(tx._conn, tx._session)
         self._now = tx._now
         self.plans = plans
-        self._generic = tx._conn.info.server_version >= 160000
+        self._generic = generic if tx._conn.info.server_version >= 160000 else None
 
     def _explain(self, sql: str, params: Any) -> None:
         assert isinstance(params, tuple), (sql, params)
         [(custom,)] = self._conn.execute(f"EXPLAIN (FORMAT JSON) {sql}", params, prepare=False).fetchall()
         generic = None
-        if self._generic and params:
+        if self._generic is not None and params:
             explain = f"EXPLAIN (GENERIC_PLAN, FORMAT JSON) {_placeholders(sql)}"
-            [(generic,)] = self._conn.execute(explain, prepare=False).fetchall()
+            [(generic,)] = self._generic.execute(explain, prepare=False).fetchall()
         self.plans.append(Plan(sql, params, _top(custom), None if generic is None else _top(generic)))
 
-    def one(self, sql: str, params: Any = ()) -> Any:
+    def send(self, sql: str, params: Any = ()) -> Sent:  # one() and all() send, too
         self._explain(sql, params)
-        return super().one(sql, params)
-
-    def all(self, sql: str, params: Any = ()) -> list[Any]:
-        self._explain(sql, params)
-        return super().all(sql, params)
+        return super().send(sql, params)
 
     def execute(self, sql: str, params: Any = ()) -> None:
         self._explain(sql, params)
@@ -369,7 +367,8 @@ async def plans_of(db: zincir.Database, fn: Any, *args: Any, write: bool = False
 
     def run(tx: Tx) -> tuple[Any, list[Plan]]:
         plans: list[Plan] = []
-        return fn(PlanTx(tx, plans), *args), plans
+        with psycopg.connect(db.path, autocommit=True) as generic:
+            return fn(PlanTx(tx, plans, generic), *args), plans
 
     result: tuple[Any, list[Plan]] = await (db._write if write else db._read)(run)
     return result

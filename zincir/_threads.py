@@ -53,8 +53,17 @@ class Session(Protocol):
     def rollback_to_savepoint(self) -> None: ...
     def release_savepoint(self) -> None: ...
 
+    def end_operation(self) -> None:
+        """Called after each operation of a shared transaction that returned: raises the error
+        of any statement of it that failed, if the session sends statements ahead of their
+        outcome (PostgreSQL's pipeline mode), so that its neighbours are not blamed for it."""
+
     def transaction_lost(self) -> bool:
         """Whether the database gave up the open transaction on its own (after an error)."""
+
+    def may_run_again(self) -> bool:
+        """After a transaction failed: whether it is known to have had no effect at all, for a
+        reason that running it once more may not meet (a connection found dead)."""
 
     def tx(self) -> Any:
         """The object an operation receives: statements, and the database's "now"."""
@@ -179,10 +188,13 @@ class DatabaseThread:
         else:
             self._after_commit()
 
-    def _call(self, request: Request) -> outcome.Outcome[Any]:
+    def _call(self, request: Request, *, shared: bool = False) -> outcome.Outcome[Any]:
         assert request.fn is not None
         try:
-            return outcome.Value(request.fn(self._session.tx(), *request.args))
+            value = request.fn(self._session.tx(), *request.args)
+            if shared:
+                self._session.end_operation()
+            return outcome.Value(value)
         except Exception as exc:
             return outcome.Error(self._session.translate(exc))
 
@@ -205,6 +217,8 @@ class DatabaseThread:
         # the one to report either way.
         self._session.rollback()
         request.result = result
+        if isinstance(result, outcome.Error) and self._session.may_run_again():
+            self._run_alone(request)
 
     def _run_together(self, batch: list[Request]) -> bool:
         try:
@@ -217,7 +231,7 @@ class DatabaseThread:
         try:
             for request in batch:
                 self._session.savepoint()
-                request.result = self._call(request)
+                request.result = self._call(request, shared=True)
                 if isinstance(request.result, outcome.Error):
                     if self._session.transaction_lost():
                         return False

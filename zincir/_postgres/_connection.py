@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import select
 import time
 from collections.abc import Callable
 from typing import Any, Final
 
 import psycopg
 from psycopg import errors as pg_errors
-from psycopg.pq import TransactionStatus
+from psycopg.pq import PipelineStatus, TransactionStatus
 
 from .._errors import DatabaseBusy, DatabaseUnavailable, StorageError, TransientConflict
 
@@ -88,7 +89,12 @@ def connect(url: str, *, application_name: str) -> psycopg.Connection[Any]:
 
 
 class Tx:
-    """What an operation sees: statements on the connection, and the server's "now"."""
+    """What an operation sees: statements on the connection, and the server's "now".
+
+    The connection is in pipeline mode: :meth:`execute` sends a statement without waiting for
+    it, and its outcome (an error, if it failed) arrives with the next statement whose rows are
+    read, or with the COMMIT. So a statement costs a round trip to the server only when the
+    operation needs its answer."""
 
     def __init__(self, conn: psycopg.Connection[Any], session: PostgresSession) -> None:
         self._conn = conn
@@ -109,13 +115,27 @@ class Tx:
             self._now = now
 
     def one(self, sql: str, params: Any = ()) -> Any:
-        return self._conn.execute(sql, params).fetchone()
+        return self.send(sql, params).one()
 
     def all(self, sql: str, params: Any = ()) -> list[Any]:
-        return self._conn.execute(sql, params).fetchall()
+        return self.send(sql, params).all()
 
     def execute(self, sql: str, params: Any = ()) -> None:
         self._conn.execute(sql, params)
+        self._session.sent()
+
+    def send(self, sql: str, params: Any = ()) -> Sent:
+        """Send a statement and go on; read its rows later from what this returns. Reads that
+        do not depend on each other, sent one after another, share one round trip."""
+        cursor = self._conn.execute(sql, params)
+        return Sent(cursor, self._session, self._session.sent())
+
+    def rollback_to(self, savepoint: str) -> None:
+        """After a statement failed: roll back to ``savepoint`` (the server ignores anything
+        sent after a failure until the pipeline is synced, so that comes first)."""
+        self._session.settle_quietly()
+        self.execute(f"ROLLBACK TO SAVEPOINT {savepoint}")
+        self._session.settle()
 
     def notify_claimable(self) -> None:
         """After this transaction commits, tell listening workers that a run became claimable."""
@@ -126,8 +146,32 @@ class Tx:
         self._session.signalled.add(run_id)
 
 
+class Sent:
+    """A statement on its way; reading its rows waits for it and for all sent before it."""
+
+    def __init__(self, cursor: psycopg.Cursor[Any], session: PostgresSession, number: int) -> None:
+        self._cursor = cursor
+        self._session = session
+        self._number = number
+
+    def one(self) -> Any:
+        row = self._cursor.fetchone()
+        self._session.answered(self._number)
+        return row
+
+    def all(self) -> list[Any]:
+        rows = self._cursor.fetchall()
+        self._session.answered(self._number)
+        return rows
+
+
 class PostgresSession:
-    """One psycopg connection driven by one database thread; reconnects after a loss."""
+    """One psycopg connection driven by one database thread; reconnects after a loss.
+
+    The connection stays in pipeline mode, so that BEGIN, the SAVEPOINTs of a group commit and
+    every statement whose answer nobody reads travel with the next one that is read: the
+    round trips of a transaction are its reads plus one for the COMMIT (with the NOTIFYs that
+    follow it)."""
 
     def __init__(self, url: str, name: str, *, read_only: bool, clock: Clock | None) -> None:
         self._url = url
@@ -136,73 +180,165 @@ class PostgresSession:
         self._begin = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY" if read_only else "BEGIN"
         self._clock = clock
         self._conn: psycopg.Connection[Any] | None = None
+        self._pipeline_mode = contextlib.ExitStack()
+        self._pipeline: psycopg.Pipeline | None = None
+        # Statements sent on this connection, and how many of them (the first ones) have been
+        # answered: a read waits for every statement sent before it.
+        self._sent = self._answered = 0
+        self._in_transaction = False  # BEGIN sent, and neither COMMIT nor ROLLBACK succeeded yet
+        self._commit_sent = False
+        self._began_on_idle = False  # the transaction began on a connection left idle before
+        self._lost_before_commit = False
         self.notify_pending = False
         self.signalled: set[str] = set()
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.broken or self._conn.closed:
             self._discard()
-            self._conn = connect(self._url, application_name=f"zincir {self._name}")
+            conn = connect(self._url, application_name=f"zincir {self._name}")
+            self._pipeline = self._pipeline_mode.enter_context(conn.pipeline())
+            self._conn = conn
         return self._conn
 
     def _discard(self) -> None:
+        if self._in_transaction and not self._commit_sent:
+            self._lost_before_commit = True  # so the server rolled it back: nothing happened
+        with contextlib.suppress(psycopg.Error):  # leaving pipeline mode syncs, if it still can
+            self._pipeline_mode.close()
+        self._pipeline = None
+        self._sent = self._answered = 0
         if self._conn is not None:
             with contextlib.suppress(psycopg.Error):
                 self._conn.close()
             self._conn = None
 
+    def sent(self) -> int:
+        """Count a statement sent; its number."""
+        self._sent += 1
+        return self._sent
+
+    def answered(self, number: int) -> None:
+        self._answered = max(self._answered, number)
+
+    @property
+    def unanswered(self) -> bool:
+        """Whether statements were sent whose outcome has not arrived yet."""
+        return self._sent > self._answered
+
+    def settle(self, *, always: bool = False) -> None:
+        """Wait for the outcome of every statement sent; raise the error of one that failed.
+        ``always`` syncs even if nothing is outstanding: in pipeline mode the connection learns
+        the transaction's status only from a sync."""
+        pipeline = self._pipeline
+        if pipeline is not None and (always or self.unanswered or pipeline.status == PipelineStatus.ABORTED):
+            self._answered = self._sent
+            pipeline.sync()
+
+    def settle_quietly(self, *, always: bool = False) -> None:
+        """Settle after a failure was reported already: only a lost connection matters now."""
+        try:
+            self.settle(always=always)
+        except psycopg.Error as exc:
+            if _connection_lost(exc, self._conn):
+                self._discard()
+
     def begin(self) -> None:
         self.notify_pending = False
         self.signalled.clear()
-        reused = self._conn is not None
-        try:
-            self._connection().execute(self._begin)
-        except (psycopg.OperationalError, psycopg.InterfaceError):
-            if not reused:
-                raise
-            # The server dropped the idle connection (a restart, pg_terminate_backend): nothing
-            # was sent but BEGIN, so a fresh connection is safe to try once.
+        self._commit_sent = self._lost_before_commit = False
+        if self._conn is not None and _hung_up(self._conn):
+            # An idle connection has nothing to say unless the server ended it (a restart,
+            # pg_terminate_backend): start on a fresh one rather than fail the first read.
             self._discard()
-            self._connection().execute(self._begin)
+        self._began_on_idle = self._conn is not None
+        self._connection().execute(self._begin)
+        self.sent()
+        self._in_transaction = True
+
+    def may_run_again(self) -> bool:
+        """Whether the transaction that just failed may run again from its start: its
+        connection, idle before it began, was lost before COMMIT was sent, so the server rolled
+        it back (the server may have ended the idle connection just before; a fresh connection
+        failing as well says the server is gone, and trying again would not help)."""
+        again = self._lost_before_commit and self._began_on_idle
+        self._lost_before_commit = False
+        return again
 
     def commit(self) -> None:
-        assert self._conn is not None
-        if self._conn.info.transaction_status == TransactionStatus.INERROR:
-            # COMMIT would answer ROLLBACK without an error: never let that pass as a commit.
-            raise RuntimeError("the transaction failed before COMMIT")
+        """COMMIT, then the NOTIFYs it calls for, in one round trip."""
+        conn = self._conn
+        assert conn is not None
+        # In a transaction that failed, COMMIT answers ROLLBACK without an error: its status
+        # message, not the absence of an error, says whether it committed.
+        self._commit_sent = True
+        committing = conn.execute("COMMIT")
+        self.sent()
+        self._send_notifications(conn)
         try:
-            self._conn.execute("COMMIT")
+            self.settle()
         except psycopg.Error as exc:
-            if not _connection_lost(exc, self._conn):
-                raise  # the server answered: it rolled back (a deadlock, a serialization failure)
-            self._discard()
-            # The server may or may not have committed: never report a success we cannot know.
-            raise DatabaseUnavailable(
-                f"{self._where}: the connection failed during COMMIT, so whether it committed is"
-                f" unknown ({exc})"
-            ) from exc
+            if _connection_lost(exc, conn):
+                self._discard()
+                # The server may or may not have committed: never report a success we cannot know.
+                raise DatabaseUnavailable(
+                    f"{self._where}: the connection failed during COMMIT, so whether it committed"
+                    f" is unknown ({exc})"
+                ) from exc
+            if committing.statusmessage != "COMMIT":
+                raise  # the server answered: nothing was committed
+            # Committed; what failed is a NOTIFY after it: a lost hint, never a lost write.
+            logger.warning("%s: a notification after a commit failed: %s", self._where, exc)
+        if committing.statusmessage != "COMMIT":
+            raise RuntimeError(f"COMMIT answered {committing.statusmessage!r}: nothing was committed")
+        self._in_transaction = False
+
+    def _send_notifications(self, conn: psycopg.Connection[Any]) -> None:
+        # After COMMIT, outside the write transaction: inside it, every commit would take the
+        # global notification lock. A hint only; workers poll as well.
+        if self.notify_pending:
+            self.notify_pending = False
+            conn.execute(f"NOTIFY {CLAIMABLE_CHANNEL}")
+        for run_id in sorted(self.signalled):
+            conn.execute("SELECT pg_notify(%s, %s)", (INBOX_CHANNEL, run_id))
+        self.signalled.clear()
 
     def rollback(self) -> None:
+        if not self._in_transaction:
+            return
+        self._in_transaction = False
+        self.settle_quietly()
         conn = self._conn
         if conn is None or conn.broken or conn.closed:
-            return
-        if conn.info.transaction_status != TransactionStatus.IDLE:
-            try:
-                conn.execute("ROLLBACK")
-            except psycopg.Error:
-                logger.exception("rollback on %s failed", self._where)
-                self._discard()
+            return  # the server ended the transaction with the connection
+        try:
+            conn.execute("ROLLBACK")
+            self.sent()
+            self.settle()
+        except psycopg.Error:
+            logger.exception("rollback on %s failed", self._where)
+            self._discard()
 
     def savepoint(self) -> None:
         self._connection().execute("SAVEPOINT operation")
+        self.sent()
 
     def rollback_to_savepoint(self) -> None:
+        self.settle_quietly()
         self._connection().execute("ROLLBACK TO SAVEPOINT operation")
+        self.sent()
+        self.settle()
 
     def release_savepoint(self) -> None:
         self._connection().execute("RELEASE SAVEPOINT operation")
+        self.sent()
+
+    def end_operation(self) -> None:
+        """Before the next operation of a group commit: this one's statements must have
+        succeeded, so that a failure is reported to the operation that caused it."""
+        self.settle()
 
     def transaction_lost(self) -> bool:
+        self.settle_quietly(always=True)
         conn = self._conn
         return conn is None or conn.broken or conn.info.transaction_status == TransactionStatus.IDLE
 
@@ -210,6 +346,7 @@ class PostgresSession:
         conn = self._connection()
         if self._clock is not None:  # a test's fake server clock, read by zincir_now_ms()
             conn.execute("SELECT set_config('zincir.now_ms', %s, true)", (str(self._clock()),))
+            self.sent()
         return Tx(conn, self)
 
     def translate(self, exc: Exception) -> Exception:
@@ -220,17 +357,19 @@ class PostgresSession:
         return exc
 
     def after_commit(self) -> None:
-        # NOTIFY outside the write transaction: inside it, every commit would take the global
-        # notification lock. A hint only; workers poll as well.
-        if self.notify_pending:
-            self.notify_pending = False
-            self._connection().execute(f"NOTIFY {CLAIMABLE_CHANNEL}")
-        for run_id in sorted(self.signalled):
-            self._connection().execute("SELECT pg_notify(%s, %s)", (INBOX_CHANNEL, run_id))
-        self.signalled.clear()
+        pass  # the NOTIFYs went with the COMMIT
 
     def close(self) -> None:
         self._discard()
+
+
+def _hung_up(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the server sent anything to an idle connection: it only does so to end it."""
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError, psycopg.Error):
+        return True
+    return bool(readable)
 
 
 def server_clock_offset(conn: psycopg.Connection[Any]) -> int:

@@ -185,7 +185,7 @@ def _unless_busy(tx: Tx, end: Any, run_id: str, *args: Any) -> bool:
     try:
         end(tx, run_id, *args)
     except pg_errors.LockNotAvailable:
-        tx.execute("ROLLBACK TO SAVEPOINT zincir_ending")
+        tx.rollback_to("zincir_ending")
         tx.execute("RELEASE SAVEPOINT zincir_ending")
         return False
     tx.execute("RELEASE SAVEPOINT zincir_ending")

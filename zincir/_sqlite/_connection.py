@@ -91,6 +91,12 @@ class SQLiteSession:
     def translate(self, exc: Exception) -> Exception:
         return storage_error(exc, self._path) if isinstance(exc, sqlite3.Error) else exc
 
+    def end_operation(self) -> None:
+        pass  # every statement has run when it returns
+
+    def may_run_again(self) -> bool:
+        return False  # a local file: a failure is the answer
+
     def after_commit(self) -> None:
         pass
 
