@@ -12,6 +12,11 @@
 
     .venv/bin/python scripts/bench_inspector.py                                  # full size
     .venv/bin/python scripts/bench_inspector.py --runs 2000 --events 20000 --requests 30  # smoke
+    .venv/bin/python scripts/bench_inspector.py --postgres    # the same data on PostgreSQL too
+
+With ``--postgres`` the filled tables are copied (COPY) into a throwaway PostgreSQL server
+(``tests/postgres_server.py``, as the test suite starts it) and measured the same way, with a
+writer appending there.
 """
 
 from __future__ import annotations
@@ -56,6 +61,9 @@ def parse_args() -> argparse.Namespace:
         "--dir", type=Path, default=None, help="where to put the database (default: a temp dir)"
     )
     parser.add_argument("--keep", action="store_true", help="keep the database afterwards")
+    parser.add_argument(
+        "--postgres", action="store_true", help="also measure a copy on a throwaway PostgreSQL server"
+    )
     return parser.parse_args()
 
 
@@ -176,6 +184,84 @@ def insert_events(conn: sqlite3.Connection, rows: list[tuple[object, ...]]) -> N
 # --------------------------------------------------------------------------- writer
 
 
+class PostgresWriter(threading.Thread):
+    """The same appends as :class:`Writer`, on PostgreSQL (one committed transaction each)."""
+
+    def __init__(self, url: str, big: str, interval: float) -> None:
+        super().__init__(daemon=True)
+        self.url, self.big, self.interval = url, big, interval
+        self.stop = threading.Event()
+        self.appended = 0
+        self.errors = 0
+
+    def run(self) -> None:
+        import psycopg
+
+        with psycopg.connect(self.url) as conn:
+            others = [row[0] for row in conn.execute("SELECT id FROM agent_runs ORDER BY random() LIMIT 200")]
+            conn.commit()
+            rng = random.Random(3)
+            while not self.stop.is_set():
+                run_id = self.big if rng.random() < 0.7 else rng.choice(others)
+                now = time.time_ns() // 1_000_000
+                try:
+                    with conn.transaction():
+                        row = conn.execute(
+                            "UPDATE agent_runs SET last_seq = last_seq + 1, updated_at = %s"
+                            " WHERE id = %s RETURNING last_seq",
+                            (now, run_id),
+                        ).fetchone()
+                        assert row is not None
+                        conn.execute(
+                            "INSERT INTO events (run_id, seq, type, payload, created_at)"
+                            " VALUES (%s, %s, 'llm_call', %s, %s)",
+                            (
+                                run_id,
+                                row[0],
+                                '{"content":"live","stop_reason":"end_turn","tool_calls":[]}',
+                                now,
+                            ),
+                        )
+                    self.appended += 1
+                except psycopg.Error:
+                    self.errors += 1
+                time.sleep(self.interval)
+
+
+def copy_to_postgres(path: Path, url: str) -> None:
+    """Migrate ``url`` with zincir, then COPY the SQLite file's rows into it, table by table."""
+    import psycopg
+    import trio
+
+    import zincir
+
+    async def migrate_it() -> None:
+        async with zincir.open_database(url):
+            pass
+
+    trio.run(migrate_it)
+    source = sqlite3.connect(path)
+    with psycopg.connect(url) as conn:
+        for table in ("agent_runs", "events", "checkpoints", "steps", "timers"):
+            theirs = {
+                row[0]
+                for row in conn.execute(
+                    "SELECT column_name FROM information_schema.columns WHERE table_name = %s"
+                    " AND is_generated = 'NEVER' AND identity_generation IS NULL",
+                    (table,),
+                )
+            }
+            ours = [row[1] for row in source.execute(f"PRAGMA table_info({table})")]
+            columns = [c for c in ours if c in theirs]
+            listed = ", ".join(columns)
+            with conn.cursor().copy(f"COPY {table} ({listed}) FROM STDIN") as copy:
+                for row in source.execute(f"SELECT {listed} FROM {table}"):
+                    copy.write_row(row)
+        conn.commit()
+        conn.execute("ANALYZE")
+    source.close()
+
+
 class Writer(threading.Thread):
     """Appends one event per durable transaction, mostly to the big run."""
 
@@ -223,9 +309,9 @@ class Writer(threading.Thread):
 # --------------------------------------------------------------------------- server and client
 
 
-def start_server(path: Path) -> tuple[subprocess.Popen[str], str]:
+def start_server(target: Path | str) -> tuple[subprocess.Popen[str], str]:
     command = [sys.executable, "-c", "import sys; from zincir._cli import main; sys.exit(main())"]
-    command += ["ui", "--db", str(path), "--address", "127.0.0.1:0"]
+    command += ["ui", "--db", str(target), "--address", "127.0.0.1:0"]
     server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
     assert server.stdout is not None
     line = server.stdout.readline()
@@ -264,6 +350,61 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
 
 
+def measure_all(
+    backend: str,
+    target: Path | str,
+    writer: Writer | PostgresWriter,
+    big: str,
+    big_events: int,
+    args: argparse.Namespace,
+) -> float:
+    """Serve ``target``, start ``writer``, measure every page; print the table; the worst p95."""
+    server, host = start_server(target)
+    writer.start()
+    try:
+        pages = [
+            ("runs page /", "/"),
+            ("runs page, status=running", "/?status=running"),
+            ("runs page, role filter", "/?role=reviewer"),
+            ("big run page (first events)", f"/runs/{big}"),
+            ("big run page, raw events", f"/runs/{big}?view=events"),
+            ("big run, one checkpoint page", f"/runs/{big}/checkpoints/1"),
+            ("big run page (latest events)", f"/runs/{big}?before={big_events + 10**9}"),
+            ("big run page, type filter, deep", f"/runs/{big}?type=tool_result&after={big_events // 2}"),
+            ("API events page (deep)", f"/api/runs/{big}/events?after={big_events // 2}"),
+        ]
+        writer_start = time.perf_counter()
+        appended_before = writer.appended
+        results = []
+        for label, url in pages:
+            timings, size = measure(host, url, args.requests)
+            results.append((label, timings, size))
+        elapsed = time.perf_counter() - writer_start
+        appended = writer.appended - appended_before
+    finally:
+        writer.stop.set()
+        writer.join(timeout=10)
+        server.terminate()
+        server.wait(timeout=10)
+    rate = appended / elapsed
+    print(f"\n{backend}: writer meanwhile: {appended:,} durable appends ({rate:.0f}/s), {writer.errors} busy")
+    print(f"{args.requests} sequential keep-alive requests per page after 10 warm-up requests\n")
+    print(f"{'page':<34} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'max ms':>8} {'bytes':>9}")
+    for label, timings, size in results:
+        print(
+            f"{label:<34} {statistics.median(timings):8.1f} {percentile(timings, 0.95):8.1f} "
+            f"{percentile(timings, 0.99):8.1f} {max(timings):8.1f} {size:9,}"
+        )
+    worst = max(
+        percentile(t, 0.95)
+        for label, t, _ in results
+        if label.startswith(("runs page /", "big run page (first"))
+    )
+    verdict = "OK" if worst < 100 else "OVER TARGET"
+    print(f"\ntarget p95 < 100 ms for / and the big run's page: {verdict} (worst p95 {worst:.1f} ms)")
+    return worst
+
+
 def main() -> int:
     args = parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="zincir-bench-ui-", dir=args.dir))
@@ -278,48 +419,17 @@ def main() -> int:
             f"filled {args.runs:,} runs and {args.events:,} events ({big_events:,} in the big run) "
             f"in {time.perf_counter() - started:.1f} s; file {size_mb:.0f} MB"
         )
-        server, host = start_server(path)
-        writer = Writer(path, big, args.writer_interval)
-        writer.start()
-        try:
-            pages = [
-                ("runs page /", "/"),
-                ("runs page, status=running", "/?status=running"),
-                ("runs page, role filter", "/?role=reviewer"),
-                ("big run page (first events)", f"/runs/{big}"),
-                ("big run page (latest events)", f"/runs/{big}?before={big_events + 10**9}"),
-                ("big run page, type filter, deep", f"/runs/{big}?type=tool_result&after={big_events // 2}"),
-                ("API events page (deep)", f"/api/runs/{big}/events?after={big_events // 2}"),
-            ]
-            writer_start = time.perf_counter()
-            appended_before = writer.appended
-            results = []
-            for label, url in pages:
-                timings, size = measure(host, url, args.requests)
-                results.append((label, timings, size))
-            elapsed = time.perf_counter() - writer_start
-            appended = writer.appended - appended_before
-        finally:
-            writer.stop.set()
-            writer.join(timeout=10)
-            server.terminate()
-            server.wait(timeout=10)
-        rate = appended / elapsed
-        print(f"writer meanwhile: {appended:,} durable appends ({rate:.0f}/s), {writer.errors} busy")
-        print(f"{args.requests} sequential keep-alive requests per page after 10 warm-up requests\n")
-        print(f"{'page':<34} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'max ms':>8} {'bytes':>9}")
-        for label, timings, size in results:
-            print(
-                f"{label:<34} {statistics.median(timings):8.1f} {percentile(timings, 0.95):8.1f} "
-                f"{percentile(timings, 0.99):8.1f} {max(timings):8.1f} {size:9,}"
-            )
-        worst = max(
-            percentile(t, 0.95)
-            for label, t, _ in results
-            if label.startswith(("runs page /", "big run page (first"))
-        )
-        verdict = "OK" if worst < 100 else "OVER TARGET"
-        print(f"\ntarget p95 < 100 ms for / and the big run's page: {verdict} (worst p95 {worst:.1f} ms)")
+        worst = measure_all("SQLite", path, Writer(path, big, args.writer_interval), big, big_events, args)
+        if args.postgres:
+            sys.path.insert(0, str(REPO))
+            from tests.postgres_server import fresh_database, throwaway_server
+
+            with throwaway_server() as admin, fresh_database(admin) as url:
+                started = time.perf_counter()
+                copy_to_postgres(path, url)
+                print(f"\ncopied into PostgreSQL in {time.perf_counter() - started:.1f} s")
+                writer = PostgresWriter(url, big, args.writer_interval)
+                worst = max(worst, measure_all("PostgreSQL", url, writer, big, big_events, args))
         return 0 if worst < 100 else 1
     finally:
         if args.keep:

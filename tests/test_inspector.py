@@ -907,10 +907,16 @@ async def test_long_values_are_previews_with_a_link(sample: tuple[sqlite3.Connec
     page = await fetch(ids.path, f"/runs/{ids.main}?view=events")
     assert page.status == 200
     assert len(page.text) < 80_000
-    assert page.text.count("Showing the first 8,192 of 300,011 characters.") == 2
+    assert page.text.count("Showing the first 8,192 of 300,011 characters.") == 1  # the step's result
     step_url = f"/api/runs/{ids.main}/steps/fetch%2Fdata%20set%3F%23%25"
     assert f'<a href="{step_url}">' in page.text
-    assert f'<a href="/api/runs/{ids.main}/checkpoints/2">' in page.text
+    # The checkpoints table links each round's page; the conversation's card shows the cut state.
+    assert f'<a href="/runs/{ids.main}/checkpoints/2#state">' in page.text
+    talk = await fetch(ids.path, f"/runs/{ids.main}")
+    assert talk.text.count("Showing the first 8,192 of 300,011 characters.") == 2  # step, card
+    assert f'<a href="/api/runs/{ids.main}/checkpoints/2">' in talk.text
+    own = await fetch(ids.path, f"/runs/{ids.main}/checkpoints/2")
+    assert "Showing the first 262,144 of 300,011 characters." in own.text
     step = (await fetch(ids.path, step_url)).json()["step"]
     assert (step["name"], step["result"]) == (name, big)
     checkpoint = (await fetch(ids.path, f"/api/runs/{ids.main}/checkpoints/2")).json()["checkpoint"]

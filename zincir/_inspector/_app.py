@@ -52,14 +52,14 @@ from .._errors import (
 )
 from .._version import __version__
 from . import _views as v
-from ._charts import LANE_CAP, BudgetBar, Timeline, budget_bars, status_chart, timeline
+from ._charts import CHART_BUCKETS, LANE_CAP, BudgetBar, Timeline, budget_bars, status_chart, timeline
 from ._conversation import Context, Entry, call_ids_of, decided_on_page, entries
 from ._reads import (
     CallOutcome,
     Intent,
     Mark,
     WaitSpan,
-    activity_sample,
+    activity,
     call_outcomes,
     intents_since,
     latest_events,
@@ -90,7 +90,7 @@ TREE_DEPTH = 4
 TREE_WIDTH = 20
 REFRESH_SECONDS = 5
 #: The run page's timeline covers the latest this many events (the whole run when shorter).
-TIMELINE_EVENTS = 2000
+TIMELINE_EVENTS = 600
 #: The runs page's chart samples the most recently active this many runs.
 CHART_SAMPLE = 5000
 
@@ -450,7 +450,7 @@ async def _runs_route(app: InspectorApp) -> Response:
         page = query.fetch(conn)
         awaiting = q.list_awaiting(conn, [r.id for r in page.runs if r.status in ("running", "waiting")])
         budgets = q.budgets_of(conn, [r.id for r in page.runs], now)
-        chart = status_chart(activity_sample(conn, CHART_SAMPLE), q.RUN_STATUSES, page.total)
+        chart = status_chart(activity(conn, CHART_SAMPLE, CHART_BUCKETS), q.RUN_STATUSES, page.total)
         context = _runs_context(query, page, awaiting, budgets, q.display_target(app.database_path), now)
         return _render_page(app, "runs.html", "Runs", {**context, "chart": chart, **extra})
 
@@ -992,6 +992,7 @@ def _wait_lines(awaiting: Iterable[q.Awaiting]) -> list[WaitLine]:
 
 def _run_context(view: _RunView, query: _EventsQuery, now: int) -> dict[str, Any]:
     run = view.run
+    cards = v.checkpoint_views(run.id, view.checkpoints)
     live = run.status in v.LIVE
     lease_state, lease_delta = None, ""
     if run.lease_owner is not None and type(run.lease_expires_at) is int:
@@ -1022,7 +1023,7 @@ def _run_context(view: _RunView, query: _EventsQuery, now: int) -> dict[str, Any
         intents=view.intents,
         **_family_fields(view, query),
         config=v.Stored(run.config, run.config_truncated, run.config_size, v.path("api", "runs", run.id)),
-        checkpoints=v.checkpoint_views(run.id, view.checkpoints),
+        checkpoints=cards,
         checkpoint_count=len(view.checkpoints),
         **_event_fields(view, query),
         steps=[
@@ -1036,23 +1037,24 @@ def _run_context(view: _RunView, query: _EventsQuery, now: int) -> dict[str, Any
         ],
         step_count=len(view.steps),
         timers=view.timers,
-        **_agent_fields(view, query, now, live),
+        **_agent_fields(view, query, now, live, cards),
     )
     return {"view": page, "now": now, "limit": LIST_LIMIT, "scan_window": q.SCAN_WINDOW}
 
 
-def _agent_fields(view: _RunView, query: _EventsQuery, now: int, live: bool) -> dict[str, Any]:
+def _agent_fields(
+    view: _RunView, query: _EventsQuery, now: int, live: bool, cards: list[v.CheckpointView]
+) -> dict[str, Any]:
     """The conversation, what the run waits for, the timeline and the spend bars."""
     run = view.run
     mode = "events" if query.view == "events" else "conversation"
     later = query.after is not None or query.before is not None
     found: list[Entry] = []
     if mode == "conversation":
-        cards = {c.row.round: c for c in v.checkpoint_views(run.id, view.checkpoints)}
         ctx = Context(
             run.id,
             view.outcomes,
-            cards,
+            {c.row.round: c for c in cards},
             frozenset(a.name for a in view.awaiting if a.kind == "approval"),
             decided_on_page(view.events.events),
             {c.id: c.status for c in run.children},

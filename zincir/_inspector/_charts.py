@@ -7,19 +7,19 @@ page's runs by status over time.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import attrs
 
 from .. import _queries as q
-from ._reads import Intent, Mark, WaitSpan
+from ._reads import Activity, Intent, Mark, WaitSpan
 from ._render import duration, iso_time
 
 LABEL_WIDTH = 96
 PLOT_WIDTH = 880
 LANE_HEIGHT = 22
 #: Marks drawn per lane at most (the latest ones); the picture says when it drew fewer.
-LANE_CAP = 600
+LANE_CAP = 250
 
 
 @attrs.frozen
@@ -129,7 +129,7 @@ def timeline(
                 )
             )
         previous = m.at
-    bars += _capped(model, "model", cut)
+    bars += _capped(_merged(model, "model responses"), "model", cut)
 
     tools = []
     for i in intents:
@@ -241,6 +241,30 @@ def timeline(
     )
 
 
+def _merged(items: list[Bar], what: str, gap: float = 1.5) -> list[Bar]:
+    """Bars (in x order) closer than ``gap`` pixels drawn as one, labelled with their count:
+    a long run's responses are denser than the picture's pixels."""
+    merged: list[Bar] = []
+    group: list[Bar] = []
+
+    def flush() -> None:
+        if len(group) == 1:
+            merged.append(group[0])
+        elif group:
+            first, last = group[0], group[-1]
+            right = max(b.x + b.width for b in group)
+            label = f"{len(group)} {what}: {first.label.split(':')[0]} to {last.label.split(':')[0]}"
+            merged.append(Bar(first.lane, first.x, round(right - first.x, 1), first.cls, label))
+        group.clear()
+
+    for bar in items:
+        if group and bar.x > max(b.x + b.width for b in group[-1:]) + gap:
+            flush()
+        group.append(bar)
+    flush()
+    return merged
+
+
 def _capped(items: list[Bar], lane: str, cut: set[str]) -> list[Bar]:
     if len(items) > LANE_CAP:
         cut.add(lane)
@@ -342,42 +366,34 @@ CHART_BUCKETS = 24
 CHART_HEIGHT = 80
 
 
-def status_chart(
-    sample: Iterable[tuple[str, object]], statuses: Sequence[str], total: int
-) -> StatusChart | None:
-    """The sampled runs by their status, bucketed by last activity (oldest bucket left)."""
-    points = [(s, t) for s, t in sample if type(t) is int]
-    if not points:
+def status_chart(found: Activity | None, statuses: Sequence[str], total: int) -> StatusChart | None:
+    """Stacked columns of runs by status, oldest bucket of last activity on the left."""
+    if found is None or not found.counts:
         return None
-    # From the oldest to the newest activity sampled (not to now): the same data draws the same.
-    oldest = min(t for _, t in points)
-    newest = max(t for _, t in points)
-    span = max(newest - oldest + 1, 60_000)
-    width = span / CHART_BUCKETS
-    counts: list[dict[str, int]] = [{} for _ in range(CHART_BUCKETS)]
-    for status, t in points:
-        index = min(int((t - oldest) / width), CHART_BUCKETS - 1)
-        counts[index][status] = counts[index].get(status, 0) + 1
+    counts: list[dict[str, int]] = [{} for _ in range(found.buckets)]
+    for status, bucket, n in found.counts:
+        counts[bucket][status] = counts[bucket].get(status, 0) + n
     peak = max(sum(c.values()) for c in counts) or 1
-    column_width = 700 / CHART_BUCKETS
+    column_width = 700 / found.buckets
+    width = (found.newest - found.oldest + 1) / found.buckets
     columns = []
-    for i, bucket in enumerate(counts):
+    for i, bucket_counts in enumerate(counts):
         y = float(CHART_HEIGHT)
         segments = []
-        for status in statuses:
-            n = bucket.get(status, 0)
+        for status in [*statuses, *sorted(set(bucket_counts) - set(statuses))]:
+            n = bucket_counts.get(status, 0)
             if not n:
                 continue
             height = round(n / peak * (CHART_HEIGHT - 4), 1)
             y -= height
             segments.append((status, round(y, 1), height, n))
-        start = oldest + int(i * width)
+        start = found.oldest + int(i * width)
         columns.append(Column(round(i * column_width, 1), f"{iso_time(start)}", tuple(segments)))
     legend = tuple(
         (s, sum(c.get(s, 0) for c in counts)) for s in statuses if any(c.get(s, 0) for c in counts)
     )
-    shown = len(points)
+    shown = sum(n for _, _, n in found.counts)
     note = (
         f"the {shown:,} most recently active runs" if shown < total else f"all {shown:,} runs"
-    ) + f", by status, per {duration(int(width))} of last activity, since {iso_time(oldest)}"
+    ) + f", by status, per {duration(int(width))} of last activity, since {iso_time(found.oldest)}"
     return StatusChart(700, CHART_HEIGHT + 16, tuple(columns), round(column_width - 2, 1), note, legend)

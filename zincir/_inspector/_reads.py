@@ -190,15 +190,46 @@ def wait_spans(conn: Reader, run_id: str, limit: int) -> tuple[WaitSpan, ...]:
     return tuple(sorted(spans, key=lambda s: s.since if type(s.since) is int else 0))
 
 
-def activity_sample(conn: Reader, limit: int) -> tuple[tuple[str, Int], ...]:
-    """The status and last activity of the ``limit`` most recently active runs (an index walk)."""
-    d = q._dialect(conn)
+@attrs.frozen
+class Activity:
+    """Runs counted by status and by bucket of last activity, between ``oldest`` and
+    ``newest`` (the ``limit`` most recently active runs at most)."""
+
+    oldest: int
+    newest: int
+    buckets: int
+    counts: tuple[tuple[str, int, int], ...]  # status, bucket (0 = oldest), runs
+
+
+def activity(conn: Reader, limit: int, buckets: int) -> Activity | None:
+    """Three indexed reads on ``updated_at``: the newest, the ``limit``-th newest, and the
+    runs since then grouped in SQL over the (status, updated_at) index, so the cost is the
+    same with a million runs. (A TEXT or BLOB in ``updated_at``, which SQLite orders after
+    every number, is left out by the ``<= MAX_INT`` bound.)"""
+    numeric = f"updated_at <= {q.MAX_INT}"
+    newest = conn.execute(
+        f"SELECT updated_at FROM agent_runs WHERE {numeric} ORDER BY updated_at DESC LIMIT 1"
+    ).fetchone()
+    if newest is None:
+        return None
+    edge = conn.execute(
+        f"SELECT updated_at FROM agent_runs WHERE {numeric} ORDER BY updated_at DESC LIMIT 1 OFFSET ?",
+        (limit - 1,),
+    ).fetchone()
+    if edge is None:
+        edge = conn.execute(
+            f"SELECT updated_at FROM agent_runs WHERE {numeric} ORDER BY updated_at LIMIT 1"
+        ).fetchone()
+    oldest, last = int(edge[0]), int(newest[0])
+    span = max(last - oldest + 1, 60_000)
+    statuses = ", ".join(f"'{s}'" for s in q.RUN_STATUSES)
     rows = conn.execute(
-        f"SELECT {q._name('status')}, {q._key('updated_at', d)} FROM agent_runs"
-        " ORDER BY updated_at DESC LIMIT ?",
-        (limit,),
+        f"SELECT status, (updated_at - ?) * ? / ?, count(*) FROM agent_runs"
+        f" WHERE status IN ({statuses}) AND updated_at >= ? AND {numeric} GROUP BY 1, 2",
+        (oldest, buckets, span, oldest),
     )
-    return tuple((q._text(s), q._int(u)) for s, u in rows)
+    counts = tuple((q._text(st), min(int(b), buckets - 1), int(n)) for st, b, n in rows)
+    return Activity(oldest, oldest + span - 1, buckets, counts)
 
 
 def neighbour_rounds(conn: Reader, run_id: str, round: object) -> tuple[object, object, object]:

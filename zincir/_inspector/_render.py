@@ -72,6 +72,12 @@ def iso_time(ms: object) -> str | None:
     return None if moment is None else moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def stamp(ms: object) -> tuple[str, str] | None:
+    """(ISO 8601 in UTC to the millisecond, ``YYYY-MM-DD HH:MM:SS``), or None if out of range."""
+    iso = iso_time(ms)
+    return None if iso is None else (iso, f"{iso[:10]} {iso[11:19]}")
+
+
 def clock_time(ms: object) -> str | None:
     moment = _moment(ms)
     return None if moment is None else moment.strftime("%Y-%m-%d %H:%M:%S")
@@ -134,6 +140,7 @@ def environment() -> jinja2.Environment:
         thousands=thousands,
         iso_time=iso_time,
         clock_time=clock_time,
+        stamp=stamp,
         relative=relative,
         duration=duration,
         preview=preview,
