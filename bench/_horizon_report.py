@@ -246,7 +246,8 @@ def render(r: dict[str, Any]) -> str:
         " answered, as its meter counts them — calls whose answer a SIGKILL lost included. *Wall time*:"
         " the agent processes' working time, summed (imports excluded: each replacement was started"
         " before the kill). *Kills landed*: SIGKILLs that hit a process still working (a resumed run"
-        " may finish before the next one is due).",
+        " may finish before the next one is due; so may a restart from scratch whose verifier accepts"
+        " a file an earlier process wrote, since the outside world kept it).",
         "",
         "![per combination](report-horizon.svg)",
         "",
