@@ -11,6 +11,7 @@ waits.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -56,7 +57,11 @@ class Entry:
     usage: str | None = None
 
 
+@functools.lru_cache(maxsize=256)
 def _decode(payload: str, truncated: bool) -> Any:
+    """A payload decoded (None if cut or not JSON). Each page decodes an event three times
+    (call ids, calls shown, the entry): the cache makes that once. The values are not
+    mutated."""
     if truncated:
         return None
     ok, value = q.parse_json(payload)
