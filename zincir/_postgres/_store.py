@@ -52,7 +52,7 @@ from .._json import dump_trusted as _dump
 from .._owner import Owner, is_gone, this_process
 from .._rows import CHECKPOINT_COLUMNS, EVENT_COLUMNS, RUN_COLUMNS, to_checkpoint, to_event, to_run
 from .._types import Checkpoint, Event, EventType, RunRecord, RunStatus
-from ._connection import Tx
+from ._connection import Sent, Tx
 
 _LIVE = (RunStatus.PENDING.value, RunStatus.RUNNING.value, RunStatus.WAITING.value)
 _LEASE_COLUMNS = "status, lease_owner, lease_epoch, lease_expires_at, zincir_now_ms()"
@@ -96,18 +96,30 @@ def create_run(
 
 
 def _lock_run(tx: Tx, run_id: str) -> tuple[str, str | None, int, int | None]:
-    """Lock the run's row and read the server clock in the same statement.
+    """Lock the run's row and read the server clock in the same statement."""
+    return _locked(tx, run_id, _send_lock(tx, run_id))
+
+
+def _send_lock(tx: Tx, run_id: str) -> Sent:
+    """Send the statement that locks the run's row, without waiting for it; read it with
+    :func:`_locked`. Statements sent after it run with the lock held, so an operation may send
+    its first statements with it and judge the lease when they come back (its writes are rolled
+    back with it if the lease does not hold).
 
     NO KEY UPDATE serializes the run's writers as FOR UPDATE would, but does not block the
     foreign-key checks of rows inserted elsewhere that point at this run (a child run's insert).
     """
     # The clock is read after the lock is held: in the lock statement's own target list it would
     # be computed before a wait on a holder that did not change the row.
-    row = tx.one(
+    return tx.send(
         "WITH locked AS (SELECT status, lease_owner, lease_epoch, lease_expires_at FROM agent_runs"
         " WHERE id = %s FOR NO KEY UPDATE) SELECT locked.*, zincir_now_ms() FROM locked",
         (run_id,),
     )
+
+
+def _locked(tx: Tx, run_id: str, lock: Sent) -> tuple[str, str | None, int, int | None]:
+    row = lock.one()
     if row is None:
         raise RunNotFound(f"run {run_id} does not exist")
     status, owner, epoch, expires_at, now = row
@@ -139,7 +151,7 @@ def acquire_run(tx: Tx, run_id: str, owner: str, ttl_ms: int, force: bool) -> Le
     if cancel_reason is not None:
         _cancel_unowned(tx, run_id, status, cancel_reason)
         return None
-    return _take(tx, run_id, status, owner, epoch + 1, ttl_ms, taken_over)
+    return _take(tx, run_id, status, owner, epoch + 1, ttl_ms, _wall_end(tx, run_id), taken_over)
 
 
 def claim_due(
@@ -153,17 +165,15 @@ def claim_due(
     claimed = _take_from_the_dead(tx, owner, ttl_ms, limit)
     postponed: list[str] = []  # runs whose ending has to wait for a busy descendant
     while len(claimed) < limit:
-        now = tx.now
+        now, wanted = tx.now, limit - len(claimed)
         rows = tx.all(
-            "SELECT id, status, lease_epoch, attempts, cancel_reason FROM agent_runs"
+            f"SELECT id, status, lease_epoch, attempts, cancel_reason, {_WALL_END} FROM agent_runs AS r"
             " WHERE status IN ('pending', 'running', 'waiting') AND next_attempt_at <= %s"
             " AND (lease_owner IS NULL OR lease_expires_at <= %s) AND NOT (id = ANY(%s))"
             " ORDER BY next_attempt_at, created_at LIMIT %s FOR NO KEY UPDATE SKIP LOCKED",
-            (now, now, postponed, limit - len(claimed)),
+            (now, now, postponed, wanted),
         )
-        if not rows:
-            break
-        for run_id, status, epoch, attempts, cancel_reason in rows:
+        for run_id, status, epoch, attempts, cancel_reason, wall_end in rows:
             if cancel_reason is not None:  # its owner died before it could stop
                 if not _unless_busy(tx, _cancel_unowned, run_id, status, cancel_reason):
                     postponed.append(run_id)
@@ -173,7 +183,9 @@ def claim_due(
                     postponed.append(run_id)
                 continue
             tx.execute("UPDATE agent_runs SET attempts = attempts + 1 WHERE id = %s", (run_id,))
-            claimed.append((_take(tx, run_id, status, owner, epoch + 1, ttl_ms), attempts + 1))
+            claimed.append((_take(tx, run_id, status, owner, epoch + 1, ttl_ms, wall_end), attempts + 1))
+        if len(rows) < wanted:
+            break  # no more are due (a run locked by another claim is skipped again)
     return claimed
 
 
@@ -217,7 +229,7 @@ def record_attempt_failure(tx: Tx, lease: Lease, failure: dict[str, Any], retry_
     check_lease(tx, lease)
     retry_at = None if retry_delay_ms is None else tx.now + retry_delay_ms
     payload = _dump({**failure, "next_attempt_at": retry_at})
-    _append(tx, lease.run_id, EventType.ATTEMPT_FAILED, payload)
+    _log(tx, lease.run_id, EventType.ATTEMPT_FAILED, payload)
     if retry_delay_ms is None:
         transition = {"from": "running", "reason": "attempt limit reached", "to": "failed"}
         _end_run(tx, lease.run_id, _dump(transition), RunStatus.FAILED)
@@ -240,19 +252,26 @@ def _end_run(
 def _close(
     tx: Tx, run_id: str, transition_json: str, status: RunStatus, result_json: str | None
 ) -> str | None:
-    _append(tx, run_id, EventType.STATE_TRANSITION, transition_json)
-    (parent,) = tx.one(
-        "UPDATE agent_runs SET status = %s, lease_owner = NULL, lease_expires_at = NULL,"
+    _log(tx, run_id, EventType.STATE_TRANSITION, transition_json)
+    # The parent waiting for this run is woken by the same statement. An UPDATE that matches
+    # nothing locks nothing: a parent that is not waiting for this run is left alone, and one
+    # suspending on it right now sees it ended (suspend locks the child).
+    parent, woke = tx.one(
+        "WITH closed AS (UPDATE agent_runs SET status = %s, lease_owner = NULL, lease_expires_at = NULL,"
         " wait_kind = NULL, wait_target = NULL, result = %s, cancel_requested_at = NULL"
-        " WHERE id = %s RETURNING parent_run_id",
-        (status.value, result_json, run_id),
+        " WHERE id = %s RETURNING parent_run_id),"
+        " woken AS (UPDATE agent_runs AS p SET next_attempt_at = zincir_now_ms() FROM closed"
+        " WHERE p.id = closed.parent_run_id AND p.status = 'waiting' AND p.wait_kind = 'child'"
+        " AND p.wait_target = %s AND (p.next_attempt_at IS NULL OR p.next_attempt_at > zincir_now_ms())"
+        " RETURNING 1)"
+        " SELECT parent_run_id, EXISTS (SELECT 1 FROM woken) FROM closed",
+        (status.value, result_json, run_id, run_id),
     )
     if parent is None:
         return None
     tx.notify_inbox(parent)
-    # An UPDATE that matches nothing locks nothing: a parent that is not waiting for this run is
-    # left alone, and one suspending on it right now sees it ended (suspend locks the child).
-    _wake(tx, parent, "child", run_id)
+    if woke:
+        tx.notify_claimable()
     return str(parent)
 
 
@@ -306,10 +325,18 @@ def _request_cancel(tx: Tx, run_id: str, reason: str) -> None:
 
 
 def _take(
-    tx: Tx, run_id: str, status: str, owner: str, epoch: int, ttl_ms: int, taken_over: str | None = None
+    tx: Tx,
+    run_id: str,
+    status: str,
+    owner: str,
+    epoch: int,
+    ttl_ms: int,
+    wall_end: int | None,
+    taken_over: str | None = None,
 ) -> Lease:
     """Lease the run to ``owner`` (this process: its identity is stored with the lease); a
-    pending or suspended run starts running, and a takeover from a dead owner, logged."""
+    pending or suspended run starts running, and a takeover from a dead owner, logged.
+    ``wall_end``: when the run's wall time runs out (:data:`_WALL_END`), read by the caller."""
     expires_at = tx.now + ttl_ms
     me = this_process()
     tx.execute(
@@ -320,11 +347,11 @@ def _take(
     )
     if taken_over is not None:
         event = _dump({"from_epoch": epoch - 1, "reason": taken_over})
-        _append(tx, run_id, EventType.LEASE_TAKEN_OVER, event)
+        _log(tx, run_id, EventType.LEASE_TAKEN_OVER, event)
     if status != RunStatus.RUNNING:
         transition = _dump({"from": status, "to": "running"})
-        _append(tx, run_id, EventType.STATE_TRANSITION, transition)
-    return Lease(run_id, owner, epoch, ttl_ms, expires_at, _wall_end(tx, run_id))
+        _log(tx, run_id, EventType.STATE_TRANSITION, transition)
+    return Lease(run_id, owner, epoch, ttl_ms, expires_at, wall_end)
 
 
 def renew(tx: Tx, lease: Lease) -> tuple[Lease, str | None]:
@@ -355,9 +382,10 @@ def release(tx: Tx, lease: Lease, delay_ms: int = 0, refund_attempt: bool = Fals
     return released is not None
 
 
-def check_lease(tx: Tx, lease: Lease) -> None:
-    """Raise unless the lease holds on a running run, now (see the SQLite store)."""
-    _judge_lease(lease, *_lock_run(tx, lease.run_id), tx.now)
+def check_lease(tx: Tx, lease: Lease, lock: Sent | None = None) -> None:
+    """Raise unless the lease holds on a running run, now (see the SQLite store); ``lock``:
+    the lock statement, if the operation sent it ahead."""
+    _judge_lease(lease, *_locked(tx, lease.run_id, lock or _send_lock(tx, lease.run_id)), tx.now)
 
 
 def _judge_lease(
@@ -386,16 +414,24 @@ def _allocate(tx: Tx, run_id: str, count: int) -> int:
     return int(last) - count + 1
 
 
+_APPEND = (
+    "WITH allocated AS (UPDATE agent_runs SET last_seq = last_seq + 1, updated_at = %s WHERE id = %s"
+    " RETURNING last_seq) INSERT INTO events (run_id, seq, type, payload, idempotency_key, created_at)"
+    " SELECT %s, last_seq, %s, %s, %s, %s FROM allocated"
+)
+
+
 def _append(tx: Tx, run_id: str, type: EventType, payload_json: str, key: str | None = None) -> int:
     """Allocate the run's next seq and append one event with it, in one statement (one round trip
     where _allocate and _insert_event take two); returns the seq."""
-    (seq,) = tx.one(
-        "WITH allocated AS (UPDATE agent_runs SET last_seq = last_seq + 1, updated_at = %s WHERE id = %s"
-        " RETURNING last_seq) INSERT INTO events (run_id, seq, type, payload, idempotency_key, created_at)"
-        " SELECT %s, last_seq, %s, %s, %s, %s FROM allocated RETURNING seq",
-        (tx.now, run_id, run_id, type.value, payload_json, key, tx.now),
-    )
+    params = (tx.now, run_id, run_id, type.value, payload_json, key, tx.now)
+    (seq,) = tx.one(_APPEND + " RETURNING seq", params)
     return int(seq)
+
+
+def _log(tx: Tx, run_id: str, type: EventType, payload_json: str, key: str | None = None) -> None:
+    """:func:`_append` for a caller that has no use for the seq: sent, not waited for."""
+    tx.execute(_APPEND, (tx.now, run_id, run_id, type.value, payload_json, key, tx.now))
 
 
 def _insert_event(
@@ -499,14 +535,16 @@ def record_tool_result(tx: Tx, lease: Lease, call_id: str, payload_json: str) ->
 def finish(tx: Tx, lease: Lease, status: RunStatus, payload_json: str, result_json: str | None) -> str | None:
     """Make the run terminal with its ``state_transition`` (and result) and drop the lease, at
     once; returns the parent's id."""
-    check_lease(tx, lease)
-    if status == RunStatus.COMPLETED:
-        _require_no_open_work(tx, lease.run_id)
+    lock = _send_lock(tx, lease.run_id)
+    open_work = _send_open_work(tx, lease.run_id) if status == RunStatus.COMPLETED else None
+    check_lease(tx, lease, lock)
+    if open_work is not None:
+        _require_no_open_work(lease.run_id, open_work)
     return _end_run(tx, lease.run_id, payload_json, status, result_json)
 
 
-def _require_no_open_work(tx: Tx, run_id: str) -> None:
-    candidate, open_calls, live = tx.one(  # one round trip for the three questions
+def _send_open_work(tx: Tx, run_id: str) -> Sent:
+    return tx.send(  # one statement for the three questions
         "SELECT EXISTS (SELECT 1 FROM checkpoints WHERE run_id = %s AND status = 'candidate'),"
         " ARRAY (SELECT call_id FROM tool_intents WHERE run_id = %s AND result_seq IS NULL"
         " ORDER BY intent_seq LIMIT 5),"
@@ -514,6 +552,10 @@ def _require_no_open_work(tx: Tx, run_id: str) -> None:
         " AND status IN ('pending', 'running', 'waiting') LIMIT 5)",
         (run_id, run_id, run_id),
     )
+
+
+def _require_no_open_work(run_id: str, open_work: Sent) -> None:
+    candidate, open_calls, live = open_work.one()
     if candidate:
         raise UnfinishedWork(f"run {run_id} cannot complete: a checkpoint candidate is undecided")
     if open_calls:
@@ -556,26 +598,32 @@ def events_page(tx: Tx, run_id: str, after_seq: int, limit: int | None) -> list[
     return events_after(tx, run_id, after_seq, limit)
 
 
+_LATEST_ACCEPTED = "FROM checkpoints WHERE run_id = %s AND status = 'accepted' ORDER BY round DESC LIMIT 1"
+
+
 def latest_accepted(tx: Tx, run_id: str) -> Checkpoint | None:
-    row = tx.one(
-        f"SELECT {CHECKPOINT_COLUMNS} FROM checkpoints WHERE run_id = %s AND status = 'accepted'"
-        " ORDER BY round DESC LIMIT 1",
-        (run_id,),
-    )
+    row = tx.one(f"SELECT {CHECKPOINT_COLUMNS} {_LATEST_ACCEPTED}", (run_id,))
     return None if row is None else to_checkpoint(row)
 
 
 def durable_state(tx: Tx, run_id: str) -> tuple[RunRecord, Checkpoint | None, list[Event]]:
     """The run, its latest accepted checkpoint and the events after that checkpoint's
-    decision and the tool result that answered it (seq > decision + 1)."""
-    run = get_run(tx, run_id)
-    checkpoint = latest_accepted(tx, run_id)
+    decision and the tool result that answered it (seq > decision + 1). The run and the
+    checkpoint share a round trip; the events' bound is sent as a value, since the planner
+    picks the index range for a value and not for a subquery's result."""
+    run = tx.send(f"SELECT {RUN_COLUMNS} FROM agent_runs WHERE id = %s", (run_id,))
+    accepted = tx.send(f"SELECT {CHECKPOINT_COLUMNS} {_LATEST_ACCEPTED}", (run_id,))
+    found = run.one()
+    if found is None:
+        raise RunNotFound(f"run {run_id} does not exist")
+    row = accepted.one()
+    checkpoint = None if row is None else to_checkpoint(row)
     after = (
         -1
         if checkpoint is None or checkpoint.decision_event_seq is None
         else checkpoint.decision_event_seq + 1
     )
-    return run, checkpoint, events_after(tx, run_id, after)
+    return to_run(found), checkpoint, events_after(tx, run_id, after)
 
 
 # -- checkpoints --------------------------------------------------------------------------------
@@ -802,7 +850,7 @@ def suspend(tx: Tx, lease: Lease, kind: WaitKind, name: str) -> bool:
     if until is not None and until <= tx.now:
         return False
     transition = _dump({"from": "running", "to": "waiting", "until": until, "waiting_for": waiting_for})
-    _append(tx, lease.run_id, EventType.STATE_TRANSITION, transition)
+    _log(tx, lease.run_id, EventType.STATE_TRANSITION, transition)
     tx.execute(
         "UPDATE agent_runs SET status = 'waiting', wait_kind = %s, wait_target = %s, next_attempt_at = %s,"
         " lease_owner = NULL, lease_expires_at = NULL, attempts = greatest(0, attempts - 1) WHERE id = %s",
@@ -883,7 +931,7 @@ def await_signal(tx: Tx, lease: Lease, name: str, topic: str, timeout_ms: int | 
             (tx.now, signal_id, lease.run_id, name),
         )
         event = signal_received_payload(name, topic, signal_id, payload)
-        _append(tx, lease.run_id, EventType.SIGNAL_RECEIVED, event, f"wait:{name}")
+        _log(tx, lease.run_id, EventType.SIGNAL_RECEIVED, event, f"wait:{name}")
         return WaitOutcome.received(payload)
     if deadline is not None and deadline <= tx.now:
         tx.execute(
@@ -891,7 +939,7 @@ def await_signal(tx: Tx, lease: Lease, name: str, topic: str, timeout_ms: int | 
             (tx.now, lease.run_id, name),
         )
         event = _dump({"deadline": deadline, "name": name, "signal": topic})
-        _append(tx, lease.run_id, EventType.WAIT_TIMED_OUT, event, f"wait:{name}")
+        _log(tx, lease.run_id, EventType.WAIT_TIMED_OUT, event, f"wait:{name}")
         return WaitOutcome.timed_out(deadline)
     return WaitOutcome.pending(None if deadline is None else deadline - tx.now)
 
@@ -990,7 +1038,7 @@ def _request_approval(tx: Tx, run_id: str, call_id: str, timeout_ms: int | None)
         (run_id, call_id, name, hash_, tx.now, None if timeout_ms is None else tx.now + timeout_ms),
     )
     request = _dump({"args": args, "args_hash": hash_, "call_id": call_id, "name": name})
-    _append(tx, run_id, EventType.APPROVAL_REQUESTED, request, f"approval:{call_id}:requested")
+    _log(tx, run_id, EventType.APPROVAL_REQUESTED, request, f"approval:{call_id}:requested")
 
 
 def decide_approval(
@@ -1056,7 +1104,14 @@ def _notify_inbox(tx: Tx, run_id: str) -> None:
 
 def owner_news(tx: Tx, run_id: str) -> tuple[str | None, int | None]:
     """A cancellation requested and not yet acted on, and when the run's wall time runs out."""
-    return cancel_requested(tx, run_id), _wall_end(tx, run_id)
+    row = tx.one(
+        f"SELECT cancel_reason, cancel_requested_at, {_WALL_END} FROM agent_runs AS r WHERE id = %s",
+        (run_id,),
+    )
+    if row is None:
+        return None, None
+    reason, requested_at, wall_end = row
+    return (None if requested_at is None else str(reason)), (None if wall_end is None else int(wall_end))
 
 
 def cancel_requested(tx: Tx, run_id: str) -> str | None:
@@ -1065,14 +1120,17 @@ def cancel_requested(tx: Tx, run_id: str) -> str | None:
     return None if row is None or row[1] is None else str(row[0])
 
 
+# When the run ``r``'s budget of wall time runs out (its creation plus the limit), if it has one.
+_WALL_END = (
+    "(SELECT r.created_at + b.max_wall_time_ms FROM budgets AS b"
+    " WHERE b.run_id = r.id AND b.max_wall_time_ms IS NOT NULL)"
+)
+
+
 def _wall_end(tx: Tx, run_id: str) -> int | None:
     """When the run's budget of wall time runs out (its creation plus the limit), if it has one."""
-    row = tx.one(
-        "SELECT r.created_at + b.max_wall_time_ms FROM budgets AS b JOIN agent_runs AS r ON r.id = b.run_id"
-        " WHERE b.run_id = %s AND b.max_wall_time_ms IS NOT NULL",
-        (run_id,),
-    )
-    return None if row is None else int(row[0])
+    row = tx.one(f"SELECT {_WALL_END} FROM agent_runs AS r WHERE r.id = %s", (run_id,))
+    return None if row is None or row[0] is None else int(row[0])
 
 
 def spawn_child(
@@ -1086,21 +1144,24 @@ def spawn_child(
     budget: tuple[Any, ...] | None = None,
 ) -> str:
     """Create the child named ``name`` once, pending and unleased; a repeat returns its id."""
-    check_lease(tx, lease)
-    inserted = tx.one(
+    lock = _send_lock(tx, lease.run_id)
+    insert = tx.send(  # with the lock: if the lease does not hold, the raise rolls it back
         "INSERT INTO agent_runs (id, parent_run_id, role, provider, status, config, created_at,"
         " updated_at, next_attempt_at, spawn_name)"
-        " VALUES (%s, %s, %s, %s, 'pending', %s, %s, %s, %s, %s)"
+        " SELECT %s, %s, %s, %s, 'pending', %s, now.ms, now.ms, now.ms, %s"
+        " FROM (SELECT zincir_now_ms() AS ms) AS now"
         " ON CONFLICT (parent_run_id, spawn_name) WHERE spawn_name IS NOT NULL DO NOTHING RETURNING 1",
-        (child_id, lease.run_id, role, provider, config_json, tx.now, tx.now, tx.now, name),
+        (child_id, lease.run_id, role, provider, config_json, name),
     )
+    check_lease(tx, lease, lock)
+    inserted = insert.one()
     if inserted is None:  # spawned before (a restart repeats the spawn): that child
         (existing,) = tx.one(
             "SELECT id FROM agent_runs WHERE parent_run_id = %s AND spawn_name = %s", (lease.run_id, name)
         )
         return str(existing)
     event = _dump({"child_id": child_id, "name": name, "role": role})
-    _append(tx, lease.run_id, EventType.CHILD_SPAWNED, event, f"spawn:{name}")
+    _log(tx, lease.run_id, EventType.CHILD_SPAWNED, event, f"spawn:{name}")
     if budget is not None:  # the child's own, whatever its parent spends
         _insert_budget(tx, child_id, budget)
     tx.notify_claimable()
@@ -1110,8 +1171,10 @@ def spawn_child(
 def await_child(tx: Tx, lease: Lease, child_id: str, timeout_ms: int | None) -> JoinOutcome:
     """Record the join on its first call; log ``child_joined`` once the child has ended, or
     time the join out past its stored deadline. Fenced."""
-    check_lease(tx, lease)
-    found = tx.one(f"SELECT {RUN_COLUMNS} FROM agent_runs WHERE id = %s", (child_id,))
+    lock = _send_lock(tx, lease.run_id)
+    row = tx.send(f"SELECT {RUN_COLUMNS} FROM agent_runs WHERE id = %s", (child_id,))
+    check_lease(tx, lease, lock)
+    found = row.one()
     child = None if found is None else to_run(found)
     if child is None or child.parent_run_id != lease.run_id:
         raise InvalidArgument(f"run {lease.run_id}: {child_id} is not a child of this run")
@@ -1131,7 +1194,7 @@ def await_child(tx: Tx, lease: Lease, child_id: str, timeout_ms: int | None) -> 
             (tx.now, lease.run_id, child_id),
         )
         event = _dump({"child_id": child_id, "result": child.result, "status": child.status.value})
-        _append(tx, lease.run_id, EventType.CHILD_JOINED, event, f"join:{child_id}")
+        _log(tx, lease.run_id, EventType.CHILD_JOINED, event, f"join:{child_id}")
         return JoinOutcome("ended", child)
     if deadline is not None and deadline <= tx.now:
         tx.execute(
@@ -1139,7 +1202,7 @@ def await_child(tx: Tx, lease: Lease, child_id: str, timeout_ms: int | None) -> 
             (tx.now, lease.run_id, child_id),
         )
         event = _dump({"child_id": child_id, "deadline": deadline, "name": f"join:{child_id}"})
-        _append(tx, lease.run_id, EventType.WAIT_TIMED_OUT, event, f"join:{child_id}")
+        _log(tx, lease.run_id, EventType.WAIT_TIMED_OUT, event, f"join:{child_id}")
         return JoinOutcome("timed_out")
     return JoinOutcome("pending", remaining_ms=None if deadline is None else deadline - tx.now)
 
@@ -1323,7 +1386,8 @@ def _take_from_the_dead(tx: Tx, owner: str, ttl_ms: int, limit: int) -> list[tup
         if is_gone(Owner(me.host, pid, started)):
             tx.execute("UPDATE agent_runs SET attempts = attempts + 1 WHERE id = %s", (run_id,))
             why = f"its owner, process {pid} of this host, is gone"
-            taken.append((_take(tx, run_id, status, owner, epoch + 1, ttl_ms, why), attempts + 1))
+            lease = _take(tx, run_id, status, owner, epoch + 1, ttl_ms, _wall_end(tx, run_id), why)
+            taken.append((lease, attempts + 1))
     return taken
 
 
@@ -1343,7 +1407,7 @@ def start_tool(tx: Tx, lease: Lease, call_id: str) -> int:
             raise NoDurableIntent(f"run {lease.run_id}: tool call {call_id!r} has no durable intent")
         raise InvalidArgument(f"run {lease.run_id}: tool call {call_id!r} already has a result")
     event = _dump({"attempt": int(row[0]), "call_id": call_id})
-    _append(tx, lease.run_id, EventType.TOOL_STARTED, event)
+    _log(tx, lease.run_id, EventType.TOOL_STARTED, event)
     return int(row[0])
 
 
