@@ -753,13 +753,15 @@ def step_result(tx: Tx, run_id: str, name: str) -> str | None:
 
 def complete_step(tx: Tx, lease: Lease, name: str, result_json: str, elapsed_ms: int) -> str:
     """Store a step's result, fenced; if a result is already stored, keep and return it."""
-    check_lease(tx, lease)
-    inserted = tx.one(
+    lock = _send_lock(tx, lease.run_id)
+    insert = tx.send(  # with the lock, in one round trip: a lease that does not hold rolls it back
         "INSERT INTO steps (run_id, name, status, epoch, result, started_at, completed_at)"
-        " VALUES (%s, %s, 'completed', %s, %s, %s, %s) ON CONFLICT (run_id, name) DO NOTHING RETURNING 1",
-        (lease.run_id, name, lease.epoch, result_json, tx.now - elapsed_ms, tx.now),
+        " SELECT %s, %s, 'completed', %s, %s, now.ms - %s, now.ms FROM (SELECT zincir_now_ms() AS ms) AS now"
+        " ON CONFLICT (run_id, name) DO NOTHING RETURNING 1",
+        (lease.run_id, name, lease.epoch, result_json, elapsed_ms),
     )
-    if inserted is not None:
+    check_lease(tx, lease, lock)
+    if insert.one() is not None:
         return result_json
     stored = step_result(tx, lease.run_id, name)
     assert stored is not None
