@@ -247,6 +247,7 @@ async def test_a_write_zincir_refuses_is_a_409_and_bad_input_a_400(db: zincir.Da
         for fields, message in (
             ({"payload": "{not json"}, "not JSON"),
             ({"signal": "", "payload": "1"}, "signal name"),
+            ({"payload": "[" * 100_000 + "]" * 100_000}, "deeper than 100 levels"),  # not a 500
         ):
             answer = await post(server, f"{base}/signal", {**found[("signal", "")], **fields}, **headers)
             assert answer.status == 400 and message in answer.body, answer.body

@@ -41,6 +41,7 @@ from .. import _queries as q
 from .._database import Database, open_database
 from .._errors import InvalidArgument, RunNotFound, StorageError, ZincirError
 from .._inbox import cancel_run, decide_approval, raise_budget, retry_now, send_signal
+from .._json import MAX_DEPTH
 from .._validation import check_text
 from ._app import DEFAULT_ADDRESS, InspectorApp, parse_address, serve
 from ._auth import Guard, Refusal
@@ -210,6 +211,10 @@ class Actions:
             payload = json.loads(text)
         except ValueError as error:
             raise InvalidArgument(f"run {run_id}: the signal's payload is not JSON ({error})") from None
+        except RecursionError:  # nested past the parser's stack: past zincir's depth limit too
+            raise InvalidArgument(
+                f"run {run_id}: the signal's payload nests lists and objects deeper than {MAX_DEPTH} levels"
+            ) from None
         key = form.get("key", "").strip() or None
         await send_signal(self.db, run_id, form.get("signal", "").strip(), payload, key=key, by=self.actor)
         return "signal"
