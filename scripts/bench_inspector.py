@@ -258,7 +258,9 @@ def copy_to_postgres(path: Path, url: str) -> None:
                 for row in source.execute(f"SELECT {listed} FROM {table}"):
                     copy.write_row(row)
         conn.commit()
-        conn.execute("ANALYZE")
+        # As autovacuum leaves a table of this age: visibility map set, statistics current.
+        conn.autocommit = True
+        conn.execute("VACUUM (ANALYZE)")
     source.close()
 
 

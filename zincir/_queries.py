@@ -1744,9 +1744,11 @@ def intent_to_json(intent: IntentRow) -> dict[str, Any]:
 
 def _has_start_marks(conn: Reader) -> bool:
     if _dialect(conn).name == "postgresql":
+        # The catalog itself, not information_schema (whose views cost milliseconds a page):
+        # the tool_intents the queries resolve (search_path), and its column.
         found = conn.execute(
-            "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()"
-            " AND table_name = 'tool_intents' AND column_name = 'started'"
+            "SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('tool_intents')"
+            " AND attname = 'started' AND NOT attisdropped"
         )
     else:
         found = conn.execute("SELECT 1 FROM pragma_table_info('tool_intents') WHERE name = 'started'")

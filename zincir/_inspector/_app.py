@@ -91,8 +91,8 @@ TREE_WIDTH = 20
 REFRESH_SECONDS = 5
 #: The run page's timeline covers the latest this many events (the whole run when shorter).
 TIMELINE_EVENTS = 600
-#: The runs page's chart samples the most recently active this many runs.
-CHART_SAMPLE = 5000
+#: The runs page's chart counts the most recently active this many runs.
+CHART_SAMPLE = 2000
 
 CONTENT_SECURITY_POLICY = (
     "default-src 'none'; style-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
