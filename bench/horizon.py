@@ -30,7 +30,6 @@ import platform
 import queue
 import random
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -167,8 +166,11 @@ class Proc:
         self.proc.stdin.flush()
 
     def kill(self) -> None:
+        # Popen.kill signals only a process it has not reaped: this is called again (in
+        # run_trial's finally) for a process close() already waited for, whose pid may belong
+        # to another process by then.
         with contextlib.suppress(ProcessLookupError):
-            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.kill()
         self.proc.wait()
 
     def close(self, timeout: float = 60.0) -> None:
