@@ -24,7 +24,7 @@ import trio
 
 import zincir
 from zincir._inspector import serve
-from zincir._inspector._actions import ACTIONS, serve_with_actions
+from zincir._inspector._actions import ACTIONS, MAX_FORM_BYTES, serve_with_actions
 
 from . import cdp
 from .helpers import dump, rows
@@ -261,6 +261,8 @@ async def test_a_write_zincir_refuses_is_a_409_and_bad_input_a_400(db: zincir.Da
             **headers,
         )
         assert hostile.status == 400 and "<script>" not in hostile.body
+        too_big = {**found[("signal", "")], "payload": '"' + "x" * MAX_FORM_BYTES + '"'}
+        assert (await post(server, f"{base}/signal", too_big, **headers)).status == 413
         assert dump(db) == before
 
 
