@@ -181,9 +181,7 @@ class ResumeWorker:
                 logger.info("claimed run %s (attempt %d, epoch %d)", lease.run_id, attempt, lease.epoch)
                 handlers.start_soon(self._handle, lease, attempt, slot)
             self._release_slots(slots[len(claimed) :])
-            # Nothing more was due: wait for a wake-up, unless one came during the claim (then
-            # there is no time to work out until when to sleep).
-            if len(claimed) < len(slots) and not self._wakeup.is_set():
+            if len(claimed) < len(slots):  # nothing more is due: wait for a wake-up
                 with trio.move_on_after(await self._idle_time()):
                     await self._wakeup.wait()
 
