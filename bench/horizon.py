@@ -41,10 +41,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from ._harness import REPO, child_env
 from ._horizon_agent import ModelParams, check, ledger_counts, ledger_lines, task_index
 from ._horizon_report import render, write_chart
 
-REPO = Path(__file__).resolve().parent.parent
 Log = Callable[[str], None]
 
 
@@ -96,13 +96,6 @@ def kill_moments(plan: list[tuple[float, float]], base: dict[str, Any]) -> list[
 
 
 # -- child processes ------------------------------------------------------------------------------
-
-
-def child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    return env
 
 
 class Proc:
