@@ -206,6 +206,9 @@ async def test_the_signal_command_sends_once_per_key(db: zincir.Database) -> Non
         assert first.stdout == again.stdout and int(first.stdout) >= 1
         bad = await trio.run_process([*command, "--data", "{not json"], capture_stderr=True, check=False)
         assert bad.returncode == 2 and b"not JSON" in bad.stderr
+        deep = "[" * 5000 + "]" * 5000  # past the JSON parser's stack: a usage error, not a traceback
+        too_deep = await trio.run_process([*command, "--data", deep], capture_stderr=True, check=False)
+        assert too_deep.returncode == 2 and b"deeper than 100 levels" in too_deep.stderr
         assert await run.wait_for_signal("w", "approved") == {"by": "ada"}
 
 

@@ -21,6 +21,7 @@ from ._cli_options import database_option, os_user
 from ._database import open_database, wall_clock_ms
 from ._errors import ZincirError
 from ._inbox import cancel_run, decide_approval, raise_budget, retry_now, send_signal
+from ._json import MAX_DEPTH
 from ._types import Approval
 from ._version import __version__
 from ._worker import Handler, ResumeWorker
@@ -158,6 +159,10 @@ def send_signal_command(
         payload = json.loads(data)
     except ValueError as exc:
         raise click.BadParameter(f"not JSON: {exc}", param_hint="--data") from None
+    except RecursionError:  # nested past the parser's stack: past zincir's depth limit too
+        raise click.BadParameter(
+            f"it nests lists and objects deeper than {MAX_DEPTH} levels", param_hint="--data"
+        ) from None
 
     async def send() -> int:
         async with open_database(database_path) as db:
