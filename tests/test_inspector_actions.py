@@ -11,6 +11,7 @@ import http.client
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import urllib.parse
@@ -372,6 +373,13 @@ async def test_allow_actions_refuses_a_missing_or_foreign_database(tmp_path: Pat
     with pytest.raises(zincir.StorageError, match="does not exist"):
         await serve_with_actions(str(tmp_path / "missing.db"), "127.0.0.1:0", actor="ada")
     assert not (tmp_path / "missing.db").exists()
+    foreign = tmp_path / "notes.db"  # an SQLite file of another program: never migrated into zincir's
+    with contextlib.closing(sqlite3.connect(foreign)) as conn, conn:
+        conn.execute("CREATE TABLE notes (body TEXT)")
+    before = foreign.read_bytes()
+    with pytest.raises(zincir.SchemaError, match="not a zincir database"):
+        await serve_with_actions(str(foreign), "127.0.0.1:0", actor="ada")
+    assert foreign.read_bytes() == before
     with pytest.raises(zincir.InvalidArgument, match="loopback only"):
         await serve_with_actions(str(tmp_path / "missing.db"), "0.0.0.0:0", actor="ada")
     with pytest.raises(zincir.InvalidArgument, match="--as"):
