@@ -191,8 +191,8 @@ def _reading(r: dict[str, Any]) -> list[str]:
     runs = sum(e["summary"]["seeds"] for e in combos.values())
     lines.append(
         f"- The tool that is idempotent by key (`register`, an upsert keyed by the subtask) repeated"
-        f" itself **{keyed:.0f}** times in the {runs} killed runs, even those restarted from scratch:"
-        " only the tool without a key duplicates."
+        f" itself **{keyed:.0f}** times in the {runs} killed runs, even those restarted from scratch"
+        + (": only the tool without a key duplicates." if keyed == 0 else ".")
     )
     gave_up = sum(t["outcome"] == "gave up" for e in combos.values() for t in e["trials"])
     if gave_up:
