@@ -267,6 +267,33 @@ async def test_a_write_zincir_refuses_is_a_409_and_bad_input_a_400(db: zincir.Da
         assert dump(db) == before
 
 
+async def test_a_decision_is_bound_to_the_arguments_the_page_showed(db: zincir.Database) -> None:
+    scene = await build_scene(db)
+    async with actions_server(db.path) as server:
+        cookie = await log_in(server)
+        page = await get(server, f"/runs/{scene.asking}?refresh=off", Cookie=cookie)
+        found = await forms(server, scene.asking, cookie)
+        shown = found[("approve", "c2")]["args_hash"]
+        assert shown and shown in page.body  # the hash is on the page, beside the arguments
+        headers = {"Cookie": cookie, "Origin": server.origin}
+        base = f"/runs/{scene.asking}/actions"
+        before = dump(db)
+        other = await post(
+            server, f"{base}/approve", {**found[("approve", "c2")], "args_hash": "0" * 64}, **headers
+        )
+        assert other.status == 409 and "hash" in other.body, other.body
+        missing = await post(
+            server, f"{base}/approve", {**found[("approve", "c2")], "args_hash": ""}, **headers
+        )
+        assert missing.status == 400 and "arguments hash" in missing.body, missing.body
+        assert dump(db) == before
+        assert (await post(server, f"{base}/approve", found[("approve", "c2")], **headers)).status == 303
+    [(approved, args_hash)] = rows(
+        db, "SELECT approved, args_hash FROM approvals WHERE run_id = ? AND call_id = 'c2'", (scene.asking,)
+    )
+    assert approved == 1 and args_hash == shown
+
+
 # -- refusals ---------------------------------------------------------------------------------
 
 

@@ -104,11 +104,6 @@ class Panel:
         return self._guard.csrf_token(self._session, action, self.run_id, target)
 
     @staticmethod
-    def approvals(awaiting: Any) -> list[Any]:
-        """The open approval requests among a run's awaits (``name`` is the call id)."""
-        return [a for a in awaiting if a.kind == "approval" and isinstance(a.name, str)]
-
-    @staticmethod
     def signal_topics(awaiting: Any) -> list[str]:
         """The signals a run's open waits are for, to suggest in the signal form."""
         return sorted({a.target for a in awaiting if a.kind == "signal" and isinstance(a.target, str)})
@@ -199,7 +194,12 @@ class Actions:
     async def _approve(self, run_id: str, form: MultiDict[str, str], approved: bool = True) -> str:
         call_id = form.get("call_id", "")
         reason = form.get("reason", "")
-        await decide_approval(self.db, run_id, call_id, approved=approved, by=self.actor, reason=reason)
+        args_hash = form.get("args_hash", "")
+        if not args_hash:  # a decision is for the arguments the person saw, never for any
+            raise InvalidArgument(f"run {run_id}: a decision needs the arguments hash of the call shown")
+        await decide_approval(
+            self.db, run_id, call_id, approved=approved, by=self.actor, reason=reason, args_hash=args_hash
+        )
         return "approve" if approved else "deny"
 
     async def _deny(self, run_id: str, form: MultiDict[str, str]) -> str:

@@ -781,6 +781,7 @@ class _RunView:
         steps: tuple[q.StepRow, ...],
         timers: tuple[q.TimerRow, ...],
         awaiting: tuple[q.Awaiting, ...],
+        approvals: tuple[q.ApprovalRequest, ...],
         family: tuple[tuple[q.RunSummary, ...], q.FamilyNode],
         budget: q.Usage | None,
         intents: tuple[q.IntentRow, ...],
@@ -790,7 +791,7 @@ class _RunView:
         waits: tuple[WaitSpan, ...],
     ) -> None:
         self.run, self.checkpoints, self.events, self.types = run, checkpoints, events, types
-        self.steps, self.timers, self.awaiting = steps, timers, awaiting
+        self.steps, self.timers, self.awaiting, self.approvals = steps, timers, awaiting, approvals
         self.ancestors, self.descendants = family
         self.budget, self.intents = budget, intents
         self.outcomes, (self.marks, self.earlier) = outcomes, marks
@@ -806,6 +807,12 @@ class _RunView:
             else {}
         )
         later = query.after is not None or query.before is not None
+        awaiting = q.list_awaiting(conn, [run_id]).get(run_id, ())
+        approvals = (  # the calls and arguments a decision binds to
+            q.list_open_approvals(conn, run_id, _now_ms(), limit=LIST_LIMIT)
+            if any(item.kind == "approval" for item in awaiting)
+            else ()
+        )
         marks: tuple[tuple[Mark, ...], bool] = ((), False)
         window: tuple[Intent, ...] = ()
         waits: tuple[WaitSpan, ...] = ()
@@ -827,7 +834,8 @@ class _RunView:
             q.event_types(conn, run_id),
             q.list_steps(conn, run_id, limit=LIST_LIMIT + 1, max_chars=ITEM_PREVIEW_CHARS),
             q.list_timers(conn, run_id, limit=LIST_LIMIT + 1),
-            q.list_awaiting(conn, [run_id]).get(run_id, ()),
+            awaiting,
+            approvals,
             q.family_tree(conn, run_id, depth=TREE_DEPTH, per_node=TREE_WIDTH),
             q.budgets_of(conn, [run_id], _now_ms()).get(run_id),
             q.list_intents(conn, run_id, limit=LIST_LIMIT + 1),
@@ -928,6 +936,7 @@ class RunPageView:
     lease_delta: str
     next_attempt: str  # "ended", "awaits", "any" or "at"
     awaiting: tuple[q.Awaiting, ...]
+    approvals: tuple[q.ApprovalRequest, ...]  # the open requests, with their calls' arguments
     budget: q.Usage | None
     spend: str
     budget_rows: list[v.BudgetRow]
@@ -1017,6 +1026,7 @@ def _run_context(view: _RunView, query: _EventsQuery, now: int) -> dict[str, Any
         lease_delta=lease_delta,
         next_attempt=next_attempt,
         awaiting=view.awaiting,
+        approvals=view.approvals,
         budget=view.budget,
         spend="" if view.budget is None else q.spend_text(view.budget),
         budget_rows=[] if view.budget is None else v.budget_rows(view.budget),
