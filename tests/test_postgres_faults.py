@@ -6,6 +6,7 @@ restarting the server (an immediate stop, like a crash), never by mocking psycop
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -13,11 +14,13 @@ from typing import Any
 import psycopg
 import pytest
 import trio
+import trio.testing
 
 import zincir
 from zincir._threads import submit
 
 from .postgres_server import fresh_database, restartable_server
+from .test_database import Gate
 
 
 @pytest.fixture
@@ -92,6 +95,60 @@ async def test_a_write_whose_connection_dies_in_flight_is_an_error_never_a_false
         # The run goes on over a new connection; nothing of the failed operation was written.
         assert await run.record_response("still the owner", [], "end") == 1
         await run.complete()
+
+
+async def test_a_group_commit_whose_connection_dies_after_its_commit_is_unknown_never_run_again(
+    pg_db: zincir.Database, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two writes share a transaction; its COMMIT reaches the server and commits, then the
+    # connection dies before the answers are read. zincir cannot know that it committed: both
+    # writes get DatabaseUnavailable, and neither runs again (that would apply it twice).
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute("CREATE TABLE probe (n INT)")
+    route = "probe"
+    session: Any = pg_db._writers[hash(route) % len(pg_db._writers)]._session
+    send_notifications = session._send_notifications
+    ended: list[int] = []
+
+    def the_commit_lands_then_the_connection_dies(conn: psycopg.Connection[Any]) -> None:
+        if not ended and session.notify_pending:  # the inserts' transaction, not the gate's
+            ended.append(conn.info.backend_pid)
+            conn.pgconn.flush()  # the COMMIT is on its way
+            with psycopg.connect(pg_url, autocommit=True) as admin:
+                while admin.execute("SELECT count(*) FROM probe").fetchone() != (2,):
+                    time.sleep(0.005)  # another process's commit: there is no event to await
+                admin.execute("SELECT pg_terminate_backend(%s)", (ended[0],))
+                while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (ended[0],)).fetchone():
+                    time.sleep(0.005)
+        send_notifications(conn)  # the NOTIFYs after it meet the dead connection
+
+    monkeypatch.setattr(session, "_send_notifications", the_commit_lands_then_the_connection_dies)
+
+    def insert(tx: Any, n: int) -> None:
+        tx.execute("INSERT INTO probe VALUES (%s)", (n,))
+        tx.notify_claimable()
+
+    gate = Gate()
+    outcomes: list[str] = []
+
+    async def write(n: int) -> None:
+        try:
+            await pg_db._write(insert, n, route=route)
+            outcomes.append("committed")
+        except zincir.DatabaseUnavailable as exc:
+            outcomes.append("unknown" if "whether it committed is unknown" in str(exc) else str(exc))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(functools.partial(pg_db._write, gate.pause, route=route))
+        await gate.wait_entered()
+        nursery.start_soon(write, 1)
+        nursery.start_soon(write, 2)
+        await trio.testing.wait_all_tasks_blocked()  # both queued behind the gate: one batch
+        gate.opened.set()
+    assert ended and outcomes == ["unknown", "unknown"]
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        assert admin.execute("SELECT n FROM probe ORDER BY n").fetchall() == [(1,), (2,)]
+    await pg_db._write(insert, 3, route=route)  # a new connection, and on it goes
 
 
 async def test_the_heartbeat_rides_out_a_short_outage(pg_db: zincir.Database, pg_url: str) -> None:

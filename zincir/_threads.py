@@ -199,12 +199,17 @@ class DatabaseThread:
             return outcome.Error(self._session.translate(exc))
 
     def _run_alone(self, request: Request) -> None:
+        request.result = self._alone(request)
+        if isinstance(request.result, outcome.Error) and self._session.may_run_again():
+            request.result = self._alone(request)
+
+    def _alone(self, request: Request) -> outcome.Outcome[Any]:
         try:
             self._session.begin()
         except Exception as exc:
+            error = self._session.translate(exc)
             self._session.rollback()
-            request.result = outcome.Error(self._session.translate(exc))
-            return
+            return outcome.Error(error)
         result = self._call(request)
         if isinstance(result, outcome.Value):
             try:
@@ -216,9 +221,7 @@ class DatabaseThread:
         # After some errors the database has already rolled back; the operation's own error is
         # the one to report either way.
         self._session.rollback()
-        request.result = result
-        if isinstance(result, outcome.Error) and self._session.may_run_again():
-            self._run_alone(request)
+        return result
 
     def _run_together(self, batch: list[Request]) -> bool:
         try:

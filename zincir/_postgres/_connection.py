@@ -203,6 +203,7 @@ class PostgresSession:
     def _discard(self) -> None:
         if self._in_transaction and not self._commit_sent:
             self._lost_before_commit = True  # so the server rolled it back: nothing happened
+        self._in_transaction = False
         with contextlib.suppress(psycopg.Error):  # leaving pipeline mode syncs, if it still can
             self._pipeline_mode.close()
         self._pipeline = None
@@ -251,9 +252,9 @@ class PostgresSession:
             # pg_terminate_backend): start on a fresh one rather than fail the first read.
             self._discard()
         self._began_on_idle = self._conn is not None
+        self._in_transaction = True  # from here, a lost connection is a transaction lost
         self._connection().execute(self._begin)
         self.sent()
-        self._in_transaction = True
 
     def may_run_again(self) -> bool:
         """Whether the transaction that just failed may run again from its start: its
@@ -269,12 +270,14 @@ class PostgresSession:
         conn = self._conn
         assert conn is not None
         # In a transaction that failed, COMMIT answers ROLLBACK without an error: its status
-        # message, not the absence of an error, says whether it committed.
-        self._commit_sent = True
-        committing = conn.execute("COMMIT")
-        self.sent()
-        self._send_notifications(conn)
+        # message, not the absence of an error, says whether it committed. In pipeline mode
+        # sending may raise too (it reads the answers that came meanwhile), so it is all inside.
+        committing: psycopg.Cursor[Any] | None = None
         try:
+            self._commit_sent = True
+            committing = conn.execute("COMMIT")
+            self.sent()
+            self._send_notifications(conn)
             self.settle()
         except psycopg.Error as exc:
             if _connection_lost(exc, conn):
@@ -284,9 +287,10 @@ class PostgresSession:
                     f"{self._where}: the connection failed during COMMIT, so whether it committed"
                     f" is unknown ({exc})"
                 ) from exc
-            if committing.statusmessage != "COMMIT":
+            if committing is None or committing.statusmessage != "COMMIT":
                 raise  # the server answered: nothing was committed
-            # Committed; what failed is a NOTIFY after it: a lost hint, never a lost write.
+            # Committed (answers come in order); what failed is a NOTIFY after it: a lost hint,
+            # never a lost write.
             logger.warning("%s: a notification after a commit failed: %s", self._where, exc)
         if committing.statusmessage != "COMMIT":
             raise RuntimeError(f"COMMIT answered {committing.statusmessage!r}: nothing was committed")
