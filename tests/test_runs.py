@@ -338,7 +338,7 @@ async def test_a_renewal_delayed_past_expiry_cannot_resurrect_the_lease(
 
                 async def renew() -> None:
                     try:
-                        await clocked_db._write(clocked_db._store.renew, run._lease)
+                        await clocked_db._write(clocked_db._store.renew, run._lease, route=run.id)
                     except zincir.LeaseLost as exc:
                         renewal_error.append(exc)
 
