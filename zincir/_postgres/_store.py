@@ -253,25 +253,20 @@ def _close(
     tx: Tx, run_id: str, transition_json: str, status: RunStatus, result_json: str | None
 ) -> str | None:
     _log(tx, run_id, EventType.STATE_TRANSITION, transition_json)
-    # The parent waiting for this run is woken by the same statement. An UPDATE that matches
-    # nothing locks nothing: a parent that is not waiting for this run is left alone, and one
-    # suspending on it right now sees it ended (suspend locks the child).
-    parent, woke = tx.one(
-        "WITH closed AS (UPDATE agent_runs SET status = %s, lease_owner = NULL, lease_expires_at = NULL,"
+    (parent,) = tx.one(
+        "UPDATE agent_runs SET status = %s, lease_owner = NULL, lease_expires_at = NULL,"
         " wait_kind = NULL, wait_target = NULL, result = %s, cancel_requested_at = NULL"
-        " WHERE id = %s RETURNING parent_run_id),"
-        " woken AS (UPDATE agent_runs AS p SET next_attempt_at = zincir_now_ms() FROM closed"
-        " WHERE p.id = closed.parent_run_id AND p.status = 'waiting' AND p.wait_kind = 'child'"
-        " AND p.wait_target = %s AND (p.next_attempt_at IS NULL OR p.next_attempt_at > zincir_now_ms())"
-        " RETURNING 1)"
-        " SELECT parent_run_id, EXISTS (SELECT 1 FROM woken) FROM closed",
-        (status.value, result_json, run_id, run_id),
+        " WHERE id = %s RETURNING parent_run_id",
+        (status.value, result_json, run_id),
     )
     if parent is None:
         return None
     tx.notify_inbox(parent)
-    if woke:
-        tx.notify_claimable()
+    # An UPDATE that matches nothing locks nothing: a parent that is not waiting for this run is
+    # left alone, and one suspending on it right now sees it ended (suspend locks the child).
+    # A statement of its own, by the parent's key: folded into the one above, the planner may
+    # walk every waiting run instead (it cannot see the parent's id in advance).
+    _wake(tx, parent, "child", run_id)
     return str(parent)
 
 
