@@ -333,16 +333,6 @@ def budget_command(run_id: str, by: str | None, database_path: str, **limits: fl
         click.echo(f"run {run_id} has no budget (set one with an option, e.g. --tokens 200000)")
         return
     click.echo(f"run {run_id}: {q.spend_text(usage)}")
-    spent = usage.spent
-    rows = [
-        ("tokens", spent.tokens), ("input_tokens", spent.input_tokens),
-        ("output_tokens", spent.output_tokens), ("cost", spent.cost), ("model_calls", spent.model_calls),
-        ("tool_calls", spent.tool_calls),
-        ("wall_time", round(spent.wall_time, 1)), ("max_identical_tool_calls", spent.identical_tool_calls),
-        ("max_responses_without_progress", spent.responses_without_progress),
-    ]  # fmt: skip
-    for name, value in rows:
-        limit = getattr(usage.limits, name)
-        left = getattr(usage.remaining, name)
+    for name, value, limit, left in q.budget_lines(usage):
         limit_text, left_text = ("—", "—") if limit is None else (limit, left)
         click.echo(f"  {name:<31} {value:>12}  limit {limit_text:>12}  left {left_text}")

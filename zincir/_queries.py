@@ -72,6 +72,7 @@ __all__ = [
     "TimerRow",
     "Usage",
     "awaiting_to_json",
+    "budget_lines",
     "budgets_of",
     "checkpoint_to_json",
     "decode_key",
@@ -1691,6 +1692,20 @@ def spend_text(usage: Usage) -> str:
     if limits.max_responses_without_progress is not None:
         parts.append(f"stalled {s.responses_without_progress}/{limits.max_responses_without_progress}")
     return " · ".join(parts) or "no limits, nothing spent"
+
+
+def budget_lines(usage: Usage) -> list[tuple[str, object, object, object]]:
+    """Each limit of a budget as ``(name, spent, limit, left)``; limit and left are None where
+    the budget sets no limit."""
+    spent, limits, left = usage.spent, usage.limits, usage.remaining
+    pairs = [
+        ("tokens", spent.tokens), ("input_tokens", spent.input_tokens),
+        ("output_tokens", spent.output_tokens), ("cost", spent.cost), ("model_calls", spent.model_calls),
+        ("tool_calls", spent.tool_calls),
+        ("wall_time", round(spent.wall_time, 1)), ("max_identical_tool_calls", spent.identical_tool_calls),
+        ("max_responses_without_progress", spent.responses_without_progress),
+    ]  # fmt: skip
+    return [(name, value, getattr(limits, name), getattr(left, name)) for name, value in pairs]
 
 
 # --------------------------------------------------------------------------- tool intents

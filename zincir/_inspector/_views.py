@@ -270,15 +270,7 @@ class BudgetRow:
 
 
 def budget_rows(usage: q.Usage) -> list[BudgetRow]:
-    spent, limits, left = usage.spent, usage.limits, usage.remaining
-    pairs = [
-        ("tokens", spent.tokens), ("input_tokens", spent.input_tokens),
-        ("output_tokens", spent.output_tokens), ("cost", spent.cost), ("model_calls", spent.model_calls),
-        ("tool_calls", spent.tool_calls),
-        ("wall_time", round(spent.wall_time, 1)), ("max_identical_tool_calls", spent.identical_tool_calls),
-        ("max_responses_without_progress", spent.responses_without_progress),
-    ]  # fmt: skip
-    return [BudgetRow(name, value, getattr(limits, name), getattr(left, name)) for name, value in pairs]
+    return [BudgetRow(*line) for line in q.budget_lines(usage)]
 
 
 def intent_class(state: str) -> str:
