@@ -22,7 +22,9 @@ __all__ = [
     "Usage",
     "debit_of",
     "exceeded_error",
+    "exceeded_event",
     "judge",
+    "judge_debit",
     "usage_of",
 ]
 
@@ -216,6 +218,27 @@ class Exceeded:
 def exceeded_error(run_id: str, exceeded: Exceeded) -> BudgetExceeded:
     kind = {"max_identical_tool_calls": LoopDetected, "max_responses_without_progress": NoProgress}
     return kind.get(exceeded.limit, BudgetExceeded)(f"run {run_id}: {exceeded.message}", exceeded.limit)
+
+
+def exceeded_event(reached: Exceeded) -> tuple[str, dict[str, str]]:
+    """The event type and payload that log a limit reached."""
+    kinds = {"max_identical_tool_calls": "loop_detected", "max_responses_without_progress": "no_progress"}
+    return kinds.get(reached.limit, "budget_exceeded"), {"limit": reached.limit, "message": reached.message}
+
+
+def judge_debit(row: Any, most_identical: int, debit: Debit) -> tuple[Exceeded | None, bool]:
+    """Judge a debit from the budget row it left (BUDGET_COLUMNS, as the UPDATE returned it)
+    and the highest count of identical tool calls after it: the limit reached, if any, and
+    whether it is newly reached (the row before the debit was within every limit). Wall time
+    is not judged here (the owner's heartbeat keeps it), so the run's age does not matter."""
+    before, after = list(row), list(row)
+    after[-2] = most_identical
+    before[9:] = [
+        row[9] - debit.input_tokens, row[10] - debit.output_tokens, row[11] - debit.cost, row[12] - 1,
+        row[13] - len(debit.calls), row[-2], row[-1] - 1,
+    ]  # fmt: skip
+    reached = judge(usage_of(after, 0))
+    return reached, reached is not None and judge(usage_of(before, 0)) is None
 
 
 def judge(usage: Usage) -> Exceeded | None:

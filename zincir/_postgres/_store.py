@@ -30,7 +30,17 @@ from .._backend import (
     check_wait_topic,
     signal_received_payload,
 )
-from .._budget import BUDGET_COLUMNS, LIMIT_COLUMNS, Debit, Exceeded, Usage, judge, usage_of
+from .._budget import (
+    BUDGET_COLUMNS,
+    LIMIT_COLUMNS,
+    Debit,
+    Exceeded,
+    Usage,
+    exceeded_event,
+    judge,
+    judge_debit,
+    usage_of,
+)
 from .._errors import (
     ApprovalConflict,
     ApprovalHashMismatch,
@@ -1275,15 +1285,8 @@ def _debit(tx: Tx, run_id: str, debit: Debit) -> Exceeded | None:
             " RETURNING most_identical_tool_calls",
             (*(x for _, hash_ in debit.calls for x in (run_id, hash_)), run_id),
         )
-    before, after = list(row), list(row)
-    after[-2] = most
-    before[9:] = [
-        row[9] - debit.input_tokens, row[10] - debit.output_tokens, row[11] - debit.cost, row[12] - 1,
-        row[13] - len(debit.calls), row[-2], row[-1] - 1,
-    ]  # fmt: skip
-    # Wall time is not judged here (the owner's heartbeat keeps it): the age does not matter.
-    reached = judge(usage_of(after, 0))
-    if reached is not None and judge(usage_of(before, 0)) is None:
+    reached, newly = judge_debit(row, most, debit)
+    if reached is not None and newly:
         _log_exceeded(tx, run_id, reached, _allocate(tx, run_id, 1))
     return reached
 
@@ -1299,9 +1302,8 @@ def _age(tx: Tx, run_id: str) -> int:
 
 
 def _log_exceeded(tx: Tx, run_id: str, reached: Exceeded, seq: int) -> None:
-    kinds = {"max_identical_tool_calls": "loop_detected", "max_responses_without_progress": "no_progress"}
-    event = EventType(kinds.get(reached.limit, "budget_exceeded"))
-    _insert_event(tx, run_id, seq, event, _dump({"limit": reached.limit, "message": reached.message}))
+    event, payload = exceeded_event(reached)
+    _insert_event(tx, run_id, seq, EventType(event), _dump(payload))
 
 
 def budget_usage(tx: Tx, run_id: str) -> Usage | None:
