@@ -15,7 +15,7 @@ from pathlib import Path
 
 import attrs
 
-__all__ = ["Owner", "is_gone", "this_process"]
+__all__ = ["Owner", "gone_reason", "is_gone", "this_process"]
 
 
 @attrs.frozen
@@ -24,6 +24,10 @@ class Owner:
     pid: int | None
     process_start: int | None
     """Clock ticks after boot (field 22 of /proc/PID/stat)."""
+
+    def as_row(self) -> tuple[str | None, int | None, int | None]:
+        """The lease columns that store it: lease_host, lease_pid, lease_process_start."""
+        return self.host, self.pid, self.process_start
 
 
 def _read(path: str) -> str | None:
@@ -86,3 +90,8 @@ def is_gone(owner: Owner) -> bool:
         return False  # another host, or not enough to know: its lease must expire
     started = process_start(owner.pid)
     return started is not None and started != owner.process_start  # GONE, or the PID reused
+
+
+def gone_reason(owner: Owner) -> str | None:
+    """Why a lease holder is provably gone (the reason a takeover logs), or None: it may live."""
+    return f"its owner, process {owner.pid} of this host, is gone" if is_gone(owner) else None

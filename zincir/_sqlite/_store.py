@@ -57,7 +57,7 @@ from .._errors import (
 )
 from .._json import decode
 from .._json import dump_trusted as _dump
-from .._owner import Owner, is_gone, this_process
+from .._owner import Owner, gone_reason, this_process
 from .._rows import CHECKPOINT_COLUMNS, EVENT_COLUMNS, RUN_COLUMNS, to_checkpoint, to_event, to_run
 from .._types import Checkpoint, Event, EventType, RunRecord, RunStatus
 from .._validation import MAX_INT
@@ -94,7 +94,7 @@ def create_run(
         " updated_at, last_seq, lease_owner, lease_epoch, lease_expires_at, next_attempt_at, lease_host,"
         " lease_pid, lease_process_start)"
         " VALUES (?, ?, ?, ?, 'running', ?, ?, ?, 0, ?, 1, ?, ?, ?, ?, ?)",
-        (*row, *_identity()),
+        (*row, *this_process().as_row()),
     )
     _insert_event(tx, run_id, 0, EventType.STATE_TRANSITION, '{"from":"pending","to":"running"}')
     if budget is None:
@@ -289,7 +289,7 @@ def _take(
         "UPDATE agent_runs SET lease_owner = ?, lease_epoch = ?, lease_expires_at = ?,"
         " status = 'running', wait_kind = NULL, wait_target = NULL, lease_host = ?, lease_pid = ?,"
         " lease_process_start = ? WHERE id = ?",
-        (owner, epoch, expires_at, me.host, me.pid, me.process_start, run_id),
+        (owner, epoch, expires_at, *me.as_row(), run_id),
     )
     if taken_over is not None:
         seq = _allocate(tx, run_id, 1)
@@ -1228,20 +1228,13 @@ def note_exceeded(tx: Tx, lease: Lease, limit: str, message: str) -> None:
 # -- dead owners and tool starts ----------------------------------------------------------------
 
 
-def _identity() -> tuple[str | None, int | None, int | None]:
-    me = this_process()
-    return me.host, me.pid, me.process_start
-
-
 def _gone_owner(tx: Tx, run_id: str) -> str | None:
     """Why the run's lease holder is provably gone (a process of this host that no longer runs),
     or None: it may live, or it is on another host, and its lease must expire."""
     host, pid, started = tx.one(
         "SELECT lease_host, lease_pid, lease_process_start FROM agent_runs WHERE id = ?", (run_id,)
     )
-    if not is_gone(Owner(host, pid, started)):
-        return None
-    return f"its owner, process {pid} of this host, is gone"
+    return gone_reason(Owner(host, pid, started))
 
 
 def _take_from_the_dead(tx: Tx, owner: str, ttl_ms: int, limit: int) -> list[tuple[Lease, int]]:
@@ -1258,9 +1251,9 @@ def _take_from_the_dead(tx: Tx, owner: str, ttl_ms: int, limit: int) -> list[tup
     )
     taken = []
     for run_id, status, epoch, attempts, pid, started in rows:
-        if is_gone(Owner(me.host, pid, started)):
+        why = gone_reason(Owner(me.host, pid, started))
+        if why is not None:
             tx.execute("UPDATE agent_runs SET attempts = attempts + 1 WHERE id = ?", (run_id,))
-            why = f"its owner, process {pid} of this host, is gone"
             taken.append((_take(tx, run_id, status, owner, epoch + 1, ttl_ms, why), attempts + 1))
     return taken
 
