@@ -193,6 +193,82 @@ class Child:
             return ""
 
 
+class EventProcess:
+    """A child process that writes one JSON event per line on its stdout (read by a thread
+    into :attr:`events`) and reads commands on its stdin; its stderr goes to ``log_path``.
+    The crash benchmarks' processes (``bench.recovery``, ``bench.horizon``) build on it."""
+
+    def __init__(self, argv: list[str], log_path: Path, name: str = "child") -> None:
+        self.name = name
+        self.log_path = log_path
+        self._log: IO[bytes] = open(log_path, "ab")  # noqa: SIM115 - closed in close()
+        self.proc = subprocess.Popen(
+            [sys.executable, *argv],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            cwd=REPO,
+            env=child_env(),
+            text=True,
+            bufsize=1,
+        )
+        self.events: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with contextlib.suppress(ValueError):
+                self.events.put(json.loads(line))
+        self.events.put(None)
+
+    def next_event(self, stop: float, waiting_for: str) -> dict[str, Any]:
+        """The next event before monotonic time ``stop``: TimeoutError if none comes, and
+        RuntimeError (with the log's tail) if the process exited."""
+        try:
+            message = self.events.get(timeout=max(0.0, stop - time.monotonic()))
+        except queue.Empty:
+            raise TimeoutError(f"{self.name}: no {waiting_for}; see {self.log_path}") from None
+        if message is None:
+            self.events.put(None)
+            raise RuntimeError(f"{self.name}: exited before {waiting_for}\n{self.tail()}")
+        return message
+
+    def send(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def kill(self) -> float:
+        """SIGKILL and reap; the moment it was reaped (monotonic). Popen.kill signals only a
+        process not reaped yet: this may run again for one whose pid another process has now."""
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+        self.proc.wait()
+        return time.monotonic()
+
+    def close(self, timeout: float = 60.0) -> None:
+        with contextlib.suppress(BrokenPipeError, OSError):
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        self._reader.join(timeout=10)
+        with contextlib.suppress(OSError):
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
+        self._log.close()
+
+    def tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
 def child_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))

@@ -22,7 +22,6 @@ beforehand). Writes
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import os
@@ -34,14 +33,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from ._harness import REPO, child_env
+from ._harness import REPO, EventProcess
 from ._horizon_agent import ModelParams, check, ledger_counts, ledger_lines, task_index
 from ._horizon_report import render, write_chart
 
@@ -98,44 +96,17 @@ def kill_moments(plan: list[tuple[float, float]], base: dict[str, Any]) -> list[
 # -- child processes ------------------------------------------------------------------------------
 
 
-class Proc:
+class Proc(EventProcess):
     """One agent process: JSON events on its stdout; one command line on its stdin starts it."""
 
     def __init__(self, args: dict[str, Any], log_path: Path) -> None:
-        self.log_path = log_path
-        self._log: IO[bytes] = open(log_path, "ab")  # noqa: SIM115 - closed in close()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "bench._horizon_agent", json.dumps(args)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            cwd=REPO,
-            env=child_env(),
-            text=True,
-            bufsize=1,
-        )
-        self.events: queue.Queue[dict[str, Any] | None] = queue.Queue()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            with contextlib.suppress(ValueError):
-                self.events.put(json.loads(line))
-        self.events.put(None)
+        super().__init__(["-m", "bench._horizon_agent", json.dumps(args)], log_path, name="the agent")
 
     def expect(self, event: str, timeout: float) -> dict[str, Any]:
         """The next ``event``, skipping others; TimeoutError when it has not come in ``timeout`` s."""
         stop = time.monotonic() + timeout
         while True:
-            try:
-                message = self.events.get(timeout=max(0.0, stop - time.monotonic()))
-            except queue.Empty:
-                raise TimeoutError(f"no {event!r} in {timeout:.1f} s") from None
-            if message is None:
-                self.events.put(None)
-                raise RuntimeError(f"the agent exited before {event!r}; see {self.log_path}\n{self.tail()}")
+            message = self.next_event(stop, f"{event!r} in {timeout:.1f} s")
             if message["event"] == event:
                 return message
 
@@ -143,48 +114,12 @@ class Proc:
         """The first ``call`` event numbered ``calls`` or more, or ``done``, whichever comes first."""
         stop = time.monotonic() + timeout
         while True:
-            try:
-                message = self.events.get(timeout=max(0.0, stop - time.monotonic()))
-            except queue.Empty:
-                raise TimeoutError(f"no model call {calls} in {timeout:.1f} s") from None
-            if message is None:
-                self.events.put(None)
-                raise RuntimeError(f"the agent exited; see {self.log_path}\n{self.tail()}")
+            message = self.next_event(stop, f"model call {calls} in {timeout:.1f} s")
             if message["event"] == "done" or (message["event"] == "call" and message["n"] >= calls):
                 return message
 
     def go(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write('{"go": true}\n')
-        self.proc.stdin.flush()
-
-    def kill(self) -> None:
-        # Popen.kill signals only a process it has not reaped: this is called again (in
-        # run_trial's finally) for a process close() already waited for, whose pid may belong
-        # to another process by then.
-        with contextlib.suppress(ProcessLookupError):
-            self.proc.kill()
-        self.proc.wait()
-
-    def close(self, timeout: float = 60.0) -> None:
-        with contextlib.suppress(BrokenPipeError, OSError):
-            if self.proc.stdin is not None:
-                self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-        self._reader.join(timeout=10)
-        with contextlib.suppress(OSError):
-            if self.proc.stdout is not None:
-                self.proc.stdout.close()
-        self._log.close()
-
-    def tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        self.send('{"go": true}')
 
 
 def iter_queue(p: Proc) -> list[dict[str, Any]]:

@@ -29,25 +29,22 @@ import importlib.util
 import json
 import os
 import platform
-import queue
 import random
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
+from ._harness import REPO, EventProcess
 from ._recovery_common import ledger_counts, tool_steps
 from ._recovery_report import render, write_chart
 
-REPO = Path(__file__).resolve().parent.parent
 Log = Callable[[str], None]
 RECOVERY_TARGET_S = 1.0
 
@@ -158,56 +155,20 @@ def rec_configs(backends: Sequence[str], systems: Sequence[str]) -> list[RecConf
 # -- child processes ------------------------------------------------------------------------
 
 
-def child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    return env
-
-
-class Proc:
+class Proc(EventProcess):
     """One child (``bench._recovery_child``): JSON events on its stdout, commands on its stdin."""
 
     def __init__(self, system: str, mode: str, args: dict[str, Any], log_path: Path) -> None:
-        self.name = f"{system} {mode}"
-        self.log_path = log_path
-        self._log: IO[bytes] = open(log_path, "ab")  # noqa: SIM115 - closed in close()
         self.spawned_at = time.monotonic()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "bench._recovery_child", system, mode, json.dumps(args)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            cwd=REPO,
-            env=child_env(),
-            text=True,
-            bufsize=1,
-        )
-        self.events: queue.Queue[dict[str, Any] | None] = queue.Queue()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+        argv = ["-m", "bench._recovery_child", system, mode, json.dumps(args)]
+        super().__init__(argv, log_path, name=f"{system} {mode}")
         self.seen: dict[str, dict[str, Any]] = {}
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            with contextlib.suppress(ValueError):
-                self.events.put(json.loads(line))
-        self.events.put(None)
 
     def expect(self, event: str, timeout: float = 120.0, **match: Any) -> dict[str, Any]:
         """The next ``event`` (matching ``match``); earlier events are kept in ``seen``."""
         stop = time.monotonic() + timeout
         while True:
-            try:
-                message = self.events.get(timeout=max(0.0, stop - time.monotonic()))
-            except queue.Empty:
-                raise TimeoutError(
-                    f"{self.name}: no {event!r} in {timeout:.0f} s; see {self.log_path}"
-                ) from None
-            if message is None:
-                self.events.put(None)
-                raise RuntimeError(f"{self.name}: exited before {event!r}\n{self.tail()}")
+            message = self.next_event(stop, f"{event!r} in {timeout:.0f} s")
             self.seen[message["event"]] = message
             if message["event"] == event and all(message.get(k) == v for k, v in match.items()):
                 return message
@@ -218,36 +179,7 @@ class Proc:
             return any(m is not None and m.get("event") == event for m in self.events.queue)
 
     def go(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write("{}\n")
-        self.proc.stdin.flush()
-
-    def kill(self) -> float:
-        """SIGKILL and reap; the moment it was reaped (monotonic)."""
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-        return time.monotonic()
-
-    def close(self, timeout: float = 60.0) -> None:
-        with contextlib.suppress(BrokenPipeError, OSError):
-            if self.proc.stdin is not None:
-                self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-        self._reader.join(timeout=10)
-        with contextlib.suppress(OSError):
-            if self.proc.stdout is not None:
-                self.proc.stdout.close()
-        self._log.close()
-
-    def tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        self.send("{}")
 
 
 @contextlib.contextmanager
