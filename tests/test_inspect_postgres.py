@@ -283,7 +283,7 @@ async def test_queries_on_postgres(both: tuple[str, str, Runs]) -> None:
     def read() -> None:
         conn = q.open_readonly(url)
         try:
-            assert isinstance(conn, q.ReadOnly) and conn.dialect is q.POSTGRESQL
+            assert isinstance(conn, q.ReadOnly) and conn.dialect.name == "postgresql"
             with q.read_snapshot(conn):
                 page = q.list_runs(conn, limit=2)
                 assert [r.id for r in page.runs] == [runs.pending, runs.failed] and page.has_older

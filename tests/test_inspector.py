@@ -37,6 +37,7 @@ from tests.inspect_fixtures import (
 from zincir import _queries as q
 from zincir._errors import InvalidArgument, RunNotFound, SchemaError, StorageError
 from zincir._inspector import CONTENT_SECURITY_POLICY, create_app, format_host, parse_address, serve
+from zincir._sqlite._readonly import SQLiteReadOnly
 
 HOST = "127.0.0.1:8787"
 UNKNOWN = "00000000-0000-4000-8000-000000000000"
@@ -863,9 +864,11 @@ def jinja2_builtin_filters() -> set[str]:
 # --------------------------------------------------------------------------- bounded reads
 
 
-def traced(conn: sqlite3.Connection) -> list[str]:
+def traced(conn: q.Reader) -> list[str]:
+    """Every statement the reader sends from now on (through its sqlite3 connection)."""
+    assert isinstance(conn, SQLiteReadOnly)
     statements: list[str] = []
-    conn.set_trace_callback(statements.append)
+    conn._conn.set_trace_callback(statements.append)
     return statements
 
 
@@ -1001,7 +1004,8 @@ def test_family_steps_and_timers_read_in_index_order(sample: tuple[sqlite3.Conne
         q.get_run(conn, ids.main, children_limit=1, children_after=q.RunCursor(T0, UNKNOWN))
         q.list_steps(conn, ids.main, limit=10, max_chars=10)
         q.list_timers(conn, ids.main, limit=10)
-    conn.set_trace_callback(None)
+    assert isinstance(conn, SQLiteReadOnly)
+    conn._conn.set_trace_callback(None)
     plans = {}
     for sql in statements:
         if "FROM agent_runs WHERE parent_run_id" in sql or "FROM steps" in sql or "FROM timers" in sql:

@@ -1,13 +1,13 @@
 """Read-only queries over a zincir database, shared by ``zincir ui`` and the CLI.
 
-Everything here is plain synchronous code over one read-only connection opened by
-:func:`open_readonly`: a :class:`sqlite3.Connection` for a SQLite file, or a :class:`ReadOnly`
-adapter for a server (PostgreSQL, :mod:`zincir._postgres._readonly`). Both take the same
-qmark-style SQL through ``execute(sql, params)``; the few statements that differ between the
-backends are built from a :class:`Dialect`. Nothing writes: SQLite is opened with ``mode=ro``
-and PostgreSQL in read-only transactions, so the database itself refuses writes, and no
-function issues one. Every list is bounded (keyset pagination), so a run with a million
-events costs one page, never the whole log.
+Everything here is plain synchronous code over one :class:`ReadOnly` connection opened by
+:func:`open_readonly`. This module knows no backend: each backend package brings its own
+connection and its :class:`Dialect` (:mod:`zincir._sqlite._readonly`,
+:mod:`zincir._postgres._readonly`) -- how it opens, checks the schema, looks up its catalog,
+and reads an INTEGER column -- and the statements here are written once over that. Nothing
+writes: SQLite is opened with ``mode=ro`` and PostgreSQL in read-only transactions, so the
+database itself refuses writes, and no function issues one. Every list is bounded (keyset
+pagination), so a run with a million events costs one page, never the whole log.
 
 Rows are normalised before they leave this module, because SQLite (the tables are not
 ``STRICT``; PostgreSQL's columns are typed, so there these cases never arise) lets anyone
@@ -30,28 +30,25 @@ import json
 import math
 import os
 import re
-import sqlite3
 import struct
-import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final, Protocol
 
 import attrs
 
 from ._budget import BUDGET_COLUMNS, Usage, usage_of
-from ._errors import DatabaseBusy, InvalidArgument, RunNotFound, SchemaError, StorageError
-from ._sqlite._migrations import APPLICATION_ID, load_migrations
+from ._errors import InvalidArgument, RunNotFound
 from ._types import EventType
 
 __all__ = [
     "CHILD_COUNT_CAP",
     "DEFAULT_PAGE",
+    "KEY_CHARS",
     "LATEST",
     "MAX_INT",
-    "POSTGRESQL",
+    "REQUIRED_TABLES",
     "RUN_STATUSES",
     "SCAN_WINDOW",
-    "SQLITE",
     "ApprovalRequest",
     "Awaiting",
     "CheckpointRow",
@@ -127,7 +124,6 @@ REQUIRED_TABLES = frozenset(
 RUN_STATUSES = ("pending", "running", "waiting", "completed", "failed", "cancelled")
 DEFAULT_PAGE = 100
 MAX_PAGE = 1000
-BUSY_TIMEOUT = 5.0
 MAX_INT: Final = 2**63 - 1
 MIN_INT: Final = -(2**63)
 #: Characters read of a TEXT column that holds a name, id, status or key (zincir writes <= 255).
@@ -151,11 +147,6 @@ _TAGGED_KEY = re.compile(r"n|r[0-9a-f]{16}|[tb](?:[0-9a-f]{2}){0,4096}")
 # --------------------------------------------------------------------------- opening
 
 
-def _decode_text(raw: bytes) -> str:
-    # A damaged or foreign TEXT value must not make a page fail to render.
-    return raw.decode("utf-8", "replace")
-
-
 class Cursor(Protocol):
     """What ``execute`` returns: rows one by one, or the first one."""
 
@@ -166,36 +157,38 @@ class Cursor(Protocol):
     def close(self) -> None: ...
 
 
-@attrs.frozen
-class Dialect:
-    """What the SQL of one backend needs to differ in; everything else is the common subset.
-
-    ``loose_types``: any column may hold any type (SQLite without ``STRICT``), so INTEGER
-    columns are read through ``typeof()`` (see :func:`_key`); PostgreSQL's columns are typed.
-    ``unlimited`` is the ``LIMIT`` parameter that means "no limit" (``-1`` on SQLite, ``NULL``
-    on PostgreSQL). ``scan_role`` forces a table scan when counting runs by role.
-    """
+class Dialect(abc.ABC):
+    """How one backend's SQL differs from the common subset the statements here are written in."""
 
     name: str
     loose_types: bool
+    """Whether any column may hold any type (SQLite without ``STRICT``): then a key of any type
+    can name a row, and INTEGER columns are read through :meth:`int_column`."""
     unlimited: int | None
-    scan_role: str
+    """The ``LIMIT`` parameter that means "no limit"."""
+    runs_by_role: str
+    """The table expression to count runs by role from (no index covers the role)."""
 
+    @abc.abstractmethod
+    def int_column(self, column: str) -> str:
+        """SQL for an INTEGER column, bounded when something else was stored there."""
 
-SQLITE: Final = Dialect("sqlite", loose_types=True, unlimited=-1, scan_role="agent_runs NOT INDEXED")
-POSTGRESQL: Final = Dialect("postgresql", loose_types=False, unlimited=None, scan_role="agent_runs")
+    @abc.abstractmethod
+    def event_count(self) -> str:
+        """SQL for a run's ``last_seq + 1`` (a malformed ``last_seq`` is read as it is)."""
 
 
 class ReadOnly(abc.ABC):
-    """A read-only connection to a database server, driven like a :class:`sqlite3.Connection`.
+    """A read-only connection to one zincir database, as a backend provides it.
 
-    ``execute`` takes the same qmark-style SQL and parameters and translates them for its
-    driver; :meth:`snapshot` runs a block in one read-only transaction.
+    ``execute`` takes qmark-style SQL and parameters and translates them for its driver;
+    :meth:`snapshot` runs a block in one read-only transaction and turns the driver's errors
+    into :class:`StorageError` (or :class:`~zincir.DatabaseBusy`).
     """
 
     dialect: Dialect
     target: str
-    """What to call the database in messages and pages (a URL without its password)."""
+    """What to call the database in messages and pages (a path, a URL without its password)."""
 
     @abc.abstractmethod
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor: ...
@@ -204,15 +197,19 @@ class ReadOnly(abc.ABC):
     def snapshot(self) -> contextlib.AbstractContextManager[None]: ...
 
     @abc.abstractmethod
+    def has_table(self, name: str) -> bool:
+        """Whether the schema has this table (older schema versions lack some)."""
+
+    @abc.abstractmethod
+    def has_column(self, table: str, column: str) -> bool:
+        """Whether ``table`` has this column (older schema versions lack some)."""
+
+    @abc.abstractmethod
     def close(self) -> None: ...
 
 
-Reader = sqlite3.Connection | ReadOnly
+Reader = ReadOnly
 """What every query takes: the connection :func:`open_readonly` returned."""
-
-
-def _dialect(conn: Reader) -> Dialect:
-    return conn.dialect if isinstance(conn, ReadOnly) else SQLITE
 
 
 def is_url(target: str | os.PathLike[str]) -> bool:
@@ -246,65 +243,17 @@ def open_readonly(path: str | os.PathLike[str]) -> Reader:
 
     ``path`` is a SQLite file (or ``sqlite:///path``) or a ``postgresql://`` URL. A missing
     file raises :class:`StorageError` and is not created; a database that is not zincir's (or
-    is newer than this code) raises :class:`SchemaError`, and is left as it is. A server that
-    cannot be reached raises :class:`~zincir.DatabaseUnavailable` (a :class:`StorageError`).
+    is newer than this code) raises :class:`~zincir.SchemaError`, and is left as it is. A
+    server that cannot be reached raises :class:`~zincir.DatabaseUnavailable` (a
+    :class:`StorageError`).
     """
     if is_url(path):
         from ._postgres._readonly import open_postgres_readonly
 
         return open_postgres_readonly(os.fspath(path), REQUIRED_TABLES)
-    path = sqlite_path(path)
-    if not os.path.isfile(path):
-        raise StorageError(
-            f"database file {path!r} does not exist "
-            "(the inspector opens existing databases read-only and never creates one)"
-        )
-    uri = f"file:{urllib.parse.quote(path)}?mode=ro"
-    try:
-        conn = sqlite3.connect(
-            uri, uri=True, timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False
-        )
-    except sqlite3.Error as exc:
-        raise StorageError(f"cannot open database file {path!r} read-only: {exc}") from exc
-    conn.text_factory = _decode_text
-    try:
-        _check_schema(conn, path)
-    except BaseException:
-        conn.close()
-        raise
-    return conn
+    from ._sqlite._readonly import open_sqlite_readonly
 
-
-def _check_schema(conn: sqlite3.Connection, path: str) -> None:
-    try:
-        application_id = conn.execute("PRAGMA application_id").fetchone()[0]
-        rows = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
-        tables = {row[0] for row in rows}
-        missing = REQUIRED_TABLES - tables
-        # 0 is accepted too: files made by hand with the schema's SQL (tests, tools).
-        if application_id not in (0, APPLICATION_ID) or missing:
-            detail = f"missing tables: {', '.join(sorted(missing))}" if missing else "foreign file"
-            raise SchemaError(f"{path!r} is not a zincir database ({detail})")
-        version = conn.execute("SELECT coalesce(max(version), 0) FROM zincir_schema_migrations").fetchone()[0]
-    except sqlite3.OperationalError as exc:
-        raise _storage_error(exc, f"reading the schema of {path!r}") from exc
-    except sqlite3.DatabaseError as exc:
-        raise SchemaError(f"{path!r} is not a zincir database ({exc})") from exc
-    if type(version) is not int or version < 1:
-        raise SchemaError(f"{path!r} has no applied zincir migration")
-    known = len(load_migrations())
-    if version > known:
-        raise SchemaError(
-            f"{path!r} has schema version {version}, newer than this zincir (reads up to {known});"
-            " upgrade zincir"
-        )
-
-
-def _storage_error(exc: sqlite3.Error, doing: str) -> StorageError:
-    message = f"{doing}: {exc}"
-    if "locked" in str(exc) or "busy" in str(exc):
-        return DatabaseBusy(message)
-    return StorageError(message)
+    return open_sqlite_readonly(sqlite_path(path), REQUIRED_TABLES)
 
 
 @contextlib.contextmanager
@@ -313,21 +262,8 @@ def read_snapshot(conn: Reader) -> Iterator[Reader]:
 
     Database errors raised inside become :class:`StorageError` (or :class:`DatabaseBusy`).
     """
-    if isinstance(conn, ReadOnly):
-        with conn.snapshot():
-            yield conn
-        return
-    try:
-        conn.execute("BEGIN")
-    except sqlite3.Error as exc:
-        raise _storage_error(exc, "starting a read") from exc
-    try:
+    with conn.snapshot():
         yield conn
-    except sqlite3.Error as exc:
-        raise _storage_error(exc, "reading the database") from exc
-    finally:
-        with contextlib.suppress(sqlite3.Error):
-            conn.execute("ROLLBACK")
 
 
 # --------------------------------------------------------------------------- stored values
@@ -411,14 +347,6 @@ def _cut(max_chars: int | None, size: int) -> bool:
 def _name(column: str) -> str:
     """SQL for a TEXT column read at most :data:`NAME_CHARS` characters."""
     return f"substr({column}, 1, {NAME_CHARS})"
-
-
-def _key(column: str, d: Dialect) -> str:
-    """SQL for an INTEGER column: TEXT or BLOB found there is read at most KEY_CHARS long."""
-    if not d.loose_types:
-        return column
-    cut = f"substr({column}, 1, {KEY_CHARS})"
-    return f"CASE WHEN typeof({column}) IN ('text', 'blob') THEN {cut} ELSE {column} END"
 
 
 def _json_column(column: str, max_chars: int | None) -> str:
@@ -568,10 +496,10 @@ def _comparable(d: Dialect, value: object, kind: type) -> bool:
 
 
 def _check_key(conn: Reader, value: object, kind: type, what: str) -> None:
-    if not _comparable(_dialect(conn), value, kind):
+    if not _comparable(conn.dialect, value, kind):
         raise InvalidArgument(
             f"{what} {encode_key(value)!r} cannot name a row of this database"
-            f" ({_dialect(conn).name} stores {'integers' if kind is int else 'text'} there)"
+            f" ({conn.dialect.name} stores {'integers' if kind is int else 'text'} there)"
         )
 
 
@@ -647,19 +575,12 @@ def raw_value(value: object) -> object:
     return value.raw if isinstance(value, Malformed) else value
 
 
-def _event_count(d: Dialect) -> str:
-    """SQL for ``last_seq + 1`` (a malformed ``last_seq`` is read as it is)."""
-    if not d.loose_types:
-        return "last_seq + 1"
-    return f"CASE typeof(last_seq) WHEN 'integer' THEN last_seq + 1 ELSE {_key('last_seq', d)} END"
-
-
 @functools.cache
 def _summary_columns(d: Dialect) -> str:
     return (
         f"{_name('id')}, {_name('parent_run_id')}, {_name('role')}, {_name('provider')}, {_name('status')},"
-        f" {_key('created_at', d)}, {_key('updated_at', d)}, {_event_count(d)},"
-        f" {_name('lease_owner')}, {_key('lease_expires_at', d)}, {_key('attempts', d)}"
+        f" {d.int_column('created_at')}, {d.int_column('updated_at')}, {d.event_count()},"
+        f" {_name('lease_owner')}, {d.int_column('lease_expires_at')}, {d.int_column('attempts')}"
     )
 
 
@@ -887,7 +808,7 @@ def _runs_page(
         clauses.append(f"(updated_at, id) {op} (?, ?)")
         params += [cursor.key, cursor.id]
     sql = (
-        f"SELECT {_summary_columns(_dialect(conn))} FROM agent_runs {_where(clauses)}"
+        f"SELECT {_summary_columns(conn.dialect)} FROM agent_runs {_where(clauses)}"
         f" ORDER BY updated_at {order}, id {order} LIMIT ?"
     )
     return [_summary(row) for row in conn.execute(sql, [*params, limit])]
@@ -906,7 +827,7 @@ def count_runs(conn: Reader, *, role: str | None = None) -> dict[str, int]:
     clauses, params = _filters(None, role)
     # With a role filter there is no index to use (schema v1 has none on role), and walking the
     # status index with a row lookup per entry is ~10x slower than one sequential table scan.
-    table = _dialect(conn).scan_role if role is not None else "agent_runs"
+    table = conn.dialect.runs_by_role if role is not None else "agent_runs"
     sql = f"SELECT {_name('status')}, count(*) FROM {table} {_where(clauses)} GROUP BY status"
     for status, count in conn.execute(sql, params):
         name = _text(status)
@@ -932,13 +853,13 @@ def get_run(
     """
     run_id = parse_run_id(run_id)
     _check_cursor(conn, children_after)
-    d = _dialect(conn)
+    d = conn.dialect
     row = conn.execute(
         f"SELECT {_name('id')}, {_name('parent_run_id')}, {_name('role')}, {_name('provider')},"
         f" {_name('status')}, {_json_column('config', max_config_chars)},"
-        f" {_key('created_at', d)}, {_key('updated_at', d)}, {_event_count(d)},"
-        f" {_name('lease_owner')}, {_key('lease_epoch', d)}, {_key('lease_expires_at', d)},"
-        f" {_key('attempts', d)}, {_key('next_attempt_at', d)} FROM agent_runs WHERE id = ?",
+        f" {d.int_column('created_at')}, {d.int_column('updated_at')}, {d.event_count()},"
+        f" {_name('lease_owner')}, {d.int_column('lease_epoch')}, {d.int_column('lease_expires_at')},"
+        f" {d.int_column('attempts')}, {d.int_column('next_attempt_at')} FROM agent_runs WHERE id = ?",
         (run_id,),
     ).fetchone()
     if row is None:
@@ -982,7 +903,7 @@ def _children(
     conn: Reader, run_id: str, limit: int, after: RunCursor | None
 ) -> tuple[tuple[RunSummary, ...], bool]:
     # idx_agent_runs_parent (parent_run_id, created_at, id) serves both the filter and the order.
-    sql = f"SELECT {_summary_columns(_dialect(conn))} FROM agent_runs WHERE parent_run_id = ?"
+    sql = f"SELECT {_summary_columns(conn.dialect)} FROM agent_runs WHERE parent_run_id = ?"
     params: list[Any] = [run_id]
     if after is not None:
         sql += " AND (created_at, id) > (?, ?)"
@@ -996,10 +917,10 @@ def _children(
 
 def _checkpoint_sql(d: Dialect, max_chars: int | None) -> str:
     return (
-        f"SELECT {_key('id', d)}, {_key('round', d)}, {_name('tool_call_id')}, {_name('status')},"
-        f" {_key('based_on_event_seq', d)}, {_key('decision_event_seq', d)},"
+        f"SELECT {d.int_column('id')}, {d.int_column('round')}, {_name('tool_call_id')}, {_name('status')},"
+        f" {d.int_column('based_on_event_seq')}, {d.int_column('decision_event_seq')},"
         f" {_json_column('state', max_chars)}, {_json_column('verification', max_chars)},"
-        f" {_key('created_at', d)}, {_key('decided_at', d)} FROM checkpoints"
+        f" {d.int_column('created_at')}, {d.int_column('decided_at')} FROM checkpoints"
     )
 
 
@@ -1031,7 +952,7 @@ def list_checkpoints(
     ``max_chars`` cuts ``state`` and ``verification`` to a prefix in SQL, so a long list of
     large states costs only the prefixes (see :func:`get_checkpoint` for one whole row).
     """
-    d = _dialect(conn)
+    d = conn.dialect
     rows = conn.execute(
         _checkpoint_sql(d, max_chars) + " WHERE run_id = ? ORDER BY round LIMIT ?",
         (run_id, d.unlimited if limit is None else limit),
@@ -1041,7 +962,7 @@ def list_checkpoints(
 
 def get_checkpoint(conn: Reader, run_id: str, round: object) -> CheckpointRow | None:
     """One checkpoint by round, with its whole state and verification, or ``None``."""
-    d = _dialect(conn)
+    d = conn.dialect
     if not _comparable(d, round, int):
         return None
     sql = _checkpoint_sql(d, None) + " WHERE run_id = ? AND round = ?"
@@ -1051,8 +972,9 @@ def get_checkpoint(conn: Reader, run_id: str, round: object) -> CheckpointRow | 
 
 def _step_sql(d: Dialect, max_chars: int | None) -> str:
     return (
-        f"SELECT {_name('name')}, {_name('status')}, {_key('epoch', d)}, {_json_column('result', max_chars)},"
-        f" {_key('started_at', d)}, {_key('completed_at', d)} FROM steps"
+        f"SELECT {_name('name')}, {_name('status')}, {d.int_column('epoch')},"
+        f" {_json_column('result', max_chars)},"
+        f" {d.int_column('started_at')}, {d.int_column('completed_at')} FROM steps"
     )
 
 
@@ -1077,7 +999,7 @@ def list_steps(
 
     ``max_chars`` cuts each ``result`` to a prefix in SQL (see :func:`get_step`).
     """
-    d = _dialect(conn)
+    d = conn.dialect
     rows = conn.execute(
         _step_sql(d, max_chars) + " WHERE run_id = ? ORDER BY started_at, name LIMIT ?",
         (run_id, d.unlimited if limit is None else limit),
@@ -1087,16 +1009,17 @@ def list_steps(
 
 def get_step(conn: Reader, run_id: str, name: str) -> StepRow | None:
     """One step by name, with its whole result, or ``None``."""
-    sql = _step_sql(_dialect(conn), None) + " WHERE run_id = ? AND name = ?"
+    sql = _step_sql(conn.dialect, None) + " WHERE run_id = ? AND name = ?"
     row = conn.execute(sql, (run_id, name)).fetchone()
     return None if row is None else _step(row, None)
 
 
 def list_timers(conn: Reader, run_id: str, *, limit: int | None = None) -> tuple[TimerRow, ...]:
     """The run's durable timers by wake time (the first ``limit``; all by default)."""
-    d = _dialect(conn)
+    d = conn.dialect
     rows = conn.execute(
-        f"SELECT {_name('name')}, {_key('wake_at', d)}, {_key('created_at', d)}, {_key('completed_at', d)}"
+        f"SELECT {_name('name')}, {d.int_column('wake_at')}, {d.int_column('created_at')},"
+        f" {d.int_column('completed_at')}"
         " FROM timers WHERE run_id = ? ORDER BY wake_at, name LIMIT ?",
         (run_id, d.unlimited if limit is None else limit),
     )
@@ -1108,8 +1031,8 @@ def list_timers(conn: Reader, run_id: str, *, limit: int | None = None) -> tuple
 
 def _event_sql(d: Dialect, max_payload_chars: int | None) -> str:
     return (
-        f"SELECT {_key('seq', d)}, {_name('type')}, {_json_column('payload', max_payload_chars)},"
-        f" {_name('idempotency_key')}, {_key('created_at', d)} FROM events"
+        f"SELECT {d.int_column('seq')}, {_name('type')}, {_json_column('payload', max_payload_chars)},"
+        f" {_name('idempotency_key')}, {d.int_column('created_at')} FROM events"
     )
 
 
@@ -1154,7 +1077,7 @@ def list_events(
     _check_limit(limit)
     if after is not None and before is not None:
         raise InvalidArgument("give at most one of after= and before= to page through events")
-    d = _dialect(conn)
+    d = conn.dialect
     _check_key(conn, after, int, "after")
     if before is not LATEST:
         _check_key(conn, before, int, "before")
@@ -1171,7 +1094,7 @@ def list_events(
     scan_edge: object = None
     if type is not None:
         edge = conn.execute(
-            f"SELECT {_key('seq', d)} FROM events {_where(clauses)} ORDER BY seq {order}"
+            f"SELECT {d.int_column('seq')} FROM events {_where(clauses)} ORDER BY seq {order}"
             f" LIMIT 1 OFFSET {SCAN_WINDOW - 1}",
             params,
         ).fetchone()
@@ -1278,7 +1201,7 @@ def _events_exist(conn: Reader, run_id: str, op: str, seq: object) -> bool:
 
 def get_event(conn: Reader, run_id: str, seq: object) -> EventRow | None:
     """One event with its full payload, or ``None``."""
-    d = _dialect(conn)
+    d = conn.dialect
     if not _comparable(d, seq, int):
         return None
     row = conn.execute(_event_sql(d, None) + " WHERE run_id = ? AND seq = ?", (run_id, seq)).fetchone()
@@ -1532,25 +1455,27 @@ def list_awaiting(conn: Reader, run_ids: Sequence[str]) -> dict[str, tuple[Await
     without one last). A database from before signals (schema version 1) has sleeps only."""
     if not run_ids:
         return {}
-    d = _dialect(conn)
+    d = conn.dialect
     marks = ", ".join("?" * len(run_ids))
     parts = [
-        f"SELECT run_id, 'sleep', {_name('name')}, '', {_key('created_at', d)}, {_key('wake_at', d)}"
+        f"SELECT run_id, 'sleep', {_name('name')}, '', {d.int_column('created_at')},"
+        f" {d.int_column('wake_at')}"
         f" FROM timers WHERE run_id IN ({marks}) AND completed_at IS NULL"
     ]
-    if _has_table(conn, "joins"):
+    if conn.has_table("joins"):
         parts.append(
-            f"SELECT run_id, 'child', {_name('child_id')}, '', {_key('created_at', d)}, {_key('deadline', d)}"
+            f"SELECT run_id, 'child', {_name('child_id')}, '', {d.int_column('created_at')},"
+            f" {d.int_column('deadline')}"
             f" FROM joins WHERE run_id IN ({marks}) AND completed_at IS NULL"
         )
-    if _has_table(conn, "waits"):
+    if conn.has_table("waits"):
         parts.append(
-            f"SELECT run_id, 'signal', {_name('name')}, {_name('topic')}, {_key('created_at', d)},"
-            f" {_key('deadline', d)} FROM waits WHERE run_id IN ({marks}) AND completed_at IS NULL"
+            f"SELECT run_id, 'signal', {_name('name')}, {_name('topic')}, {d.int_column('created_at')},"
+            f" {d.int_column('deadline')} FROM waits WHERE run_id IN ({marks}) AND completed_at IS NULL"
         )
         parts.append(
             f"SELECT run_id, 'approval', {_name('call_id')}, {_name('tool_name')},"
-            f" {_key('requested_at', d)}, {_key('deadline', d)} FROM approvals"
+            f" {d.int_column('requested_at')}, {d.int_column('deadline')} FROM approvals"
             f" WHERE run_id IN ({marks}) AND decided_at IS NULL AND timed_out = 0"
         )
     rows = conn.execute(" UNION ALL ".join(parts), [*run_ids] * len(parts))
@@ -1575,13 +1500,6 @@ def awaiting_to_json(item: Awaiting) -> dict[str, Any]:
     }
 
 
-def _has_table(conn: Reader, name: str) -> bool:
-    if _dialect(conn).name == "postgresql":
-        return bool(conn.execute("SELECT to_regclass(?) IS NOT NULL", (name,)).fetchone()[0])
-    found = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,))
-    return found.fetchone() is not None
-
-
 # --------------------------------------------------------------------------- families
 
 
@@ -1601,7 +1519,7 @@ def family_tree(
     """The run's ancestors (root first) and the tree of its descendants, ``depth`` levels deep
     and ``per_node`` children wide at most: each level is one indexed read per run shown."""
     run_id = parse_run_id(run_id)
-    d = _dialect(conn)
+    d = conn.dialect
     columns = _summary_columns(d)
     row = conn.execute(f"SELECT {columns} FROM agent_runs WHERE id = ?", (run_id,)).fetchone()
     if row is None:
@@ -1646,7 +1564,7 @@ def _count_children(conn: Reader, run_id: str) -> int:
 def budgets_of(conn: Reader, run_ids: Sequence[str], now_ms: int) -> dict[str, Usage]:
     """The spend against the limits of each run that has a budget (a database from before
     budgets, schema version 4 or older, has none)."""
-    if not run_ids or not _has_table(conn, "budgets"):
+    if not run_ids or not conn.has_table("budgets"):
         return {}
     marks = ", ".join("?" * len(run_ids))
     rows = conn.execute(
@@ -1726,9 +1644,9 @@ class IntentRow:
 
 def list_intents(conn: Reader, run_id: str, *, limit: int = 100) -> tuple[IntentRow, ...]:
     """The run's open intents first (oldest first), then the latest done ones, ``limit`` in all."""
-    d = _dialect(conn)
-    marks = _has_start_marks(conn)
-    started = f"{_key('started', d)}, {_key('last_started_at', d)}" if marks else "NULL, NULL"
+    d = conn.dialect
+    marks = conn.has_column("tool_intents", "started")
+    started = f"{d.int_column('started')}, {d.int_column('last_started_at')}" if marks else "NULL, NULL"
     rows = conn.execute(
         f"SELECT {_name('call_id')}, {_name('name')}, result_seq IS NOT NULL, {started} FROM tool_intents"
         " WHERE run_id = ? ORDER BY result_seq IS NOT NULL, CASE WHEN result_seq IS NULL THEN intent_seq"
@@ -1755,16 +1673,3 @@ def intent_to_json(intent: IntentRow) -> dict[str, Any]:
         "started": intent.started,
         "last_started_at": _plain(intent.last_started_at),
     }
-
-
-def _has_start_marks(conn: Reader) -> bool:
-    if _dialect(conn).name == "postgresql":
-        # The catalog itself, not information_schema (whose views cost milliseconds a page):
-        # the tool_intents the queries resolve (search_path), and its column.
-        found = conn.execute(
-            "SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('tool_intents')"
-            " AND attname = 'started' AND NOT attisdropped"
-        )
-    else:
-        found = conn.execute("SELECT 1 FROM pragma_table_info('tool_intents') WHERE name = 'started'")
-    return found.fetchone() is not None

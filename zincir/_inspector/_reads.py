@@ -47,13 +47,13 @@ def call_outcomes(
     ids = sorted(set(call_ids))
     if not ids:
         return {}
-    d = q._dialect(conn)
-    marks = q._has_start_marks(conn)
-    started = f"{q._key('started', d)}, {q._key('last_started_at', d)}" if marks else "NULL, NULL"
+    d = conn.dialect
+    marks = conn.has_column("tool_intents", "started")
+    started = f"{d.int_column('started')}, {d.int_column('last_started_at')}" if marks else "NULL, NULL"
     rows = list(
         conn.execute(
-            f"SELECT {q._name('call_id')}, {q._name('name')}, {q._key('intent_seq', d)},"
-            f" {q._key('response_seq', d)}, {q._key('result_seq', d)}, {started} FROM tool_intents"
+            f"SELECT {q._name('call_id')}, {q._name('name')}, {d.int_column('intent_seq')},"
+            f" {d.int_column('response_seq')}, {d.int_column('result_seq')}, {started} FROM tool_intents"
             f" WHERE run_id = ? AND call_id IN ({', '.join('?' * len(ids))})",
             [run_id, *ids],
         )
@@ -102,11 +102,11 @@ class Mark:
 
 def latest_events(conn: Reader, run_id: str, limit: int) -> tuple[tuple[Mark, ...], bool]:
     """The run's latest ``limit`` events in seq order, and whether earlier ones exist."""
-    d = q._dialect(conn)
+    d = conn.dialect
     kinds = ", ".join(f"'{t}'" for t in MARKED_TYPES)
     rows = list(
         conn.execute(
-            f"SELECT {q._key('seq', d)}, {q._name('type')}, {q._key('created_at', d)},"
+            f"SELECT {d.int_column('seq')}, {q._name('type')}, {d.int_column('created_at')},"
             f" CASE WHEN type IN ({kinds}) THEN substr(payload, 1, {MARK_PAYLOAD_CHARS}) END"
             " FROM events WHERE run_id = ? ORDER BY seq DESC LIMIT ?",
             (run_id, limit + 1),
@@ -127,11 +127,11 @@ class Intent:
 
 def intents_since(conn: Reader, run_id: str, seq: object, limit: int) -> tuple[Intent, ...]:
     """The run's tool intents from ``seq`` on (the timeline's window), ``limit`` at most."""
-    d = q._dialect(conn)
-    last = q._key("last_started_at", d) if q._has_start_marks(conn) else "NULL"
+    d = conn.dialect
+    last = d.int_column("last_started_at") if conn.has_column("tool_intents", "started") else "NULL"
     rows = conn.execute(
-        f"SELECT {q._name('call_id')}, {q._name('name')}, {q._key('intent_seq', d)},"
-        f" {q._key('result_seq', d)}, {last} FROM tool_intents WHERE run_id = ? AND intent_seq >= ?"
+        f"SELECT {q._name('call_id')}, {q._name('name')}, {d.int_column('intent_seq')},"
+        f" {d.int_column('result_seq')}, {last} FROM tool_intents WHERE run_id = ? AND intent_seq >= ?"
         " ORDER BY intent_seq LIMIT ?",
         (run_id, seq if type(seq) is int else 0, limit),
     )
@@ -155,21 +155,24 @@ class WaitSpan:
 
 def wait_spans(conn: Reader, run_id: str, limit: int) -> tuple[WaitSpan, ...]:
     """The run's waits, approval requests and joins (``limit`` of each at most), oldest first."""
-    d = q._dialect(conn)
+    d = conn.dialect
     parts: list[str] = []
-    if q._has_table(conn, "waits"):
+    if conn.has_table("waits"):
         parts.append(
-            f"SELECT 'signal', {q._name('name')}, {q._name('topic')}, {q._key('created_at', d)},"
-            f" {q._key('deadline', d)}, {q._key('completed_at', d)}, timed_out FROM waits WHERE run_id = ?"
+            f"SELECT 'signal', {q._name('name')}, {q._name('topic')}, {d.int_column('created_at')},"
+            f" {d.int_column('deadline')}, {d.int_column('completed_at')}, timed_out"
+            " FROM waits WHERE run_id = ?"
         )
         parts.append(
-            f"SELECT 'approval', {q._name('call_id')}, {q._name('tool_name')}, {q._key('requested_at', d)},"
-            f" {q._key('deadline', d)}, {q._key('decided_at', d)}, timed_out FROM approvals WHERE run_id = ?"
+            f"SELECT 'approval', {q._name('call_id')}, {q._name('tool_name')},"
+            f" {d.int_column('requested_at')}, {d.int_column('deadline')}, {d.int_column('decided_at')},"
+            " timed_out FROM approvals WHERE run_id = ?"
         )
-    if q._has_table(conn, "joins"):
+    if conn.has_table("joins"):
         parts.append(
-            f"SELECT 'child', {q._name('child_id')}, '', {q._key('created_at', d)}, {q._key('deadline', d)},"
-            f" {q._key('completed_at', d)}, timed_out FROM joins WHERE run_id = ?"
+            f"SELECT 'child', {q._name('child_id')}, '', {d.int_column('created_at')},"
+            f" {d.int_column('deadline')}, {d.int_column('completed_at')}, timed_out"
+            " FROM joins WHERE run_id = ?"
         )
     spans: list[WaitSpan] = []
     for part in parts:
@@ -235,15 +238,15 @@ def activity(conn: Reader, limit: int, buckets: int) -> Activity | None:
 def neighbour_rounds(conn: Reader, run_id: str, round: object) -> tuple[object, object, object]:
     """Around checkpoint ``round``: the accepted round it builds on (None: the original goal),
     and the rounds just before and after it (None at either end). Three indexed reads."""
-    d = q._dialect(conn)
+    d = conn.dialect
     if type(round) is not int:
         return None, None, None
     builds = conn.execute(
-        f"SELECT {q._key('round', d)} FROM checkpoints WHERE run_id = ? AND status = 'accepted'"
+        f"SELECT {d.int_column('round')} FROM checkpoints WHERE run_id = ? AND status = 'accepted'"
         " AND round < ? ORDER BY round DESC LIMIT 1",
         (run_id, round),
     ).fetchone()
-    column = f"SELECT {q._key('round', d)} FROM checkpoints WHERE run_id = ?"
+    column = f"SELECT {d.int_column('round')} FROM checkpoints WHERE run_id = ?"
     before = conn.execute(f"{column} AND round < ? ORDER BY round DESC LIMIT 1", (run_id, round)).fetchone()
     after = conn.execute(f"{column} AND round > ? ORDER BY round LIMIT 1", (run_id, round)).fetchone()
     return (

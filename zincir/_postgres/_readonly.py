@@ -1,8 +1,8 @@
 """A read-only PostgreSQL connection for the inspector and the read-only CLI commands.
 
-It drives the shared queries of :mod:`zincir._queries` (qmark-style SQL in the common subset
-of SQLite and PostgreSQL, plus the few fragments its :class:`~zincir._queries.Dialect` picks)
-over one psycopg connection:
+It drives the queries of :mod:`zincir._queries` (qmark-style SQL in the common subset of
+SQLite and PostgreSQL, plus the fragments :class:`PostgresDialect` supplies) over one psycopg
+connection:
 
 - the session is ``default_transaction_read_only`` and every snapshot is a ``REPEATABLE READ
   READ ONLY`` transaction, so the server refuses any write; nothing here migrates;
@@ -21,11 +21,11 @@ from typing import Any, Final
 import psycopg
 
 from .._errors import SchemaError, StorageError
-from .._queries import POSTGRESQL, Cursor, ReadOnly
+from .._queries import Cursor, Dialect, ReadOnly
 from ._connection import connect, redact, storage_error
 from ._migrations import VERSION_TABLE, applied_version
 
-__all__ = ["PostgresReadOnly", "open_postgres_readonly"]
+__all__ = ["PostgresDialect", "PostgresReadOnly", "open_postgres_readonly"]
 
 _BEGIN: Final = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 
@@ -41,10 +41,23 @@ def _translate(sql: str) -> str:
     return sql.replace("%", "%%").replace("?", "%s")
 
 
+class PostgresDialect(Dialect):
+    name = "postgresql"
+    loose_types = False  # every column holds its declared type
+    unlimited = None
+    runs_by_role = "agent_runs"
+
+    def int_column(self, column: str) -> str:
+        return column
+
+    def event_count(self) -> str:
+        return "last_seq + 1"
+
+
 class PostgresReadOnly(ReadOnly):
     """One read-only psycopg connection (autocommit, explicit read-only transactions)."""
 
-    dialect = POSTGRESQL
+    dialect = PostgresDialect()
 
     def __init__(self, conn: psycopg.Connection[Any], target: str) -> None:
         self._conn = conn
@@ -66,6 +79,19 @@ class PostgresReadOnly(ReadOnly):
         finally:
             with contextlib.suppress(psycopg.Error):
                 self._conn.execute("ROLLBACK")
+
+    def has_table(self, name: str) -> bool:
+        # to_regclass resolves the name the queries use (through search_path).
+        return bool(self._conn.execute("SELECT to_regclass(%s) IS NOT NULL", (name,)).fetchone()[0])  # type: ignore[index]
+
+    def has_column(self, table: str, column: str) -> bool:
+        # The catalog itself, not information_schema (whose views cost milliseconds a page).
+        found = self._conn.execute(
+            "SELECT 1 FROM pg_attribute"
+            " WHERE attrelid = to_regclass(%s) AND attname = %s AND NOT attisdropped",
+            (table, column),
+        )
+        return found.fetchone() is not None
 
     def close(self) -> None:
         self._conn.close()
