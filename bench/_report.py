@@ -270,6 +270,35 @@ def render(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def add_legs(add: Any, legs: dict[str, dict[str, dict[str, float]]]) -> None:
+    z, raw, trio = legs["zincir"], legs["raw"], legs["trio"]
+    add(
+        "The same step leg by leg (`bench/_legs.py` stamps each crossing between the Trio thread and"
+        " the writer thread; mean µs per step, median over the repetitions), beside the raw loop and a"
+        " bare Trio task <-> thread ping-pong:"
+    )
+    add("")
+    add("| leg | zincir `run.step` | raw sqlite3 | bare ping-pong |")
+    add("|---|---:|---:|---:|")
+    rows = (
+        ("1. `run.step` until its request is queued", "run_step_python", "python", None),
+        ("2. queued -> the writer thread has it (wake-up 1)", "pickup", None, "there"),
+        ("3. BEGIN IMMEDIATE", "begin", "begin", None),
+        ("4. the step's SQL (lease check + INSERT)", "sql", "sql", None),
+        ("5. COMMIT (fsync)", "commit", "commit", None),
+        ("6. after COMMIT -> reply handed to Trio", "to_reply", None, None),
+        ("7. reply -> Trio runs the wake callback (wake-up 2)", "wake", None, "wake"),
+        ("8. wake callback -> `run.step` returned", "resume", None, "resume"),
+    )
+    for label, zk, rk, tk in rows:
+        r = "" if rk is None else f"{raw[rk]['mean']:.1f}"
+        t = "" if tk is None else f"{trio[tk]['mean']:.1f}"
+        add(f"| {label} | {z[zk]['mean']:.1f} | {r} | {t} |")
+    total = {name: sum(v["mean"] for v in case.values()) for name, case in legs.items()}
+    add(f"| all | {total['zincir']:.1f} | {total['raw']:.1f} | {total['trio']:.1f} |")
+    add("")
+
+
 def add_profile(add: Any, profile: dict[str, Any]) -> None:
     med = profile["us_per_step"]
     add("### Where a zincir step's time goes")
@@ -290,6 +319,8 @@ def add_profile(add: Any, profile: dict[str, Any]) -> None:
     )
     add(f"| E - D: `Run.step`'s own Python (validation, JSON, bookkeeping) | {med['E'] - med['D']:.1f} |")
     add("")
+    if "legs" in profile:
+        add_legs(add, profile["legs"])
     lines = [line for line in profile["output"].splitlines() if line.strip()]
     start = next((i for i, line in enumerate(lines) if "ncalls" in line), None)
     if start is not None:
