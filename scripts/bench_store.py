@@ -7,8 +7,9 @@ under the current directory, or ``--dir``), every file in WAL mode at ``synchron
 1. Durable single-row appends of small JSON rows:
    (a) raw ``sqlite3``, one INSERT per transaction (what a naive durable layer gets);
    (b) raw ``sqlite3``, 100 INSERTs per transaction (the ceiling);
-   (c) zincir's database layer (``Database._write``: the writer thread and its group commit)
-       with 1, 10 and 100 concurrent Trio tasks, each appending rows to a scratch table.
+   (c) zincir through its public API: 1, 10 and 100 runs at once (one Trio task each, the runs
+       opened beforehand), each appending rows as durable steps (``run.step`` returning the row:
+       stored, fenced by the lease, before the call returns; one writer thread, group commit).
    Targets: with 100 writers c/a >= 5; with 1 writer c/a >= 0.6.
 2. Events/s for 100 concurrent runs, each looping ``record_response`` with one tool call +
    ``record_tool_result`` (3 events per iteration), against the rows/s of (a). DESIGN.md §5
@@ -43,11 +44,12 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from typing import Any
 
 import trio
 
 import zincir
+from zincir._backend import args_hash
+from zincir._budget import debit_of
 from zincir._database import wall_clock_ms
 from zincir._sqlite import _store
 from zincir._sqlite._connection import Tx
@@ -147,28 +149,25 @@ def raw_append(conn: sqlite3.Connection, rows: int, per_tx: int) -> float:
     return time.perf_counter() - start
 
 
-# -- 1 (c): zincir's writer thread -----------------------------------------------------------
+# -- 1 (c): zincir, through the public API -----------------------------------------------------
 
 
-def _create_scratch(tx: Any) -> None:
-    tx.conn.execute(SCRATCH_TABLE)
+async def make_row(task: int, i: int) -> dict[str, object]:
+    return json.loads(row_payload(task, i))
 
 
-def _insert_row(tx: Any, payload: str) -> None:
-    tx.conn.execute(INSERT_ROW, (payload,))
+async def zincir_append(runs: Sequence[zincir.Run], rows_per_task: int, prefix: str) -> float:
+    """One Trio task per run, each appending ``rows_per_task`` rows as durable steps
+    (``run.step``: the row is stored, fenced, before the call returns); returns the seconds."""
 
-
-async def zincir_append(db: zincir.Database, tasks: int, rows_per_task: int) -> float:
-    """``tasks`` concurrent Trio tasks each append ``rows_per_task`` rows; returns the seconds."""
-
-    async def writer(task: int) -> None:
+    async def writer(task: int, run: zincir.Run) -> None:
         for i in range(rows_per_task):
-            await db._write(_insert_row, row_payload(task, i))
+            await run.step(f"{prefix}-row-{i}", make_row, task, i)
 
     start = time.perf_counter()
     async with trio.open_nursery() as nursery:
-        for task in range(tasks):
-            nursery.start_soon(writer, task)
+        for task, run in enumerate(runs):
+            nursery.start_soon(writer, task, run)
     return time.perf_counter() - start
 
 
@@ -245,7 +244,9 @@ def raw_runs_loop(
                         conn.execute("SAVEPOINT operation")
                     if phase == 0:
                         llm_json, intent = _response_json(call_id, i)
-                        _store.record_response(tx, lease, llm_json, [intent])
+                        args = {"query": "zincir", "page": i}
+                        debit = debit_of(None, ((intent.name, args_hash(intent.name, args)),), "bench")
+                        _store.record_response(tx, lease, llm_json, [intent], debit)
                     else:
                         result = _dump(
                             {"call_id": call_id, "content": {"hits": 3, "top": "a small JSON result"}}
@@ -316,8 +317,9 @@ async def build_run(db: zincir.Database, total_events: int, max_calls: int) -> t
             "tool_use",
         )
         run_id = run.id
-    (count,) = await db._read(lambda tx: tx.one("SELECT count(*) FROM events WHERE run_id = ?", (run_id,)))
-    assert count == total_events, (count, total_events)
+    # Seqs are gap-free from 0: the run has exactly total_events events if its last is total_events - 1.
+    last = await db.events(run_id, after=total_events - 2)
+    assert [e.seq for e in last] == [total_events - 1], (last, total_events)
     return run_id, history_seconds, len(history.events)
 
 
@@ -364,15 +366,27 @@ async def run_all(workdir: str, sizes: Sizes, log: Callable[[str], None]) -> Res
     raw_b = raw_connect(os.path.join(workdir, "raw_b.db"))
     rounds = sizes.rounds
     try:
-        async with zincir.open_database(os.path.join(workdir, "zincir_c.db"), synchronous="full") as db:
-            await db._write(_create_scratch)
+        async with (
+            zincir.open_database(os.path.join(workdir, "zincir_c.db"), synchronous="full") as db,
+            AsyncExitStack() as stack,
+        ):
+            # Each writer is a run of its own, opened before the clock starts.
+            writers = {
+                tasks: [
+                    await stack.enter_async_context(zincir.open_run(db, lease_ttl=120)) for _ in range(tasks)
+                ]
+                for tasks in sizes.zincir_rows
+            }
             for rep in range(sizes.reps):
                 log(f"1. appends, rep {rep + 1}/{sizes.reps}")
                 seconds = {"a": 0.0, "b": 0.0} | {f"c{tasks}": 0.0 for tasks in sizes.zincir_rows}
-                for _ in range(rounds):
+                for slice_ in range(rounds):
                     seconds["a"] += raw_append(raw_a, sizes.raw_a_rows // rounds, 1)
                     for tasks, per_task in sizes.zincir_rows.items():
-                        seconds[f"c{tasks}"] += await zincir_append(db, tasks, per_task // rounds)
+                        prefix = f"rep{rep}-slice{slice_}"
+                        seconds[f"c{tasks}"] += await zincir_append(
+                            writers[tasks], per_task // rounds, prefix
+                        )
                     seconds["b"] += raw_append(raw_b, sizes.raw_b_rows // rounds, 100)
                 res.raw_a.append(sizes.raw_a_rows // rounds * rounds / seconds["a"])
                 res.raw_b.append(sizes.raw_b_rows // rounds * rounds / seconds["b"])
@@ -462,7 +476,7 @@ def report(res: Results, sizes: Sizes, workdir: str, wall: float) -> None:
     print(f"  {'(b) raw sqlite3, 100 INSERTs per transaction':<44} {b:>10,.0f}")
     for tasks in CONCURRENCIES:
         c = median(res.zincir_c[tasks])
-        label = f"(c) zincir Database._write, {tasks} task{'s' if tasks > 1 else ''}"
+        label = f"(c) zincir run.step, {tasks} run{'s' if tasks > 1 else ''} at once"
         print(f"  {label:<44} {c:>10,.0f} {c / a:>7.2f} {c / b:>7.2f}")
     print()
     events = median(res.runs)
