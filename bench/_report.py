@@ -107,7 +107,8 @@ def render(res: dict[str, Any]) -> str:
         " `get_result()`. LangGraph: one thread per run (`ThreadPoolExecutor`), all sharing one"
         f" `SqliteSaver`. raw sqlite3: the same number of rows of the per-step table, 100 per"
         " transaction (step i of every run, then step i + 1), one connection: the ceiling a group"
-        f" commit approaches. Median of {sizes['conc_reps']} repetitions after {sizes['warmups']} warm-up(s)."
+        " commit approaches (it starts and completes no runs; zincir's time includes that)."
+        f" Median of {sizes['conc_reps']} repetitions after {sizes['warmups']} warm-up(s)."
     )
     add("")
     add("| system | steps/s (median) | min - max | zincir ÷ system (above 1: zincir is faster) |")
