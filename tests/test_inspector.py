@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import trio
+from click.testing import CliRunner
 
 import zincir
 from tests.inspect_fixtures import (
@@ -35,6 +36,7 @@ from tests.inspect_fixtures import (
     file_digests,
 )
 from zincir import _queries as q
+from zincir._cli import main as cli
 from zincir._errors import InvalidArgument, RunNotFound, SchemaError, StorageError
 from zincir._inspector import CONTENT_SECURITY_POLICY, create_app, format_host, parse_address, serve
 from zincir._sqlite._readonly import SQLiteReadOnly
@@ -751,6 +753,38 @@ async def test_malformed_run_in_the_json_api(sample: tuple[sqlite3.Connection, S
     round_token = q.encode_key(XSS_META)
     checkpoint = assert_clean_json(await fetch(ids.path, f"/api/runs/{bad.run}/checkpoints/{round_token}"))
     assert checkpoint["checkpoint"]["verification"] == {"passed": "NaN"}
+
+
+async def test_status_counts_stop_at_the_cap_and_say_so(
+    sample: tuple[sqlite3.Connection, Sample], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer, ids = sample
+    monkeypatch.setattr(q, "STATUS_COUNT_CAP", 5)
+    # A hostile writer can store statuses zincir never writes, of any type: each distinct one
+    # is still found (by probing the status index), and counted as "other".
+    writer.execute("PRAGMA ignore_check_constraints = ON")
+    for status in ("zombie", "a-first", b"running", 7):
+        writer.execute("UPDATE agent_runs SET status = ? WHERE id = ?", (status, ids.plain[len(str(status))]))
+    writer.commit()
+    conn = q.open_readonly(ids.path)
+    try:
+        with q.read_snapshot(conn):
+            page = q.list_runs(conn)
+            by_role, unbounded = q.count_runs(conn, role="filler")
+    finally:
+        conn.close()
+    assert page.counts["pending"] == 5 and page.counts["failed"] == 1 and page.counts["other"] == 4
+    assert page.capped == {"pending"}
+    assert by_role == {**dict.fromkeys(q.RUN_STATUSES, 0), "pending": 56, "other": 4}
+    assert unbounded == frozenset()
+    html = (await fetch(ids.path, "/")).text
+    assert re.search(r"pending <span class=\"count\">5\+</span>", html)
+    assert re.search(r"failed <span class=\"count\">1</span>", html)
+    assert re.search(r"all <span class=\"count\">\d+\+</span>", html)
+    api = (await fetch(ids.path, "/api/runs")).json()
+    assert api["capped"] == ["pending"] and api["counts"]["pending"] == 5
+    printed = CliRunner().invoke(cli, ["runs", "--db", str(ids.path)], catch_exceptions=False).stdout
+    assert "+ in all (pending 5+, running" in printed and "failed 1," in printed
 
 
 def test_runs_keyset_pagination_over_malformed_sort_keys(tmp_path: Path) -> None:

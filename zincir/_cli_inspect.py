@@ -244,7 +244,7 @@ def _awaits_text(items: Sequence[q.Awaiting]) -> str:
 def _print_runs(
     page: q.RunPage, awaiting: Mapping[str, Sequence[q.Awaiting]], budgets: Mapping[str, q.Usage]
 ) -> None:
-    counts = ", ".join(f"{s} {page.counts[s]}" for s in q.RUN_STATUSES)
+    counts = ", ".join(f"{s} {page.counts[s]}{'+' if s in page.capped else ''}" for s in q.RUN_STATUSES)
     if not page.runs:
         click.echo(f"No runs. ({counts})")
         return
@@ -264,7 +264,8 @@ def _print_runs(
     ]
     headers = ["RUN", "STATUS", "ROLE", "PROVIDER", "EVENTS", "ATTEMPTS", "LAST ACTIVITY", "BUDGET", "AWAITS"]
     click.echo(_table(headers, rows, frozenset({4, 5})))
-    click.echo(f"\n{len(page.runs)} shown; {page.total} in all ({counts})")
+    total = f"{page.total}+" if page.capped else f"{page.total}"
+    click.echo(f"\n{len(page.runs)} shown; {total} in all ({counts})")
     if page.has_older:
         click.echo(f"more: --before {_cell(page.runs[-1].cursor.encode())}")
 

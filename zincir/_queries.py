@@ -49,6 +49,7 @@ __all__ = [
     "REQUIRED_TABLES",
     "RUN_STATUSES",
     "SCAN_WINDOW",
+    "STATUS_COUNT_CAP",
     "ApprovalRequest",
     "Awaiting",
     "CheckpointRow",
@@ -135,6 +136,11 @@ KEY_CHARS: Final = 256
 SCAN_WINDOW: Final = 20_000
 #: Children are counted up to this many (the count walks an index); more shows as "10,000+".
 CHILD_COUNT_CAP: Final = 10_000
+#: Runs are counted per status up to this many, so the runs page costs the same with a million
+#: runs (each count walks the status index); more shows as "10,000+".
+STATUS_COUNT_CAP: Final = 10_000
+#: The distinct stored statuses looked for; a hostile file with more has them all in "other".
+_MAX_STATUSES: Final = 32
 #: Stored JSON nested deeper than this is treated as text (so that re-encoding it never recurses
 #: past Python's limit).
 MAX_JSON_DEPTH: Final = 200
@@ -606,16 +612,19 @@ class RunPage:
     """A page of runs plus the counts per status (under the role filter, not the status one).
 
     ``counts`` has every status of :data:`RUN_STATUSES`, and ``other`` when rows carry a
-    status zincir does not write.
+    status zincir does not write. A status in ``capped`` has more runs than its count (see
+    :data:`STATUS_COUNT_CAP`).
     """
 
     runs: tuple[RunSummary, ...]
     counts: Mapping[str, int]
+    capped: frozenset[str]
     has_newer: bool
     has_older: bool
 
     @property
     def total(self) -> int:
+        """All the runs counted: a lower bound when :attr:`capped` is not empty."""
         return sum(self.counts.values())
 
 
@@ -791,7 +800,8 @@ def list_runs(
         has_newer = (
             before is not None and bool(runs) and _runs_exist(conn, clauses, params, runs[0].cursor, ">")
         )
-    return RunPage(runs, count_runs(conn, role=role), has_newer, has_older)
+    counts, capped = count_runs(conn, role=role)
+    return RunPage(runs, counts, capped, has_newer, has_older)
 
 
 def _runs_page(
@@ -821,19 +831,46 @@ def _runs_exist(conn: Reader, clauses: list[str], params: list[Any], cursor: Run
     return conn.execute(sql, [*params, cursor.key, cursor.id]).fetchone() is not None
 
 
-def count_runs(conn: Reader, *, role: str | None = None) -> dict[str, int]:
-    """Number of runs per status (every status present, zero included; ``other`` if any)."""
+def count_runs(conn: Reader, *, role: str | None = None) -> tuple[dict[str, int], frozenset[str]]:
+    """Runs per status (every status present, zero included; ``other`` if any), and the
+    statuses whose count stopped at :data:`STATUS_COUNT_CAP` (none with a role filter)."""
     counts = dict.fromkeys(RUN_STATUSES, 0)
-    clauses, params = _filters(None, role)
-    # With a role filter there is no index to use (schema v1 has none on role), and walking the
-    # status index with a row lookup per entry is ~10x slower than one sequential table scan.
-    table = conn.dialect.runs_by_role if role is not None else "agent_runs"
-    sql = f"SELECT {_name('status')}, count(*) FROM {table} {_where(clauses)} GROUP BY status"
-    for status, count in conn.execute(sql, params):
-        name = _text(status)
-        name = name if name in counts and type(status) is str else "other"
-        counts[name] = counts.get(name, 0) + _size(count)
-    return counts
+    if role is not None:
+        # No index covers the role, and walking the status index with a row lookup per entry
+        # is ~10x slower than one table scan: count them all in that scan.
+        sql = f"SELECT status, count(*) FROM {conn.dialect.runs_by_role} WHERE role = ? GROUP BY status"
+        for status, count in conn.execute(sql, (role,)):
+            _add_count(counts, status, _size(count))
+        return counts, frozenset()
+    capped: set[str] = set()
+    statuses = _stored_statuses(conn)
+    for status in statuses:
+        sql = "SELECT count(*) FROM (SELECT 1 FROM agent_runs WHERE status = ? LIMIT ?) AS found"
+        count = _size(conn.execute(sql, (status, STATUS_COUNT_CAP + 1)).fetchone()[0])
+        name = _add_count(counts, status, min(count, STATUS_COUNT_CAP))
+        if count > STATUS_COUNT_CAP:
+            capped.add(name)
+    if len(statuses) == _MAX_STATUSES:
+        capped.add("other")
+    return counts, frozenset(capped)
+
+
+def _stored_statuses(conn: Reader) -> list[object]:
+    """The distinct values of ``status``, each found by one probe of the status index (in
+    the order SQLite compares values of any type), at most :data:`_MAX_STATUSES` of them."""
+    found: list[object] = []
+    row = conn.execute("SELECT min(status) FROM agent_runs").fetchone()
+    while row is not None and row[0] is not None and len(found) < _MAX_STATUSES:
+        found.append(row[0])
+        row = conn.execute("SELECT min(status) FROM agent_runs WHERE status > ?", (row[0],)).fetchone()
+    return found
+
+
+def _add_count(counts: dict[str, int], status: object, count: int) -> str:
+    name = _text(status)
+    name = name if name in counts and type(status) is str else "other"
+    counts[name] = counts.get(name, 0) + count
+    return name
 
 
 def get_run(

@@ -54,6 +54,7 @@ from .._version import __version__
 from . import _views as v
 from ._charts import CHART_BUCKETS, LANE_CAP, BudgetBar, Timeline, budget_bars, status_chart, timeline
 from ._conversation import Context, Entry, call_ids_of, decided_on_page, entries
+from ._pool import ReadPool
 from ._reads import (
     CallOutcome,
     Intent,
@@ -91,6 +92,8 @@ TREE_WIDTH = 20
 REFRESH_SECONDS = 5
 #: The run page's timeline covers the latest this many events (the whole run when shorter).
 TIMELINE_EVENTS = 600
+#: Read-only connections a served inspector keeps open between requests.
+_KEPT_CONNECTIONS = 4
 #: The runs page's chart counts the most recently active this many runs.
 CHART_SAMPLE = 2000
 
@@ -173,6 +176,8 @@ class InspectorApp(QuartTrio):
 
     database_path: str
     served_host: str
+    #: Where page reads get their connection: kept between requests while :func:`serve` runs.
+    read_pool: ReadPool
     #: The label shown in every page's header.
     mode: str
     #: Callables run in a page request's context; each returns names for the templates.
@@ -273,6 +278,7 @@ def create_app(
     app = InspectorApp(__name__, static_folder=None)
     app.database_path = database_path
     app.served_host = served_host
+    app.read_pool = ReadPool(database_path, keep=0)
     app.mode = "read-only"
     app.page_context = []
     app.security_headers = SECURITY_HEADERS
@@ -306,18 +312,9 @@ def _add_routes(app: InspectorApp) -> None:
 # --------------------------------------------------------------------------- plumbing
 
 
-def _read_with(path: str, read: Callable[[Any], T]) -> T:
-    conn = q.open_readonly(path)
-    try:
-        with q.read_snapshot(conn):
-            return read(conn)
-    finally:
-        conn.close()
-
-
 async def _read(app: InspectorApp, read: Callable[[Any], T]) -> T:
-    """Run ``read(conn)`` in a worker thread on a fresh read-only connection, one snapshot."""
-    return await trio.to_thread.run_sync(_read_with, app.database_path, read)
+    """Run ``read(conn)`` in a worker thread on a read-only connection, in one snapshot."""
+    return await trio.to_thread.run_sync(app.read_pool.read, read)
 
 
 def _now_ms() -> int:
@@ -522,6 +519,7 @@ async def _api_runs(app: InspectorApp) -> Response:
             "runs": [q.run_to_json(run) for run in page.runs],
             "counts": dict(page.counts),
             "total": page.total,
+            "capped": sorted(page.capped),
             "newer": page.runs[0].cursor.encode() if page.has_newer else None,
             "older": page.runs[-1].cursor.encode() if page.has_older else None,
         }
@@ -888,8 +886,11 @@ def _runs_context(
     database: str,
     now: int,
 ) -> dict[str, Any]:
-    tabs = [v.Tab("all", "all", page.total, query.url(status=None), query.status is None)]
-    tabs += [v.Tab(s, s, page.counts[s], query.url(status=s), s == query.status) for s in q.RUN_STATUSES]
+    tabs = [v.Tab("all", "all", page.total, bool(page.capped), query.url(status=None), query.status is None)]
+    tabs += [
+        v.Tab(s, s, page.counts[s], s in page.capped, query.url(status=s), s == query.status)
+        for s in q.RUN_STATUSES
+    ]
     nav = []
     if page.has_newer:
         nav.append(v.Link("⇤ Newest", query.url()))
@@ -1205,6 +1206,20 @@ async def serve(
     await trio.to_thread.run_sync(_check_database, database_path)
     app = create_app(database_path, format_host(ip, port), extend=extend)
     assert isinstance(app, InspectorApp)
+    app.read_pool = ReadPool(database_path, keep=_KEPT_CONNECTIONS)
+    try:
+        await _serve_app(app, ip, port, shutdown_trigger, task_status)
+    finally:
+        app.read_pool.close()
+
+
+async def _serve_app(
+    app: InspectorApp,
+    ip: str,
+    port: int,
+    shutdown_trigger: Callable[[], Awaitable[None]] | None,
+    task_status: trio.TaskStatus[str],
+) -> None:
     config = hypercorn.config.Config()
     config.bind = [format_host(ip, port)]
     config.loglevel = "WARNING"

@@ -130,6 +130,8 @@ class Tab:
     label: str
     status_class: str
     count: int
+    #: ``count`` is a lower bound (see ``q.STATUS_COUNT_CAP``).
+    capped: bool
     url: str
     current: bool
 
