@@ -8,6 +8,7 @@ import contextlib
 import functools
 import html
 import http.client
+import json
 import os
 import re
 import signal
@@ -215,6 +216,15 @@ async def test_every_action_works_after_login_and_is_recorded_with_who(db: zinci
         assert (await act(scene.asking, ("cancel", ""), asking, reason="wrong goal")).startswith("Cancelled")
         after = await get(server, f"/runs/{scene.asking}?refresh=off", Cookie=cookie)
         assert "This run has ended: no action applies" in after.body
+        audit = after.body.partition('<section id="audit">')[2].partition("</section>")[0]
+        shown = re.findall(r"<tr><td>.*?</td><td>.*?>([a-z_]+)</span></td><td>([^<]*)</td>", audit)
+        assert shown == [
+            (a, "ada &lt;ops&gt;") for a in ("cancel", "raise_budget", "signal", "deny", "approve")
+        ]
+        api = await get(server, f"/api/runs/{scene.asking}")
+        assert [(a["action"], a["by"]) for a in json.loads(api.body)["outsider_actions"]] == [
+            (a, "ada <ops>") for a in ("cancel", "raise_budget", "signal", "deny", "approve")
+        ]
     who = "ada <ops>"
     assert trail(db) == [
         (scene.asking, "approve", who), (scene.asking, "deny", who), (scene.asking, "signal", who),
@@ -232,6 +242,39 @@ async def test_every_action_works_after_login_and_is_recorded_with_who(db: zinci
     state = await db.state(scene.asking)
     assert state.run.status is zincir.RunStatus.CANCELLED
     assert state.events[-1].payload["reason"] == "wrong goal"
+
+
+_LOGOUT = re.compile(
+    r'<form method="post" action="/logout" class="logout"><input type="hidden" name="csrf" value="([^"]+)">'
+)
+
+
+async def test_logging_out_ends_the_session_for_good(db: zincir.Database) -> None:
+    scene = await build_scene(db)
+    async with actions_server(db.path) as server:
+        cookie = await log_in(server)
+        token = _LOGOUT.search((await get(server, "/", Cookie=cookie)).body)[1]  # type: ignore[index]
+        cancel = (await forms(server, scene.asking, cookie))[("cancel", "")]
+        headers = {"Cookie": cookie, "Origin": server.origin}
+        for refused in (
+            await post(server, "/logout", {}, **headers),
+            await post(server, "/logout", {"csrf": cancel["csrf"]}, **headers),  # another form's token
+            await post(server, "/logout", {"csrf": token}, Cookie=cookie, Origin="http://evil.example"),
+            await post(server, "/logout", {"csrf": token}, Origin=server.origin),  # no session
+        ):
+            assert refused.status == 403, refused.body
+        assert _LOGOUT.search((await get(server, "/", Cookie=cookie)).body)  # still logged in
+        out = await post(server, "/logout", {"csrf": token}, **headers)
+        assert out.status == 303 and out.headers["location"] == "/"
+        [expired] = out.cookies
+        assert expired.startswith(cookie.partition("=")[0] + "=;") and "Max-Age=0" in expired
+        before = dump(db)
+        again = await post(server, f"/runs/{scene.asking}/actions/cancel", cancel, **headers)
+        assert again.status == 403 and "Log in first" in again.body
+        assert dump(db) == before
+        assert not _LOGOUT.search((await get(server, "/", Cookie=cookie)).body)
+        relogin = await get(server, server.login_url.removeprefix(server.url.rstrip("/")))
+        assert relogin.status == 403 and "used already" in relogin.body
 
 
 async def test_a_write_zincir_refuses_is_a_409_and_bad_input_a_400(db: zincir.Database) -> None:
@@ -524,4 +567,10 @@ async def test_hostile_call_ids_tools_and_signal_names_stay_inert_in_the_panel(d
             Origin=server.origin,
         )
         assert answer.status == 303
+        await zincir.send_signal(db, run_id, HOSTILE, {HOSTILE: HOSTILE}, by=HOSTILE)
+        after = await get(server, f"/runs/{run_id}?refresh=off", Cookie=cookie)
+        audit = after.body[after.body.index('<section id="audit">') :]
+        audit = audit[: audit.index("</section>")]
+        assert audit.count(html.escape(HOSTILE).replace("&quot;", "&#34;")) == 2  # approve's by, signal's by
+        assert "<script" not in audit and "<img" not in audit and "<b>" not in audit
     assert rows(db, "SELECT call_id, decided_by FROM approvals") == [(HOSTILE, HOSTILE)]

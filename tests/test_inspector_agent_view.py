@@ -215,6 +215,6 @@ async def test_the_json_api_is_unchanged_by_the_agent_view(db: zincir.Database) 
     data = json.loads(await page(db, f"/api/runs/{run_id}"))
     assert set(data) == {
         "run", "children_total", "children_capped", "children_next", "checkpoints", "steps", "timers",
-        "awaiting", "truncated",
+        "awaiting", "outsider_actions", "truncated",
     }  # fmt: skip
     assert (await page(db, f"/runs/{run_id}?view=nonsense", 400)).count("unknown view") == 1

@@ -129,6 +129,17 @@ async def test_every_outsider_write_leaves_an_audit_row_naming_who(db: zincir.Da
         db, "SELECT count(*) FROM outsider_actions WHERE run_id = ? AND created_at > 0", (run_id,)
     )
     assert times_ok == 5
+    shown = await trio.to_thread.run_sync(
+        lambda: CliRunner().invoke(main, ["show", run_id, "--db", db.path], catch_exceptions=False).stdout
+    )
+    section = shown.partition("outsiders' actions, newest first (5)\n")[2].partition("\n\n")[0]
+    assert [line.split()[1:3] for line in section.splitlines()[1:]] == [
+        ["cancel", "dan"], ["raise_budget", "carol"], ["deny", "ada"], ["signal", "—"], ["signal", "bob"],
+    ]  # fmt: skip
+    as_json = await trio.to_thread.run_sync(
+        lambda: CliRunner().invoke(main, ["show", run_id, "--json", "--db", db.path]).stdout
+    )
+    assert json.loads(as_json)["outsider_actions"][0]["detail"]["reason"] == "wrong goal"
     before = dump(db)
     with pytest.raises(zincir.RunTerminal):
         await zincir.send_signal(db, run_id, "go", by="bob")
@@ -149,9 +160,14 @@ async def test_a_version_6_database_gains_the_audit_trail_and_keeps_its_runs(
             run_id = await new_run(old, role="old")
             before = rows(old, "SELECT id, role, status, last_seq FROM agent_runs")
     async with zincir.open_database(db_target) as new:
-        assert rows(new, "SELECT max(version) FROM zincir_schema_migrations") == [(7,)]
+        [(version,)] = rows(new, "SELECT max(version) FROM zincir_schema_migrations")
+        assert version >= 7
         assert rows(new, "SELECT id, role, status, last_seq FROM agent_runs") == before
         assert trail(new, run_id) == []
+        shown = await trio.to_thread.run_sync(
+            lambda: CliRunner().invoke(main, ["show", run_id, "--db", db_target], catch_exceptions=False)
+        )
+        assert shown.exit_code == 0 and "outsiders' actions, newest first (0)" in shown.stdout
         backing_off(new, run_id)
         assert await zincir.retry_now(new, run_id, by="ada") is True
         assert trail(new, run_id)[0][:2] == ("retry_now", "ada")

@@ -278,7 +278,8 @@ def _print_runs(
 @click.argument("run_id")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead.")
 def show(database_path: str, run_id: str, as_json: bool) -> None:
-    """Show one run: lease, attempts, family, configuration, checkpoints, steps, timers."""
+    """Show one run: lease, attempts, family, configuration, waits, tool calls, outsiders'
+    actions, checkpoints, steps, timers."""
     with clean_errors(), readonly_database(database_path) as conn, q.read_snapshot(conn):
         run = q.get_run(conn, q.resolve_run_id(conn, run_id))
         checkpoints = q.list_checkpoints(conn, run.id)
@@ -287,15 +288,18 @@ def show(database_path: str, run_id: str, as_json: bool) -> None:
         awaiting = q.list_awaiting(conn, [run.id]).get(run.id, ())
         budget = q.budgets_of(conn, [run.id], time.time_ns() // 1_000_000).get(run.id)
         intents = q.list_intents(conn, run.id)
+        actions = q.list_outsider_actions(conn, run.id)
         if as_json:
             data = _show_json(run, checkpoints, steps, timers, awaiting)
             data["tool_calls"] = [q.intent_to_json(i) for i in intents]
+            data["outsider_actions"] = [q.outsider_action_to_json(a) for a in actions]
             click.echo(_json_line(data))
         else:
             _print_run(run, time.time_ns() // 1_000_000)
             click.echo(f"{'budget':<13}{_cell(q.spend_text(budget)) if budget else 'none'}")
             _print_awaiting(run, awaiting)
             _print_intents(intents)
+            _print_outsider_actions(actions)
             _print_lineage(checkpoints)
             _print_steps(steps)
             _print_timers(timers)
@@ -393,6 +397,11 @@ def _print_intents(intents: Sequence[q.IntentRow]) -> None:
     ]
     headers = ["CALL", "TOOL", "STATE", "STARTS", "LAST START"]
     _print_section("tool calls", headers, rows, frozenset({3}))
+
+
+def _print_outsider_actions(actions: Sequence[q.OutsiderAction]) -> None:
+    rows = [[_time(a.created_at), _cell(a.action), _cell(a.by), _cell(a.detail, 72)] for a in actions]
+    _print_section("outsiders' actions, newest first", ["WHEN", "ACTION", "BY", "DETAIL"], rows, frozenset())
 
 
 def _print_section(title: str, headers: list[str], rows: list[list[str]], numeric: frozenset[int]) -> None:

@@ -60,6 +60,7 @@ __all__ = [
     "FamilyNode",
     "IntentRow",
     "Malformed",
+    "OutsiderAction",
     "ReadOnly",
     "Reader",
     "RunCursor",
@@ -94,10 +95,12 @@ __all__ = [
     "list_events",
     "list_intents",
     "list_open_approvals",
+    "list_outsider_actions",
     "list_runs",
     "list_steps",
     "list_timers",
     "open_readonly",
+    "outsider_action_to_json",
     "parse_cursor",
     "parse_json",
     "parse_run_id",
@@ -1709,4 +1712,58 @@ def intent_to_json(intent: IntentRow) -> dict[str, Any]:
         "state": intent.state,
         "started": intent.started,
         "last_started_at": _plain(intent.last_started_at),
+    }
+
+
+# --------------------------------------------------------------------------- audit trail
+
+
+@attrs.frozen
+class OutsiderAction:
+    """One row of a run's audit trail: an outsider's write (schema version 7 and later).
+
+    ``action`` is what was done (signal, approve, deny, cancel, retry_now, raise_budget),
+    ``by`` who did it as the caller named them (``None``: nobody was named), ``detail`` the
+    stored JSON text of what the write said (cut to a prefix, see ``detail_truncated``).
+    """
+
+    id: Int
+    action: str
+    by: str | None
+    detail: str
+    detail_truncated: bool
+    created_at: Int
+
+
+def list_outsider_actions(
+    conn: Reader, run_id: str, *, limit: int = DEFAULT_PAGE, max_chars: int | None = 500
+) -> tuple[OutsiderAction, ...]:
+    """The run's latest outsiders' writes, newest first, ``limit`` at most (one indexed read).
+    A database from before the audit trail (schema version 6 or older) has none."""
+    _check_limit(limit)
+    if not conn.has_table("outsider_actions"):
+        return ()
+    d = conn.dialect
+    rows = conn.execute(
+        f"SELECT {d.int_column('id')}, {_name('action')}, {_name('done_by')},"
+        f" {_json_column('detail', max_chars)}, {d.int_column('created_at')}"
+        " FROM outsider_actions WHERE run_id = ? ORDER BY id DESC LIMIT ?",
+        (run_id, limit),
+    )
+    return tuple(
+        OutsiderAction(
+            _int(r[0]), _text(r[1]), _opt_text(r[2]), _text(r[3]), _cut(max_chars, _size(r[4])), _int(r[5])
+        )
+        for r in rows
+    )
+
+
+def outsider_action_to_json(item: OutsiderAction) -> dict[str, Any]:
+    return {
+        "id": _plain(item.id),
+        "action": item.action,
+        "by": item.by,
+        "detail": json_value(item.detail) if not item.detail_truncated else item.detail,
+        "detail_truncated": item.detail_truncated,
+        "created_at": _plain(item.created_at),
     }

@@ -61,6 +61,11 @@ _DONE: Final = {
     "budget": "Budget limits set. A run suspended for its budget resumes if it is within them now.",
 }
 
+_BAD_CSRF: Final = (
+    "This form's CSRF token is missing or wrong (a form from another session, or another server"
+    " instance): reload the page and try again."
+)
+
 # (name, label, kind) of the limits the budget form offers, as zincir.Budget names them.
 BUDGET_FIELDS: Final = (
     ("tokens", "tokens", int),
@@ -96,6 +101,10 @@ class Panel:
 
     def url(self, action: str) -> str:
         return f"/runs/{self.run_id}/actions/{action}"
+
+    @property
+    def logout_token(self) -> str:
+        return "" if self._session is None else self._guard.csrf_token(self._session, "logout", "")
 
     def token(self, action: str, target: str = "") -> str:
         """The CSRF token of one form (empty when logged out: no form is shown then)."""
@@ -139,6 +148,7 @@ class Actions:
             for name, value in app.security_headers
         )
         app.add_url_rule("/login", "login", self._login, methods=["GET"])
+        app.add_url_rule("/logout", "logout", self._logout, methods=["POST"])
         app.add_url_rule("/runs/<run_id>/actions/<action>", "action", self._act, methods=["POST"])
 
     # -- pages -----------------------------------------------------------------------------
@@ -165,23 +175,33 @@ class Actions:
         response.set_cookie(self.guard.cookie_name, session, path="/", httponly=True, samesite="Strict")
         return response
 
+    async def _logout(self) -> Response:
+        session = self._checked_session()
+        form = await request.form
+        if not self.guard.csrf_ok(session, "logout", "", "", form.get("csrf")):
+            raise Forbidden(_BAD_CSRF)
+        self.guard.log_out(session)
+        response = _see_other("/")
+        response.delete_cookie(self.guard.cookie_name, path="/", httponly=True, samesite="Strict")
+        return response
+
+    def _checked_session(self) -> str:
+        try:
+            return self.guard.check_write(_once("Host"), _once("Origin"), request.cookies)
+        except Refusal as refusal:
+            raise (MisdirectedRequest if refusal.status == 421 else Forbidden)(refusal.message) from None
+
     # -- writes ----------------------------------------------------------------------------
 
     async def _act(self, run_id: str, action: str) -> Response:
-        try:
-            session = self.guard.check_write(_once("Host"), _once("Origin"), request.cookies)
-        except Refusal as refusal:
-            raise (MisdirectedRequest if refusal.status == 421 else Forbidden)(refusal.message) from None
+        session = self._checked_session()
         write = _WRITES.get(action)
         if write is None:
             raise Forbidden(f"There is no action {action[:40]!r}.")
         form = await request.form
         target = form.get("call_id", "") if action in ("approve", "deny") else ""
         if not self.guard.csrf_ok(session, action, run_id, target, form.get("csrf")):
-            raise Forbidden(
-                "This form's CSRF token is missing or wrong (a form from another session, or"
-                " another server instance): reload the run page and try again."
-            )
+            raise Forbidden(_BAD_CSRF)
         run_id = q.parse_run_id(run_id)
         try:
             done = await write(self, run_id, form)

@@ -556,6 +556,7 @@ def _run_json(run_id: str, children_after: q.RunCursor | None, conn: Any) -> dic
     steps = q.list_steps(conn, run_id, limit=LIST_LIMIT + 1, max_chars=ITEM_PREVIEW_CHARS)
     timers = q.list_timers(conn, run_id, limit=LIST_LIMIT + 1)
     awaiting = q.list_awaiting(conn, [run_id]).get(run_id, ())
+    outsider_actions = q.list_outsider_actions(conn, run_id, limit=LIST_LIMIT + 1)
     budget = _Budget(API_BUDGET_CHARS)
     checkpoint_items = []
     for c in checkpoints[:LIST_LIMIT]:
@@ -582,10 +583,12 @@ def _run_json(run_id: str, children_after: q.RunCursor | None, conn: Any) -> dic
         "steps": step_items,
         "timers": [q.timer_to_json(run_id, t) for t in timers[:LIST_LIMIT]],
         "awaiting": [q.awaiting_to_json(a) for a in awaiting[:LIST_LIMIT]],
+        "outsider_actions": [q.outsider_action_to_json(a) for a in outsider_actions[:LIST_LIMIT]],
         "truncated": {
             "checkpoints": len(checkpoint_items) < len(checkpoints),
             "steps": len(step_items) < len(steps),
             "timers": len(timers) > LIST_LIMIT,
+            "outsider_actions": len(outsider_actions) > LIST_LIMIT,
         },
     }
 
@@ -787,6 +790,7 @@ class _RunView:
         marks: tuple[tuple[Mark, ...], bool],
         window_intents: tuple[Intent, ...],
         waits: tuple[WaitSpan, ...],
+        outsider_actions: tuple[q.OutsiderAction, ...],
     ) -> None:
         self.run, self.checkpoints, self.events, self.types = run, checkpoints, events, types
         self.steps, self.timers, self.awaiting, self.approvals = steps, timers, awaiting, approvals
@@ -794,6 +798,7 @@ class _RunView:
         self.budget, self.intents = budget, intents
         self.outcomes, (self.marks, self.earlier) = outcomes, marks
         self.window_intents, self.waits = window_intents, waits
+        self.outsider_actions = outsider_actions
 
     @classmethod
     def fetch(cls, run_id: str, query: _EventsQuery, conn: Any) -> _RunView:
@@ -841,6 +846,7 @@ class _RunView:
             marks,
             window,
             waits,
+            () if later else q.list_outsider_actions(conn, run_id, limit=LIST_LIMIT + 1),
         )
 
 
@@ -942,6 +948,7 @@ class RunPageView:
     spend: str
     budget_rows: list[v.BudgetRow]
     intents: tuple[q.IntentRow, ...]
+    outsider_actions: tuple[q.OutsiderAction, ...]
     ancestors: list[v.RunRef]
     parent: v.RunRef | None
     children: list[v.TreeNode]
@@ -1032,6 +1039,7 @@ def _run_context(view: _RunView, query: _EventsQuery, now: int) -> dict[str, Any
         spend="" if view.budget is None else q.spend_text(view.budget),
         budget_rows=[] if view.budget is None else v.budget_rows(view.budget),
         intents=view.intents,
+        outsider_actions=view.outsider_actions,
         **_family_fields(view, query),
         config=v.Stored(run.config, run.config_truncated, run.config_size, v.path("api", "runs", run.id)),
         checkpoints=cards,

@@ -7,6 +7,7 @@
   in memory, never stored), sent back as a cookie ``HttpOnly; SameSite=Strict; Path=/``: no
   script can read it (there is no script anyway), and a browser never sends it with a request
   another site starts. Its name carries the port, so two inspectors on one IP keep theirs apart.
+  Logging out (a form with its own CSRF token) forgets the session on the server.
 - **A CSRF token per form.** Each form carries an HMAC (a key this instance drew at start-up) of
   the session, the action, the run and the form's target (the call id of an approval): a token
   works for that one form of that one session of this server only.
@@ -71,6 +72,11 @@ class Guard:
         session = secrets.token_urlsafe(_TOKEN_BYTES)
         self._sessions.add(session)
         return session
+
+    def log_out(self, session: str) -> None:
+        """End ``session``: its cookie names nothing any more. The login URL was used up, so
+        acting again needs a new server instance (and its new URL)."""
+        self._sessions.discard(session)
 
     @property
     def cookie_name(self) -> str:
