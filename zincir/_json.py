@@ -18,11 +18,18 @@ happens to be, and everything stored (wrapped in a few levels of its event) deco
 """
 
 
+# json.dumps with options builds a JSONEncoder at every call; these are built once (an
+# encoder keeps no state between calls, so threads may share it).
+_ENCODER: Final = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False)
+_TRUSTED_ENCODER: Final = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
+
+
 def encode(value: JSONValue, *, what: str, limit: int) -> str:
     """Serialize ``value`` or raise :class:`InvalidArgument` naming ``what`` it was."""
-    _check_depth(value, what)
+    if isinstance(value, dict | list | tuple):
+        _check_depth(value, what)
     try:
-        text = json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+        text = _ENCODER.encode(value)
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidArgument(f"{what} is not a JSON value: {exc}") from None
     # ensure_ascii (the default) makes the text pure ASCII: its length is its size in bytes.
@@ -54,4 +61,4 @@ def decode(text: str) -> JSONValue:
 
 def dump_trusted(value: JSONValue) -> str:
     """Serialize a value zincir built itself from already-validated parts."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return _TRUSTED_ENCODER.encode(value)

@@ -9,7 +9,7 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar, cast, final
+from typing import Any, Final, TypeVar, cast, final
 
 import attrs
 import trio
@@ -70,6 +70,10 @@ __all__ = ["Children", "Run", "open_run"]
 logger = logging.getLogger("zincir")
 
 T = TypeVar("T")
+
+# Values that are their own JSON round trip: encoding and decoding one gives an equal value of
+# the same type (floats are finite here: NaN and infinities are refused before they are stored).
+_OWN_JSON: Final = frozenset({int, str, float, bool, type(None)})
 
 # How often a waiting owner looks for a signal another process sent (a read), when nothing
 # wakes it sooner: a send in this process, or a PostgreSQL notification, wakes it at once.
@@ -434,6 +438,8 @@ class Run:
         finally:
             self._running_steps.discard(name)
         self._completed_steps.add(name)
+        if stored == result and type(value) in _OWN_JSON:
+            return value  # what decoding the stored JSON would give back, without decoding it
         return cast(T, decode(stored))
 
     async def sleep(self, name: str, seconds: float) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import math
 import uuid
+from types import FunctionType
 from typing import Any, Final
 
 from ._errors import InvalidArgument
@@ -87,6 +88,8 @@ def check_async_callable(value: object, what: str) -> Any:
     """An ``async def`` function (or a partial of one, or an object with an async
     ``__call__``): checked before anything is written or run, since calling a plain function
     to find out would already run it."""
+    if type(value) is FunctionType and value.__code__.co_flags & inspect.CO_COROUTINE:
+        return value  # an async def function: the common case, without inspect's unwrapping
     if not callable(value):
         raise InvalidArgument(f"{what} must be an async function, not {value!r}")
     if inspect.iscoroutinefunction(value) or inspect.iscoroutinefunction(type(value).__call__):
