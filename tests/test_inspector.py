@@ -760,12 +760,22 @@ async def test_status_counts_stop_at_the_cap_and_say_so(
 ) -> None:
     writer, ids = sample
     monkeypatch.setattr(q, "STATUS_COUNT_CAP", 5)
-    # A hostile writer can store statuses zincir never writes, of any type: each distinct one
-    # is still found (by probing the status index), and counted as "other".
+    # A hostile writer can store statuses zincir never writes, of any type, length or encoding:
+    # they count as "other", and none hides or miscounts a real status.
     writer.execute("PRAGMA ignore_check_constraints = ON")
-    for status in ("zombie", "a-first", b"running", 7):
-        writer.execute("UPDATE agent_runs SET status = ? WHERE id = ?", (status, ids.plain[len(str(status))]))
+    hostile: list[object] = ["zombie", "a-first", "pending\x00", "x" * 100_000, b"running", 7, 2.5]
+    hostile += list(range(40))  # more distinct values than any walk over them would look at
+    for run_id, status in zip(ids.plain, hostile, strict=False):
+        writer.execute("UPDATE agent_runs SET status = ? WHERE id = ?", (status, run_id))
+    writer.execute("UPDATE agent_runs SET status = CAST(x'61ff' AS TEXT) WHERE id = ?", (ids.plain[-1],))
     writer.commit()
+    real = {
+        status: writer.execute(
+            "SELECT count(*) FROM agent_runs WHERE status = ? AND typeof(status) = 'text'", (status,)
+        ).fetchone()[0]
+        for status in q.RUN_STATUSES
+    }
+    assert real["pending"] == 60 - len(hostile) - 1 > 5 and 0 < real["failed"] < 5
     conn = q.open_readonly(ids.path)
     try:
         with q.read_snapshot(conn):
@@ -773,16 +783,20 @@ async def test_status_counts_stop_at_the_cap_and_say_so(
             by_role, unbounded = q.count_runs(conn, role="filler")
     finally:
         conn.close()
-    assert page.counts["pending"] == 5 and page.counts["failed"] == 1 and page.counts["other"] == 4
-    assert page.capped == {"pending"}
-    assert by_role == {**dict.fromkeys(q.RUN_STATUSES, 0), "pending": 56, "other": 4}
+    assert page.counts == {**{s: min(n, 5) for s, n in real.items()}, "other": 5}
+    assert page.capped == {"pending", "other"}
+    assert by_role == {
+        **dict.fromkeys(q.RUN_STATUSES, 0),
+        "pending": real["pending"],
+        "other": len(hostile) + 1,
+    }
     assert unbounded == frozenset()
     html = (await fetch(ids.path, "/")).text
     assert re.search(r"pending <span class=\"count\">5\+</span>", html)
     assert re.search(r"failed <span class=\"count\">1</span>", html)
     assert re.search(r"all <span class=\"count\">\d+\+</span>", html)
     api = (await fetch(ids.path, "/api/runs")).json()
-    assert api["capped"] == ["pending"] and api["counts"]["pending"] == 5
+    assert api["capped"] == ["other", "pending"] and api["counts"]["pending"] == 5
     printed = CliRunner().invoke(cli, ["runs", "--db", str(ids.path)], catch_exceptions=False).stdout
     assert "+ in all (pending 5+, running" in printed and "failed 1," in printed
 

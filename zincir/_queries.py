@@ -26,6 +26,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import functools
+import itertools
 import json
 import math
 import os
@@ -142,8 +143,6 @@ CHILD_COUNT_CAP: Final = 10_000
 #: Runs are counted per status up to this many, so the runs page costs the same with a million
 #: runs (each count walks the status index); more shows as "10,000+".
 STATUS_COUNT_CAP: Final = 10_000
-#: The distinct stored statuses looked for; a hostile file with more has them all in "other".
-_MAX_STATUSES: Final = 32
 #: Stored JSON nested deeper than this is treated as text (so that re-encoding it never recurses
 #: past Python's limit).
 MAX_JSON_DEPTH: Final = 200
@@ -841,39 +840,44 @@ def count_runs(conn: Reader, *, role: str | None = None) -> tuple[dict[str, int]
     if role is not None:
         # No index covers the role, and walking the status index with a row lookup per entry
         # is ~10x slower than one table scan: count them all in that scan.
-        sql = f"SELECT status, count(*) FROM {conn.dialect.runs_by_role} WHERE role = ? GROUP BY status"
+        # Statuses are told apart in SQL (exact comparison: no stored value is read back).
+        known = ", ".join(f"'{status}'" for status in RUN_STATUSES)
+        sql = (
+            f"SELECT CASE WHEN status IN ({known}) THEN status END AS named, count(*)"
+            f" FROM {conn.dialect.runs_by_role} WHERE role = ? GROUP BY named"
+        )
         for status, count in conn.execute(sql, (role,)):
-            _add_count(counts, status, _size(count))
+            name = "other" if status is None else _text(status)
+            counts[name] = counts.get(name, 0) + _size(count)
         return counts, frozenset()
-    capped: set[str] = set()
-    statuses = _stored_statuses(conn)
-    for status in statuses:
-        sql = "SELECT count(*) FROM (SELECT 1 FROM agent_runs WHERE status = ? LIMIT ?) AS found"
-        count = _size(conn.execute(sql, (status, STATUS_COUNT_CAP + 1)).fetchone()[0])
-        name = _add_count(counts, status, min(count, STATUS_COUNT_CAP))
+    capped = set()
+    for name, ranges, params in _status_ranges():
+        # One index range per branch (an OR of ranges makes SQLite walk the whole index).
+        found = " UNION ALL ".join(f"SELECT 1 FROM agent_runs WHERE {where}" for where in ranges)
+        sql = f"SELECT count(*) FROM ({found} LIMIT ?) AS found"
+        count = _size(conn.execute(sql, (*params, STATUS_COUNT_CAP + 1)).fetchone()[0])
+        if count or name != "other":
+            counts[name] = min(count, STATUS_COUNT_CAP)
         if count > STATUS_COUNT_CAP:
             capped.add(name)
-    if len(statuses) == _MAX_STATUSES:
-        capped.add("other")
     return counts, frozenset(capped)
 
 
-def _stored_statuses(conn: Reader) -> list[object]:
-    """The distinct values of ``status``, each found by one probe of the status index (in
-    the order SQLite compares values of any type), at most :data:`_MAX_STATUSES` of them."""
-    found: list[object] = []
-    row = conn.execute("SELECT min(status) FROM agent_runs").fetchone()
-    while row is not None and row[0] is not None and len(found) < _MAX_STATUSES:
-        found.append(row[0])
-        row = conn.execute("SELECT min(status) FROM agent_runs WHERE status > ?", (row[0],)).fetchone()
-    return found
-
-
-def _add_count(counts: dict[str, int], status: object, count: int) -> str:
-    name = _text(status)
-    name = name if name in counts and type(status) is str else "other"
-    counts[name] = counts.get(name, 0) + count
-    return name
+@functools.cache
+def _status_ranges() -> tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...]:
+    """Each status zincir writes as one point of the status index, and ``other`` as the gaps
+    around them (and NULL): every walk reads only the entries it counts, and no stored value is
+    read back, so a hostile status (any type, any length, not UTF-8) costs nothing extra. In
+    SQLite's order numbers sort before every text and BLOBs after, so they fall in the gaps."""
+    known = sorted(RUN_STATUSES)
+    gaps, bounds = ["status IS NULL", "status < ?"], [known[0]]
+    for low, high in itertools.pairwise(known):
+        gaps.append("(status > ? AND status < ?)")
+        bounds += [low, high]
+    gaps.append("status > ?")
+    bounds.append(known[-1])
+    points = [(status, ("status = ?",), (status,)) for status in RUN_STATUSES]
+    return (*points, ("other", tuple(gaps), tuple(bounds)))
 
 
 def get_run(
@@ -1736,11 +1740,13 @@ class OutsiderAction:
 
 
 def list_outsider_actions(
-    conn: Reader, run_id: str, *, limit: int = DEFAULT_PAGE, max_chars: int | None = 500
+    conn: Reader, run_id: str, *, limit: int | None = None, max_chars: int | None = 500
 ) -> tuple[OutsiderAction, ...]:
-    """The run's latest outsiders' writes, newest first, ``limit`` at most (one indexed read).
-    A database from before the audit trail (schema version 6 or older) has none."""
-    _check_limit(limit)
+    """The run's latest outsiders' writes, newest first (one indexed read): the first
+    ``limit`` (all by default), each ``detail`` cut to ``max_chars``. A database from before
+    the audit trail (schema version 6 or older) has none."""
+    if limit is not None:
+        _check_limit(limit)
     if not conn.has_table("outsider_actions"):
         return ()
     d = conn.dialect
@@ -1748,7 +1754,7 @@ def list_outsider_actions(
         f"SELECT {d.int_column('id')}, {_name('action')}, {_name('done_by')},"
         f" {_json_column('detail', max_chars)}, {d.int_column('created_at')}"
         " FROM outsider_actions WHERE run_id = ? ORDER BY id DESC LIMIT ?",
-        (run_id, limit),
+        (run_id, d.unlimited if limit is None else limit),
     )
     return tuple(
         OutsiderAction(
