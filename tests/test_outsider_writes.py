@@ -192,3 +192,20 @@ async def test_zincir_retry_from_the_shell(db: zincir.Database) -> None:
     [retry, cancel] = trail(db, run_id)
     assert retry[:2] == ("retry_now", "ada")
     assert cancel[0] == "cancel" and cancel[1]  # the OS user name by default
+
+
+async def test_show_and_export_carry_the_whole_audit_trail(db: zincir.Database) -> None:
+    run_id = await new_run(db)
+    for i in range(120):  # more than any page of the inspector or list default
+        await zincir.send_signal(db, run_id, "tick", i, by=f"sender-{i}")
+
+    def cli(*args: str) -> str:
+        return str(CliRunner().invoke(main, [*args, run_id, "--db", db.path], catch_exceptions=False).stdout)
+
+    shown = json.loads(await trio.to_thread.run_sync(cli, "show", "--json"))
+    assert [a["by"] for a in shown["outsider_actions"]] == [f"sender-{i}" for i in reversed(range(120))]
+    assert "outsiders' actions, newest first (120)" in await trio.to_thread.run_sync(cli, "show")
+    lines = [json.loads(line) for line in (await trio.to_thread.run_sync(cli, "export")).splitlines()]
+    exported = [line for line in lines if line["kind"] == "outsider_action"]
+    assert [(a["action"], a["by"]) for a in exported] == [("signal", f"sender-{i}") for i in range(120)]
+    assert exported[-1]["detail"]["signal"] == "tick" and lines[-1] == exported[-1]

@@ -288,7 +288,7 @@ def show(database_path: str, run_id: str, as_json: bool) -> None:
         awaiting = q.list_awaiting(conn, [run.id]).get(run.id, ())
         budget = q.budgets_of(conn, [run.id], time.time_ns() // 1_000_000).get(run.id)
         intents = q.list_intents(conn, run.id)
-        actions = q.list_outsider_actions(conn, run.id)
+        actions = q.list_outsider_actions(conn, run.id, max_chars=None)
         if as_json:
             data = _show_json(run, checkpoints, steps, timers, awaiting)
             data["tool_calls"] = [q.intent_to_json(i) for i in intents]
@@ -534,10 +534,11 @@ def _print_event(run_id: str, event: q.EventRow, *, as_json: bool, full: bool) -
 @database_option
 @click.argument("run_id")
 def export(database_path: str, run_id: str) -> None:
-    """Write one run as JSON Lines: the run, then its events, checkpoints, steps and timers.
+    """Write one run as JSON Lines: the run, then its events, checkpoints, steps, timers and
+    outsiders' actions.
 
-    Every line has a "kind" (run, event, checkpoint, step, timer); all are read from one
-    consistent snapshot, events page by page.
+    Every line has a "kind" (run, event, checkpoint, step, timer, outsider_action); all are
+    read from one consistent snapshot, events page by page.
     """
     with clean_errors(), readonly_database(database_path) as conn, q.read_snapshot(conn):
         run = q.get_run(conn, q.resolve_run_id(conn, run_id), children_limit=1000)
@@ -550,6 +551,8 @@ def export(database_path: str, run_id: str) -> None:
             _emit("step", q.step_to_json(run.id, step))
         for timer in q.list_timers(conn, run.id):
             _emit("timer", q.timer_to_json(run.id, timer))
+        for action in reversed(q.list_outsider_actions(conn, run.id, max_chars=None)):
+            _emit("outsider_action", q.outsider_action_to_json(action))
 
 
 def _emit(kind: str, data: dict[str, Any]) -> None:
