@@ -197,6 +197,9 @@ class ReadOnly(abc.ABC):
     dialect: Dialect
     target: str
     """What to call the database in messages and pages (a path, a URL without its password)."""
+    worth_keeping: bool
+    """Whether a long-lived reader (the inspector) should keep this connection between reads
+    rather than open a new one for each."""
 
     @abc.abstractmethod
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor: ...

@@ -58,6 +58,7 @@ class PostgresReadOnly(ReadOnly):
     """One read-only psycopg connection (autocommit, explicit read-only transactions)."""
 
     dialect = PostgresDialect()
+    worth_keeping = True  # a new server connection costs ~10 ms; results are fetched whole
 
     def __init__(self, conn: psycopg.Connection[Any], target: str) -> None:
         self._conn = conn

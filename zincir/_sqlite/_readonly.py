@@ -44,6 +44,9 @@ class SQLiteReadOnly(ReadOnly):
     """One ``mode=ro`` connection in autocommit mode; :meth:`snapshot` is a read transaction."""
 
     dialect = SQLiteDialect()
+    # Opening costs under a millisecond; and a statement left open by one read (a cursor kept
+    # alive by a traceback) would hold its snapshot into the next read on this connection.
+    worth_keeping = False
 
     def __init__(self, conn: sqlite3.Connection, path: str) -> None:
         self._conn = conn
