@@ -350,7 +350,8 @@ def _wants_json() -> bool:
 def _error_response(status: int, name: str, message: str) -> Response:
     if _wants_json():
         return _json({"error": {"status": status, "name": name, "message": message}}, status)
-    return _html(_error_page(status, name, message), status)
+    mode = getattr(current_app, "mode", "read-only")  # the app's, once a request reached it
+    return _html(_error_page(status, name, message, mode), status)
 
 
 _ERROR_STATUS: tuple[tuple[type[ZincirError], int, str], ...] = (
@@ -865,8 +866,8 @@ def _page_context(title: str, mode: str, refresh: int | None) -> dict[str, Any]:
     return {"title": title, "mode": mode, "refresh": refresh, "stylesheet": _STYLESHEET_URL}
 
 
-def _error_page(status: int, name: str, message: str) -> str:
-    context = {**_page_context(f"{status} {name}", "read-only", None), "status": status}
+def _error_page(status: int, name: str, message: str, mode: str = "read-only") -> str:
+    context = {**_page_context(f"{status} {name}", mode, None), "status": status}
     return render("error.html", {**context, "name": name, "message": message})
 
 
