@@ -204,8 +204,8 @@ def claim_due(
                 if not _unless_busy(tx, _fail_exhausted, run_id, status, attempts):
                     postponed.append(run_id)
                 continue
-            tx.execute("UPDATE agent_runs SET attempts = attempts + 1 WHERE id = %s", (run_id,))
-            claimed.append((_take(tx, run_id, status, owner, epoch + 1, ttl_ms, wall_end), attempts + 1))
+            lease = _take(tx, run_id, status, owner, epoch + 1, ttl_ms, wall_end, count_attempt=True)
+            claimed.append((lease, attempts + 1))
         if len(rows) < wanted:
             break  # no more are due (a run locked by another claim is skipped again)
     return claimed
@@ -265,7 +265,12 @@ def _end_run(
     """Append the final ``state_transition`` and make the run terminal and ownerless; a failed
     or cancelled run takes its live descendants with it, and a parent waiting for the run is
     woken. Returns the parent's id."""
-    parent = _close(tx, run_id, transition_json, status, result_json)
+    return _ended(tx, run_id, status, _send_close(tx, run_id, transition_json, status, result_json))
+
+
+def _ended(tx: Tx, run_id: str, status: RunStatus, closing: tuple[Sent, Sent]) -> str | None:
+    """:func:`_end_run` once its end was sent (:func:`_send_close`)."""
+    parent = _closed(tx, closing)
     if status is not RunStatus.COMPLETED:
         _cancel_descendants(tx, run_id, f"its ancestor {run_id} ended {status.value}")
     return parent
@@ -274,22 +279,47 @@ def _end_run(
 def _close(
     tx: Tx, run_id: str, transition_json: str, status: RunStatus, result_json: str | None
 ) -> str | None:
-    _log(tx, run_id, EventType.STATE_TRANSITION, transition_json)
-    (parent,) = tx.one(
-        "UPDATE agent_runs SET status = %s, lease_owner = NULL, lease_expires_at = NULL,"
-        " wait_kind = NULL, wait_target = NULL, result = %s, cancel_requested_at = NULL"
-        " WHERE id = %s RETURNING parent_run_id",
-        (status.value, result_json, run_id),
+    return _closed(tx, _send_close(tx, run_id, transition_json, status, result_json))
+
+
+_CLOSE = (
+    "status = %s, lease_owner = NULL, lease_expires_at = NULL, wait_kind = NULL, wait_target = NULL,"
+    " result = %s, cancel_requested_at = NULL"
+)
+
+
+def _send_close(
+    tx: Tx, run_id: str, transition_json: str, status: RunStatus, result_json: str | None
+) -> tuple[Sent, Sent]:
+    """Send the final transition with the run's end, and the wake-up of a parent suspended on
+    the run; read them with :func:`_closed`. Two statements, neither waited for."""
+    closing = _log_with(
+        tx, run_id, EventType.STATE_TRANSITION, transition_json, _CLOSE, (status.value, result_json)
     )
-    if parent is None:
-        return None
-    tx.notify_inbox(parent)
     # An UPDATE that matches nothing locks nothing: a parent that is not waiting for this run is
     # left alone, and one suspending on it right now sees it ended (suspend locks the child).
-    # A statement of its own, by the parent's key: folded into the one above, the planner may
-    # walk every waiting run instead (it cannot see the parent's id in advance).
-    _wake(tx, parent, "child", run_id)
-    return str(parent)
+    # A statement of its own, by the parent's key (a scalar subquery: an InitPlan, so the index
+    # is searched for one id): folded into the one above, the planner may walk every waiting run.
+    waking = tx.send(
+        "UPDATE agent_runs SET next_attempt_at = zincir_now_ms()"
+        " WHERE id = (SELECT parent_run_id FROM agent_runs WHERE id = %s) AND status = 'waiting'"
+        " AND wait_kind = 'child' AND wait_target = %s"
+        " AND (next_attempt_at IS NULL OR next_attempt_at > zincir_now_ms()) RETURNING 1",
+        (run_id, run_id),
+    )
+    return closing, waking
+
+
+def _closed(tx: Tx, sent: tuple[Sent, Sent]) -> str | None:
+    """The parent's id (told of the end: it may be joining), after :func:`_send_close`."""
+    closing, waking = sent
+    row = closing.one()
+    if waking.one() is not None:
+        tx.notify_claimable()
+    if row is None or row[0] is None:
+        return None
+    tx.notify_inbox(row[0])
+    return str(row[0])
 
 
 def _cancel_unowned(tx: Tx, run_id: str, status: str, reason: str) -> None:
@@ -350,24 +380,36 @@ def _take(
     ttl_ms: int,
     wall_end: int | None,
     taken_over: str | None = None,
+    *,
+    count_attempt: bool = False,
 ) -> Lease:
     """Lease the run to ``owner`` (this process: its identity is stored with the lease); a
     pending or suspended run starts running, and a takeover from a dead owner, logged.
-    ``wall_end``: when the run's wall time runs out (:data:`_WALL_END`), read by the caller."""
+    ``wall_end``: when the run's wall time runs out (:data:`_WALL_END`), read by the caller;
+    ``count_attempt``: a worker's claim, which counts an attempt.
+
+    The lease, the attempt and the last event go into the row in one UPDATE: one statement and
+    one new version of the row per claimed run, where three UPDATEs made three."""
     expires_at = tx.now + ttl_ms
     me = this_process()
-    tx.execute(
-        "UPDATE agent_runs SET lease_owner = %s, lease_epoch = %s, lease_expires_at = %s,"
-        " status = 'running', wait_kind = NULL, wait_target = NULL, lease_host = %s, lease_pid = %s,"
-        " lease_process_start = %s WHERE id = %s",
-        (owner, epoch, expires_at, *me.as_row(), run_id),
+    lease_change = (
+        "lease_owner = %s, lease_epoch = %s, lease_expires_at = %s, status = 'running', wait_kind = NULL,"
+        " wait_target = NULL, lease_host = %s, lease_pid = %s, lease_process_start = %s,"
+        " attempts = attempts + %s"
     )
+    lease_params = (owner, epoch, expires_at, *me.as_row(), int(count_attempt))
+    events = []
     if taken_over is not None:
-        event = _dump({"from_epoch": epoch - 1, "reason": taken_over})
-        _log(tx, run_id, EventType.LEASE_TAKEN_OVER, event)
+        events.append((EventType.LEASE_TAKEN_OVER, _dump({"from_epoch": epoch - 1, "reason": taken_over})))
     if status != RunStatus.RUNNING:
-        transition = _dump({"from": status, "to": "running"})
-        _log(tx, run_id, EventType.STATE_TRANSITION, transition)
+        events.append((EventType.STATE_TRANSITION, _dump({"from": status, "to": "running"})))
+    if not events:
+        tx.execute(f"UPDATE agent_runs SET {lease_change} WHERE id = %s", (*lease_params, run_id))
+    for number, (type, payload) in enumerate(events, start=1):
+        if number < len(events):
+            _log(tx, run_id, type, payload)
+        else:
+            _log_with(tx, run_id, type, payload, lease_change, lease_params)
     return Lease(run_id, owner, epoch, ttl_ms, expires_at, wall_end)
 
 
@@ -449,6 +491,26 @@ def _append(tx: Tx, run_id: str, type: EventType, payload_json: str, key: str | 
 def _log(tx: Tx, run_id: str, type: EventType, payload_json: str, key: str | None = None) -> None:
     """:func:`_append` for a caller that has no use for the seq: sent, not waited for."""
     tx.execute(_APPEND, (tx.now, run_id, run_id, type.value, payload_json, key, tx.now))
+
+
+def _log_with(
+    tx: Tx, run_id: str, type: EventType, payload_json: str, changes: str, params: tuple[Any, ...]
+) -> Sent:
+    """:func:`_log`, with more of the run's row changed (``changes``: SET assignments, with
+    ``params``) by the UPDATE that allocates the event's seq: one statement and one new version
+    of the row where two UPDATEs make two. Its row is the run's ``parent_run_id``.
+
+    "Now" is read by the statement itself, so that it may be sent right behind the lock,
+    before the lock's answer (and its clock) has come back."""
+    return tx.send(
+        "WITH now AS MATERIALIZED (SELECT zincir_now_ms() AS ms),"
+        " allocated AS (UPDATE agent_runs SET last_seq = last_seq + 1, updated_at = (SELECT ms FROM now),"
+        f" {changes} WHERE id = %s RETURNING last_seq, parent_run_id),"
+        " logged AS (INSERT INTO events (run_id, seq, type, payload, idempotency_key, created_at)"
+        " SELECT %s, last_seq, %s, %s, NULL, now.ms FROM allocated, now)"
+        " SELECT parent_run_id FROM allocated",
+        (*params, run_id, run_id, type.value, payload_json),
+    )
 
 
 def _insert_event(
@@ -554,10 +616,13 @@ def finish(tx: Tx, lease: Lease, status: RunStatus, payload_json: str, result_js
     once; returns the parent's id."""
     lock = _send_lock(tx, lease.run_id)
     open_work = _send_open_work(tx, lease.run_id) if status == RunStatus.COMPLETED else None
+    # All in one round trip, with the lock held: if the lease or the work refuses, the raise
+    # rolls the end back.
+    closing = _send_close(tx, lease.run_id, payload_json, status, result_json)
     check_lease(tx, lease, lock)
     if open_work is not None:
         _require_no_open_work(lease.run_id, open_work)
-    return _end_run(tx, lease.run_id, payload_json, status, result_json)
+    return _ended(tx, lease.run_id, status, closing)
 
 
 def _send_open_work(tx: Tx, run_id: str) -> Sent:
@@ -1164,23 +1229,33 @@ def spawn_child(
 ) -> str:
     """Create the child named ``name`` once, pending and unleased; a repeat returns its id."""
     lock = _send_lock(tx, lease.run_id)
-    insert = tx.send(  # with the lock: if the lease does not hold, the raise rolls it back
-        "INSERT INTO agent_runs (id, parent_run_id, role, provider, status, config, created_at,"
-        " updated_at, next_attempt_at, spawn_name)"
-        " SELECT %s, %s, %s, %s, 'pending', %s, now.ms, now.ms, now.ms, %s"
-        " FROM (SELECT zincir_now_ms() AS ms) AS now"
-        " ON CONFLICT (parent_run_id, spawn_name) WHERE spawn_name IS NOT NULL DO NOTHING RETURNING 1",
-        (child_id, lease.run_id, role, provider, config_json, name),
+    event = _dump({"child_id": child_id, "name": name, "role": role})
+    # With the lock, in one round trip: if the lease does not hold, the raise rolls it back.
+    # One statement inserts the child and, if it is new, logs child_spawned in the parent's log.
+    insert = tx.send(
+        "WITH now AS MATERIALIZED (SELECT zincir_now_ms() AS ms),"
+        " spawned AS (INSERT INTO agent_runs (id, parent_run_id, role, provider, status, config,"
+        " created_at, updated_at, next_attempt_at, spawn_name)"
+        " SELECT %s, %s, %s, %s, 'pending', %s, now.ms, now.ms, now.ms, %s FROM now"
+        " ON CONFLICT (parent_run_id, spawn_name) WHERE spawn_name IS NOT NULL DO NOTHING RETURNING id),"
+        " allocated AS (UPDATE agent_runs SET last_seq = last_seq + 1, updated_at = (SELECT ms FROM now)"
+        " WHERE id = %s AND EXISTS (SELECT 1 FROM spawned) RETURNING last_seq),"
+        " logged AS (INSERT INTO events (run_id, seq, type, payload, idempotency_key, created_at)"
+        " SELECT %s, last_seq, %s, %s, %s, now.ms FROM allocated, now)"
+        " SELECT count(*) FROM spawned",
+        (
+            *(child_id, lease.run_id, role, provider, config_json, name),
+            lease.run_id,
+            *(lease.run_id, EventType.CHILD_SPAWNED.value, event, f"spawn:{name}"),
+        ),
     )
     check_lease(tx, lease, lock)
-    inserted = insert.one()
-    if inserted is None:  # spawned before (a restart repeats the spawn): that child
+    (inserted,) = insert.one()
+    if not inserted:  # spawned before (a restart repeats the spawn): that child
         (existing,) = tx.one(
             "SELECT id FROM agent_runs WHERE parent_run_id = %s AND spawn_name = %s", (lease.run_id, name)
         )
         return str(existing)
-    event = _dump({"child_id": child_id, "name": name, "role": role})
-    _log(tx, lease.run_id, EventType.CHILD_SPAWNED, event, f"spawn:{name}")
     if budget is not None:  # the child's own, whatever its parent spends
         _insert_budget(tx, child_id, budget)
     tx.notify_claimable()
@@ -1192,17 +1267,22 @@ def await_child(tx: Tx, lease: Lease, child_id: str, timeout_ms: int | None) -> 
     time the join out past its stored deadline. Fenced."""
     lock = _send_lock(tx, lease.run_id)
     row = tx.send(f"SELECT {RUN_COLUMNS} FROM agent_runs WHERE id = %s", (child_id,))
+    # Sent with the other two, so that the three share a round trip: the join of a run that is
+    # not a child stores nothing, and a lease that does not hold rolls the join back.
+    recorded = tx.send(  # the first call stores it; later ones read it
+        "INSERT INTO joins (run_id, child_id, deadline, created_at)"
+        " SELECT %s, c.id, now.ms + %s, now.ms FROM agent_runs AS c, (SELECT zincir_now_ms() AS ms) AS now"
+        " WHERE c.id = %s AND c.parent_run_id = %s"
+        " ON CONFLICT (run_id, child_id) DO UPDATE SET run_id = joins.run_id"
+        " RETURNING deadline, completed_at, timed_out",
+        (lease.run_id, timeout_ms, child_id, lease.run_id),
+    )
     check_lease(tx, lease, lock)
     found = row.one()
     child = None if found is None else to_run(found)
     if child is None or child.parent_run_id != lease.run_id:
         raise InvalidArgument(f"run {lease.run_id}: {child_id} is not a child of this run")
-    deadline, completed_at, timed_out = tx.one(  # the first call stores it; later ones read it
-        "INSERT INTO joins (run_id, child_id, deadline, created_at) VALUES (%s, %s, %s, %s)"
-        " ON CONFLICT (run_id, child_id) DO UPDATE SET run_id = joins.run_id"
-        " RETURNING deadline, completed_at, timed_out",
-        (lease.run_id, child_id, None if timeout_ms is None else tx.now + timeout_ms, tx.now),
-    )
+    deadline, completed_at, timed_out = recorded.one()
     if timed_out:
         return JoinOutcome("timed_out")
     if completed_at is not None:
@@ -1389,8 +1469,8 @@ def _take_from_the_dead(tx: Tx, owner: str, ttl_ms: int, limit: int) -> list[tup
     for run_id, status, epoch, attempts, pid, started in rows:
         why = gone_reason(Owner(me.host, pid, started))
         if why is not None:
-            tx.execute("UPDATE agent_runs SET attempts = attempts + 1 WHERE id = %s", (run_id,))
-            lease = _take(tx, run_id, status, owner, epoch + 1, ttl_ms, _wall_end(tx, run_id), why)
+            wall_end = _wall_end(tx, run_id)
+            lease = _take(tx, run_id, status, owner, epoch + 1, ttl_ms, wall_end, why, count_attempt=True)
             taken.append((lease, attempts + 1))
     return taken
 
