@@ -122,11 +122,12 @@ def _lock_run(tx: Tx, run_id: str) -> tuple[str, str | None, int, int | None]:
     return _locked(tx, run_id, _send_lock(tx, run_id))
 
 
-def _send_lock(tx: Tx, run_id: str) -> Sent:
+def _send_lock(tx: Tx, run_id: str, more: str = "", more_params: tuple[Any, ...] = ()) -> Sent:
     """Send the statement that locks the run's row, without waiting for it; read it with
     :func:`_locked`. Statements sent after it run with the lock held, so an operation may send
     its first statements with it and judge the lease when they come back (its writes are rolled
-    back with it if the lease does not hold).
+    back with it if the lease does not hold). ``more``: more columns to read once the lock is
+    held (``, <expressions>``), with ``more_params``; :func:`_locked_row` returns them too.
 
     NO KEY UPDATE serializes the run's writers as FOR UPDATE would, but does not block the
     foreign-key checks of rows inserted elsewhere that point at this run (a child run's insert).
@@ -135,18 +136,24 @@ def _send_lock(tx: Tx, run_id: str) -> Sent:
     # be computed before a wait on a holder that did not change the row.
     return tx.send(
         "WITH locked AS (SELECT status, lease_owner, lease_epoch, lease_expires_at FROM agent_runs"
-        " WHERE id = %s FOR NO KEY UPDATE) SELECT locked.*, zincir_now_ms() FROM locked",
-        (run_id,),
+        f" WHERE id = %s FOR NO KEY UPDATE) SELECT locked.*, zincir_now_ms(){more} FROM locked",
+        (run_id, *more_params),
     )
 
 
 def _locked(tx: Tx, run_id: str, lock: Sent) -> tuple[str, str | None, int, int | None]:
+    status, owner, epoch, expires_at = _locked_row(tx, run_id, lock)
+    return status, owner, epoch, expires_at
+
+
+def _locked_row(tx: Tx, run_id: str, lock: Sent) -> list[Any]:
+    """The lock's row without its clock (which becomes the operation's "now")."""
     row = lock.one()
     if row is None:
         raise RunNotFound(f"run {run_id} does not exist")
-    status, owner, epoch, expires_at, now = row
+    status, owner, epoch, expires_at, now, *more = row
     tx.set_now(now)
-    return status, owner, epoch, expires_at
+    return [status, owner, epoch, expires_at, *more]
 
 
 def acquire_run(tx: Tx, run_id: str, owner: str, ttl_ms: int, force: bool) -> Lease | None:
@@ -268,7 +275,7 @@ def _end_run(
     return _ended(tx, run_id, status, _send_close(tx, run_id, transition_json, status, result_json))
 
 
-def _ended(tx: Tx, run_id: str, status: RunStatus, closing: tuple[Sent, Sent]) -> str | None:
+def _ended(tx: Tx, run_id: str, status: RunStatus, closing: Sent) -> str | None:
     """:func:`_end_run` once its end was sent (:func:`_send_close`)."""
     parent = _closed(tx, closing)
     if status is not RunStatus.COMPLETED:
@@ -283,43 +290,46 @@ def _close(
 
 
 _CLOSE = (
-    "status = %s, lease_owner = NULL, lease_expires_at = NULL, wait_kind = NULL, wait_target = NULL,"
-    " result = %s, cancel_requested_at = NULL"
+    "WITH now AS MATERIALIZED (SELECT zincir_now_ms() AS ms),"
+    " closed AS (UPDATE agent_runs SET last_seq = last_seq + 1, updated_at = (SELECT ms FROM now),"
+    " status = %s, lease_owner = NULL, lease_expires_at = NULL, wait_kind = NULL,"
+    " wait_target = NULL, result = %s, cancel_requested_at = NULL"
+    " WHERE id = %s RETURNING id, last_seq, parent_run_id),"
+    " logged AS (INSERT INTO events (run_id, seq, type, payload, idempotency_key, created_at)"
+    " SELECT id, last_seq, 'state_transition', %s, NULL, now.ms FROM closed, now),"
+    # An UPDATE that matches nothing locks nothing: a parent that is not waiting for this run is
+    # left alone, and one suspending on it right now sees it ended (suspend locks the child).
+    # By the parent's key, a scalar subquery (an InitPlan: the index is searched for one id);
+    # joined with `closed` instead, the planner may walk every waiting run.
+    " woke AS (UPDATE agent_runs SET next_attempt_at = (SELECT ms FROM now)"
+    " WHERE id = (SELECT parent_run_id FROM agent_runs WHERE id = %s) AND status = 'waiting'"
+    " AND wait_kind = 'child' AND wait_target = %s"
+    " AND (next_attempt_at IS NULL OR next_attempt_at > (SELECT ms FROM now)) RETURNING 1)"
+    " SELECT parent_run_id, EXISTS (SELECT 1 FROM woke) FROM closed"
 )
 
 
 def _send_close(
     tx: Tx, run_id: str, transition_json: str, status: RunStatus, result_json: str | None
-) -> tuple[Sent, Sent]:
-    """Send the final transition with the run's end, and the wake-up of a parent suspended on
-    the run; read them with :func:`_closed`. Two statements, neither waited for."""
-    closing = _log_with(
-        tx, run_id, EventType.STATE_TRANSITION, transition_json, _CLOSE, (status.value, result_json)
-    )
-    # An UPDATE that matches nothing locks nothing: a parent that is not waiting for this run is
-    # left alone, and one suspending on it right now sees it ended (suspend locks the child).
-    # A statement of its own, by the parent's key (a scalar subquery: an InitPlan, so the index
-    # is searched for one id): folded into the one above, the planner may walk every waiting run.
-    waking = tx.send(
-        "UPDATE agent_runs SET next_attempt_at = zincir_now_ms()"
-        " WHERE id = (SELECT parent_run_id FROM agent_runs WHERE id = %s) AND status = 'waiting'"
-        " AND wait_kind = 'child' AND wait_target = %s"
-        " AND (next_attempt_at IS NULL OR next_attempt_at > zincir_now_ms()) RETURNING 1",
-        (run_id, run_id),
-    )
-    return closing, waking
+) -> Sent:
+    """Send the run's end: its final transition, the row made terminal and ownerless, and the
+    wake-up of a parent suspended on it, in one statement that reads its own clock (so it may
+    go right behind the lock, before the lock's answer is back). Read it with :func:`_closed`."""
+    return tx.send(_CLOSE, (status.value, result_json, run_id, transition_json, run_id, run_id))
 
 
-def _closed(tx: Tx, sent: tuple[Sent, Sent]) -> str | None:
+def _closed(tx: Tx, closing: Sent) -> str | None:
     """The parent's id (told of the end: it may be joining), after :func:`_send_close`."""
-    closing, waking = sent
     row = closing.one()
-    if waking.one() is not None:
-        tx.notify_claimable()
-    if row is None or row[0] is None:
+    if row is None:
         return None
-    tx.notify_inbox(row[0])
-    return str(row[0])
+    parent, woke = row
+    if woke:
+        tx.notify_claimable()
+    if parent is None:
+        return None
+    tx.notify_inbox(parent)
+    return str(parent)
 
 
 def _cancel_unowned(tx: Tx, run_id: str, status: str, reason: str) -> None:
@@ -513,6 +523,22 @@ def _log_with(
     )
 
 
+def _log_beside(
+    tx: Tx, run_id: str, type: EventType, payload_json: str, key: str, beside: str, other: str
+) -> None:
+    """:func:`_log`, and in the same statement the write ``beside`` (a data-modifying
+    statement whose parameters are now, the run's id and ``other``): one statement where two
+    would be sent."""
+    tx.execute(
+        f"WITH beside AS ({beside}),"
+        " allocated AS (UPDATE agent_runs SET last_seq = last_seq + 1, updated_at = %s"
+        " WHERE id = %s RETURNING last_seq)"
+        " INSERT INTO events (run_id, seq, type, payload, idempotency_key, created_at)"
+        " SELECT %s, last_seq, %s, %s, %s, %s FROM allocated",
+        (tx.now, run_id, other, tx.now, run_id, run_id, type.value, payload_json, key, tx.now),
+    )
+
+
 def _insert_event(
     tx: Tx, run_id: str, seq: int, type: EventType, payload_json: str, key: str | None = None
 ) -> None:
@@ -614,30 +640,30 @@ def record_tool_result(tx: Tx, lease: Lease, call_id: str, payload_json: str) ->
 def finish(tx: Tx, lease: Lease, status: RunStatus, payload_json: str, result_json: str | None) -> str | None:
     """Make the run terminal with its ``state_transition`` (and result) and drop the lease, at
     once; returns the parent's id."""
-    lock = _send_lock(tx, lease.run_id)
-    open_work = _send_open_work(tx, lease.run_id) if status == RunStatus.COMPLETED else None
-    # All in one round trip, with the lock held: if the lease or the work refuses, the raise
-    # rolls the end back.
+    completing = status == RunStatus.COMPLETED
+    lock = _send_lock(tx, lease.run_id, *((_OPEN_WORK, (lease.run_id,) * 3) if completing else ()))
+    # In the same round trip, with the lock held: if the lease or the open work refuses, the
+    # raise rolls the end back.
     closing = _send_close(tx, lease.run_id, payload_json, status, result_json)
-    check_lease(tx, lease, lock)
-    if open_work is not None:
-        _require_no_open_work(lease.run_id, open_work)
+    run_status, owner, epoch, expires_at, *open_work = _locked_row(tx, lease.run_id, lock)
+    _judge_lease(lease, run_status, owner, epoch, expires_at, tx.now)
+    if completing:
+        _require_no_open_work(lease.run_id, *open_work)
     return _ended(tx, lease.run_id, status, closing)
 
 
-def _send_open_work(tx: Tx, run_id: str) -> Sent:
-    return tx.send(  # one statement for the three questions
-        "SELECT EXISTS (SELECT 1 FROM checkpoints WHERE run_id = %s AND status = 'candidate'),"
-        " ARRAY (SELECT call_id FROM tool_intents WHERE run_id = %s AND result_seq IS NULL"
-        " ORDER BY intent_seq LIMIT 5),"
-        " ARRAY (SELECT id FROM agent_runs WHERE parent_run_id = %s"
-        " AND status IN ('pending', 'running', 'waiting') LIMIT 5)",
-        (run_id, run_id, run_id),
-    )
+# What a run must not leave open when it completes, read with its lock (three questions, one
+# statement, evaluated once the lock is held).
+_OPEN_WORK = (
+    ", EXISTS (SELECT 1 FROM checkpoints WHERE run_id = %s AND status = 'candidate'),"
+    " ARRAY (SELECT call_id FROM tool_intents WHERE run_id = %s AND result_seq IS NULL"
+    " ORDER BY intent_seq LIMIT 5),"
+    " ARRAY (SELECT id FROM agent_runs WHERE parent_run_id = %s"
+    " AND status IN ('pending', 'running', 'waiting') LIMIT 5)"
+)
 
 
-def _require_no_open_work(run_id: str, open_work: Sent) -> None:
-    candidate, open_calls, live = open_work.one()
+def _require_no_open_work(run_id: str, candidate: bool, open_calls: list[str], live: list[str]) -> None:
     if candidate:
         raise UnfinishedWork(f"run {run_id} cannot complete: a checkpoint candidate is undecided")
     if open_calls:
@@ -1266,44 +1292,45 @@ def await_child(tx: Tx, lease: Lease, child_id: str, timeout_ms: int | None) -> 
     """Record the join on its first call; log ``child_joined`` once the child has ended, or
     time the join out past its stored deadline. Fenced."""
     lock = _send_lock(tx, lease.run_id)
-    row = tx.send(f"SELECT {RUN_COLUMNS} FROM agent_runs WHERE id = %s", (child_id,))
-    # Sent with the other two, so that the three share a round trip: the join of a run that is
-    # not a child stores nothing, and a lease that does not hold rolls the join back.
-    recorded = tx.send(  # the first call stores it; later ones read it
-        "INSERT INTO joins (run_id, child_id, deadline, created_at)"
-        " SELECT %s, c.id, now.ms + %s, now.ms FROM agent_runs AS c, (SELECT zincir_now_ms() AS ms) AS now"
-        " WHERE c.id = %s AND c.parent_run_id = %s"
+    # The child and the join's record (stored by the first call, read by later ones) in one
+    # statement, sent with the lock: the join of a run that is not a child stores nothing, and a
+    # lease that does not hold rolls the join back.
+    looked = tx.send(
+        f"WITH child AS (SELECT {RUN_COLUMNS} FROM agent_runs WHERE id = %s),"
+        " recorded AS (INSERT INTO joins (run_id, child_id, deadline, created_at)"
+        " SELECT %s, child.id, now.ms + %s, now.ms FROM child, (SELECT zincir_now_ms() AS ms) AS now"
+        " WHERE child.parent_run_id = %s"
         " ON CONFLICT (run_id, child_id) DO UPDATE SET run_id = joins.run_id"
-        " RETURNING deadline, completed_at, timed_out",
-        (lease.run_id, timeout_ms, child_id, lease.run_id),
+        " RETURNING deadline, completed_at, timed_out)"
+        " SELECT child.*, recorded.* FROM child LEFT JOIN recorded ON true",
+        (child_id, lease.run_id, timeout_ms, lease.run_id),
     )
     check_lease(tx, lease, lock)
-    found = row.one()
-    child = None if found is None else to_run(found)
+    found = looked.one()
+    child = None if found is None else to_run(found[:-3])
     if child is None or child.parent_run_id != lease.run_id:
         raise InvalidArgument(f"run {lease.run_id}: {child_id} is not a child of this run")
-    deadline, completed_at, timed_out = recorded.one()
+    deadline, completed_at, timed_out = found[-3:]
     if timed_out:
         return JoinOutcome("timed_out")
     if completed_at is not None:
         return JoinOutcome("ended", child)
     if child.status.is_terminal:
-        tx.execute(
-            "UPDATE joins SET completed_at = %s WHERE run_id = %s AND child_id = %s",
-            (tx.now, lease.run_id, child_id),
-        )
         event = _dump({"child_id": child_id, "result": child.result, "status": child.status.value})
-        _log(tx, lease.run_id, EventType.CHILD_JOINED, event, f"join:{child_id}")
+        _log_beside(tx, lease.run_id, EventType.CHILD_JOINED, event, f"join:{child_id}", _JOINED, child_id)
         return JoinOutcome("ended", child)
     if deadline is not None and deadline <= tx.now:
-        tx.execute(
-            "UPDATE joins SET completed_at = %s, timed_out = 1 WHERE run_id = %s AND child_id = %s",
-            (tx.now, lease.run_id, child_id),
-        )
         event = _dump({"child_id": child_id, "deadline": deadline, "name": f"join:{child_id}"})
-        _log(tx, lease.run_id, EventType.WAIT_TIMED_OUT, event, f"join:{child_id}")
+        _log_beside(
+            tx, lease.run_id, EventType.WAIT_TIMED_OUT, event, f"join:{child_id}", _TIMED_OUT, child_id
+        )
         return JoinOutcome("timed_out")
     return JoinOutcome("pending", remaining_ms=None if deadline is None else deadline - tx.now)
+
+
+# How a join ends, beside the event that says so (see _log_beside: now, the run, the child).
+_JOINED = "UPDATE joins SET completed_at = %s WHERE run_id = %s AND child_id = %s"
+_TIMED_OUT = "UPDATE joins SET completed_at = %s, timed_out = 1 WHERE run_id = %s AND child_id = %s"
 
 
 def child_ready(tx: Tx, run_id: str, child_id: str) -> bool:
