@@ -8,6 +8,7 @@ opens the embedded SQLite backend, a ``postgresql://`` URL the PostgreSQL one. B
 from __future__ import annotations
 
 import os
+import random
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -184,12 +185,17 @@ class Database:
             if not events:
                 del self._inbox_waiters[run_id]
 
-    async def _write(self, fn: Callable[..., T], *args: Any, route: str = "") -> T:
+    async def _write(self, fn: Callable[..., T], *args: Any, route: str | None = "") -> T:
         """Run ``fn(tx, *args)`` in the next group-commit transaction; return after COMMIT.
 
         Operations with the same ``route`` (a run id) go to the same writer thread, in order.
+        ``route=None``: an operation with no order to keep (a worker's claim) goes to the least
+        busy writer, so that it does not hold up a run's writes queued behind it elsewhere.
         """
-        writer = self._writers[hash(route) % len(self._writers)]
+        if route is None:
+            writer = min(self._writers, key=lambda w: (w.backlog, random.random()))
+        else:
+            writer = self._writers[hash(route) % len(self._writers)]
         result: T = await self._submit(writer, fn, args)
         return result
 

@@ -113,6 +113,11 @@ class DatabaseThread:
     def join(self) -> None:
         self._thread.join()
 
+    @property
+    def backlog(self) -> int:
+        """Requests taken or waiting and not answered yet: how busy the thread is, a moment ago."""
+        return len(self._batch) + self._queue.qsize()
+
     # -- on the thread --------------------------------------------------------------------
 
     def _serve(self) -> None:

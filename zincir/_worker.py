@@ -165,7 +165,12 @@ class ResumeWorker:
             self._wakeup = trio.Event()
             try:
                 claimed = await self._db._write(
-                    self._db._store.claim_due, self._owner, self._ttl_ms, self._max_attempts, len(slots)
+                    self._db._store.claim_due,
+                    self._owner,
+                    self._ttl_ms,
+                    self._max_attempts,
+                    len(slots),
+                    route=None,  # any writer: the least busy
                 )
             except BaseException as exc:
                 self._release_slots(slots)
