@@ -209,3 +209,20 @@ async def test_show_and_export_carry_the_whole_audit_trail(db: zincir.Database) 
     exported = [line for line in lines if line["kind"] == "outsider_action"]
     assert [(a["action"], a["by"]) for a in exported] == [("signal", f"sender-{i}") for i in range(120)]
     assert exported[-1]["detail"]["signal"] == "tick" and lines[-1] == exported[-1]
+
+
+async def test_a_refused_outsider_write_on_a_new_connection_leaves_no_lock_behind(db_target: str) -> None:
+    # The first transaction of a new PostgreSQL connection was never rolled back when it failed:
+    # it sat idle in transaction, holding the run's row lock, until its Database closed.
+    async with zincir.open_database(db_target) as db, zincir.open_run(db, lease_ttl=30) as run:
+        calls = [zincir.ToolCall("c1", "refund", {"n": 1}), zincir.ToolCall("c2", "refund", {"n": 2})]
+        await run.record_response("", calls, "tool_use")
+        with trio.move_on_after(0.02):
+            await run.wait_for_approval("c1")
+        async with zincir.open_database(db_target) as outsider:
+            with pytest.raises(zincir.ApprovalHashMismatch):
+                await zincir.decide_approval(
+                    outsider, run.id, "c1", approved=True, by="a", args_hash="0" * 64
+                )
+            with trio.fail_after(10):  # the owner's lock wait ended after 30 s, and its lease with it
+                await run.record_tool_result("c2", "the owner writes on")

@@ -260,11 +260,13 @@ class PostgresSession:
             # pg_terminate_backend): start on a fresh one rather than fail the first read.
             self._discard()
         self._began_on_idle = self._conn is not None
+        # Connect first: connecting discards the old connection and with it the transaction
+        # flag, and a transaction marked as not begun is never rolled back (it kept its locks).
+        conn = self._connection()
         self._in_transaction = True  # from here, a lost connection is a transaction lost
         if self._read_only:
-            self._connection()  # a read needs no BEGIN: see _READER_TRANSACTIONS
-            return
-        self._connection().execute("BEGIN")
+            return  # a read needs no BEGIN: see _READER_TRANSACTIONS
+        conn.execute("BEGIN")
         self.sent()
 
     def may_run_again(self) -> bool:
