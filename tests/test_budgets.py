@@ -166,7 +166,7 @@ async def test_a_childs_budget_is_its_own(db: zincir.Database) -> None:
 @pytest.mark.parametrize(
     "limits",
     [{"tokens": -1}, {"cost": math.nan}, {"cost": -0.5}, {"tool_calls": True}, {"tokens": 2**64},
-     {"cost": 1e300}, {"wall_time": 0}, {"model_calls": 1.5}],
+     {"cost": 1e300}, {"cost": 10**400}, {"wall_time": 0}, {"model_calls": 1.5}],
     ids=str,
 )  # fmt: skip
 async def test_bad_limits_are_invalid_and_change_nothing(

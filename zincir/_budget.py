@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, TypeGuard
 
 import attrs
 
@@ -40,10 +40,17 @@ def _count_limit(what: str) -> Any:
     return attrs.field(default=None, validator=check)
 
 
+def _finite_number(value: object) -> TypeGuard[int | float]:
+    """An int or a finite float (an int too large for a float is finite too: never convert it)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return isinstance(value, int) or math.isfinite(value)
+
+
 def _check_cost(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if not _finite_number(value):
         raise InvalidArgument(f"Budget.cost must be a finite number, not {value!r}")
     if not 0 <= value <= MAX_COST:
         raise InvalidArgument(f"Budget.cost must be from 0 to {MAX_COST:g}, not {value!r}")
@@ -202,7 +209,7 @@ def debit_of(usage: Mapping[str, Any] | None, calls: tuple[tuple[str, str], ...]
     inp = inp or tokens("prompt_tokens")
     out = tokens("output_tokens") or tokens("completion_tokens")
     cost = usage.get("cost", 0)
-    if isinstance(cost, bool) or not isinstance(cost, int | float) or not math.isfinite(cost) or cost < 0:
+    if not _finite_number(cost) or cost < 0:
         raise InvalidArgument(f"{what}: usage['cost'] must be a finite number of at least 0, not {cost!r}")
     return Debit(inp, out, float(min(cost, MAX_COST)), calls)
 
