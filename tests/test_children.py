@@ -97,6 +97,33 @@ async def test_a_join_waits_for_a_child_ending_in_the_same_process(db: zincir.Da
         assert [(r.id, r.status) for r in got] == [(child, zincir.RunStatus.FAILED)]
 
 
+async def test_a_child_ending_wakes_its_parents_join_not_its_heartbeat(
+    db: zincir.Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The heartbeat looks for a cancellation or a budget change when poked; a child's end is
+    # neither, so the parent's owner must not read the database for it (here or, on
+    # PostgreSQL, when the notification of the end comes back).
+    looked: list[str] = []
+    owner_news = db._store.owner_news
+
+    def counted(tx: Any, run_id: str) -> Any:
+        looked.append(run_id)
+        return owner_news(tx, run_id)
+
+    monkeypatch.setattr(db._store, "owner_news", counted)
+    async with zincir.open_run(db) as parent:
+        for i in range(4):
+            child = await parent.spawn(f"kid-{i}")
+            async with zincir.open_run(db, child) as run:
+                await run.complete(result=1)
+            assert (await parent.join(child)).result == 1
+            await trio.sleep(0.1)  # time for the notifications to come back
+            if i == 0:  # the first join started listening to other processes: a look, once
+                looked.clear()
+        await parent.complete()
+    assert parent.id not in looked
+
+
 async def test_only_a_runs_own_children_can_be_joined_or_cancelled(db: zincir.Database) -> None:
     async with zincir.open_run(db) as stranger, zincir.open_run(db) as parent:
         before = dump(db)

@@ -85,6 +85,7 @@ class Database:
     _listen: Callable[[Callable[[str | None, str | None], None]], Listening]
     _listening: Listening | None
     _inbox_waiters: dict[str, set[trio.Event]]
+    _owner_waiters: dict[str, set[trio.Event]]
 
     def __init__(self, *_: object, **__: object) -> None:
         raise TypeError("use zincir.open_database() to open a Database")
@@ -101,7 +102,8 @@ class Database:
         self._reader = backend.reader
         self._closed = False
         self._claim_listeners = set()
-        self._inbox_waiters = {}
+        self._inbox_waiters = {}  # a run's waits (signals, decisions, children)
+        self._owner_waiters = {}  # a run's owner's heartbeat (a cancellation, a budget)
         # Started by the first wait or worker: a process that only sends or reads never needs it.
         self._listen = backend.listen
         self._listening = None
@@ -152,38 +154,49 @@ class Database:
         for listener in list(self._claim_listeners):
             listener()
 
-    def _announce_inbox(self, run_id: str) -> None:
-        """Something reached the inbox of ``run_id`` (a signal, a decision): wake its waits here."""
+    def _announce_inbox(self, run_id: str, *, owner: bool = True) -> None:
+        """Something reached the inbox of ``run_id`` (a signal, a decision, a cancellation): wake
+        its waits here, and its owner's heartbeat. ``owner=False``: news for its waits only (a
+        child of it ended), nothing the heartbeat would find in the database."""
         for event in self._inbox_waiters.get(run_id, ()):
             event.set()
+        if owner:
+            for event in self._owner_waiters.get(run_id, ()):
+                event.set()
 
     def _hear(self, channel: str | None, payload: str | None) -> None:
         """Word of another process's write (a PostgreSQL notification, a SQLite commit seen)."""
         if channel is None or channel.endswith("claimable"):
             self._announce_claimable()
         if channel is None:
-            for events in self._inbox_waiters.values():
-                for event in events:
-                    event.set()
+            for waiters in (self._inbox_waiters, self._owner_waiters):
+                for events in waiters.values():
+                    for event in events:
+                        event.set()
         elif channel.endswith("inbox") and payload is not None:
             self._announce_inbox(payload)
+        elif channel.endswith("child_ended") and payload is not None:
+            self._announce_inbox(payload, owner=False)
 
-    def _inbox_event(self, run_id: str, *, hear_others: bool = True) -> trio.Event:
+    def _inbox_event(self, run_id: str, *, hear_others: bool = True, owner: bool = False) -> trio.Event:
         """An event set when the inbox of ``run_id`` may hold news (a signal, a decision, an
         ended child, a cancellation); forget it with _forget_inbox_event. ``hear_others`` starts
-        listening to other processes' writes, if nothing has yet."""
+        listening to other processes' writes, if nothing has yet. ``owner``: the heartbeat's,
+        which an ended child does not set (see _announce_inbox)."""
         if hear_others:
             self._hear_others()
         event = trio.Event()
-        self._inbox_waiters.setdefault(run_id, set()).add(event)
+        waiters = self._owner_waiters if owner else self._inbox_waiters
+        waiters.setdefault(run_id, set()).add(event)
         return event
 
     def _forget_inbox_event(self, run_id: str, event: trio.Event) -> None:
-        events = self._inbox_waiters.get(run_id)
-        if events is not None:
-            events.discard(event)
-            if not events:
-                del self._inbox_waiters[run_id]
+        for waiters in (self._inbox_waiters, self._owner_waiters):
+            events = waiters.get(run_id)
+            if events is not None:
+                events.discard(event)
+                if not events:
+                    del waiters[run_id]
 
     async def _write(self, fn: Callable[..., T], *args: Any, route: str | None = "") -> T:
         """Run ``fn(tx, *args)`` in the next group-commit transaction; return after COMMIT.

@@ -710,7 +710,7 @@ class Run:
         parent = await self._end_ownership(self._store.finish, status, payload, result_json)
         self._finished = status
         if parent is not None:  # it may be joining this run, here (or be due, if suspended)
-            self._db._announce_inbox(parent)
+            self._db._announce_inbox(parent, owner=False)
             self._db._announce_claimable()
 
     async def _end_ownership(self, fn: Any, *args: Any) -> Any:
@@ -791,7 +791,7 @@ class Run:
 
     async def _poked_until(self, deadline: float) -> bool:
         """Whether news reached the run's inbox before ``deadline`` (Trio time)."""
-        poked = self._db._inbox_event(self.id, hear_others=False)
+        poked = self._db._inbox_event(self.id, hear_others=False, owner=True)
         try:
             with trio.move_on_at(deadline):
                 await poked.wait()

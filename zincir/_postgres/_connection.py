@@ -40,6 +40,8 @@ _READER_TRANSACTIONS: Final = (
 )
 CLAIMABLE_CHANNEL: Final = "zincir_claimable"
 INBOX_CHANNEL: Final = "zincir_inbox"
+# A run's child ended: news for the run's waits (a join), not for its owner's heartbeat.
+CHILD_ENDED_CHANNEL: Final = "zincir_child_ended"
 
 Clock = Callable[[], int]
 
@@ -151,6 +153,10 @@ class Tx:
         """After this transaction commits, tell a waiting owner anywhere that it has a signal."""
         self._session.signalled.add(run_id)
 
+    def notify_child_ended(self, parent_id: str) -> None:
+        """After this transaction commits, tell a parent joining anywhere that a child ended."""
+        self._session.parents_told.add(parent_id)
+
 
 class Sent:
     """A statement on its way; reading its rows waits for it and for all sent before it."""
@@ -197,6 +203,7 @@ class PostgresSession:
         self._lost_before_commit = False
         self.notify_pending = False
         self.signalled: set[str] = set()
+        self.parents_told: set[str] = set()
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.broken or self._conn.closed:
@@ -254,6 +261,7 @@ class PostgresSession:
     def begin(self) -> None:
         self.notify_pending = False
         self.signalled.clear()
+        self.parents_told.clear()
         self._commit_sent = self._lost_before_commit = False
         if self._conn is not None and _hung_up(self._conn):
             # An idle connection has nothing to say unless the server ended it (a restart,
@@ -321,7 +329,10 @@ class PostgresSession:
             conn.execute(f"NOTIFY {CLAIMABLE_CHANNEL}")
         for run_id in sorted(self.signalled):
             conn.execute("SELECT pg_notify(%s, %s)", (INBOX_CHANNEL, run_id))
+        for run_id in sorted(self.parents_told - self.signalled):  # told of all news already
+            conn.execute("SELECT pg_notify(%s, %s)", (CHILD_ENDED_CHANNEL, run_id))
         self.signalled.clear()
+        self.parents_told.clear()
 
     def rollback(self) -> None:
         if not self._in_transaction:

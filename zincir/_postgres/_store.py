@@ -328,7 +328,7 @@ def _closed(tx: Tx, closing: Sent) -> str | None:
         tx.notify_claimable()
     if parent is None:
         return None
-    tx.notify_inbox(parent)
+    tx.notify_child_ended(parent)
     return str(parent)
 
 
