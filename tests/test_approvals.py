@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
+from click.testing import CliRunner, Result
 
 import zincir
+from zincir._cli import main as cli
 
 from .conftest import ManualClock
 from .helpers import REPO, dump, running_python
@@ -213,3 +215,55 @@ async def test_the_approvals_command_never_creates_a_database(tmp_path: Path) ->
     )
     assert result.returncode == 1 and b"does not exist" in result.stderr
     assert not missing.exists()
+
+
+OUTSIDER_COMMANDS = (
+    ["signal", "RUN", "go"],
+    ["approve", "RUN", "c1", "--by", "ada"],
+    ["deny", "RUN", "c1", "--by", "ada"],
+    ["cancel", "RUN", "--reason", "x"],
+    ["retry", "RUN"],
+    ["budget", "RUN", "--tokens", "5"],
+)
+
+
+def _zincir(*args: str) -> Result:
+    return CliRunner().invoke(cli, list(args))
+
+
+@pytest.mark.parametrize("command", OUTSIDER_COMMANDS, ids=lambda c: c[0])
+def test_a_write_to_a_run_never_creates_a_database(tmp_path: Path, command: list[str]) -> None:
+    missing = tmp_path / "mistyped.db"
+    run_id = "00000000-0000-4000-8000-000000000000"
+    result = _zincir(*[run_id if a == "RUN" else a for a in command], "--db", str(missing))
+    assert result.exit_code == 1 and "does not exist" in result.output, result.output
+    assert not missing.exists()
+
+
+@pytest.mark.parametrize("command", [*OUTSIDER_COMMANDS, ["approvals", "--run", "RUN"]], ids=lambda c: c[0])
+async def test_a_malformed_run_id_is_one_error_line(db: zincir.Database, command: list[str]) -> None:
+    before = dump(db)
+    result = await trio.to_thread.run_sync(
+        lambda: _zincir(*["not-a-run" if a == "RUN" else a for a in command], "--db", db.path)
+    )
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    assert (
+        result.output.startswith("Error: ")
+        and "not-a-run" in result.output
+        and result.output.count("\n") == 1
+    )
+    assert dump(db) == before
+
+
+async def test_the_approvals_listing_escapes_what_the_model_named(db: zincir.Database) -> None:
+    # A terminal must show what is being decided: a model-chosen call id or tool name must not
+    # erase the line or hide the tool behind a control sequence.
+    hidden_call, hidden_tool = "c1\x1b[2K\rrun x  call c1  tool read_file", "read_file\x1b[8m send_refund"
+    async with zincir.open_run(db) as run:
+        await run.record_response("", [zincir.ToolCall(hidden_call, hidden_tool, {})], "tool_use")
+        with trio.move_on_after(0.05):
+            await run.wait_for_approval(hidden_call)
+    listing = await trio.to_thread.run_sync(lambda: _zincir("approvals", "--db", db.path))
+    assert listing.exit_code == 0, listing.output
+    assert "\x1b" not in listing.output and "\r" not in listing.output
+    assert "\\x1b[8m send_refund" in listing.output and "\\x1b[2K\\rrun x" in listing.output

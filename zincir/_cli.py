@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import logging
@@ -15,10 +16,10 @@ import click
 import trio
 
 from . import _queries as q
+from ._cli_inspect import cell, readonly_database, register, require_file
 from ._cli_inspect import clean_errors as _clean_errors
-from ._cli_inspect import readonly_database, register
 from ._cli_options import database_option, os_user
-from ._database import open_database, wall_clock_ms
+from ._database import Database, open_database, wall_clock_ms
 from ._errors import ZincirError
 from ._inbox import cancel_run, decide_approval, raise_budget, retry_now, send_signal
 from ._json import MAX_DEPTH
@@ -133,6 +134,18 @@ def _suspend_seconds(text: str) -> float | None:
         raise click.BadParameter(f"{text!r} is neither a number of seconds nor 'never'") from None
 
 
+def _existing_database(path: str) -> contextlib.AbstractAsyncContextManager[Database]:
+    """The database an outsider's write goes to: it must exist already (a mistyped --db must
+    not create and migrate a new file only to report that the run is not in it)."""
+    require_file(path, "a command that writes to a run never creates one")
+    return open_database(path)
+
+
+def _full_run_id(text: str) -> str:
+    with _clean_errors():
+        return q.parse_run_id(text)
+
+
 _by_option = click.option(
     "--by",
     default=None,
@@ -165,7 +178,7 @@ def send_signal_command(
         ) from None
 
     async def send() -> int:
-        async with open_database(database_path) as db:
+        async with _existing_database(database_path) as db:
             return await send_signal(db, run_id, signal_name, payload, key=key, by=by or os_user())
 
     click.echo(_run_cli(send))
@@ -180,7 +193,7 @@ def approvals(run_id: str | None, limit: int, database_path: str) -> None:
 
     Read-only: the database is never created, migrated or written.
     """
-    wanted = None if run_id is None else q.parse_run_id(run_id)
+    wanted = None if run_id is None else _full_run_id(run_id)
     with _clean_errors(), readonly_database(database_path) as conn, q.read_snapshot(conn):
         requests = q.list_open_approvals(conn, wanted, wall_clock_ms(), limit=limit)
     if not requests:
@@ -190,7 +203,9 @@ def approvals(run_id: str | None, limit: int, database_path: str) -> None:
 
 
 def _print_request(request: q.ApprovalRequest) -> None:
-    click.echo(f"run {request.run_id}  call {request.call_id}  tool {request.tool}")
+    # The call id and the tool name are the model's words: escaped, so that no control
+    # sequence can hide or rewrite what the person is about to decide.
+    click.echo(f"run {cell(request.run_id)}  call {cell(request.call_id)}  tool {cell(request.tool)}")
     click.echo(f"  args  {json.dumps(request.args, sort_keys=True)}")
     click.echo(f"  hash  {request.args_hash}")
 
@@ -208,14 +223,14 @@ def _decide(approved: bool) -> click.Command:
     def decide(
         run_id: str, call_id: str, by: str, reason: str, args_hash: str | None, database_path: str
     ) -> None:
-        run_id = q.parse_run_id(run_id)
+        run_id = _full_run_id(run_id)
         with _clean_errors(), readonly_database(database_path) as conn, q.read_snapshot(conn):
             request = q.get_approval_request(conn, run_id, call_id)
         if request is not None:  # what is being decided, before deciding it
             _print_request(request)
 
         async def write() -> Approval:
-            async with open_database(database_path) as db:
+            async with _existing_database(database_path) as db:
                 return await decide_approval(
                     db, run_id, call_id, approved=approved, by=by, reason=reason, args_hash=args_hash
                 )
@@ -255,10 +270,10 @@ def cancel_command(run_id: str, reason: str, by: str | None, database_path: str)
     A run nobody holds ends cancelled at once; an owned one is asked to stop, and its owner ends
     it (at once if its process listens: a worker does; otherwise at its next lease renewal).
     """
-    run_id = q.parse_run_id(run_id)
+    run_id = _full_run_id(run_id)
 
     async def cancel() -> str:
-        async with open_database(database_path) as db:
+        async with _existing_database(database_path) as db:
             await cancel_run(db, run_id, reason, by=by or os_user())
             return (await db.state(run_id)).run.status.value
 
@@ -280,10 +295,10 @@ def retry_command(run_id: str, by: str | None, database_path: str) -> None:
     ending it): it becomes due at once and workers are woken. A running, waiting or ended run is
     refused, and nothing is written.
     """
-    run_id = q.parse_run_id(run_id)
+    run_id = _full_run_id(run_id)
 
     async def retry() -> bool:
-        async with open_database(database_path) as db:
+        async with _existing_database(database_path) as db:
             return await retry_now(db, run_id, by=by or os_user())
 
     if _run_cli(retry):
@@ -317,12 +332,12 @@ def budget_command(run_id: str, by: str | None, database_path: str, **limits: fl
     Wall time is in seconds since the run was created. A run suspended for its budget resumes
     at once when the new limits hold.
     """
-    run_id = q.parse_run_id(run_id)
+    run_id = _full_run_id(run_id)
     changes = {name: value for name, value in limits.items() if value is not None}
     if changes:
 
         async def set_limits() -> None:
-            async with open_database(database_path) as db:
+            async with _existing_database(database_path) as db:
                 await raise_budget(db, run_id, by=by or os_user(), **changes)
 
         _run_cli(set_limits)

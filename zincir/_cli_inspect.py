@@ -3,7 +3,7 @@
 They share :mod:`zincir._queries` with the web inspector, open the database read-only
 (SQLite's ``mode=ro``; on PostgreSQL, read-only transactions), never migrate and never write.
 Every failure is one line on stderr and exit status 1.
-Every stored value is printed through :func:`_cell` (control and bidi characters escaped), so a
+Every stored value is printed through :func:`cell` (control and bidi characters escaped), so a
 hostile value cannot drive the terminal, whatever its column; JSON output is pure ASCII with
 control characters escaped. Stored ``NaN``/``Infinity`` print as the strings ``"NaN"``,
 ``"Infinity"`` (see :func:`zincir._queries.parse_json`).
@@ -30,7 +30,19 @@ from ._cli_options import DATABASE_ENV, database_option, os_user
 from ._errors import ZincirError
 from ._inspector import DEFAULT_ADDRESS, human_delta, serve
 
-__all__ = ["checkpoints", "events", "export", "register", "runs", "show", "ui"]
+__all__ = [
+    "cell",
+    "checkpoints",
+    "clean_errors",
+    "events",
+    "export",
+    "readonly_database",
+    "register",
+    "require_file",
+    "runs",
+    "show",
+    "ui",
+]
 
 UI_ADDRESS_ENV = "ZINCIR_UI_ADDRESS"
 FOLLOW_INTERVAL = 0.5
@@ -61,23 +73,22 @@ def clean_errors() -> Iterator[None]:
         sys.exit(0)
 
 
-def _require_file(target: str) -> None:
-    """A SQLite file must exist (inspection never creates one); a server URL is checked by
-    connecting."""
+def require_file(target: str, never: str = "inspection never creates one") -> None:
+    """A SQLite file must exist (``never`` says why none is created); a server URL is checked
+    by connecting."""
     if q.is_url(target):
         return
     with clean_errors():
         path = q.sqlite_path(target)
     if not os.path.isfile(path):
         raise click.ClickException(
-            f"database file {path!r} does not exist (give --db PATH or set {DATABASE_ENV}); "
-            "inspection never creates one"
+            f"database file {path!r} does not exist (give --db PATH or set {DATABASE_ENV}); {never}"
         )
 
 
 @contextlib.contextmanager
 def readonly_database(path: str) -> Iterator[q.Reader]:
-    _require_file(path)
+    require_file(path)
     conn = q.open_readonly(path)
     try:
         yield conn
@@ -100,7 +111,8 @@ def _terminal_safe(text: str) -> str:
     return "".join(out)
 
 
-def _cell(value: object, width: int | None = None) -> str:
+def cell(value: object, width: int | None = None) -> str:
+    """A stored value as one terminal-safe cell, cut to ``width`` characters."""
     text = _terminal_safe("—" if value is None else str(value))
     if width is not None and len(text) > width:
         text = text[: width - 1] + "…"
@@ -111,7 +123,7 @@ def _time(ms: object) -> str:
     if ms is None:
         return "—"
     if type(ms) is not int:
-        return _cell(ms)
+        return cell(ms)
     try:
         moment = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
     except (OverflowError, OSError, ValueError):
@@ -133,7 +145,7 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], numeric: froze
 
 
 def _compact(value: Any) -> str:
-    """One-line JSON for display (pass it through :func:`_cell` before printing)."""
+    """One-line JSON for display (pass it through :func:`cell` before printing)."""
     return json.dumps(value, separators=(",", ":"), ensure_ascii=True)
 
 
@@ -176,7 +188,7 @@ def ui(database_path: str, address: str, allow_actions: bool, actor: str | None)
     """
     if actor is not None and not allow_actions:
         raise click.UsageError("--as names who acts: it needs --allow-actions")
-    _require_file(database_path)
+    require_file(database_path)
     try:
         if allow_actions:
             trio.run(_serve_ui_with_actions, database_path, address, actor or os_user())
@@ -250,15 +262,15 @@ def _print_runs(
         return
     rows = [
         [
-            _cell(run.id),
-            _cell(run.status),
-            _cell(run.role, 24),
-            _cell(run.provider, 16),
-            _cell(run.event_count),
-            _cell(run.attempts),
+            cell(run.id),
+            cell(run.status),
+            cell(run.role, 24),
+            cell(run.provider, 16),
+            cell(run.event_count),
+            cell(run.attempts),
             _time(run.updated_at),
-            _cell(q.spend_text(budgets[run.id]) if run.id in budgets else None, 48),
-            _cell(_awaits_text(awaiting.get(run.id, ())), 72),
+            cell(q.spend_text(budgets[run.id]) if run.id in budgets else None, 48),
+            cell(_awaits_text(awaiting.get(run.id, ())), 72),
         ]
         for run in page.runs
     ]
@@ -267,7 +279,7 @@ def _print_runs(
     total = f"{page.total}+" if page.capped else f"{page.total}"
     click.echo(f"\n{len(page.runs)} shown; {total} in all ({counts})")
     if page.has_older:
-        click.echo(f"more: --before {_cell(page.runs[-1].cursor.encode())}")
+        click.echo(f"more: --before {cell(page.runs[-1].cursor.encode())}")
 
 
 # --------------------------------------------------------------------------- show
@@ -296,7 +308,7 @@ def show(database_path: str, run_id: str, as_json: bool) -> None:
             click.echo(_json_line(data))
         else:
             _print_run(run, time.time_ns() // 1_000_000)
-            click.echo(f"{'budget':<13}{_cell(q.spend_text(budget)) if budget else 'none'}")
+            click.echo(f"{'budget':<13}{cell(q.spend_text(budget)) if budget else 'none'}")
             _print_awaiting(run, awaiting)
             _print_intents(intents)
             _print_outsider_actions(actions)
@@ -333,14 +345,14 @@ def _show_json(
 
 
 def _lease_text(run: q.RunDetail, now: int) -> str:
-    epoch = _cell(run.lease_epoch)
+    epoch = cell(run.lease_epoch)
     if run.lease_owner is None:
         return f"free (epoch {epoch})"
     expires = run.lease_expires_at
     if type(expires) is not int:
-        return f"{_cell(run.lease_owner)}, epoch {epoch}, until {_time(expires)}"
+        return f"{cell(run.lease_owner)}, epoch {epoch}, until {_time(expires)}"
     state = f"active, expires {human_delta(expires - now)}" if expires > now else "expired"
-    return f"{_cell(run.lease_owner)}, epoch {epoch}, until {_time(expires)} ({state})"
+    return f"{cell(run.lease_owner)}, epoch {epoch}, until {_time(expires)} ({state})"
 
 
 def _next_attempt_text(next_attempt: object, status: str) -> str:
@@ -352,36 +364,35 @@ def _next_attempt_text(next_attempt: object, status: str) -> str:
 
 
 def _print_run(run: q.RunDetail, now: int) -> None:
-    children = ", ".join(f"{_cell(c.id)} ({_cell(c.status)})" for c in run.children) or "none"
+    children = ", ".join(f"{cell(c.id)} ({cell(c.status)})" for c in run.children) or "none"
     if run.children_total > len(run.children):
         more = run.children_total - len(run.children)
         children += f", and {more}{'+' if run.children_capped else ''} more"
     next_attempt = run.next_attempt_at
     fields = [
-        ("run", _cell(run.id)),
-        ("status", _cell(run.status)),
-        ("role", _cell(run.role)),
-        ("provider", _cell(run.provider) or "—"),
-        ("parent", _cell(run.parent_run_id)),
+        ("run", cell(run.id)),
+        ("status", cell(run.status)),
+        ("role", cell(run.role)),
+        ("provider", cell(run.provider) or "—"),
+        ("parent", cell(run.parent_run_id)),
         ("children", children),
         ("created", _time(run.created_at)),
         ("activity", _time(run.updated_at)),
-        ("events", _cell(run.event_count)),
+        ("events", cell(run.event_count)),
         ("lease", _lease_text(run, now)),
-        ("attempts", _cell(run.attempts)),
+        ("attempts", cell(run.attempts)),
         ("next attempt", _next_attempt_text(next_attempt, run.status)),
     ]
     for name, value in fields:
         click.echo(f"{name:<13}{value}")
     config = json.dumps(q.json_value(run.config), indent=2, ensure_ascii=True)
     click.echo("config")
-    click.echo("\n".join(f"  {_cell(line)}" for line in config.splitlines()))
+    click.echo("\n".join(f"  {cell(line)}" for line in config.splitlines()))
 
 
 def _print_awaiting(run: q.RunDetail, awaiting: Sequence[q.Awaiting]) -> None:
     rows = [
-        [_cell(a.kind), _cell(a.name, 40), _cell(a.target, 40), _time(a.since), _time(a.until)]
-        for a in awaiting
+        [cell(a.kind), cell(a.name, 40), cell(a.target, 40), _time(a.since), _time(a.until)] for a in awaiting
     ]
     _print_section("awaiting", ["KIND", "NAME", "FOR", "SINCE", "UNTIL"], rows, frozenset())
     if run.status == "waiting":
@@ -392,7 +403,7 @@ def _print_awaiting(run: q.RunDetail, awaiting: Sequence[q.Awaiting]) -> None:
 
 def _print_intents(intents: Sequence[q.IntentRow]) -> None:
     rows = [
-        [_cell(i.call_id, 40), _cell(i.name, 32), _cell(i.state), _cell(i.started), _time(i.last_started_at)]
+        [cell(i.call_id, 40), cell(i.name, 32), cell(i.state), cell(i.started), _time(i.last_started_at)]
         for i in intents
     ]
     headers = ["CALL", "TOOL", "STATE", "STARTS", "LAST START"]
@@ -400,7 +411,7 @@ def _print_intents(intents: Sequence[q.IntentRow]) -> None:
 
 
 def _print_outsider_actions(actions: Sequence[q.OutsiderAction]) -> None:
-    rows = [[_time(a.created_at), _cell(a.action), _cell(a.by), _cell(a.detail, 72)] for a in actions]
+    rows = [[_time(a.created_at), cell(a.action), cell(a.by), cell(a.detail, 72)] for a in actions]
     _print_section("outsiders' actions, newest first", ["WHEN", "ACTION", "BY", "DETAIL"], rows, frozenset())
 
 
@@ -416,15 +427,15 @@ def _print_lineage(checkpoints: Sequence[q.CheckpointRow]) -> None:
         evidence = _compact(q.json_value(c.verification)) if c.verification is not None else None
         rows.append(
             [
-                _cell(c.round),
-                _cell(c.id),
-                _cell(c.status),
-                _cell(baseline),
-                _cell(c.based_on_event_seq),
-                _cell(c.decision_event_seq),
-                _cell(c.tool_call_id, 24),
+                cell(c.round),
+                cell(c.id),
+                cell(c.status),
+                cell(baseline),
+                cell(c.based_on_event_seq),
+                cell(c.decision_event_seq),
+                cell(c.tool_call_id, 24),
                 _time(c.created_at),
-                _cell(evidence, 60),
+                cell(evidence, 60),
             ]
         )
         if c.status == "accepted":
@@ -445,14 +456,14 @@ def _print_lineage(checkpoints: Sequence[q.CheckpointRow]) -> None:
 
 def _print_steps(steps: Sequence[q.StepRow]) -> None:
     rows = [
-        [_cell(s.name, 40), _cell(s.status), _cell(s.epoch), _time(s.started_at), _time(s.completed_at)]
+        [cell(s.name, 40), cell(s.status), cell(s.epoch), _time(s.started_at), _time(s.completed_at)]
         for s in steps
     ]
     _print_section("steps", ["NAME", "STATUS", "EPOCH", "STARTED", "COMPLETED"], rows, frozenset({2}))
 
 
 def _print_timers(timers: Sequence[q.TimerRow]) -> None:
-    rows = [[_cell(t.name, 40), _time(t.wake_at), _time(t.completed_at)] for t in timers]
+    rows = [[cell(t.name, 40), _time(t.wake_at), _time(t.completed_at)] for t in timers]
     _print_section("timers", ["NAME", "WAKES AT", "COMPLETED"], rows, frozenset())
 
 
@@ -521,10 +532,10 @@ def _print_event(run_id: str, event: q.EventRow, *, as_json: bool, full: bool) -
     if as_json:
         click.echo(_json_line(q.event_to_json(run_id, event)))
         return
-    payload = _cell(_compact(q.json_value(event.payload)))
+    payload = cell(_compact(q.json_value(event.payload)))
     if not full and len(payload) > PAYLOAD_CHARS:
         payload = f"{payload[:PAYLOAD_CHARS]}… ({len(payload)} chars; --full shows all)"
-    click.echo(f"#{_cell(event.seq):<6} {_time(event.created_at)}  {_cell(event.type):<20} {payload}")
+    click.echo(f"#{cell(event.seq):<6} {_time(event.created_at)}  {cell(event.type):<20} {payload}")
 
 
 # --------------------------------------------------------------------------- export
@@ -580,7 +591,7 @@ def tree(database_path: str, run_id: str, depth: int, width: int) -> None:
 
 
 def _family_line(run: q.RunSummary) -> str:
-    return f"{_cell(run.id)}  {_cell(run.status)}  {_cell(run.role, 40)}"
+    return f"{cell(run.id)}  {cell(run.status)}  {cell(run.role, 40)}"
 
 
 def _tree_lines(node: q.FamilyNode, indent: str) -> Iterator[str]:
