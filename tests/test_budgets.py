@@ -89,6 +89,36 @@ async def test_a_worker_suspends_a_run_over_budget_until_it_is_raised(db: zincir
     assert suspended.payload["waiting_for"] == {"kind": "budget", "limit": "cost"}
 
 
+async def test_budget_exceeded_in_parallel_branches_suspends_too(db: zincir.Database) -> None:
+    # Two model calls at once in a Trio nursery: what reaches the worker is an ExceptionGroup
+    # holding the BudgetExceeded of one or both, which is still no failure.
+    async with zincir.open_run(db, role="spender", budget=zincir.Budget(tokens=100)) as run:
+        run_id = run.id
+
+    async def handler(run: zincir.Run) -> None:
+        if (await run.state()).run.role == "helper":
+            await run.complete()
+            return
+
+        async def turn() -> None:
+            await run.check_budget()
+            await run.record_response("branch", [], "end", usage={"input_tokens": 60})
+
+        async with run.children() as family, trio.open_nursery() as branches:
+            await family.spawn("helper", role="helper")
+            branches.start_soon(turn)
+            branches.start_soon(turn)
+        await run.complete()
+
+    async with working(db, handler, max_attempts=1):
+        await until(lambda: _waits_for_budget(db, run_id))
+        assert not kinds(await db.events(run_id), zincir.EventType.ATTEMPT_FAILED)
+        child = scalar(db, "SELECT status FROM agent_runs WHERE parent_run_id = ?", (run_id,))
+        assert child != "cancelled"  # the nursery left its child alone, as for a plain BudgetExceeded
+        await zincir.raise_budget(db, run_id, tokens=1_000)
+        await until(lambda: _is(db, run_id, zincir.RunStatus.COMPLETED), within=10)
+
+
 async def _waits_for_budget(db: zincir.Database, run_id: str) -> bool:
     return scalar(db, "SELECT wait_kind FROM agent_runs WHERE id = ?", (run_id,)) == "budget"
 

@@ -128,6 +128,18 @@ class BudgetExceeded(ZincirError):
         self.limit = limit
 
 
+def only_budget_exceeded(exc: BaseException) -> BudgetExceeded | None:
+    """``exc`` if it is a :class:`BudgetExceeded`, or the first of a group (from a nursery of
+    tasks that each spent) holding nothing else; otherwise None."""
+    if isinstance(exc, BudgetExceeded):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        exceeded, rest = exc.split(BudgetExceeded)
+        if exceeded is not None and rest is None:
+            return only_budget_exceeded(exceeded.exceptions[0])
+    return None
+
+
 class LoopDetected(BudgetExceeded):
     """The same tool was called with the same arguments ``max_identical_tool_calls`` times."""
 

@@ -41,6 +41,7 @@ from ._errors import (
     TransientConflict,
     WaitTimeout,
     ZincirError,
+    only_budget_exceeded,
 )
 from ._json import JSONValue, decode, encode
 from ._types import (
@@ -593,9 +594,9 @@ class Run:
         nursery = Children._create(self)
         try:
             yield nursery
-        except BudgetExceeded:
-            raise  # the run will wait for its budget and go on: so do its children
         except Exception as exc:
+            if only_budget_exceeded(exc) is not None:
+                raise  # the run will wait for its budget and go on: so do its children
             # Trio cancellation (a suspension, a stop, a lost lease) is not an error of the
             # block either: the children go on, and the restarted block finds them again.
             for child_id in nursery.spawned:

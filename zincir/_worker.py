@@ -15,7 +15,14 @@ import trio
 
 from ._backend import Lease
 from ._database import Database
-from ._errors import BudgetExceeded, InvalidArgument, LeaseLost, RunCancelled, StorageError
+from ._errors import (
+    BudgetExceeded,
+    InvalidArgument,
+    LeaseLost,
+    RunCancelled,
+    StorageError,
+    only_budget_exceeded,
+)
 from ._run import Run, owned_run
 from ._types import RunStatus
 from ._validation import check_int, check_seconds, lease_ttl_ms
@@ -221,10 +228,13 @@ class ResumeWorker:
             async with owned_run(self._db, lease, suspend_after=self._suspend_after, in_worker=True) as run:
                 try:
                     await self._handler(run)
-                except BudgetExceeded as exc:
+                except (BudgetExceeded, ExceptionGroup) as exc:
+                    exceeded = only_budget_exceeded(exc)
+                    if exceeded is None:  # a group that holds other errors too
+                        await self._record_failure(run, attempt, exc)
                     # Not a failure: the run waits, with no process, until its budget is raised.
-                    if not await run._suspend_for_budget(exc):
-                        logger.info("run %s: %s, but its budget was raised meanwhile", run.id, exc)
+                    elif not await run._suspend_for_budget(exceeded):
+                        logger.info("run %s: %s, but its budget was raised meanwhile", run.id, exceeded)
                     return
                 except LeaseLost as exc:
                     if run._lost is not None:
