@@ -219,6 +219,74 @@ async def test_a_worker_resumes_a_sigkilled_owners_run_in_well_under_a_second(db
     assert resumed[0] < 1.0, resumed  # not the 30 s its lease had left
 
 
+def _a_dead_process() -> tuple[int, int]:
+    """The pid and start time of a process of this host that has just ended."""
+    with running_python("import time; time.sleep(60)") as proc:
+        started = _owner.process_start(proc.pid)
+        assert isinstance(started, int)
+        proc.kill()
+        proc.communicate()
+    return proc.pid, started
+
+
+async def _worker_pass(db: zincir.Database, handled: list[str], **options: Any) -> None:
+    """Run a ResumeWorker until it has had a chance to claim what is due now (it polls once a
+    minute: only a takeover at once can be seen here), then stop it."""
+
+    async def handler(run: zincir.Run) -> None:
+        handled.append(run.id)
+        await run.complete()
+
+    worker = zincir.ResumeWorker(db, handler, lease_ttl=30, poll_interval=60, **options)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        with trio.move_on_after(1.0):
+            while not handled:
+                await trio.sleep(0.01)
+        worker.stop()
+
+
+async def test_a_busy_live_owner_on_this_host_does_not_hide_a_dead_one(db: zincir.Database) -> None:
+    me = _owner.this_process()
+    live = []
+    with running_python("import time; time.sleep(60)") as alive:
+        alive_start = _owner.process_start(alive.pid)
+        assert isinstance(alive_start, int)
+        for _ in range(6):  # more leases than the worker has room for, first in every order
+            async with zincir.open_run(db) as run:
+                live.append(run.id)
+            await _lease_as(db, run.id, me.host, alive.pid, alive_start)
+        async with zincir.open_run(db) as run:
+            orphan = run.id
+        await _lease_as(db, orphan, me.host, *_a_dead_process())
+        handled: list[str] = []
+        await _worker_pass(db, handled, max_concurrency=1)
+    assert handled == [orphan]
+
+
+async def test_a_dead_owners_run_out_of_attempts_or_being_cancelled_is_ended_not_resumed(
+    db: zincir.Database,
+) -> None:
+    me = _owner.this_process()
+    async with zincir.open_run(db) as run:
+        exhausted = run.id
+    async with zincir.open_run(db) as run:
+        cancelled = run.id
+    for run_id in (exhausted, cancelled):
+        await _lease_as(db, run_id, me.host, *_a_dead_process())
+    rows(db, "UPDATE agent_runs SET attempts = 2 WHERE id = ?", (exhausted,))
+    rows(
+        db,
+        "UPDATE agent_runs SET cancel_reason = 'stop it', cancel_requested_at = 1 WHERE id = ?",
+        (cancelled,),
+    )
+    handled: list[str] = []
+    await _worker_pass(db, handled, max_attempts=2)
+    assert handled == []
+    assert (await db.state(exhausted)).run.status is zincir.RunStatus.FAILED
+    assert (await db.state(cancelled)).run.status is zincir.RunStatus.CANCELLED
+
+
 async def test_show_and_the_inspector_mark_what_is_known_of_each_tool_call(db: zincir.Database) -> None:
     import json
 

@@ -191,7 +191,7 @@ def claim_due(
 
     A run that already used ``max_attempts`` claims is failed here instead of handed out again.
     """
-    claimed = _take_from_the_dead(tx, owner, ttl_ms, limit)
+    claimed = _take_from_the_dead(tx, owner, ttl_ms, max_attempts, limit)
     postponed: list[str] = []  # runs whose ending has to wait for a busy descendant
     while len(claimed) < limit:
         now, wanted = tx.now, limit - len(claimed)
@@ -1480,26 +1480,54 @@ def _gone_owner(tx: Tx, run_id: str) -> str | None:
     return gone_reason(Owner(host, pid, started))
 
 
-def _take_from_the_dead(tx: Tx, owner: str, ttl_ms: int, limit: int) -> list[tuple[Lease, int]]:
-    """Lease the runs whose unexpired leases belong to processes of this host that are gone."""
+def _take_from_the_dead(
+    tx: Tx, owner: str, ttl_ms: int, max_attempts: int | None, limit: int
+) -> list[tuple[Lease, int]]:
+    """Lease the runs whose unexpired leases belong to processes of this host that are gone,
+    as claim_due leases due ones: a run with a cancellation requested ends cancelled, and one
+    out of attempts ends failed, instead of being handed out."""
+    taken: list[tuple[Lease, int]] = []
+    for pid, started, why in _dead_owners_here(tx):
+        rows = tx.all(
+            f"SELECT id, status, lease_epoch, attempts, cancel_reason, {_WALL_END} FROM agent_runs AS r"
+            " WHERE lease_host = %s AND lease_owner IS NOT NULL AND lease_expires_at > %s"
+            " AND status = 'running' AND lease_pid = %s AND lease_process_start = %s"
+            " LIMIT %s FOR NO KEY UPDATE SKIP LOCKED",
+            (this_process().host, tx.now, pid, started, limit - len(taken)),
+        )
+        for run_id, status, epoch, attempts, cancel_reason, wall_end in rows:
+            if cancel_reason is not None:
+                _unless_busy(tx, _cancel_unowned, run_id, status, cancel_reason)
+            elif max_attempts is not None and attempts >= max_attempts:
+                _unless_busy(tx, _fail_exhausted, run_id, status, attempts)
+            else:
+                lease = _take(tx, run_id, status, owner, epoch + 1, ttl_ms, wall_end, why, count_attempt=True)
+                taken.append((lease, attempts + 1))
+        if len(taken) >= limit:
+            break
+    return taken
+
+
+def _dead_owners_here(tx: Tx) -> list[tuple[int, int, str]]:
+    """(pid, process start, why gone) of each process of this host that holds unexpired leases
+    and no longer runs. Every holder is looked at, not the first few: a busy live worker must
+    not hide a dead one."""
     me = this_process()
     if me.host is None:
         return []
-    rows = tx.all(
-        "SELECT id, status, lease_epoch, attempts, lease_pid, lease_process_start FROM agent_runs"
-        " WHERE lease_host = %s AND lease_owner IS NOT NULL AND lease_expires_at > %s"
-        " AND status = 'running' AND NOT (lease_pid = %s AND lease_process_start = %s)"
-        " LIMIT %s FOR NO KEY UPDATE SKIP LOCKED",
-        (me.host, tx.now, me.pid, me.process_start, limit),
+    holders = tx.all(  # one row per lease held here (told apart in Python: DISTINCT would sort)
+        "SELECT lease_pid, lease_process_start FROM agent_runs"
+        " WHERE lease_host = %s AND lease_owner IS NOT NULL AND lease_expires_at > %s AND status = 'running'",
+        (me.host, tx.now),
     )
-    taken = []
-    for run_id, status, epoch, attempts, pid, started in rows:
+    dead = []
+    for pid, started in dict.fromkeys(map(tuple, holders)):
+        if (pid, started) == (me.pid, me.process_start):
+            continue
         why = gone_reason(Owner(me.host, pid, started))
         if why is not None:
-            wall_end = _wall_end(tx, run_id)
-            lease = _take(tx, run_id, status, owner, epoch + 1, ttl_ms, wall_end, why, count_attempt=True)
-            taken.append((lease, attempts + 1))
-    return taken
+            dead.append((pid, started, why))
+    return dead
 
 
 def start_tool(tx: Tx, lease: Lease, call_id: str) -> int:

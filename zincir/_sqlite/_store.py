@@ -139,7 +139,7 @@ def claim_due(
     A run that already used ``max_attempts`` claims (its last owner died mid-attempt) is
     failed here instead of being handed out again.
     """
-    claimed = _take_from_the_dead(tx, owner, ttl_ms, limit)
+    claimed = _take_from_the_dead(tx, owner, ttl_ms, max_attempts, limit)
     while len(claimed) < limit:
         rows = tx.all(
             "SELECT id, status, lease_epoch, attempts, cancel_reason FROM agent_runs"
@@ -1239,25 +1239,53 @@ def _gone_owner(tx: Tx, run_id: str) -> str | None:
     return gone_reason(Owner(host, pid, started))
 
 
-def _take_from_the_dead(tx: Tx, owner: str, ttl_ms: int, limit: int) -> list[tuple[Lease, int]]:
-    """Lease the runs whose unexpired leases belong to processes of this host that are gone."""
+def _take_from_the_dead(
+    tx: Tx, owner: str, ttl_ms: int, max_attempts: int | None, limit: int
+) -> list[tuple[Lease, int]]:
+    """Lease the runs whose unexpired leases belong to processes of this host that are gone,
+    as claim_due leases due ones: a run with a cancellation requested ends cancelled, and one
+    out of attempts ends failed, instead of being handed out."""
+    taken: list[tuple[Lease, int]] = []
+    for pid, started, why in _dead_owners_here(tx):
+        rows = tx.all(
+            "SELECT id, status, lease_epoch, attempts, cancel_reason FROM agent_runs"
+            " WHERE lease_host = ? AND lease_owner IS NOT NULL AND lease_expires_at > ?"
+            " AND status = 'running' AND lease_pid = ? AND lease_process_start = ? LIMIT ?",
+            (this_process().host, tx.now, pid, started, limit - len(taken)),
+        )
+        for run_id, status, epoch, attempts, cancel_reason in rows:
+            if cancel_reason is not None:
+                _cancel_unowned(tx, run_id, status, cancel_reason)
+            elif max_attempts is not None and attempts >= max_attempts:
+                _fail_exhausted(tx, run_id, status, attempts)
+            else:
+                tx.execute("UPDATE agent_runs SET attempts = attempts + 1 WHERE id = ?", (run_id,))
+                taken.append((_take(tx, run_id, status, owner, epoch + 1, ttl_ms, why), attempts + 1))
+        if len(taken) >= limit:
+            break
+    return taken
+
+
+def _dead_owners_here(tx: Tx) -> list[tuple[int, int, str]]:
+    """(pid, process start, why gone) of each process of this host that holds unexpired leases
+    and no longer runs. Every holder is looked at, not the first few: a busy live worker must
+    not hide a dead one."""
     me = this_process()
     if me.host is None:
         return []
-    rows = tx.all(
-        "SELECT id, status, lease_epoch, attempts, lease_pid, lease_process_start FROM agent_runs"
-        " WHERE lease_host = ? AND lease_owner IS NOT NULL AND lease_expires_at > ?"
-        " AND status = 'running' AND NOT (lease_pid = ? AND lease_process_start = ?)"
-        " LIMIT ?",
-        (me.host, tx.now, me.pid, me.process_start, limit),
+    holders = tx.all(  # one row per lease held here (told apart in Python: DISTINCT would sort)
+        "SELECT lease_pid, lease_process_start FROM agent_runs"
+        " WHERE lease_host = ? AND lease_owner IS NOT NULL AND lease_expires_at > ? AND status = 'running'",
+        (me.host, tx.now),
     )
-    taken = []
-    for run_id, status, epoch, attempts, pid, started in rows:
+    dead = []
+    for pid, started in dict.fromkeys(map(tuple, holders)):
+        if (pid, started) == (me.pid, me.process_start):
+            continue
         why = gone_reason(Owner(me.host, pid, started))
         if why is not None:
-            tx.execute("UPDATE agent_runs SET attempts = attempts + 1 WHERE id = ?", (run_id,))
-            taken.append((_take(tx, run_id, status, owner, epoch + 1, ttl_ms, why), attempts + 1))
-    return taken
+            dead.append((pid, started, why))
+    return dead
 
 
 def start_tool(tx: Tx, lease: Lease, call_id: str) -> int:
