@@ -61,6 +61,55 @@ async def test_execute_reconciles_only_a_call_that_started_before(db: zincir.Dat
         await run.complete()
 
 
+async def test_execute_again_after_the_tool_raised_reconciles_first(db: zincir.Database) -> None:
+    effects: list[str] = []
+
+    async def flaky(pending: zincir.PendingToolCall) -> str:
+        effects.append(pending.idempotency_key)
+        if len(effects) == 1:
+            raise TimeoutError("the effect happened, the answer did not arrive")
+        return "paid"
+
+    async def found(pending: zincir.PendingToolCall) -> str | None:
+        return "paid already" if pending.idempotency_key in effects else None
+
+    async with zincir.open_run(db) as run:
+        await run.record_response("", [ONE_CALL], "tool_use")
+        [pending] = await run.pending_tools()
+        with pytest.raises(TimeoutError):
+            await run.execute(pending, flaky, reconcile=found)
+        # The same snapshot again (pending.started is still 0): the start recorded since counts.
+        assert await run.execute(pending, flaky, reconcile=found) == "paid already"
+        assert effects == ["tool_call:pay"]
+        await run.complete()
+
+
+async def test_execute_refuses_a_call_read_by_another_run_or_owner(db: zincir.Database) -> None:
+    async with zincir.open_run(db) as other:
+        await other.record_response("", [ONE_CALL], "tool_use")
+        [foreign] = await other.pending_tools()
+        other_id = other.id
+
+    async def tool(pending: zincir.PendingToolCall) -> str:
+        raise AssertionError("must not run")
+
+    async with zincir.open_run(db) as run:
+        await run.record_response("", [ONE_CALL], "tool_use")  # the same call id, another run
+        before = rows(db, "SELECT run_id, seq FROM events ORDER BY run_id, seq")
+        with pytest.raises(zincir.InvalidArgument, match="take it from this run's pending_tools"):
+            await run.execute(foreign, tool)
+        assert rows(db, "SELECT run_id, seq FROM events ORDER BY run_id, seq") == before
+    async with zincir.open_run(db, other_id) as again:  # a new owner, a new epoch
+        with pytest.raises(zincir.InvalidArgument, match="was read by"):
+            await again.execute(foreign, tool)
+        [fresh] = await again.pending_tools()
+        assert await again.execute(fresh, _paid) == "paid"
+
+
+async def _paid(pending: zincir.PendingToolCall) -> str:
+    return "paid"
+
+
 # A process that records one payment intent and dies, before starting the tool or after its
 # effect (written to the ledger) but before its result.
 DIES = """

@@ -109,6 +109,7 @@ class Run:
     _cancel_reason: str | None
     _budget_stop: BudgetExceeded | None
     _in_worker: bool
+    _started_calls: set[str]
 
     def __init__(self, *_: object, **__: object) -> None:
         raise TypeError("runs come from zincir.open_run() or a ResumeWorker")
@@ -125,6 +126,7 @@ class Run:
         self._body_scope = trio.CancelScope()
         self._heartbeat_scope = trio.CancelScope(shield=True)
         self._running_steps = set()
+        self._started_calls = set()  # tools started through this Run (a PendingToolCall is a snapshot)
         self._completed_steps = None  # loaded by the first step()
         self._release_delay_ms = 0  # how long after release the run may be claimed again
         self._refund_attempt = False  # set by a worker whose handler was cancelled
@@ -314,6 +316,7 @@ class Run:
         call that never began from one whose outcome is unknown. Returns the attempt (1, 2, ...)."""
         check_call_id(call_id, f"run {self.id}: call_id")
         attempt: int = await self._write(self._store.start_tool, call_id)
+        self._started_calls.add(call_id)
         return attempt
 
     async def execute(
@@ -325,7 +328,9 @@ class Run:
     ) -> JSONValue:
         """Run a pending tool call once more and record its result; returns the result.
 
-        A call started before (``pending.started > 0``) may have had its effect: with
+        ``pending`` comes from this owner's :meth:`pending_tools` (another run's or owner's is
+        InvalidArgument). A call started before (``pending.started > 0``, or started through
+        this run since, by an earlier ``execute`` whose tool raised) may have had its effect: with
         ``reconcile``, ``await reconcile(pending)`` looks first, and a result it returns is
         recorded without running ``fn`` (the effect happened); None means it did not, and ``fn``
         runs. Without ``reconcile``, ``fn`` runs again (at-least-once: make it idempotent by
@@ -333,10 +338,17 @@ class Run:
         """
         if not isinstance(pending, PendingToolCall):
             raise InvalidArgument(f"run {self.id}: execute() takes a PendingToolCall, not {pending!r}")
+        if pending.fencing_token != self.fencing_token:
+            raise InvalidArgument(
+                f"run {self.id}: tool call {pending.call.id!r} was read by {pending.fencing_token!r}, not"
+                f" by this owner ({self.fencing_token}): take it from this run's pending_tools()"
+            )
         check_async_callable(fn, f"run {self.id}: the tool of {pending.call.id!r}")
         if reconcile is not None:
             check_async_callable(reconcile, f"run {self.id}: the reconciler of {pending.call.id!r}")
-        if pending.started and reconcile is not None:
+        # Started before this snapshot was taken, or since (an earlier execute that failed).
+        started_before = pending.started > 0 or pending.call.id in self._started_calls
+        if started_before and reconcile is not None:
             found = await reconcile(pending)
             if found is not None:
                 await self.record_tool_result(pending.call.id, found)
