@@ -3,6 +3,8 @@ the lease holder writes the log."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import trio
 import trio.testing
@@ -252,3 +254,22 @@ async def test_a_wait_rides_out_a_server_restart() -> None:
                     await zincir.send_signal(other, run.id, "go", "after the restart")
             assert got == ["after the restart"]
             await run.complete()
+
+
+async def test_a_signal_payload_is_held_to_the_depth_limit_of_the_event_that_keeps_it(
+    db: zincir.Database,
+) -> None:
+    def nested(levels: int) -> Any:
+        value: Any = 1
+        for _ in range(levels):
+            value = [value]
+        return value
+
+    async with zincir.open_run(db) as run:
+        before = dump(db)
+        with pytest.raises(zincir.InvalidArgument, match="deeper than 99 levels"):
+            await zincir.send_signal(db, run.id, "t", nested(100))  # signal_received would nest 101
+        assert dump(db) == before
+        await zincir.send_signal(db, run.id, "t", nested(99))
+        assert await run.wait_for_signal("w", "t") == nested(99)
+        await run.complete()

@@ -60,8 +60,11 @@ async def send_signal(
     if key is not None:
         check_text(key, f"run {run_id}: signal key", max_chars=1024)
     by = _check_by(by, run_id)
-    payload_json = encode(
-        payload, what=f"run {run_id}: the payload of signal {topic!r}", limit=db.max_payload_bytes
+    payload_json = encode(  # the signal_received event keeps it one level down
+        payload,
+        what=f"run {run_id}: the payload of signal {topic!r}",
+        limit=db.max_payload_bytes,
+        nested_in=1,
     )
 
     def audit(sent: SendOutcome) -> _Entry | None:

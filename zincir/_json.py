@@ -24,10 +24,11 @@ _ENCODER: Final = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_
 _TRUSTED_ENCODER: Final = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
 
 
-def encode(value: JSONValue, *, what: str, limit: int) -> str:
-    """Serialize ``value`` or raise :class:`InvalidArgument` naming ``what`` it was."""
+def encode(value: JSONValue, *, what: str, limit: int, nested_in: int = 0) -> str:
+    """Serialize ``value`` or raise :class:`InvalidArgument` naming ``what`` it was.
+    ``nested_in``: how many levels deep the record that will store it puts it."""
     if isinstance(value, dict | list | tuple):
-        _check_depth(value, what)
+        _check_depth(value, what, nested_in)
     try:
         text = _ENCODER.encode(value)
     except (TypeError, ValueError, RecursionError) as exc:
@@ -38,10 +39,10 @@ def encode(value: JSONValue, *, what: str, limit: int) -> str:
     return text
 
 
-def _check_depth(value: JSONValue, what: str) -> None:
+def _check_depth(value: JSONValue, what: str, nested_in: int) -> None:
     # Iterative, so that the check itself cannot hit the recursion limit; a cycle is caught
     # as nesting past the limit.
-    stack: list[tuple[Any, int]] = [(value, 1)]
+    stack: list[tuple[Any, int]] = [(value, 1 + nested_in)]
     while stack:
         item, depth = stack.pop()
         if isinstance(item, dict):
@@ -51,7 +52,10 @@ def _check_depth(value: JSONValue, what: str) -> None:
         else:
             continue
         if depth > MAX_DEPTH:
-            raise InvalidArgument(f"{what} nests lists and objects deeper than {MAX_DEPTH} levels")
+            raise InvalidArgument(
+                f"{what} nests lists and objects deeper than {MAX_DEPTH - nested_in} levels"
+                + (f" (the record that keeps it adds {nested_in})" if nested_in else "")
+            )
         stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list | tuple))
 
 
