@@ -9,7 +9,7 @@ owner cannot slip through on another machine's idea of the time.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 import attrs
 from psycopg import errors as pg_errors
@@ -933,16 +933,27 @@ def send_signal(tx: Tx, run_id: str, topic: str, payload_json: str, key: str | N
 
 
 def _wake(tx: Tx, run_id: str, kind: str, target: str) -> bool:
-    """Make the run due now if it is suspended on exactly this, and tell the workers."""
+    """Make the run due now if it is suspended on exactly this; whether the workers are told.
+
+    They are also told of a run that is due already with nobody holding it: this outsider
+    holds its row locked, so a claim running meanwhile skipped it (SKIP LOCKED), and if this
+    write made nothing due, nothing else would tell a worker to look again before its poll."""
     woke = tx.one(
         "UPDATE agent_runs SET next_attempt_at = zincir_now_ms() WHERE id = %s AND status = 'waiting'"
         " AND wait_kind = %s AND wait_target = %s"
         " AND (next_attempt_at IS NULL OR next_attempt_at > zincir_now_ms()) RETURNING 1",
         (run_id, kind, target),
     )
-    if woke is not None:
+    due = woke is not None or tx.one(_DUE_AND_FREE, (run_id,)) is not None
+    if due:
         tx.notify_claimable()
-    return woke is not None
+    return due
+
+
+_DUE_AND_FREE: Final = (
+    "SELECT 1 FROM agent_runs WHERE id = %s AND status IN ('pending', 'running', 'waiting')"
+    " AND next_attempt_at <= zincir_now_ms() AND (lease_owner IS NULL OR lease_expires_at <= zincir_now_ms())"
+)
 
 
 def suspend(tx: Tx, lease: Lease, kind: WaitKind, name: str) -> bool:
