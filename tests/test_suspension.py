@@ -524,3 +524,31 @@ async def test_a_worker_killed_after_its_wait_received_leaves_the_same_payload_t
 
 async def _has_a_line(path: Any) -> bool:
     return bool(path.exists() and path.read_text().endswith("\n"))  # not just created
+
+
+async def test_two_waits_of_one_handler_suspend_together_without_an_error(
+    db: zincir.Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    [run_id] = await new_runs(db, 1)
+    got: dict[str, Any] = {}
+
+    async def handler(run: zincir.Run) -> None:
+        async def wait(name: str) -> None:
+            got[name] = await run.wait_for_signal(name, "go")
+
+        async with trio.open_nursery() as branches:
+            branches.start_soon(wait, "w1")
+            branches.start_soon(wait, "w2")
+        await run.complete(result=sorted(got.values()))
+
+    async with working(db, handler, suspend_after=0.05, max_attempts=1):
+        await until(lambda: _status_is(db, run_id, "waiting"))
+        await zincir.send_signal(db, run_id, "go", 1)
+        await zincir.send_signal(db, run_id, "go", 2)
+        await until(lambda: _status_is(db, run_id, "completed"), within=10)
+    assert (await db.state(run_id)).run.result == [1, 2]
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
+
+
+async def _status_is(db: zincir.Database, run_id: str, status: str) -> bool:
+    return (await db.state(run_id)).run.status.value == status

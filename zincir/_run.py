@@ -106,6 +106,7 @@ class Run:
     _ending: bool
     _suspend_after: float | None
     _suspended: bool
+    _suspending: tuple[trio.lowlevel.Task, trio.Event] | None
     _cancel_reason: str | None
     _budget_stop: BudgetExceeded | None
     _in_worker: bool
@@ -137,6 +138,7 @@ class Run:
         # Set by a worker: a wait longer than this many seconds suspends the run (see _suspend).
         self._suspend_after = None
         self._suspended = False
+        self._suspending = None  # the task writing a suspension, and when it is done
         self._cancel_reason = None  # a cancellation the heartbeat found requested
         self._budget_stop = None  # the wall time the heartbeat found spent
         self._in_worker = False  # a worker suspends a run over budget instead of raising
@@ -192,6 +194,7 @@ class Run:
             try:
                 return await submit(fn, self._lease, *args)
             except LeaseLost as exc:
+                await self._unless_suspended_beside()
                 self._lose(str(exc))
                 raise
             except TransientConflict:
@@ -675,10 +678,29 @@ class Run:
             return math.inf
         return trio.current_time() + self._suspend_after
 
+    async def _unless_suspended_beside(self) -> None:
+        """Raise Cancelled if another task of the body suspended the run (or is suspending it):
+        a write refused for that lease is no loss, the body is being cancelled."""
+        suspending = self._suspending
+        if suspending is not None and suspending[0] is not trio.lowlevel.current_task():
+            await suspending[1].wait()
+        if self._suspended:
+            await trio.lowlevel.checkpoint()  # the body is cancelled: this raises Cancelled
+
     async def _suspend(self, kind: WaitKind, name: str) -> None:
         """Suspend the run on what ``name`` awaits, then cancel the body; the handler starts
         again from the top once the run is claimed again. Returns, and the owner goes on
         waiting, only if the awaited thing arrived meanwhile or the write failed."""
+        await self._unless_suspended_beside()  # two waits of one body may suspend together
+        done = trio.Event()
+        self._suspending = (trio.lowlevel.current_task(), done)
+        try:
+            await self._write_suspension(kind, name)
+        finally:
+            self._suspending = None
+            done.set()
+
+    async def _write_suspension(self, kind: WaitKind, name: str) -> None:
         self._ending = True  # a renewal racing the release below is not a loss of the lease
         try:
             suspended = await self._write(self._store.suspend, kind, name)
