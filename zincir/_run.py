@@ -341,6 +341,7 @@ class Run:
         """
         if not isinstance(pending, PendingToolCall):
             raise InvalidArgument(f"run {self.id}: execute() takes a PendingToolCall, not {pending!r}")
+        self._check_usable()  # an owner that lost its lease says so first, whatever it is given
         if pending.fencing_token != self.fencing_token:
             raise InvalidArgument(
                 f"run {self.id}: tool call {pending.call.id!r} was read by {pending.fencing_token!r}, not"
