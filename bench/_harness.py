@@ -241,12 +241,15 @@ class EventProcess:
         self.proc.stdin.flush()
 
     def kill(self) -> float:
-        """SIGKILL and reap; the moment it was reaped (monotonic). Popen.kill signals only a
-        process not reaped yet: this may run again for one whose pid another process has now."""
+        """SIGKILL and reap; the moment the signal was sent (monotonic). From then on the process
+        is dead to its host (a zombie counts as gone), so a takeover may come before the reaping.
+        Popen.kill signals only a process not reaped yet: this may run again for one whose pid
+        another process has now."""
+        sent = time.monotonic()
         with contextlib.suppress(ProcessLookupError):
             self.proc.kill()
         self.proc.wait()
-        return time.monotonic()
+        return sent
 
     def close(self, timeout: float = 60.0) -> None:
         with contextlib.suppress(BrokenPipeError, OSError):

@@ -134,7 +134,7 @@ def render(r: dict[str, Any]) -> str:
             f"A run making one step every {s['pace'] * 1e3:.0f} ms is SIGKILLed"
             f" {s['kill_after'][0]:.1f} to {s['kill_after'][1]:.1f} s after it started. The clock starts"
             " when the"
-            " parent has reaped the killed process and stops when, in the recovering process, a step that"
+            " parent sends the SIGKILL and stops when, in the recovering process, a step that"
             " had not been recorded before the kill has run and is durable. Median and spread over"
             f" {s['recovery_kills']} kills per row.",
             "",

@@ -9,7 +9,8 @@
    + synchronous=FULL for all. zincir's restarted process takes the run with plain
    ``open_run(run_id)``: no ``force``.
 2. **Recovery time.** A zincir run making steady progress under the default ``lease_ttl=30`` is
-   SIGKILLed; the clock starts when this (parent) process has reaped it and stops when the run
+   SIGKILLed; the clock starts when this (parent) process sends the SIGKILL (a same-host
+   takeover may come before the reaping: a zombie is dead) and stops when the run
    made progress again (a step that was not recorded before the kill ran and is durable), in the
    recovering process (CLOCK_MONOTONIC is one clock for the whole machine). Recovered by (a) a
    ``ResumeWorker`` already running in another process, ``poll_interval`` 1.0 s and 0.1 s, (b) a
@@ -309,12 +310,12 @@ def rec_trial(
         victim.go()
         run_id = victim.expect("started")["run_id"]
         time.sleep(delay)
-        reaped = victim.kill()
+        killed = victim.kill()
     if worker is not None:
         claimed = worker.expect("claimed", timeout=120, run_id=run_id)
         progress = worker.expect("progress", timeout=60, run_id=run_id)
         ended = worker.expect("ended", timeout=60, run_id=run_id)
-        out.update(claim_s=claimed["at"] - reaped)
+        out.update(claim_s=claimed["at"] - killed)
     else:
         mode = "relaunch" if cfg.system == "dbos" else "reopen"
         recoverer = Proc(cfg.system, mode, {"db": db, "run_id": run_id, "max_steps": 100_000}, log_path)
@@ -326,15 +327,15 @@ def rec_trial(
             boot = recoverer.seen["boot"]["at"]
             imported = recoverer.seen["imported"]["at"]
         out.update(
-            interpreter_s=boot - reaped,
+            interpreter_s=boot - killed,
             import_s=imported - boot,
-            startup_s=opened["at"] - reaped,
+            startup_s=opened["at"] - killed,
             takeover_s=progress["at"] - opened["at"],
-            owned_s=owned["at"] - reaped,
+            owned_s=owned["at"] - killed,
             retries=owned.get("retries", 0),
         )
     out.update(
-        seconds=progress["at"] - reaped,
+        seconds=progress["at"] - killed,
         step=progress.get("step"),
         takeovers=ended.get("takeovers"),
         reason=ended.get("reason"),
