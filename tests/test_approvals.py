@@ -267,3 +267,23 @@ async def test_the_approvals_listing_escapes_what_the_model_named(db: zincir.Dat
     assert listing.exit_code == 0, listing.output
     assert "\x1b" not in listing.output and "\r" not in listing.output
     assert "\\x1b[8m send_refund" in listing.output and "\\x1b[2K\\rrun x" in listing.output
+
+
+async def test_the_write_commands_take_a_run_id_prefix_as_the_read_commands_do(db: zincir.Database) -> None:
+    async with zincir.open_run(db) as run:
+        await ask(run)
+        with trio.move_on_after(0.05):
+            await run.wait_for_approval("c1")
+    prefix = run.id[:8]
+
+    def shell(*args: str) -> Result:
+        return _zincir(*args, "--db", db.path)
+
+    approved = await trio.to_thread.run_sync(shell, "approve", prefix, "c1", "--by", "ada")
+    assert approved.exit_code == 0 and "approved by ada: c1" in approved.output, approved.output
+    sent = await trio.to_thread.run_sync(shell, "signal", prefix, "go")
+    assert sent.exit_code == 0 and sent.output.strip().isdigit(), sent.output
+    budget = await trio.to_thread.run_sync(shell, "budget", prefix, "--tokens", "100")
+    assert budget.exit_code == 0 and f"run {run.id}:" in budget.output, budget.output
+    cancelled = await trio.to_thread.run_sync(shell, "cancel", prefix, "--reason", "done")
+    assert cancelled.exit_code == 0 and cancelled.output.strip() == f"cancelled {run.id}", cancelled.output

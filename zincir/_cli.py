@@ -10,7 +10,7 @@ import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
-from typing import TypeVar, cast
+from typing import Final, TypeVar, cast
 
 import click
 import trio
@@ -134,16 +134,22 @@ def _suspend_seconds(text: str) -> float | None:
         raise click.BadParameter(f"{text!r} is neither a number of seconds nor 'never'") from None
 
 
+_NEVER_CREATED: Final = "a command that writes to a run never creates one"
+
+
 def _existing_database(path: str) -> contextlib.AbstractAsyncContextManager[Database]:
     """The database an outsider's write goes to: it must exist already (a mistyped --db must
     not create and migrate a new file only to report that the run is not in it)."""
-    require_file(path, "a command that writes to a run never creates one")
+    require_file(path, _NEVER_CREATED)
     return open_database(path)
 
 
-def _full_run_id(text: str) -> str:
-    with _clean_errors():
-        return q.parse_run_id(text)
+def _run_id(text: str, database_path: str) -> str:
+    """The run a command names: a whole id, or the first characters of exactly one run's id
+    (as the read-only commands take them), looked up read-only."""
+    require_file(database_path, _NEVER_CREATED)
+    with _clean_errors(), readonly_database(database_path) as conn, q.read_snapshot(conn):
+        return q.resolve_run_id(conn, text)
 
 
 _by_option = click.option(
@@ -168,6 +174,7 @@ def send_signal_command(
     The run's next wait for that topic receives it, now or whenever it comes (a signal sent
     before the wait began is kept).
     """
+    run_id = _run_id(run_id, database_path)
     try:
         payload = json.loads(data)
     except ValueError as exc:
@@ -193,7 +200,7 @@ def approvals(run_id: str | None, limit: int, database_path: str) -> None:
 
     Read-only: the database is never created, migrated or written.
     """
-    wanted = None if run_id is None else _full_run_id(run_id)
+    wanted = None if run_id is None else _run_id(run_id, database_path)
     with _clean_errors(), readonly_database(database_path) as conn, q.read_snapshot(conn):
         requests = q.list_open_approvals(conn, wanted, wall_clock_ms(), limit=limit)
     if not requests:
@@ -223,7 +230,7 @@ def _decide(approved: bool) -> click.Command:
     def decide(
         run_id: str, call_id: str, by: str, reason: str, args_hash: str | None, database_path: str
     ) -> None:
-        run_id = _full_run_id(run_id)
+        run_id = _run_id(run_id, database_path)
         with _clean_errors(), readonly_database(database_path) as conn, q.read_snapshot(conn):
             request = q.get_approval_request(conn, run_id, call_id)
         if request is not None:  # what is being decided, before deciding it
@@ -270,7 +277,7 @@ def cancel_command(run_id: str, reason: str, by: str | None, database_path: str)
     A run nobody holds ends cancelled at once; an owned one is asked to stop, and its owner ends
     it (at once if its process listens: a worker does; otherwise at its next lease renewal).
     """
-    run_id = _full_run_id(run_id)
+    run_id = _run_id(run_id, database_path)
 
     async def cancel() -> str:
         async with _existing_database(database_path) as db:
@@ -295,7 +302,7 @@ def retry_command(run_id: str, by: str | None, database_path: str) -> None:
     ending it): it becomes due at once and workers are woken. A running, waiting or ended run is
     refused, and nothing is written.
     """
-    run_id = _full_run_id(run_id)
+    run_id = _run_id(run_id, database_path)
 
     async def retry() -> bool:
         async with _existing_database(database_path) as db:
@@ -332,7 +339,7 @@ def budget_command(run_id: str, by: str | None, database_path: str, **limits: fl
     Wall time is in seconds since the run was created. A run suspended for its budget resumes
     at once when the new limits hold.
     """
-    run_id = _full_run_id(run_id)
+    run_id = _run_id(run_id, database_path)
     changes = {name: value for name, value in limits.items() if value is not None}
     if changes:
 
