@@ -57,7 +57,7 @@ async def recover(db_path: str) -> None:
         worker = zincir.ResumeWorker(db, handle_then_report, lease_ttl=LEASE_TTL, poll_interval=0.2)
         async with trio.open_nursery() as nursery:
             await nursery.start(worker.run)
-            log.info("worker started; waiting for the dead owner's lease to expire")
+            log.info("worker started; it takes the run once it sees the owner is gone (at once on this host)")
             await finished.wait()
             worker.stop()
         for event in await db.events(run_id):
