@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import attrs
 
-__all__ = ["Owner", "gone_reason", "is_gone", "this_process"]
+__all__ = ["Owner", "gone_holders", "gone_reason", "is_gone", "this_process"]
 
 
 @attrs.frozen
@@ -95,3 +97,17 @@ def is_gone(owner: Owner) -> bool:
 def gone_reason(owner: Owner) -> str | None:
     """Why a lease holder is provably gone (the reason a takeover logs), or None: it may live."""
     return f"its owner, process {owner.pid} of this host, is gone" if is_gone(owner) else None
+
+
+def gone_holders(holders: Iterable[Sequence[Any]]) -> list[tuple[int, int, str]]:
+    """Of the (pid, process start) of each lease held on this host, the distinct processes
+    that are provably gone, with why: (pid, process start, reason). This process is never one."""
+    me = this_process()
+    gone = []
+    for pid, started in dict.fromkeys(tuple(holder) for holder in holders):
+        if (pid, started) == (me.pid, me.process_start):
+            continue
+        why = gone_reason(Owner(me.host, pid, started))
+        if why is not None:
+            gone.append((pid, started, why))
+    return gone

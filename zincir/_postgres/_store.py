@@ -59,7 +59,7 @@ from .._errors import (
 )
 from .._json import decode
 from .._json import dump_trusted as _dump
-from .._owner import Owner, gone_reason, this_process
+from .._owner import Owner, gone_holders, gone_reason, this_process
 from .._rows import CHECKPOINT_COLUMNS, EVENT_COLUMNS, RUN_COLUMNS, to_checkpoint, to_event, to_run
 from .._types import Checkpoint, Event, EventType, RunRecord, RunStatus
 from ._connection import Sent, Tx
@@ -1531,14 +1531,7 @@ def _dead_owners_here(tx: Tx) -> list[tuple[int, int, str]]:
         " WHERE lease_host = %s AND lease_owner IS NOT NULL AND lease_expires_at > %s AND status = 'running'",
         (me.host, tx.now),
     )
-    dead = []
-    for pid, started in dict.fromkeys(map(tuple, holders)):
-        if (pid, started) == (me.pid, me.process_start):
-            continue
-        why = gone_reason(Owner(me.host, pid, started))
-        if why is not None:
-            dead.append((pid, started, why))
-    return dead
+    return gone_holders(holders)
 
 
 def start_tool(tx: Tx, lease: Lease, call_id: str) -> int:
