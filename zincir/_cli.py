@@ -144,10 +144,10 @@ def _existing_database(path: str) -> contextlib.AbstractAsyncContextManager[Data
     return open_database(path)
 
 
-def _run_id(text: str, database_path: str) -> str:
+def _run_id(text: str, database_path: str, never: str = _NEVER_CREATED) -> str:
     """The run a command names: a whole id, or the first characters of exactly one run's id
     (as the read-only commands take them), looked up read-only."""
-    require_file(database_path, _NEVER_CREATED)
+    require_file(database_path, never)
     with _clean_errors(), readonly_database(database_path) as conn, q.read_snapshot(conn):
         return q.resolve_run_id(conn, text)
 
@@ -200,7 +200,7 @@ def approvals(run_id: str | None, limit: int, database_path: str) -> None:
 
     Read-only: the database is never created, migrated or written.
     """
-    wanted = None if run_id is None else _run_id(run_id, database_path)
+    wanted = None if run_id is None else _run_id(run_id, database_path, "inspection never creates one")
     with _clean_errors(), readonly_database(database_path) as conn, q.read_snapshot(conn):
         requests = q.list_open_approvals(conn, wanted, wall_clock_ms(), limit=limit)
     if not requests:
