@@ -230,8 +230,9 @@ def _decide(approved: bool) -> click.Command:
     def decide(
         run_id: str, call_id: str, by: str, reason: str, args_hash: str | None, database_path: str
     ) -> None:
-        run_id = _run_id(run_id, database_path)
+        require_file(database_path, _NEVER_CREATED)
         with _clean_errors(), readonly_database(database_path) as conn, q.read_snapshot(conn):
+            run_id = q.resolve_run_id(conn, run_id)  # one read-only look: the run and its request
             request = q.get_approval_request(conn, run_id, call_id)
         if request is not None:  # what is being decided, before deciding it
             _print_request(request)
