@@ -554,3 +554,24 @@ async def test_postgres_pages_read_through_indexes(pg_url: str) -> None:
 def _plan(conn: psycopg.Connection[Any], sql: str, params: list[Any]) -> str:
     rows = conn.execute(f"EXPLAIN {sql}", params).fetchall()
     return "\n".join(row[0] for row in rows)
+
+
+async def test_capped_status_counts_are_the_same_on_both_backends(
+    both: tuple[str, str, Runs], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, url, _ = both
+
+    def counts(target: str) -> tuple[dict[str, int], frozenset[str]]:
+        conn = q.open_readonly(target)
+        try:
+            with q.read_snapshot(conn):
+                return q.count_runs(conn)
+        finally:
+            conn.close()
+
+    exact, _ = await trio.to_thread.run_sync(counts, url)
+    monkeypatch.setattr(q, "STATUS_COUNT_CAP", 1)
+    capped = await trio.to_thread.run_sync(counts, url)
+    assert capped == await trio.to_thread.run_sync(counts, path)
+    assert capped[0] == {status: min(n, 1) for status, n in exact.items()}
+    assert capped[1] == {status for status, n in exact.items() if n > 1} != set()
