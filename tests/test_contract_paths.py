@@ -32,6 +32,7 @@ from zincir._cli import main
 
 from .conftest import ManualClock
 from .helpers import dump, read_state, scalar
+from .test_database import writes_on_the_thread
 
 STATE_TRANSITION = zincir.EventType.STATE_TRANSITION
 
@@ -93,6 +94,7 @@ async def test_a_disk_filling_part_way_through_a_batch_gives_each_neighbour_its_
         except zincir.StorageError as exc:
             outcomes[name] = exc
 
+    writes_on_the_thread(db)  # the held writer queues the three into one of the thread's batches
     async with contextlib.AsyncExitStack() as stack:
         runs = {name: await stack.enter_async_context(zincir.open_run(db)) for name in ("a", "big", "b")}
         before = {name: lease_row(db_path, run.id) for name, run in runs.items()}
@@ -153,7 +155,7 @@ async def test_a_disk_filling_part_way_through_a_batch_gives_each_neighbour_its_
 async def busy_db(db_path: Path, clock: ManualClock) -> AsyncIterator[zincir.Database]:
     """A database on an injected clock whose writer waits 200 ms for a lock, not 5 s."""
     async with zincir.open_database(db_path, clock=clock) as database:
-        await database._write(lambda tx: tx.execute("PRAGMA busy_timeout = 200"))
+        database._writers[0]._session.busy_timeout_ms = 200  # type: ignore[attr-defined]
         yield database
 
 

@@ -38,8 +38,17 @@ def values(path: Path) -> list[str]:
         conn.close()
 
 
+def writes_on_the_thread(db: zincir.Database) -> None:
+    """Send every write to the writer thread, also those that would run inline on the Trio
+    thread: for tests that hold the writer thread with a :class:`Gate` to queue writes behind
+    it (an inline Gate would hold up the Trio thread instead)."""
+    for writer in db._writers:
+        writer._inline = False
+
+
 class Gate:
-    """Holds the writer thread inside an operation until the test opens it."""
+    """Holds the writer thread inside an operation until the test opens it (after
+    :func:`writes_on_the_thread`)."""
 
     def __init__(self) -> None:
         self.entered = threading.Event()
@@ -81,6 +90,7 @@ async def test_a_write_is_committed_when_its_await_returns(db: zincir.Database, 
 async def test_queued_operations_share_one_commit(db: zincir.Database, db_path: Path) -> None:
     await db._write(insert, "warm-up")
     commits: list[str] = []
+    writes_on_the_thread(db)
     gate = Gate()
     db._writers[0]._session._conn.set_trace_callback(
         lambda sql: commits.append(sql) if sql == "COMMIT" else None
@@ -101,6 +111,7 @@ async def test_queued_operations_share_one_commit(db: zincir.Database, db_path: 
 async def test_a_failing_operation_does_not_roll_back_its_neighbours(
     db: zincir.Database, db_path: Path
 ) -> None:
+    writes_on_the_thread(db)
     gate = Gate()
     outcomes: dict[str, object] = {}
 
@@ -129,6 +140,7 @@ async def test_a_failing_operation_does_not_roll_back_its_neighbours(
 
 
 async def test_a_cancelled_caller_waits_for_the_outcome(db: zincir.Database, db_path: Path) -> None:
+    writes_on_the_thread(db)
     gate = Gate()
     returned: list[str] = []
     scope = trio.CancelScope()

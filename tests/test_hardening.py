@@ -23,6 +23,7 @@ from zincir._json import MAX_DEPTH
 
 from .conftest import ManualClock
 from .helpers import dump
+from .test_database import writes_on_the_thread
 
 
 def nested(depth: int) -> Any:
@@ -367,6 +368,7 @@ async def test_a_dead_writer_thread_fails_callers_promptly_and_close_finishes(db
     clock = DeadlyClock()
     with trio.fail_after(10):
         async with zincir.open_database(db_path, clock=clock) as db, zincir.open_run(db) as run:
+            writes_on_the_thread(db)
             await run.step("before", noop)
             clock.armed = True
             with pytest.raises(zincir.StorageError, match="thread stopped unexpectedly"):

@@ -18,7 +18,7 @@ from zincir._sqlite import _store
 
 from .conftest import ManualClock
 from .helpers import dump, read_state, rows, scalar, start_python, trace_operations
-from .test_database import Gate
+from .test_database import Gate, writes_on_the_thread
 
 
 def event_types(state: zincir.DurableState) -> list[str]:
@@ -331,6 +331,7 @@ async def test_a_renewal_delayed_past_expiry_cannot_resurrect_the_lease(
     renewal_error: list[Exception] = []
     with pytest.raises(zincir.LeaseLost, match="expired") as block_error:
         async with zincir.open_run(clocked_db, lease_ttl=10) as run:
+            writes_on_the_thread(clocked_db)
             gate = Gate()
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(functools.partial(clocked_db._write, gate.pause, route=run.id))
@@ -526,6 +527,7 @@ async def test_a_renewal_racing_complete_is_not_a_lease_loss(
     # cancelled the finished body and the block raised LeaseLost although the run had ended.
     order = trace_operations(monkeypatch, db._store, "finish", "renew")
     async with zincir.open_run(db, lease_ttl=30) as run:  # renews every 10 s of Trio time
+        writes_on_the_thread(db)
         gate = Gate()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(functools.partial(db._write, gate.pause, route=run.id))
@@ -559,6 +561,7 @@ async def test_a_write_racing_the_runs_own_end_is_not_a_lease_loss(
 
     async with zincir.open_run(db) as run:
         await run.step("early", noop)  # steps are loaded: the next step goes straight to its write
+        writes_on_the_thread(db)
         gate = Gate()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(functools.partial(db._write, gate.pause, route=run.id))

@@ -21,7 +21,7 @@ import zincir
 
 from .conftest import ManualClock
 from .helpers import REPO, hearing_others, read_state, rows, running_python, scalar, trace_operations
-from .test_database import Gate
+from .test_database import Gate, writes_on_the_thread
 
 
 async def wait_until(predicate: Callable[[], Awaitable[bool]], seconds: float = 10) -> None:
@@ -272,6 +272,7 @@ async def test_a_renewal_racing_a_handlers_failure_record_is_not_a_lease_loss(
     worker = zincir.ResumeWorker(
         db, handler, lease_ttl=30, poll_interval=3600, backoff=zincir.Backoff(initial=60, jitter=0)
     )
+    writes_on_the_thread(db)
     gate = Gate()
     async with trio.open_nursery() as nursery:
         await nursery.start(worker.run)

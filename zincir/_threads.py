@@ -1,12 +1,19 @@
 """Database threads: one long-lived thread per connection, fed by a queue, replying into Trio.
 
-Trio tasks never touch a database driver themselves. They hand an *operation* (a plain function
-of a transaction) to a thread and sleep until the thread reschedules them with the outcome
-(``TrioToken.run_sync_soon`` + ``trio.lowlevel.reschedule``: far cheaper than a
-``to_thread.run_sync`` per call). A writer thread drains its queue and runs everything it found
-in ONE transaction, each operation inside its own SAVEPOINT, so a failing operation gets its own
-error while its neighbours still commit, and a whole batch pays for one durable commit. A
-caller's ``await`` returns only after the COMMIT that holds its operation.
+Trio tasks hand an *operation* (a plain function of a transaction) to a thread and sleep until
+the thread reschedules them with the outcome (``TrioToken.run_sync_soon`` +
+``trio.lowlevel.reschedule``: far cheaper than a ``to_thread.run_sync`` per call). A writer
+thread drains its queue and runs everything it found in ONE transaction, each operation inside
+its own SAVEPOINT, so a failing operation gets its own error while its neighbours still commit,
+and a whole batch pays for one durable commit. A caller's ``await`` returns only after the
+COMMIT that holds its operation.
+
+A writer may also run *inline* (SQLite's does): while its thread holds nothing, the writes
+submitted during one pass of Trio's scheduler run in one transaction on the Trio thread itself,
+with the same savepoints. That spares a lone write the two thread wake-ups, which cost about as
+much as a fast local commit. A write goes to the thread instead when the file is locked by
+another process (the thread waits the lock out, the loop does not), when recent transactions
+took long (a slow disk would hold up the loop), or when it carries a large value.
 
 What differs between backends (how to begin, which errors mean what, reconnecting) is a
 :class:`Session`; everything here is backend-free.
@@ -18,6 +25,7 @@ import contextlib
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Final, Protocol, TypeVar
 
@@ -37,11 +45,21 @@ Operation = Callable[..., Any]
 # Bounds one transaction, so a flood of writers cannot make a single commit arbitrarily large.
 MAX_BATCH: Final = 512
 
+# An inline transaction holds up the loop while it runs: only while transactions take at most
+# this long on average (a moving average, fed from both sides), and never for an operation with
+# a text argument this large (a big payload's write and fsync).
+INLINE_TRANSACTION_SECONDS: Final = 0.002
+INLINE_ARGUMENT_CHARS: Final = 64 * 1024
+
 
 class Session(Protocol):
     """One connection as a database thread drives it; only ever used on that thread."""
 
     def begin(self) -> None: ...
+    def try_begin(self) -> bool:
+        """Begin at once if nothing stands in the way (no other writer holds a lock), else
+        return False without waiting; only called for sessions that run operations inline."""
+
     def commit(self) -> None:
         """Raises :class:`StorageError` only when the outcome is unknown; any other error
         means nothing was committed."""
@@ -89,9 +107,23 @@ class DatabaseThread:
     """A thread that owns one session and runs submitted operations in transactions."""
 
     def __init__(
-        self, *, name: str, session: Session, token: trio.lowlevel.TrioToken, group_commit: bool
+        self,
+        *,
+        name: str,
+        session: Session,
+        token: trio.lowlevel.TrioToken,
+        group_commit: bool,
+        inline: bool = False,
     ) -> None:
         self._session = session
+        self._inline = inline
+        # Inline writes: the requests handed to the thread and not answered yet (while there
+        # are any, the connection is the thread's), the batch a task is gathering for one inline
+        # transaction (both only touched on the Trio thread), and how long transactions took
+        # lately, on either side (a slow disk is slow for both; they never run at once).
+        self._in_thread = 0
+        self._gathering: list[Request] | None = None
+        self._transaction_seconds = 0.0
         self._name = name
         self._token = token
         self._group_commit = group_commit
@@ -104,11 +136,101 @@ class DatabaseThread:
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, request: Request) -> None:
+    def submit(self, requests: list[Request]) -> None:
+        """Queue ``requests`` for the thread, in order (on the Trio thread)."""
         with self._lock:
             if self._death is not None:
                 raise StorageError(self._death)
-            self._queue.put(request)
+            self._in_thread += len(requests)
+            for request in requests:
+                if request.fn is None:
+                    self._inline = False  # closing: nothing may run on the connection beside it
+                self._queue.put(request)
+
+    # -- inline, on the Trio thread ---------------------------------------------------------
+
+    def takes_inline(self, request: Request) -> bool:
+        """Whether ``request`` may run on the Trio thread: the session allows it, the thread
+        holds nothing (so the connection is free), recent transactions were short (so the
+        loop is not held up), and none of its arguments is a large value."""
+        if self._gathering is not None:
+            return True  # a batch is being gathered: join it, to keep the order of requests
+        return (
+            self._inline
+            and self._in_thread == 0
+            and self._death is None
+            and self._transaction_seconds <= INLINE_TRANSACTION_SECONDS
+            and not any(isinstance(arg, str) and len(arg) > INLINE_ARGUMENT_CHARS for arg in request.args)
+        )
+
+    async def run_inline(self, request: Request) -> Any:
+        """Run ``request`` on the Trio thread, in one transaction with every request submitted
+        while the other runnable tasks take their turn; if the database is locked by another
+        process, the thread takes the whole batch and waits the lock out."""
+        if self._gathering is not None:
+            self._gathering.append(request)
+            return await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
+        batch = self._gathering = [request]
+        try:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+        finally:
+            self._gathering = None
+        try:
+            ran = self._run_inline_batch(batch)
+        except BaseException as exc:  # not an operation's error: those are outcomes
+            interrupted = StorageError(
+                f"{self._name}: the transaction was interrupted ({exc!r}) before its outcome was"
+                " known; it was rolled back unless it had committed"
+            )
+            for other in batch[1:]:
+                trio.lowlevel.reschedule(other.task, outcome.Error(interrupted))
+            raise
+        if ran:
+            for other in batch[1:]:
+                assert other.result is not None
+                trio.lowlevel.reschedule(other.task, other.result)
+            assert request.result is not None
+            return request.result.unwrap()
+        try:
+            self.submit(batch)
+        except StorageError as exc:  # the thread died: nobody else will answer these
+            for other in batch[1:]:
+                trio.lowlevel.reschedule(other.task, outcome.Error(StorageError(str(exc))))
+            raise
+        return await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
+
+    @trio.lowlevel.enable_ki_protection
+    def _run_inline_batch(self, batch: list[Request]) -> bool:
+        """Run the batch in one transaction now; False (with nothing written) if the thread
+        must take it: a close request is in it, the write lock is taken, or the shared
+        transaction failed and each operation needs its own (which could wait for the lock)."""
+        if any(request.fn is None for request in batch):
+            return False  # the thread closes the session after the batch: keep that order
+        started = time.perf_counter()
+        try:
+            if not self._session.try_begin():
+                return False
+        except Exception:
+            self._session.rollback()
+            return False
+        try:
+            if len(batch) == 1:
+                batch[0].result = self._finish_alone(batch[0])
+            elif self._together(batch):
+                self._after_commit()
+            else:
+                for request in batch:
+                    request.result = None
+                return False
+        except BaseException:
+            self._session.rollback()
+            raise
+        self._measure(time.perf_counter() - started)
+        return True
+
+    def _measure(self, seconds: float) -> None:
+        """Keep a moving average of how long a transaction holds the loop (or would)."""
+        self._transaction_seconds += (seconds - self._transaction_seconds) / 8
 
     def join(self) -> None:
         self._thread.join()
@@ -174,6 +296,7 @@ class DatabaseThread:
 
     def _reply(self, batch: list[Request]) -> None:
         def wake() -> None:
+            self._in_thread -= len(batch)
             for request in batch:
                 assert request.result is not None
                 trio.lowlevel.reschedule(request.task, request.result)
@@ -182,6 +305,12 @@ class DatabaseThread:
         self._token.run_sync_soon(wake)
 
     def _run_batch(self, batch: list[Request]) -> None:
+        started = time.perf_counter()
+        self._run_batch_untimed(batch)
+        if self._inline:
+            self._measure(time.perf_counter() - started)
+
+    def _run_batch_untimed(self, batch: list[Request]) -> None:
         if len(batch) == 1 or not self._group_commit:
             for request in batch:
                 self._run_alone(request)
@@ -215,6 +344,9 @@ class DatabaseThread:
             error = self._session.translate(exc)
             self._session.rollback()
             return outcome.Error(error)
+        return self._finish_alone(request)
+
+    def _finish_alone(self, request: Request) -> outcome.Outcome[Any]:
         result = self._call(request)
         if isinstance(result, outcome.Value):
             try:
@@ -236,6 +368,9 @@ class DatabaseThread:
             for request in batch:
                 request.result = outcome.Error(self._session.translate(exc))
             return True
+        return self._together(batch)
+
+    def _together(self, batch: list[Request]) -> bool:
         try:
             for request in batch:
                 self._session.savepoint()
@@ -271,8 +406,11 @@ async def submit(thread: DatabaseThread, fn: Operation | None, args: tuple[Any, 
     caller's next checkpoint.
     """
     await trio.lowlevel.checkpoint_if_cancelled()
+    request = Request(fn, args, trio.lowlevel.current_task())
+    if thread.takes_inline(request):
+        return await thread.run_inline(request)
     try:
-        thread.submit(Request(fn, args, trio.lowlevel.current_task()))
+        thread.submit([request])
     except StorageError:
         if fn is None:
             return None  # closing a thread that died: it closed its connection already

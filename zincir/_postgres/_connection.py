@@ -258,6 +258,12 @@ class PostgresSession:
             if _connection_lost(exc, self._conn):
                 self._discard()
 
+    def try_begin(self) -> bool:
+        # BEGIN takes no lock on PostgreSQL; its writers are never run inline (a round trip
+        # to a server is no work for the Trio thread), so this is only the Protocol's.
+        self.begin()
+        return True
+
     def begin(self) -> None:
         self.notify_pending = False
         self.signalled.clear()
@@ -299,10 +305,10 @@ class PostgresSession:
         # sending may raise too (it reads the answers that came meanwhile), so it is all inside.
         committing: psycopg.Cursor[Any] | None = None
         try:
+            self._send_notifications(conn)
             self._commit_sent = True
             committing = conn.execute("COMMIT")
             self.sent()
-            self._send_notifications(conn)
             self.settle()
         except psycopg.Error as exc:
             if _connection_lost(exc, conn):

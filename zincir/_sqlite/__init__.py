@@ -1,5 +1,6 @@
-"""The embedded backend: one SQLite file in WAL mode, one writer thread, one reader thread, and
-(once something waits) a thread watching for other processes' commits."""
+"""The embedded backend: one SQLite file in WAL mode, one writer thread (whose writes run inline
+on the Trio thread while it is idle, see ``_threads``), one reader thread, and (once something
+waits) a thread watching for other processes' commits."""
 
 from __future__ import annotations
 
@@ -27,16 +28,17 @@ async def open_backend(
     )
 
     def thread(role: str, session: SQLiteSession) -> DatabaseThread:
+        writes = role == "writer"
         return DatabaseThread(
-            name=f"zincir-{role}:{path}", session=session, token=token, group_commit=role == "writer"
+            name=f"zincir-{role}:{path}", session=session, token=token, group_commit=writes, inline=writes
         )
 
     return Backend(
         name="sqlite",
         target=path,
         store=_store,
-        writers=[thread("writer", SQLiteSession(writer, path, clock, immediate=True))],
-        reader=thread("reader", SQLiteSession(reader, path, clock, immediate=False)),
+        writers=[thread("writer", SQLiteSession(writer, path, clock, writer=True))],
+        reader=thread("reader", SQLiteSession(reader, path, clock, writer=False)),
         clock=clock,
         listen=lambda wake: Watcher(path, clock, token, wake),
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import sqlite3
 import time
@@ -39,6 +40,17 @@ class Tx:
         return self.conn.execute(sql, params)
 
 
+def _is_busy(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF in _SQLITE_BUSY_CODES
+
+
+# SQLite's own busy handler sleeps these steps, then 100 ms at a time.
+_BUSY_DELAYS: Final = (0.001, 0.002, 0.005, 0.01, 0.015, 0.02, 0.025, 0.025, 0.025, 0.05, 0.05) + (0.1,) * (
+    BUSY_TIMEOUT_MS // 100
+)
+
+
 def storage_error(exc: sqlite3.Error, path: str) -> StorageError:
     """Translate a sqlite3 error into the zincir error tree."""
     code = getattr(exc, "sqlite_errorcode", None)
@@ -52,15 +64,43 @@ def storage_error(exc: sqlite3.Error, path: str) -> StorageError:
 class SQLiteSession:
     """One sqlite3 connection, driven by one database thread."""
 
-    def __init__(self, conn: sqlite3.Connection, path: str, clock: Any, *, immediate: bool) -> None:
+    def __init__(self, conn: sqlite3.Connection, path: str, clock: Any, *, writer: bool) -> None:
         self._conn = conn
         self._path = path
         self._clock = clock
-        # The writer takes the write lock at BEGIN, so "now" is read after it is held.
-        self._begin = "BEGIN IMMEDIATE" if immediate else "BEGIN"
+        self._writer = writer
+        self.busy_timeout_ms = BUSY_TIMEOUT_MS
+        """How long the writer's BEGIN waits out another connection's write lock."""
+        if writer:
+            # The writer takes the write lock at BEGIN, so "now" is read after it is held. Its
+            # BEGIN may be tried on the Trio thread, which must never sit in SQLite's busy
+            # handler: the connection does not wait, and begin() waits in Python instead.
+            conn.execute("PRAGMA busy_timeout = 0")
+        self._begin = "BEGIN IMMEDIATE" if writer else "BEGIN"
 
     def begin(self) -> None:
-        self._conn.execute(self._begin)
+        if not self._writer:
+            self._conn.execute(self._begin)
+            return
+        # Wait out another process's write lock as SQLite's busy handler would, as long.
+        deadline = time.monotonic() + self.busy_timeout_ms / 1000
+        for delay in itertools.chain(_BUSY_DELAYS, itertools.repeat(0.1)):
+            if self.try_begin():
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            time.sleep(min(delay, left))
+        self._conn.execute(self._begin)  # the last try raises the busy error itself
+
+    def try_begin(self) -> bool:
+        try:
+            self._conn.execute(self._begin)
+        except sqlite3.OperationalError as exc:
+            if _is_busy(exc):
+                return False
+            raise
+        return True
 
     def commit(self) -> None:
         self._conn.execute("COMMIT")

@@ -1,0 +1,216 @@
+"""SQLite writes run inline on the Trio thread while its writer thread is idle, and go to the
+thread when the file is locked by another process, transactions are slow, or a value is large."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+import zincir
+from zincir._sqlite._connection import Tx
+from zincir._threads import INLINE_ARGUMENT_CHARS, INLINE_TRANSACTION_SECONDS
+
+from .test_database import SCRATCH, values
+
+
+def insert(tx: Tx, value: str) -> str:
+    tx.execute(SCRATCH)
+    tx.execute("INSERT INTO scratch (value) VALUES (?)", (value,))
+    return threading.current_thread().name
+
+
+def insert_slowly(tx: Tx, value: str) -> str:
+    time.sleep(INLINE_TRANSACTION_SECONDS * 3)
+    return insert(tx, value)
+
+
+def fail_after_insert(tx: Tx, value: str) -> None:
+    insert(tx, value)
+    raise RuntimeError("operation failed on purpose")
+
+
+ON_TRIO = threading.current_thread().name  # pytest's thread runs the Trio loop
+
+
+@pytest.fixture
+async def sqlite_db(db_path: Path) -> AsyncIterator[zincir.Database]:
+    async with zincir.open_database(db_path) as db:
+        await db._write(insert, "warm-up")
+        # A new file's first commit can be slow on a busy machine: start from a clean average.
+        db._writers[0]._transaction_seconds = 0.0
+        yield db
+
+
+def count_commits(db: zincir.Database) -> list[str]:
+    commits: list[str] = []
+    db._writers[0]._session._conn.set_trace_callback(  # type: ignore[attr-defined]
+        lambda sql: commits.append(sql) if sql == "COMMIT" else None
+    )
+    return commits
+
+
+async def test_a_lone_write_runs_on_the_trio_thread_and_is_committed_when_it_returns(
+    sqlite_db: zincir.Database, db_path: Path
+) -> None:
+    assert await sqlite_db._write(insert, "one") == ON_TRIO
+    assert values(db_path) == ["one", "warm-up"]  # another connection sees it: committed
+
+
+async def test_writes_of_one_scheduler_pass_share_one_inline_commit(
+    sqlite_db: zincir.Database, db_path: Path
+) -> None:
+    commits = count_commits(sqlite_db)
+    threads: list[str] = []
+
+    async def write(i: int) -> None:
+        threads.append(await sqlite_db._write(insert, f"v{i:02}"))
+
+    async with trio.open_nursery() as nursery:
+        for i in range(20):
+            nursery.start_soon(write, i)
+    assert commits == ["COMMIT"]
+    assert threads == [ON_TRIO] * 20
+    assert len(values(db_path)) == 21
+
+
+async def test_a_failing_operation_inline_does_not_roll_back_its_neighbours(
+    sqlite_db: zincir.Database, db_path: Path
+) -> None:
+    outcomes: dict[str, object] = {}
+
+    async def submit(name: str, fn: object, value: str) -> None:
+        try:
+            outcomes[name] = await sqlite_db._write(fn, value)  # type: ignore[arg-type]
+        except Exception as exc:
+            outcomes[name] = exc
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(submit, "before", insert, "before")
+        nursery.start_soon(submit, "failing", fail_after_insert, "failing")
+        nursery.start_soon(submit, "duplicate", insert, "warm-up")  # violates UNIQUE
+        nursery.start_soon(submit, "after", insert, "after")
+    assert isinstance(outcomes["failing"], RuntimeError)
+    assert isinstance(outcomes["duplicate"], zincir.StorageError)
+    assert outcomes["before"] == outcomes["after"] == ON_TRIO
+    assert values(db_path) == ["after", "before", "warm-up"]
+
+
+async def test_a_file_locked_by_another_process_is_waited_out_on_the_thread_not_the_loop(
+    sqlite_db: zincir.Database, db_path: Path
+) -> None:
+    other = sqlite3.connect(db_path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # the write lock, as another process would hold it
+    ticks = 0
+    written: list[str] = []
+
+    async def write() -> None:
+        written.append(await sqlite_db._write(insert, "after the lock"))
+
+    async def tick() -> None:
+        nonlocal ticks
+        while not written:
+            ticks += 1
+            await trio.sleep(0.005)
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(write)
+            nursery.start_soon(tick)
+            while ticks < 5:  # the loop runs on while the write waits for the lock
+                await trio.sleep(0.005)
+            assert written == []
+            other.execute("COMMIT")
+    finally:
+        other.close()
+    assert written == [f"zincir-writer:{db_path}"]
+    assert values(db_path) == ["after the lock", "warm-up"]
+
+
+async def test_slow_transactions_send_writes_to_the_thread_until_they_are_fast_again(
+    sqlite_db: zincir.Database,
+) -> None:
+    on_thread = f"zincir-writer:{sqlite_db.path}"
+    slow = [await sqlite_db._write(insert_slowly, "slow 0")]
+    assert slow == [ON_TRIO]  # one slow transaction does not tip the average ...
+    while len(slow) < 20 and slow[-1] == ON_TRIO:
+        slow.append(await sqlite_db._write(insert_slowly, f"slow {len(slow)}"))
+    assert slow[-1] == on_thread  # ... more do: the loop is no longer held up by them
+    fast = [await sqlite_db._write(insert, "fast 0")]
+    assert fast == [on_thread]  # still judged by the slow ones, and measured on the thread ...
+    while len(fast) < 200 and fast[-1] == on_thread:
+        fast.append(await sqlite_db._write(insert, f"fast {len(fast)}"))
+    assert fast[-1] == ON_TRIO  # ... until fast transactions there bring the average down
+
+
+async def test_a_large_value_is_written_on_the_thread(sqlite_db: zincir.Database, db_path: Path) -> None:
+    large = "x" * (INLINE_ARGUMENT_CHARS + 1)
+    assert await sqlite_db._write(insert, large) == f"zincir-writer:{db_path}"
+    assert await sqlite_db._write(insert, "small") == ON_TRIO
+
+
+class Interrupt(BaseException):
+    """Not an Exception: what no operation's error handling expects."""
+
+
+async def test_an_interrupted_inline_transaction_is_rolled_back_and_its_neighbours_told(
+    sqlite_db: zincir.Database, db_path: Path
+) -> None:
+    def interrupt(tx: Tx, value: str) -> None:
+        insert(tx, value)
+        raise Interrupt
+
+    outcomes: list[BaseException | str] = []
+
+    async def write(fn: object, value: str) -> None:
+        try:
+            await sqlite_db._write(fn, value)  # type: ignore[arg-type]
+            outcomes.append("written")
+        except BaseException as exc:  # every kind: what each writer is told is the point
+            outcomes.append(exc)
+
+    async with trio.open_nursery() as nursery:  # four writes, gathered into one transaction
+        nursery.start_soon(write, interrupt, "interrupted")
+        for i in range(3):
+            nursery.start_soon(write, insert, f"neighbour {i}")
+    # The task that ran the batch gets the interruption; every other one an error, none hangs.
+    assert sum(isinstance(o, Interrupt) for o in outcomes) == 1
+    told = [o for o in outcomes if isinstance(o, zincir.StorageError)]
+    assert len(told) == 3
+    assert all("interrupted" in str(exc) for exc in told)
+    assert values(db_path) == ["warm-up"]  # rolled back
+    assert await sqlite_db._write(insert, "next") == ON_TRIO  # and the connection is usable
+
+
+async def test_a_disk_filling_in_an_inline_batch_hands_it_to_the_thread_for_outcomes_of_their_own(
+    sqlite_db: zincir.Database, db_path: Path
+) -> None:
+    def cap_the_disk(tx: Tx) -> None:
+        (pages,) = tx.one("PRAGMA page_count")
+        tx.execute(f"PRAGMA max_page_count = {pages + 4}")  # room for the small ones only
+
+    await sqlite_db._write(cap_the_disk)
+    big = "x" * 40_000  # about ten pages, still small enough to be written inline
+    assert len(big) <= INLINE_ARGUMENT_CHARS
+    outcomes: dict[str, object] = {}
+
+    async def write(name: str, value: str) -> None:
+        try:
+            outcomes[name] = await sqlite_db._write(insert, value)
+        except zincir.StorageError as exc:
+            outcomes[name] = exc
+
+    async with trio.open_nursery() as nursery:  # one inline batch, which SQLite aborts
+        for name, value in (("a", "small a"), ("big", big), ("b", "small b")):
+            nursery.start_soon(write, name, value)
+    assert isinstance(outcomes["big"], zincir.StorageError)
+    assert "the database or disk is full" in str(outcomes["big"])
+    # The small ones committed, on the thread, once each had a transaction of its own.
+    assert outcomes["a"] == outcomes["b"] == f"zincir-writer:{db_path}"
+    assert values(db_path) == ["small a", "small b", "warm-up"]
