@@ -1,26 +1,35 @@
 """Per-leg timing of one sequential ``run.step`` on SQLite, for ``python -m bench.profile_step``.
 
-A step crosses two threads and back. Each crossing is stamped with ``time.perf_counter_ns()``
-(one clock for every thread of a process) by thin wrappers around the real objects, so the code
-measured is zincir's own, not a copy of it:
+A step's write runs inline on the Trio thread while the writer thread is idle (as in a
+sequential loop), or on the writer thread, crossing two threads and back. Each crossing is
+stamped with ``time.perf_counter_ns()`` (one clock for every thread of a process) by thin
+wrappers around the real objects, so the code measured is zincir's own, not a copy of it:
 
+- the writer's ``run_inline`` (the request handed on, inline),
 - the writer thread's request queue (``put`` on the Trio thread, ``get`` on the writer),
-- its session (``BEGIN IMMEDIATE`` and ``COMMIT``),
+- its session (``BEGIN IMMEDIATE``, tried inline or waited for on the thread, and ``COMMIT``),
 - the store (the operation's SQL),
 - the Trio token (the writer's ``run_sync_soon`` reply, and when Trio runs it).
 
-The legs of a step, in order (they add up to the whole step):
+The legs of an inline step, in order (they add up to the whole step):
 
-1. ``Run.step`` until its request is queued (validation, the no-op, JSON, ``_as_owner``)
-2. queued -> the writer has it (the first thread wake-up)
+1. ``Run.step`` until its request is handed on (validation, the no-op, JSON, ``_as_owner``)
+2. one pass of Trio's scheduler (every runnable task may add its write to the transaction)
 3. ``BEGIN IMMEDIATE``
 4. the operation's SQL (the lease check, the INSERT)
 5. ``COMMIT`` (the fsync)
+6. after the COMMIT until ``run.step`` has returned
+
+And of a step through the writer thread (the database's writes sent there for the case):
+
+1. ``Run.step`` until its request is queued
+2. queued -> the writer has it (the first thread wake-up)
+3. ``BEGIN IMMEDIATE``, 4. the SQL, 5. ``COMMIT``
 6. after the COMMIT until the reply is handed to Trio (``run_sync_soon``)
 7. reply -> Trio runs the wake callback (the second thread wake-up)
 8. wake callback -> ``run.step`` has returned (rescheduling, the task's resumption, decoding)
 
-Beside it, the same legs for the raw one-commit-per-step loop, and two bare ping-pongs
+Beside them, the same legs for the raw one-commit-per-step loop, and two bare ping-pongs
 (no SQL at all): between two plain threads over ``SimpleQueue``, and between a Trio task and a
 thread the way zincir's threads talk (``SimpleQueue`` there, ``run_sync_soon`` back).
 """
@@ -47,6 +56,14 @@ from zincir._threads import DatabaseThread
 
 clock = time.perf_counter_ns
 
+INLINE_LEGS = {
+    "run_step_python": "1. run.step until its request is handed on",
+    "gather": "2. one pass of Trio's scheduler (gathering a batch)",
+    "begin": "3. BEGIN IMMEDIATE",
+    "sql": "4. the step's SQL (lease check + INSERT)",
+    "commit": "5. COMMIT (fsync)",
+    "resume": "6. after COMMIT -> run.step returned",
+}
 STEP_LEGS = {
     "run_step_python": "1. run.step until its request is queued",
     "pickup": "2. queued -> the writer thread has it (wake-up 1)",
@@ -110,6 +127,12 @@ class TimedSession:
     def begin(self) -> None:
         self._session.begin()
         self._stamps.mark("begun")
+
+    def try_begin(self) -> bool:
+        self._stamps.mark("beginning")
+        begun: bool = self._session.try_begin()
+        self._stamps.mark("begun")
+        return begun
 
     def commit(self) -> None:
         self._stamps.mark("committing")
@@ -191,6 +214,13 @@ async def open_timed_database(path: str, stamps: Stamps) -> zincir.Database:
         )
     writer: DatabaseThread = backend.writers[0]
     writer._session = TimedSession(writer._session, stamps)  # type: ignore[assignment]
+    run_inline = writer.run_inline
+
+    async def handed_on(request: Any) -> Any:
+        stamps.mark("submitted")
+        return await run_inline(request)
+
+    writer.run_inline = handed_on  # type: ignore[method-assign]
     backend.store = TimedStore(backend.store, stamps)  # type: ignore[arg-type, assignment]
     return _database.Database._create(backend, _database.DEFAULT_MAX_PAYLOAD_BYTES)
 
@@ -212,7 +242,25 @@ def step_legs(s: dict[str, int], start: int, end: int) -> dict[str, float]:
     }
 
 
-async def zincir_steps(db: zincir.Database, stamps: Stamps, n: int) -> list[dict[str, float]]:
+def inline_step_legs(s: dict[str, int], start: int, end: int) -> dict[str, float]:
+    return {
+        "run_step_python": s["submitted"] - start,
+        "gather": s["beginning"] - s["submitted"],
+        "begin": s["begun"] - s["beginning"],
+        "sql": s["sql_end"] - s["begun"],
+        "commit": s["committed"] - s["sql_end"],
+        "resume": end - s["committed"],
+    }
+
+
+async def zincir_steps(
+    db: zincir.Database, stamps: Stamps, n: int, *, inline: bool
+) -> list[dict[str, float]]:
+    """``n`` sequential steps, their writes inline (as zincir runs a lone write) or all sent to
+    the writer thread (as when it is busy)."""
+    legs = inline_step_legs if inline else step_legs
+    writer = db._writers[0]
+    writer._inline = inline
     out = []
     async with zincir.open_run(db, lease_ttl=3600) as run:
         await run.step("warm", noop, -1)  # the one read of completed step names
@@ -223,8 +271,9 @@ async def zincir_steps(db: zincir.Database, stamps: Stamps, n: int) -> list[dict
             await run.step(f"step-{i}", noop, i)
             end = clock()
             stamps.active = False
-            out.append(step_legs(stamps.now, start, end))
+            out.append(legs(stamps.now, start, end))
         await run.complete()
+    writer._inline = True
     return out
 
 

@@ -6,18 +6,19 @@ layers interleaved and repeated (medians of µs per step):
 A. raw sqlite3: BEGIN IMMEDIATE; INSERT; COMMIT (the floor: one fsync'd commit)
 B. zincir's own SQL for a step (``_store.complete_step``: lease check + INSERT + read-back),
    straight through sqlite3 on the caller's thread, one transaction per step
-C. ``Database._write`` of an operation that does nothing: the writer-thread round trip
-   (queue, thread wake-up, Trio wake-up) plus an empty BEGIN IMMEDIATE/COMMIT
-D. ``Database._write(_store.complete_step, ...)``: B through the writer thread
+C. ``Database._write`` of an operation that does nothing: as a lone write runs, inline on the
+   Trio thread (one pass of Trio's scheduler, then an empty BEGIN IMMEDIATE/COMMIT)
+D. ``Database._write(_store.complete_step, ...)``: B through zincir's write path
 E. ``run.step(name, noop)``: D plus ``Run.step``'s own Python (validation, JSON, bookkeeping)
 
-E - D is Run.step's Python, D - B the thread hand-off, B - A the schema and its SQL.
+E - D is Run.step's Python, D - B the hand-off, B - A the schema and its SQL.
 
-Then the legs of E, each crossing between the threads stamped (``bench/_legs.py``): until the
-request is queued, until the writer has it, BEGIN, the SQL, COMMIT, until the reply is handed to
-Trio, until Trio runs it, until ``run.step`` returns; side by side with the raw loop's BEGIN,
-INSERT and COMMIT and two bare ping-pongs (two plain threads; a Trio task and a thread, as
-zincir's threads talk). Last, a cProfile of E (the Trio thread only) sorted by own time.
+Then the legs of E, stamped (``bench/_legs.py``): inline, until the request is handed on, the
+scheduler pass, BEGIN, the SQL, COMMIT, until ``run.step`` returns; and the same steps with the
+database's writes sent to the writer thread (as when it is busy), every crossing between the
+threads stamped; side by side with the raw loop's BEGIN, INSERT and COMMIT and two bare
+ping-pongs (two plain threads; a Trio task and a thread, as zincir's threads talk). Last, a
+cProfile of E (the Trio thread only) sorted by own time.
 
 Progress goes to stderr; the tables to stdout.
 """
@@ -124,7 +125,7 @@ async def layer_e(db: zincir.Database, n: int) -> float:
 LABELS = {
     "A": "raw sqlite3: BEGIN IMMEDIATE; INSERT; COMMIT",
     "B": "zincir's step SQL (_store.complete_step) via sqlite3",
-    "C": "Database._write of a no-op operation (thread round trip)",
+    "C": "Database._write of a no-op operation (an empty transaction, inline)",
     "D": "Database._write(_store.complete_step)",
     "E": "run.step(name, noop)",
 }
@@ -167,7 +168,10 @@ async def measure(workdir: str, n: int, reps: int) -> tuple[dict[str, list[float
                 progress(f"legs, {'warm-up' if not rep else f'rep {rep}/{reps}'}")
                 these = {
                     "raw": _legs.summarize(_legs.raw_steps(raw, n)),
-                    "zincir": _legs.summarize(await _legs.zincir_steps(timed, stamps, n)),
+                    "zincir": _legs.summarize(await _legs.zincir_steps(timed, stamps, n, inline=True)),
+                    "zincir_thread": _legs.summarize(
+                        await _legs.zincir_steps(timed, stamps, n, inline=False)
+                    ),
                     "threads": _legs.summarize(_legs.thread_ping_pong(n)),
                     "trio": _legs.summarize(await _legs.trio_ping_pong(n)),
                 }
@@ -206,7 +210,8 @@ def print_legs(legs: Legs, n: int, reps: int, unstamped: float) -> None:
         f"Legs of one sequential step, µs: median over {reps} reps of each rep's mean (median) of {n} steps"
     )
     cases = (
-        ("zincir run.step", "zincir", _legs.STEP_LEGS),
+        ("zincir run.step (its write inline, as a lone write runs)", "zincir", _legs.INLINE_LEGS),
+        ("zincir run.step, its write sent to the writer thread", "zincir_thread", _legs.STEP_LEGS),
         ("raw sqlite3, one commit per step", "raw", _legs.RAW_LEGS),
         ("bare ping-pong, two plain threads", "threads", _legs.THREADS_LEGS),
         ("bare ping-pong, Trio task <-> thread", "trio", _legs.TRIO_LEGS),
@@ -217,13 +222,14 @@ def print_legs(legs: Legs, n: int, reps: int, unstamped: float) -> None:
         for leg, label in labels.items():
             value = legs[case][leg]
             print(f"    {label:<60} {value['mean']:8.1f}  ({value['median']:.1f})")
-    z, r = legs["zincir"], legs["raw"]
-    stamped = sum(z[leg]["mean"] for leg in _legs.STEP_LEGS)
+    z, zt, r = legs["zincir"], legs["zincir_thread"], legs["raw"]
+    stamped = sum(z[leg]["mean"] for leg in _legs.INLINE_LEGS)
     print(f"  (the stamps and their wrappers cost: {stamped:.1f} stamped vs {unstamped:.1f} for layer E)")
-    hand_offs = z["pickup"]["mean"] + z["wake"]["mean"]
+    hand_offs = zt["pickup"]["mean"] + zt["wake"]["mean"]
     print(
-        f"  zincir's two wake-ups (legs 2 + 7): {hand_offs:.1f}; the Trio ping-pong's:"
-        f" {legs['trio']['there']['mean'] + legs['trio']['wake']['mean']:.1f}"
+        f"  the writer thread's two wake-ups (legs 2 + 7): {hand_offs:.1f}; the Trio ping-pong's:"
+        f" {legs['trio']['there']['mean'] + legs['trio']['wake']['mean']:.1f}; inline, the"
+        f" scheduler pass instead: {z['gather']['mean']:.1f}"
     )
     print(
         f"  zincir's COMMIT / raw COMMIT: {z['commit']['mean'] / r['commit']['mean']:.2f};"
@@ -296,7 +302,7 @@ def run(args: argparse.Namespace) -> None:
         print(f"  {key}. {label:<58} {med[key]:8.1f}")
     print()
     print(f"  B - A  schema + SQL of a step          {med['B'] - med['A']:8.1f}")
-    print(f"  D - B  writer-thread hand-off           {med['D'] - med['B']:8.1f}")
+    print(f"  D - B  hand-off (inline: a scheduler pass) {med['D'] - med['B']:8.1f}")
     print(f"  E - D  Run.step's Python                {med['E'] - med['D']:8.1f}")
     print(f"  E / A  a step over one raw commit       {med['E'] / med['A']:8.2f}")
     if args.json:

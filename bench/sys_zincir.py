@@ -44,8 +44,14 @@ class ZincirSystem:
         self.db = await self._stack.enter_async_context(zincir.open_database(self.path, synchronous="full"))
         # The writer thread's own connection: every durable write goes through it.
         settings = await self.db._write(lambda tx: pragmas(lambda sql: tx.one(sql)[0]))
+        # The connection itself never waits (an inline BEGIN must not block the loop); its BEGIN
+        # waits out another writer's lock in Python, this long.
+        settings["busy_timeout_ms"] = self.db._writers[0]._session.busy_timeout_ms  # type: ignore[attr-defined]
         settings["version"] = zincir.__version__
-        settings["notes"] = "one writer thread per database, group commit (BEGIN IMMEDIATE)"
+        settings["notes"] = (
+            "one writer connection, group commit (BEGIN IMMEDIATE); run inline on the Trio thread"
+            " while its writer thread is idle"
+        )
         return settings
 
     async def _open_postgres(self) -> dict[str, Any]:
