@@ -123,10 +123,6 @@ class DatabaseThread:
         # lately, on either side (a slow disk is slow for both; they never run at once).
         self._in_thread = 0
         self._gathering: list[Request] | None = None
-        # The task whose write was the last inline batch on its own: while it writes again and
-        # again (a sequential loop), nobody else is writing, and it need not wait for a pass of
-        # Trio's scheduler to gather a batch. When another task writes, batches are gathered.
-        self._alone_last: trio.lowlevel.Task | None = None
         self._transaction_seconds = 0.0
         self._name = name
         self._token = token
@@ -169,19 +165,16 @@ class DatabaseThread:
 
     async def run_inline(self, request: Request) -> Any:
         """Run ``request`` on the Trio thread, in one transaction with every request submitted
-        while the other runnable tasks take their turn (unless its task wrote alone last time);
-        if the database is locked by another process, the thread takes the whole batch and
-        waits the lock out."""
+        while the other runnable tasks take their turn; if the database is locked by another
+        process, the thread takes the whole batch and waits the lock out."""
         if self._gathering is not None:
             self._gathering.append(request)
             return await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
         batch = self._gathering = [request]
         try:
-            if request.task is not self._alone_last:
-                await trio.lowlevel.cancel_shielded_checkpoint()
+            await trio.lowlevel.cancel_shielded_checkpoint()
         finally:
             self._gathering = None
-        self._alone_last = request.task if len(batch) == 1 else None
         try:
             ran = self._run_inline_batch(batch)
         except BaseException as exc:  # not an operation's error: those are outcomes
