@@ -214,3 +214,25 @@ async def test_a_disk_filling_in_an_inline_batch_hands_it_to_the_thread_for_outc
     # The small ones committed, on the thread, once each had a transaction of its own.
     assert outcomes["a"] == outcomes["b"] == f"zincir-writer:{db_path}"
     assert values(db_path) == ["small a", "small b", "warm-up"]
+
+
+async def test_every_inline_write_lets_the_other_tasks_run(sqlite_db: zincir.Database) -> None:
+    # Each await of a write is a schedule point, as when it waited for the thread: a loop of
+    # writes cannot starve the run's heartbeat or anything else on the loop.
+    others_ran = 0
+    done = False
+
+    async def other() -> None:
+        nonlocal others_ran
+        while not done:
+            others_ran += 1
+            await trio.lowlevel.checkpoint()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(other)
+        await trio.lowlevel.checkpoint()
+        before = others_ran
+        for i in range(100):
+            assert await sqlite_db._write(insert, f"w{i}") == ON_TRIO
+        done = True
+    assert others_ran - before >= 100
