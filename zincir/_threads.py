@@ -163,6 +163,8 @@ class DatabaseThread:
             and not any(isinstance(arg, str) and len(arg) > INLINE_ARGUMENT_CHARS for arg in request.args)
         )
 
+    # A KeyboardInterrupt waits for the next checkpoint: no batch is left half run or half told.
+    @trio.lowlevel.enable_ki_protection
     async def run_inline(self, request: Request) -> Any:
         """Run ``request`` on the Trio thread, in one transaction with every request submitted
         while the other runnable tasks take their turn; if the database is locked by another
@@ -199,7 +201,6 @@ class DatabaseThread:
             raise
         return await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
 
-    @trio.lowlevel.enable_ki_protection
     def _run_inline_batch(self, batch: list[Request]) -> bool:
         """Run the batch in one transaction now; False (with nothing written) if the thread
         must take it: a close request is in it, the write lock is taken, or the shared
