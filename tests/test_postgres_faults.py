@@ -107,11 +107,14 @@ async def test_a_group_commit_whose_connection_dies_after_its_commit_is_unknown_
         admin.execute("CREATE TABLE probe (n INT)")
     route = "probe"
     session: Any = pg_db._writers[hash(route) % len(pg_db._writers)]._session
-    send_notifications = session._send_notifications
+    settle = session.settle
+    inserted: list[int] = []
     ended: list[int] = []
 
-    def the_commit_lands_then_the_connection_dies(conn: psycopg.Connection[Any]) -> None:
-        if not ended and session.notify_pending:  # the inserts' transaction, not the gate's
+    def the_commit_lands_then_the_connection_dies(**kwargs: Any) -> None:
+        # The inserts' COMMIT (not the gate's), sent and not yet answered.
+        if not ended and inserted and session._commit_sent:
+            conn = session._conn
             ended.append(conn.info.backend_pid)
             conn.pgconn.flush()  # the COMMIT is on its way
             with psycopg.connect(pg_url, autocommit=True) as admin:
@@ -120,13 +123,14 @@ async def test_a_group_commit_whose_connection_dies_after_its_commit_is_unknown_
                 admin.execute("SELECT pg_terminate_backend(%s)", (ended[0],))
                 while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (ended[0],)).fetchone():
                     time.sleep(0.005)
-        send_notifications(conn)  # the NOTIFYs after it meet the dead connection
+        settle(**kwargs)  # reading the answers meets the dead connection
 
-    monkeypatch.setattr(session, "_send_notifications", the_commit_lands_then_the_connection_dies)
+    monkeypatch.setattr(session, "settle", the_commit_lands_then_the_connection_dies)
 
     def insert(tx: Any, n: int) -> None:
         tx.execute("INSERT INTO probe VALUES (%s)", (n,))
         tx.notify_claimable()
+        inserted.append(n)
 
     gate = Gate()
     outcomes: list[str] = []

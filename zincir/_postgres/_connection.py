@@ -138,6 +138,12 @@ class Tx:
         cursor = self._conn.execute(sql, params)
         return Sent(cursor, self._session, self._session.sent())
 
+    def savepoint(self, name: str) -> None:
+        """SAVEPOINT ``name``, inside an explicit transaction block (which it opens if the
+        transaction has none yet: a savepoint cannot live in an implicit one)."""
+        self._session.open_block()
+        self.execute(f"SAVEPOINT {name}")
+
     def rollback_to(self, savepoint: str) -> None:
         """After a statement failed: roll back to ``savepoint`` (the server ignores anything
         sent after a failure until the pipeline is synced, so that comes first)."""
@@ -182,8 +188,9 @@ class PostgresSession:
 
     The connection stays in pipeline mode, so that BEGIN, the SAVEPOINTs of a group commit and
     every statement whose answer nobody reads travel with the next one that is read: the
-    round trips of a transaction are its reads plus one for the COMMIT (with the NOTIFYs that
-    follow it)."""
+    round trips of a transaction are its reads plus one for the commit (with the NOTIFYs just
+    before it). A transaction of one operation sends no BEGIN and no COMMIT at all: it is the
+    implicit transaction of the statements before a sync, which the sync commits."""
 
     def __init__(self, url: str, name: str, *, read_only: bool, clock: Clock | None) -> None:
         self._url = url
@@ -197,7 +204,9 @@ class PostgresSession:
         # Statements sent on this connection, and how many of them (the first ones) have been
         # answered: a read waits for every statement sent before it.
         self._sent = self._answered = 0
-        self._in_transaction = False  # BEGIN sent, and neither COMMIT nor ROLLBACK succeeded yet
+        self._in_transaction = False  # begun, and neither committed nor rolled back yet
+        # Whether BEGIN was sent: until then the transaction is implicit (see begin()).
+        self._block = False
         self._commit_sent = False
         self._began_on_idle = False  # the transaction began on a connection left idle before
         self._lost_before_commit = False
@@ -276,12 +285,22 @@ class PostgresSession:
         self._began_on_idle = self._conn is not None
         # Connect first: connecting discards the old connection and with it the transaction
         # flag, and a transaction marked as not begun is never rolled back (it kept its locks).
-        conn = self._connection()
+        self._connection()
         self._in_transaction = True  # from here, a lost connection is a transaction lost
-        if self._read_only:
-            return  # a read needs no BEGIN: see _READER_TRANSACTIONS
-        conn.execute("BEGIN")
+        # No BEGIN yet: in pipeline mode every statement sent before the next sync belongs to one
+        # implicit transaction, which that sync commits (reads wait for their rows, never for a
+        # sync). A lone operation then costs its own statements and one sync, two statements
+        # fewer than BEGIN ... COMMIT; a savepoint (a group commit's) opens the block first.
+        self._block = False
+
+    def open_block(self) -> None:
+        """Make the open transaction an explicit block, if it is not one yet (savepoints need
+        it). BEGIN inside an implicit transaction keeps what it did so far."""
+        if self._block or self._read_only:
+            return
+        self._connection().execute("BEGIN")
         self.sent()
+        self._block = True
 
     def may_run_again(self) -> bool:
         """Whether the transaction that just failed may run again from its start: its
@@ -293,12 +312,15 @@ class PostgresSession:
         return again
 
     def commit(self) -> None:
-        """COMMIT, then the NOTIFYs it calls for, in one round trip."""
+        """The NOTIFYs the transaction calls for, then its COMMIT, in one round trip."""
         conn = self._conn
         assert conn is not None
         if self._read_only:  # the sync ends the read's implicit transaction
             self.settle(always=True)
             self._in_transaction = False
+            return
+        if not self._block:
+            self._commit_implicit(conn)
             return
         # In a transaction that failed, COMMIT answers ROLLBACK without an error: its status
         # message, not the absence of an error, says whether it committed. In pipeline mode
@@ -318,18 +340,35 @@ class PostgresSession:
                     f"{self._where}: the connection failed during COMMIT, so whether it committed"
                     f" is unknown ({exc})"
                 ) from exc
-            if committing is None or committing.statusmessage != "COMMIT":
-                raise  # the server answered: nothing was committed
-            # Committed (answers come in order); what failed is a NOTIFY after it: a lost hint,
-            # never a lost write.
-            logger.warning("%s: a notification after a commit failed: %s", self._where, exc)
+            raise  # the server answered: nothing was committed (COMMIT is the last statement)
         if committing.statusmessage != "COMMIT":
             raise RuntimeError(f"COMMIT answered {committing.statusmessage!r}: nothing was committed")
         self._in_transaction = False
 
+    def _commit_implicit(self, conn: psycopg.Connection[Any]) -> None:
+        """Commit a transaction that never sent BEGIN: the sync commits it, unless a statement
+        of it failed, and then the server rolled all of it back and the sync raises that error."""
+        try:
+            self._send_notifications(conn)
+            self._commit_sent = True
+            self.settle(always=True)
+        except psycopg.Error as exc:
+            if _connection_lost(exc, conn):
+                self._discard()
+                raise DatabaseUnavailable(
+                    f"{self._where}: the connection failed while the transaction committed, so"
+                    f" whether it committed is unknown ({exc})"
+                ) from exc
+            self._in_transaction = False  # ended by the server, rolled back
+            raise
+        self._in_transaction = False
+
     def _send_notifications(self, conn: psycopg.Connection[Any]) -> None:
-        # After COMMIT, outside the write transaction: inside it, every commit would take the
-        # global notification lock. A hint only; workers poll as well.
+        # Inside the write transaction, right before it commits. Sent after COMMIT, each NOTIFY
+        # was a transaction of its own, with an XID and a WAL flush of its own: a second durable
+        # commit per write that wakes anyone. Inside, the commits of notifying transactions
+        # take PostgreSQL's notification lock in turn, as those extra commits did. A hint only;
+        # workers poll as well, and a transaction rolled back sends none.
         if self.notify_pending:
             self.notify_pending = False
             conn.execute(f"NOTIFY {CLAIMABLE_CHANNEL}")
@@ -344,8 +383,11 @@ class PostgresSession:
         if not self._in_transaction:
             return
         self._in_transaction = False
-        self.settle_quietly(always=self._read_only)  # a read's sync ends its transaction
         conn = self._conn
+        if not self._read_only and not self._block:
+            self._rollback_implicit(conn)
+            return
+        self.settle_quietly(always=self._read_only)  # a read's sync ends its transaction
         if self._read_only or conn is None or conn.broken or conn.closed:
             return  # the server ended the transaction with the connection
         try:
@@ -356,7 +398,25 @@ class PostgresSession:
             logger.exception("rollback on %s failed", self._where)
             self._discard()
 
+    def _rollback_implicit(self, conn: psycopg.Connection[Any] | None) -> None:
+        """Roll back a transaction that never sent BEGIN. ROLLBACK must go before the sync, which
+        would commit whatever succeeded so far (an operation that raised after its writes, a
+        lease it found lost, say). If it cannot be sent, a statement failed already (the server
+        skips everything up to the sync, and the sync ends the transaction rolled back) or the
+        connection is gone (and the server rolled back with it)."""
+        if conn is None or conn.broken or conn.closed:
+            return
+        pipeline = self._pipeline
+        if pipeline is not None and pipeline.status != PipelineStatus.ABORTED:
+            # Sending may raise the error of a statement not read yet: the pipeline is aborted
+            # then, as when the operation read that error itself.
+            with contextlib.suppress(psycopg.Error):
+                conn.execute("ROLLBACK")
+                self.sent()
+        self.settle_quietly(always=True)  # a connection found lost here is discarded
+
     def savepoint(self) -> None:
+        self.open_block()
         self._connection().execute("SAVEPOINT operation")
         self.sent()
 
@@ -395,7 +455,7 @@ class PostgresSession:
         return exc
 
     def after_commit(self) -> None:
-        pass  # the NOTIFYs went with the COMMIT
+        pass  # the NOTIFYs went with the commit
 
     def close(self) -> None:
         self._discard()

@@ -222,7 +222,7 @@ def _unless_busy(tx: Tx, end: Any, run_id: str, *args: Any) -> bool:
     """End a run in a savepoint of its own; False (and nothing done) if a descendant it cancels
     is being written by its owner right now: the run stays due, and the other due runs are
     claimed meanwhile instead of all waiting behind it."""
-    tx.execute("SAVEPOINT zincir_ending")
+    tx.savepoint("zincir_ending")
     try:
         end(tx, run_id, *args)
     except pg_errors.LockNotAvailable:
