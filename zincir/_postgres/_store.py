@@ -714,24 +714,35 @@ def latest_accepted(tx: Tx, run_id: str) -> Checkpoint | None:
     return None if row is None else to_checkpoint(row)
 
 
+def _qualified(columns: str, table: str) -> str:
+    return ", ".join(f"{table}.{column.strip()}" for column in columns.split(","))
+
+
+# The run and its latest accepted checkpoint (NULLs if it has none) in one row.
+_RUN_AND_ACCEPTED = (
+    f"SELECT {_qualified(RUN_COLUMNS, 'r')}, {_qualified(CHECKPOINT_COLUMNS, 'c')} FROM agent_runs AS r"
+    f" LEFT JOIN LATERAL (SELECT {CHECKPOINT_COLUMNS} FROM checkpoints WHERE run_id = r.id"
+    " AND status = 'accepted' ORDER BY round DESC LIMIT 1) AS c ON true WHERE r.id = %s"
+)
+_RUN_WIDTH: Final = len(RUN_COLUMNS.split(","))
+
+
 def durable_state(tx: Tx, run_id: str) -> tuple[RunRecord, Checkpoint | None, list[Event]]:
     """The run, its latest accepted checkpoint and the events after that checkpoint's
     decision and the tool result that answered it (seq > decision + 1). The run and the
-    checkpoint share a round trip; the events' bound is sent as a value, since the planner
+    checkpoint are one statement; the events' bound is sent as a value, since the planner
     picks the index range for a value and not for a subquery's result."""
-    run = tx.send(f"SELECT {RUN_COLUMNS} FROM agent_runs WHERE id = %s", (run_id,))
-    accepted = tx.send(f"SELECT {CHECKPOINT_COLUMNS} {_LATEST_ACCEPTED}", (run_id,))
-    found = run.one()
+    found = tx.one(_RUN_AND_ACCEPTED, (run_id,))
     if found is None:
         raise RunNotFound(f"run {run_id} does not exist")
-    row = accepted.one()
-    checkpoint = None if row is None else to_checkpoint(row)
+    run, accepted = found[:_RUN_WIDTH], found[_RUN_WIDTH:]
+    checkpoint = None if accepted[0] is None else to_checkpoint(accepted)  # no id: none accepted
     after = (
         -1
         if checkpoint is None or checkpoint.decision_event_seq is None
         else checkpoint.decision_event_seq + 1
     )
-    return to_run(found), checkpoint, events_after(tx, run_id, after)
+    return to_run(run), checkpoint, events_after(tx, run_id, after)
 
 
 # -- checkpoints --------------------------------------------------------------------------------
