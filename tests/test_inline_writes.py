@@ -235,4 +235,5 @@ async def test_every_inline_write_lets_the_other_tasks_run(sqlite_db: zincir.Dat
         for i in range(100):
             assert await sqlite_db._write(insert, f"w{i}") == ON_TRIO
         done = True
-    assert others_ran - before >= 100
+    # Once per write, give or take the first and last (Trio orders each pass's tasks at random).
+    assert others_ran - before >= 99

@@ -46,8 +46,9 @@ Operation = Callable[..., Any]
 MAX_BATCH: Final = 512
 
 # An inline transaction holds up the loop while it runs: only while transactions take at most
-# this long on average (a moving average, fed from both sides), and never for an operation with
-# a text argument this large (a big payload's write and fsync).
+# this long on average (a moving average, fed from both sides), never for an operation with a
+# text argument this large (a big payload's write and fsync), and never for a batch of more
+# than MAX_BATCH (the thread splits it).
 INLINE_TRANSACTION_SECONDS: Final = 0.002
 INLINE_ARGUMENT_CHARS: Final = 64 * 1024
 
@@ -70,6 +71,12 @@ class Session(Protocol):
     def savepoint(self) -> None: ...
     def rollback_to_savepoint(self) -> None: ...
     def release_savepoint(self) -> None: ...
+
+    def maintenance_due(self) -> bool:
+        """Whether the session has work for its thread (then writes are not run inline)."""
+
+    def maintain(self) -> None:
+        """Do that work; only ever called on the thread, between transactions."""
 
     def end_operation(self) -> None:
         """Called after each operation of a shared transaction that returned: raises the error
@@ -123,6 +130,7 @@ class DatabaseThread:
         # lately, on either side (a slow disk is slow for both; they never run at once).
         self._in_thread = 0
         self._gathering: list[Request] | None = None
+        self._gathered_for_the_thread = False  # a request joined that the loop should not run
         self._transaction_seconds = 0.0
         self._name = name
         self._token = token
@@ -150,18 +158,34 @@ class DatabaseThread:
     # -- inline, on the Trio thread ---------------------------------------------------------
 
     def takes_inline(self, request: Request) -> bool:
-        """Whether ``request`` may run on the Trio thread: the session allows it, the thread
-        holds nothing (so the connection is free), recent transactions were short (so the
-        loop is not held up), and none of its arguments is a large value."""
+        """Whether ``request`` goes the inline way: into the batch being gathered, if there is
+        one (to keep the order of requests; :meth:`_joins` may send that whole batch to the
+        thread), or into a new one if the session allows it, the thread holds nothing (so the
+        connection is free), no maintenance is due, recent transactions were short, and the
+        request is light (see :meth:`_for_the_loop`)."""
         if self._gathering is not None:
-            return True  # a batch is being gathered: join it, to keep the order of requests
+            return True
         return (
             self._inline
             and self._in_thread == 0
             and self._death is None
             and self._transaction_seconds <= INLINE_TRANSACTION_SECONDS
-            and not any(isinstance(arg, str) and len(arg) > INLINE_ARGUMENT_CHARS for arg in request.args)
+            and not self._session.maintenance_due()
+            and self._for_the_loop(request)
         )
+
+    @staticmethod
+    def _for_the_loop(request: Request) -> bool:
+        """Not a close request, and no large value to write (its write and fsync would hold up
+        the loop, and whether it may is not worth judging)."""
+        return request.fn is not None and not any(
+            isinstance(arg, str) and len(arg) > INLINE_ARGUMENT_CHARS for arg in request.args
+        )
+
+    def _joins(self, batch: list[Request], request: Request) -> None:
+        batch.append(request)
+        if len(batch) >= MAX_BATCH or not self._for_the_loop(request):
+            self._gathered_for_the_thread = True
 
     # A KeyboardInterrupt waits for the next checkpoint: no batch is left half run or half told.
     @trio.lowlevel.enable_ki_protection
@@ -170,15 +194,16 @@ class DatabaseThread:
         while the other runnable tasks take their turn; if the database is locked by another
         process, the thread takes the whole batch and waits the lock out."""
         if self._gathering is not None:
-            self._gathering.append(request)
+            self._joins(self._gathering, request)
             return await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
         batch = self._gathering = [request]
+        self._gathered_for_the_thread = False
         try:
             await trio.lowlevel.cancel_shielded_checkpoint()
         finally:
             self._gathering = None
         try:
-            ran = self._run_inline_batch(batch)
+            ran = not self._gathered_for_the_thread and self._run_inline_batch(batch)
         except BaseException as exc:  # not an operation's error: those are outcomes
             interrupted = StorageError(
                 f"{self._name}: the transaction was interrupted ({exc!r}) before its outcome was"
@@ -203,10 +228,8 @@ class DatabaseThread:
 
     def _run_inline_batch(self, batch: list[Request]) -> bool:
         """Run the batch in one transaction now; False (with nothing written) if the thread
-        must take it: a close request is in it, the write lock is taken, or the shared
-        transaction failed and each operation needs its own (which could wait for the lock)."""
-        if any(request.fn is None for request in batch):
-            return False  # the thread closes the session after the batch: keep that order
+        must take it: the write lock is taken, or the shared transaction failed and each
+        operation needs its own (which could wait for the lock)."""
         started = time.perf_counter()
         try:
             if not self._session.try_begin():
@@ -287,6 +310,7 @@ class DatabaseThread:
             closing = len(work) < len(batch)
             if work:
                 self._run_batch(work)
+                self._maintain()
             if closing:
                 self._session.close()
                 for request in batch:
@@ -392,6 +416,14 @@ class DatabaseThread:
             return False
         return True
 
+    def _maintain(self) -> None:
+        """Work the session saves for its thread (SQLite's WAL checkpoints), before the reply:
+        while the batch is not answered, the connection is the thread's."""
+        try:
+            self._session.maintain()
+        except Exception:  # the next maintenance tries again; nothing written is at stake
+            logger.exception("database thread %s: maintenance failed", self._name)
+
     def _after_commit(self) -> None:
         try:
             self._session.after_commit()
@@ -399,6 +431,8 @@ class DatabaseThread:
             logger.exception("database thread %s: the work after a commit failed", self._name)
 
 
+# A KeyboardInterrupt waits for the next checkpoint: a queued request keeps the caller it answers.
+@trio.lowlevel.enable_ki_protection
 async def submit(thread: DatabaseThread, fn: Operation | None, args: tuple[Any, ...]) -> Any:
     """Hand ``fn(tx, *args)`` to ``thread`` and wait for its outcome.
 

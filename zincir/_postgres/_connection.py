@@ -267,6 +267,12 @@ class PostgresSession:
             if _connection_lost(exc, self._conn):
                 self._discard()
 
+    def maintenance_due(self) -> bool:
+        return False
+
+    def maintain(self) -> None:
+        pass
+
     def try_begin(self) -> bool:
         # BEGIN takes no lock on PostgreSQL; its writers are never run inline (a round trip
         # to a server is no work for the Trio thread), so this is only the Protocol's.

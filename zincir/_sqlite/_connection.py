@@ -18,6 +18,9 @@ __all__ = ["SQLiteSession", "Tx", "open_connections", "storage_error"]
 logger = logging.getLogger("zincir")
 
 BUSY_TIMEOUT_MS: Final = 5000
+# The writer checkpoints the WAL every this many commits (about 400 pages for sequential steps;
+# SQLite's own automatic checkpoint waits for 1,000).
+CHECKPOINT_EVERY_COMMITS: Final = 200
 _SQLITE_BUSY_CODES: Final = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
 
 
@@ -76,6 +79,10 @@ class SQLiteSession:
             # BEGIN may be tried on the Trio thread, which must never sit in SQLite's busy
             # handler: the connection does not wait, and begin() waits in Python instead.
             conn.execute("PRAGMA busy_timeout = 0")
+            # SQLite would checkpoint the WAL inside the COMMIT that fills it, on whichever
+            # thread commits; the writer thread checkpoints it instead (see maintain()).
+            conn.execute("PRAGMA wal_autocheckpoint = 0")
+        self._commits = 0  # since the last checkpoint
         self._begin = "BEGIN IMMEDIATE" if writer else "BEGIN"
 
     def begin(self) -> None:
@@ -104,6 +111,16 @@ class SQLiteSession:
 
     def commit(self) -> None:
         self._conn.execute("COMMIT")
+        self._commits += 1
+
+    def maintenance_due(self) -> bool:
+        return self._writer and self._commits >= CHECKPOINT_EVERY_COMMITS
+
+    def maintain(self) -> None:
+        if self.maintenance_due():
+            self._commits = 0
+            # PASSIVE: copies what no reader still needs, never waits for one.
+            self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 
     def rollback(self) -> None:
         if self._conn.in_transaction:
