@@ -14,8 +14,8 @@ import trio
 import trio.testing
 
 import zincir
-from zincir._sqlite._connection import Tx
-from zincir._threads import INLINE_ARGUMENT_CHARS, INLINE_TRANSACTION_SECONDS
+from zincir._sqlite._connection import CHECKPOINT_EVERY_COMMITS, Tx
+from zincir._threads import INLINE_ARGUMENT_CHARS, INLINE_TRANSACTION_SECONDS, MAX_BATCH
 
 from .test_database import SCRATCH, values
 
@@ -237,3 +237,54 @@ async def test_every_inline_write_lets_the_other_tasks_run(sqlite_db: zincir.Dat
         done = True
     # Once per write, give or take the first and last (Trio orders each pass's tasks at random).
     assert others_ran - before >= 99
+
+
+async def test_a_large_value_joining_a_gathered_batch_sends_the_batch_to_the_thread(
+    sqlite_db: zincir.Database, db_path: Path
+) -> None:
+    large = "x" * (INLINE_ARGUMENT_CHARS + 1)
+    seen: dict[str, str] = {}
+
+    async def write(name: str, value: str) -> None:
+        seen[name] = await sqlite_db._write(insert, value)
+
+    async with trio.open_nursery() as nursery:  # one pass: the small one may gather, the large joins
+        nursery.start_soon(write, "small", "small")
+        nursery.start_soon(write, "large", large)
+    assert seen == {"small": f"zincir-writer:{db_path}", "large": f"zincir-writer:{db_path}"}
+    assert len(values(db_path)) == 3
+
+
+async def test_more_writes_in_one_pass_than_one_batch_holds_go_to_the_thread(
+    sqlite_db: zincir.Database, db_path: Path
+) -> None:
+    threads: set[str] = set()
+
+    async def write(i: int) -> None:
+        threads.add(await sqlite_db._write(insert, f"v{i:04}"))
+
+    async with trio.open_nursery() as nursery:
+        for i in range(MAX_BATCH + 10):
+            nursery.start_soon(write, i)
+    assert threads == {f"zincir-writer:{db_path}"}
+    assert len(values(db_path)) == MAX_BATCH + 11
+
+
+async def test_the_wal_is_checkpointed_on_the_thread_never_inside_an_inline_commit(
+    sqlite_db: zincir.Database, db_path: Path
+) -> None:
+    session = sqlite_db._writers[0]._session
+    assert session._conn.execute("PRAGMA wal_autocheckpoint").fetchone() == (0,)  # type: ignore[attr-defined]
+    seen = []
+    for i in range(2 * CHECKPOINT_EVERY_COMMITS + 1):
+        sqlite_db._writers[0]._transaction_seconds = 0.0  # a slow commit on a busy machine aside
+        seen.append(await sqlite_db._write(insert, f"v{i:04}"))
+    on_thread = [i for i, name in enumerate(seen) if name != ON_TRIO]
+    # The warm-up made one commit: the 199th write since is the 200th commit, the next is due.
+    assert on_thread == [CHECKPOINT_EVERY_COMMITS - 1, 2 * CHECKPOINT_EVERY_COMMITS]
+    other = sqlite3.connect(db_path)
+    try:  # what the thread's checkpoint copied, another connection need not
+        busy, frames, copied = other.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    finally:
+        other.close()
+    assert busy == 0 and frames == copied
