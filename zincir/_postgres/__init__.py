@@ -12,7 +12,7 @@ from .._database import Backend, Clock
 from .._errors import StorageError
 from .._threads import DatabaseThread
 from . import _migrations, _store
-from ._connection import PostgresSession, connect, redact, server_clock_offset, storage_error
+from ._connection import Echo, PostgresSession, connect, redact, server_clock_offset, storage_error
 from ._listener import Listener
 
 __all__ = ["open_backend"]
@@ -39,9 +39,10 @@ async def open_backend(
 ) -> Backend:
     offset = await trio.to_thread.run_sync(_prepare, url)
     where = redact(url)
+    echo = Echo(token)
 
     def thread(name: str, *, read_only: bool) -> DatabaseThread:
-        session = PostgresSession(url, name, read_only=read_only, clock=clock)
+        session = PostgresSession(url, name, read_only=read_only, clock=clock, echo=echo)
         return DatabaseThread(
             name=f"zincir-{name}:{where}", session=session, token=token, group_commit=not read_only
         )
@@ -56,5 +57,5 @@ async def open_backend(
         writers=[thread(f"writer{i}", read_only=False) for i in range(writers)],
         reader=thread("reader", read_only=True),
         clock=clock or estimated_server_clock,
-        listen=lambda wake: Listener(url, token, wake),
+        listen=lambda wake: Listener(url, token, wake, echo),
     )

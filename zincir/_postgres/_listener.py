@@ -11,7 +11,7 @@ from typing import Final
 import psycopg
 import trio
 
-from ._connection import CHILD_ENDED_CHANNEL, CLAIMABLE_CHANNEL, INBOX_CHANNEL, connect, redact
+from ._connection import CHILD_ENDED_CHANNEL, CLAIMABLE_CHANNEL, INBOX_CHANNEL, Echo, connect, redact
 
 logger = logging.getLogger("zincir")
 
@@ -24,11 +24,20 @@ class Listener:
     notification; ``wake(None, None)`` after (re)connecting, when anything may have been missed."""
 
     def __init__(
-        self, url: str, token: trio.lowlevel.TrioToken, wake: Callable[[str | None, str | None], None]
+        self,
+        url: str,
+        token: trio.lowlevel.TrioToken,
+        wake: Callable[[str | None, str | None], None],
+        echo: Echo | None = None,
     ) -> None:
         self._url = url
         self._token = token
         self._wake = wake
+        # This database's writers deliver their own notifications here (see Echo): from now on,
+        # so that none falls between the two.
+        self._echo = echo
+        if echo is not None:
+            echo.wake = wake
         self._stopping = threading.Event()
         self._thread = threading.Thread(
             target=self._serve, name=f"zincir-listener:{redact(url)}", daemon=True
@@ -38,6 +47,8 @@ class Listener:
     def stop(self) -> None:
         """Stop and join the thread (blocks for up to about half a second)."""
         self._stopping.set()
+        if self._echo is not None:
+            self._echo.wake = None
         self._thread.join()
 
     def _serve(self) -> None:
@@ -57,7 +68,8 @@ class Listener:
                 self._announce(None, None)
                 while not self._stopping.is_set():
                     for notification in conn.notifies(timeout=_WAIT_S):
-                        self._announce(notification.channel, notification.payload)
+                        if self._echo is None or not self._echo.sent_here(notification.pid):
+                            self._announce(notification.channel, notification.payload)
             except psycopg.Error as exc:
                 logger.warning("zincir listener: connection lost (%s); reconnecting", exc)
                 self._stopping.wait(_RECONNECT_S)
