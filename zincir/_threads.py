@@ -13,7 +13,9 @@ submitted during one pass of Trio's scheduler run in one transaction on the Trio
 with the same savepoints. That spares a lone write the two thread wake-ups, which cost about as
 much as a fast local commit. A write goes to the thread instead when the file is locked by
 another process (the thread waits the lock out, the loop does not), when recent transactions
-took long (a slow disk would hold up the loop), or when it carries a large value.
+took long (a slow disk would hold up the loop), when it carries a large value or its batch grew
+past MAX_BATCH (then the whole batch goes, in order), or when the session has maintenance due
+(SQLite's WAL checkpoint, which the thread does between transactions).
 
 What differs between backends (how to begin, which errors mean what, reconnecting) is a
 :class:`Session`; everything here is backend-free.
@@ -191,8 +193,9 @@ class DatabaseThread:
     @trio.lowlevel.enable_ki_protection
     async def run_inline(self, request: Request) -> Any:
         """Run ``request`` on the Trio thread, in one transaction with every request submitted
-        while the other runnable tasks take their turn; if the database is locked by another
-        process, the thread takes the whole batch and waits the lock out."""
+        while the other runnable tasks take their turn. The thread takes the whole batch
+        instead if the database is locked by another process (it waits the lock out), or if a
+        request that joined should not hold up the loop."""
         if self._gathering is not None:
             self._joins(self._gathering, request)
             return await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
