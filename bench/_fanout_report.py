@@ -238,7 +238,8 @@ def _writer_text(entry: dict[str, Any]) -> str:
     ops = sum(w["transactions_per_child"] * w["operations_per_transaction"] for w in writers)
     busiest = max(writers, key=lambda w: w["busy_share"])
     text = (
-        f" Its {'writer thread' if len(writers) == 1 else f'{len(writers)} writer threads'} ran"
+        f" Its {'writer' if len(writers) == 1 else f'{len(writers)} writers'} (on SQLite, inline"
+        " on the Trio thread or on the writer thread) ran"
         f" {ops:.2f} write operations per child in {tx:.2f} transactions"
         f" ({ops / tx if tx else math.nan:.2f} per transaction: group commit);"
         f" the busiest writer was inside a transaction {busiest['busy_share']:.0%} of the wall time,"

@@ -58,9 +58,10 @@ def process_cpu() -> float:
 
 
 class ThreadTally:
-    """Transactions, operations and busy time of one zincir database thread.
+    """Transactions, operations and busy time of one zincir writer: the batches its database
+    thread ran, and those it ran inline on the Trio thread (SQLite, while the thread was idle).
 
-    Only the database thread itself writes these; the Trio thread reads them between trials.
+    The two never run at once; the Trio thread reads these between trials.
     """
 
     def __init__(self) -> None:
@@ -83,7 +84,19 @@ class ThreadTally:
                 tally.transactions += 1
                 tally.operations += len(batch)
 
+        def counted_inline(batch: list[Any]) -> bool:
+            start = time.perf_counter()
+            ran: bool = run_inline_batch(batch)
+            if ran:  # else the thread takes the batch, and counts it
+                tally.busy += time.perf_counter() - start
+                tally.transactions += 1
+                tally.operations += len(batch)
+            return ran
+
         thread._run_batch = counted
+        run_inline_batch = getattr(thread, "_run_inline_batch", None)
+        if run_inline_batch is not None:
+            thread._run_inline_batch = counted_inline
         return True
 
     def snapshot(self) -> tuple[int, int, float]:
