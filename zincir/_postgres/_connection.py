@@ -392,12 +392,7 @@ class PostgresSession:
             self.settle()
         except psycopg.Error as exc:
             if _connection_lost(exc, conn):
-                self._discard()
-                # The server may or may not have committed: never report a success we cannot know.
-                raise DatabaseUnavailable(
-                    f"{self._where}: the connection failed during COMMIT, so whether it committed"
-                    f" is unknown ({exc})"
-                ) from exc
+                raise self._outcome_unknown(exc, "during COMMIT") from exc
             raise  # the server answered: nothing was committed (COMMIT is the last statement)
         if committing.statusmessage != "COMMIT":
             raise RuntimeError(f"COMMIT answered {committing.statusmessage!r}: nothing was committed")
@@ -412,14 +407,18 @@ class PostgresSession:
             self.settle(always=True)
         except psycopg.Error as exc:
             if _connection_lost(exc, conn):
-                self._discard()
-                raise DatabaseUnavailable(
-                    f"{self._where}: the connection failed while the transaction committed, so"
-                    f" whether it committed is unknown ({exc})"
-                ) from exc
+                raise self._outcome_unknown(exc, "while the transaction committed") from exc
             self._in_transaction = False  # ended by the server, rolled back
             raise
         self._in_transaction = False
+
+    def _outcome_unknown(self, exc: psycopg.Error, when: str) -> DatabaseUnavailable:
+        """The connection died as a transaction committed: the server may or may not have
+        committed it, so never report a success that cannot be known."""
+        self._discard()
+        return DatabaseUnavailable(
+            f"{self._where}: the connection failed {when}, so whether it committed is unknown ({exc})"
+        )
 
     def _send_notifications(self, conn: psycopg.Connection[Any]) -> None:
         # Inside the write transaction, right before it commits. Sent after COMMIT, each NOTIFY
