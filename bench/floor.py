@@ -37,6 +37,7 @@ from typing import Any
 
 import trio
 
+from ._harness import rotated
 from .sys_raw import RawSystem
 from .sys_zincir import ZincirSystem
 
@@ -52,17 +53,12 @@ LABELS = {
 _STEP_ROW = "INSERT INTO steps (run_id, name, result) VALUES (?, ?, ?)"
 
 
-def _connect(path: Path) -> sqlite3.Connection:
-    """The bare series' file: the ceiling's step table, beside a table of lease rows."""
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    conn.execute("PRAGMA journal_mode=wal")
-    conn.execute("PRAGMA synchronous=full")
-    conn.execute("CREATE TABLE runs (id TEXT PRIMARY KEY, owner TEXT, epoch INT, expires INT)")
-    conn.execute(
-        "CREATE TABLE steps (run_id TEXT NOT NULL, name TEXT NOT NULL, result TEXT NOT NULL,"
-        " PRIMARY KEY (run_id, name))"
-    )
-    return conn
+def _bare_file(path: Path) -> RawSystem:
+    """The bare series' file: the ceiling's own step table, beside a table of lease rows."""
+    bare = RawSystem("", str(path), {})
+    bare.open()
+    bare.conn.execute("CREATE TABLE runs (id TEXT PRIMARY KEY, owner TEXT, epoch INT, expires INT)")
+    return bare
 
 
 def _write_batch(conn: sqlite3.Connection, batch: list[tuple[str, str, str]], many: bool) -> None:
@@ -124,7 +120,7 @@ async def _bare(conn: sqlite3.Connection, many: bool) -> float:
 
 
 async def measure(workdir: Path, reps: int, progress: bool) -> dict[str, list[float]]:
-    conn = _connect(workdir / "bare.db")
+    bare = _bare_file(workdir / "bare.db")
     raw = RawSystem("", str(workdir / "raw.db"), {})
     raw.open()
     system = ZincirSystem("", str(workdir / "zincir.db"), {})
@@ -138,10 +134,10 @@ async def measure(workdir: Path, reps: int, progress: bool) -> dict[str, list[fl
         return RUNS * STEPS / raw.concurrent(RUNS, STEPS)
 
     async def bare_execute() -> float:
-        return await _bare(conn, many=False)
+        return await _bare(bare.conn, many=False)
 
     async def bare_executemany() -> float:
-        return await _bare(conn, many=True)
+        return await _bare(bare.conn, many=True)
 
     legs = {
         "ceiling": ceiling,
@@ -151,8 +147,7 @@ async def measure(workdir: Path, reps: int, progress: bool) -> dict[str, list[fl
     }
     try:
         for rep in range(-1, reps):  # -1: the warm-up, not kept
-            order = SERIES[rep % len(SERIES) :] + SERIES[: rep % len(SERIES)]
-            for name in order:
+            for name in rotated(list(SERIES), rep):
                 value = await legs[name]()
                 if rep >= 0:
                     results[name].append(value)
@@ -161,7 +156,7 @@ async def measure(workdir: Path, reps: int, progress: bool) -> dict[str, list[fl
                 print(f"bench.floor: {done}", file=sys.stderr, flush=True)
     finally:
         await system.close()
-        conn.close()
+        bare.close()
         raw.close()
     return results
 
