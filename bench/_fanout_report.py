@@ -70,6 +70,13 @@ def summarize(res: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
                 t["server_cpu_seconds"] / n * 1e3 for t in trials if t.get("server_cpu_seconds") is not None
             ]
             entry["server_cpu_ms"] = _median(server) if server else None
+            by_thread = [t.get("thread_cpu_seconds") for t in trials]
+            if all(by_thread):
+                roles = sorted({role for cpu in by_thread for role in cpu})  # type: ignore[union-attr]
+                entry["thread_cpu_ms"] = {
+                    role: _median([cpu.get(role, 0.0) / n * 1e3 for cpu in by_thread])  # type: ignore[union-attr]
+                    for role in roles
+                }
             threads = [t.get("threads") for t in trials]
             if all(threads):
                 entry["threads"] = _thread_summary(threads, trials)  # type: ignore[arg-type]
@@ -190,6 +197,7 @@ def conclusions(res: dict[str, Any], summary: dict[str, Any], found: dict[str, A
                     " faster than"
                     " measured."
                 )
+                text += _cpu_bound(z, d, target)
             elif pair["low"] < target:
                 text += (
                     " The worst pairing of repetitions falls below the target: the margin is within"
@@ -250,6 +258,36 @@ def _writer_text(entry: dict[str, Any]) -> str:
     return text + "."
 
 
+def _cpu_bound(z: dict[str, Any], d: dict[str, Any], target: float) -> str:
+    """How the time ratio compares with the ratio of the processes' CPU per child: where the two
+    agree, each system is bound by its own process's CPU (one Python process, one GIL each), and
+    the target is a budget of CPU per child."""
+    cpu_ratio = d["cpu_ms"] / z["cpu_ms"] if z["cpu_ms"] else math.nan
+    return (
+        f" DBOS's process used {d['cpu_ms']:.2f} ms of CPU per child and zincir's {z['cpu_ms']:.2f} ms:"
+        f" a ratio of {_x(cpu_ratio)} beside the {_x(d['seconds'] / z['seconds'])} in time. Where the two"
+        " agree, each process is bound by its own CPU (one Python process each, one GIL), and the"
+        f" target comes down to zincir's CPU per child: ≤ {d['cpu_ms'] / target:.2f} ms at DBOS's."
+    )
+
+
+def _thread_text(entry: dict[str, Any]) -> str:
+    by_thread = entry.get("thread_cpu_ms")
+    if not by_thread:
+        return ""
+    names = {
+        "trio": "the Trio thread",
+        "writer": "the writers",
+        "reader": "the reader",
+        "listener": "the listener",
+        "other": "other threads",
+    }
+    parts = [
+        f"{names.get(role, role)} {ms:.2f}" for role, ms in sorted(by_thread.items(), key=lambda kv: -kv[1])
+    ]
+    return f" By thread, in ms of CPU per child: {', '.join(parts)}."
+
+
 def _where_time_went(name: str, z: dict[str, Any], entries: dict[str, Any]) -> list[str]:
     n = z["children"]
     spawn_share = z["spawn_seconds"] / z["seconds"] if z["seconds"] else math.nan
@@ -269,6 +307,7 @@ def _where_time_went(name: str, z: dict[str, Any], entries: dict[str, Any]) -> l
     if z.get("server_cpu_ms") is not None:
         text += f" and PostgreSQL's processes {z['server_cpu_ms']:.2f} ms"
     text += f"; {z['cores']:.2f} of the machine's cores were busy on average."
+    text += _thread_text(z)
     text += _writer_text(z)
     lines = [text]
     nursery = entries.get("zincir-nursery")
@@ -391,7 +430,9 @@ def render(res: dict[str, Any], chart_name: str) -> str:
         "CPU per child: user + system time of the system's process (every thread) over the timed span, and"
         " of all PostgreSQL server processes (on SQLite there are none); 'cores busy' is their sum over the"
         " wall time, out of the machine's"
-        f" {res['machine'].get('cpu_count', '?')}. Transactions per child: on PostgreSQL `xact_commit` of the"
+        f" {res['machine'].get('cpu_count', '?')}. zincir's CPU by thread (in the text above) is each"
+        " thread's user + system time from `/proc/self/task`, summed by role: the Trio thread, the writers,"
+        " the reader, the listener. Transactions per child: on PostgreSQL `xact_commit` of the"
         " system's database in `pg_stat_database` (every transaction, read-only ones and NOTIFYs too); on"
         " SQLite, zincir's database threads' transactions (writer and reader), and DBOS's commits seen by"
         " an SQLAlchemy `commit` listener on its engine (reads included)."

@@ -21,14 +21,15 @@ the handler: from just before the first spawn of the parent's first start to the
 top (its spawns and joins replayed); ``starts`` counts its starts, and the clock keeps running.
 
 Besides the times, the answer carries what zincir's database threads did meanwhile (counted by
-wrapping each thread's batch method: measurement only, private attributes, absent if they move)
-and, with ``profile=True``, every SQL statement sent, by kind and by the store operation that
-sent it (:class:`Profile`).
+wrapping each thread's batch method: measurement only, private attributes, absent if they move),
+the CPU time of each kind of thread (:func:`thread_cpu`), and, with ``profile=True``, every SQL
+statement sent, by kind and by the store operation that sent it (:class:`Profile`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import resource
 import threading
@@ -52,6 +53,36 @@ CONCURRENT_TASKS = 64  # the "concurrent" style: spawns (then joins) from this m
 def process_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
+
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu() -> dict[str, float]:
+    """User + system CPU seconds so far of this process's threads, summed by role: the Trio
+    thread, zincir's writers, its reader, its listener, and the rest (from /proc, Linux only;
+    empty elsewhere). A thread that ended meanwhile takes its time with it."""
+    out: Counter[str] = Counter()
+    main = threading.main_thread().native_id
+    for thread in threading.enumerate():
+        try:
+            with open(f"/proc/self/task/{thread.native_id}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        out[_thread_role(thread.name, thread.native_id == main)] += (
+            int(fields[11]) + int(fields[12])
+        ) / _TICKS
+    return dict(out)
+
+
+def _thread_role(name: str, main: bool) -> str:
+    if main:
+        return "trio"
+    for role in ("writer", "reader", "listener"):
+        if name.startswith(f"zincir-{role}"):
+            return role
+    return "other"
 
 
 # -- what the database threads do ------------------------------------------------------------------
@@ -244,6 +275,8 @@ class Trial:
     t_joined: float = 0.0
     t_end: float = 0.0
     cpu_end: float = 0.0
+    thread_cpu_first: dict[str, float] = field(default_factory=dict)
+    thread_cpu_end: dict[str, float] = field(default_factory=dict)
     result: Any = None
     threads_first: dict[str, tuple[int, int, float]] = field(default_factory=dict)
     threads_end: dict[str, tuple[int, int, float]] = field(default_factory=dict)
@@ -331,6 +364,7 @@ class ZincirSide:
             trial.threads_first = self._threads_now()
             trial.ended_before = self.children_ended
             trial.cpu_first = process_cpu()
+            trial.thread_cpu_first = thread_cpu()
             trial.t_first = time.monotonic()
         if trial.style == "nursery":
             async with run.children() as nursery:
@@ -356,6 +390,7 @@ class ZincirSide:
         await run.complete(result=result)
         trial.t_end = time.monotonic()
         trial.cpu_end = process_cpu()
+        trial.thread_cpu_end = thread_cpu()
         trial.threads_end = self._threads_now()
         trial.result = result
         trial.done.set()
@@ -396,6 +431,10 @@ class ZincirSide:
             "status": stored.status.value,
             "result": stored.result,
             "cpu_seconds": trial.cpu_end - trial.cpu_first,
+            "thread_cpu_seconds": {
+                role: seconds - trial.thread_cpu_first.get(role, 0.0)
+                for role, seconds in trial.thread_cpu_end.items()
+            },
             "threads": _thread_deltas(trial.threads_first, trial.threads_end),
         }
         if profile:

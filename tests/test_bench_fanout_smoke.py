@@ -54,11 +54,15 @@ def test_zincirs_fan_out_and_in_runs_on_both_backends(tmp_path: Path, postgres_a
             assert trial["spawn_seconds"] + trial["join_seconds"] <= trial["seconds"], key
             writers = [v for k, v in trial["threads"].items() if k.startswith("writer")]
             assert writers and sum(w["transactions"] for w in writers) > 0, key
+            by_thread = trial["thread_cpu_seconds"]  # the Trio thread always works; so does a writer
+            assert by_thread["trio"] > 0 and by_thread["writer"] >= 0, key
+            assert sum(by_thread.values()) <= trial["cpu_seconds"] + 0.05, key
             if key.endswith("postgresql"):
                 assert trial["xact_commits"] > 0, key
     for backend in ("sqlite", "postgresql"):  # the primary configuration's warm-up is profiled
         assert sum(results["profile"][backend]["statements"].values()) > 0, backend
     assert "zincir, spawn + join" in report and "DBOS was not measured" in report
+    assert "By thread, in ms of CPU per child: " in report
 
     assert out.with_suffix(".svg").read_text().startswith("<svg")
     # Nothing left behind in the scratch directory but the report.
