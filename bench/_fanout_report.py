@@ -238,7 +238,7 @@ def _writers(entry: dict[str, Any]) -> list[dict[str, Any]]:
     return [v for k, v in sorted(threads.items()) if k.startswith("writer")]
 
 
-def _writer_text(entry: dict[str, Any]) -> str:
+def _writer_text(entry: dict[str, Any], sqlite: bool) -> str:
     writers = _writers(entry)
     if not writers:
         return ""
@@ -246,8 +246,8 @@ def _writer_text(entry: dict[str, Any]) -> str:
     ops = sum(w["transactions_per_child"] * w["operations_per_transaction"] for w in writers)
     busiest = max(writers, key=lambda w: w["busy_share"])
     text = (
-        f" Its {'writer' if len(writers) == 1 else f'{len(writers)} writers'} (on SQLite, inline"
-        " on the Trio thread or on the writer thread) ran"
+        f" Its {'writer' if len(writers) == 1 else f'{len(writers)} writers'}"
+        f"{' (inline on the Trio thread or on the writer thread)' if sqlite else ''} ran"
         f" {ops:.2f} write operations per child in {tx:.2f} transactions"
         f" ({ops / tx if tx else math.nan:.2f} per transaction: group commit);"
         f" the busiest writer was inside a transaction {busiest['busy_share']:.0%} of the wall time,"
@@ -308,7 +308,7 @@ def _where_time_went(name: str, z: dict[str, Any], entries: dict[str, Any]) -> l
         text += f" and PostgreSQL's processes {z['server_cpu_ms']:.2f} ms"
     text += f"; {z['cores']:.2f} of the machine's cores were busy on average."
     text += _thread_text(z)
-    text += _writer_text(z)
+    text += _writer_text(z, name == BACKEND_NAMES["sqlite"])
     lines = [text]
     nursery = entries.get("zincir-nursery")
     if nursery is not None:
@@ -323,7 +323,7 @@ def _where_time_went(name: str, z: dict[str, Any], entries: dict[str, Any]) -> l
         lines.append(
             f"{name}, spawning and joining from 64 tasks at once took {_s(concurrent['seconds'])} s,"
             f" {z['seconds'] / concurrent['seconds']:.2f}x faster than one after another."
-            + _writer_text(concurrent)
+            + _writer_text(concurrent, name == BACKEND_NAMES["sqlite"])
         )
     return lines
 
