@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
 
     command = " ".join(["python -m bench.pg_op_cost", *_shown(sys.argv[1:] if argv is None else argv)])
     with (
-        tempfile.TemporaryDirectory(prefix="zincir-op-cost-", dir=args.dir) as scratch,
+        tempfile.TemporaryDirectory(prefix="zincir-op-cost-", dir=Path(args.dir).resolve()) as scratch,
         _pg_server.throwaway_server(Path(scratch))
         if args.url is None
         else contextlib.nullcontext(args.url) as admin,
