@@ -259,15 +259,16 @@ def _writer_text(entry: dict[str, Any], sqlite: bool) -> str:
 
 
 def _cpu_bound(z: dict[str, Any], d: dict[str, Any], target: float) -> str:
-    """How the time ratio compares with the ratio of the processes' CPU per child: where the two
-    agree, each system is bound by its own process's CPU (one Python process, one GIL each), and
-    the target is a budget of CPU per child."""
+    """The ratio of the processes' CPU per child beside the time ratio: where the time is all
+    CPU, the target is a budget of CPU per child; where it is not (a chain of commits waited
+    for), saving CPU alone does not get there."""
     cpu_ratio = d["cpu_ms"] / z["cpu_ms"] if z["cpu_ms"] else math.nan
     return (
         f" DBOS's process used {d['cpu_ms']:.2f} ms of CPU per child and zincir's {z['cpu_ms']:.2f} ms:"
-        f" a ratio of {_x(cpu_ratio)} beside the {_x(d['seconds'] / z['seconds'])} in time. Where the two"
-        " agree, each process is bound by its own CPU (one Python process each, one GIL), and the"
-        f" target comes down to zincir's CPU per child: ≤ {d['cpu_ms'] / target:.2f} ms at DBOS's."
+        f" a ratio of {_x(cpu_ratio)} beside the {_x(d['seconds'] / z['seconds'])} in time. If each"
+        " process were bound by its own CPU alone (one Python process each, one GIL), the target would"
+        f" come down to zincir's CPU per child: ≤ {d['cpu_ms'] / target:.2f} ms at DBOS's; the parent's"
+        " spawns and joins, each waiting for its commit, are a bound of their own."
     )
 
 
