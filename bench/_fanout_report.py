@@ -70,12 +70,11 @@ def summarize(res: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
                 t["server_cpu_seconds"] / n * 1e3 for t in trials if t.get("server_cpu_seconds") is not None
             ]
             entry["server_cpu_ms"] = _median(server) if server else None
-            by_thread = [t.get("thread_cpu_seconds") for t in trials]
-            if all(by_thread):
-                roles = sorted({role for cpu in by_thread for role in cpu})  # type: ignore[union-attr]
+            by_thread = [t["thread_cpu_seconds"] for t in trials if t.get("thread_cpu_seconds")]
+            if len(by_thread) == len(trials):
+                roles = sorted({role for cpu in by_thread for role in cpu})
                 entry["thread_cpu_ms"] = {
-                    role: _median([cpu.get(role, 0.0) / n * 1e3 for cpu in by_thread])  # type: ignore[union-attr]
-                    for role in roles
+                    role: _median([cpu.get(role, 0.0) / n * 1e3 for cpu in by_thread]) for role in roles
                 }
             threads = [t.get("threads") for t in trials]
             if all(threads):

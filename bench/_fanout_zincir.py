@@ -29,7 +29,6 @@ statement sent, by kind and by the store operation that sent it (:class:`Profile
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import resource
 import threading
@@ -45,6 +44,8 @@ import trio
 
 import zincir
 
+from ._common import cpu_seconds, proc_stat
+
 PARENT_ROLE = "fanout-parent"
 CHILD_ROLE = "fanout-child"
 CONCURRENT_TASKS = 64  # the "concurrent" style: spawns (then joins) from this many Trio tasks at once
@@ -55,25 +56,18 @@ def process_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-_TICKS = os.sysconf("SC_CLK_TCK")
-
-
 def thread_cpu() -> dict[str, float]:
     """User + system CPU seconds so far of this process's threads, summed by role: the Trio
     thread, zincir's writers, its reader, its listener, and the rest (from /proc, Linux only;
     empty elsewhere). A thread that ended meanwhile takes its time with it."""
-    out: Counter[str] = Counter()
+    out: dict[str, float] = {}
     main = threading.main_thread().native_id
     for thread in threading.enumerate():
-        try:
-            with open(f"/proc/self/task/{thread.native_id}/stat") as f:
-                fields = f.read().rpartition(")")[2].split()
-        except OSError:
-            continue
-        out[_thread_role(thread.name, thread.native_id == main)] += (
-            int(fields[11]) + int(fields[12])
-        ) / _TICKS
-    return dict(out)
+        fields = proc_stat(f"/proc/self/task/{thread.native_id}/stat")
+        if fields is not None:
+            role = _thread_role(thread.name, thread.native_id == main)
+            out[role] = out.get(role, 0.0) + cpu_seconds(fields)
+    return out
 
 
 def _thread_role(name: str, main: bool) -> str:

@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ._common import cpu_seconds, proc_stat
 from ._fanout_child import REPO, Child
 from ._fanout_report import render, write_chart
 
@@ -145,12 +146,8 @@ def peer_available(system: str) -> bool:
 
 def _cpu_of(pid: int) -> float | None:
     """User + system CPU seconds of a process so far, from /proc (None if unreadable)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    fields = proc_stat(f"/proc/{pid}/stat")
+    return None if fields is None else cpu_seconds(fields)
 
 
 def _postmaster(url: str) -> int | None:
@@ -164,24 +161,19 @@ def _postmaster(url: str) -> int | None:
         with open(f"/proc/{backend}/comm") as f:
             if f.read().strip() != "postgres":
                 return None
-        with open(f"/proc/{backend}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
     except OSError:
         return None
+    fields = proc_stat(f"/proc/{backend}/stat")
+    return None if fields is None else int(fields[1])
 
 
 def _server_cpu(postmaster: int) -> float:
     """CPU seconds used so far by the postmaster's live children (backends, background work)."""
     total = 0.0
     for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == postmaster:
-                total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        fields = proc_stat(f"/proc/{entry}/stat") if entry.isdigit() else None
+        if fields is not None and int(fields[1]) == postmaster:
+            total += cpu_seconds(fields)
     return total
 
 

@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ._common import shown_command
 from ._harness import REPO, EventProcess
 from ._horizon_agent import ModelParams, check, ledger_counts, ledger_lines, task_index
 from ._horizon_report import render, write_chart
@@ -333,23 +334,6 @@ def machine() -> dict[str, Any]:
     }
 
 
-def shown_command(argv: Sequence[str]) -> str:
-    """The command line as a reader would rerun it: without the paths this run was given."""
-    shown: list[str] = []
-    skip = False
-    for arg in argv:
-        if skip:
-            skip = False
-            continue
-        if arg in ("--out", "--dir"):
-            skip = True
-            continue
-        if arg.startswith(("--out=", "--dir=")):
-            continue
-        shown.append(arg)
-    return " ".join(["python -m bench.horizon", *shown])
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="python -m bench.horizon", description=__doc__.split("\n\n")[0])
@@ -401,7 +385,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not opts.keep:
             shutil.rmtree(work, ignore_errors=True)
     results = {
-        "command": shown_command(argv),
+        "command": shown_command("python -m bench.horizon", argv),
         "machine": machine(),
         "sizes": asdict(sizes),
         "wall_seconds": time.monotonic() - started,

@@ -37,6 +37,7 @@ from psycopg import pq
 from zincir._postgres._connection import PostgresSession
 
 from . import _pg_server
+from ._common import shown_command
 from ._harness import rotated
 
 LOCK = "SELECT epoch FROM bench_runs WHERE id = %s FOR NO KEY UPDATE"
@@ -224,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.quiet:
             print(message, file=sys.stderr, flush=True)
 
-    command = " ".join(["python -m bench.pg_op_cost", *_shown(sys.argv[1:] if argv is None else argv)])
+    command = shown_command("python -m bench.pg_op_cost", sys.argv[1:] if argv is None else argv)
     with (
         tempfile.TemporaryDirectory(prefix="zincir-op-cost-", dir=Path(args.dir).resolve()) as scratch,
         _pg_server.throwaway_server(Path(scratch))
@@ -240,21 +241,6 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).write_text(render(results, args.ops, args.rounds, command, settings), encoding="utf-8")
     log(f"wrote {args.out}")
     return 0
-
-
-def _shown(argv: list[str]) -> list[str]:
-    """The arguments that change what is measured: not where the server, its data or the report are."""
-    hidden = ("--url", "--dir", "--out")
-    shown: list[str] = []
-    skip = False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg in hidden:
-            skip = True
-        elif not arg.startswith(tuple(f"{h}=" for h in hidden)):
-            shown.append(arg)
-    return shown
 
 
 if __name__ == "__main__":

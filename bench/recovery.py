@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ._common import shown_command
 from ._harness import REPO, EventProcess
 from ._recovery_common import ledger_counts, tool_steps
 from ._recovery_report import render, write_chart
@@ -471,20 +472,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "recovery": {},
         "targets": {"duplicates_with_reconcile": 0, "recovery_s": RECOVERY_TARGET_S},
     }
-    # The command as typed, minus machine-specific paths (they would make the report noisy).
-    cleaned: list[str] = []
-    skip_next = False
-    for a in raw_argv:
-        if skip_next:
-            skip_next = False
-            continue
-        if a in ("--dir", "--out", "--url"):
-            skip_next = True
-            continue
-        if a.startswith(("--dir=", "--out=", "--url=")):
-            continue
-        cleaned.append(a)
-    results["command"] = " ".join(["python -m bench.recovery", *cleaned])
+    results["command"] = shown_command("python -m bench.recovery", raw_argv)
     try:
         if "1" in parts:
             configs = [c for c in DUP_CONFIGS if c.system in systems]
