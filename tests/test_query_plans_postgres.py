@@ -339,7 +339,7 @@ class PlanTx(Tx):
 
     def _explain(self, sql: str, params: Any) -> None:
         assert isinstance(params, tuple), (sql, params)
-        [(custom,)] = self._conn.execute(f"EXPLAIN (FORMAT JSON) {sql}", params, prepare=False).fetchall()
+        [(custom,)] = self._session.send(f"EXPLAIN (FORMAT JSON) {sql}", params, prepare=False).all()
         generic = None
         if self._generic is not None and params:
             explain = f"EXPLAIN (GENERIC_PLAN, FORMAT JSON) {_placeholders(sql)}"

@@ -18,9 +18,10 @@ from typing import Any, Final
 import psycopg
 import trio
 from psycopg import errors as pg_errors
-from psycopg.pq import PipelineStatus, TransactionStatus
+from psycopg.pq import ConnStatus, TransactionStatus
 
 from .._errors import DatabaseBusy, DatabaseUnavailable, StorageError, TransientConflict
+from ._pipe import Pending, Pipe
 
 __all__ = ["Echo", "PostgresSession", "Tx", "connect", "redact", "storage_error"]
 
@@ -114,11 +115,17 @@ def storage_error(exc: psycopg.Error, where: str) -> StorageError:
 _SESSION_ENDING_STATES: Final = frozenset({"57P01", "57P02", "57P03"})
 
 
+def _unusable(conn: psycopg.Connection[Any] | None) -> bool:
+    return conn is None or conn.broken or conn.closed or conn.pgconn.status == ConnStatus.BAD
+
+
 def _connection_lost(exc: psycopg.Error, conn: psycopg.Connection[Any] | None) -> bool:
     """Whether the error took the connection with it. A deadlock, lock or statement timeout
     is an OperationalError too, but the connection stays usable (roll back to the savepoint)."""
-    if conn is None or conn.broken or conn.closed:
+    if _unusable(conn):
         return True
+    if isinstance(exc, pg_errors.PipelineAborted):
+        return False  # a statement skipped behind one that failed: that failure is the story
     state = exc.sqlstate or ""
     return (
         state.startswith("08")
@@ -169,14 +176,13 @@ class Tx:
         return self.send(sql, params).all()
 
     def execute(self, sql: str, params: Any = ()) -> None:
-        self._conn.execute(sql, params)
-        self._session.sent()
+        self._session.send(sql, params)
 
     def send(self, sql: str, params: Any = ()) -> Sent:
         """Send a statement and go on; read its rows later from what this returns. Reads that
         do not depend on each other, sent one after another, share one round trip."""
-        cursor = self._conn.execute(sql, params)
-        return Sent(cursor, self._session, self._session.sent())
+        pending = self._session.send(sql, params)
+        return Sent(pending, self._session, self._session._sent)
 
     def savepoint(self, name: str) -> None:
         """SAVEPOINT ``name``, inside an explicit transaction block (which it opens if the
@@ -207,18 +213,18 @@ class Tx:
 class Sent:
     """A statement on its way; reading its rows waits for it and for all sent before it."""
 
-    def __init__(self, cursor: psycopg.Cursor[Any], session: PostgresSession, number: int) -> None:
-        self._cursor = cursor
+    def __init__(self, pending: Pending, session: PostgresSession, number: int) -> None:
+        self._pending = pending
         self._session = session
         self._number = number
 
     def one(self) -> Any:
-        row = self._cursor.fetchone()
+        row = self._pending.one()
         self._session.answered(self._number)
         return row
 
     def all(self) -> list[Any]:
-        rows = self._cursor.fetchall()
+        rows = self._pending.all()
         self._session.answered(self._number)
         return rows
 
@@ -244,8 +250,7 @@ class PostgresSession:
         self._read_only = read_only
         self._clock = clock
         self._conn: psycopg.Connection[Any] | None = None
-        self._pipeline_mode = contextlib.ExitStack()
-        self._pipeline: psycopg.Pipeline | None = None
+        self._pipe: Pipe | None = None
         # Statements sent on this connection, and how many of them (the first ones) have been
         # answered: a read waits for every statement sent before it.
         self._sent = self._answered = 0
@@ -260,16 +265,17 @@ class PostgresSession:
         self.parents_told: set[str] = set()
 
     def _connection(self) -> psycopg.Connection[Any]:
-        if self._conn is None or self._conn.broken or self._conn.closed:
+        if _unusable(self._conn):
             self._discard()
             conn = connect(self._url, application_name=f"zincir {self._name}")
             if self._read_only:
                 conn.execute(_READER_TRANSACTIONS)
-            self._pipeline = self._pipeline_mode.enter_context(conn.pipeline())
+            self._pipe = Pipe(conn)
             self._conn = conn
             if self._echo is not None:
                 self._pid = conn.info.backend_pid
                 self._echo.own(self._pid)
+        assert self._conn is not None
         return self._conn
 
     def _discard(self) -> None:
@@ -279,19 +285,25 @@ class PostgresSession:
         if self._echo is not None and self._pid is not None:
             self._echo.disown(self._pid)
             self._pid = None
-        with contextlib.suppress(psycopg.Error):  # leaving pipeline mode syncs, if it still can
-            self._pipeline_mode.close()
-        self._pipeline = None
+        self._pipe = None
         self._sent = self._answered = 0
         if self._conn is not None:
             with contextlib.suppress(psycopg.Error):
                 self._conn.close()
             self._conn = None
 
-    def sent(self) -> int:
-        """Count a statement sent; its number."""
+    def _live_pipe(self) -> Pipe:
+        """The open transaction's pipe. Never a new connection: statements sent on one would
+        run outside the transaction (a COMMIT there answers COMMIT, having committed nothing)."""
+        if self._pipe is None or _unusable(self._conn):
+            raise psycopg.OperationalError(f"{self._where}: the connection was lost during the transaction")
+        return self._pipe
+
+    def send(self, sql: Any, params: Any = (), *, prepare: bool = True) -> Pending:
+        """Send a statement on the connection's pipeline (counted: see :attr:`unanswered`)."""
+        pending = self._live_pipe().send(sql, params, prepare=prepare)
         self._sent += 1
-        return self._sent
+        return pending
 
     def answered(self, number: int) -> None:
         self._answered = max(self._answered, number)
@@ -305,10 +317,10 @@ class PostgresSession:
         """Wait for the outcome of every statement sent; raise the error of one that failed.
         ``always`` syncs even if nothing is outstanding: in pipeline mode the connection learns
         the transaction's status only from a sync."""
-        pipeline = self._pipeline
-        if pipeline is not None and (always or self.unanswered or pipeline.status == PipelineStatus.ABORTED):
+        pipe = self._pipe
+        if pipe is not None and (always or self.unanswered or pipe.aborted):
             self._answered = self._sent
-            pipeline.sync()
+            pipe.sync()
 
     def settle_quietly(self, *, always: bool = False) -> None:
         """Settle after a failure was reported already: only a lost connection matters now."""
@@ -356,8 +368,7 @@ class PostgresSession:
         it). BEGIN inside an implicit transaction keeps what it did so far."""
         if self._block or self._read_only:
             return
-        self._connection().execute("BEGIN")
-        self.sent()
+        self.send("BEGIN")
         self._block = True
 
     def may_run_again(self) -> bool:
@@ -372,7 +383,9 @@ class PostgresSession:
     def commit(self) -> None:
         """The NOTIFYs the transaction calls for, then its COMMIT, in one round trip."""
         conn = self._conn
-        assert conn is not None
+        if conn is None:  # lost (and discarded) during the transaction: never a silent success
+            lost = psycopg.OperationalError("the connection was lost during the transaction")
+            raise self._outcome_unknown(lost, "before COMMIT")
         if self._read_only:  # the sync ends the read's implicit transaction
             self.settle(always=True)
             self._in_transaction = False
@@ -383,19 +396,17 @@ class PostgresSession:
         # In a transaction that failed, COMMIT answers ROLLBACK without an error: its status
         # message, not the absence of an error, says whether it committed. In pipeline mode
         # sending may raise too (it reads the answers that came meanwhile), so it is all inside.
-        committing: psycopg.Cursor[Any] | None = None
         try:
             self._send_notifications(conn)
             self._commit_sent = True
-            committing = conn.execute("COMMIT")
-            self.sent()
+            committing = self.send("COMMIT")
             self.settle()
         except psycopg.Error as exc:
             if _connection_lost(exc, conn):
                 raise self._outcome_unknown(exc, "during COMMIT") from exc
             raise  # the server answered: nothing was committed (COMMIT is the last statement)
-        if committing.statusmessage != "COMMIT":
-            raise RuntimeError(f"COMMIT answered {committing.statusmessage!r}: nothing was committed")
+        if committing.status != "COMMIT":
+            raise RuntimeError(f"COMMIT answered {committing.status!r}: nothing was committed")
         self._in_transaction = False
 
     def _commit_implicit(self, conn: psycopg.Connection[Any]) -> None:
@@ -435,9 +446,9 @@ class PostgresSession:
         told.extend((CHILD_ENDED_CHANNEL, run_id) for run_id in sorted(self.parents_told - self.signalled))
         for channel, payload in told:
             if payload:
-                conn.execute("SELECT pg_notify(%s, %s)", (channel, payload))
+                self.send("SELECT pg_notify(%s, %s)", (channel, payload))
             else:
-                conn.execute(f"NOTIFY {channel}")
+                self.send(f"NOTIFY {channel}")
         self.signalled.clear()
         self.parents_told.clear()
 
@@ -450,11 +461,10 @@ class PostgresSession:
             self._rollback_implicit(conn)
             return
         self.settle_quietly(always=self._read_only)  # a read's sync ends its transaction
-        if self._read_only or conn is None or conn.broken or conn.closed:
+        if self._read_only or _unusable(conn):
             return  # the server ended the transaction with the connection
         try:
-            conn.execute("ROLLBACK")
-            self.sent()
+            self.send("ROLLBACK")
             self.settle()
         except psycopg.Error:
             logger.exception("rollback on %s failed", self._where)
@@ -466,31 +476,25 @@ class PostgresSession:
         lease it found lost, say). If it cannot be sent, a statement failed already (the server
         skips everything up to the sync, and the sync ends the transaction rolled back) or the
         connection is gone (and the server rolled back with it)."""
-        if conn is None or conn.broken or conn.closed:
+        if _unusable(conn):
             return
-        pipeline = self._pipeline
-        if pipeline is not None and pipeline.status != PipelineStatus.ABORTED:
-            # Sending may raise the error of a statement not read yet: the pipeline is aborted
-            # then, as when the operation read that error itself.
+        pipe = self._pipe
+        if pipe is not None and not pipe.aborted:
             with contextlib.suppress(psycopg.Error):
-                conn.execute("ROLLBACK")
-                self.sent()
+                self.send("ROLLBACK")
         self.settle_quietly(always=True)  # a connection found lost here is discarded
 
     def savepoint(self) -> None:
         self.open_block()
-        self._connection().execute("SAVEPOINT operation")
-        self.sent()
+        self.send("SAVEPOINT operation")
 
     def rollback_to_savepoint(self) -> None:
         self.settle_quietly()
-        self._connection().execute("ROLLBACK TO SAVEPOINT operation")
-        self.sent()
+        self.send("ROLLBACK TO SAVEPOINT operation")
         self.settle()
 
     def release_savepoint(self) -> None:
-        self._connection().execute("RELEASE SAVEPOINT operation")
-        self.sent()
+        self.send("RELEASE SAVEPOINT operation")
 
     def end_operation(self) -> None:
         """Before the next operation of a group commit: this one's statements must have
@@ -500,13 +504,14 @@ class PostgresSession:
     def transaction_lost(self) -> bool:
         self.settle_quietly(always=True)
         conn = self._conn
-        return conn is None or conn.broken or conn.info.transaction_status == TransactionStatus.IDLE
+        return _unusable(conn) or conn.info.transaction_status == TransactionStatus.IDLE  # type: ignore[union-attr]
 
     def tx(self) -> Tx:
-        conn = self._connection()
+        self._live_pipe()
+        assert self._conn is not None
+        conn = self._conn
         if self._clock is not None:  # a test's fake server clock, read by zincir_now_ms()
-            conn.execute("SELECT set_config('zincir.now_ms', %s, true)", (str(self._clock()),))
-            self.sent()
+            self.send("SELECT set_config('zincir.now_ms', %s, true)", (str(self._clock()),))
         return Tx(conn, self)
 
     def translate(self, exc: Exception) -> Exception:
@@ -529,10 +534,11 @@ class PostgresSession:
 def _hung_up(conn: psycopg.Connection[Any]) -> bool:
     """Whether the server sent anything to an idle connection: it only does so to end it."""
     try:
-        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+        poller = select.poll()
+        poller.register(conn.fileno(), select.POLLIN)
+        return bool(poller.poll(0))
     except (OSError, ValueError, psycopg.Error):
         return True
-    return bool(readable)
 
 
 def server_clock_offset(conn: psycopg.Connection[Any]) -> int:
