@@ -483,7 +483,7 @@ def _profile_section(res: dict[str, Any]) -> list[str]:
         f" ({sizes} children), so that the timed repetitions run uninstrumented: every store operation"
         " zincir's database threads ran (wrapping each thread's call of it) and every SQL statement"
         " sent (SQLite: the connections' trace callbacks; PostgreSQL: wrapping"
-        " `psycopg.Connection.execute`, which also times each), attributed to the operation that sent"
+        " zincir's `Pipe.send`, which also times each), attributed to the operation that sent"
         " it. `(transaction)` holds what the threads send around the operations: BEGIN, COMMIT, a"
         " SAVEPOINT per operation when several share a transaction, and on PostgreSQL the NOTIFYs"
         " after a commit. ms per call: the time inside the operation on its database thread.",

@@ -153,7 +153,7 @@ def operation_name(fn: Any) -> str:
 class Profile:
     """Every statement zincir sends, by kind and by the store operation that sent it, and each
     operation's calls and time. Statements come from the connections' trace callbacks on SQLite
-    and from wrapping ``psycopg.Connection.execute`` on PostgreSQL (which also times each one);
+    and from wrapping zincir's ``Pipe.send`` on PostgreSQL (which also times each one);
     operations from wrapping each database thread's ``_call`` (measurement only: private names,
     so the profile is empty if they move). Statements outside any operation (BEGIN, COMMIT,
     SAVEPOINT, NOTIFY) count under ``(transaction)``."""
@@ -206,23 +206,23 @@ class Profile:
         wrapped = [t for t in threads if self._wrap_call(t)]
         try:
             if db.backend == "postgresql":
-                import psycopg
+                from zincir._postgres._pipe import Pipe
 
-                original = psycopg.Connection.execute
+                original = Pipe.send
                 profile = self
 
-                def execute(conn: Any, query: Any, params: Any = None, **kwargs: Any) -> Any:
+                def send(pipe: Any, query: Any, params: Any = (), **kwargs: Any) -> Any:
                     start = time.perf_counter()
                     try:
-                        return original(conn, query, params, **kwargs)
+                        return original(pipe, query, params, **kwargs)
                     finally:
                         profile.note(query, time.perf_counter() - start)
 
-                psycopg.Connection.execute = execute  # type: ignore[assignment,method-assign]
+                Pipe.send = send  # type: ignore[method-assign]
                 try:
                     yield
                 finally:
-                    psycopg.Connection.execute = original  # type: ignore[method-assign]
+                    Pipe.send = original  # type: ignore[method-assign]
             else:
                 connections = [getattr(getattr(t, "_session", None), "_conn", None) for t in threads]
                 traced = [c for c in connections if c is not None]

@@ -211,8 +211,9 @@ def add_profile(add: Any, profile: dict[str, Any], sizes: dict[str, Any]) -> Non
     add("## Where zincir's time goes on PostgreSQL (`python -m bench.profile_pg`, same server)")
     add("")
     add(
-        "Every `psycopg.Connection.execute` that zincir makes is counted and timed by statement kind"
-        " (psycopg patched in that process only). 'In execute' is the wall time inside those calls,"
+        "Every statement that zincir sends (`Pipe.send`, on its connections' pipelines) is counted and"
+        " timed by statement kind (patched in that process only). 'In execute' is the wall time inside"
+        " those calls,"
         " summed over zincir's database threads. zincir's connections are in pipeline mode, so an"
         " `execute` returns once its statement is sent, and most of the wait for the server"
         " (round trip, execution, the WAL flush of a COMMIT) falls in reading rows or in the sync"

@@ -6,8 +6,8 @@ On a throwaway server (``bench._pg_server``, fsync=on, data in ``--dir``) or ``-
   ``INSERT`` (one round trip + one WAL flush); ``BEGIN`` + ``INSERT`` + ``COMMIT`` (what a step
   needs at least with explicit transactions);
 * zincir's sequential steps, 50 concurrent runs and one ResumeWorker completing due runs,
-  with every ``psycopg.Connection.execute`` counted and timed by statement kind (psycopg is
-  patched in this process only): statements per step, time inside them (waiting for the
+  with every statement zincir sends (``Pipe.send``, its connections' pipeline) counted and timed by
+  statement kind (patched in this process only): statements per step, time inside them (waiting for the
   server) against the wall time, and the batch sizes of the group commit (steps per COMMIT).
 
 Prints a table per workload, and writes the figures as JSON with ``--json PATH``.
@@ -33,6 +33,7 @@ import psycopg
 import trio
 
 import zincir
+from zincir._postgres._pipe import Pipe
 
 from ._pg_server import create_database, drop_database, throwaway_server
 
@@ -44,7 +45,7 @@ class Counter:
         self.lock = threading.Lock()
         self.calls: collections.Counter[str] = collections.Counter()
         self.seconds: collections.Counter[str] = collections.Counter()
-        self.original = psycopg.Connection.execute
+        self.original = Pipe.send
 
     def kind(self, sql: Any) -> str:
         text = sql.decode() if isinstance(sql, bytes) else str(sql)
@@ -61,10 +62,10 @@ class Counter:
     def installed(self) -> Iterator[None]:
         counter = self
 
-        def execute(conn: Any, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        def execute(pipe: Any, query: Any, params: Any = (), **kwargs: Any) -> Any:
             start = time.perf_counter()
             try:
-                return counter.original(conn, query, params, **kwargs)
+                return counter.original(pipe, query, params, **kwargs)
             finally:
                 elapsed = time.perf_counter() - start
                 key = counter.kind(query)
@@ -72,11 +73,11 @@ class Counter:
                     counter.calls[key] += 1
                     counter.seconds[key] += elapsed
 
-        psycopg.Connection.execute = execute  # type: ignore[assignment,method-assign]
+        Pipe.send = execute  # type: ignore[method-assign]
         try:
             yield
         finally:
-            psycopg.Connection.execute = self.original  # type: ignore[method-assign]
+            Pipe.send = self.original  # type: ignore[method-assign]
 
     def reset(self) -> None:
         with self.lock:
