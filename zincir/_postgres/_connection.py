@@ -504,7 +504,9 @@ class PostgresSession:
     def transaction_lost(self) -> bool:
         self.settle_quietly(always=True)
         conn = self._conn
-        return _unusable(conn) or conn.info.transaction_status == TransactionStatus.IDLE  # type: ignore[union-attr]
+        if conn is None or _unusable(conn):
+            return True
+        return conn.info.transaction_status == TransactionStatus.IDLE
 
     def tx(self) -> Tx:
         self._live_pipe()
