@@ -159,3 +159,25 @@ def test_connections_past_descriptor_1024_work(session: PostgresSession, pg_url:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert items(pg_url) == [1]
+
+
+def test_a_statement_whose_prepare_failed_is_not_run_by_that_name(
+    session: PostgresSession, pg_url: str
+) -> None:
+    """The second sending of a text prepares it; if the PREPARE fails, the error is the
+    statement's, and the name is forgotten: once the statement can work, it does."""
+    query = "SELECT label FROM items WHERE id = %s"
+    for _ in range(3):  # unprepared, then the PREPARE that fails, then unprepared again
+        session.begin()
+        with pytest.raises(psycopg.errors.UndefinedColumn):
+            session.tx().send(query, (1,)).one()
+        session.rollback()
+    assert session._pipe is not None and not session._pipe._prepared  # tried, and forgotten
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute("ALTER TABLE items ADD COLUMN label text")
+        admin.execute("INSERT INTO items VALUES (1, 'one')")
+    for _ in range(2):  # the second time prepared, for real
+        session.begin()
+        assert session.tx().send(query, (1,)).one() == ("one",)
+        session.commit()
+    assert session._pipe is not None and len(session._pipe._prepared) == 1

@@ -30,13 +30,15 @@ _ABORTED: Final = pq.ExecStatus.PIPELINE_ABORTED
 _SYNC: Final = pq.ExecStatus.PIPELINE_SYNC
 _TUPLES: Final = pq.ExecStatus.TUPLES_OK
 
+_Key = tuple[bytes, tuple[int, ...]]  # a statement as prepared: its text and parameter types
+
 
 class Pending:
     """A statement sent and not read yet; its results arrive in order with the others'."""
 
     __slots__ = ("_pipe", "_results", "prepares")
 
-    def __init__(self, pipe: Pipe, prepares: tuple[bytes, bytes] | None = None) -> None:
+    def __init__(self, pipe: Pipe, prepares: tuple[_Key, bytes] | None = None) -> None:
         self._pipe = pipe
         self._results: list[pq.abc.PGresult] | None = None
         self.prepares = prepares  # (query key, name) of a PREPARE, None for a statement
@@ -79,15 +81,18 @@ class Pipe:
     from here on (psycopg's cursors would not know of the pipeline)."""
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
-        self._conn = conn
         self._pg = conn.pgconn
         self._encoding = conn.info.encoding
         self._transformer = Transformer(conn)
-        self._prepared: dict[bytes, bytes] = {}  # query key -> statement name
-        self._seen: set[bytes] = set()  # sent once unprepared: prepared on the second time
+        self._prepared: dict[_Key, bytes] = {}  # statement -> its prepared name
+        self._seen: set[_Key] = set()  # sent once unprepared: prepared on the second time
         self._names = 0
         self._queue: deque[Pending | None] = deque()  # None: a sync
         self._flush_requested = False
+        # poll, not select: a process with many files open gets descriptors past select's 1024.
+        self._readable, self._writable = select.poll(), select.poll()
+        self._readable.register(self._pg.socket, select.POLLIN)
+        self._writable.register(self._pg.socket, select.POLLIN | select.POLLOUT)
         self._pg.enter_pipeline_mode()
 
     @property
@@ -101,7 +106,7 @@ class Pipe:
         false); nothing leaves libpq's buffer until the next read or sync."""
         pgq = PostgresQuery(self._transformer)
         pgq.convert(query, params)
-        key = pgq.query + b"\0" + repr(pgq.types).encode()
+        key = (pgq.query, tuple(pgq.types))
         name = self._prepared.get(key) if prepare else None
         if name is None and prepare and key in self._seen:
             name = self._prepare(key, pgq)
@@ -120,7 +125,7 @@ class Pipe:
         self._flush_requested = False
         return pending
 
-    def _prepare(self, key: bytes, pgq: PostgresQuery) -> bytes | None:
+    def _prepare(self, key: _Key, pgq: PostgresQuery) -> bytes | None:
         if len(self._prepared) >= _PREPARED:
             return None  # enough: the rest go unprepared
         self._names += 1
@@ -147,10 +152,8 @@ class Pipe:
                 if first is None:
                     first = error
                 break
-            results = self._next()
-            pending._arrive(results)
-            error = self._prepared_or_error(pending, results[-1])
-            if first is None and error is not None and not isinstance(error, pg_errors.PipelineAborted):
+            error = self._read_next(pending)
+            if first is None:
                 first = error
         if first is not None:
             raise first
@@ -168,29 +171,25 @@ class Pipe:
             if pending is None:  # a sync that was not read (its reader failed): its errors are old
                 self._read_sync()
                 continue
-            results = self._next()
-            pending._arrive(results)
-            error = self._prepared_or_error(pending, results[-1])
-            if (
-                error is not None
-                and pending is not target
-                and not isinstance(error, pg_errors.PipelineAborted)
-            ):
+            error = self._read_next(pending)
+            if error is not None and pending is not target:
                 raise error  # the first failure is the one to report, as psycopg does
 
-    def _prepared_or_error(self, pending: Pending, result: pq.abc.PGresult) -> psycopg.Error | None:
-        """The error of a result, if any (a PREPARE that failed is forgotten, and its error is
-        the statement's: the statement itself only comes back aborted)."""
-        if pending.prepares is not None and result.status in (_FATAL, _ABORTED):
+    def _read_next(self, pending: Pending) -> psycopg.Error | None:
+        """Read ``pending``'s results (the next in line); the error it failed with, if any. A
+        statement the server skipped behind a failure has none of its own (reading it raises,
+        for whoever asks); a PREPARE that failed is forgotten, and its error is the statement's."""
+        results = self._next()
+        pending._arrive(results)
+        status = results[-1].status
+        if pending.prepares is not None and status in (_FATAL, _ABORTED):
             key, name = pending.prepares
             if self._prepared.get(key) == name:
                 del self._prepared[key]
             self._seen.discard(key)
-        try:
-            self.check(result)
-        except psycopg.Error as exc:
-            return exc
-        return None
+        if status != _FATAL:
+            return None
+        return pg_errors.error_from_result(results[-1], encoding=self._encoding)
 
     def check(self, result: pq.abc.PGresult) -> None:
         if result.status == _FATAL:
@@ -228,7 +227,7 @@ class Pipe:
 
     def _until_ready(self) -> None:
         while self._pg.is_busy():
-            self._wait(read=True)
+            self._wait()
             self._consume()
 
     def _next(self) -> list[pq.abc.PGresult]:
@@ -255,7 +254,7 @@ class Pipe:
                 return
             if left < 0:
                 raise self._lost()
-            if self._wait(read=True, write=True):
+            if self._wait(write=True):
                 self._consume()
 
     def _consume(self) -> None:
@@ -264,11 +263,9 @@ class Pipe:
         except psycopg.OperationalError as exc:
             raise self._lost() from exc
 
-    def _wait(self, *, read: bool, write: bool = False) -> bool:
-        """Wait until the socket can be read (or written); whether it can be read. (poll, not
-        select: a process with many files open gets descriptors past select's 1024.)"""
-        poller = select.poll()
-        poller.register(self._pg.socket, (select.POLLIN if read else 0) | (select.POLLOUT if write else 0))
+    def _wait(self, *, write: bool = False) -> bool:
+        """Wait until the socket can be read (or written); whether it can be read."""
+        poller = self._writable if write else self._readable
         while True:
             events = poller.poll(_POLL_S * 1000)
             if events:
