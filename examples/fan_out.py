@@ -43,9 +43,9 @@ async def handler(run: zincir.Run) -> None:
 
 async def lead(run: zincir.Run, config: Any) -> None:
     async with run.children() as nursery:  # joins every child when the block ends
-        for topic in config["topics"]:
-            await nursery.spawn(f"research:{topic}", role=RESEARCHER, config={"topic": topic})
-    notes = [(await run.join(child)).result for child in nursery.spawned]
+        for topic in config["topics"]:  # created together, in one transaction
+            nursery.spawn_soon(f"research:{topic}", role=RESEARCHER, config={"topic": topic})
+    notes = [child.result for child in nursery.records.values()]
     await run.complete(result={"notes": notes})
 
 

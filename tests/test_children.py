@@ -267,25 +267,31 @@ async def test_a_cancellation_racing_a_completion_leaves_exactly_one_end(db: zin
 
 
 async def family(run: zincir.Run) -> None:
-    """A parent (role "lead") fans out to three children; each child completes with its name."""
+    """A parent (role "lead") fans out to its children (awaiting each spawn, or with
+    ``spawn_soon`` if its config says ``soon``); each child completes with its number."""
     record = (await run.state()).run
     config: Any = record.config
     if record.role == "lead":
         async with run.children() as nursery:
             for i in range(config["children"]):
-                await nursery.spawn(f"child-{i}", role="child", config={"i": i, "gated": config.get("gated")})
-        results = [(await run.join(c)).result for c in nursery.spawned]
-        await run.complete(result=results)
+                options: Any = {"role": "child", "config": {"i": i, "gated": config.get("gated")}}
+                if config.get("soon"):
+                    nursery.spawn_soon(f"child-{i}", **options)
+                else:
+                    await nursery.spawn(f"child-{i}", **options)
+        assert [child.id for child in nursery.records.values()] == nursery.spawned
+        await run.complete(result=[child.result for child in nursery.records.values()])
     else:
         if config.get("gated"):
             await run.wait_for_signal("gate", "go")
         await run.complete(result=config["i"])
 
 
+@pytest.mark.parametrize("soon", [False, True], ids=["spawn", "spawn_soon"])
 async def test_a_worker_runs_a_family_and_a_childs_end_wakes_its_suspended_parent(
-    db: zincir.Database,
+    db: zincir.Database, soon: bool
 ) -> None:
-    async with zincir.open_run(db, role="lead", config={"children": 3, "gated": True}) as lead:
+    async with zincir.open_run(db, role="lead", config={"children": 3, "gated": True, "soon": soon}) as lead:
         pass
     async with working(db, family, suspend_after=0, max_concurrency=2):
         await until(lambda: _waits_for_a_child(db, lead.id))
@@ -307,8 +313,9 @@ async def _waits_for_a_child(db: zincir.Database, run_id: str) -> bool:
     return found == [("waiting", "child")]
 
 
-async def test_two_hundred_children_joined_in_one_nursery(db: zincir.Database) -> None:
-    async with zincir.open_run(db, role="lead", config={"children": 200}) as lead:
+@pytest.mark.parametrize("soon", [False, True], ids=["spawn", "spawn_soon"])
+async def test_two_hundred_children_joined_in_one_nursery(db: zincir.Database, soon: bool) -> None:
+    async with zincir.open_run(db, role="lead", config={"children": 200, "soon": soon}) as lead:
         pass
     async with working(db, family, suspend_after=0.5, max_concurrency=64):
         await until(lambda: _is(db, lead.id, zincir.RunStatus.COMPLETED), within=120, every=0.1)
@@ -340,6 +347,118 @@ async def test_a_parent_restarted_inside_its_nursery_finds_the_same_children(db:
         assert second == first
         await again.complete()
     assert scalar(db, "SELECT count(*) FROM agent_runs WHERE parent_run_id = ?", (parent.id,)) == 3
+
+
+async def _has_children(db: zincir.Database, parent_id: str, count: int) -> bool:
+    return scalar(db, "SELECT count(*) FROM agent_runs WHERE parent_run_id = ?", (parent_id,)) == count
+
+
+async def test_spawn_soon_creates_what_was_queued_together_in_few_transactions(
+    db: zincir.Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sizes: dict[str, list[int]] = {"spawn": [], "join": []}
+
+    def counted(kind: str, batched: Any) -> Any:
+        def operation(tx: Any, lease: Any, items: Any) -> Any:
+            sizes[kind].append(len(items))
+            return batched(tx, lease, items)
+
+        return operation
+
+    monkeypatch.setattr(db._store, "spawn_children", counted("spawn", db._store.spawn_children))
+    monkeypatch.setattr(db._store, "join_children", counted("join", db._store.join_children))
+    names = [f"kid-{i}" for i in range(120)]
+    async with zincir.open_run(db, role="lead") as parent:
+        async with parent.children() as nursery:
+            for i, name in enumerate(names):
+                nursery.spawn_soon(name, role="kid", config={"i": i})
+            await until(lambda: _has_children(db, parent.id, len(names)))
+            await until(lambda: _spawned_all(nursery, len(names)))
+            for kid in nursery.spawned:  # each ends, so the block's end joins them at once
+                async with zincir.open_run(db, kid) as run:
+                    await run.complete(result=(await run.state()).run.config)
+        assert list(nursery.records) == names
+        assert [child.result for child in nursery.records.values()] == [{"i": i} for i in range(120)]
+        await parent.complete()
+    assert sizes == {"spawn": [100, 20], "join": [100, 20]}
+    events = await db.events(parent.id)
+    spawned = [e.payload for e in events if e.type is zincir.EventType.CHILD_SPAWNED]
+    assert [(p["name"], p["child_id"], p["role"]) for p in spawned] == [
+        (name, child, "kid") for name, child in zip(names, nursery.spawned, strict=True)
+    ]
+    joined = [e.payload["child_id"] for e in events if e.type is zincir.EventType.CHILD_JOINED]
+    assert joined == nursery.spawned
+
+
+async def _spawned_all(nursery: zincir.Children, count: int) -> bool:
+    return len(nursery.spawned) == count
+
+
+async def test_spawn_soon_in_a_restarted_block_finds_the_same_children(db: zincir.Database) -> None:
+    async with zincir.open_run(db) as parent:
+        with trio.move_on_after(0.3):  # the first owner dies while its nursery joins
+            async with parent.children() as nursery:
+                for i in range(3):
+                    nursery.spawn_soon(f"kid-{i}")
+        first = dict(zip(nursery.spawned, [f"kid-{i}" for i in range(3)], strict=True))
+    for kid in first:
+        async with zincir.open_run(db, kid) as run:
+            await run.complete(result=first[kid])
+    async with zincir.open_run(db, parent.id) as again:
+        async with again.children() as nursery:
+            assert await nursery.spawn("kid-1") in first  # awaited or not, one child per name
+            for i in range(3):
+                nursery.spawn_soon(f"kid-{i}")
+        assert {name: child.result for name, child in nursery.records.items()} == {
+            name: name for name in first.values()
+        }
+        await again.complete()
+    assert scalar(db, "SELECT count(*) FROM agent_runs WHERE parent_run_id = ?", (parent.id,)) == 3
+    assert types_of(await db.events(parent.id)).count(zincir.EventType.CHILD_SPAWNED) == 3
+
+
+async def test_a_nursery_that_raises_cancels_what_spawn_soon_created_and_drops_the_rest(
+    db: zincir.Database,
+) -> None:
+    async with zincir.open_run(db) as parent:
+        with pytest.raises(ValueError, match="planner broke"):
+            async with parent.children() as nursery:
+                for i in range(3):
+                    nursery.spawn_soon(f"kid-{i}")
+                await until(lambda: _has_children(db, parent.id, 3))
+                nursery.spawn_soon("never")  # queued, and the block raises before it is sent
+                raise ValueError("planner broke")
+        assert [await status_of(db, k) for k in nursery.spawned] == [zincir.RunStatus.CANCELLED] * 3
+        assert await _has_children(db, parent.id, 3)
+        with pytest.raises(zincir.InvalidArgument, match="block has ended"):
+            nursery.spawn_soon("late")
+        await parent.complete()
+
+
+async def test_spawn_soon_refuses_bad_arguments_at_once(db: zincir.Database) -> None:
+    async with zincir.open_run(db) as parent:
+        before = dump(db)
+        async with parent.children() as nursery:
+            with pytest.raises(zincir.InvalidArgument, match="child name"):
+                nursery.spawn_soon("")
+            with pytest.raises(zincir.InvalidArgument, match="budget"):
+                nursery.spawn_soon("kid", budget=5)  # type: ignore[arg-type]
+            with pytest.raises(zincir.InvalidArgument, match="config"):
+                nursery.spawn_soon("kid", config={"x": float("nan")})
+        assert dump(db) == before and nursery.spawned == [] and nursery.records == {}
+        await parent.complete()
+
+
+async def test_a_fenced_parent_cannot_spawn_soon(db: zincir.Database) -> None:
+    with pytest.raises(zincir.LeaseLost):
+        async with zincir.open_run(db) as stale:
+            async with zincir.open_run(db, stale.id, force=True) as current:
+                await current.complete()
+            before = dump(db)
+            with pytest.raises(zincir.LeaseLost):
+                async with stale.children() as nursery:
+                    nursery.spawn_soon("kid")
+            assert dump(db) == before and nursery.spawned == []
 
 
 async def test_cancelling_a_suspended_parent_cancels_its_children_with_no_process_running(

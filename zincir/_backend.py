@@ -20,6 +20,7 @@ Rules every operation keeps, on every backend:
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from typing import Any, Literal, Protocol
 
 import attrs
@@ -134,6 +135,18 @@ class ApprovalOutcome:
     state: Literal["decided", "timed_out", "pending"]
     approval: Approval
     remaining_ms: int | None = None
+
+
+@attrs.frozen
+class NewChild:
+    """A child run to create: what :meth:`Store.spawn_children` takes for each."""
+
+    name: str
+    child_id: str  # used if the child is new
+    role: str
+    provider: str
+    config_json: str
+    budget: tuple[Any, ...] | None = None
 
 
 @attrs.frozen
@@ -355,10 +368,18 @@ class Store(Protocol):
         """Create the child named ``name`` as a pending, unleased run, once: a repeat returns the
         first child's id. Logs ``child_spawned``. Fenced."""
 
+    def spawn_children(self, tx: Any, lease: Lease, children: Sequence[NewChild]) -> list[str]:
+        """:meth:`spawn_child` for each, in order, with one lease check: their ids. Fenced."""
+
     def await_child(self, tx: Any, lease: Lease, child_id: str, timeout_ms: int | None) -> JoinOutcome:
         """Record the join (its deadline on the first call); once the child has ended, log
         ``child_joined`` and return it; time out past the deadline. Fenced; InvalidArgument
         (not a child of this run)."""
+
+    def join_children(self, tx: Any, lease: Lease, child_ids: Sequence[str]) -> list[RunRecord | None]:
+        """:meth:`await_child` with no deadline for each, with one lease check: each child's
+        record if it has ended (``child_joined`` logged the first time), else None. Fenced;
+        InvalidArgument."""
 
     def child_ready(self, tx: Any, run_id: str, child_id: str) -> bool:
         """Whether await_child would now decide (a read, for polling)."""

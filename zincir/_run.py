@@ -20,6 +20,7 @@ from ._backend import (
     IntentRow,
     JoinOutcome,
     Lease,
+    NewChild,
     Store,
     WaitKind,
     args_hash,
@@ -556,18 +557,24 @@ class Run:
         returns the same child's id. The child is ``pending`` and unleased: any worker may claim
         it. A ``child_spawned`` event enters this run's log. ``budget`` is the child's own: what
         it spends is not its parent's."""
+        child = self._new_child(name, role, provider, config, budget)
+        [child_id] = await self._write(self._store.spawn_children, [child])
+        self._db._announce_claimable()
+        return str(child_id)
+
+    def _new_child(
+        self, name: str, role: str, provider: str, config: JSONValue, budget: Budget | None
+    ) -> NewChild:
         check_name(name, f"run {self.id}: child name")
         limits = _budget_row(budget)
-        description = (
+        return NewChild(
+            name,
+            str(uuid.uuid4()),
             check_name(role, f"run {self.id}: the role of child {name!r}"),
             _check_provider(provider),
             self._encode({} if config is None else config, f"the config of child {name!r}"),
+            limits,
         )
-        child_id: str = await self._write(
-            self._store.spawn_child, name, str(uuid.uuid4()), *description, limits
-        )
-        self._db._announce_claimable()
-        return child_id
 
     async def join(
         self,
@@ -607,22 +614,27 @@ class Run:
         """A durable nursery: ``async with run.children() as nursery:`` joins every child
         spawned through it when the block ends cleanly, and cancels them when it raises. Spawns
         are named, so a handler restarted in the middle of the block finds the same children."""
-        nursery = Children._create(self)
-        try:
-            yield nursery
-        except Exception as exc:
-            if only_budget_exceeded(exc) is not None:
-                raise  # the run will wait for its budget and go on: so do its children
+        body_error: BaseException | None = None
+        async with trio.open_nursery() as background:  # where spawn_soon's batches are sent
+            nursery = Children._create(self, background)
+            try:
+                yield nursery
+            except BaseException as exc:  # raised below, never wrapped in an ExceptionGroup
+                body_error = exc
+            nursery._close(discard=body_error is not None)
+        error = body_error or nursery._error
+        if isinstance(error, Exception) and only_budget_exceeded(error) is None:
             # Trio cancellation (a suspension, a stop, a lost lease) is not an error of the
-            # block either: the children go on, and the restarted block finds them again.
+            # block, nor is a budget's end: the children go on, and the restarted block finds
+            # them again.
             for child_id in nursery.spawned:
                 try:
-                    await self.cancel_child(child_id, f"the parent's nursery raised {type(exc).__name__}")
-                except ZincirError as error:
-                    logger.warning("run %s: cancelling child %s failed: %s", self.id, child_id, error)
-            raise
-        for child_id in nursery.spawned:
-            await self.join(child_id)
+                    await self.cancel_child(child_id, f"the parent's nursery raised {type(error).__name__}")
+                except ZincirError as failure:
+                    logger.warning("run %s: cancelling child %s failed: %s", self.id, child_id, failure)
+        if error is not None:
+            raise error
+        await nursery._join_all()
 
     async def _suspend_for_budget(self, exceeded: BudgetExceeded) -> bool:
         """Suspend the run until its budget is raised (a worker's answer to BudgetExceeded);
@@ -891,17 +903,32 @@ class Children:
     children on a clean exit and cancels them when it raises. No public constructor."""
 
     spawned: list[str]
-    """The ids of the children spawned through this nursery, in order."""
+    """The ids of the children spawned through this nursery, in the order they were created."""
+    records: dict[str, RunRecord]
+    """The joined children's records by name, in :attr:`spawned`'s order, once the block has
+    ended cleanly (empty until then)."""
     _run: Run
+    _background: trio.Nursery
+    _names: dict[str, str]  # child id -> name
+    _queued: list[NewChild]  # spawn_soon's, not sent yet
+    _sending: bool
+    _closed: bool
+    _error: Exception | None  # what sending a batch raised: the block's end raises it
 
     def __init__(self, *_: object, **__: object) -> None:
         raise TypeError("nurseries come from run.children()")
 
     @classmethod
-    def _create(cls, run: Run) -> Children:
+    def _create(cls, run: Run, background: trio.Nursery) -> Children:
         self = object.__new__(cls)
         self._run = run
+        self._background = background
         self.spawned = []
+        self.records = {}
+        self._names = {}
+        self._queued = []
+        self._sending = self._closed = False
+        self._error = None
         return self
 
     async def spawn(
@@ -915,9 +942,86 @@ class Children:
     ) -> str:
         """:meth:`Run.spawn`, with the child joined (or cancelled) when the block ends."""
         child_id = await self._run.spawn(name, role=role, provider=provider, config=config, budget=budget)
-        if child_id not in self.spawned:
-            self.spawned.append(child_id)
+        self._add(child_id, name)
         return child_id
+
+    def spawn_soon(
+        self,
+        name: str,
+        *,
+        role: str = "agent",
+        provider: str = "",
+        config: JSONValue = None,
+        budget: Budget | None = None,
+    ) -> None:
+        """Spawn the child ``name`` in the background, as :meth:`spawn` would, and return at
+        once: the children queued together are created in one transaction (a fan-out of many
+        costs a few commits, not one each). It returns no id because none exists before that
+        commit; :attr:`spawned` lists the created ones and :attr:`records` the joined ones. Bad
+        arguments raise here; a failure to create raises from the block's end, which then
+        cancels the children created."""
+        if self._closed:
+            raise InvalidArgument(f"run {self._run.id}: the nursery's block has ended; spawn_soon is closed")
+        if self._error is not None:
+            raise InvalidArgument(f"run {self._run.id}: the nursery could not spawn: {self._error}")
+        self._queued.append(self._run._new_child(name, role, provider, config, budget))
+        if not self._sending:
+            self._sending = True
+            self._background.start_soon(self._send_queued)
+
+    async def _send_queued(self) -> None:
+        # Shielded: the batch in flight commits or fails as one, and a cancelled block empties
+        # the queue (see _close), so nothing is sent after it.
+        with trio.CancelScope(shield=True):
+            try:
+                while self._queued:
+                    batch = self._queued[:_SPAWN_BATCH]
+                    del self._queued[:_SPAWN_BATCH]
+                    ids = await self._run._write(self._run._store.spawn_children, batch)
+                    for child_id, child in zip(ids, batch, strict=True):
+                        self._add(child_id, child.name)
+                    self._run._db._announce_claimable()
+            except Exception as exc:
+                self._error = exc
+                self._queued.clear()
+            finally:
+                self._sending = False
+
+    def _add(self, child_id: str, name: str) -> None:
+        if child_id not in self._names:
+            self._names[child_id] = name
+            self.spawned.append(child_id)
+
+    def _close(self, *, discard: bool) -> None:
+        """The block has ended: no more spawn_soon; if it raised, what is queued is dropped."""
+        self._closed = True
+        if discard:
+            self._queued.clear()
+
+    async def _join_all(self) -> None:
+        """Join every child, many per transaction: those that have ended are recorded at once,
+        and the nursery waits (suspends, in a worker) for the first that has not."""
+        joined: dict[str, RunRecord] = {}
+        remaining = list(self.spawned)
+        while remaining:
+            batch, remaining = remaining[:_JOIN_BATCH], remaining[_JOIN_BATCH:]
+            found = await self._run._write(self._run._store.join_children, batch)
+            running = []
+            for child_id, record in zip(batch, found, strict=True):
+                if record is None:
+                    running.append(child_id)
+                else:
+                    joined[child_id] = record
+            if running:
+                joined[running[0]] = await self._run.join(running[0])
+                remaining = running[1:] + remaining
+        self.records = {self._names[child_id]: joined[child_id] for child_id in self.spawned}
+
+
+# Children per transaction when a nursery spawns or joins in batches: large enough that a
+# fan-out costs few commits, small enough that the first children start while the rest queue.
+_SPAWN_BATCH: Final = 100
+_JOIN_BATCH: Final = 100
 
 
 def announce_cancellation(db: Database, outcome: CancelOutcome) -> None:

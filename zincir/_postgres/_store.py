@@ -9,6 +9,7 @@ owner cannot slip through on another machine's idea of the time.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Final
 
 import attrs
@@ -22,6 +23,7 @@ from .._backend import (
     IntentRow,
     JoinOutcome,
     Lease,
+    NewChild,
     SendOutcome,
     WaitKind,
     WaitOutcome,
@@ -1276,11 +1278,26 @@ def spawn_child(
     budget: tuple[Any, ...] | None = None,
 ) -> str:
     """Create the child named ``name`` once, pending and unleased; a repeat returns its id."""
+    [spawned] = spawn_children(tx, lease, [NewChild(name, child_id, role, provider, config_json, budget)])
+    return spawned
+
+
+def spawn_children(tx: Tx, lease: Lease, children: Sequence[NewChild]) -> list[str]:
+    """spawn_child for each, in order: every insert sent with the lock, then read (one round trip
+    for the lot; if the lease does not hold, the raise rolls them back)."""
     lock = _send_lock(tx, lease.run_id)
-    event = _dump({"child_id": child_id, "name": name, "role": role})
-    # With the lock, in one round trip: if the lease does not hold, the raise rolls it back.
-    # One statement inserts the child and, if it is new, logs child_spawned in the parent's log.
-    insert = tx.send(
+    inserts = [_send_spawn(tx, lease.run_id, child) for child in children]
+    check_lease(tx, lease, lock)
+    ids = [_spawned(tx, lease.run_id, child, insert) for child, insert in zip(children, inserts, strict=True)]
+    if any(spawned == child.child_id for spawned, child in zip(ids, children, strict=True)):
+        tx.notify_claimable()
+    return ids
+
+
+def _send_spawn(tx: Tx, parent_id: str, child: NewChild) -> Sent:
+    """One statement inserts the child and, if it is new, logs child_spawned in the parent's log."""
+    event = _dump({"child_id": child.child_id, "name": child.name, "role": child.role})
+    return tx.send(
         "WITH now AS MATERIALIZED (SELECT zincir_now_ms() AS ms),"
         " spawned AS (INSERT INTO agent_runs (id, parent_run_id, role, provider, status, config,"
         " created_at, updated_at, next_attempt_at, spawn_name)"
@@ -1292,32 +1309,50 @@ def spawn_child(
         " SELECT %s, last_seq, %s, %s, %s, now.ms FROM allocated, now)"
         " SELECT count(*) FROM spawned",
         (
-            *(child_id, lease.run_id, role, provider, config_json, name),
-            lease.run_id,
-            *(lease.run_id, EventType.CHILD_SPAWNED.value, event, f"spawn:{name}"),
+            *(child.child_id, parent_id, child.role, child.provider, child.config_json, child.name),
+            parent_id,
+            *(parent_id, EventType.CHILD_SPAWNED.value, event, f"spawn:{child.name}"),
         ),
     )
-    check_lease(tx, lease, lock)
+
+
+def _spawned(tx: Tx, parent_id: str, child: NewChild, insert: Sent) -> str:
+    """The id of the child ``insert`` created, or of the one spawned under its name before (a
+    restart repeats the spawn)."""
     (inserted,) = insert.one()
-    if not inserted:  # spawned before (a restart repeats the spawn): that child
+    if not inserted:
         (existing,) = tx.one(
-            "SELECT id FROM agent_runs WHERE parent_run_id = %s AND spawn_name = %s", (lease.run_id, name)
+            "SELECT id FROM agent_runs WHERE parent_run_id = %s AND spawn_name = %s", (parent_id, child.name)
         )
         return str(existing)
-    if budget is not None:  # the child's own, whatever its parent spends
-        _insert_budget(tx, child_id, budget)
-    tx.notify_claimable()
-    return child_id
+    if child.budget is not None:  # the child's own, whatever its parent spends
+        _insert_budget(tx, child.child_id, child.budget)
+    return child.child_id
 
 
 def await_child(tx: Tx, lease: Lease, child_id: str, timeout_ms: int | None) -> JoinOutcome:
     """Record the join on its first call; log ``child_joined`` once the child has ended, or
     time the join out past its stored deadline. Fenced."""
     lock = _send_lock(tx, lease.run_id)
-    # The child and the join's record (stored by the first call, read by later ones) in one
-    # statement, sent with the lock: the join of a run that is not a child stores nothing, and a
-    # lease that does not hold rolls the join back.
-    looked = tx.send(
+    looked = _send_join_look(tx, lease.run_id, child_id, timeout_ms)
+    check_lease(tx, lease, lock)
+    return _judge_join(tx, lease.run_id, child_id, looked)
+
+
+def join_children(tx: Tx, lease: Lease, child_ids: Sequence[str]) -> list[RunRecord | None]:
+    """await_child with no deadline for each (every look sent with the lock, one round trip):
+    the ended children's records, None for the rest."""
+    lock = _send_lock(tx, lease.run_id)
+    looks = [_send_join_look(tx, lease.run_id, child_id, None) for child_id in child_ids]
+    check_lease(tx, lease, lock)
+    judged = [_judge_join(tx, lease.run_id, c, looked) for c, looked in zip(child_ids, looks, strict=True)]
+    return [outcome.child for outcome in judged]
+
+
+def _send_join_look(tx: Tx, parent_id: str, child_id: str, timeout_ms: int | None) -> Sent:
+    """The child and the join's record (stored by the first call, read by later ones) in one
+    statement: the join of a run that is not a child stores nothing."""
+    return tx.send(
         f"WITH child AS (SELECT {RUN_COLUMNS} FROM agent_runs WHERE id = %s),"
         " recorded AS (INSERT INTO joins (run_id, child_id, deadline, created_at)"
         " SELECT %s, child.id, now.ms + %s, now.ms FROM child, (SELECT zincir_now_ms() AS ms) AS now"
@@ -1325,13 +1360,15 @@ def await_child(tx: Tx, lease: Lease, child_id: str, timeout_ms: int | None) -> 
         " ON CONFLICT (run_id, child_id) DO UPDATE SET run_id = joins.run_id"
         " RETURNING deadline, completed_at, timed_out)"
         " SELECT child.*, recorded.* FROM child LEFT JOIN recorded ON true",
-        (child_id, lease.run_id, timeout_ms, lease.run_id),
+        (child_id, parent_id, timeout_ms, parent_id),
     )
-    check_lease(tx, lease, lock)
+
+
+def _judge_join(tx: Tx, parent_id: str, child_id: str, looked: Sent) -> JoinOutcome:
     found = looked.one()
     child = None if found is None else to_run(found[:-3])
-    if child is None or child.parent_run_id != lease.run_id:
-        raise InvalidArgument(f"run {lease.run_id}: {child_id} is not a child of this run")
+    if child is None or child.parent_run_id != parent_id:
+        raise InvalidArgument(f"run {parent_id}: {child_id} is not a child of this run")
     deadline, completed_at, timed_out = found[-3:]
     if timed_out:
         return JoinOutcome("timed_out")
@@ -1339,13 +1376,11 @@ def await_child(tx: Tx, lease: Lease, child_id: str, timeout_ms: int | None) -> 
         return JoinOutcome("ended", child)
     if child.status.is_terminal:
         event = _dump({"child_id": child_id, "result": child.result, "status": child.status.value})
-        _log_beside(tx, lease.run_id, EventType.CHILD_JOINED, event, f"join:{child_id}", _JOINED, child_id)
+        _log_beside(tx, parent_id, EventType.CHILD_JOINED, event, f"join:{child_id}", _JOINED, child_id)
         return JoinOutcome("ended", child)
     if deadline is not None and deadline <= tx.now:
         event = _dump({"child_id": child_id, "deadline": deadline, "name": f"join:{child_id}"})
-        _log_beside(
-            tx, lease.run_id, EventType.WAIT_TIMED_OUT, event, f"join:{child_id}", _TIMED_OUT, child_id
-        )
+        _log_beside(tx, parent_id, EventType.WAIT_TIMED_OUT, event, f"join:{child_id}", _TIMED_OUT, child_id)
         return JoinOutcome("timed_out")
     return JoinOutcome("pending", remaining_ms=None if deadline is None else deadline - tx.now)
 

@@ -8,6 +8,7 @@ that the owner's (owner, epoch) still holds an unexpired lease on a running run.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -20,6 +21,7 @@ from .._backend import (
     IntentRow,
     JoinOutcome,
     Lease,
+    NewChild,
     SendOutcome,
     WaitKind,
     WaitOutcome,
@@ -1056,6 +1058,14 @@ def spawn_child(
     return child_id
 
 
+def spawn_children(tx: Tx, lease: Lease, children: Sequence[NewChild]) -> list[str]:
+    """spawn_child for each, in order (a lease check each costs nothing here)."""
+    return [
+        spawn_child(tx, lease, c.name, c.child_id, c.role, c.provider, c.config_json, c.budget)
+        for c in children
+    ]
+
+
 def await_child(tx: Tx, lease: Lease, child_id: str, timeout_ms: int | None) -> JoinOutcome:
     """Record the join on its first call; log ``child_joined`` once the child has ended, or
     time the join out past its stored deadline. Fenced."""
@@ -1096,6 +1106,11 @@ def await_child(tx: Tx, lease: Lease, child_id: str, timeout_ms: int | None) -> 
         _insert_event(tx, lease.run_id, seq, EventType.WAIT_TIMED_OUT, event, f"join:{child_id}")
         return JoinOutcome("timed_out")
     return JoinOutcome("pending", remaining_ms=None if deadline is None else deadline - tx.now)
+
+
+def join_children(tx: Tx, lease: Lease, child_ids: Sequence[str]) -> list[RunRecord | None]:
+    """await_child with no deadline for each: the ended children's records, None for the rest."""
+    return [await_child(tx, lease, child_id, None).child for child_id in child_ids]
 
 
 def child_ready(tx: Tx, run_id: str, child_id: str) -> bool:
