@@ -435,6 +435,20 @@ async def test_a_nursery_that_raises_cancels_what_spawn_soon_created_and_drops_t
         await parent.complete()
 
 
+async def test_a_parent_cannot_complete_while_spawn_soon_has_children_to_create(db: zincir.Database) -> None:
+    async with zincir.open_run(db) as parent:
+        async with parent.children() as nursery:
+            nursery.spawn_soon("kid")
+            with pytest.raises(zincir.UnfinishedWork, match="spawn_soon"):
+                await parent.complete()  # the child does not exist yet: nothing else would refuse
+            await until(lambda: _spawned_all(nursery, 1))
+            with pytest.raises(zincir.UnfinishedWork, match="child runs"):
+                await parent.complete()
+            async with zincir.open_run(db, nursery.spawned[0]) as kid:
+                await kid.complete()
+        await parent.complete()
+
+
 async def test_spawn_soon_refuses_bad_arguments_at_once(db: zincir.Database) -> None:
     async with zincir.open_run(db) as parent:
         before = dump(db)

@@ -40,6 +40,7 @@ from ._errors import (
     StepAlreadyRunning,
     StorageError,
     TransientConflict,
+    UnfinishedWork,
     WaitTimeout,
     ZincirError,
     only_budget_exceeded,
@@ -112,6 +113,7 @@ class Run:
     _budget_stop: BudgetExceeded | None
     _in_worker: bool
     _started_calls: set[str]
+    _nurseries: set[Children]
 
     def __init__(self, *_: object, **__: object) -> None:
         raise TypeError("runs come from zincir.open_run() or a ResumeWorker")
@@ -129,6 +131,7 @@ class Run:
         self._heartbeat_scope = trio.CancelScope(shield=True)
         self._running_steps = set()
         self._started_calls = set()  # tools started through this Run (a PendingToolCall is a snapshot)
+        self._nurseries = set()  # open durable nurseries: complete() waits for none, refuses
         self._completed_steps = None  # loaded by the first step()
         self._release_delay_ms = 0  # how long after release the run may be claimed again
         self._refund_attempt = False  # set by a worker whose handler was cancelled
@@ -741,7 +744,11 @@ class Run:
     async def complete(self, result: JSONValue = None) -> None:
         """End the run as completed, with ``result`` (JSON, for its parent: see
         :attr:`RunRecord.result`). Refused (:class:`UnfinishedWork`) while tool intents, a
-        candidate or a child run are open."""
+        candidate or a child run are open, or while a nursery has spawns not yet created."""
+        if any(nursery._unsent() for nursery in self._nurseries):
+            raise UnfinishedWork(
+                f"run {self.id} cannot complete: children queued by spawn_soon are not created yet"
+            )
         result_json = None if result is None else self._encode(result, "the result")
         await self._finish(RunStatus.COMPLETED, {"from": "running", "to": "completed"}, result_json)
 
@@ -929,6 +936,7 @@ class Children:
         self._queued = []
         self._sending = self._closed = False
         self._error = None
+        run._nurseries.add(self)
         return self
 
     async def spawn(
@@ -995,8 +1003,12 @@ class Children:
     def _close(self, *, discard: bool) -> None:
         """The block has ended: no more spawn_soon; if it raised, what is queued is dropped."""
         self._closed = True
+        self._run._nurseries.discard(self)
         if discard:
             self._queued.clear()
+
+    def _unsent(self) -> bool:
+        return bool(self._queued) or self._sending
 
     async def _join_all(self) -> None:
         """Join every child, many per transaction: those that have ended are recorded at once,
