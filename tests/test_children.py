@@ -4,6 +4,7 @@ with the whole family below, and a durable nursery."""
 from __future__ import annotations
 
 import contextlib
+import threading
 import uuid
 from typing import Any
 
@@ -12,6 +13,8 @@ import trio
 import trio.testing
 
 import zincir
+from zincir._backend import NewChild
+from zincir._threads import DatabaseThread
 
 from .helpers import dump, rows, running_python, scalar
 from .test_suspension import until, working
@@ -56,9 +59,8 @@ async def test_a_spawn_repeated_after_a_crash_before_it_returned_finds_the_child
     async with zincir.open_run(db) as parent:
         # The first attempt committed, then its process died before spawn() returned.
         first = str(uuid.uuid4())
-        await db._write(
-            db._store.spawn_child, parent._lease, "kid", first, "agent", "", "{}", route=parent.id
-        )
+        kid = NewChild("kid", first, "agent", "", "{}")
+        await db._write(db._store.spawn_children, parent._lease, [kid], route=parent.id)
         assert await parent.spawn("kid") == first
         assert scalar(db, "SELECT count(*) FROM agent_runs WHERE parent_run_id = ?", (parent.id,)) == 1
         assert types_of(await db.events(parent.id)).count(zincir.EventType.CHILD_SPAWNED) == 1
@@ -447,6 +449,117 @@ async def test_a_parent_cannot_complete_while_spawn_soon_has_children_to_create(
             async with zincir.open_run(db, nursery.spawned[0]) as kid:
                 await kid.complete()
         await parent.complete()
+
+
+def _on_the_loop(token: trio.lowlevel.TrioToken, fn: Any) -> None:
+    """Call ``fn`` on the Trio thread, from a store operation wherever it runs (SQLite may run
+    a write inline on the Trio thread), and return once it has run."""
+    if threading.current_thread() is threading.main_thread():
+        fn()
+    else:
+        trio.from_thread.run_sync(fn, trio_token=token)
+
+
+async def test_a_cancelled_block_end_sends_no_batch_after_the_one_in_flight(
+    db: zincir.Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sizes: list[int] = []
+    batched, token, outside = db._store.spawn_children, trio.lowlevel.current_trio_token(), trio.CancelScope()
+
+    def spawn_children(tx: Any, lease: Any, children: Any) -> Any:
+        sizes.append(len(children))
+        _on_the_loop(token, outside.cancel)  # while the first batch is in flight
+        return batched(tx, lease, children)
+
+    monkeypatch.setattr(db._store, "spawn_children", spawn_children)
+    async with zincir.open_run(db) as parent:
+        with outside:
+            async with parent.children() as nursery:
+                for i in range(300):
+                    nursery.spawn_soon(f"kid-{i}")
+        assert outside.cancelled_caught and sizes == [100]
+        assert len(nursery.spawned) == 100 and await _has_children(db, parent.id, 100)
+        # A cancellation is not an error of the block: the children go on, for a restarted block.
+        assert {await status_of(db, kid) for kid in nursery.spawned} == {zincir.RunStatus.PENDING}
+
+
+async def test_a_suspension_beside_a_batch_is_no_lost_lease(db: zincir.Database, caplog: Any) -> None:
+    owners: list[zincir.Run] = []
+
+    async def spawn_then_wait(run: zincir.Run) -> None:
+        if (await run.state()).run.role == "lead":
+            owners.append(run)
+            async with run.children() as nursery:
+                for i in range(300):
+                    nursery.spawn_soon(f"kid-{i}", role="kid")
+                await run.wait_for_signal("gate", "go")  # suspend_after=0: at once, beside a batch
+
+    async with zincir.open_run(db, role="lead") as lead:
+        pass
+    with caplog.at_level("WARNING", logger="zincir"):
+        async with working(db, spawn_then_wait, suspend_after=0, max_concurrency=1):
+            await until(lambda: _is(db, lead.id, zincir.RunStatus.WAITING))
+    # The worker has stopped: its handler, nursery sender included, has ended.
+    assert [run._lost for run in owners] == [None]
+    assert not [r for r in caplog.records if "lost" in r.getMessage() or "failed" in r.getMessage()]
+
+
+@pytest.mark.parametrize("soon", [False, True], ids=["spawn", "spawn_soon"])
+async def test_a_nursery_rides_out_a_moments_outage(
+    db: zincir.Database, monkeypatch: pytest.MonkeyPatch, soon: bool
+) -> None:
+    def once_unavailable(operation: Any) -> Any:
+        failed: list[bool] = []
+
+        def flaky(*args: Any) -> Any:
+            if not failed:
+                failed.append(True)
+                raise zincir.DatabaseUnavailable("connection reset (injected)")
+            return operation(*args)
+
+        return flaky
+
+    for name in ("spawn_children", "ended_children", "join_children"):
+        monkeypatch.setattr(db._store, name, once_unavailable(getattr(db._store, name)))
+    async with zincir.open_run(db) as parent:
+        async with parent.children() as nursery:
+            if soon:
+                nursery.spawn_soon("kid")
+                await until(lambda: _spawned_all(nursery, 1))
+            else:
+                with pytest.raises(zincir.DatabaseUnavailable):  # an awaited spawn says so itself
+                    await nursery.spawn("kid")
+                await nursery.spawn("kid")
+            async with zincir.open_run(db, nursery.spawned[0]) as kid:
+                await kid.complete(result=1)
+        assert nursery.records["kid"].result == 1
+        await parent.complete()
+
+
+@pytest.mark.sqlite_only
+async def test_large_spawns_stay_off_the_trio_thread(
+    db: zincir.Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    inline: list[tuple[str, int]] = []  # what ran on the Trio thread: operation, config chars
+    run_inline = DatabaseThread.run_inline
+
+    async def spy(thread: DatabaseThread, request: Any) -> Any:
+        children = request.args[1] if request.fn.__name__ == "spawn_children" else []
+        inline.append((request.fn.__name__, sum(len(child.config_json) for child in children)))
+        return await run_inline(thread, request)
+
+    monkeypatch.setattr(DatabaseThread, "run_inline", spy)
+    async with zincir.open_run(db) as parent:
+        async with parent.children() as nursery:
+            await nursery.spawn("large", config={"doc": "x" * 100_000})
+            for i in range(2):  # each under the inline limit, the two together over it
+                nursery.spawn_soon(f"kid-{i}", config={"doc": "x" * 40_000})
+            await until(lambda: _spawned_all(nursery, 3))
+            for kid in nursery.spawned:
+                await parent.cancel_child(kid, "done")
+        await parent.complete()
+    assert ("create_run", 0) in inline  # writes do go inline here,
+    assert [chars for name, chars in inline if name == "spawn_children"] == []  # but not these
 
 
 async def test_spawn_soon_refuses_bad_arguments_at_once(db: zincir.Database) -> None:

@@ -12,6 +12,7 @@ import pytest
 import trio
 
 import zincir
+from zincir._backend import NewChild
 from zincir._sqlite import _store
 from zincir._sqlite._connection import Tx
 
@@ -108,10 +109,14 @@ async def test_family_operations_read_by_index(db: zincir.Database) -> None:
         for child in children[:5]:
             async with zincir.open_run(db, child) as run:
                 await run.spawn("grandkid")
-        spawn = await plans_of(db, _store.spawn_child, root._lease, "kid-0", "unused", "agent", "", "{}")
+        spawn = await plans_of(
+            db, _store.spawn_children, root._lease, [NewChild("kid-0", "unused", "agent", "", "{}")]
+        )
         join = await plans_of(db, _store.await_child, root._lease, children[0], None)
+        joins = await plans_of(db, _store.join_children, root._lease, children[:3])
+        ended = await plans_of(db, _store.ended_children, children)
         cascade = await plans_of(db, _store._cancel_descendants, root.id, "probe")
-    for plans in (spawn, join, cascade):
+    for plans in (spawn, join, joins, ended, cascade):
         assert_indexed([(sql, plan) for sql, plan in plans if sql.lstrip().startswith("SELECT")])
     # The family is walked level by level through the parent index, not by scanning every run.
     assert any("idx_agent_runs_parent" in " ".join(plan) for _, plan in cascade), cascade

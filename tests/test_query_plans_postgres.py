@@ -28,7 +28,7 @@ import trio
 
 import zincir
 from tests.postgres_server import fresh_database
-from zincir._backend import WaitOutcome
+from zincir._backend import NewChild, WaitOutcome
 from zincir._postgres import _store
 from zincir._postgres._connection import Sent, Tx
 
@@ -479,15 +479,19 @@ async def test_suspending_spawning_joining_and_cascading_read_by_index(populated
         with pytest.raises(zincir.LeaseLost, match="gone"):  # the last probe suspends the parent
             async with zincir.open_run(db) as parent:
                 kids = [await parent.spawn(f"kid-{i}") for i in range(5)]
-                again = (parent._lease, "kid-0", str(uuid.uuid4()), "agent", "", "{}", None)
-                _, spawn = await plans_of(db, _store.spawn_child, *again, write=True)
+                again = [NewChild("kid-0", str(uuid.uuid4()), "agent", "", "{}")]
+                _, spawn = await plans_of(db, _store.spawn_children, parent._lease, again, write=True)
                 _, join = await plans_of(db, _store.await_child, parent._lease, kids[0], None, write=True)
+                _, joins = await plans_of(db, _store.join_children, parent._lease, kids[:3], write=True)
+                _, ended = await plans_of(db, _store.ended_children, kids)
                 _, cascade = await plans_of(db, _store._cancel_descendants, parent.id, "probe", write=True)
                 with trio.move_on_after(0.05):
                     await parent.wait_for_signal("w", "nobody-sends-this")
                 _, suspend = await plans_of(db, _store.suspend, parent._lease, "signal", "w", write=True)
     reads = [
-        plan for plan in spawn + join + cascade + suspend if plan.sql.lstrip().startswith(("SELECT", "WITH"))
+        plan
+        for plan in spawn + join + joins + ended + cascade + suspend
+        if plan.sql.lstrip().startswith(("SELECT", "WITH"))
     ]
     assert_indexed(due + reads)
     # Among ~5,000 runs: the next due time is the claimable index's first entry past now, and the

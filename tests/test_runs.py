@@ -13,6 +13,7 @@ import trio
 import trio.testing
 
 import zincir
+from zincir._backend import NewChild
 from zincir._budget import Debit
 from zincir._sqlite import _store
 
@@ -285,8 +286,9 @@ GUARDED: list[tuple[str, tuple[Any, ...]]] = [
     ("complete_timer", ("nap",)),
     ("finish", (zincir.RunStatus.FAILED, '{"from":"running","to":"failed"}', None)),
     ("suspend", ("sleep", "nap")),
-    ("spawn_child", ("kid", "00000000-0000-4000-8000-00000000000c", "agent", "", "{}")),
+    ("spawn_children", ([NewChild("kid", "00000000-0000-4000-8000-00000000000c", "agent", "", "{}")],)),
     ("await_child", ("00000000-0000-4000-8000-00000000000c", None)),
+    ("join_children", (["00000000-0000-4000-8000-00000000000c"],)),
     ("cancel_child", ("00000000-0000-4000-8000-00000000000c", "why")),
     ("record_attempt_failure", ('{"attempt":1}', None)),
     ("renew", ()),

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 import attrs
 
@@ -137,9 +137,9 @@ class ApprovalOutcome:
     remaining_ms: int | None = None
 
 
-@attrs.frozen
-class NewChild:
-    """A child run to create: what :meth:`Store.spawn_children` takes for each."""
+class NewChild(NamedTuple):
+    """A child run to create: what :meth:`Store.spawn_children` takes for each (a tuple, so
+    that a database thread sees the size of its strings: see ``_threads._for_the_loop``)."""
 
     name: str
     child_id: str  # used if the child is new
@@ -354,22 +354,10 @@ class Store(Protocol):
 
     # -- child runs -----------------------------------------------------------------------
 
-    def spawn_child(
-        self,
-        tx: Any,
-        lease: Lease,
-        name: str,
-        child_id: str,
-        role: str,
-        provider: str,
-        config_json: str,
-        budget: tuple[Any, ...] | None = None,
-    ) -> str:
-        """Create the child named ``name`` as a pending, unleased run, once: a repeat returns the
-        first child's id. Logs ``child_spawned``. Fenced."""
-
     def spawn_children(self, tx: Any, lease: Lease, children: Sequence[NewChild]) -> list[str]:
-        """:meth:`spawn_child` for each, in order, with one lease check: their ids. Fenced."""
+        """Create each child, in order, as a pending, unleased run, once per name: a repeat
+        (after a restart) returns the first child's id. Logs ``child_spawned`` for each new one.
+        One lease check for the lot. Fenced."""
 
     def await_child(self, tx: Any, lease: Lease, child_id: str, timeout_ms: int | None) -> JoinOutcome:
         """Record the join (its deadline on the first call); once the child has ended, log
@@ -378,8 +366,12 @@ class Store(Protocol):
 
     def join_children(self, tx: Any, lease: Lease, child_ids: Sequence[str]) -> list[RunRecord | None]:
         """:meth:`await_child` with no deadline for each, with one lease check: each child's
-        record if it has ended (``child_joined`` logged the first time), else None. Fenced;
+        record if it has ended (``child_joined`` logged the first time), else None (still
+        running, or a join of it timed out before: :meth:`await_child` says which). Fenced;
         InvalidArgument."""
+
+    def ended_children(self, tx: Any, child_ids: Sequence[str]) -> set[str]:
+        """Those of ``child_ids`` that have ended (a read, for a nursery's joins)."""
 
     def child_ready(self, tx: Any, run_id: str, child_id: str) -> bool:
         """Whether await_child would now decide (a read, for polling)."""

@@ -199,7 +199,8 @@ class Run:
                 return await submit(fn, self._lease, *args)
             except LeaseLost as exc:
                 await self._unless_suspended_beside()
-                self._lose(str(exc))
+                if not self._suspended:  # else a shielded task (a nursery's sender) got here
+                    self._lose(str(exc))
                 raise
             except TransientConflict:
                 if self._lease.expires_at - self._db.clock() <= delay * 1000:
@@ -622,14 +623,14 @@ class Run:
             nursery = Children._create(self, background)
             try:
                 yield nursery
-            except BaseException as exc:  # raised below, never wrapped in an ExceptionGroup
+            except BaseException as exc:  # raised below: never wrapped in an ExceptionGroup
                 body_error = exc
-            nursery._close(discard=body_error is not None)
+            # Waited for here, so that the nursery's own exit has nothing left to wait for.
+            body_error = await nursery._close(body_error)
         error = body_error or nursery._error
-        if isinstance(error, Exception) and only_budget_exceeded(error) is None:
-            # Trio cancellation (a suspension, a stop, a lost lease) is not an error of the
-            # block, nor is a budget's end: the children go on, and the restarted block finds
-            # them again.
+        if nursery._error is not None and error is not nursery._error and not self._suspended:
+            logger.warning("run %s: spawning children failed too: %s", self.id, nursery._error)
+        if isinstance(error, Exception) and _cancels_children(error):
             for child_id in nursery.spawned:
                 try:
                     await self.cancel_child(child_id, f"the parent's nursery raised {type(error).__name__}")
@@ -678,7 +679,7 @@ class Run:
                 try:
                     done, value, remaining_ms = await decide()
                 except (DatabaseBusy, DatabaseUnavailable) as exc:
-                    await _after_transient(self.id, exc)  # deciding twice is safe: the wait replays
+                    await _after_transient(self.id, "deciding a wait", exc)  # twice is safe: it replays
                     continue
                 if done:
                     return value
@@ -917,8 +918,9 @@ class Children:
     _run: Run
     _background: trio.Nursery
     _names: dict[str, str]  # child id -> name
-    _queued: list[NewChild]  # spawn_soon's, not sent yet
-    _sending: bool
+    _queued: list[NewChild]  # spawn_soon's, not created yet (the batch in flight included)
+    _sender: trio.CancelScope | None  # the task sending _queued, while there is one
+    _sent: trio.Event  # set while no task sends
     _closed: bool
     _error: Exception | None  # what sending a batch raised: the block's end raises it
 
@@ -934,7 +936,10 @@ class Children:
         self.records = {}
         self._names = {}
         self._queued = []
-        self._sending = self._closed = False
+        self._sender = None
+        self._sent = trio.Event()
+        self._sent.set()
+        self._closed = False
         self._error = None
         run._nurseries.add(self)
         return self
@@ -966,68 +971,112 @@ class Children:
         once: the children queued together are created in one transaction (a fan-out of many
         costs a few commits, not one each). It returns no id because none exists before that
         commit; :attr:`spawned` lists the created ones and :attr:`records` the joined ones. Bad
-        arguments raise here; a failure to create raises from the block's end, which then
-        cancels the children created."""
+        arguments raise here; a failure to create raises from the block's end (and from here,
+        afterwards), which then cancels the children created."""
         if self._closed:
             raise InvalidArgument(f"run {self._run.id}: the nursery's block has ended; spawn_soon is closed")
         if self._error is not None:
-            raise InvalidArgument(f"run {self._run.id}: the nursery could not spawn: {self._error}")
+            raise self._error
         self._queued.append(self._run._new_child(name, role, provider, config, budget))
-        if not self._sending:
-            self._sending = True
-            self._background.start_soon(self._send_queued)
+        if self._sender is None:
+            self._sender = trio.CancelScope()
+            self._sent = trio.Event()
+            self._background.start_soon(self._send_queued, self._sender, self._sent)
 
-    async def _send_queued(self) -> None:
-        # Shielded: the batch in flight commits or fails as one, and a cancelled block empties
-        # the queue (see _close), so nothing is sent after it.
-        with trio.CancelScope(shield=True):
-            try:
+    async def _send_queued(self, scope: trio.CancelScope, sent: trio.Event) -> None:
+        try:
+            with scope:  # cancelled by _close
                 while self._queued:
                     batch = self._queued[:_SPAWN_BATCH]
-                    del self._queued[:_SPAWN_BATCH]
-                    ids = await self._run._write(self._run._store.spawn_children, batch)
+                    ids = await self._create_children(batch)
+                    del self._queued[: len(batch)]  # (already empty if _close dropped them)
                     for child_id, child in zip(ids, batch, strict=True):
                         self._add(child_id, child.name)
                     self._run._db._announce_claimable()
-            except Exception as exc:
-                self._error = exc
-                self._queued.clear()
-            finally:
-                self._sending = False
+                    await trio.lowlevel.checkpoint()
+        except trio.Cancelled:
+            # The block's surroundings are cancelled, so is the body, which raises it: what is
+            # still queued is not created. Raised here, it would reach the body in a group.
+            self._queued.clear()
+        except Exception as exc:
+            self._error = exc
+            self._queued.clear()
+        finally:
+            self._sender = None
+            sent.set()
+
+    async def _create_children(self, batch: list[NewChild]) -> list[str]:
+        """One transaction; an outage is ridden out while the lease lasts (a batch sent twice
+        finds its children by name)."""
+        while True:
+            try:
+                with trio.CancelScope(shield=True):  # stopped between batches, not inside one
+                    ids: list[str] = await self._run._write(self._run._store.spawn_children, batch)
+                    return ids
+            except (DatabaseBusy, DatabaseUnavailable) as exc:
+                await _after_transient(self._run.id, "spawning children", exc)
 
     def _add(self, child_id: str, name: str) -> None:
         if child_id not in self._names:
             self._names[child_id] = name
             self.spawned.append(child_id)
 
-    def _close(self, *, discard: bool) -> None:
-        """The block has ended: no more spawn_soon; if it raised, what is queued is dropped."""
+    async def _close(self, error: BaseException | None) -> BaseException | None:
+        """The block has ended (with ``error``, if it raised): no more spawn_soon. Cleanly, wait
+        until what is queued is created; otherwise, or if that wait is cancelled, drop what is
+        queued and wait only for the batch in flight. Returns the block's error, or the wait's."""
         self._closed = True
-        self._run._nurseries.discard(self)
-        if discard:
+        if error is None:
+            try:
+                await self._sent.wait()
+            except BaseException as exc:
+                error = exc
+        if error is not None:
             self._queued.clear()
+            if self._sender is not None:
+                self._sender.cancel()
+            with trio.CancelScope(shield=True):
+                await self._sent.wait()
+        self._run._nurseries.discard(self)
+        return error
 
     def _unsent(self) -> bool:
-        return bool(self._queued) or self._sending
+        return bool(self._queued)
 
     async def _join_all(self) -> None:
-        """Join every child, many per transaction: those that have ended are recorded at once,
-        and the nursery waits (suspends, in a worker) for the first that has not."""
+        """Join every child, many per transaction. A read finds those that have ended, and only
+        those are joined (looking at a running child would write its join record again); the
+        nursery waits (suspends, in a worker) for the first that has not."""
         joined: dict[str, RunRecord] = {}
-        remaining = list(self.spawned)
-        while remaining:
-            batch, remaining = remaining[:_JOIN_BATCH], remaining[_JOIN_BATCH:]
-            found = await self._run._write(self._run._store.join_children, batch)
-            running = []
-            for child_id, record in zip(batch, found, strict=True):
-                if record is None:
-                    running.append(child_id)
-                else:
-                    joined[child_id] = record
-            if running:
-                joined[running[0]] = await self._run.join(running[0])
-                remaining = running[1:] + remaining
+        pending = list(self.spawned)
+        while pending:
+            window = pending[:_JOIN_BATCH]
+            ended = await self._ride_out(self._run._db._read, self._run._store.ended_children, window)
+            ready = [child_id for child_id in window if child_id in ended]
+            if not ready:  # wait for the first (a join of it that timed out before raises)
+                joined[window[0]] = await self._run.join(window[0])
+                pending.remove(window[0])
+                continue
+            found = await self._ride_out(self._run._write, self._run._store.join_children, ready)
+            for child_id, record in zip(ready, found, strict=True):
+                joined[child_id] = record if record is not None else await self._run.join(child_id)
+            pending = [child_id for child_id in pending if child_id not in joined]
         self.records = {self._names[child_id]: joined[child_id] for child_id in self.spawned}
+
+    async def _ride_out(self, submit: Callable[..., Awaitable[Any]], fn: Any, *args: Any) -> Any:
+        """A nursery's read or write, tried again through an outage while the lease lasts."""
+        while True:
+            try:
+                return await submit(fn, *args)
+            except (DatabaseBusy, DatabaseUnavailable) as exc:
+                await _after_transient(self._run.id, "joining children", exc)
+
+
+def _cancels_children(error: Exception) -> bool:
+    """Whether a nursery's block that raised ``error`` cancels its children. Not when the run
+    waits for its budget (it will go on, and so do they), nor when the lease is gone (the new
+    owner's block decides; this one could not write)."""
+    return only_budget_exceeded(error) is None and not isinstance(error, LeaseLost | RunTerminal)
 
 
 # Children per transaction when a nursery spawns or joins in batches: large enough that a
@@ -1059,9 +1108,9 @@ def _budget_row(budget: object) -> tuple[Any, ...] | None:
     return budget.to_row()
 
 
-async def _after_transient(run_id: str, exc: Exception) -> None:
+async def _after_transient(run_id: str, what: str, exc: Exception) -> None:
     # While the lease lasts, a wait rides out an outage (the heartbeat gives up at expiry).
-    logger.warning("run %s: deciding a wait failed, retrying: %s", run_id, exc)
+    logger.warning("run %s: %s failed, retrying: %s", run_id, what, exc)
     await trio.sleep(_INBOX_POLL_S)
 
 

@@ -179,10 +179,9 @@ class DatabaseThread:
     @staticmethod
     def _for_the_loop(request: Request) -> bool:
         """Not a close request, and no large value to write (its write and fsync would hold up
-        the loop, and whether it may is not worth judging)."""
-        return request.fn is not None and not any(
-            isinstance(arg, str) and len(arg) > INLINE_ARGUMENT_CHARS for arg in request.args
-        )
+        the loop, and whether it may is not worth judging): a long string, or strings inside a
+        list or tuple (a batch) that add up to one."""
+        return request.fn is not None and not any(_chars(arg) > INLINE_ARGUMENT_CHARS for arg in request.args)
 
     def _joins(self, batch: list[Request], request: Request) -> None:
         batch.append(request)
@@ -432,6 +431,14 @@ class DatabaseThread:
             self._session.after_commit()
         except Exception:  # a lost hint, never a lost write: the commit has happened
             logger.exception("database thread %s: the work after a commit failed", self._name)
+
+
+def _chars(arg: object) -> int:
+    if isinstance(arg, str):
+        return len(arg)
+    if isinstance(arg, list | tuple):
+        return sum(map(_chars, arg))
+    return 0
 
 
 # A KeyboardInterrupt waits for the next checkpoint: a queued request keeps the caller it answers.

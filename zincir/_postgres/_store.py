@@ -1267,35 +1267,22 @@ def _wall_end(tx: Tx, run_id: str) -> int | None:
     return None if row is None or row[0] is None else int(row[0])
 
 
-def spawn_child(
-    tx: Tx,
-    lease: Lease,
-    name: str,
-    child_id: str,
-    role: str,
-    provider: str,
-    config_json: str,
-    budget: tuple[Any, ...] | None = None,
-) -> str:
-    """Create the child named ``name`` once, pending and unleased; a repeat returns its id."""
-    [spawned] = spawn_children(tx, lease, [NewChild(name, child_id, role, provider, config_json, budget)])
-    return spawned
-
-
 def spawn_children(tx: Tx, lease: Lease, children: Sequence[NewChild]) -> list[str]:
-    """spawn_child for each, in order: every insert sent with the lock, then read (one round trip
-    for the lot; if the lease does not hold, the raise rolls them back)."""
+    """Create each child once, pending and unleased; a repeat returns its id. Every insert is
+    sent with the lock and read after it (one round trip for the lot; if the lease does not
+    hold, the raise rolls them back)."""
     lock = _send_lock(tx, lease.run_id)
     inserts = [_send_spawn(tx, lease.run_id, child) for child in children]
     check_lease(tx, lease, lock)
-    ids = [_spawned(tx, lease.run_id, child, insert) for child, insert in zip(children, inserts, strict=True)]
+    ids = [_spawned(tx, child, insert) for child, insert in zip(children, inserts, strict=True)]
     if any(spawned == child.child_id for spawned, child in zip(ids, children, strict=True)):
         tx.notify_claimable()
     return ids
 
 
 def _send_spawn(tx: Tx, parent_id: str, child: NewChild) -> Sent:
-    """One statement inserts the child and, if it is new, logs child_spawned in the parent's log."""
+    """One statement inserts the child and, if it is new, logs child_spawned in the parent's log;
+    it returns the new child's id, or the one spawned under that name before."""
     event = _dump({"child_id": child.child_id, "name": child.name, "role": child.role})
     return tx.send(
         "WITH now AS MATERIALIZED (SELECT zincir_now_ms() AS ms),"
@@ -1307,23 +1294,22 @@ def _send_spawn(tx: Tx, parent_id: str, child: NewChild) -> Sent:
         " WHERE id = %s AND EXISTS (SELECT 1 FROM spawned) RETURNING last_seq),"
         " logged AS (INSERT INTO events (run_id, seq, type, payload, idempotency_key, created_at)"
         " SELECT %s, last_seq, %s, %s, %s, now.ms FROM allocated, now)"
-        " SELECT count(*) FROM spawned",
+        " SELECT (SELECT id FROM spawned),"
+        " (SELECT id FROM agent_runs WHERE parent_run_id = %s AND spawn_name = %s)",
         (
             *(child.child_id, parent_id, child.role, child.provider, child.config_json, child.name),
             parent_id,
             *(parent_id, EventType.CHILD_SPAWNED.value, event, f"spawn:{child.name}"),
+            *(parent_id, child.name),
         ),
     )
 
 
-def _spawned(tx: Tx, parent_id: str, child: NewChild, insert: Sent) -> str:
+def _spawned(tx: Tx, child: NewChild, insert: Sent) -> str:
     """The id of the child ``insert`` created, or of the one spawned under its name before (a
     restart repeats the spawn)."""
-    (inserted,) = insert.one()
-    if not inserted:
-        (existing,) = tx.one(
-            "SELECT id FROM agent_runs WHERE parent_run_id = %s AND spawn_name = %s", (parent_id, child.name)
-        )
+    new, existing = insert.one()
+    if new is None:
         return str(existing)
     if child.budget is not None:  # the child's own, whatever its parent spends
         _insert_budget(tx, child.child_id, child.budget)
@@ -1388,6 +1374,15 @@ def _judge_join(tx: Tx, parent_id: str, child_id: str, looked: Sent) -> JoinOutc
 # How a join ends, beside the event that says so (see _log_beside: now, the run, the child).
 _JOINED = "UPDATE joins SET completed_at = %s WHERE run_id = %s AND child_id = %s"
 _TIMED_OUT = "UPDATE joins SET completed_at = %s, timed_out = 1 WHERE run_id = %s AND child_id = %s"
+
+
+def ended_children(tx: Tx, child_ids: Sequence[str]) -> set[str]:
+    """Those of ``child_ids`` that have ended."""
+    found = tx.all(
+        "SELECT id FROM agent_runs WHERE id = ANY(%s) AND status IN ('completed', 'failed', 'cancelled')",
+        (list(child_ids),),
+    )
+    return {str(row[0]) for row in found}
 
 
 def child_ready(tx: Tx, run_id: str, child_id: str) -> bool:

@@ -1028,59 +1028,66 @@ def _wall_end(tx: Tx, run_id: str) -> int | None:
     return None if row is None else int(row[0])
 
 
-def spawn_child(
-    tx: Tx,
-    lease: Lease,
-    name: str,
-    child_id: str,
-    role: str,
-    provider: str,
-    config_json: str,
-    budget: tuple[Any, ...] | None = None,
-) -> str:
-    """Create the child named ``name`` once, pending and unleased; a repeat returns its id."""
+def spawn_children(tx: Tx, lease: Lease, children: Sequence[NewChild]) -> list[str]:
+    """Create each child once, pending and unleased; a repeat returns its id."""
     check_lease(tx, lease)
+    return [_spawn(tx, lease.run_id, child) for child in children]
+
+
+def _spawn(tx: Tx, parent_id: str, child: NewChild) -> str:
     existing = tx.one(
-        "SELECT id FROM agent_runs WHERE parent_run_id = ? AND spawn_name = ?", (lease.run_id, name)
+        "SELECT id FROM agent_runs WHERE parent_run_id = ? AND spawn_name = ?", (parent_id, child.name)
     )
     if existing is not None:
         return str(existing[0])
     tx.execute(
         "INSERT INTO agent_runs (id, parent_run_id, role, provider, status, config, created_at,"
         " updated_at, next_attempt_at, spawn_name) VALUES (?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?)",
-        (child_id, lease.run_id, role, provider, config_json, tx.now, tx.now, tx.now, name),
+        (
+            child.child_id,
+            parent_id,
+            child.role,
+            child.provider,
+            child.config_json,
+            tx.now,
+            tx.now,
+            tx.now,
+            child.name,
+        ),
     )
-    seq = _allocate(tx, lease.run_id, 1)
-    event = _dump({"child_id": child_id, "name": name, "role": role})
-    _insert_event(tx, lease.run_id, seq, EventType.CHILD_SPAWNED, event, f"spawn:{name}")
-    if budget is not None:  # the child's own, whatever its parent spends
-        _insert_budget(tx, child_id, budget)
-    return child_id
-
-
-def spawn_children(tx: Tx, lease: Lease, children: Sequence[NewChild]) -> list[str]:
-    """spawn_child for each, in order (a lease check each costs nothing here)."""
-    return [
-        spawn_child(tx, lease, c.name, c.child_id, c.role, c.provider, c.config_json, c.budget)
-        for c in children
-    ]
+    seq = _allocate(tx, parent_id, 1)
+    event = _dump({"child_id": child.child_id, "name": child.name, "role": child.role})
+    _insert_event(tx, parent_id, seq, EventType.CHILD_SPAWNED, event, f"spawn:{child.name}")
+    if child.budget is not None:  # the child's own, whatever its parent spends
+        _insert_budget(tx, child.child_id, child.budget)
+    return child.child_id
 
 
 def await_child(tx: Tx, lease: Lease, child_id: str, timeout_ms: int | None) -> JoinOutcome:
     """Record the join on its first call; log ``child_joined`` once the child has ended, or
     time the join out past its stored deadline. Fenced."""
     check_lease(tx, lease)
+    return _look_at_join(tx, lease.run_id, child_id, timeout_ms)
+
+
+def join_children(tx: Tx, lease: Lease, child_ids: Sequence[str]) -> list[RunRecord | None]:
+    """await_child with no deadline for each: the ended children's records, None for the rest."""
+    check_lease(tx, lease)
+    return [_look_at_join(tx, lease.run_id, child_id, None).child for child_id in child_ids]
+
+
+def _look_at_join(tx: Tx, parent_id: str, child_id: str, timeout_ms: int | None) -> JoinOutcome:
     parent = tx.one("SELECT parent_run_id FROM agent_runs WHERE id = ?", (child_id,))
-    if parent is None or parent[0] != lease.run_id:
-        raise InvalidArgument(f"run {lease.run_id}: {child_id} is not a child of this run")
+    if parent is None or parent[0] != parent_id:
+        raise InvalidArgument(f"run {parent_id}: {child_id} is not a child of this run")
     tx.execute(
         "INSERT INTO joins (run_id, child_id, deadline, created_at) VALUES (?, ?, ?, ?)"
         " ON CONFLICT (run_id, child_id) DO NOTHING",
-        (lease.run_id, child_id, None if timeout_ms is None else tx.now + timeout_ms, tx.now),
+        (parent_id, child_id, None if timeout_ms is None else tx.now + timeout_ms, tx.now),
     )
     deadline, completed_at, timed_out = tx.one(
         "SELECT deadline, completed_at, timed_out FROM joins WHERE run_id = ? AND child_id = ?",
-        (lease.run_id, child_id),
+        (parent_id, child_id),
     )
     if timed_out:
         return JoinOutcome("timed_out")
@@ -1090,27 +1097,32 @@ def await_child(tx: Tx, lease: Lease, child_id: str, timeout_ms: int | None) -> 
     if child.status.is_terminal:
         tx.execute(
             "UPDATE joins SET completed_at = ? WHERE run_id = ? AND child_id = ?",
-            (tx.now, lease.run_id, child_id),
+            (tx.now, parent_id, child_id),
         )
-        seq = _allocate(tx, lease.run_id, 1)
+        seq = _allocate(tx, parent_id, 1)
         event = _dump({"child_id": child_id, "result": child.result, "status": child.status.value})
-        _insert_event(tx, lease.run_id, seq, EventType.CHILD_JOINED, event, f"join:{child_id}")
+        _insert_event(tx, parent_id, seq, EventType.CHILD_JOINED, event, f"join:{child_id}")
         return JoinOutcome("ended", child)
     if deadline is not None and deadline <= tx.now:
         tx.execute(
             "UPDATE joins SET completed_at = ?, timed_out = 1 WHERE run_id = ? AND child_id = ?",
-            (tx.now, lease.run_id, child_id),
+            (tx.now, parent_id, child_id),
         )
-        seq = _allocate(tx, lease.run_id, 1)
+        seq = _allocate(tx, parent_id, 1)
         event = _dump({"child_id": child_id, "deadline": deadline, "name": f"join:{child_id}"})
-        _insert_event(tx, lease.run_id, seq, EventType.WAIT_TIMED_OUT, event, f"join:{child_id}")
+        _insert_event(tx, parent_id, seq, EventType.WAIT_TIMED_OUT, event, f"join:{child_id}")
         return JoinOutcome("timed_out")
     return JoinOutcome("pending", remaining_ms=None if deadline is None else deadline - tx.now)
 
 
-def join_children(tx: Tx, lease: Lease, child_ids: Sequence[str]) -> list[RunRecord | None]:
-    """await_child with no deadline for each: the ended children's records, None for the rest."""
-    return [await_child(tx, lease, child_id, None).child for child_id in child_ids]
+def ended_children(tx: Tx, child_ids: Sequence[str]) -> set[str]:
+    """Those of ``child_ids`` that have ended."""
+    marks = ", ".join("?" * len(child_ids))
+    found = tx.all(
+        f"SELECT id FROM agent_runs WHERE id IN ({marks}) AND status IN ('completed', 'failed', 'cancelled')",
+        tuple(child_ids),
+    )
+    return {str(row[0]) for row in found}
 
 
 def child_ready(tx: Tx, run_id: str, child_id: str) -> bool:
