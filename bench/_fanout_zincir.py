@@ -6,13 +6,14 @@ one handler for every run, which dispatches on the run's role, as an application
 
 * ``fanout-child``: ``await run.complete(result=1)`` (a no-op body with a small result);
 * ``fanout-parent``: spawns ``children`` child runs named ``child-0`` ... and fans them back in,
-  in one of two styles (the run's config says which):
+  in one of three styles (the run's config says which):
 
   - ``explicit``: ``run.spawn`` each child, then ``run.join`` each one in order, summing the
     results; the parent completes with ``{"children": n, "sum": total}``;
-  - ``nursery``: the spawns inside ``async with run.children() as nursery:`` (whose exit joins
-    every child), then the results read back with ``run.join`` (replayed: the nursery does not
-    hand the joined records back), completing with the same result.
+  - ``nursery``: ``nursery.spawn_soon`` each child inside ``async with run.children() as
+    nursery:`` (the spawns are sent in batches, a transaction each; the exit joins the children,
+    many per transaction), then the results read from ``nursery.records``; the same result;
+  - ``concurrent``: ``run.spawn`` from many Trio tasks at once, then ``run.join`` likewise.
 
 The command ``fanout(children, style)`` creates the parent (``open_run`` left without an end:
 released, claimable at once) and answers when the handler has completed it. The clock runs in
@@ -363,8 +364,9 @@ class ZincirSide:
         if trial.style == "nursery":
             async with run.children() as nursery:
                 for i in range(trial.children):
-                    await nursery.spawn(f"child-{i}", role=CHILD_ROLE)
+                    nursery.spawn_soon(f"child-{i}", role=CHILD_ROLE)
                 self._spawned(trial)
+            records = list(nursery.records.values())
             ids = nursery.spawned
         elif trial.style == "concurrent":
             ids = await _at_once(trial.children, lambda i: run.spawn(f"child-{i}", role=CHILD_ROLE))
@@ -374,7 +376,7 @@ class ZincirSide:
             self._spawned(trial)
         if trial.style == "concurrent":
             records = await _at_once(len(ids), lambda i: run.join(ids[i]))
-        else:
+        elif trial.style == "explicit":
             records = [await run.join(child_id) for child_id in ids]
         total = sum(
             r.result for r in records if r.status is zincir.RunStatus.COMPLETED and isinstance(r.result, int)

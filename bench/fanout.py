@@ -5,11 +5,12 @@ first spawn to the parent's completion, on SQLite and on PostgreSQL, in one run:
 
 * zincir: one worker process, ``ResumeWorker(max_concurrency=64, suspend_after=30.0)``, one
   handler for parents and children. The parent run exists (pending) before the clock starts;
-  its handler spawns every child with ``run.spawn``, joins each with ``run.join``, and completes
-  with the sum of their results. The primary figure. A second zincir configuration spawns inside
-  the durable nursery ``run.children()`` (whose exit joins every child) and reads the results back
-  with ``run.join``. A third spawns (then joins) from 64 Trio tasks at once, which zincir's named
-  spawns allow and its group commit batches.
+  its handler fans out in the durable nursery: ``nursery.spawn_soon`` per child (the children
+  are created 100 per transaction), the block's end joins them (100 per transaction), and the
+  parent completes with the sum of the results in ``nursery.records``. The primary figure: the
+  way zincir's README fans out. A second configuration awaits ``run.spawn`` per child and then
+  ``run.join`` of each, a commit each, one after another. A third spawns (then joins) from 64
+  Trio tasks at once, which zincir's named spawns allow and its group commit batches.
 * DBOS Transact: a parent workflow that calls ``DBOS.start_workflow`` per child and
   ``get_result()`` on each handle, in a process with ``max_executor_threads=64`` (at most 64
   workflows at once, the parent included, as in zincir's worker); otherwise as shipped. On SQLite
@@ -68,22 +69,22 @@ class Config:
 CONFIGS = (
     Config(
         "zincir",
-        "zincir, spawn + join",
-        "zincir",
-        "zincir",
-        "explicit",
-        "`ResumeWorker` handler: `run.spawn` per child, then `run.join` of each in order,"
-        " `run.complete(result=...)`",
-        True,
-    ),
-    Config(
-        "zincir-nursery",
         "zincir, nursery",
         "zincir",
         "zincir",
         "nursery",
-        "`async with run.children() as nursery: await nursery.spawn(...)` per child (the exit joins them),"
-        " then `run.join` of each to read the results",
+        "`ResumeWorker` handler: `async with run.children() as nursery:` `nursery.spawn_soon(...)` per"
+        " child (created 100 per transaction; the block's end joins them, 100 per transaction), then"
+        " `run.complete(result=...)` from `nursery.records`",
+        True,
+    ),
+    Config(
+        "zincir-explicit",
+        "zincir, spawn + join one at a time",
+        "zincir",
+        "zincir",
+        "explicit",
+        "`run.spawn` per child, then `run.join` of each in order: a commit each, one after another",
         False,
     ),
     Config(
