@@ -131,7 +131,7 @@ class Run:
         self._heartbeat_scope = trio.CancelScope(shield=True)
         self._running_steps = set()
         self._started_calls = set()  # tools started through this Run (a PendingToolCall is a snapshot)
-        self._nurseries = set()  # open durable nurseries: complete() waits for none, refuses
+        self._nurseries = set()  # open durable nurseries (complete() refuses while one has spawns to send)
         self._completed_steps = None  # loaded by the first step()
         self._release_delay_ms = 0  # how long after release the run may be claimed again
         self._refund_attempt = False  # set by a worker whose handler was cancelled
@@ -199,7 +199,9 @@ class Run:
                 return await submit(fn, self._lease, *args)
             except LeaseLost as exc:
                 await self._unless_suspended_beside()
-                if not self._suspended:  # else a shielded task (a nursery's sender) got here
+                # Suspended beside a write shielded from the body's cancellation (a nursery's
+                # batch): the refusal is no loss of the lease.
+                if not self._suspended:
                     self._lose(str(exc))
                 raise
             except TransientConflict:
@@ -630,6 +632,8 @@ class Run:
         error = body_error or nursery._error
         if nursery._error is not None and error is not nursery._error and not self._suspended:
             logger.warning("run %s: spawning children failed too: %s", self.id, nursery._error)
+        # A Trio cancellation (a suspension, a stop) is no Exception: the children go on, and the
+        # restarted block finds them again.
         if isinstance(error, Exception) and _cancels_children(error):
             for child_id in nursery.spawned:
                 try:

@@ -1351,6 +1351,7 @@ def _send_join_look(tx: Tx, parent_id: str, child_id: str, timeout_ms: int | Non
 
 
 def _judge_join(tx: Tx, parent_id: str, child_id: str, looked: Sent) -> JoinOutcome:
+    """What the look found: log the end (or the timeout) the first time it is seen."""
     found = looked.one()
     child = None if found is None else to_run(found[:-3])
     if child is None or child.parent_run_id != parent_id:
