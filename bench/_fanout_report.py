@@ -313,11 +313,10 @@ def _where_time_went(name: str, z: dict[str, Any], entries: dict[str, Any]) -> l
         )
     concurrent = entries.get("zincir-concurrent")
     if concurrent is not None:
-        baseline = explicit or z
         lines.append(
             f"{name}, spawning and joining from 64 tasks at once took {_s(concurrent['seconds'])} s"
             + (
-                f", {baseline['seconds'] / concurrent['seconds']:.2f}x faster than one after another."
+                f", {explicit['seconds'] / concurrent['seconds']:.2f}x faster than one after another."
                 if explicit is not None
                 else "."
             )

@@ -146,7 +146,7 @@ def statement_kind(sql: Any) -> str:
 
 
 def operation_name(fn: Any) -> str:
-    """The store function a database thread runs (``spawn_child``, ``claim_due``, ...)."""
+    """The store function a database thread runs (``spawn_children``, ``claim_due``, ...)."""
     name = getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", None)
     return str(name or type(fn).__name__)
 

@@ -415,7 +415,7 @@ async def test_spawn_soon_in_a_restarted_block_finds_the_same_children(db: zinci
             name: name for name in first.values()
         }
         await again.complete()
-    assert scalar(db, "SELECT count(*) FROM agent_runs WHERE parent_run_id = ?", (parent.id,)) == 3
+    assert await _has_children(db, parent.id, 3)
     assert types_of(await db.events(parent.id)).count(zincir.EventType.CHILD_SPAWNED) == 3
 
 

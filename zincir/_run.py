@@ -564,9 +564,9 @@ class Run:
         it. A ``child_spawned`` event enters this run's log. ``budget`` is the child's own: what
         it spends is not its parent's."""
         child = self._new_child(name, role, provider, config, budget)
-        [child_id] = await self._write(self._store.spawn_children, [child])
+        ids: list[str] = await self._write(self._store.spawn_children, [child])
         self._db._announce_claimable()
-        return str(child_id)
+        return ids[0]
 
     def _new_child(
         self, name: str, role: str, provider: str, config: JSONValue, budget: Budget | None
@@ -992,7 +992,9 @@ class Children:
             with scope:  # cancelled by _close
                 while self._queued:
                     batch = self._queued[:_SPAWN_BATCH]
-                    ids = await self._create_children(batch)
+                    ids = await self._ride_out(
+                        "spawning children", self._write_shielded, self._run._store.spawn_children, batch
+                    )
                     del self._queued[: len(batch)]  # (already empty if _close dropped them)
                     for child_id, child in zip(ids, batch, strict=True):
                         self._add(child_id, child.name)
@@ -1009,16 +1011,9 @@ class Children:
             self._sender = None
             sent.set()
 
-    async def _create_children(self, batch: list[NewChild]) -> list[str]:
-        """One transaction; an outage is ridden out while the lease lasts (a batch sent twice
-        finds its children by name)."""
-        while True:
-            try:
-                with trio.CancelScope(shield=True):  # stopped between batches, not inside one
-                    ids: list[str] = await self._run._write(self._run._store.spawn_children, batch)
-                    return ids
-            except (DatabaseBusy, DatabaseUnavailable) as exc:
-                await _after_transient(self._run.id, "spawning children", exc)
+    async def _write_shielded(self, fn: Any, *args: Any) -> Any:
+        with trio.CancelScope(shield=True):  # a batch is stopped between batches, not inside one
+            return await self._run._write(fn, *args)
 
     def _add(self, child_id: str, name: str) -> None:
         if child_id not in self._names:
@@ -1051,29 +1046,31 @@ class Children:
         """Join every child, many per transaction. A read finds those that have ended, and only
         those are joined (looking at a running child would write its join record again); the
         nursery waits (suspends, in a worker) for the first that has not."""
+        store, read = self._run._store, self._run._db._read
         joined: dict[str, RunRecord] = {}
         pending = list(self.spawned)
         while pending:
             window = pending[:_JOIN_BATCH]
-            ended = await self._ride_out(self._run._db._read, self._run._store.ended_children, window)
+            ended = await self._ride_out("joining children", read, store.ended_children, window)
             ready = [child_id for child_id in window if child_id in ended]
             if not ready:  # wait for the first (a join of it that timed out before raises)
                 joined[window[0]] = await self._run.join(window[0])
                 pending.remove(window[0])
                 continue
-            found = await self._ride_out(self._run._write, self._run._store.join_children, ready)
+            found = await self._ride_out("joining children", self._run._write, store.join_children, ready)
             for child_id, record in zip(ready, found, strict=True):
                 joined[child_id] = record if record is not None else await self._run.join(child_id)
             pending = [child_id for child_id in pending if child_id not in joined]
         self.records = {self._names[child_id]: joined[child_id] for child_id in self.spawned}
 
-    async def _ride_out(self, submit: Callable[..., Awaitable[Any]], fn: Any, *args: Any) -> Any:
-        """A nursery's read or write, tried again through an outage while the lease lasts."""
+    async def _ride_out(self, what: str, submit: Callable[..., Awaitable[Any]], fn: Any, *args: Any) -> Any:
+        """A nursery's read or write, tried again through an outage while the lease lasts (a
+        batch sent twice finds its children by name; a join twice, its record)."""
         while True:
             try:
                 return await submit(fn, *args)
             except (DatabaseBusy, DatabaseUnavailable) as exc:
-                await _after_transient(self._run.id, "joining children", exc)
+                await _after_transient(self._run.id, what, exc)
 
 
 def _cancels_children(error: Exception) -> bool:
