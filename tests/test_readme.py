@@ -398,3 +398,14 @@ def test_the_quick_start_prints_its_run_id_survives_sigkill_and_resumes(workdir:
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.count(run_id) >= 2  # listed by `runs`, then shown by `show`
     assert "completed" in shown.stdout and "tool_result" in shown.stdout
+
+
+def test_every_guide_is_linked_from_the_readme_and_the_index() -> None:
+    readme = (REPO / "README.md").read_text()
+    index = (REPO / "docs" / "README.md").read_text()
+    guides = [p.name for p in DOCUMENTS if p.parent.name == "docs" and p.name != "README.md"]
+    assert guides
+    unlinked = [g for g in guides if f"(docs/{g})" not in readme]
+    assert not unlinked, f"the README links no {unlinked}"
+    unindexed = [g for g in guides if f"({g})" not in index]
+    assert not unindexed, f"docs/README.md links no {unindexed}"
