@@ -6,7 +6,8 @@ handlers exist; each `zincir` subcommand exists and knows every option given to 
 each `pip install -e '.[extra]'` names a real extra; each Python snippet compiles. The README's
 quick start is run for real: it prints its run id, is SIGKILLed mid-tool, and a resume with
 ZINCIR_RESUME=1 finishes the same run; then the README's "see what happened" commands run as
-written against that database.
+written against that database. And every guide in docs/ is linked from the README and from
+docs/README.md.
 """
 
 from __future__ import annotations
