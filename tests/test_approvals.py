@@ -1,4 +1,4 @@
-"""Approvals bound to the exact tool intent (DESIGN.md §8.3), on both backends."""
+"""Approvals bound to the exact tool intent (docs/approvals.md), on both backends."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Budgets that survive restarts, and loop detection (DESIGN.md §8.5), on both backends."""
+"""Budgets that survive restarts, and loop detection (docs/budgets.md), on both backends."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Child runs (DESIGN.md §8.4), on both backends: spawn once per name, join as a wait, cancel
+"""Child runs (docs/children.md), on both backends: spawn once per name, join as a wait, cancel
 with the whole family below, and a durable nursery."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Paths of the durability contract (DESIGN.md §2-§5) that nothing else in the suite runs.
+"""Paths of the durability contract (docs/durability.md) that nothing else in the suite runs.
 
 Each test drives the real SQLite file and the real database threads into one failure or
 edge path: a batch that SQLite aborts part-way, a real ``SQLITE_BUSY`` from another

@@ -1,4 +1,4 @@
-"""The inspector's agent view (DESIGN.md §8.7): a run as a conversation, what it waits for, its
+"""The inspector's agent view (docs/inspector.md): a run as a conversation, what it waits for, its
 family, its timeline and spend as SVG, and the runs page's chart, on both backends.
 
 Pages are checked by their markup (the elements and classes that carry each mark), and the

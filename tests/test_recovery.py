@@ -1,4 +1,4 @@
-"""Knowing what happened before recovering (DESIGN.md §8.6), on both backends, with real
+"""Knowing what happened before recovering (docs/recovery.md), on both backends, with real
 SIGKILLs: tool start marks, reconciliation, and taking over a dead same-host owner at once."""
 
 from __future__ import annotations

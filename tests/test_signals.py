@@ -1,4 +1,4 @@
-"""Signals and named waits (DESIGN.md §8.2), on both backends: outsiders write the inbox, only
+"""Signals and named waits (docs/signals.md), on both backends: outsiders write the inbox, only
 the lease holder writes the log."""
 
 from __future__ import annotations

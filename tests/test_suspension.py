@@ -1,4 +1,4 @@
-"""Suspension (DESIGN.md §8.2), on both backends: a worker's run whose wait or sleep outlasts
+"""Suspension (docs/signals.md), on both backends: a worker's run whose wait or sleep outlasts
 ``suspend_after`` gives its lease up and becomes ``waiting``; the signal, the decision or the
 deadline makes it claimable again, and the handler starts over from the top."""
 

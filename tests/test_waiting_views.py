@@ -1,5 +1,5 @@
 """What waiting runs await, and until when, as ``zincir runs``, ``zincir show`` and the inspector
-show it (DESIGN.md §8.2), on both backends."""
+show it (docs/signals.md), on both backends."""
 
 from __future__ import annotations
 
