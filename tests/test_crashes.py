@@ -36,20 +36,22 @@ with open(effects, "a") as out:
 """
 
 # An owner that runs the tool for its one tool call and prints the tool's PID. The test kills
-# it with SIGKILL while the tool waits; the tool lives on, re-parented. ``scrub``: the tool gets
-# an environment of its own (as `env -i` would), without the owner's mark.
+# it with SIGKILL while the tool waits; the tool lives on, re-parented. ``how``: "keep" (as
+# trio.run_process starts it), "scrub" (an environment of its own, as `env -i` gives, without
+# the owner's mark), "scrub+group" (that, and a process group of its own).
 OWNER = """
     import os, subprocess, sys, trio, zincir
     async def main():
-        target, run_id, tool, effects, go, scrub = sys.argv[1:]
-        env = {"PATH": os.environ["PATH"]} if scrub == "scrub" else None
+        target, run_id, tool, effects, go, how = sys.argv[1:]
+        env = {"PATH": os.environ["PATH"]} if how.startswith("scrub") else None
+        group = {"process_group": 0} if how.endswith("+group") else {}
         async with zincir.open_database(target) as db, zincir.open_run(db, run_id, lease_ttl=30) as run:
             await run.record_response("", [zincir.ToolCall("commit", "git_commit", {})], "tool_use")
             [pending] = await run.pending_tools()
             async def commit(pending):
                 command = [sys.executable, tool, effects, pending.idempotency_key, go]
                 quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-                proc = await trio.lowlevel.open_process(command, env=env, **quiet)
+                proc = await trio.lowlevel.open_process(command, env=env, **quiet, **group)
                 print("tool", proc.pid, flush=True)
                 await proc.wait()
                 return "committed"
@@ -67,14 +69,14 @@ def _tool_files(tmp_path: Path) -> Iterator[tuple[Path, Path, Path]]:
 
 
 async def _kill_the_owner_while_its_tool_runs(
-    db: zincir.Database, tmp_path: Path, *, scrub: bool = False, **popen: Any
+    db: zincir.Database, tmp_path: Path, how: str = "keep", **popen: Any
 ) -> tuple[str, int]:
     """Create a run; an owner process records a tool call and starts its tool, and is killed
     with SIGKILL while the tool waits. (run id, the orphaned tool's PID)."""
     async with zincir.open_run(db) as run:
         run_id = run.id
     tool, effects, go = tmp_path / "tool.py", tmp_path / "effects", tmp_path / "go"
-    args = (db.path, run_id, str(tool), str(effects), str(go), "scrub" if scrub else "keep")
+    args = (db.path, run_id, str(tool), str(effects), str(go), how)
     owner = start_python(OWNER, *args, **popen)
     try:
         assert owner.stdout is not None
@@ -180,16 +182,19 @@ async def _one_worker_pass(db: zincir.Database, handle: Callable[[zincir.Run], A
     return result
 
 
-async def test_a_dead_group_leaders_tool_keeps_its_lease_even_without_the_mark(
-    db: zincir.Database, tmp_path: Path
+@pytest.mark.parametrize(("how", "found"), [("scrub", "process group"), ("scrub+group", "session")])
+async def test_a_dead_session_leaders_tool_keeps_its_lease_even_without_the_mark(
+    db: zincir.Database, tmp_path: Path, how: str, found: str
 ) -> None:
-    # The owner leads its own process group (as a shell with job control or systemd starts it);
-    # its tool scrubbed its environment, but stayed in the group.
+    # The owner leads its own session and process group (as systemd or `setsid` starts it); its
+    # tool scrubbed its environment, and stayed in the group, or made a group of its own.
     with _tool_files(tmp_path):
         run_id, tool_pid = await _kill_the_owner_while_its_tool_runs(
-            db, tmp_path, scrub=True, start_new_session=True
+            db, tmp_path, how, start_new_session=True
         )
-        with pytest.raises(zincir.RunLeased, match=r"in the process group \d+ it led\) still runs"):
+        with pytest.raises(
+            zincir.RunLeased, match=rf"process {tool_pid} .*in the {found} \d+ it led\) still runs"
+        ):
             async with zincir.open_run(db, run_id):
                 pass
         assert await _claims(db) == []

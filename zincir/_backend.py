@@ -79,6 +79,10 @@ class Lease:
         return f"{self.run_id}:{self.epoch}"
 
 
+KnownBy = Literal["process_gone", "lease_expired", "forced"]
+"""How a lost attempt's owner is known to be gone (docs/crashes.md)."""
+
+
 @attrs.frozen
 class LostAttempt:
     """An attempt that ended without a record: its owner never released its lease, and a new
@@ -87,7 +91,7 @@ class LostAttempt:
     owner: str
     epoch: int
     lease_expires_at: int
-    known_by: Literal["process_gone", "lease_expired", "forced"]
+    known_by: KnownBy
     reason: str
     """Why the owner is known to be gone, in words (the takeover's reason too)."""
     attempts: int
@@ -121,7 +125,7 @@ class LostAttempt:
         return f"lost to {_LOST_TO[self.known_by]} (owner {self.owner}, epoch {self.epoch}): {self.reason}"
 
 
-_LOST_TO = {
+_LOST_TO: dict[KnownBy, str] = {
     "process_gone": "the death of its process",
     "lease_expired": "an expired lease",
     "forced": "a forced takeover",
@@ -146,6 +150,7 @@ def lost_attempt(
     if owner is None:
         return None
     holder = Owner(host, pid, started)
+    known_by: KnownBy
     if forced and expires_at > now:
         known_by, reason = "forced", "open_run(force=True): the caller vouched that its owner is dead"
     elif expires_at > now:
@@ -154,7 +159,7 @@ def lost_attempt(
         known_by, reason = "lease_expired", f"its lease expired {now - expires_at} ms ago"
         if host == this_process().host:  # what this host knows of it, for the new owner
             reason += f"; {judge(holder).reason}"
-    return LostAttempt(owner, epoch, expires_at, known_by, reason, attempts, max_attempts)  # type: ignore[arg-type]
+    return LostAttempt(owner, epoch, expires_at, known_by, reason, attempts, max_attempts)
 
 
 def exhausted_reason(attempts: int, max_attempts: int, how_the_last_ended: str) -> str:

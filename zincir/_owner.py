@@ -14,7 +14,7 @@ its effect after a new owner's reconcile probe looked. Orphans are re-parented, 
 PID no longer tells; what they inherit does. Every process that opens a database puts its mark
 (its PID and start time) in its environment (``ZINCIR_OWNERS``), so every process it starts from
 then on carries it, readable under /proc/PID/environ by the same user; and a process in the
-process group that the owner led was started by it too.
+process group or the session that the owner led was started by it too.
 """
 
 from __future__ import annotations
@@ -219,67 +219,48 @@ def _is_gone(owner: Owner) -> bool:
 
 def find_survivor(pid: int, started: int) -> Survivor | None:
     """A live process of this host that the process (``pid``, ``started``), now dead, started:
-    a member of the process group it led, a process that carries its mark in its environment,
-    or one of this user that started after it and hides its environment (nobody can tell).
+    a member of the process group or session it led, a process that carries its mark in its
+    environment, or one of this user that started after it and hides its environment (nobody
+    can tell).
 
-    /proc is listed twice: a process that a survivor forks while the first list is read, just
-    before the survivor ends, is in the second. (Only a chain that forks and exits again while the
-    second list is read could slip through.) The owner is dead, so nothing else can start a
-    process that carries its mark. Each process costs one read of its environment; the owner's
-    group, one signal 0 to all of it when it led none.
+    Each process costs two system calls (its group and session) and one read of its
+    environment; only a process that may be a survivor has its stat read too. /proc is listed
+    twice: a process that a survivor forks while the first list is read, just before the
+    survivor ends, is in the second. (Only a chain that forks and exits again while the second
+    list is read could slip through.) The owner is dead, so nothing else can start a process
+    that carries its mark.
     """
-    member = _group_member(pid)
-    if member is not None:
-        return member
     needle = _token(pid, started).encode()
     uid = os.geteuid()
     seen: set[str] = set()
     for _ in range(2):
         for name in _listing(seen):
-            survivor = _started_by(int(name), started, needle, uid)
+            survivor = _started_by(int(name), pid, started, needle, uid)
             if survivor is not None:
                 return survivor
-    return None
-
-
-def _group_member(group: int) -> Survivor | None:
-    """A live member of process group ``group`` (another user's too), if any. One signal 0 to
-    the group tells whether it has members at all (for an owner that led no group, the common
-    case, that is all); only then is /proc read, because zombies are members too (a container's
-    first process may reap them late, or never)."""
-    try:
-        os.killpg(group, 0)
-    except PermissionError:
-        pass  # members of another user: look
-    except OSError:
-        return None  # no such group (ESRCH)
-    for name in _listing(set()):
-        stat = _stat_fields(int(name))
-        if stat is not None and stat.group == group and stat.state not in (b"Z", b"X"):
-            return Survivor(int(name), stat.started, stat.name, f"in the process group {group} it led")
     return None
 
 
 @attrs.frozen
 class _Stat:
     state: bytes
-    group: int
     started: int
     name: str
 
 
 def _stat_fields(pid: int) -> _Stat | None:
-    """The fields of /proc/PID/stat that tell a process apart; None if it ended meanwhile."""
+    """What /proc/PID/stat says of a process: its state, start and name; None if it ended."""
     stat = _read_bytes(f"/proc/{pid}/stat")
     if stat is None:
         return None
     # The command name (field 2) may hold spaces and parentheses: count from the last ')'.
     fields = stat[stat.rfind(b")") + 2 :].split()
     try:
-        state, group, started = fields[0], int(fields[2]), int(fields[19])
+        state, started = fields[0], int(fields[19])
     except (IndexError, ValueError):
         return None
-    return _Stat(state, group, started, stat[stat.find(b"(") + 1 : stat.rfind(b")")].decode(errors="replace"))
+    name = stat[stat.find(b"(") + 1 : stat.rfind(b")")].decode(errors="replace")
+    return _Stat(state, started, name)
 
 
 def _listing(seen: set[str]) -> list[str]:
@@ -292,20 +273,32 @@ def _listing(seen: set[str]) -> list[str]:
     return listing
 
 
-def _started_by(pid: int, owner_start: int, needle: bytes, uid: int) -> Survivor | None:
-    try:
-        environ = _read_bytes(f"/proc/{pid}/environ", strict=True)
-    except PermissionError:  # another user's process, or one that is not dumpable (setuid, ssh)
-        if _real_uid(pid) != uid:
-            return None  # the owner was of this user (the host says so), and so are its children
-        how = "of its user, started after it, its environment unreadable"
+def _started_by(pid: int, owner: int, owner_start: int, needle: bytes, uid: int) -> Survivor | None:
+    try:  # two system calls, no file: the group and session of every process are looked at
+        group, session = os.getpgid(pid), os.getsid(pid)
+    except OSError:
+        return None  # it ended meanwhile
+    # A group or session keeps its leader's PID as its id after the leader died, and the kernel
+    # gives that PID to no new process while it lives: the id is the owner's (or that of a later
+    # process that got its PID once the owner's group was gone: then waiting is only cautious).
+    if group == owner:
+        how = f"in the process group {owner} it led"
+    elif session == owner:
+        how = f"in the session {owner} it led"
     else:
-        if environ is None or not _carries(environ, needle):
-            return None  # ended, a kernel thread, a zombie (no environment), or a stranger
-        how = f"it carries {MARK}"
+        try:
+            environ = _read_bytes(f"/proc/{pid}/environ", strict=True)
+        except PermissionError:  # another user's process, or one that is not dumpable (setuid, ssh)
+            if _real_uid(pid) != uid:
+                return None  # the owner was of this user (the host says so), and so are its children
+            how = "of its user, its environment unreadable"
+        else:
+            if environ is None or not _carries(environ, needle):
+                return None  # a stranger, a kernel thread, a zombie (no environment left)
+            how = f"it carries {MARK}"
     stat = _stat_fields(pid)
-    # A process older than the owner cannot be its child; a zombie cannot act.
-    if stat is None or stat.started < owner_start or stat.state in (b"Z", b"X"):
+    # A zombie cannot act; a process older than the owner is not its child.
+    if stat is None or stat.state in (b"Z", b"X") or stat.started < owner_start:
         return None
     return Survivor(pid, stat.started, stat.name, how)
 

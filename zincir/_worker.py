@@ -75,10 +75,13 @@ class ResumeWorker:
 
     At most ``max_concurrency`` handlers run at once. A handler that raises has its run
     released with a persisted retry time (``backoff``) and an ``attempt_failed`` event; after
-    ``max_attempts`` claims the run is failed. A handler that returns without ending the run
-    releases it until the backoff has passed. :meth:`stop` stops claiming at once and gives
-    running handlers ``grace_period`` seconds before cancelling them; cancelled handlers
-    release their runs, so another worker can claim them straight away.
+    ``max_attempts`` claims the run is failed. An attempt whose process died (SIGKILL, a power
+    cut) counts too: the next claim logs ``attempt_lost`` for it, and a run whose attempts are
+    spent fails with the reason "attempts exhausted: ..." (docs/crashes.md). A handler that
+    returns without ending the run releases it until the backoff has passed. :meth:`stop`
+    stops claiming at once and gives running handlers ``grace_period`` seconds before
+    cancelling them; cancelled handlers release their runs, so another worker can claim them
+    straight away.
 
     A handler whose wait (:meth:`Run.wait_for_signal`, :meth:`Run.wait_for_approval`,
     :meth:`Run.join`) is not satisfied within ``suspend_after`` seconds, or that sleeps longer
