@@ -23,13 +23,16 @@ from zincir import _owner
 
 from .helpers import rows, start_python
 
-# A tool run as a subprocess, as `git commit` or `pytest` would be: it says it started, waits for
-# the test's go (a file, so that the test decides when the effect happens, not a timer), then
-# applies its effect: a line in the effects file.
+# A tool run as a subprocess, as `git commit` or `pytest` would be: it waits for the test's go
+# (a file, so that the test decides when the effect happens, not a timer), then applies its
+# effect: a line in the effects file. (An orphan whose test runner died gives up in 10 minutes.)
 TOOL = """
 import os, sys, time
 effects, key, go = sys.argv[1:]
+give_up = time.monotonic() + 600
 while not os.path.exists(go):
+    if time.monotonic() > give_up:
+        sys.exit(1)
     time.sleep(0.005)
 with open(effects, "a") as out:
     out.write(key + "\\n")
@@ -60,12 +63,20 @@ OWNER = """
 """
 
 
+_orphans: list[tuple[int, int]] = []
+"""The (pid, start) of each tool a test orphaned: killed when the test ends, whatever it found."""
+
+
 @contextlib.contextmanager
-def _tool_files(tmp_path: Path) -> Iterator[tuple[Path, Path, Path]]:
-    tool, effects, go = tmp_path / "tool.py", tmp_path / "effects", tmp_path / "go"
-    tool.write_text(TOOL)
-    yield tool, effects, go
-    go.touch()  # an orphan the test did not let finish ends now, whatever the test asserted
+def _tool_files(tmp_path: Path) -> Iterator[None]:
+    (tmp_path / "tool.py").write_text(TOOL)
+    try:
+        yield
+    finally:
+        for pid, started in _orphans:
+            if _owner.process_start(pid) == started:  # still that process: not a reused PID
+                os.kill(pid, signal.SIGKILL)
+        _orphans.clear()
 
 
 async def _kill_the_owner_while_its_tool_runs(
@@ -87,7 +98,9 @@ async def _kill_the_owner_while_its_tool_runs(
         await trio.to_thread.run_sync(owner.communicate)
     assert owner.returncode == -signal.SIGKILL
     tool_pid = int(line.split()[1])
-    assert _owner.process_start(tool_pid) not in (None, _owner.GONE)  # the orphan runs on
+    started = _owner.process_start(tool_pid)
+    assert started is not None and started != _owner.GONE  # the orphan runs on
+    _orphans.append((tool_pid, started))
     return run_id, tool_pid
 
 
