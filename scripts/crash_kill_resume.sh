@@ -267,10 +267,17 @@ assert_recovered() {
     status=$(run_status "$run")
     [[ $status == completed ]] || fail "after $when the run is '$status', not completed"
     [[ $(sql "$DB" "SELECT count(*) FROM agent_runs;") == 1 ]] || fail "after $when there is more than one run"
-    types=$(sql "$DB" "SELECT type FROM events WHERE run_id = '$run' ORDER BY seq;" | tr '\n' ' ')
+    # The forced resume records the killed attempt (attempt_lost, then lease_taken_over) wherever
+    # the kill left the log: the run's own events are compared without them.
+    types=$(sql "$DB" "SELECT type FROM events WHERE run_id = '$run'
+        AND type NOT IN ('attempt_lost', 'lease_taken_over') ORDER BY seq;" | tr '\n' ' ')
     types=${types% }
     [[ $types == "$EXPECTED_TYPES" ]] ||
         fail "after $when the event types by seq are [$types], expected [$EXPECTED_TYPES]"
+    types=$(sql "$DB" "SELECT type FROM events WHERE run_id = '$run'
+        AND type IN ('attempt_lost', 'lease_taken_over') ORDER BY seq;" | tr '\n' ' ')
+    [[ $types == "attempt_lost lease_taken_over " ]] ||
+        fail "after $when the killed attempt is recorded as [$types], not [attempt_lost lease_taken_over]"
     n=$(sql "$DB" "SELECT count(*) FROM events WHERE run_id = '$run' AND type = 'tool_call';")
     ((n == 2)) || fail "after $when there are $n tool_call events, expected 2"
     n=$(sql "$DB" "SELECT count(*) FROM events WHERE run_id = '$run' AND type = 'tool_result';")

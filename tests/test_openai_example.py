@@ -166,6 +166,8 @@ def test_a_killed_run_resumes_without_paying_for_a_recorded_response_again(tmp_p
         "state_transition",
         "llm_call",
         "tool_call",
+        "attempt_lost",  # the resume took the killed process's lease: its attempt left no record
+        "lease_taken_over",
         "tool_result",
         "llm_call",
         "tool_call",

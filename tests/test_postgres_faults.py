@@ -307,9 +307,9 @@ async def test_a_busy_descendant_does_not_keep_a_claim_from_other_due_runs(
         conn.execute("SELECT 1 FROM agent_runs WHERE id = %s FOR NO KEY UPDATE", (child,))  # held
         claimed = await pg_db._write(pg_db._store.claim_due, "probe", 30_000, None, 8)
         # The parent waits for its child's row; the unrelated due run is claimed all the same.
-        assert [lease.run_id for lease, _ in claimed] == [other.id]
+        assert [lease.run_id for lease, _ in claimed.leased] == [other.id]
         conn.rollback()
     claimed = await pg_db._write(pg_db._store.claim_due, "probe", 30_000, None, 8)
-    assert claimed == []  # the parent was cancelled this time, with its child
+    assert claimed.leased == []  # the parent was cancelled this time, with its child
     assert (await pg_db.state(parent.id)).run.status is zincir.RunStatus.CANCELLED
     assert (await pg_db.state(child)).run.status is zincir.RunStatus.CANCELLED

@@ -12,7 +12,7 @@ import pytest
 import trio
 
 import zincir
-from zincir._backend import NewChild
+from zincir._backend import Claims, NewChild
 from zincir._sqlite import _store
 from zincir._sqlite._connection import Tx
 
@@ -128,6 +128,6 @@ async def test_looking_for_dead_owners_of_this_host_reads_only_the_leases_held(d
         async with zincir.open_run(db) as run:
             await run.complete()
     async with zincir.open_run(db):
-        plans = await plans_of(db, _store._take_from_the_dead, "probe", 1000, None, 8)
+        plans = await plans_of(db, _store._take_from_the_dead, "probe", 1000, None, 8, Claims())
     assert_indexed(plans)
     assert any("idx_agent_runs_leased" in " ".join(plan) for _, plan in plans), plans

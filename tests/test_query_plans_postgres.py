@@ -459,7 +459,7 @@ async def test_the_oldest_unconsumed_signal_is_found_by_index(populated: Populat
 async def test_claiming_reads_by_index(populated: Populated) -> None:
     async with zincir.open_database(populated.url) as db:
         claimed, plans = await plans_of(db, _store.claim_due, "probe", 30_000, None, 8, write=True)
-    assert len(claimed) == 8 and populated.big not in [lease.run_id for lease, _ in claimed]
+    assert len(claimed.leased) == 8 and populated.big not in [lease.run_id for lease, _ in claimed.leased]
     assert_indexed(plans)
     # ~1,000 claimable runs of 5,000, the oldest due first, by the claimable index's order.
     [claim] = [plan for plan in plans if "SKIP LOCKED" in plan.sql and "next_attempt_at" in plan.sql]

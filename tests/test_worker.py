@@ -103,7 +103,7 @@ async def test_terminal_and_actively_leased_runs_are_never_dispatched(db: zincir
             await wait_until(lambda: _is(db, free, zincir.RunStatus.COMPLETED))
             worker.stop()
         assert handled == [free]
-        assert await db._write(db._store.claim_due, "probe", 1000, None, 1) == []
+        assert (await db._write(db._store.claim_due, "probe", 1000, None, 1)).leased == []
         await held.record_response("still mine", [], "end")
 
 
@@ -132,7 +132,7 @@ async def test_a_failing_handler_is_retried_after_the_backoff_then_failed(
         await nursery.start(worker.run)
         await wait_until(lambda: _equals(failures, 1))
         # Not due again until the persisted retry time: nothing can claim it yet.
-        assert await clocked_db._write(clocked_db._store.claim_due, "probe", 1000, None, 1) == []
+        assert (await clocked_db._write(clocked_db._store.claim_due, "probe", 1000, None, 1)).leased == []
         assert scalar(clocked_db, "SELECT next_attempt_at FROM agent_runs") == clock() + 10_000
         clock.advance(10)
         await wait_until(lambda: _equals(failures, 2))
@@ -146,7 +146,11 @@ async def test_a_failing_handler_is_retried_after_the_backoff_then_failed(
     assert failed[0]["error_type"] == "builtins.ValueError"
     assert failed[0]["message"] == "boom 1"
     assert failed[2]["next_attempt_at"] is None
-    assert events[-1].payload == {"from": "running", "to": "failed", "reason": "attempt limit reached"}
+    assert events[-1].payload == {
+        "from": "running",
+        "to": "failed",
+        "reason": "attempts exhausted: 3 of 3, the last failed: builtins.ValueError: boom 3",
+    }
 
 
 async def _equals(count: Callable[[], Awaitable[int]], expected: int) -> bool:
@@ -166,7 +170,7 @@ async def test_a_run_out_of_attempts_is_failed_without_running(db: zincir.Databa
         await wait_until(lambda: _is(db, run_id, zincir.RunStatus.FAILED))
         worker.stop()
     reason = (await read_state(db, run_id)).events[-1].payload["reason"]
-    assert reason.startswith("attempt limit reached: 3 attempt(s)")
+    assert reason == "attempts exhausted: 3 of 3, the last ended without finishing the run"
 
 
 async def test_the_concurrency_limit_is_never_exceeded(db: zincir.Database) -> None:
@@ -218,7 +222,7 @@ async def test_stop_lets_a_short_handler_finish_and_cancels_a_long_one(db: zinci
     assert cancelled.is_set()
     assert await status_of(db, short) == zincir.RunStatus.COMPLETED
     # The cancelled handler's run was released: claimable at once by anyone.
-    [(lease, attempt)] = await db._write(db._store.claim_due, "another-worker", 1000, None, 1)
+    [(lease, attempt)] = (await db._write(db._store.claim_due, "another-worker", 1000, None, 1)).leased
     assert lease.run_id == long
     assert attempt == 1  # the cancelled attempt was given back
 
@@ -400,7 +404,7 @@ async def test_a_handler_that_returns_without_ending_the_run_is_retried_after_th
     async with trio.open_nursery() as nursery:
         await nursery.start(worker.run)
         await wait_until(lambda: _released_until(clocked_db, clock() + 30_000))
-        assert await clocked_db._write(clocked_db._store.claim_due, "probe", 1000, None, 1) == []
+        assert (await clocked_db._write(clocked_db._store.claim_due, "probe", 1000, None, 1)).leased == []
         clock.advance(30)
         with trio.fail_after(10):
             await second.wait()
@@ -482,5 +486,5 @@ async def test_the_cli_stops_on_sigint_and_a_second_signal_cancels_handlers(
     assert proc.returncode == 0, err
     assert "received again: cancelling the handlers" in err
     # The cancelled handler released the run: claimable at once, its attempt given back.
-    [(lease, attempt)] = await db._write(db._store.claim_due, "next-worker", 1000, None, 1)
+    [(lease, attempt)] = (await db._write(db._store.claim_due, "next-worker", 1000, None, 1)).leased
     assert (lease.run_id, attempt) == (run_id, 1)

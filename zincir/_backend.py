@@ -28,16 +28,19 @@ import attrs
 from ._budget import Debit, Exceeded, Usage
 from ._errors import InvalidArgument
 from ._json import decode, dump_trusted
+from ._owner import Owner, judge, this_process
 from ._types import Approval, Checkpoint, Event, RunRecord, RunStatus
 
 __all__ = [
     "SUBMIT_CHECKPOINT",
     "ApprovalOutcome",
     "CancelOutcome",
+    "Claims",
     "DecideOutcome",
     "IntentRow",
     "JoinOutcome",
     "Lease",
+    "LostAttempt",
     "SendOutcome",
     "Store",
     "WaitKind",
@@ -45,6 +48,8 @@ __all__ = [
     "approval_of",
     "args_hash",
     "check_wait_topic",
+    "exhausted_reason",
+    "lost_attempt",
     "signal_received_payload",
 ]
 
@@ -72,6 +77,105 @@ class Lease:
     @property
     def fencing_token(self) -> str:
         return f"{self.run_id}:{self.epoch}"
+
+
+KnownBy = Literal["process_gone", "lease_expired", "forced"]
+"""How a lost attempt's owner is known to be gone (docs/crashes.md)."""
+
+
+@attrs.frozen
+class LostAttempt:
+    """An attempt that ended without a record: its owner never released its lease, and a new
+    owner takes the run (or ends it) now. docs/crashes.md tells how it is known and counted."""
+
+    owner: str
+    epoch: int
+    lease_expires_at: int
+    known_by: KnownBy
+    reason: str
+    """Why the owner is known to be gone, in words (the takeover's reason too)."""
+    attempts: int
+    """The attempts counted against ``max_attempts`` so far (this one, if a worker claimed it)."""
+    max_attempts: int | None = None
+    """The claiming worker's limit (None: open_run, or no limit)."""
+
+    @property
+    def at_once(self) -> bool:
+        """Whether its lease is taken before it expired."""
+        return self.known_by != "lease_expired"
+
+    def payload(self) -> dict[str, Any]:
+        """The ``attempt_lost`` event's payload."""
+        return {
+            "attempts": self.attempts,
+            "epoch": self.epoch,
+            "known_by": self.known_by,
+            "lease_expires_at": self.lease_expires_at,
+            "max_attempts": self.max_attempts,
+            "owner": self.owner,
+            "reason": self.reason,
+        }
+
+    def takeover_payload(self) -> dict[str, Any]:
+        """The ``lease_taken_over`` event's payload: at once, or after the lease expired."""
+        return {"at_once": self.at_once, "from_epoch": self.epoch, "reason": self.reason}
+
+    def summary(self) -> str:
+        """``lost to ...``, for a failure reason and a log line."""
+        return f"lost to {_LOST_TO[self.known_by]} (owner {self.owner}, epoch {self.epoch}): {self.reason}"
+
+
+_LOST_TO: dict[KnownBy, str] = {
+    "process_gone": "the death of its process",
+    "lease_expired": "an expired lease",
+    "forced": "a forced takeover",
+}
+
+
+def lost_attempt(
+    now: int,
+    row: Sequence[Any],
+    attempts: int,
+    max_attempts: int | None = None,
+    *,
+    forced: bool = False,
+) -> LostAttempt | None:
+    """What a lease row (lease_owner, lease_epoch, lease_expires_at, lease_host, lease_pid,
+    lease_process_start) says of the attempt that held it, for a new owner about to take it;
+    None when nobody held it (it was released: the attempt ended on the record).
+
+    Not for an unexpired lease of an owner that may live (the caller refuses that one first):
+    an unexpired lease here was forced, or its owner is provably gone with all it started."""
+    owner, epoch, expires_at, host, pid, started = row
+    if owner is None:
+        return None
+    holder = Owner(host, pid, started)
+    known_by: KnownBy
+    if forced and expires_at > now:
+        known_by, reason = "forced", "open_run(force=True): the caller vouched that its owner is dead"
+    elif expires_at > now:
+        known_by, reason = "process_gone", judge(holder).reason
+    else:
+        known_by, reason = "lease_expired", f"its lease expired {now - expires_at} ms ago"
+        if host == this_process().host:  # what this host knows of it, for the new owner
+            reason += f"; {judge(holder).reason}"
+    return LostAttempt(owner, epoch, expires_at, known_by, reason, attempts, max_attempts)
+
+
+def exhausted_reason(attempts: int, max_attempts: int, how_the_last_ended: str) -> str:
+    """The failure reason of a run whose attempts are spent."""
+    return f"attempts exhausted: {attempts} of {max_attempts}, the last {how_the_last_ended}"
+
+
+@attrs.frozen
+class Claims:
+    """What one claim did: the runs it leased, as (lease, attempt) most overdue first; why the
+    attempt before each was lost, by run id; and the runs it ended instead, as (run id, status,
+    reason): out of attempts (failed), or cancelled while nobody held them."""
+
+    leased: list[tuple[Lease, int]] = attrs.Factory(list)
+    lost: dict[str, LostAttempt] = attrs.Factory(dict)
+    ended: list[tuple[str, RunStatus, str]] = attrs.Factory(list)
 
 
 @attrs.frozen
@@ -222,11 +326,11 @@ class Store(Protocol):
         had a cancellation request nobody acted on, and it was cancelled now.
         RunNotFound, RunTerminal, RunLeased."""
 
-    def claim_due(
-        self, tx: Any, owner: str, ttl_ms: int, max_attempts: int | None, limit: int
-    ) -> list[tuple[Lease, int]]:
-        """Lease up to ``limit`` due runs, most overdue first: (lease, attempt) pairs. A run
-        past ``max_attempts`` is failed instead."""
+    def claim_due(self, tx: Any, owner: str, ttl_ms: int, max_attempts: int | None, limit: int) -> Claims:
+        """Lease up to ``limit`` due runs, most overdue first, and those of dead owners of this
+        host with nothing they started alive; log ``attempt_lost`` for a lease nobody released.
+        A run past ``max_attempts`` is failed instead, and one with a cancellation requested is
+        cancelled."""
 
     def next_due_in(self, tx: Any) -> int | None:
         """Milliseconds until the next run becomes due by itself; None if none will (a read)."""
@@ -246,10 +350,10 @@ class Store(Protocol):
         suspended. Fenced."""
 
     def record_attempt_failure(
-        self, tx: Any, lease: Lease, failure: dict[str, Any], retry_delay_ms: int | None
+        self, tx: Any, lease: Lease, failure: dict[str, Any], retry_delay_ms: int | None, reason: str
     ) -> None:
         """Log ``attempt_failed`` (``failure`` plus its ``next_attempt_at``), then release the
-        run for a retry after the delay or, with None, fail it. Fenced."""
+        run for a retry after the delay or, with None, fail it for ``reason``. Fenced."""
 
     # -- the log --------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ import trio
 
 from ._backend import Store
 from ._errors import DatabaseClosed, InvalidArgument
+from ._owner import mark_this_process
 from ._threads import DatabaseThread, submit
 from ._types import DurableState, Event, RunRecord, RunStatus
 from ._validation import canonical_run_id, check_int, check_text
@@ -285,6 +286,9 @@ async def open_database(
         check_int(writers, "writers", minimum=1, maximum=64)
     if synchronous not in ("full", "normal"):
         raise InvalidArgument(f"synchronous must be 'full' or 'normal', not {synchronous!r}")
+    # Before this process can own a lease: every process it starts from now on carries its mark,
+    # so that a takeover after its death can see whether one still runs (docs/crashes.md).
+    mark_this_process()
     token = trio.lowlevel.current_trio_token()
     if _backend_of(text) == "postgresql":
         from . import _postgres

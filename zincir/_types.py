@@ -69,6 +69,7 @@ class EventType(enum.StrEnum):
     NO_PROGRESS = "no_progress"
     TOOL_STARTED = "tool_started"
     LEASE_TAKEN_OVER = "lease_taken_over"
+    ATTEMPT_LOST = "attempt_lost"
 
 
 @attrs.frozen

@@ -13,7 +13,7 @@ from typing import Any, Final, final
 import attrs
 import trio
 
-from ._backend import Lease
+from ._backend import Claims, Lease, exhausted_reason
 from ._database import Database
 from ._errors import (
     BudgetExceeded,
@@ -75,10 +75,13 @@ class ResumeWorker:
 
     At most ``max_concurrency`` handlers run at once. A handler that raises has its run
     released with a persisted retry time (``backoff``) and an ``attempt_failed`` event; after
-    ``max_attempts`` claims the run is failed. A handler that returns without ending the run
-    releases it until the backoff has passed. :meth:`stop` stops claiming at once and gives
-    running handlers ``grace_period`` seconds before cancelling them; cancelled handlers
-    release their runs, so another worker can claim them straight away.
+    ``max_attempts`` claims the run is failed. An attempt whose process died (SIGKILL, a power
+    cut) counts too: the next claim logs ``attempt_lost`` for it, and a run whose attempts are
+    spent fails with the reason "attempts exhausted: ..." (docs/crashes.md). A handler that
+    returns without ending the run releases it until the backoff has passed. :meth:`stop`
+    stops claiming at once and gives running handlers ``grace_period`` seconds before
+    cancelling them; cancelled handlers release their runs, so another worker can claim them
+    straight away.
 
     A handler whose wait (:meth:`Run.wait_for_signal`, :meth:`Run.wait_for_approval`,
     :meth:`Run.join`) is not satisfied within ``suspend_after`` seconds, or that sleeps longer
@@ -189,13 +192,38 @@ class ResumeWorker:
                 await trio.sleep(delay)
                 continue
             failures = 0
-            for (lease, attempt), slot in zip(claimed, slots, strict=False):
-                logger.info("claimed run %s (attempt %d, epoch %d)", lease.run_id, attempt, lease.epoch)
+            self._log_claims(claimed)
+            for (lease, attempt), slot in zip(claimed.leased, slots, strict=False):
                 handlers.start_soon(self._handle, lease, attempt, slot)
-            self._release_slots(slots[len(claimed) :])
-            if len(claimed) < len(slots):  # nothing more is due: wait for a wake-up
+            self._release_slots(slots[len(claimed.leased) :])
+            if len(claimed.leased) < len(slots):  # nothing more is due: wait for a wake-up
                 with trio.move_on_after(await self._idle_time()):
                     await self._wakeup.wait()
+
+    def _log_claims(self, claims: Claims) -> None:
+        """Say what a claim did: each run claimed, after which attempt was lost (a crash leaves
+        no other trace), and each run ended instead: out of attempts, or cancelled."""
+        limit = "" if self._max_attempts is None else f" of {self._max_attempts}"
+        for lease, attempt in claims.leased:
+            lost = claims.lost.get(lease.run_id)
+            if lost is None:
+                logger.info(
+                    "claimed run %s (attempt %d%s, epoch %d)", lease.run_id, attempt, limit, lease.epoch
+                )
+            else:
+                logger.warning(
+                    "claimed run %s (attempt %d%s, epoch %d) after an attempt %s",
+                    lease.run_id,
+                    attempt,
+                    limit,
+                    lease.epoch,
+                    lost.summary(),
+                )
+        for run_id, status, reason in claims.ended:
+            if status is RunStatus.FAILED:
+                logger.error("run %s failed: %s", run_id, reason)
+            else:
+                logger.info("run %s %s: %s", run_id, status.value, reason)
 
     async def _idle_time(self) -> float:
         """Seconds until the next poll: the poll interval, or less if a run (a deadline, a wake
@@ -276,18 +304,16 @@ class ResumeWorker:
     async def _record_failure(self, run: Run, attempt: int, exc: Exception) -> None:
         give_up = self._max_attempts is not None and attempt >= self._max_attempts
         delay_ms = None if give_up else self._backoff_ms(attempt)
+        error = f"{type(exc).__module__}.{type(exc).__qualname__}"
         # If recording fails, the run is still released with this delay, not at once.
         run._release_delay_ms = delay_ms or 0
-        failure = {
-            "attempt": attempt,
-            "error_type": f"{type(exc).__module__}.{type(exc).__qualname__}",
-            "message": str(exc)[:_MAX_ERROR_MESSAGE],
-        }
-        await run._end_ownership(self._db._store.record_attempt_failure, failure, delay_ms)
+        failure = {"attempt": attempt, "error_type": error, "message": str(exc)[:_MAX_ERROR_MESSAGE]}
+        reason = exhausted_reason(attempt, self._max_attempts or attempt, f"failed: {error}: {exc}")
+        await run._end_ownership(
+            self._db._store.record_attempt_failure, failure, delay_ms, reason[:_MAX_ERROR_MESSAGE]
+        )
         if delay_ms is None:
             run._finished = RunStatus.FAILED
-            logger.error(
-                "run %s: attempt %d failed (%r); attempt limit reached, run failed", run.id, attempt, exc
-            )
+            logger.error("run %s failed: %s", run.id, reason)
         else:
             logger.warning("run %s: attempt %d failed (%r); retry %s", run.id, attempt, exc, _when(delay_ms))

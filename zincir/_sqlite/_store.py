@@ -17,10 +17,12 @@ from .._backend import (
     SUBMIT_CHECKPOINT,
     ApprovalOutcome,
     CancelOutcome,
+    Claims,
     DecideOutcome,
     IntentRow,
     JoinOutcome,
     Lease,
+    LostAttempt,
     NewChild,
     SendOutcome,
     WaitKind,
@@ -28,6 +30,8 @@ from .._backend import (
     approval_of,
     args_hash,
     check_wait_topic,
+    exhausted_reason,
+    lost_attempt,
     signal_received_payload,
 )
 from .._budget import (
@@ -59,7 +63,8 @@ from .._errors import (
 )
 from .._json import decode
 from .._json import dump_trusted as _dump
-from .._owner import Owner, gone_holders, gone_reason, this_process
+from .._owner import Owner, Verdict, gone_holders, this_process
+from .._owner import judge as judge_holder
 from .._rows import CHECKPOINT_COLUMNS, EVENT_COLUMNS, RUN_COLUMNS, to_checkpoint, to_event, to_run
 from .._types import Checkpoint, Event, EventType, RunRecord, RunStatus
 from .._validation import MAX_INT
@@ -105,64 +110,97 @@ def create_run(
     return Lease(run_id, owner, 1, ttl_ms, expires_at, _wall_end(tx, run_id))
 
 
+_LEASE_ROW = "lease_owner, lease_epoch, lease_expires_at, lease_host, lease_pid, lease_process_start"
+"""The columns that say who held a lease, for :func:`lost_attempt`."""
+
+
 def acquire_run(tx: Tx, run_id: str, owner: str, ttl_ms: int, force: bool) -> Lease | None:
     """Take a free or expired lease (any lease with ``force``), and start a pending run. None:
     the run had a cancellation request its dead owner never acted on, and was cancelled now."""
     row = tx.one(
-        "SELECT status, lease_owner, lease_epoch, lease_expires_at, cancel_reason FROM agent_runs"
-        " WHERE id = ?",
-        (run_id,),
+        f"SELECT status, cancel_reason, attempts, {_LEASE_ROW} FROM agent_runs WHERE id = ?", (run_id,)
     )
     if row is None:
         raise RunNotFound(f"run {run_id} does not exist")
-    status, lease_owner, epoch, expires_at, cancel_reason = row
+    status, cancel_reason, attempts, *lease_row = row
+    lease_owner, epoch, expires_at, *holder = lease_row
     if status not in _LIVE:
         raise RunTerminal(f"run {run_id} is {status}; a terminal run cannot be leased")
-    taken_over = None
     if lease_owner is not None and expires_at > tx.now and not force:
-        taken_over = _gone_owner(tx, run_id)
-    if taken_over is None and lease_owner is not None and expires_at > tx.now and not force:
-        raise RunLeased(
-            f"run {run_id} is leased by another owner (epoch {epoch}) for {expires_at - tx.now} ms"
-            " more; pass force=True only once that owner is known to be dead"
-        )
+        verdict = judge_holder(Owner(*holder))
+        if not verdict.at_once:
+            raise RunLeased(_still_leased(run_id, epoch, expires_at - tx.now, verdict))
+    lost = lost_attempt(tx.now, lease_row, attempts, forced=force)
     if cancel_reason is not None:
-        _cancel_unowned(tx, run_id, status, cancel_reason)
+        _cancel_unowned(tx, run_id, status, cancel_reason, lost)
         return None
-    return _take(tx, run_id, status, owner, epoch + 1, ttl_ms, taken_over)
+    return _take(tx, run_id, status, owner, epoch + 1, ttl_ms, lost)
 
 
-def claim_due(
-    tx: Tx, owner: str, ttl_ms: int, max_attempts: int | None, limit: int
-) -> list[tuple[Lease, int]]:
-    """Lease up to ``limit`` of the longest-due runs that are free or expired; each gets its
-    epoch and attempt count incremented. (lease, attempt) pairs, most overdue first.
+def _still_leased(run_id: str, epoch: int, remaining_ms: int, verdict: Verdict) -> str:
+    held = f"run {run_id} is leased by another owner (epoch {epoch}) for {remaining_ms} ms more"
+    if verdict.gone:  # a process it started may still apply an effect: let the lease expire
+        return f"{held}: {verdict.reason}; it is taken when the lease expires"
+    return f"{held}; pass force=True only once that owner is known to be dead"
+
+
+def claim_due(tx: Tx, owner: str, ttl_ms: int, max_attempts: int | None, limit: int) -> Claims:
+    """Lease up to ``limit`` of the longest-due runs that are free or expired (first those of
+    dead owners of this host); each gets its epoch and attempt count incremented, and a lease
+    nobody released its ``attempt_lost``.
 
     A run that already used ``max_attempts`` claims (its last owner died mid-attempt) is
     failed here instead of being handed out again.
     """
-    claimed = _take_from_the_dead(tx, owner, ttl_ms, max_attempts, limit)
-    while len(claimed) < limit:
+    claims = Claims()
+    _take_from_the_dead(tx, owner, ttl_ms, max_attempts, limit, claims)
+    while len(claims.leased) < limit:
         rows = tx.all(
-            "SELECT id, status, lease_epoch, attempts, cancel_reason FROM agent_runs"
+            f"SELECT id, status, attempts, cancel_reason, {_LEASE_ROW} FROM agent_runs"
             " INDEXED BY idx_agent_runs_claimable"
             " WHERE status IN ('pending', 'running', 'waiting') AND next_attempt_at <= ?1"
             " AND (lease_owner IS NULL OR lease_expires_at <= ?1)"
             " ORDER BY next_attempt_at, created_at LIMIT ?2",
-            (tx.now, limit - len(claimed)),
+            (tx.now, limit - len(claims.leased)),
         )
         if not rows:
             break
-        for run_id, status, epoch, attempts, cancel_reason in rows:
-            if cancel_reason is not None:  # its owner died before it could stop
-                _cancel_unowned(tx, run_id, status, cancel_reason)
-                continue
-            if max_attempts is not None and attempts >= max_attempts:
-                _fail_exhausted(tx, run_id, status, attempts)
-                continue
-            tx.execute("UPDATE agent_runs SET attempts = attempts + 1 WHERE id = ?", (run_id,))
-            claimed.append((_take(tx, run_id, status, owner, epoch + 1, ttl_ms), attempts + 1))
-    return claimed
+        for run_id, status, attempts, cancel_reason, *lease_row in rows:
+            lost = lost_attempt(tx.now, lease_row, attempts, max_attempts)
+            claim = _Claim(run_id, status, lease_row[1], attempts, cancel_reason, lost)
+            _claim_one(tx, claims, claim, owner, ttl_ms, max_attempts)
+    return claims
+
+
+@attrs.frozen
+class _Claim:
+    """A claimable run, as a claim read it."""
+
+    run_id: str
+    status: str
+    epoch: int
+    attempts: int
+    cancel_reason: str | None
+    lost: LostAttempt | None
+
+
+def _claim_one(tx: Tx, claims: Claims, c: _Claim, owner: str, ttl_ms: int, max_attempts: int | None) -> None:
+    """Lease one run to a worker, or end it: cancelled (its owner died before it could stop),
+    or failed (out of attempts)."""
+    run_id, status, attempts, lost = c.run_id, c.status, c.attempts, c.lost
+    if c.cancel_reason is not None:
+        _cancel_unowned(tx, run_id, status, c.cancel_reason, lost)
+        claims.ended.append((run_id, RunStatus.CANCELLED, c.cancel_reason))
+        return
+    if max_attempts is not None and attempts >= max_attempts:
+        reason = exhausted_reason(attempts, max_attempts, _how_the_last_ended(lost))
+        _fail_exhausted(tx, run_id, status, reason, lost)
+        claims.ended.append((run_id, RunStatus.FAILED, reason))
+        return
+    tx.execute("UPDATE agent_runs SET attempts = attempts + 1 WHERE id = ?", (run_id,))
+    claims.leased.append((_take(tx, run_id, status, owner, c.epoch + 1, ttl_ms, lost), attempts + 1))
+    if lost is not None:
+        claims.lost[run_id] = lost
 
 
 def next_due_in(tx: Tx) -> int | None:
@@ -176,17 +214,25 @@ def next_due_in(tx: Tx) -> int | None:
     return None if due is None else int(due)
 
 
-def _fail_exhausted(tx: Tx, run_id: str, status: str, attempts: int) -> None:
+def _how_the_last_ended(lost: LostAttempt | None) -> str:
+    return "ended without finishing the run" if lost is None else lost.summary()
+
+
+def _fail_exhausted(tx: Tx, run_id: str, status: str, reason: str, lost: LostAttempt | None) -> None:
+    """Fail a run whose attempts are spent, logging the last one's loss if it was lost."""
     # A new epoch: the owner whose lease expired must see a takeover (LeaseLost), not an end
     # that its own epoch made.
     tx.execute("UPDATE agent_runs SET lease_epoch = lease_epoch + 1 WHERE id = ?", (run_id,))
-    reason = f"attempt limit reached: {attempts} attempt(s) ended without finishing the run"
+    if lost is not None:
+        _insert_event(tx, run_id, _allocate(tx, run_id, 1), EventType.ATTEMPT_LOST, _dump(lost.payload()))
     _end_run(tx, run_id, _dump({"from": status, "reason": reason, "to": "failed"}), RunStatus.FAILED)
 
 
-def record_attempt_failure(tx: Tx, lease: Lease, failure: dict[str, Any], retry_delay_ms: int | None) -> None:
+def record_attempt_failure(
+    tx: Tx, lease: Lease, failure: dict[str, Any], retry_delay_ms: int | None, reason: str
+) -> None:
     """Log an ``attempt_failed`` event; then release the run for a retry after the delay, or,
-    when there is no retry, fail it. One transaction, fenced."""
+    when there is no retry, fail it for ``reason``. One transaction, fenced."""
     check_lease(tx, lease)
     retry_at = None if retry_delay_ms is None else tx.now + retry_delay_ms
     seq = _allocate(tx, lease.run_id, 1)
@@ -194,7 +240,7 @@ def record_attempt_failure(tx: Tx, lease: Lease, failure: dict[str, Any], retry_
         tx, lease.run_id, seq, EventType.ATTEMPT_FAILED, _dump({**failure, "next_attempt_at": retry_at})
     )
     if retry_delay_ms is None:
-        transition = {"from": "running", "reason": "attempt limit reached", "to": "failed"}
+        transition = {"from": "running", "reason": reason, "to": "failed"}
         _end_run(tx, lease.run_id, _dump(transition), RunStatus.FAILED)
     else:
         release(tx, lease, retry_delay_ms)
@@ -230,9 +276,12 @@ def _close(
     return str(parent)
 
 
-def _cancel_unowned(tx: Tx, run_id: str, status: str, reason: str) -> None:
-    """End a run nobody holds as cancelled; the new epoch fences an owner whose lease expired."""
+def _cancel_unowned(tx: Tx, run_id: str, status: str, reason: str, lost: LostAttempt | None = None) -> None:
+    """End a run nobody holds as cancelled (logging the loss of the attempt that held it last,
+    if any); the new epoch fences an owner whose lease expired."""
     tx.execute("UPDATE agent_runs SET lease_epoch = lease_epoch + 1 WHERE id = ?", (run_id,))
+    if lost is not None:
+        _insert_event(tx, run_id, _allocate(tx, run_id, 1), EventType.ATTEMPT_LOST, _dump(lost.payload()))
     transition = _dump({"from": status, "reason": reason, "to": "cancelled"})
     _end_run(tx, run_id, transition, RunStatus.CANCELLED)
 
@@ -281,10 +330,11 @@ def _request_cancel(tx: Tx, run_id: str, reason: str) -> None:
 
 
 def _take(
-    tx: Tx, run_id: str, status: str, owner: str, epoch: int, ttl_ms: int, taken_over: str | None = None
+    tx: Tx, run_id: str, status: str, owner: str, epoch: int, ttl_ms: int, lost: LostAttempt | None = None
 ) -> Lease:
     """Lease the run to ``owner`` (this process: its identity is stored with the lease); a
-    pending or suspended run starts running, and a takeover from a dead owner, logged."""
+    pending or suspended run starts running; a lease its owner never released is taken over:
+    ``attempt_lost``, then ``lease_taken_over`` (at once, or after it expired)."""
     expires_at = tx.now + ttl_ms
     me = this_process()
     tx.execute(
@@ -293,10 +343,10 @@ def _take(
         " lease_process_start = ? WHERE id = ?",
         (owner, epoch, expires_at, *me.as_row(), run_id),
     )
-    if taken_over is not None:
-        seq = _allocate(tx, run_id, 1)
-        event = _dump({"from_epoch": epoch - 1, "reason": taken_over})
-        _insert_event(tx, run_id, seq, EventType.LEASE_TAKEN_OVER, event)
+    if lost is not None:
+        seq = _allocate(tx, run_id, 2)
+        _insert_event(tx, run_id, seq, EventType.ATTEMPT_LOST, _dump(lost.payload()))
+        _insert_event(tx, run_id, seq + 1, EventType.LEASE_TAKEN_OVER, _dump(lost.takeover_payload()))
     if status != RunStatus.RUNNING:
         seq = _allocate(tx, run_id, 1)
         transition = _dump({"from": status, "to": "running"})
@@ -1257,46 +1307,32 @@ def note_exceeded(tx: Tx, lease: Lease, limit: str, message: str) -> None:
 # -- dead owners and tool starts ----------------------------------------------------------------
 
 
-def _gone_owner(tx: Tx, run_id: str) -> str | None:
-    """Why the run's lease holder is provably gone (a process of this host that no longer runs),
-    or None: it may live, or it is on another host, and its lease must expire."""
-    host, pid, started = tx.one(
-        "SELECT lease_host, lease_pid, lease_process_start FROM agent_runs WHERE id = ?", (run_id,)
-    )
-    return gone_reason(Owner(host, pid, started))
-
-
 def _take_from_the_dead(
-    tx: Tx, owner: str, ttl_ms: int, max_attempts: int | None, limit: int
-) -> list[tuple[Lease, int]]:
+    tx: Tx, owner: str, ttl_ms: int, max_attempts: int | None, limit: int, claims: Claims
+) -> None:
     """Lease the runs whose unexpired leases belong to processes of this host that are gone,
-    as claim_due leases due ones: a run with a cancellation requested ends cancelled, and one
-    out of attempts ends failed, instead of being handed out."""
-    taken: list[tuple[Lease, int]] = []
-    for pid, started, why in _dead_owners_here(tx):
+    with nothing they started alive, as claim_due leases due ones: a run with a cancellation
+    requested ends cancelled, and one out of attempts ends failed, instead of being handed out.
+    A dead owner whose tools still run keeps its leases until they expire."""
+    for pid, started in _dead_owners_here(tx):
         rows = tx.all(
-            "SELECT id, status, lease_epoch, attempts, cancel_reason FROM agent_runs"
+            f"SELECT id, status, attempts, cancel_reason, {_LEASE_ROW} FROM agent_runs"
             " WHERE lease_host = ? AND lease_owner IS NOT NULL AND lease_expires_at > ?"
             " AND status = 'running' AND lease_pid = ? AND lease_process_start = ? LIMIT ?",
-            (this_process().host, tx.now, pid, started, limit - len(taken)),
+            (this_process().host, tx.now, pid, started, limit - len(claims.leased)),
         )
-        for run_id, status, epoch, attempts, cancel_reason in rows:
-            if cancel_reason is not None:
-                _cancel_unowned(tx, run_id, status, cancel_reason)
-            elif max_attempts is not None and attempts >= max_attempts:
-                _fail_exhausted(tx, run_id, status, attempts)
-            else:
-                tx.execute("UPDATE agent_runs SET attempts = attempts + 1 WHERE id = ?", (run_id,))
-                taken.append((_take(tx, run_id, status, owner, epoch + 1, ttl_ms, why), attempts + 1))
-        if len(taken) >= limit:
+        for run_id, status, attempts, cancel_reason, *lease_row in rows:
+            lost = lost_attempt(tx.now, lease_row, attempts, max_attempts)
+            claim = _Claim(run_id, status, lease_row[1], attempts, cancel_reason, lost)
+            _claim_one(tx, claims, claim, owner, ttl_ms, max_attempts)
+        if len(claims.leased) >= limit:
             break
-    return taken
 
 
-def _dead_owners_here(tx: Tx) -> list[tuple[int, int, str]]:
-    """(pid, process start, why gone) of each process of this host that holds unexpired leases
-    and no longer runs. Every holder is looked at, not the first few: a busy live worker must
-    not hide a dead one."""
+def _dead_owners_here(tx: Tx) -> list[tuple[int, int]]:
+    """(pid, process start) of each process of this host that holds unexpired leases, no
+    longer runs, and left no process it started alive. Every holder is looked at, not the first
+    few: a busy live worker must not hide a dead one."""
     me = this_process()
     if me.host is None:
         return []
@@ -1305,7 +1341,7 @@ def _dead_owners_here(tx: Tx) -> list[tuple[int, int, str]]:
         " WHERE lease_host = ? AND lease_owner IS NOT NULL AND lease_expires_at > ? AND status = 'running'",
         (me.host, tx.now),
     )
-    return gone_holders(holders)
+    return [(pid, started) for pid, started, verdict in gone_holders(holders) if verdict.at_once]
 
 
 def start_tool(tx: Tx, lease: Lease, call_id: str) -> int:
