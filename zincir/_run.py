@@ -220,8 +220,9 @@ class Run:
 
     async def _as_owner(self, submit: Callable[..., Awaitable[Any]], fn: Any, *args: Any) -> Any:
         """Run a store operation with this owner's lease, which the operation checks. While
-        another transaction holds a row it needs for a moment (nothing was written), try again,
-        until the lease would have expired."""
+        another transaction holds a row it needs (nothing was written: PostgreSQL refuses to
+        wait for a row, see its store), try again, for as long as this owner holds the lease:
+        a row held past the deadline costs this run its lease (LeaseLost), and no other run."""
         delay = 0.001
         while True:
             self._check_usable()
@@ -235,11 +236,7 @@ class Run:
                     self._lose(str(exc))
                 raise
             except TransientConflict:
-                if (
-                    self._lease.expires_at - self._db.clock() <= delay * 1000
-                    or trio.current_time() + delay >= self._stop_at()
-                ):
-                    raise
+                pass  # the loop's _check_usable() ends it once the lease is lost
             await trio.sleep(delay)
             delay = min(2 * delay, 0.1)
 
@@ -900,27 +897,31 @@ class Run:
         ttl_ms, margin_ms = self._lease.ttl_ms, math.ceil(self._lease.ttl_ms * STOP_MARGIN)
         silent_ms = math.floor((now - self._confirmed_at) * 1000)
         where = f"run {self.id}: the lease of epoch {self.epoch} was given up"
+        left_ms = ttl_ms - silent_ms  # at least this long before the database may expire it
+        expiry = (
+            f"it may have expired {-left_ms} ms ago"
+            if left_ms <= 0
+            else f"it could expire within {left_ms} ms"
+        )
         # How late the first of the heartbeat and this deadline ran (they wait on timers).
         due = min(self._stop_at(), math.inf if self._heartbeat_due_at is None else self._heartbeat_due_at)
         late_ms = math.floor((now - due) * 1000)
         if late_ms > margin_ms:
             return (
                 f"{where}: the heartbeat could not run for {late_ms} ms because the Trio event loop"
-                " was blocked (by CPU-bound or blocking code in this process), so no renewal was"
-                f" confirmed for {silent_ms} ms of its {ttl_ms} ms TTL; run such work in a thread"
+                f" was blocked (by CPU-bound or blocking code in this process); with no renewal for"
+                f" {silent_ms} ms of a {ttl_ms} ms lease, {expiry}. Run such work in a thread"
                 " (await trio.to_thread.run_sync(fn)) so that the heartbeat can renew the lease"
                 f" every {ttl_ms // 3} ms"
             )
         sent = self._renewal_sent_at
         unanswered = (
-            ""
-            if sent is None
-            else f"; the renewal sent {math.floor((now - sent) * 1000)} ms ago is unanswered"
+            "" if sent is None else f" (the one sent {math.floor((now - sent) * 1000)} ms ago is unanswered)"
         )
         return (
-            f"{where}: no renewal was confirmed for {silent_ms} ms of its {ttl_ms} ms TTL{unanswered};"
-            f" the database or the network did not answer, and the lease could expire within"
-            f" {margin_ms} ms, so the body was stopped (the writes in flight have an unknown outcome)"
+            f"{where}: no renewal was confirmed for {silent_ms} ms of a {ttl_ms} ms lease{unanswered}:"
+            f" the database or the network did not answer, and {expiry}, so the body was stopped"
+            " (the writes in flight have an unknown outcome)"
         )
 
     async def _watch_deadline(self) -> None:
@@ -1002,13 +1003,7 @@ class Run:
         self._releasing = True
         with trio.CancelScope(shield=True):
             try:
-                released = await self._db._write(
-                    self._store.release,
-                    self._lease,
-                    self._release_delay_ms,
-                    self._refund_attempt,
-                    route=self.id,
-                )
+                released = await self._release_now()
             except (StorageError, LeaseLost) as exc:  # LeaseLost: not confirmed by the deadline
                 logger.warning("run %s: releasing the lease failed; it will expire instead: %s", self.id, exc)
                 return True
@@ -1018,6 +1013,26 @@ class Run:
         if released and self._release_delay_ms == 0:
             self._db._announce_claimable()
         return released
+
+    async def _release_now(self) -> bool:
+        """The release's write; while another transaction holds the run's row, tried again
+        until the deadline (then the lease expires instead)."""
+        delay = 0.001
+        while True:
+            try:
+                released: bool = await self._db._write(
+                    self._store.release,
+                    self._lease,
+                    self._release_delay_ms,
+                    self._refund_attempt,
+                    route=self.id,
+                )
+                return released
+            except TransientConflict:
+                if trio.current_time() + delay >= self._stop_at():
+                    raise
+            await trio.sleep(delay)
+            delay = min(2 * delay, 0.1)
 
 
 @final

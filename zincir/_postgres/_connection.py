@@ -34,6 +34,10 @@ _SESSION_SETTINGS: Final = (
     "SET lock_timeout = '10s'",
     "SET idle_in_transaction_session_timeout = '60s'",
 )
+# A writer never waits for a row: its operations lock rows NOWAIT (see the store), and this bounds
+# any other lock wait, which would hold up the whole group-commit batch, the renewals of other
+# runs' leases included. An operation that times out fails alone and is tried again.
+_WRITER_LOCK_TIMEOUT: Final = "SET lock_timeout = '100ms'"
 _CONNECT_TIMEOUT_S: Final = 10
 # The reader's transactions: every read runs in one snapshot, and writes nothing. Set once for
 # the session, this makes a read's statements, all of them sent before the pipeline's next sync,
@@ -268,8 +272,7 @@ class PostgresSession:
         if _unusable(self._conn):
             self._discard()
             conn = connect(self._url, application_name=f"zincir {self._name}")
-            if self._read_only:
-                conn.execute(_READER_TRANSACTIONS)
+            conn.execute(_READER_TRANSACTIONS if self._read_only else _WRITER_LOCK_TIMEOUT)
             self._pipe = Pipe(conn)
             self._conn = conn
             if self._echo is not None:
