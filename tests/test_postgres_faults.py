@@ -7,6 +7,8 @@ restarting the server (an immediate stop, like a crash), never by mocking psycop
 from __future__ import annotations
 
 import functools
+import os
+import socket
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -386,3 +388,28 @@ async def test_a_row_held_by_another_session_costs_no_other_run_its_lease(pg_url
 def stored_steps(url: str, run_id: str) -> list[str]:
     with psycopg.connect(url, autocommit=True) as admin:
         return [name for (name,) in admin.execute("SELECT name FROM steps WHERE run_id = %s", (run_id,))]
+
+
+def tcp_settings(tx: Any) -> dict[str, int]:
+    """The kernel's TCP settings of the connection an operation runs on (on its thread)."""
+    with socket.socket(fileno=os.dup(tx._conn.fileno())) as sock:
+        return {
+            "keepalive": sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+            "idle": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+            "interval": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
+            "count": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
+            "user_timeout_ms": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT),
+        }
+
+
+async def test_connections_notice_a_dead_peer_by_keepalives_and_a_user_timeout(pg_url: str) -> None:
+    # A stopped server process is still answered for by its kernel; a dead host or a cut network
+    # is not, and without these a read waits for the kernel's own (hours-long) give-up.
+    expected = {"keepalive": 1, "idle": 10, "interval": 5, "count": 3, "user_timeout_ms": 30_000}
+    async with zincir.open_database(pg_url) as db:
+        for thread in (*db._writers, db._reader):
+            assert await submit(thread, tcp_settings, ()) == expected
+    # A URL that chooses its own keeps it.
+    async with zincir.open_database(pg_url + "?keepalives_idle=42&tcp_user_timeout=9000") as db:
+        own = await submit(db._writers[0], tcp_settings, ())
+    assert own == {**expected, "idle": 42, "user_timeout_ms": 9000}
