@@ -410,7 +410,9 @@ async def test_every_run_method_raises_lease_lost_after_the_lease_is_lost(
 
         async def old_owner(task_status: trio.TaskStatus[tuple[zincir.Run, zincir.Checkpoint]]) -> None:
             with pytest.raises(zincir.LeaseLost, match="fenced"):
-                async with zincir.open_run(db, lease_ttl=0.3) as run:  # renews every 0.1 s
+                # Renews every 0.4 s, and must confirm a renewal within 0.96 s of real time even on
+                # a busy machine (the injected database clock stands still; the deadline does not).
+                async with zincir.open_run(db, lease_ttl=1.2) as run:
                     calls = [{"id": "t1", "name": "t"}, {"id": "cp-1", "name": zincir.SUBMIT_CHECKPOINT}]
                     await run.record_response("", calls, "tool_use")
                     await run.record_tool_result("t1", 0)
@@ -651,8 +653,10 @@ async def test_an_unknown_parent_run_id_is_refused_and_nothing_is_written(
 
 
 async def test_the_minimum_lease_ttl_is_accepted_and_anything_shorter_refused(
-    clocked_db: zincir.Database, clock: ManualClock, db_path: Path
+    clocked_db: zincir.Database, clock: ManualClock, db_path: Path, mock_clock: trio.testing.MockClock
 ) -> None:
+    # Both clocks stand still (the database's, and Trio's, which the owner's deadline is kept
+    # on): a 30 ms lease is kept here however slow the machine is.
     assert zincir.MIN_LEASE_TTL == 0.030
     async with zincir.open_run(clocked_db, lease_ttl=0.030) as run:
         assert lease_row(db_path, run.id)[3] == clock() + 30

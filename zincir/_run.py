@@ -147,7 +147,8 @@ class Run:
         # submitted: the acquisition, then each renewal. The expiry is later than that + TTL.
         self._confirmed_at = submitted_at
         self._renewal_sent_at = None  # while a renewal is in flight, when it was submitted
-        self._heartbeat_due_at = None  # while the heartbeat sleeps, when it means to wake
+        # While the heartbeat sleeps, when it means to wake (from the start: it may not get to run).
+        self._heartbeat_due_at = submitted_at + lease.ttl_ms / 3000
         self._lost = None
         self._finished = None
         self._body_scope = trio.CancelScope()
@@ -194,6 +195,9 @@ class Run:
     # -- guards ---------------------------------------------------------------------------
 
     def _check_usable(self) -> None:
+        if self._lost is None and not self._released and self._finished is None:
+            # After a stall of the loop, the body may get to run before the deadline's task does.
+            self._past_deadline()
         if self._lost is not None:
             raise LeaseLost(self._lost)
         if self._finished is not None:
@@ -826,7 +830,7 @@ class Run:
         delay = interval
         with self._heartbeat_scope:
             try:
-                while True:
+                while not self._past_deadline():  # (a late start too: the loop was held)
                     renew_at = self._heartbeat_due_at = trio.current_time() + delay
                     while trio.current_time() < renew_at:
                         if await self._poked_until(min(renew_at, self._out_of_time_at())):
@@ -909,7 +913,8 @@ class Run:
         if late_ms > margin_ms:
             return (
                 f"{where}: the heartbeat could not run for {late_ms} ms because the Trio event loop"
-                f" was blocked (by CPU-bound or blocking code in this process); with no renewal for"
+                " was blocked (by CPU-bound or blocking code in this process, or by a machine too"
+                f" busy to run it); with no renewal for"
                 f" {silent_ms} ms of a {ttl_ms} ms lease, {expiry}. Run such work in a thread"
                 " (await trio.to_thread.run_sync(fn)) so that the heartbeat can renew the lease"
                 f" every {ttl_ms // 3} ms"
