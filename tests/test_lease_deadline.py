@@ -306,6 +306,30 @@ async def test_a_workers_handler_stops_in_time_and_frees_its_slot_while_the_back
     assert ticks and max(ticks) < expires_at
 
 
+async def test_a_release_that_cannot_be_confirmed_is_given_up_by_the_deadline(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The body is done, but another connection holds the write lock, so the release on leaving
+    # waits (SQLite waits 5 s for a lock). The block ends by the deadline all the same, quietly:
+    # the lease expires instead.
+    path = tmp_path / "zincir.db"
+    ttl = 2.0
+    async with zincir.open_database(path) as db:
+        locker = sqlite3.connect(path, isolation_level=None)
+        try:
+            async with zincir.open_run(db, lease_ttl=ttl) as run:
+                locker.execute("BEGIN IMMEDIATE")
+                (expires_at,) = locker.execute(
+                    "SELECT lease_expires_at FROM agent_runs WHERE id = ?", (run.id,)
+                ).fetchone()
+            left_at = now_ms()
+        finally:
+            locker.rollback()
+            locker.close()
+    assert left_at < expires_at
+    assert [r.getMessage() for r in caplog.records if "releasing the lease failed" in r.getMessage()]
+
+
 BLOCKING = """
     import sys, time, trio, zincir
 

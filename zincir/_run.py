@@ -195,9 +195,8 @@ class Run:
     # -- guards ---------------------------------------------------------------------------
 
     def _check_usable(self) -> None:
-        if self._lost is None and not self._released and self._finished is None:
-            # After a stall of the loop, the body may get to run before the deadline's task does.
-            self._past_deadline()
+        # After a stall of the loop, the body may get to run before the deadline's task does.
+        self._past_deadline()
         if self._lost is not None:
             raise LeaseLost(self._lost)
         if self._finished is not None:
@@ -887,8 +886,15 @@ class Run:
         (:data:`STOP_MARGIN` of the TTL) is for the body to stop in."""
         return self._confirmed_at + self._lease.ttl_ms * (1 - STOP_MARGIN) / 1000
 
+    def _holds(self) -> bool:
+        """Whether this owner still holds the lease, as far as it knows."""
+        return self._lost is None and not self._released and self._finished is None
+
     def _past_deadline(self) -> bool:
-        """Lose the lease if its deadline has passed; whether it has."""
+        """Lose the lease if its deadline has passed while it is held; whether the owner is done
+        with it (lost now or before, or given up: ended, suspended, released)."""
+        if not self._holds():
+            return True
         now = trio.current_time()
         if now < self._stop_at():
             return False
@@ -933,7 +939,7 @@ class Run:
         """Stop the owner when its deadline passes (see :meth:`_stop_at`), whatever its calls
         to the database wait for; on the way out, stop waiting for the release then."""
         with self._watch_scope:
-            while self._lost is None and not self._released and self._finished is None:
+            while self._holds():
                 now = trio.current_time()
                 if now < self._stop_at():
                     await trio.sleep_until(self._stop_at())

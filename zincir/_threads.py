@@ -131,7 +131,8 @@ class Flight:
     The thread still runs it when it gets to it. A caller inside a cancelled scope (the stopped
     body) gets the cancellation, as at any checkpoint; one shielded from it, the flight's error.
     Only calls submitted before the abandonment are abandoned; later ones (a read after the
-    loss, say) run as usual.
+    loss, say) run as usual. A flight opened inside another (a run owned inside another run's
+    block) is abandoned with it: the enclosing block could not end while the inner one waits.
     """
 
     def __init__(self, parent: Flight | None = None) -> None:
