@@ -7,6 +7,8 @@ restarting the server (an immediate stop, like a crash), never by mocking psycop
 from __future__ import annotations
 
 import functools
+import os
+import socket
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -246,6 +248,9 @@ async def test_a_deadlock_fails_only_its_victim_and_keeps_the_connections(pg_url
     # The victim gets DatabaseBusy; its batch neighbour still commits in the same transaction,
     # and neither writer's connection is thrown away (a deadlock is not a lost connection).
     def lock_both(tx: Any, first: str, second: str) -> None:
+        # zincir's own operations never wait for a row (the writers' lock_timeout is short);
+        # this one waits, long enough for the server to find the deadlock.
+        tx.execute("SET LOCAL lock_timeout = '10s'")
         tx.one("SELECT 1 FROM agent_runs WHERE id = %s FOR NO KEY UPDATE", (first,))
         time.sleep(0.2)
         tx.one("SELECT 1 FROM agent_runs WHERE id = %s FOR NO KEY UPDATE", (second,))
@@ -313,3 +318,98 @@ async def test_a_busy_descendant_does_not_keep_a_claim_from_other_due_runs(
     assert claimed.leased == []  # the parent was cancelled this time, with its child
     assert (await pg_db.state(parent.id)).run.status is zincir.RunStatus.CANCELLED
     assert (await pg_db.state(child)).run.status is zincir.RunStatus.CANCELLED
+
+
+async def test_a_row_held_by_another_session_costs_no_other_run_its_lease(pg_url: str) -> None:
+    # Another session holds one run's row (FOR UPDATE) for more than two TTLs, and another's for a
+    # moment. Before, an operation of the run waited for the row (up to the 10 s lock_timeout)
+    # inside its writer's group commit, and the renewals of every other run on that writer waited
+    # behind it: their leases expired. Now the held run's operations fail at once and are tried
+    # again alone: the briefly held run's write goes through once the row is free, the long-held
+    # run loses its own lease, and no other run loses anything.
+    ttl = 2.0
+    hold_long, hold_short = 2.5 * ttl, 0.3  # time is the thing tested: how long a row is held
+
+    async def noop() -> None:
+        return None
+
+    async with zincir.open_database(pg_url, writers=2) as db:
+        writer_of = {}  # run id -> the writer its operations go to (by id, as Database._write routes)
+        while True:
+            async with zincir.open_run(db) as run:
+                writer_of[run.id] = hash(run.id) % 2
+            if len(writer_of) < 2:
+                continue
+            held_long, held_short, *others = writer_of
+            beside = [o for o in others if writer_of[o] == writer_of[held_long]]
+            if len(others) >= 12 and len(beside) >= 4 and len(others) - len(beside) >= 4:
+                break  # unrelated runs on the held run's writer, and on the other one
+        outcomes: dict[str, Any] = {}
+        owning = trio.Semaphore(0)
+        row_held, long_hold_over = trio.Event(), trio.Event()
+
+        async def own(run_id: str) -> None:
+            try:
+                async with zincir.open_run(db, run_id, lease_ttl=ttl) as run:
+                    owning.release()
+                    if run_id in (held_long, held_short):
+                        await row_held.wait()
+                        await run.step("under the lock", noop)  # tried again until the row is free
+                        outcomes[run_id] = "wrote"
+                    await long_hold_over.wait()
+                    await run.record_response("still the owner", [], "end")
+                    await run.complete()
+                outcomes[run_id] = "kept"
+            except zincir.LeaseLost as exc:
+                outcomes[run_id] = exc
+
+        with psycopg.connect(pg_url) as long_holder, psycopg.connect(pg_url) as short_holder:
+            async with trio.open_nursery() as nursery:
+                for run_id in writer_of:
+                    nursery.start_soon(own, run_id)
+                for _ in writer_of:
+                    await owning.acquire()  # every lease taken
+                for holder, run_id in ((long_holder, held_long), (short_holder, held_short)):
+                    holder.execute("SELECT 1 FROM agent_runs WHERE id = %s FOR UPDATE", (run_id,))
+                row_held.set()
+                await trio.sleep(hold_short)
+                short_holder.rollback()
+                await trio.sleep(hold_long - hold_short)
+                long_holder.rollback()
+                long_hold_over.set()
+    assert {run_id: outcomes[run_id] for run_id in others} == dict.fromkeys(others, "kept")
+    assert outcomes[held_short] == "kept"  # its write went through once the row was free
+    assert stored_steps(pg_url, held_short) == ["under the lock"]
+    lost = outcomes[held_long]
+    assert isinstance(lost, zincir.LeaseLost) and "no renewal was confirmed" in str(lost)
+    assert stored_steps(pg_url, held_long) == []
+
+
+def stored_steps(url: str, run_id: str) -> list[str]:
+    with psycopg.connect(url, autocommit=True) as admin:
+        return [name for (name,) in admin.execute("SELECT name FROM steps WHERE run_id = %s", (run_id,))]
+
+
+def tcp_settings(tx: Any) -> dict[str, int]:
+    """The kernel's TCP settings of the connection an operation runs on (on its thread)."""
+    with socket.socket(fileno=os.dup(tx._conn.fileno())) as sock:
+        return {
+            "keepalive": sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+            "idle": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+            "interval": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
+            "count": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
+            "user_timeout_ms": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT),
+        }
+
+
+async def test_connections_notice_a_dead_peer_by_keepalives_and_a_user_timeout(pg_url: str) -> None:
+    # A stopped server process is still answered for by its kernel; a dead host or a cut network
+    # is not, and without these a read waits for the kernel's own (hours-long) give-up.
+    expected = {"keepalive": 1, "idle": 10, "interval": 5, "count": 3, "user_timeout_ms": 30_000}
+    async with zincir.open_database(pg_url) as db:
+        for thread in (*db._writers, db._reader):
+            assert await submit(thread, tcp_settings, ()) == expected
+    # A URL that chooses its own keeps it.
+    async with zincir.open_database(pg_url + "?keepalives_idle=42&tcp_user_timeout=9000") as db:
+        own = await submit(db._writers[0], tcp_settings, ())
+    assert own == {**expected, "idle": 42, "user_timeout_ms": 9000}

@@ -46,6 +46,7 @@ from ._errors import (
     only_budget_exceeded,
 )
 from ._json import JSONValue, decode, encode
+from ._threads import Flight, current_flight, flying
 from ._types import (
     Approval,
     Checkpoint,
@@ -82,6 +83,15 @@ _OWN_JSON: Final = frozenset({int, str, float, bool, type(None)})
 # wakes it sooner: a send in this process, or a PostgreSQL notification, wakes it at once.
 _INBOX_POLL_S = 0.25
 
+# A lease holder stops this fraction of its TTL before its lease could expire (docs/leases.md):
+# the time its body may take to reach a checkpoint and unwind once told, on a loop that lags a
+# little, and the drift between this machine's clock and the database's.
+STOP_MARGIN: Final = 0.2
+
+# How long taking a lease tries again while another transaction holds the run's row for a moment
+# (PostgreSQL does not wait for the row: see the store).
+_BUSY_FOR_S: Final = 10.0
+
 
 @final
 class Run:
@@ -96,15 +106,21 @@ class Run:
     _db: Database
     _store: Store
     _lease: Lease
+    _flight: Flight
+    _confirmed_at: float
+    _renewal_sent_at: float | None
+    _heartbeat_due_at: float | None
     _lost: str | None
     _finished: RunStatus | None
     _body_scope: trio.CancelScope
     _heartbeat_scope: trio.CancelScope
+    _watch_scope: trio.CancelScope
     _running_steps: set[str]
     _completed_steps: set[str] | None
     _release_delay_ms: int
     _refund_attempt: bool
     _released: bool
+    _releasing: bool
     _ending: bool
     _suspend_after: float | None
     _suspended: bool
@@ -119,16 +135,25 @@ class Run:
         raise TypeError("runs come from zincir.open_run() or a ResumeWorker")
 
     @classmethod
-    def _create(cls, db: Database, lease: Lease) -> Run:
+    def _create(cls, db: Database, lease: Lease, submitted_at: float) -> Run:
         self = object.__new__(cls)
         self.id = lease.run_id
         self._db = db
         self._store = db._store
         self._lease = lease
+        # The database calls of the block: abandoned together once the lease is known lost.
+        self._flight = Flight(current_flight())
+        # When (Trio time) the last write that set the lease's expiry and was confirmed was
+        # submitted: the acquisition, then each renewal. The expiry is later than that + TTL.
+        self._confirmed_at = submitted_at
+        self._renewal_sent_at = None  # while a renewal is in flight, when it was submitted
+        # While the heartbeat sleeps, when it means to wake (from the start: it may not get to run).
+        self._heartbeat_due_at = submitted_at + lease.ttl_ms / 3000
         self._lost = None
         self._finished = None
         self._body_scope = trio.CancelScope()
         self._heartbeat_scope = trio.CancelScope(shield=True)
+        self._watch_scope = trio.CancelScope(shield=True)
         self._running_steps = set()
         self._started_calls = set()  # tools started through this Run (a PendingToolCall is a snapshot)
         self._nurseries = set()  # open durable nurseries (complete() refuses while one has spawns to send)
@@ -136,6 +161,7 @@ class Run:
         self._release_delay_ms = 0  # how long after release the run may be claimed again
         self._refund_attempt = False  # set by a worker whose handler was cancelled
         self._released = False
+        self._releasing = False  # the release on the way out is in flight
         # True while a write that ends this ownership (complete, fail, a worker's failure
         # record) is in flight: a renewal racing it then fails without meaning a loss.
         self._ending = False
@@ -169,18 +195,25 @@ class Run:
     # -- guards ---------------------------------------------------------------------------
 
     def _check_usable(self) -> None:
+        # After a stall of the loop, the body may get to run before the deadline's task does.
+        self._past_deadline()
         if self._lost is not None:
             raise LeaseLost(self._lost)
         if self._finished is not None:
             raise RunTerminal(f"run {self.id} is already {self._finished.value}")
 
     def _lose(self, message: str) -> None:
-        """The lease is gone for good: stop the body now (gap 4 of the original)."""
-        if self._lost is None:
+        """The lease is gone for good: stop the body now, and stop waiting for the database
+        calls in flight (their outcome is unknown; the database fences the writes). Raised from
+        the block as LeaseLost (or logged there, if the body raised something else)."""
+        first = self._lost is None
+        if first:
             self._lost = message
-            logger.warning("%s", message)
+            logger.debug("%s; stopping the body", message)
         self._stop_heartbeat()
         self._body_scope.cancel()
+        if first:
+            self._flight.abandon(functools.partial(LeaseLost, message))
 
     async def _write(self, fn: Any, *args: Any) -> Any:
         return await self._as_owner(functools.partial(self._db._write, route=self.id), fn, *args)
@@ -190,8 +223,9 @@ class Run:
 
     async def _as_owner(self, submit: Callable[..., Awaitable[Any]], fn: Any, *args: Any) -> Any:
         """Run a store operation with this owner's lease, which the operation checks. While
-        another transaction holds a row it needs for a moment (nothing was written), try again,
-        until the lease would have expired."""
+        another transaction holds a row it needs (nothing was written: PostgreSQL refuses to
+        wait for a row, see its store), try again, for as long as this owner holds the lease:
+        a row held past the deadline costs this run its lease (LeaseLost), and no other run."""
         delay = 0.001
         while True:
             self._check_usable()
@@ -205,8 +239,7 @@ class Run:
                     self._lose(str(exc))
                 raise
             except TransientConflict:
-                if self._lease.expires_at - self._db.clock() <= delay * 1000:
-                    raise
+                pass  # the loop's _check_usable() ends it once the lease is lost
             await trio.sleep(delay)
             delay = min(2 * delay, 0.1)
 
@@ -788,47 +821,133 @@ class Run:
     # -- the lease ------------------------------------------------------------------------
 
     async def _keep_lease(self) -> None:
-        """Renew every ttl/3. Transient database errors are retried, sooner as the expiry
-        nears, until the lease would have expired; a definitive loss cancels the body at once.
-        Each renewal also reads whether a cancellation was requested; news in the run's inbox
-        (a request made in this process, or heard from another) has that read at once."""
+        """Renew every ttl/3. Transient database errors are retried, sooner as the deadline
+        nears (see :meth:`_stop_at`); a definitive loss cancels the body at once. Each renewal
+        also reads whether a cancellation was requested; news in the run's inbox (a request made
+        in this process, or heard from another) has that read at once."""
         interval = self._lease.ttl_ms / 3000
         delay = interval
         with self._heartbeat_scope:
-            while True:
-                renew_at = trio.current_time() + delay
-                while trio.current_time() < renew_at:
-                    if await self._poked_until(min(renew_at, self._out_of_time_at())):
-                        await self._look_at_news()
-                    elif trio.current_time() >= self._out_of_time_at():
-                        await self._look_at_news()  # the budget may have been raised meanwhile
-                        if trio.current_time() >= self._out_of_time_at():
-                            await self._stop_out_of_time()
-                try:
-                    self._lease, cancel_reason = await self._db._write(
-                        self._store.renew, self._lease, route=self.id
-                    )  # the renewed lease says when the run's wall time ends, too
-                    delay = interval
-                    self._stop_if_cancelled(cancel_reason)
-                except RunTerminal:
-                    return  # this owner ended the run (another task of the body did)
-                except LeaseLost as exc:
-                    if not self._ending:  # not the release this owner is making right now
-                        self._lose(str(exc))
+            try:
+                while not self._past_deadline():  # (a late start too: the loop was held)
+                    renew_at = self._heartbeat_due_at = trio.current_time() + delay
+                    while trio.current_time() < renew_at:
+                        if await self._poked_until(min(renew_at, self._out_of_time_at())):
+                            await self._look_at_news()
+                        elif trio.current_time() >= self._out_of_time_at():
+                            await self._look_at_news()  # the budget may have been raised meanwhile
+                            if trio.current_time() >= self._out_of_time_at():
+                                await self._stop_out_of_time()
+                    if self._past_deadline():
+                        return
+                    self._heartbeat_due_at = None
+                    next_delay = await self._renew(interval)
+                    if next_delay is None:
+                        return
+                    delay = next_delay
+            except LeaseLost:
+                return  # a read of the heartbeat's, abandoned with the lease: it is lost already
+
+    async def _renew(self, interval: float) -> float | None:
+        """Renew the lease once; the seconds until the next renewal, None to stop renewing."""
+        sent_at = self._renewal_sent_at = trio.current_time()
+        try:
+            self._lease, cancel_reason = await self._db._write(
+                self._store.renew, self._lease, route=self.id
+            )  # the renewed lease says when the run's wall time ends, too
+            self._confirmed_at = sent_at
+            self._stop_if_cancelled(cancel_reason)
+            return interval
+        except RunTerminal:
+            return None  # this owner ended the run (another task of the body did)
+        except LeaseLost as exc:
+            if not self._ending:  # not the release this owner is making right now
+                self._lose(str(exc))
+            return None
+        except StorageError as exc:
+            # The database decides; this local view (its clock, as this process reads it) only
+            # says how long retrying is worth it, and the deadline stops the owner before expiry.
+            if self._lease.expires_at - self._db.clock() <= 0:
+                self._lose(f"run {self.id}: the lease of epoch {self.epoch} expired ({exc})")
+                return None
+            delay = min(interval, max(0.005, (self._stop_at() - trio.current_time()) / 3))
+            logger.warning("run %s: lease renewal failed, retrying in %.3f s: %s", self.id, delay, exc)
+            return delay
+        except Exception as exc:  # a bug must stop the body, not escape as a group
+            self._lose(f"run {self.id}: renewing the lease failed unexpectedly: {exc!r}")
+            return None
+        finally:
+            self._renewal_sent_at = None
+
+    def _stop_at(self) -> float:
+        """The Trio time by which this owner stops unless a newer renewal is confirmed: the
+        database set the expiry to its own now + TTL at some moment after the confirmed write
+        was submitted, so the lease cannot expire before that submission + TTL. The margin
+        (:data:`STOP_MARGIN` of the TTL) is for the body to stop in."""
+        return self._confirmed_at + self._lease.ttl_ms * (1 - STOP_MARGIN) / 1000
+
+    def _holds(self) -> bool:
+        """Whether this owner still holds the lease, as far as it knows."""
+        return self._lost is None and not self._released and self._finished is None
+
+    def _past_deadline(self) -> bool:
+        """Lose the lease if its deadline has passed while it is held; whether the owner is done
+        with it (lost now or before, or given up: ended, suspended, released)."""
+        if not self._holds():
+            return True
+        now = trio.current_time()
+        if now < self._stop_at():
+            return False
+        self._lose(self._deadline_message(now))
+        return True
+
+    def _deadline_message(self, now: float) -> str:
+        """Why no renewal was confirmed in time: the loop did not run the heartbeat, or the
+        database (or the network) did not answer."""
+        ttl_ms, margin_ms = self._lease.ttl_ms, math.ceil(self._lease.ttl_ms * STOP_MARGIN)
+        silent_ms = math.floor((now - self._confirmed_at) * 1000)
+        where = f"run {self.id}: the lease of epoch {self.epoch} was given up"
+        left_ms = ttl_ms - silent_ms  # at least this long before the database may expire it
+        expiry = (
+            f"it may have expired {-left_ms} ms ago"
+            if left_ms <= 0
+            else f"it could expire within {left_ms} ms"
+        )
+        # How late the first of the heartbeat and this deadline ran (they wait on timers).
+        due = min(self._stop_at(), math.inf if self._heartbeat_due_at is None else self._heartbeat_due_at)
+        late_ms = math.floor((now - due) * 1000)
+        if late_ms > margin_ms:
+            return (
+                f"{where}: the heartbeat could not run for {late_ms} ms because the Trio event loop"
+                " was blocked (by CPU-bound or blocking code in this process, or by a machine too"
+                f" busy to run it); with no renewal for"
+                f" {silent_ms} ms of a {ttl_ms} ms lease, {expiry}. Run such work in a thread"
+                " (await trio.to_thread.run_sync(fn)) so that the heartbeat can renew the lease"
+                f" every {ttl_ms // 3} ms"
+            )
+        sent = self._renewal_sent_at
+        unanswered = (
+            "" if sent is None else f" (the one sent {math.floor((now - sent) * 1000)} ms ago is unanswered)"
+        )
+        return (
+            f"{where}: no renewal was confirmed for {silent_ms} ms of a {ttl_ms} ms lease{unanswered}:"
+            f" the database or the network did not answer, and {expiry}, so the body was stopped"
+            " (the writes in flight have an unknown outcome)"
+        )
+
+    async def _watch_deadline(self) -> None:
+        """Stop the owner when its deadline passes (see :meth:`_stop_at`), whatever its calls
+        to the database wait for; on the way out, stop waiting for the release then."""
+        with self._watch_scope:
+            while self._holds():
+                now = trio.current_time()
+                if now < self._stop_at():
+                    await trio.sleep_until(self._stop_at())
+                elif self._releasing:  # the body is done: the lease will expire instead
+                    self._flight.abandon(functools.partial(LeaseLost, self._deadline_message(now)))
                     return
-                except StorageError as exc:
-                    # The database decides; this local view (its clock, as this process reads
-                    # it) only says how long retrying is worth it.
-                    remaining_ms = self._lease.expires_at - self._db.clock()
-                    if remaining_ms <= 0:
-                        self._lose(f"run {self.id}: the lease of epoch {self.epoch} expired ({exc})")
-                    else:
-                        delay = min(interval, max(0.005, remaining_ms / 3000))
-                        logger.warning(
-                            "run %s: lease renewal failed, retrying in %.3f s: %s", self.id, delay, exc
-                        )
-                except Exception as exc:  # a bug must stop the body, not escape as a group
-                    self._lose(f"run {self.id}: renewing the lease failed unexpectedly: {exc!r}")
+                else:
+                    self._past_deadline()
                     return
 
     def _out_of_time_at(self) -> float:
@@ -888,25 +1007,43 @@ class Run:
                 logger.warning("run %s: recording the cancellation failed: %s", self.id, exc)
 
     async def _release(self) -> bool:
-        """Give the lease up on leaving the block; False if it was no longer this owner's."""
+        """Give the lease up on leaving the block; False if it was no longer this owner's. A
+        lost lease is not released (its release would be refused, or wait for what lost it)."""
         if self._finished is not None or self._lost is not None or self._released:
             return True
-        self._released = True
+        self._releasing = True
         with trio.CancelScope(shield=True):
             try:
-                released = await self._db._write(
+                released = await self._release_now()
+            except (StorageError, LeaseLost) as exc:  # LeaseLost: not confirmed by the deadline
+                logger.warning("run %s: releasing the lease failed; it will expire instead: %s", self.id, exc)
+                return True
+            finally:
+                self._releasing = False
+        self._released = True
+        if released and self._release_delay_ms == 0:
+            self._db._announce_claimable()
+        return released
+
+    async def _release_now(self) -> bool:
+        """The release's write; while another transaction holds the run's row, tried again
+        until the deadline (then the lease expires instead)."""
+        delay = 0.001
+        while True:
+            try:
+                released: bool = await self._db._write(
                     self._store.release,
                     self._lease,
                     self._release_delay_ms,
                     self._refund_attempt,
                     route=self.id,
                 )
-            except StorageError as exc:
-                logger.warning("run %s: releasing the lease failed; it will expire instead: %s", self.id, exc)
-                return True
-        if released and self._release_delay_ms == 0:
-            self._db._announce_claimable()
-        return released
+                return released
+            except TransientConflict:
+                if trio.current_time() + delay >= self._stop_at():
+                    raise
+            await trio.sleep(delay)
+            delay = min(2 * delay, 0.1)
 
 
 @final
@@ -1139,10 +1276,17 @@ async def _until_ready(
 
 @asynccontextmanager
 async def owned_run(
-    db: Database, lease: Lease, *, suspend_after: float | None = None, in_worker: bool = False
+    db: Database,
+    lease: Lease,
+    *,
+    submitted_at: float,
+    suspend_after: float | None = None,
+    in_worker: bool = False,
 ) -> AsyncIterator[Run]:
     """Run the body beside a heartbeat; release the lease on the way out.
 
+    ``submitted_at``: when (Trio time) the write that took ``lease`` was submitted; the owner
+    stops before the lease could have expired, counted from then (see :meth:`Run._stop_at`).
     With ``suspend_after`` (a worker's), a wait or sleep longer than that suspends the run: the
     body is cancelled and the block ends quietly, the run left ``waiting`` in the database.
 
@@ -1150,30 +1294,37 @@ async def owned_run(
     nursery, never replaced by a cancellation of an outer scope. A body stopped by lease loss,
     or one whose lease was gone by the time it left, ends in :class:`LeaseLost`.
     """
-    run = Run._create(db, lease)
+    run = Run._create(db, lease, submitted_at)
     run._suspend_after = suspend_after
     run._in_worker = in_worker
     body_error: BaseException | None = None
-    try:
-        # The heartbeat's scope is shielded and stopped only by us, so an outer cancellation
-        # reaches the body alone and the nursery exits with nothing of its own to report.
+    # The heartbeat's and the deadline's scopes are shielded and stopped only by us, so an outer
+    # cancellation reaches the body alone and the nursery exits with nothing of its own to report.
+    with flying(run._flight):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(run._keep_lease)
+            nursery.start_soon(run._watch_deadline)
             try:
-                with run._body_scope:
-                    yield run
-            except BaseException as exc:
-                body_error = exc
+                try:
+                    with run._body_scope:
+                        yield run
+                except BaseException as exc:
+                    body_error = exc
+                finally:
+                    if run._cancel_reason is not None:
+                        await run._end_cancelled()
+                    elif run._budget_stop is not None and run._in_worker:
+                        with trio.CancelScope(shield=True):
+                            await _quietly(run._suspend_for_budget(run._budget_stop))
+                    run._stop_heartbeat()
             finally:
-                if run._cancel_reason is not None:
-                    await run._end_cancelled()
-                elif run._budget_stop is not None and run._in_worker:
-                    with trio.CancelScope(shield=True):
-                        await _quietly(run._suspend_for_budget(run._budget_stop))
-                run._stop_heartbeat()
-    finally:
-        released = await run._release()
+                try:
+                    released = await run._release()  # still watched: it may wait for the deadline
+                finally:
+                    run._watch_scope.cancel()
     if body_error is not None:
+        if run._lost is not None and not isinstance(body_error, LeaseLost):
+            logger.warning("%s (the block raised %r instead)", run._lost, body_error)
         raise body_error
     if run._cancel_reason is not None and run._finished in (None, RunStatus.CANCELLED):
         # Its body was stopped; if ending it failed, its next owner (or claim) ends it.
@@ -1223,16 +1374,33 @@ async def open_run(
         new_id = str(uuid.uuid4())
         description = (check_name(role, "role"), _check_provider(provider), config_json)
         limits = _budget_row(budget)
-        lease: Lease | None = await db._write(
-            db._store.create_run, new_id, parent, *description, owner, ttl_ms, limits, route=new_id
+        lease, submitted_at = await _take_lease(
+            db, db._store.create_run, new_id, parent, *description, owner, ttl_ms, limits
         )
     else:
         run_id = canonical_run_id(run_id)
-        lease = await db._write(db._store.acquire_run, run_id, owner, ttl_ms, bool(force), route=run_id)
+        lease, submitted_at = await _take_lease(db, db._store.acquire_run, run_id, owner, ttl_ms, bool(force))
     if lease is None:
         raise RunCancelled(f"run {run_id} was cancelled (its cancellation was requested before)")
-    async with owned_run(db, lease) as run:
+    async with owned_run(db, lease, submitted_at=submitted_at) as run:
         yield run
+
+
+async def _take_lease(db: Database, fn: Any, run_id: str, *args: Any) -> tuple[Lease | None, float]:
+    """Create or acquire ``run_id`` (``fn(tx, run_id, *args)``); the lease, and when (Trio time)
+    the write that took it was submitted. While another transaction holds the run's row for a
+    moment (PostgreSQL refuses to wait for it), try again shortly; nothing was written then."""
+    delay, give_up_at = 0.001, trio.current_time() + _BUSY_FOR_S
+    while True:
+        submitted_at = trio.current_time()
+        try:
+            lease: Lease | None = await db._write(fn, run_id, *args, route=run_id)
+            return lease, submitted_at
+        except TransientConflict:
+            if trio.current_time() + delay > give_up_at:
+                raise
+        await trio.sleep(delay)
+        delay = min(2 * delay, 0.05)
 
 
 def _check_provider(provider: object) -> str:

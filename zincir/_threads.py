@@ -17,6 +17,11 @@ took long (a slow disk would hold up the loop), when it carries a large value or
 past MAX_BATCH (then the whole batch goes, in order), or when the session has maintenance due
 (SQLite's WAL checkpoint, which the thread does between transactions).
 
+A submitted operation is not abandoned when its caller is cancelled: the caller waits for its
+outcome. The one exception is a :class:`Flight`, the calls made inside a lease holder's block:
+once the lease is known lost, :meth:`Flight.abandon` answers every call of it still waiting with
+an error at once, whatever the database does (see docs/leases.md).
+
 What differs between backends (how to begin, which errors mean what, reconnecting) is a
 :class:`Session`; everything here is backend-free.
 """
@@ -24,11 +29,12 @@ What differs between backends (how to begin, which errors mean what, reconnectin
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Final, Protocol, TypeVar
 
 import attrs
@@ -37,7 +43,7 @@ import trio
 
 from ._errors import StorageError
 
-__all__ = ["DatabaseThread", "Session", "submit"]
+__all__ = ["DatabaseThread", "Flight", "Session", "current_flight", "flying", "submit"]
 
 logger = logging.getLogger("zincir")
 
@@ -110,6 +116,115 @@ class Request:
     args: tuple[Any, ...]
     task: trio.lowlevel.Task
     result: outcome.Outcome[Any] | None = None
+    # The flights it was submitted in (innermost first), each with its abandonment count then.
+    flights: tuple[tuple[Flight, int], ...] = ()
+    parked: bool = False  # its task sleeps until it is answered (only then may it be abandoned)
+    abandoned: bool = False  # answered with an error already: the thread's answer is dropped
+
+
+class Flight:
+    """The database calls made inside one scope (a lease holder's block) that wait for their
+    outcome, so that they can be abandoned together.
+
+    :meth:`abandon` wakes each of them at once, without waiting for the database: its outcome
+    is unknown to its caller (it may commit later, or never), as after a crash of the process.
+    The thread still runs it when it gets to it. A caller inside a cancelled scope (the stopped
+    body) gets the cancellation, as at any checkpoint; one shielded from it, the flight's error.
+    Only calls submitted before the abandonment are abandoned; later ones (a read after the
+    loss, say) run as usual. A flight opened inside another (a run owned inside another run's
+    block) is abandoned with it: the enclosing block could not end while the inner one waits.
+    """
+
+    def __init__(self, parent: Flight | None = None) -> None:
+        self._parent = parent
+        self._parked: set[Request] = set()
+        self._abandonments = 0
+        self._error: Callable[[], BaseException] | None = None
+
+    def _chain(self) -> tuple[tuple[Flight, int], ...]:
+        flights = []
+        flight: Flight | None = self
+        while flight is not None:
+            flights.append((flight, flight._abandonments))
+            flight = flight._parent
+        return tuple(flights)
+
+    def abandon(self, error: Callable[[], BaseException]) -> None:
+        """Answer every call of this flight (or of one inside it) still waiting with ``error()``
+        (a new exception each). On the Trio thread."""
+        self._abandonments += 1
+        self._error = error
+        parked, self._parked = self._parked, set()
+        for request in parked:
+            _abandon(request, error())
+
+
+_FLIGHT: contextvars.ContextVar[Flight | None] = contextvars.ContextVar("zincir_flight", default=None)
+
+
+@contextlib.contextmanager
+def flying(flight: Flight) -> Iterator[None]:
+    """Make the database calls of this task (and of the tasks it starts) part of ``flight``."""
+    token = _FLIGHT.set(flight)
+    try:
+        yield
+    finally:
+        _FLIGHT.reset(token)
+
+
+def current_flight() -> Flight | None:
+    """The flight the calls made here join, if any (the new flight of a nested block's parent)."""
+    return _FLIGHT.get()
+
+
+def _answer(request: Request, result: outcome.Outcome[Any]) -> None:
+    """Wake the task waiting for ``request`` with its outcome, unless it was abandoned."""
+    if not request.abandoned:
+        request.parked = False
+        trio.lowlevel.reschedule(request.task, result)
+
+
+class _Abandoned(Exception):
+    """Wakes a caller whose request was abandoned; :func:`_wait_for_answer` raises ``error``
+    instead (or the caller's cancellation)."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+def _abandon(request: Request, error: BaseException) -> None:
+    if request.parked and not request.abandoned:
+        request.abandoned = True
+        request.parked = False
+        trio.lowlevel.reschedule(request.task, outcome.Error(_Abandoned(error)))
+
+
+def _never_abort(_: Any) -> trio.lowlevel.Abort:
+    return trio.lowlevel.Abort.FAILED
+
+
+async def _wait_for_answer(request: Request) -> Any:
+    """Sleep until ``request`` is answered (by its thread, the inline batch it joined, or its
+    flight's abandonment); a cancellation waits for the answer."""
+    try:
+        for flight, abandonments in request.flights:
+            if flight._abandonments != abandonments and flight._error is not None:
+                # Abandoned after it was submitted, before its task got here: at once, then.
+                request.abandoned = True
+                raise _Abandoned(flight._error())
+        request.parked = True
+        for flight, _ in request.flights:
+            flight._parked.add(request)
+        try:
+            return await trio.lowlevel.wait_task_rescheduled(_never_abort)
+        finally:
+            for flight, _ in request.flights:
+                flight._parked.discard(request)
+    except _Abandoned as abandoned:
+        # A stopped body sees its cancellation (never an error inside its own nurseries); a
+        # caller shielded from it (a release, a batch of spawns) sees why it was abandoned.
+        await trio.lowlevel.checkpoint_if_cancelled()
+        raise abandoned.error from None
 
 
 class DatabaseThread:
@@ -197,7 +312,7 @@ class DatabaseThread:
         request that joined should not hold up the loop."""
         if self._gathering is not None:
             self._joins(self._gathering, request)
-            return await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
+            return await _wait_for_answer(request)
         batch = self._gathering = [request]
         self._gathered_for_the_thread = False
         try:
@@ -212,21 +327,21 @@ class DatabaseThread:
                 " known; it was rolled back unless it had committed"
             )
             for other in batch[1:]:
-                trio.lowlevel.reschedule(other.task, outcome.Error(interrupted))
+                _answer(other, outcome.Error(interrupted))
             raise
         if ran:
             for other in batch[1:]:
                 assert other.result is not None
-                trio.lowlevel.reschedule(other.task, other.result)
+                _answer(other, other.result)
             assert request.result is not None
             return request.result.unwrap()
         try:
             self.submit(batch)
         except StorageError as exc:  # the thread died: nobody else will answer these
             for other in batch[1:]:
-                trio.lowlevel.reschedule(other.task, outcome.Error(StorageError(str(exc))))
+                _answer(other, outcome.Error(StorageError(str(exc))))
             raise
-        return await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
+        return await _wait_for_answer(request)
 
     def _run_inline_batch(self, batch: list[Request]) -> bool:
         """Run the batch in one transaction now; False (with nothing written) if the thread
@@ -326,7 +441,7 @@ class DatabaseThread:
             self._in_thread -= len(batch)
             for request in batch:
                 assert request.result is not None
-                trio.lowlevel.reschedule(request.task, request.result)
+                _answer(request, request.result)
 
         # Closing waits for this thread's last reply and joins it: the Trio run is still there.
         self._token.run_sync_soon(wake)
@@ -446,12 +561,16 @@ def _chars(arg: object) -> int:
 async def submit(thread: DatabaseThread, fn: Operation | None, args: tuple[Any, ...]) -> Any:
     """Hand ``fn(tx, *args)`` to ``thread`` and wait for its outcome.
 
-    A caller cancelled before submitting writes nothing; once submitted, the operation is never
+    A caller cancelled before submitting writes nothing; once submitted, the operation is not
     abandoned: the caller waits for its outcome, and Trio delivers the cancellation at the
-    caller's next checkpoint.
+    caller's next checkpoint. Only the abandonment of the :class:`Flight` it was submitted in
+    (see :func:`flying`) wakes the caller before, with the flight's error.
     """
     await trio.lowlevel.checkpoint_if_cancelled()
-    request = Request(fn, args, trio.lowlevel.current_task())
+    flight = _FLIGHT.get()
+    request = Request(
+        fn, args, trio.lowlevel.current_task(), flights=() if flight is None else flight._chain()
+    )
     if thread.takes_inline(request):
         return await thread.run_inline(request)
     try:
@@ -460,4 +579,4 @@ async def submit(thread: DatabaseThread, fn: Operation | None, args: tuple[Any, 
         if fn is None:
             return None  # closing a thread that died: it closed its connection already
         raise
-    return await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
+    return await _wait_for_answer(request)

@@ -173,6 +173,7 @@ class ResumeWorker:
             slots = await self._free_slots()
             # A fresh event before each claim: a run released while we claim wakes the wait below.
             self._wakeup = trio.Event()
+            submitted_at = trio.current_time()  # each claimed lease expires after this + its TTL
             try:
                 claimed = await self._db._write(
                     self._db._store.claim_due,
@@ -194,7 +195,7 @@ class ResumeWorker:
             failures = 0
             self._log_claims(claimed)
             for (lease, attempt), slot in zip(claimed.leased, slots, strict=False):
-                handlers.start_soon(self._handle, lease, attempt, slot)
+                handlers.start_soon(self._handle, lease, attempt, slot, submitted_at)
             self._release_slots(slots[len(claimed.leased) :])
             if len(claimed.leased) < len(slots):  # nothing more is due: wait for a wake-up
                 with trio.move_on_after(await self._idle_time()):
@@ -251,9 +252,11 @@ class ResumeWorker:
         for slot in slots:
             self._limiter.release_on_behalf_of(slot)
 
-    async def _handle(self, lease: Lease, attempt: int, slot: object) -> None:
+    async def _handle(self, lease: Lease, attempt: int, slot: object, submitted_at: float) -> None:
         try:
-            async with owned_run(self._db, lease, suspend_after=self._suspend_after, in_worker=True) as run:
+            async with owned_run(
+                self._db, lease, submitted_at=submitted_at, suspend_after=self._suspend_after, in_worker=True
+            ) as run:
                 try:
                     await self._handler(run)
                 except (BudgetExceeded, ExceptionGroup) as exc:

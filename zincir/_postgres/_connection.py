@@ -34,7 +34,25 @@ _SESSION_SETTINGS: Final = (
     "SET lock_timeout = '10s'",
     "SET idle_in_transaction_session_timeout = '60s'",
 )
+# A writer never waits for a row: its operations lock rows NOWAIT (see the store), and this bounds
+# any other lock wait, which would hold up the whole group-commit batch, the renewals of other
+# runs' leases included. An operation that times out fails alone and is tried again.
+_WRITER_LOCK_TIMEOUT: Final = "SET lock_timeout = '100ms'"
 _CONNECT_TIMEOUT_S: Final = 10
+# libpq's TCP settings, so that a dead peer (a crashed host, a cut network) is noticed at all: a
+# connection silent for 10 s is probed every 5 s, and data the server has not acknowledged for
+# 30 s (a probe, or a statement sent) ends it. Nothing user-facing depends on them: a lease
+# holder stops by its own deadline long before (docs/leases.md); these only free the thread that
+# waits on the connection, so that it reconnects. A server that is merely slow (a long
+# statement, a lock wait) still acknowledges: the kernel answers for it. A URL that sets any of
+# these keeps its own value.
+_TCP_SETTINGS: Final = {
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "30000",
+}
 # The reader's transactions: every read runs in one snapshot, and writes nothing. Set once for
 # the session, this makes a read's statements, all of them sent before the pipeline's next sync,
 # one implicit transaction of that kind, without BEGIN and COMMIT: two statements fewer per read.
@@ -135,8 +153,13 @@ def _connection_lost(exc: psycopg.Error, conn: psycopg.Connection[Any] | None) -
 
 
 def connect(url: str, *, application_name: str) -> psycopg.Connection[Any]:
+    given = psycopg.conninfo.conninfo_to_dict(url)
+    tcp = {name: value for name, value in _TCP_SETTINGS.items() if name not in given}
     conn = psycopg.connect(
-        url, autocommit=True, connect_timeout=_CONNECT_TIMEOUT_S, application_name=application_name
+        psycopg.conninfo.make_conninfo(url, **tcp),
+        autocommit=True,
+        connect_timeout=_CONNECT_TIMEOUT_S,
+        application_name=application_name,
     )
     for statement in _SESSION_SETTINGS:
         conn.execute(statement)
@@ -268,8 +291,7 @@ class PostgresSession:
         if _unusable(self._conn):
             self._discard()
             conn = connect(self._url, application_name=f"zincir {self._name}")
-            if self._read_only:
-                conn.execute(_READER_TRANSACTIONS)
+            conn.execute(_READER_TRANSACTIONS if self._read_only else _WRITER_LOCK_TIMEOUT)
             self._pipe = Pipe(conn)
             self._conn = conn
             if self._echo is not None:

@@ -5,6 +5,13 @@ The same operations as the SQLite store, in PostgreSQL's SQL. Every function tak
 read-only snapshot). "Now" is the server's clock, read inside the operation: a fenced write
 locks the run's row and reads the clock in the same statement (``FOR NO KEY UPDATE``), so a stale
 owner cannot slip through on another machine's idea of the time.
+
+No operation waits for a row another transaction holds: every row lock is taken ``NOWAIT`` (or
+``SKIP LOCKED``, for claims), and the writers' ``lock_timeout`` is short for whatever else might
+wait. An operation that finds its row held fails alone (LockNotAvailable, a TransientConflict:
+its batch's other operations still commit) and its caller tries again in a later batch, so a
+row held elsewhere, for however long, never holds up a writer's group commit, and with it the
+renewals of unrelated runs (see docs/leases.md).
 """
 
 from __future__ import annotations
@@ -138,12 +145,14 @@ def _send_lock(tx: Tx, run_id: str, more: str = "", more_params: tuple[Any, ...]
 
     NO KEY UPDATE serializes the run's writers as FOR UPDATE would, but does not block the
     foreign-key checks of rows inserted elsewhere that point at this run (a child run's insert).
+    NOWAIT: a row held by another transaction fails the operation at once (TransientConflict,
+    retried by the caller) instead of holding up the batch it is in.
     """
     # The clock is read after the lock is held: in the lock statement's own target list it would
     # be computed before a wait on a holder that did not change the row.
     return tx.send(
         "WITH locked AS (SELECT status, lease_owner, lease_epoch, lease_expires_at FROM agent_runs"
-        f" WHERE id = %s FOR NO KEY UPDATE) SELECT locked.*, zincir_now_ms(){more} FROM locked",
+        f" WHERE id = %s FOR NO KEY UPDATE NOWAIT) SELECT locked.*, zincir_now_ms(){more} FROM locked",
         (run_id, *more_params),
     )
 
@@ -345,14 +354,17 @@ _CLOSE = (
     " WHERE id = %s RETURNING id, last_seq, parent_run_id),"
     " logged AS (INSERT INTO events (run_id, seq, type, payload, idempotency_key, created_at)"
     " SELECT id, last_seq, 'state_transition', %s, NULL, now.ms FROM closed, now),"
-    # An UPDATE that matches nothing locks nothing: a parent that is not waiting for this run is
-    # left alone, and one suspending on it right now sees it ended (suspend locks the child).
+    # A parent that is not waiting for this run is left alone (nothing locked), and one suspending
+    # on it right now sees it ended (suspend locks the child). One that waits is locked NOWAIT
+    # before it is woken: held elsewhere, it fails this end (retried) rather than wait for it.
     # By the parent's key, a scalar subquery (an InitPlan: the index is searched for one id);
     # joined with `closed` instead, the planner may walk every waiting run.
-    " woke AS (UPDATE agent_runs SET next_attempt_at = (SELECT ms FROM now)"
+    " waiting AS (SELECT id FROM agent_runs"
     " WHERE id = (SELECT parent_run_id FROM agent_runs WHERE id = %s) AND status = 'waiting'"
     " AND wait_kind = 'child' AND wait_target = %s"
-    " AND (next_attempt_at IS NULL OR next_attempt_at > (SELECT ms FROM now)) RETURNING 1)"
+    " AND (next_attempt_at IS NULL OR next_attempt_at > (SELECT ms FROM now)) FOR NO KEY UPDATE NOWAIT),"
+    " woke AS (UPDATE agent_runs SET next_attempt_at = (SELECT ms FROM now)"
+    " WHERE id = (SELECT id FROM waiting) RETURNING 1)"
     " SELECT parent_run_id, EXISTS (SELECT 1 FROM woke) FROM closed"
 )
 
@@ -493,6 +505,9 @@ def renew(tx: Tx, lease: Lease) -> tuple[Lease, str | None]:
 def release(tx: Tx, lease: Lease, delay_ms: int = 0, refund_attempt: bool = False) -> bool:
     """Give the lease up; the run stays as it is, claimable after ``delay_ms``.
     ``refund_attempt`` takes back the attempt its claim counted (the owner was stopped)."""
+    # The row is locked NOWAIT first (read with the UPDATE, one round trip): the UPDATE alone would
+    # wait for a row held elsewhere.
+    tx.execute(f"SELECT 1 FROM agent_runs WHERE id = %s{_OUTSIDER_LOCK}", (lease.run_id,))
     released = tx.one(
         "UPDATE agent_runs SET lease_owner = NULL, lease_expires_at = NULL,"
         " next_attempt_at = %s, attempts = attempts - %s"
@@ -1066,12 +1081,13 @@ def _awaited(tx: Tx, run_id: str, kind: WaitKind, name: str) -> tuple[str, int |
         reached = None if usage is None else judge(usage)
         return None if reached is None else ("", None, {"kind": "budget", "limit": reached.limit})
     if kind == "child":
-        # FOR SHARE waits for the child's own write in flight: a child ending right now is seen
+        # FOR SHARE orders this with the child's own write: a child ending right now is seen
         # ended here (and the run does not suspend), or commits after this run is 'waiting'.
+        # NOWAIT: while the child's write holds its row, this fails and is tried again.
         row = tx.one(
             "SELECT j.deadline FROM joins AS j JOIN agent_runs AS c ON c.id = j.child_id"
             " WHERE j.run_id = %s AND j.child_id = %s AND j.completed_at IS NULL"
-            " AND c.status IN ('pending', 'running', 'waiting') FOR SHARE OF c",
+            " AND c.status IN ('pending', 'running', 'waiting') FOR SHARE OF c NOWAIT",
             (run_id, name),
         )
         return None if row is None else (name, row[0], {"child_id": name, "kind": "child"})
