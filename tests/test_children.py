@@ -619,7 +619,61 @@ async def test_a_run_asked_to_cancel_does_not_suspend_but_stops(db: zincir.Datab
                 await run.wait_for_signal("w", "go")  # the wait is recorded
             await zincir.cancel_run(db, child, "now")  # a request: the run is owned
             # Its owner, about to suspend, sees the request instead of going to sleep with it.
-            assert await db._write(db._store.suspend, run._lease, "signal", "w", route=child) is False
+            assert await db._write(db._store.suspend, run._lease, [("signal", "w")], route=child) is False
             run._suspend_after = 0
             await run.wait_for_signal("w", "go")
     assert await status_of(db, child) is zincir.RunStatus.CANCELLED
+
+
+# -- a nursery beside another wait; the run ending inside the block (docs/waits.md) ------------
+
+
+async def lead_beside_an_abort_listener(run: zincir.Run) -> None:
+    """A lead (role "lead") joins three children in a nursery while another task listens for
+    "abort", whichever comes first; each child waits for "go" and completes with its number."""
+    record = (await run.state()).run
+    config: Any = record.config
+    if record.role != "lead":
+        await run.wait_for_signal("go", "go")
+        await run.complete(result=config["i"])
+        return
+    aborted: list[object] = []
+    async with trio.open_nursery() as lead:
+
+        async def listen() -> None:
+            aborted.append(await run.wait_for_signal("abort", "abort"))
+            lead.cancel_scope.cancel()
+
+        lead.start_soon(listen)
+        async with run.children() as nursery:
+            for i in range(3):
+                nursery.spawn_soon(f"kid-{i}", role="kid", config={"i": i})
+        lead.cancel_scope.cancel()
+    if aborted:
+        await run.fail(f"aborted: {aborted[0]}")
+    else:
+        await run.complete(result=[child.result for child in nursery.records.values()])
+
+
+async def test_a_nursery_beside_an_abort_listener_resumes_when_its_children_end(db: zincir.Database) -> None:
+    async with zincir.open_run(db, role="lead") as lead:
+        pass
+    async with working(db, lead_beside_an_abort_listener, suspend_after=0.05, max_concurrency=4):
+        await until(lambda: _is(db, lead.id, zincir.RunStatus.WAITING))
+        await until(lambda: _children_waiting(db, lead.id, 3))
+        kids = [r[0] for r in rows(db, "SELECT id FROM agent_runs WHERE parent_run_id = ?", (lead.id,))]
+        with trio.fail_after(30):  # poll_interval is 60 s: only the children's ends wake the lead
+            for kid in kids:
+                await zincir.send_signal(db, kid, "go", None)
+            await until(lambda: _is(db, lead.id, zincir.RunStatus.COMPLETED))
+    assert (await db.state(lead.id)).run.result == [0, 1, 2]
+    suspensions = [e.payload for e in await db.events(lead.id) if e.payload.get("to") == "waiting"]
+    # The listener's wait began first and so began the suspension; the nursery's join was in it.
+    first = suspensions[0]["waits"]
+    assert {"kind": "signal", "name": "abort", "signal": "abort", "until": None} in first
+    assert [w["kind"] for w in first].count("child") == 1
+
+
+async def _children_waiting(db: zincir.Database, parent_id: str, count: int) -> bool:
+    found = rows(db, "SELECT status FROM agent_runs WHERE parent_run_id = ?", (parent_id,))
+    return found == [("waiting",)] * count

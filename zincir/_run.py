@@ -7,8 +7,8 @@ import logging
 import math
 import os
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Final, TypeVar, cast, final
 
 import attrs
@@ -21,6 +21,7 @@ from ._backend import (
     JoinOutcome,
     Lease,
     NewChild,
+    OpenWait,
     Store,
     WaitKind,
     args_hash,
@@ -109,6 +110,10 @@ class Run:
     _suspend_after: float | None
     _suspended: bool
     _suspending: tuple[trio.lowlevel.Task, trio.Event] | None
+    _open_waits: dict[object, OpenWait]
+    _waiting_tasks: dict[trio.lowlevel.Task, int]
+    _busy: int
+    _quiet_since: float
     _cancel_reason: str | None
     _budget_stop: BudgetExceeded | None
     _in_worker: bool
@@ -143,6 +148,16 @@ class Run:
         self._suspend_after = None
         self._suspended = False
         self._suspending = None  # the task writing a suspension, and when it is done
+        # The waits the body's tasks are in right now, in the order they began: a suspension
+        # records them all, and whichever completes first wakes the run (docs/waits.md).
+        self._open_waits = {}
+        # Under a worker: the tasks inside a wait, and how many of the body's other store
+        # operations are in flight and since when none is. A run suspends only once its body has
+        # been quiet for suspend_after, so that a task between two waits (a nursery sending its
+        # children, then joining them) is in its next wait when the suspension records them.
+        self._waiting_tasks = {}
+        self._busy = 0
+        self._quiet_since = -math.inf
         self._cancel_reason = None  # a cancellation the heartbeat found requested
         self._budget_stop = None  # the wall time the heartbeat found spent
         self._in_worker = False  # a worker suspends a run over budget instead of raising
@@ -192,23 +207,42 @@ class Run:
         """Run a store operation with this owner's lease, which the operation checks. While
         another transaction holds a row it needs for a moment (nothing was written), try again,
         until the lease would have expired."""
-        delay = 0.001
-        while True:
-            self._check_usable()
-            try:
-                return await submit(fn, self._lease, *args)
-            except LeaseLost as exc:
-                await self._unless_suspended_beside()
-                # Suspended beside a write shielded from the body's cancellation (a nursery's
-                # batch): the refusal is no loss of the lease.
-                if not self._suspended:
-                    self._lose(str(exc))
-                raise
-            except TransientConflict:
-                if self._lease.expires_at - self._db.clock() <= delay * 1000:
+        # Inline rather than a context manager: this is every write's path.
+        counted = self._suspend_after is not None and trio.lowlevel.current_task() not in self._waiting_tasks
+        if counted:
+            self._busy += 1
+        try:
+            delay = 0.001
+            while True:
+                self._check_usable()
+                try:
+                    return await submit(fn, self._lease, *args)
+                except LeaseLost as exc:
+                    await self._unless_suspended_beside()
+                    # Suspended beside a write shielded from the body's cancellation (a nursery's
+                    # batch): the refusal is no loss of the lease.
+                    if not self._suspended:
+                        self._lose(str(exc))
                     raise
-            await trio.sleep(delay)
-            delay = min(2 * delay, 0.1)
+                except TransientConflict:
+                    if self._lease.expires_at - self._db.clock() <= delay * 1000:
+                        raise
+                await trio.sleep(delay)
+                delay = min(2 * delay, 0.1)
+        finally:
+            if counted:
+                self._busy -= 1
+                self._quiet_since = trio.current_time()
+
+    @contextmanager
+    def _active(self) -> Iterator[None]:
+        """Count an operation of the body that is no wait (see _as_owner) while the block lasts."""
+        self._busy += 1
+        try:
+            yield
+        finally:
+            self._busy -= 1
+            self._quiet_since = trio.current_time()
 
     def _stop_heartbeat(self) -> None:
         self._heartbeat_scope.cancel()
@@ -468,19 +502,39 @@ class Run:
 
     async def sleep(self, name: str, seconds: float) -> None:
         """Sleep durably: the wake time is stored first (the first call with ``name`` wins),
-        so after a restart only the remainder is waited; a completed sleep returns at once."""
+        so after a restart only the remainder is waited; a completed sleep returns at once.
+        Under a :class:`ResumeWorker`, a sleep with more than ``suspend_after`` left suspends
+        the run, together with the body's other waits, unless one of them can complete now
+        (see docs/waits.md)."""
         check_name(name, f"run {self.id}: sleep name")
         duration = check_seconds(seconds, f"run {self.id}: the duration of sleep {name!r}")
-        remaining_ms, completed = await self._write(
-            self._store.schedule_timer, name, math.ceil(duration * 1000)
-        )
-        if completed:
-            return
-        if remaining_ms > 0 and self._suspend_after is not None and remaining_ms > self._suspend_after * 1000:
-            await self._suspend("sleep", name)
-        if remaining_ms > 0:
-            await trio.sleep(remaining_ms / 1000)
-        await self._write(self._store.complete_timer, name)
+        with self._waiting_on("sleep", name):
+            remaining_ms, completed = await self._write(
+                self._store.schedule_timer, name, math.ceil(duration * 1000)
+            )
+            if completed:
+                return
+            if remaining_ms > 0:
+                await self._sleep_or_suspend(name, trio.current_time() + remaining_ms / 1000)
+            await self._write(self._store.complete_timer, name)
+
+    async def _sleep_or_suspend(self, name: str, wake_at: float) -> None:
+        """Sleep until ``wake_at`` (Trio time). Under a worker, suspend the run while more than
+        ``suspend_after`` is left, as soon as the body is quiet; after a suspension that did not
+        happen (another wait can complete), try again later."""
+        suspend_after = self._suspend_after
+        suspend_at = math.inf if suspend_after is None else trio.current_time()
+        while (now := trio.current_time()) < wake_at:
+            if suspend_after is not None and now >= suspend_at:
+                if wake_at - now <= suspend_after:
+                    suspend_at = math.inf  # too little left to be worth a suspension
+                elif (quiet_at := self._quiet_at()) > now:
+                    suspend_at = quiet_at
+                else:
+                    await self._suspend("sleep", name)  # returns only if it did not suspend
+                    suspend_at = self._suspend_time(retry=True)
+                continue
+            await trio.sleep_until(min(wake_at, suspend_at))
 
     # -- waiting for the world ------------------------------------------------------------
 
@@ -649,7 +703,7 @@ class Run:
         False if it is within its limits again already."""
         self._ending = True
         try:
-            suspended = bool(await self._write(self._store.suspend, "budget", exceeded.limit))
+            suspended = bool(await self._write(self._store.suspend, [("budget", exceeded.limit)]))
         except BaseException:
             self._ending = False
             raise
@@ -674,30 +728,65 @@ class Run:
     ) -> Any:
         """The loop of every durable wait. ``decide`` (a fenced write) returns (done, value, ms
         left until the deadline) or raises WaitTimeout; until it is done, sleep until the inbox
-        may hold news, the deadline, or ``suspend_after`` (then suspend, under a worker)."""
+        may hold news, the deadline, or ``suspend_after`` (then, under a worker, suspend once
+        the body is quiet)."""
         suspend_at = self._suspend_time()
-        while True:
-            # Register before looking: news arriving between the look and the sleep still wakes us.
-            woken = self._db._inbox_event(self.id)
-            try:
+        with self._waiting_on(kind, name):
+            while True:
+                # Register before looking: news arriving between the look and the sleep still wakes us.
+                woken = self._db._inbox_event(self.id)
                 try:
-                    done, value, remaining_ms = await decide()
-                except (DatabaseBusy, DatabaseUnavailable) as exc:
-                    await _after_transient(self.id, "deciding a wait", exc)  # twice is safe: it replays
-                    continue
-                if done:
-                    return value
-                if not await _until_ready(woken, ready, remaining_ms, suspend_at):
-                    await self._suspend(kind, name)
-                    suspend_at = self._suspend_time()  # it arrived meanwhile, or suspending failed
-            finally:
-                self._db._forget_inbox_event(self.id, woken)
+                    try:
+                        done, value, remaining_ms = await decide()
+                    except (DatabaseBusy, DatabaseUnavailable) as exc:
+                        await _after_transient(self.id, "deciding a wait", exc)  # twice is safe: it replays
+                        continue
+                    if done:
+                        return value
+                    deadline = None if remaining_ms is None else trio.current_time() + remaining_ms / 1000
+                    while not await _until_ready(woken, ready, deadline, suspend_at):
+                        suspend_at = self._quiet_at()
+                        if suspend_at <= trio.current_time():
+                            await self._suspend(kind, name)
+                            # It arrived meanwhile, another wait can complete, or suspending failed.
+                            suspend_at = self._suspend_time(retry=True)
+                            break
+                finally:
+                    self._db._forget_inbox_event(self.id, woken)
 
-    def _suspend_time(self) -> float:
-        """The Trio time at which a wait beginning now suspends the run (never: infinity)."""
+    @contextmanager
+    def _waiting_on(self, kind: WaitKind, name: str) -> Iterator[None]:
+        """Count a wait among the body's open waits while the block lasts; the store operations
+        of the task meanwhile are the wait's own, not activity that keeps the run from
+        suspending."""
+        token = object()
+        task = trio.lowlevel.current_task()
+        self._open_waits[token] = (kind, name)
+        self._waiting_tasks[task] = self._waiting_tasks.get(task, 0) + 1
+        try:
+            yield
+        finally:
+            del self._open_waits[token]
+            if self._waiting_tasks[task] == 1:
+                del self._waiting_tasks[task]
+            else:
+                self._waiting_tasks[task] -= 1
+
+    def _quiet_at(self) -> float:
+        """The Trio time at which the body will have been quiet (no store operation but its
+        waits') for ``suspend_after``, if nothing else happens; infinity without a worker."""
         if self._suspend_after is None:
             return math.inf
-        return trio.current_time() + self._suspend_after
+        since = trio.current_time() if self._busy else self._quiet_since
+        return since + self._suspend_after
+
+    def _suspend_time(self, *, retry: bool = False) -> float:
+        """The Trio time at which a wait beginning now suspends the run (never: infinity). A
+        ``retry`` after a suspension that did not happen comes no sooner than an inbox poll,
+        so that a wait of the body that can complete has the time to do so."""
+        if self._suspend_after is None:
+            return math.inf
+        return trio.current_time() + max(self._suspend_after, _INBOX_POLL_S if retry else 0)
 
     async def _unless_suspended_beside(self) -> None:
         """Raise Cancelled if another task of the body suspended the run (or is suspending it):
@@ -709,22 +798,23 @@ class Run:
             await trio.lowlevel.checkpoint()  # the body is cancelled: this raises Cancelled
 
     async def _suspend(self, kind: WaitKind, name: str) -> None:
-        """Suspend the run on what ``name`` awaits, then cancel the body; the handler starts
-        again from the top once the run is claimed again. Returns, and the owner goes on
-        waiting, only if the awaited thing arrived meanwhile or the write failed."""
+        """Suspend the run on every open wait of the body, ``name`` first, then cancel the
+        body; the handler starts again from the top once the run is claimed again. Returns, and
+        the owner goes on waiting, only if one of the waits can complete now (what it awaits
+        arrived, or its deadline passed) or the write failed."""
         await self._unless_suspended_beside()  # two waits of one body may suspend together
         done = trio.Event()
         self._suspending = (trio.lowlevel.current_task(), done)
         try:
-            await self._write_suspension(kind, name)
+            await self._write_suspension([(kind, name), *self._open_waits.values()])
         finally:
             self._suspending = None
             done.set()
 
-    async def _write_suspension(self, kind: WaitKind, name: str) -> None:
+    async def _write_suspension(self, waits: list[OpenWait]) -> None:
         self._ending = True  # a renewal racing the release below is not a loss of the lease
         try:
-            suspended = await self._write(self._store.suspend, kind, name)
+            suspended = await self._write(self._store.suspend, waits)
         except (DatabaseBusy, DatabaseUnavailable) as exc:
             self._ending = False
             logger.warning("run %s: suspending failed, waiting on in this process: %s", self.id, exc)
@@ -734,11 +824,14 @@ class Run:
             raise
         if not suspended:
             self._ending = False
+            # A wait that can complete looks at once rather than at its next poll.
+            self._db._announce_inbox(self.id, owner=False)
             await self._look_at_news()  # a cancellation requested, perhaps: act on it now
             return
         self._released = self._suspended = True
         self._stop_heartbeat()
-        logger.info("run %s: suspended, waiting for %s %r", self.id, kind, name)
+        described = ", ".join(f"{kind} {name!r}" for kind, name in dict.fromkeys(waits))
+        logger.info("run %s: suspended, waiting for any of: %s", self.id, described)
         # Trio cancellation: user code's `except Exception` cannot swallow it, and the worker
         # does not count a cancelled handler as a failed attempt.
         self._body_scope.cancel()
@@ -1065,12 +1158,14 @@ class Children:
 
     async def _ride_out(self, what: str, submit: Callable[..., Awaitable[Any]], fn: Any, *args: Any) -> Any:
         """A nursery's read or write, tried again through an outage while the lease lasts (a
-        batch sent twice finds its children by name; a join twice, its record)."""
-        while True:
-            try:
-                return await submit(fn, *args)
-            except (DatabaseBusy, DatabaseUnavailable) as exc:
-                await _after_transient(self._run.id, what, exc)
+        batch sent twice finds its children by name; a join twice, its record). Activity of the
+        body: the run does not suspend meanwhile, nor right after (see Run._quiet_at)."""
+        with self._run._active():
+            while True:
+                try:
+                    return await submit(fn, *args)
+                except (DatabaseBusy, DatabaseUnavailable) as exc:
+                    await _after_transient(self._run.id, what, exc)
 
 
 def _cancels_children(error: Exception) -> bool:
@@ -1116,13 +1211,14 @@ async def _after_transient(run_id: str, what: str, exc: Exception) -> None:
 
 
 async def _until_ready(
-    woken: trio.Event, ready: Callable[[], Awaitable[bool]], remaining_ms: int | None, give_up_at: float
+    woken: trio.Event, ready: Callable[[], Awaitable[bool]], deadline: float | None, give_up_at: float
 ) -> bool:
     """True once the inbox may hold what a wait needs: woken at once by a write in this
     process (or a notification from another); otherwise a cheap read every poll interval
-    finds what another process wrote; at the latest when the deadline is due. False at
-    ``give_up_at`` (Trio time) if none of that happened first."""
-    deadline = math.inf if remaining_ms is None else trio.current_time() + remaining_ms / 1000
+    finds what another process wrote; at the latest when the ``deadline`` (Trio time; None:
+    none) is due. False at ``give_up_at`` (Trio time) if none of that happened first."""
+    if deadline is None:
+        deadline = math.inf
     while trio.current_time() < deadline:
         if trio.current_time() >= give_up_at:
             return False
