@@ -4,6 +4,7 @@ with the whole family below, and a durable nursery."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import uuid
 from typing import Any
@@ -677,3 +678,65 @@ async def test_a_nursery_beside_an_abort_listener_resumes_when_its_children_end(
 async def _children_waiting(db: zincir.Database, parent_id: str, count: int) -> bool:
     found = rows(db, "SELECT status FROM agent_runs WHERE parent_run_id = ?", (parent_id,))
     return found == [("waiting",)] * count
+
+
+@pytest.mark.parametrize(
+    "end",
+    ["complete after joining", "fail with children live", "complete with none spawned", "fail with none"],
+)
+async def test_ending_the_run_inside_its_nursery_leaves_the_block_quietly_under_a_worker(
+    db: zincir.Database, caplog: pytest.LogCaptureFixture, end: str
+) -> None:
+    after_the_block: list[str] = []
+
+    async def lead(run: zincir.Run) -> None:
+        record = (await run.state()).run
+        if record.role != "lead":
+            await run.wait_for_signal("go", "go")
+            await run.complete(result=record.config)
+            return
+        async with run.children() as nursery:
+            kids = (
+                []
+                if "none" in end
+                else [await nursery.spawn(f"kid-{i}", role="kid", config=i) for i in range(2)]
+            )
+            if end.startswith("complete"):
+                for kid in kids:
+                    await zincir.send_signal(run.database, kid, "go", None)
+                records = [await run.join(kid) for kid in kids]
+                await run.complete(result=[r.result for r in records])
+            else:
+                await run.fail("gave up")
+        after_the_block.append(run.id)
+
+    async with zincir.open_run(db, role="lead") as root:
+        pass
+    with caplog.at_level("INFO", logger="zincir"):
+        async with working(db, lead, suspend_after=None, max_concurrency=4):
+            await until(lambda: _ended(db, root.id))
+    expected = zincir.RunStatus.COMPLETED if end.startswith("complete") else zincir.RunStatus.FAILED
+    assert await status_of(db, root.id) is expected
+    assert after_the_block == [root.id]  # left quietly, and the handler went on
+    noisy = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not noisy, caplog.text  # no RunTerminal, no failed attempt, no cancel or join tried after the end
+    events = await db.events(root.id)
+    assert not [e for e in events if e.type is zincir.EventType.ATTEMPT_FAILED]
+
+
+async def _ended(db: zincir.Database, run_id: str) -> bool:
+    return (await status_of(db, run_id)) in (zincir.RunStatus.COMPLETED, zincir.RunStatus.FAILED)
+
+
+async def test_a_block_that_raises_after_fail_tries_no_cancellation(
+    db: zincir.Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("WARNING", logger="zincir"):
+        async with zincir.open_run(db) as run:
+            with pytest.raises(ValueError, match="after the end"):
+                async with run.children() as nursery:
+                    kid = await nursery.spawn("kid")
+                    await run.fail("gave up")
+                    raise ValueError("after the end")
+    assert await status_of(db, kid) is zincir.RunStatus.CANCELLED  # by fail(), with the run
+    assert not caplog.records, caplog.text

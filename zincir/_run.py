@@ -673,7 +673,9 @@ class Run:
     async def children(self) -> AsyncIterator[Children]:
         """A durable nursery: ``async with run.children() as nursery:`` joins every child
         spawned through it when the block ends cleanly, and cancels them when it raises. Spawns
-        are named, so a handler restarted in the middle of the block finds the same children."""
+        are named, so a handler restarted in the middle of the block finds the same children.
+        A run ended inside the block (:meth:`complete`, :meth:`fail`) leaves it with nothing
+        more to do; a Trio cancellation of the block cancels no child (docs/waits.md)."""
         body_error: BaseException | None = None
         async with trio.open_nursery() as background:  # where spawn_soon's batches are sent
             nursery = Children._create(self, background)
@@ -683,6 +685,14 @@ class Run:
                 body_error = exc
             # Waited for here, so that the nursery's own exit has nothing left to wait for.
             body_error = await nursery._close(body_error)
+        if self._finished is not None:
+            # Completed (no child was live: complete() saw to it) or failed (the store cancelled
+            # the live ones with the run): nothing is left to join or cancel, and no write could.
+            if nursery._error is not None and not isinstance(nursery._error, RunTerminal):
+                logger.warning("run %s: spawning children failed: %s", self.id, nursery._error)
+            if body_error is not None:
+                raise body_error
+            return
         error = body_error or nursery._error
         if nursery._error is not None and error is not nursery._error and not self._suspended:
             logger.warning("run %s: spawning children failed too: %s", self.id, nursery._error)
@@ -843,10 +853,13 @@ class Run:
         """End the run as completed, with ``result`` (JSON, for its parent: see
         :attr:`RunRecord.result`). Refused (:class:`UnfinishedWork`) while tool intents, a
         candidate or a child run are open, or while a nursery has spawns not yet created."""
-        if any(nursery._unsent() for nursery in self._nurseries):
-            raise UnfinishedWork(
-                f"run {self.id} cannot complete: children queued by spawn_soon are not created yet"
-            )
+        for nursery in self._nurseries:
+            if nursery._error is not None:  # children it was asked for do not exist
+                raise nursery._error
+            if nursery._unsent():
+                raise UnfinishedWork(
+                    f"run {self.id} cannot complete: children queued by spawn_soon are not created yet"
+                )
         result_json = None if result is None else self._encode(result, "the result")
         await self._finish(RunStatus.COMPLETED, {"from": "running", "to": "completed"}, result_json)
 
@@ -1072,6 +1085,7 @@ class Children:
         afterwards), which then cancels the children created."""
         if self._closed:
             raise InvalidArgument(f"run {self._run.id}: the nursery's block has ended; spawn_soon is closed")
+        self._run._check_usable()  # a run that has ended (or was lost) spawns nothing
         if self._error is not None:
             raise self._error
         self._queued.append(self._run._new_child(name, role, provider, config, budget))
