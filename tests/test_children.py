@@ -740,3 +740,25 @@ async def test_a_block_that_raises_after_fail_tries_no_cancellation(
                     raise ValueError("after the end")
     assert await status_of(db, kid) is zincir.RunStatus.CANCELLED  # by fail(), with the run
     assert not caplog.records, caplog.text
+
+
+async def test_a_handler_raising_after_failing_its_run_inside_a_nursery_is_a_warning_not_an_error(
+    db: zincir.Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def lead(run: zincir.Run) -> None:
+        if (await run.state()).run.role != "lead":
+            return  # a child: left pending, cancelled by its parent's fail()
+        async with run.children() as nursery:
+            await nursery.spawn("kid")
+            await run.fail("gave up")
+            raise ValueError("and then this")
+
+    async with zincir.open_run(db, role="lead") as root:
+        pass
+    async with working(db, lead, suspend_after=None, max_concurrency=1):
+        await until(lambda: _ended(db, root.id))
+    assert await status_of(db, root.id) is zincir.RunStatus.FAILED
+    assert not [e for e in await db.events(root.id) if e.type is zincir.EventType.ATTEMPT_FAILED]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "raised after the run failed: ValueError('and then this')" in warning

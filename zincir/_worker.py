@@ -274,6 +274,11 @@ class ResumeWorker:
         return math.ceil(self._backoff.delay(attempt) * 1000)
 
     async def _record_failure(self, run: Run, attempt: int, exc: Exception) -> None:
+        if run._finished is not None:  # nothing to retry, and nothing more may be written
+            logger.warning(
+                "run %s: the handler raised after the run %s: %r", run.id, run._finished.value, exc
+            )
+            return
         give_up = self._max_attempts is not None and attempt >= self._max_attempts
         delay_ms = None if give_up else self._backoff_ms(attempt)
         # If recording fails, the run is still released with this delay, not at once.

@@ -681,7 +681,9 @@ def _require_no_open_work(run_id: str, candidate: bool, open_calls: list[str], l
         raise UnfinishedWork(f"run {run_id} cannot complete: tool calls {ids} have no result yet")
     if live:
         ids = ", ".join(live)
-        raise UnfinishedWork(f"run {run_id} cannot complete: child runs {ids} have not ended (join them)")
+        raise UnfinishedWork(
+            f"run {run_id} cannot complete: child runs {ids} have not ended (join or cancel them)"
+        )
 
 
 # -- reading ------------------------------------------------------------------------------------

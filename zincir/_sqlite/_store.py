@@ -494,7 +494,9 @@ def _require_no_open_work(tx: Tx, run_id: str) -> None:
     )
     if live:
         ids = ", ".join(r[0] for r in live)
-        raise UnfinishedWork(f"run {run_id} cannot complete: child runs {ids} have not ended (join them)")
+        raise UnfinishedWork(
+            f"run {run_id} cannot complete: child runs {ids} have not ended (join or cancel them)"
+        )
 
 
 # -- reading ------------------------------------------------------------------------------------
