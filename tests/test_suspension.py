@@ -700,3 +700,40 @@ async def test_the_earliest_deadline_of_a_runs_waits_wakes_it(
             assert scalar(db, "SELECT next_attempt_at FROM agent_runs WHERE id = ?", (run_id,)) == deadline
         clock.advance(60)
         await until(lambda: _all_are(db, ids, zincir.RunStatus.COMPLETED))
+
+
+async def test_a_run_suspended_before_wait_sets_existed_is_still_woken_after_the_migration(
+    db_target: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from zincir import _schema
+
+    every = _schema.load
+    with monkeypatch.context() as patch:
+        patch.setattr(_schema, "load", lambda backend: every(backend)[:8])
+        async with zincir.open_database(db_target) as old:
+            [run_id] = await new_runs(old, 1)
+            async with zincir.open_run(old, run_id) as run:
+                with trio.move_on_after(0.05):  # the wait is recorded and pending
+                    await run.wait_for_signal("w", "go")
+            # Suspended as version 8 recorded it: one wait, in the run's row.
+            rows(
+                old,
+                "UPDATE agent_runs SET status = 'waiting', wait_kind = 'signal', wait_target = 'go',"
+                " next_attempt_at = NULL WHERE id = ?",
+                (run_id,),
+            )
+    async with zincir.open_database(db_target) as new:
+        assert rows(new, "SELECT kind, wake_key, name, deadline FROM run_waits") == [
+            ("signal", "go", "w", None)
+        ]
+        outcome = await zincir.send_signal(new, run_id, "go", "after the upgrade")
+        assert scalar(new, "SELECT next_attempt_at FROM agent_runs WHERE id = ?", (run_id,)) is not None
+        got: list[object] = []
+
+        async def handler(run: zincir.Run) -> None:
+            got.append(await run.wait_for_signal("w", "go"))
+            await run.complete()
+
+        async with working(new, handler, suspend_after=0):
+            await until(lambda: _is(new, run_id, zincir.RunStatus.COMPLETED))
+    assert outcome > 0 and got == ["after the upgrade"]

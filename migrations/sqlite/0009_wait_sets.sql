@@ -11,7 +11,8 @@
 --               earliest of them
 --   A suspension replaces the run's rows; they mean nothing once the run runs again.
 --   agent_runs.wait_kind and wait_target keep the wait whose suspension began it (the first).
--- Runs suspended before this version get their one wait as their set.
+-- A run suspended before this version gets its one wait as its set (a signal's by the open
+-- waits on its topic).
 
 CREATE TABLE run_waits (
     run_id     TEXT NOT NULL REFERENCES agent_runs (id) ON DELETE CASCADE,
@@ -24,5 +25,9 @@ CREATE TABLE run_waits (
 ) WITHOUT ROWID;
 
 INSERT INTO run_waits (run_id, kind, wake_key, name, deadline, created_at)
-SELECT id, wait_kind, coalesce(wait_target, ''), coalesce(wait_target, ''), next_attempt_at, updated_at
-FROM agent_runs WHERE status = 'waiting' AND wait_kind IS NOT NULL;
+SELECT r.id, r.wait_kind, coalesce(r.wait_target, ''), coalesce(w.name, r.wait_target, ''),
+       r.next_attempt_at, r.updated_at
+FROM agent_runs AS r
+LEFT JOIN waits AS w
+       ON r.wait_kind = 'signal' AND w.run_id = r.id AND w.topic = r.wait_target AND w.completed_at IS NULL
+WHERE r.status = 'waiting' AND r.wait_kind IS NOT NULL;
