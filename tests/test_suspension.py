@@ -737,3 +737,31 @@ async def test_a_run_suspended_before_wait_sets_existed_is_still_woken_after_the
         async with working(new, handler, suspend_after=0):
             await until(lambda: _is(new, run_id, zincir.RunStatus.COMPLETED))
     assert outcome > 0 and got == ["after the upgrade"]
+
+
+async def test_a_run_does_not_suspend_while_another_task_is_in_a_step(db: zincir.Database) -> None:
+    [run_id] = await new_runs(db, 1)
+    calls: list[int] = []
+
+    async def handler(run: zincir.Run) -> None:
+        async def slow_step() -> str:
+            calls.append(run.epoch)
+            # Time is the point here: ten times suspend_after, during which the other task's
+            # wait has long outlasted suspend_after.
+            await trio.sleep(0.5)
+            return "drafted"
+
+        async def draft_then_wait() -> None:
+            await run.step("draft", slow_step)
+            await run.wait_for_signal("review", "reviewed")
+
+        async with trio.open_nursery() as tasks:
+            tasks.start_soon(run.wait_for_signal, "abort", "abort")
+            tasks.start_soon(draft_then_wait)
+        await run.complete()
+
+    async with working(db, handler, suspend_after=0.05):
+        await until(lambda: _is(db, run_id, zincir.RunStatus.WAITING))
+    assert len(calls) == 1  # the step's function was not cut short by a suspension, nor run again
+    [suspended] = suspensions(await db.events(run_id))
+    assert sorted(w["name"] for w in suspended["waits"]) == ["abort", "review"]

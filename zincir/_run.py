@@ -207,10 +207,7 @@ class Run:
         """Run a store operation with this owner's lease, which the operation checks. While
         another transaction holds a row it needs for a moment (nothing was written), try again,
         until the lease would have expired."""
-        # Inline rather than a context manager: this is every write's path.
-        counted = self._suspend_after is not None and trio.lowlevel.current_task() not in self._waiting_tasks
-        if counted:
-            self._busy += 1
+        counted = self._begin_activity()  # not a context manager: this is every write's path
         try:
             delay = 0.001
             while True:
@@ -230,19 +227,30 @@ class Run:
                 await trio.sleep(delay)
                 delay = min(2 * delay, 0.1)
         finally:
-            if counted:
-                self._busy -= 1
-                self._quiet_since = trio.current_time()
+            self._end_activity(counted)
+
+    def _begin_activity(self) -> bool:
+        """Under a worker, count the body busy with something other than its waits (a store
+        operation, a step's function) until _end_activity: it does not suspend meanwhile, nor
+        within suspend_after of the end (see _quiet_at). Whether it was counted."""
+        if self._suspend_after is None or trio.lowlevel.current_task() in self._waiting_tasks:
+            return False
+        self._busy += 1
+        return True
+
+    def _end_activity(self, counted: bool) -> None:
+        if counted:
+            self._busy -= 1
+            self._quiet_since = trio.current_time()
 
     @contextmanager
     def _active(self) -> Iterator[None]:
-        """Count an operation of the body that is no wait (see _as_owner) while the block lasts."""
-        self._busy += 1
+        """_begin_activity and _end_activity around a block."""
+        counted = self._begin_activity()
         try:
             yield
         finally:
-            self._busy -= 1
-            self._quiet_since = trio.current_time()
+            self._end_activity(counted)
 
     def _stop_heartbeat(self) -> None:
         self._heartbeat_scope.cancel()
@@ -487,6 +495,7 @@ class Run:
         if name in self._running_steps:
             raise StepAlreadyRunning(f"run {self.id}: step {name!r} is already running")
         self._running_steps.add(name)
+        counted = self._begin_activity()  # a run does not suspend while a step's function runs
         try:
             started = trio.current_time()
             value = await fn(*args)
@@ -494,6 +503,7 @@ class Run:
             elapsed_ms = math.floor((trio.current_time() - started) * 1000)
             stored = await self._write(self._store.complete_step, name, result, elapsed_ms)
         finally:
+            self._end_activity(counted)
             self._running_steps.discard(name)
         self._completed_steps.add(name)
         if stored == result and type(value) in _OWN_JSON:
