@@ -739,15 +739,18 @@ async def test_a_run_suspended_before_wait_sets_existed_is_still_woken_after_the
     assert outcome > 0 and got == ["after the upgrade"]
 
 
-async def test_a_run_does_not_suspend_while_another_task_is_in_a_step(db: zincir.Database) -> None:
+@pytest.mark.parametrize("suspend_after", [0, 0.05])
+async def test_a_run_does_not_suspend_while_another_task_is_in_a_step(
+    db: zincir.Database, suspend_after: float
+) -> None:
     [run_id] = await new_runs(db, 1)
     calls: list[int] = []
 
     async def handler(run: zincir.Run) -> None:
         async def slow_step() -> str:
             calls.append(run.epoch)
-            # Time is the point here: ten times suspend_after, during which the other task's
-            # wait has long outlasted suspend_after.
+            # Time is the point here: long enough for the other task's wait to outlast
+            # suspend_after many times over.
             await trio.sleep(0.5)
             return "drafted"
 
@@ -760,7 +763,7 @@ async def test_a_run_does_not_suspend_while_another_task_is_in_a_step(db: zincir
             tasks.start_soon(draft_then_wait)
         await run.complete()
 
-    async with working(db, handler, suspend_after=0.05):
+    async with working(db, handler, suspend_after=suspend_after):
         await until(lambda: _is(db, run_id, zincir.RunStatus.WAITING))
     assert len(calls) == 1  # the step's function was not cut short by a suspension, nor run again
     [suspended] = suspensions(await db.events(run_id))

@@ -113,6 +113,7 @@ class Run:
     _open_waits: dict[object, OpenWait]
     _waiting_tasks: dict[trio.lowlevel.Task, int]
     _busy: int
+    _looking: int
     _quiet_since: float
     _cancel_reason: str | None
     _budget_stop: BudgetExceeded | None
@@ -157,6 +158,7 @@ class Run:
         # children, then joining them) is in its next wait when the suspension records them.
         self._waiting_tasks = {}
         self._busy = 0
+        self._looking = 0  # reads of the body in flight: no work done, but a task under way
         self._quiet_since = -math.inf
         self._cancel_reason = None  # a cancellation the heartbeat found requested
         self._budget_stop = None  # the wall time the heartbeat found spent
@@ -238,6 +240,18 @@ class Run:
         self._busy += 1
         return True
 
+    async def _body_read(self, fn: Any, *args: Any) -> Any:
+        """A plain read by the body (a step replayed, its state): while it is in flight, outside
+        a wait, the run does not suspend; it is no work, so the quiet time goes on after it (a
+        handler replaying its steps reaches a long sleep and suspends at once)."""
+        if self._suspend_after is None or trio.lowlevel.current_task() in self._waiting_tasks:
+            return await self._db._read(fn, *args)
+        self._looking += 1
+        try:
+            return await self._db._read(fn, *args)
+        finally:
+            self._looking -= 1
+
     def _end_activity(self, counted: bool) -> None:
         if counted:
             self._busy -= 1
@@ -268,7 +282,7 @@ class Run:
         checkpoint itself. Without an accepted checkpoint, the whole log. A plain read: it
         works after the lease is lost or the run has ended.
         """
-        run, checkpoint, events = await self._db._read(self._store.durable_state, self.id)
+        run, checkpoint, events = await self._body_read(self._store.durable_state, self.id)
         return DurableState(run, checkpoint, events)
 
     # -- the model and its tools ----------------------------------------------------------
@@ -340,7 +354,7 @@ class Run:
         """The run's spend against its :class:`Budget` (None if it has none): tokens, cost,
         model and tool calls, wall time since it was created, and the loop and progress
         counters, as the database has them. A plain read."""
-        usage: Usage | None = await self._db._read(self._store.budget_usage, self.id)
+        usage: Usage | None = await self._body_read(self._store.budget_usage, self.id)
         return usage
 
     async def check_budget(self) -> None:
@@ -487,9 +501,9 @@ class Run:
         if self._completed_steps is None:
             # Only the lease holder completes steps, so one read per owner suffices: after it,
             # a new step costs one write, not a read and a write.
-            self._completed_steps = set(await self._db._read(self._store.completed_step_names, self.id))
+            self._completed_steps = set(await self._body_read(self._store.completed_step_names, self.id))
         if name in self._completed_steps:
-            stored = await self._db._read(self._store.step_result, self.id, name)
+            stored = await self._body_read(self._store.step_result, self.id, name)
             assert stored is not None, "completed steps are never deleted"
             return cast(T, decode(stored))
         if name in self._running_steps:
@@ -793,12 +807,14 @@ class Run:
                 self._waiting_tasks[task] -= 1
 
     def _quiet_at(self) -> float:
-        """The Trio time at which the body will have been quiet (no store operation but its
-        waits') for ``suspend_after``, if nothing else happens; infinity without a worker."""
+        """The Trio time at which the body will have been quiet (no step running, no store
+        operation but its waits') for ``suspend_after``, if nothing else happens; while it is
+        busy, when to look again. Infinity without a worker."""
         if self._suspend_after is None:
             return math.inf
-        since = trio.current_time() if self._busy else self._quiet_since
-        return since + self._suspend_after
+        if self._busy or self._looking:
+            return trio.current_time() + max(self._suspend_after, _INBOX_POLL_S)
+        return self._quiet_since + self._suspend_after
 
     def _suspend_time(self, *, retry: bool = False) -> float:
         """The Trio time at which a wait beginning now suspends the run (never: infinity). A
