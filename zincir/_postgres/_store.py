@@ -307,9 +307,10 @@ _CLOSE = (
     # left alone, and one suspending on it right now sees it ended (suspend locks the child).
     # By the parent's key, a scalar subquery (an InitPlan: the index is searched for one id);
     # joined with `closed` instead, the planner may walk every waiting run.
-    # The parent's wait set is read by this statement's snapshot: a suspension that committed
-    # after it began is no concern, since that suspension locked this run's row (FOR SHARE) and
-    # so committed before this run's owner could lock it, or saw it ended and did not suspend.
+    # The parent's wait set is the one this statement's snapshot sees. A suspension of the
+    # parent cannot commit unseen after that: it locks this run's row (FOR SHARE, in _awaited),
+    # which whoever ends the run locked first, so it committed before that lock was taken (and
+    # is seen here), or waited for this end and found the run ended (and did not suspend).
     " woke AS (UPDATE agent_runs SET next_attempt_at = (SELECT ms FROM now)"
     " WHERE id = (SELECT parent_run_id FROM agent_runs WHERE id = %s) AND status = 'waiting'"
     " AND (next_attempt_at IS NULL OR next_attempt_at > (SELECT ms FROM now))"
