@@ -200,36 +200,40 @@ class Run:
         self._body_scope.cancel()
 
     async def _write(self, fn: Any, *args: Any) -> Any:
-        return await self._as_owner(functools.partial(self._db._write, route=self.id), fn, *args)
+        counted = self._begin_activity()  # not a context manager: this is every write's path
+        try:
+            return await self._as_owner(functools.partial(self._db._write, route=self.id), fn, *args)
+        finally:
+            self._end_activity(counted)
 
     async def _read(self, fn: Any, *args: Any) -> Any:
-        return await self._as_owner(self._db._read, fn, *args)
+        counted = self._begin_activity()
+        try:
+            return await self._as_owner(self._db._read, fn, *args)
+        finally:
+            self._end_activity(counted)
 
     async def _as_owner(self, submit: Callable[..., Awaitable[Any]], fn: Any, *args: Any) -> Any:
         """Run a store operation with this owner's lease, which the operation checks. While
         another transaction holds a row it needs for a moment (nothing was written), try again,
         until the lease would have expired."""
-        counted = self._begin_activity()  # not a context manager: this is every write's path
-        try:
-            delay = 0.001
-            while True:
-                self._check_usable()
-                try:
-                    return await submit(fn, self._lease, *args)
-                except LeaseLost as exc:
-                    await self._unless_suspended_beside()
-                    # Suspended beside a write shielded from the body's cancellation (a nursery's
-                    # batch): the refusal is no loss of the lease.
-                    if not self._suspended:
-                        self._lose(str(exc))
+        delay = 0.001
+        while True:
+            self._check_usable()
+            try:
+                return await submit(fn, self._lease, *args)
+            except LeaseLost as exc:
+                await self._unless_suspended_beside()
+                # Suspended beside a write shielded from the body's cancellation (a nursery's
+                # batch): the refusal is no loss of the lease.
+                if not self._suspended:
+                    self._lose(str(exc))
+                raise
+            except TransientConflict:
+                if self._lease.expires_at - self._db.clock() <= delay * 1000:
                     raise
-                except TransientConflict:
-                    if self._lease.expires_at - self._db.clock() <= delay * 1000:
-                        raise
-                await trio.sleep(delay)
-                delay = min(2 * delay, 0.1)
-        finally:
-            self._end_activity(counted)
+            await trio.sleep(delay)
+            delay = min(2 * delay, 0.1)
 
     def _begin_activity(self) -> bool:
         """Under a worker, count the body busy with something other than its waits (a store
