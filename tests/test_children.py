@@ -4,6 +4,7 @@ with the whole family below, and a durable nursery."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import uuid
 from typing import Any
@@ -619,7 +620,145 @@ async def test_a_run_asked_to_cancel_does_not_suspend_but_stops(db: zincir.Datab
                 await run.wait_for_signal("w", "go")  # the wait is recorded
             await zincir.cancel_run(db, child, "now")  # a request: the run is owned
             # Its owner, about to suspend, sees the request instead of going to sleep with it.
-            assert await db._write(db._store.suspend, run._lease, "signal", "w", route=child) is False
+            assert await db._write(db._store.suspend, run._lease, [("signal", "w")], route=child) is False
             run._suspend_after = 0
             await run.wait_for_signal("w", "go")
     assert await status_of(db, child) is zincir.RunStatus.CANCELLED
+
+
+# -- a nursery beside another wait; the run ending inside the block (docs/waits.md) ------------
+
+
+async def lead_beside_an_abort_listener(run: zincir.Run) -> None:
+    """A lead (role "lead") joins three children in a nursery while another task listens for
+    "abort", whichever comes first; each child waits for "go" and completes with its number."""
+    record = (await run.state()).run
+    config: Any = record.config
+    if record.role != "lead":
+        await run.wait_for_signal("go", "go")
+        await run.complete(result=config["i"])
+        return
+    aborted: list[object] = []
+    async with trio.open_nursery() as lead:
+
+        async def listen() -> None:
+            aborted.append(await run.wait_for_signal("abort", "abort"))
+            lead.cancel_scope.cancel()
+
+        lead.start_soon(listen)
+        async with run.children() as nursery:
+            for i in range(3):
+                nursery.spawn_soon(f"kid-{i}", role="kid", config={"i": i})
+        lead.cancel_scope.cancel()
+    if aborted:
+        await run.fail(f"aborted: {aborted[0]}")
+    else:
+        await run.complete(result=[child.result for child in nursery.records.values()])
+
+
+async def test_a_nursery_beside_an_abort_listener_resumes_when_its_children_end(db: zincir.Database) -> None:
+    async with zincir.open_run(db, role="lead") as lead:
+        pass
+    async with working(db, lead_beside_an_abort_listener, suspend_after=0.05, max_concurrency=4):
+        await until(lambda: _is(db, lead.id, zincir.RunStatus.WAITING))
+        await until(lambda: _children_waiting(db, lead.id, 3))
+        kids = [r[0] for r in rows(db, "SELECT id FROM agent_runs WHERE parent_run_id = ?", (lead.id,))]
+        with trio.fail_after(30):  # poll_interval is 60 s: only the children's ends wake the lead
+            for kid in kids:
+                await zincir.send_signal(db, kid, "go", None)
+            await until(lambda: _is(db, lead.id, zincir.RunStatus.COMPLETED))
+    assert (await db.state(lead.id)).run.result == [0, 1, 2]
+    suspensions = [e.payload for e in await db.events(lead.id) if e.payload.get("to") == "waiting"]
+    # The listener's wait began first and so began the suspension; the nursery's join was in it.
+    first = suspensions[0]["waits"]
+    assert {"kind": "signal", "name": "abort", "signal": "abort", "until": None} in first
+    assert [w["kind"] for w in first].count("child") == 1
+
+
+async def _children_waiting(db: zincir.Database, parent_id: str, count: int) -> bool:
+    found = rows(db, "SELECT status FROM agent_runs WHERE parent_run_id = ?", (parent_id,))
+    return found == [("waiting",)] * count
+
+
+@pytest.mark.parametrize(
+    "end",
+    ["complete after joining", "fail with children live", "complete with none spawned", "fail with none"],
+)
+async def test_ending_the_run_inside_its_nursery_leaves_the_block_quietly_under_a_worker(
+    db: zincir.Database, caplog: pytest.LogCaptureFixture, end: str
+) -> None:
+    after_the_block: list[str] = []
+
+    async def lead(run: zincir.Run) -> None:
+        record = (await run.state()).run
+        if record.role != "lead":
+            await run.wait_for_signal("go", "go")
+            await run.complete(result=record.config)
+            return
+        async with run.children() as nursery:
+            kids = (
+                []
+                if "none" in end
+                else [await nursery.spawn(f"kid-{i}", role="kid", config=i) for i in range(2)]
+            )
+            if end.startswith("complete"):
+                for kid in kids:
+                    await zincir.send_signal(run.database, kid, "go", None)
+                records = [await run.join(kid) for kid in kids]
+                await run.complete(result=[r.result for r in records])
+            else:
+                await run.fail("gave up")
+        after_the_block.append(run.id)
+
+    async with zincir.open_run(db, role="lead") as root:
+        pass
+    with caplog.at_level("INFO", logger="zincir"):
+        async with working(db, lead, suspend_after=None, max_concurrency=4):
+            await until(lambda: _ended(db, root.id))
+    expected = zincir.RunStatus.COMPLETED if end.startswith("complete") else zincir.RunStatus.FAILED
+    assert await status_of(db, root.id) is expected
+    assert after_the_block == [root.id]  # left quietly, and the handler went on
+    noisy = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not noisy, caplog.text  # no RunTerminal, no failed attempt, no cancel or join tried after the end
+    events = await db.events(root.id)
+    assert not [e for e in events if e.type is zincir.EventType.ATTEMPT_FAILED]
+
+
+async def _ended(db: zincir.Database, run_id: str) -> bool:
+    return (await status_of(db, run_id)) in (zincir.RunStatus.COMPLETED, zincir.RunStatus.FAILED)
+
+
+async def test_a_block_that_raises_after_fail_tries_no_cancellation(
+    db: zincir.Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("WARNING", logger="zincir"):
+        async with zincir.open_run(db) as run:
+            with pytest.raises(ValueError, match="after the end"):
+                async with run.children() as nursery:
+                    kid = await nursery.spawn("kid")
+                    await run.fail("gave up")
+                    raise ValueError("after the end")
+    assert await status_of(db, kid) is zincir.RunStatus.CANCELLED  # by fail(), with the run
+    assert not caplog.records, caplog.text
+
+
+async def test_a_handler_raising_after_failing_its_run_inside_a_nursery_is_a_warning_not_an_error(
+    db: zincir.Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def lead(run: zincir.Run) -> None:
+        if (await run.state()).run.role != "lead":
+            return  # a child: left pending, cancelled by its parent's fail()
+        async with run.children() as nursery:
+            await nursery.spawn("kid")
+            await run.fail("gave up")
+            raise ValueError("and then this")
+
+    async with zincir.open_run(db, role="lead") as root:
+        pass
+    async with working(db, lead, suspend_after=None, max_concurrency=1):
+        await until(lambda: _ended(db, root.id))
+    assert await status_of(db, root.id) is zincir.RunStatus.FAILED
+    assert not [e for e in await db.events(root.id) if e.type is zincir.EventType.ATTEMPT_FAILED]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "raised after the run failed: ValueError('and then this')" in warning

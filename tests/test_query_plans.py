@@ -96,7 +96,7 @@ async def test_suspending_and_the_idle_workers_look_read_by_index(db: zincir.Dat
         async with zincir.open_run(db) as run:
             with trio.move_on_after(0.05):
                 await run.wait_for_signal("w", "go")
-            plans = await plans_of(db, _store.suspend, run._lease, "signal", "w")
+            plans = await plans_of(db, _store.suspend, run._lease, [("signal", "w")])
     assert_indexed([(sql, plan) for sql, plan in plans if sql.lstrip().startswith("SELECT")])
     due = await plans_of(db, _store.next_due_in)
     assert all("USING INDEX idx_agent_runs_claimable" in " ".join(plan) for _, plan in due), due

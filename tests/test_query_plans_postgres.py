@@ -487,7 +487,7 @@ async def test_suspending_spawning_joining_and_cascading_read_by_index(populated
                 _, cascade = await plans_of(db, _store._cancel_descendants, parent.id, "probe", write=True)
                 with trio.move_on_after(0.05):
                     await parent.wait_for_signal("w", "nobody-sends-this")
-                _, suspend = await plans_of(db, _store.suspend, parent._lease, "signal", "w", write=True)
+                _, suspend = await plans_of(db, _store.suspend, parent._lease, [("signal", "w")], write=True)
     reads = [
         plan
         for plan in spawn + join + joins + ended + cascade + suspend

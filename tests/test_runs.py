@@ -291,7 +291,7 @@ GUARDED: list[tuple[str, tuple[Any, ...]]] = [
     ("schedule_timer", ("nap", 10)),
     ("complete_timer", ("nap",)),
     ("finish", (zincir.RunStatus.FAILED, '{"from":"running","to":"failed"}', None)),
-    ("suspend", ("sleep", "nap")),
+    ("suspend", ([("sleep", "nap")],)),
     ("spawn_children", ([NewChild("kid", "00000000-0000-4000-8000-00000000000c", "agent", "", "{}")],)),
     ("await_child", ("00000000-0000-4000-8000-00000000000c", None)),
     ("join_children", (["00000000-0000-4000-8000-00000000000c"],)),

@@ -320,7 +320,7 @@ async def test_a_signal_that_arrives_while_the_owner_suspends_keeps_it_running(d
             await run.wait_for_signal("w", "go")
         await zincir.send_signal(db, run.id, "go", 7)
         before = dump(db)
-        suspended = await db._write(db._store.suspend, run._lease, "signal", "w", route=run.id)
+        suspended = await db._write(db._store.suspend, run._lease, [("signal", "w")], route=run.id)
         assert suspended is False
         assert dump(db) == before  # nothing written: the owner goes on and receives it
         assert await run.wait_for_signal("w", "go") == 7
@@ -552,3 +552,219 @@ async def test_two_waits_of_one_handler_suspend_together_without_an_error(
 
 async def _status_is(db: zincir.Database, run_id: str, status: str) -> bool:
     return (await db.state(run_id)).run.status.value == status
+
+
+# -- whichever comes first: a handler holding several waits at once (docs/waits.md) -----------
+
+
+async def approve_or_abort(run: zincir.Run) -> None:
+    """Ask approval of a deploy (call c1) and wait for the decision or an "abort" signal,
+    whichever comes first; the run completes with what won."""
+    if not await run.pending_tools():
+        await run.record_response("deploy?", [zincir.ToolCall("c1", "deploy", {"env": "prod"})], "tool_use")
+    won: list[dict[str, Any]] = []
+    async with trio.open_nursery() as race:
+
+        async def approval() -> None:
+            won.append({"approved": (await run.wait_for_approval("c1")).approved})
+            race.cancel_scope.cancel()
+
+        async def abort() -> None:
+            won.append({"aborted": await run.wait_for_signal("abort", "abort")})
+            race.cancel_scope.cancel()
+
+        race.start_soon(approval)
+        race.start_soon(abort)
+    await run.record_tool_result("c1", won[0])
+    await run.complete(won[0])
+
+
+def suspensions(events: list[zincir.Event]) -> list[dict[str, Any]]:
+    return [
+        e.payload
+        for e in events
+        if e.type is zincir.EventType.STATE_TRANSITION and e.payload["to"] == "waiting"
+    ]
+
+
+@pytest.mark.parametrize("first", ["abort", "approval"])
+async def test_approve_or_abort_is_woken_by_whichever_comes_first(db: zincir.Database, first: str) -> None:
+    # Several runs: which of a handler's two waits reaches suspend_after first is up to the
+    # scheduler, and every run must wake whichever it was.
+    ids = await new_runs(db, 4)
+    async with working(db, approve_or_abort, suspend_after=0.05):
+        await until(lambda: _all_are(db, ids, zincir.RunStatus.WAITING))
+        with trio.fail_after(15):  # poll_interval is 60 s: only the wake-ups can be this fast
+            for run_id in ids:
+                if first == "abort":
+                    await zincir.send_signal(db, run_id, "abort", "operator said stop")
+                else:
+                    await zincir.decide_approval(db, run_id, "c1", approved=True, by="ada")
+            await until(lambda: _all_are(db, ids, zincir.RunStatus.COMPLETED))
+    expected = {"aborted": "operator said stop"} if first == "abort" else {"approved": True}
+    for run_id in ids:
+        assert (await db.state(run_id)).run.result == expected
+        events = await db.events(run_id)
+        assert not [e for e in events if e.type is zincir.EventType.ATTEMPT_FAILED]
+        [suspended, *_] = suspensions(events)
+        # The suspension recorded both waits; waiting_for is the one that began it.
+        assert sorted(suspended["waits"], key=lambda w: w["kind"]) == [
+            {"call_id": "c1", "kind": "approval", "until": None},
+            {"kind": "signal", "name": "abort", "signal": "abort", "until": None},
+        ]
+        assert suspended["waiting_for"] in [
+            {k: v for k, v in w.items() if k != "until"} for w in suspended["waits"]
+        ]
+
+
+async def _all_are(db: zincir.Database, ids: list[str], status: zincir.RunStatus) -> bool:
+    return all([await status_of(db, run_id) is status for run_id in ids])
+
+
+async def nap_or_go(run: zincir.Run) -> None:
+    """An hour's sleep or signal "go", whichever comes first; the run completes with what won."""
+    won: list[Any] = []
+    async with trio.open_nursery() as race:
+
+        async def nap() -> None:
+            await run.sleep("nap", 3600)
+            won.append("slept")
+            race.cancel_scope.cancel()
+
+        async def go() -> None:
+            won.append(await run.wait_for_signal("go", "go"))
+            race.cancel_scope.cancel()
+
+        race.start_soon(nap)
+        race.start_soon(go)
+    await run.complete(won[0])
+
+
+async def test_a_signal_already_received_wins_over_a_sleeps_suspension(db: zincir.Database) -> None:
+    ids = await new_runs(db, 6)
+    for run_id in ids:
+        await zincir.send_signal(db, run_id, "go", "went")
+    # suspend_after=1: the hour's sleep would suspend the run at once, were the signal not there.
+    async with working(db, nap_or_go, suspend_after=1):
+        await until(lambda: _all_are(db, ids, zincir.RunStatus.COMPLETED))
+    for run_id in ids:
+        assert (await db.state(run_id)).run.result == "went"
+        assert ("running", "waiting") not in transitions(await db.events(run_id))
+
+
+async def test_a_signal_wakes_a_run_suspended_on_a_sleep_beside_its_wait(db: zincir.Database) -> None:
+    ids = await new_runs(db, 4)
+    async with working(db, nap_or_go, suspend_after=0.05):
+        await until(lambda: _all_are(db, ids, zincir.RunStatus.WAITING))
+        for run_id in ids:
+            wake_at = scalar(db, "SELECT wake_at FROM timers WHERE run_id = ?", (run_id,))
+            # Due by itself at the sleep's end (the earliest deadline of the two waits) ...
+            assert scalar(db, "SELECT next_attempt_at FROM agent_runs WHERE id = ?", (run_id,)) == wake_at
+        with trio.fail_after(15):  # ... or at once, when the signal comes first
+            for run_id in ids:
+                await zincir.send_signal(db, run_id, "go", "went")
+            await until(lambda: _all_are(db, ids, zincir.RunStatus.COMPLETED))
+    for run_id in ids:
+        assert (await db.state(run_id)).run.result == "went"
+
+
+async def test_the_earliest_deadline_of_a_runs_waits_wakes_it(
+    clocked_db: zincir.Database, clock: ManualClock
+) -> None:
+    db = clocked_db
+    ids = await new_runs(db, 4)
+
+    async def approve_or_time_out(run: zincir.Run) -> None:
+        if not await run.pending_tools():
+            await run.record_response("deploy?", [zincir.ToolCall("c1", "deploy", {})], "tool_use")
+        async with trio.open_nursery() as race:
+
+            async def approval() -> None:
+                await run.wait_for_approval("c1")
+                race.cancel_scope.cancel()
+
+            async def deadline() -> None:
+                with contextlib.suppress(zincir.WaitTimeout):
+                    await run.wait_for_signal("operator", "operator", timeout=60)
+                race.cancel_scope.cancel()
+
+            race.start_soon(approval)
+            race.start_soon(deadline)
+        await run.record_tool_result("c1", "not approved in time")
+        await run.complete()
+
+    async with working(db, approve_or_time_out, suspend_after=0.05, poll_interval=0.02):
+        await until(lambda: _all_are(db, ids, zincir.RunStatus.WAITING))
+        for run_id in ids:
+            deadline = scalar(db, "SELECT deadline FROM waits WHERE run_id = ?", (run_id,))
+            assert scalar(db, "SELECT next_attempt_at FROM agent_runs WHERE id = ?", (run_id,)) == deadline
+        clock.advance(60)
+        await until(lambda: _all_are(db, ids, zincir.RunStatus.COMPLETED))
+
+
+async def test_a_run_suspended_before_wait_sets_existed_is_still_woken_after_the_migration(
+    db_target: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from zincir import _schema
+
+    every = _schema.load
+    with monkeypatch.context() as patch:
+        patch.setattr(_schema, "load", lambda backend: every(backend)[:8])
+        async with zincir.open_database(db_target) as old:
+            [run_id] = await new_runs(old, 1)
+            async with zincir.open_run(old, run_id) as run:
+                with trio.move_on_after(0.05):  # the wait is recorded and pending
+                    await run.wait_for_signal("w", "go")
+            # Suspended as version 8 recorded it: one wait, in the run's row.
+            rows(
+                old,
+                "UPDATE agent_runs SET status = 'waiting', wait_kind = 'signal', wait_target = 'go',"
+                " next_attempt_at = NULL WHERE id = ?",
+                (run_id,),
+            )
+    async with zincir.open_database(db_target) as new:
+        assert rows(new, "SELECT kind, wake_key, name, deadline FROM run_waits") == [
+            ("signal", "go", "w", None)
+        ]
+        outcome = await zincir.send_signal(new, run_id, "go", "after the upgrade")
+        assert scalar(new, "SELECT next_attempt_at FROM agent_runs WHERE id = ?", (run_id,)) is not None
+        got: list[object] = []
+
+        async def handler(run: zincir.Run) -> None:
+            got.append(await run.wait_for_signal("w", "go"))
+            await run.complete()
+
+        async with working(new, handler, suspend_after=0):
+            await until(lambda: _is(new, run_id, zincir.RunStatus.COMPLETED))
+    assert outcome > 0 and got == ["after the upgrade"]
+
+
+@pytest.mark.parametrize("suspend_after", [0, 0.05])
+async def test_a_run_does_not_suspend_while_another_task_is_in_a_step(
+    db: zincir.Database, suspend_after: float
+) -> None:
+    [run_id] = await new_runs(db, 1)
+    calls: list[int] = []
+
+    async def handler(run: zincir.Run) -> None:
+        async def slow_step() -> str:
+            calls.append(run.epoch)
+            # Time is the point here: long enough for the other task's wait to outlast
+            # suspend_after many times over.
+            await trio.sleep(0.5)
+            return "drafted"
+
+        async def draft_then_wait() -> None:
+            await run.step("draft", slow_step)
+            await run.wait_for_signal("review", "reviewed")
+
+        async with trio.open_nursery() as tasks:
+            tasks.start_soon(run.wait_for_signal, "abort", "abort")
+            tasks.start_soon(draft_then_wait)
+        await run.complete()
+
+    async with working(db, handler, suspend_after=suspend_after):
+        await until(lambda: _is(db, run_id, zincir.RunStatus.WAITING))
+    assert len(calls) == 1  # the step's function was not cut short by a suspension, nor run again
+    [suspended] = suspensions(await db.events(run_id))
+    assert sorted(w["name"] for w in suspended["waits"]) == ["abort", "review"]

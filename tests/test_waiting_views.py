@@ -3,7 +3,9 @@ show it (docs/signals.md), on both backends."""
 
 from __future__ import annotations
 
+import functools
 import json
+from typing import Any
 
 import trio
 from click.testing import CliRunner, Result
@@ -75,6 +77,7 @@ async def test_runs_and_show_say_what_a_suspended_run_awaits_and_until_when(db: 
             "target": "go",
             "since": data["awaiting"][0]["since"],
             "until": deadline,
+            "wakes": True,
         }
     ]
     assert data["run"]["status"] == "waiting"
@@ -116,3 +119,39 @@ async def test_the_inspector_shows_a_waiting_tab_and_what_the_run_awaits(db: zin
     assert "when what it awaits arrives" not in detail  # it has a deadline: that is shown instead
     api = json.loads(await page(db, f"/api/runs/{suspended}"))
     assert [(a["kind"], a["name"], a["target"]) for a in api["awaiting"]] == [("signal", "w", "go")]
+
+
+async def test_show_and_the_inspector_list_every_wait_a_suspended_run_wakes_on(db: zincir.Database) -> None:
+    [run_id] = await new_runs(db, 1)
+
+    async def three_waits(run: zincir.Run) -> None:  # whichever comes first (docs/waits.md)
+        if not await run.pending_tools():
+            await run.record_response("deploy?", [zincir.ToolCall("c1", "deploy", {})], "tool_use")
+        async with trio.open_nursery() as race:
+            for wait in (
+                functools.partial(run.wait_for_approval, "c1"),
+                functools.partial(run.wait_for_signal, "abort", "abort"),
+                functools.partial(run.sleep, "cooldown", 3600),
+            ):
+                race.start_soon(_then_cancel, wait, race.cancel_scope)
+        await run.complete()
+
+    async with working(db, three_waits, suspend_after=0.05):
+        await until(lambda: _waiting(db, run_id))
+    wake_at = scalar(db, "SELECT wake_at FROM timers WHERE run_id = ?", (run_id,))
+    data = json.loads(cli("show", "--db", db.path, run_id, "--json").stdout)
+    assert sorted((a["kind"], a["name"], a["target"], a["until"], a["wakes"]) for a in data["awaiting"]) == [
+        ("approval", "c1", "deploy", None, True),
+        ("signal", "abort", "abort", None, True),
+        ("sleep", "cooldown", "", wake_at, True),
+    ]
+    assert data["run"]["next_attempt_at"] == wake_at  # the earliest deadline of the three
+    shown = cli("show", "--db", db.path, run_id).stdout
+    assert "awaiting (3)" in shown and "WAKES IT" in shown
+    detail = await page(db, f"/runs/{run_id}")
+    assert detail.count('class="flag wakes-flag"') == 3
+
+
+async def _then_cancel(wait: Any, scope: trio.CancelScope) -> None:
+    await wait()
+    scope.cancel()

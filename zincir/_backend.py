@@ -20,7 +20,7 @@ Rules every operation keeps, on every backend:
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Literal, NamedTuple, Protocol
 
 import attrs
@@ -34,6 +34,7 @@ from ._types import Approval, Checkpoint, Event, RunRecord, RunStatus
 __all__ = [
     "SUBMIT_CHECKPOINT",
     "ApprovalOutcome",
+    "Awaited",
     "CancelOutcome",
     "Claims",
     "DecideOutcome",
@@ -41,6 +42,7 @@ __all__ = [
     "JoinOutcome",
     "Lease",
     "LostAttempt",
+    "OpenWait",
     "SendOutcome",
     "Store",
     "WaitKind",
@@ -48,9 +50,11 @@ __all__ = [
     "approval_of",
     "args_hash",
     "check_wait_topic",
+    "earliest",
     "exhausted_reason",
     "lost_attempt",
     "signal_received_payload",
+    "suspension_payload",
 ]
 
 SUBMIT_CHECKPOINT = "submit_checkpoint"
@@ -59,6 +63,57 @@ SUBMIT_CHECKPOINT = "submit_checkpoint"
 WaitKind = Literal["signal", "approval", "sleep", "child", "budget"]
 """What a suspended run waits for: a named signal wait, an approval (by call id), a sleep, or
 a child run to end (by its id), or a budget raised (target "")."""
+
+OpenWait = tuple[WaitKind, str]
+"""One wait a run's body is in: its kind and its name (the signal wait's name, the call id, the
+child's id, the sleep's name, the budget limit reached)."""
+
+
+@attrs.frozen
+class Awaited:
+    """What one open wait still awaits, as a suspension records it (see :meth:`Store.suspend`)."""
+
+    kind: WaitKind
+    name: str
+    wake_key: str
+    """What an outsider's write that satisfies it matches: the signal's topic, the call id,
+    the child's id, the sleep's name ('' for a budget)."""
+    deadline: int | None
+    """Its deadline or wake time, on the database's clock (None: none)."""
+
+    def due(self, now: int) -> bool:
+        return self.deadline is not None and self.deadline <= now
+
+    def describe(self) -> dict[str, Any]:
+        """The wait as a suspension's event shows it."""
+        if self.kind == "signal":
+            return {"kind": "signal", "name": self.name, "signal": self.wake_key}
+        if self.kind == "approval":
+            return {"call_id": self.name, "kind": "approval"}
+        if self.kind == "child":
+            return {"child_id": self.name, "kind": "child"}
+        if self.kind == "budget":
+            return {"kind": "budget", "limit": self.name}
+        return {"kind": "sleep", "name": self.name}
+
+
+def earliest(deadlines: Iterable[int | None]) -> int | None:
+    """The earliest of some deadlines (None: none of them has one)."""
+    return min((d for d in deadlines if d is not None), default=None)
+
+
+def suspension_payload(waits: Sequence[Awaited], until: int | None) -> str:
+    """The ``state_transition`` of a suspension: ``waiting_for`` the wait that began it (the
+    first), ``waits`` all of them (any wakes the run), ``until`` the earliest deadline."""
+    return dump_trusted(
+        {
+            "from": "running",
+            "to": "waiting",
+            "until": until,
+            "waiting_for": waits[0].describe(),
+            "waits": [{**wait.describe(), "until": wait.deadline} for wait in waits],
+        }
+    )
 
 
 @attrs.frozen
@@ -343,11 +398,12 @@ class Store(Protocol):
         """Give the lease up; the run is claimable after ``delay_ms``. False if it was not
         this owner's any more."""
 
-    def suspend(self, tx: Any, lease: Lease, kind: WaitKind, name: str) -> bool:
-        """Unless what wait, approval or sleep ``name`` awaits is there (or due) already: log
-        running -> waiting, release the lease, give the claim's attempt back, and leave the run
-        due at the deadline (None: when a matching outsider's write arrives). True if it
-        suspended. Fenced."""
+    def suspend(self, tx: Any, lease: Lease, waits: Sequence[OpenWait]) -> bool:
+        """Unless one of ``waits`` (the body's open waits, the one that began the suspension
+        first) can complete now (what it awaits is there, or its deadline has passed): log
+        running -> waiting, record every wait, release the lease, give the claim's attempt back,
+        and leave the run due at the earliest deadline (None: when an outsider's write matching
+        any of the waits arrives). True if it suspended. Fenced."""
 
     def record_attempt_failure(
         self, tx: Any, lease: Lease, failure: dict[str, Any], retry_delay_ms: int | None, reason: str

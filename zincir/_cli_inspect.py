@@ -392,12 +392,21 @@ def _print_run(run: q.RunDetail, now: int) -> None:
 
 def _print_awaiting(run: q.RunDetail, awaiting: Sequence[q.Awaiting]) -> None:
     rows = [
-        [cell(a.kind), cell(a.name, 40), cell(a.target, 40), _time(a.since), _time(a.until)] for a in awaiting
+        [
+            cell(a.kind),
+            cell(a.name, 40),
+            cell(a.target, 40),
+            _time(a.since),
+            _time(a.until),
+            "yes" if a.wakes else "",
+        ]
+        for a in awaiting
     ]
-    _print_section("awaiting", ["KIND", "NAME", "FOR", "SINCE", "UNTIL"], rows, frozenset())
+    _print_section("awaiting", ["KIND", "NAME", "FOR", "SINCE", "UNTIL", "WAKES IT"], rows, frozenset())
     if run.status == "waiting":
         due = run.next_attempt_at
-        when = "when what it awaits arrives" if due is None else f"at {_time(due)}, or when it arrives"
+        first = "when the first of the waits that wake it arrives"
+        when = first if due is None else f"at {_time(due)}, or sooner {first}"
         click.echo(f"  suspended: no process holds it; a worker resumes it {when}")
 
 

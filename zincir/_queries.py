@@ -1477,8 +1477,10 @@ def get_approval_request(conn: Reader, run_id: str, call_id: str) -> ApprovalReq
 class Awaiting:
     """One thing a run waits for: a signal (``name`` is the wait, ``target`` the topic), an
     approval (``name`` is the call id, ``target`` the tool), a child run to end (``name`` is its
-    id) or a sleep (``target`` is empty for both).
-    ``until`` is the deadline or wake time; None waits for ever."""
+    id), a sleep (``target`` is empty for both) or, for a run suspended on it, its budget raised
+    (``name`` is the limit reached).
+    ``until`` is the deadline or wake time; None waits for ever. ``wakes``: the run is
+    suspended and this wait is one of those that wake it, whichever comes first."""
 
     run_id: str
     kind: str
@@ -1486,6 +1488,7 @@ class Awaiting:
     target: str
     since: Int
     until: OptInt
+    wakes: bool = False
 
     def describe(self) -> str:
         if self.kind == "signal":
@@ -1494,6 +1497,8 @@ class Awaiting:
             return f"approval of call {self.name!r} ({self.target})"
         if self.kind == "child":
             return f"child run {self.name}"
+        if self.kind == "budget":
+            return f"its budget raised ({self.name} reached)"
         return f"sleep {self.name!r}"
 
 
@@ -1526,11 +1531,34 @@ def list_awaiting(conn: Reader, run_ids: Sequence[str]) -> dict[str, tuple[Await
             f" WHERE run_id IN ({marks}) AND decided_at IS NULL AND timed_out = 0"
         )
     rows = conn.execute(" UNION ALL ".join(parts), [*run_ids] * len(parts))
+    suspended = _suspended_on(conn, run_ids)
     found: dict[str, list[Awaiting]] = {}
     for run_id, kind, name, target, since, until in rows:
-        item = Awaiting(_text(run_id), kind, _text(name), _text(target), _int(since), _opt_int(until))
+        wakes = (kind, _text(name)) in suspended.get(_text(run_id), {})
+        item = Awaiting(_text(run_id), kind, _text(name), _text(target), _int(since), _opt_int(until), wakes)
         found.setdefault(item.run_id, []).append(item)
+    for run_id, waits in suspended.items():  # a budget has no table of open waits
+        for (kind, name), since in waits.items():
+            if kind == "budget":
+                found.setdefault(run_id, []).append(Awaiting(run_id, kind, name, "", since, None, True))
     return {run_id: tuple(sorted(items, key=_soonest_first)) for run_id, items in found.items()}
+
+
+def _suspended_on(conn: Reader, run_ids: Sequence[str]) -> dict[str, dict[tuple[str, str], Int]]:
+    """For each of the runs that is suspended: the waits that wake it (kind, name), and since when."""
+    if not conn.has_table("run_waits"):
+        return {}
+    marks = ", ".join("?" * len(run_ids))
+    rows = conn.execute(
+        f"SELECT w.run_id, w.kind, {_name('w.name')}, {conn.dialect.int_column('w.created_at')}"
+        " FROM run_waits AS w JOIN agent_runs AS r ON r.id = w.run_id"
+        f" WHERE w.run_id IN ({marks}) AND r.status = 'waiting'",
+        list(run_ids),
+    )
+    found: dict[str, dict[tuple[str, str], Int]] = {}
+    for run_id, kind, name, since in rows:
+        found.setdefault(_text(run_id), {})[(_text(kind), _text(name))] = _int(since)
+    return found
 
 
 def _soonest_first(item: Awaiting) -> tuple[bool, int, str]:
@@ -1544,6 +1572,7 @@ def awaiting_to_json(item: Awaiting) -> dict[str, Any]:
         "target": item.target,
         "since": _plain(item.since),
         "until": _plain(item.until),
+        "wakes": item.wakes,
     }
 
 

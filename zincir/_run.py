@@ -7,8 +7,8 @@ import logging
 import math
 import os
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Final, TypeVar, cast, final
 
 import attrs
@@ -21,6 +21,7 @@ from ._backend import (
     JoinOutcome,
     Lease,
     NewChild,
+    OpenWait,
     Store,
     WaitKind,
     args_hash,
@@ -125,6 +126,11 @@ class Run:
     _suspend_after: float | None
     _suspended: bool
     _suspending: tuple[trio.lowlevel.Task, trio.Event] | None
+    _open_waits: dict[object, OpenWait]
+    _waiting_tasks: dict[trio.lowlevel.Task, int]
+    _busy: int
+    _looking: int
+    _quiet_since: float
     _cancel_reason: str | None
     _budget_stop: BudgetExceeded | None
     _in_worker: bool
@@ -169,6 +175,17 @@ class Run:
         self._suspend_after = None
         self._suspended = False
         self._suspending = None  # the task writing a suspension, and when it is done
+        # The waits the body's tasks are in right now, in the order they began: a suspension
+        # records them all, and whichever completes first wakes the run (docs/waits.md).
+        self._open_waits = {}
+        # Under a worker: the tasks inside a wait, and how many of the body's other store
+        # operations are in flight and since when none is. A run suspends only once its body has
+        # been quiet for suspend_after, so that a task between two waits (a nursery sending its
+        # children, then joining them) is in its next wait when the suspension records them.
+        self._waiting_tasks = {}
+        self._busy = 0
+        self._looking = 0  # reads of the body in flight: no work done, but a task under way
+        self._quiet_since = -math.inf
         self._cancel_reason = None  # a cancellation the heartbeat found requested
         self._budget_stop = None  # the wall time the heartbeat found spent
         self._in_worker = False  # a worker suspends a run over budget instead of raising
@@ -216,10 +233,18 @@ class Run:
             self._flight.abandon(functools.partial(LeaseLost, message))
 
     async def _write(self, fn: Any, *args: Any) -> Any:
-        return await self._as_owner(functools.partial(self._db._write, route=self.id), fn, *args)
+        counted = self._begin_activity()  # not a context manager: this is every write's path
+        try:
+            return await self._as_owner(functools.partial(self._db._write, route=self.id), fn, *args)
+        finally:
+            self._end_activity(counted)
 
     async def _read(self, fn: Any, *args: Any) -> Any:
-        return await self._as_owner(self._db._read, fn, *args)
+        counted = self._begin_activity()
+        try:
+            return await self._as_owner(self._db._read, fn, *args)
+        finally:
+            self._end_activity(counted)
 
     async def _as_owner(self, submit: Callable[..., Awaitable[Any]], fn: Any, *args: Any) -> Any:
         """Run a store operation with this owner's lease, which the operation checks. While
@@ -243,6 +268,41 @@ class Run:
             await trio.sleep(delay)
             delay = min(2 * delay, 0.1)
 
+    def _begin_activity(self) -> bool:
+        """Under a worker, count the body busy with something other than its waits (a store
+        operation, a step's function) until _end_activity: it does not suspend meanwhile, nor
+        within suspend_after of the end (see _quiet_at). Whether it was counted."""
+        if self._suspend_after is None or trio.lowlevel.current_task() in self._waiting_tasks:
+            return False
+        self._busy += 1
+        return True
+
+    async def _body_read(self, fn: Any, *args: Any) -> Any:
+        """A plain read by the body (a step replayed, its state): while it is in flight, outside
+        a wait, the run does not suspend; it is no work, so the quiet time goes on after it (a
+        handler replaying its steps reaches a long sleep and suspends at once)."""
+        if self._suspend_after is None or trio.lowlevel.current_task() in self._waiting_tasks:
+            return await self._db._read(fn, *args)
+        self._looking += 1
+        try:
+            return await self._db._read(fn, *args)
+        finally:
+            self._looking -= 1
+
+    def _end_activity(self, counted: bool) -> None:
+        if counted:
+            self._busy -= 1
+            self._quiet_since = trio.current_time()
+
+    @contextmanager
+    def _active(self) -> Iterator[None]:
+        """_begin_activity and _end_activity around a block."""
+        counted = self._begin_activity()
+        try:
+            yield
+        finally:
+            self._end_activity(counted)
+
     def _stop_heartbeat(self) -> None:
         self._heartbeat_scope.cancel()
 
@@ -259,7 +319,7 @@ class Run:
         checkpoint itself. Without an accepted checkpoint, the whole log. A plain read: it
         works after the lease is lost or the run has ended.
         """
-        run, checkpoint, events = await self._db._read(self._store.durable_state, self.id)
+        run, checkpoint, events = await self._body_read(self._store.durable_state, self.id)
         return DurableState(run, checkpoint, events)
 
     # -- the model and its tools ----------------------------------------------------------
@@ -331,7 +391,7 @@ class Run:
         """The run's spend against its :class:`Budget` (None if it has none): tokens, cost,
         model and tool calls, wall time since it was created, and the loop and progress
         counters, as the database has them. A plain read."""
-        usage: Usage | None = await self._db._read(self._store.budget_usage, self.id)
+        usage: Usage | None = await self._body_read(self._store.budget_usage, self.id)
         return usage
 
     async def check_budget(self) -> None:
@@ -478,14 +538,15 @@ class Run:
         if self._completed_steps is None:
             # Only the lease holder completes steps, so one read per owner suffices: after it,
             # a new step costs one write, not a read and a write.
-            self._completed_steps = set(await self._db._read(self._store.completed_step_names, self.id))
+            self._completed_steps = set(await self._body_read(self._store.completed_step_names, self.id))
         if name in self._completed_steps:
-            stored = await self._db._read(self._store.step_result, self.id, name)
+            stored = await self._body_read(self._store.step_result, self.id, name)
             assert stored is not None, "completed steps are never deleted"
             return cast(T, decode(stored))
         if name in self._running_steps:
             raise StepAlreadyRunning(f"run {self.id}: step {name!r} is already running")
         self._running_steps.add(name)
+        counted = self._begin_activity()  # a run does not suspend while a step's function runs
         try:
             started = trio.current_time()
             value = await fn(*args)
@@ -493,6 +554,7 @@ class Run:
             elapsed_ms = math.floor((trio.current_time() - started) * 1000)
             stored = await self._write(self._store.complete_step, name, result, elapsed_ms)
         finally:
+            self._end_activity(counted)
             self._running_steps.discard(name)
         self._completed_steps.add(name)
         if stored == result and type(value) in _OWN_JSON:
@@ -501,19 +563,39 @@ class Run:
 
     async def sleep(self, name: str, seconds: float) -> None:
         """Sleep durably: the wake time is stored first (the first call with ``name`` wins),
-        so after a restart only the remainder is waited; a completed sleep returns at once."""
+        so after a restart only the remainder is waited; a completed sleep returns at once.
+        Under a :class:`ResumeWorker`, a sleep with more than ``suspend_after`` left suspends
+        the run, together with the body's other waits, unless one of them can complete now
+        (see docs/waits.md)."""
         check_name(name, f"run {self.id}: sleep name")
         duration = check_seconds(seconds, f"run {self.id}: the duration of sleep {name!r}")
-        remaining_ms, completed = await self._write(
-            self._store.schedule_timer, name, math.ceil(duration * 1000)
-        )
-        if completed:
-            return
-        if remaining_ms > 0 and self._suspend_after is not None and remaining_ms > self._suspend_after * 1000:
-            await self._suspend("sleep", name)
-        if remaining_ms > 0:
-            await trio.sleep(remaining_ms / 1000)
-        await self._write(self._store.complete_timer, name)
+        with self._waiting_on("sleep", name):
+            remaining_ms, completed = await self._write(
+                self._store.schedule_timer, name, math.ceil(duration * 1000)
+            )
+            if completed:
+                return
+            if remaining_ms > 0:
+                await self._sleep_or_suspend(name, trio.current_time() + remaining_ms / 1000)
+            await self._write(self._store.complete_timer, name)
+
+    async def _sleep_or_suspend(self, name: str, wake_at: float) -> None:
+        """Sleep until ``wake_at`` (Trio time). Under a worker, suspend the run while more than
+        ``suspend_after`` is left, as soon as the body is quiet; after a suspension that did not
+        happen (another wait can complete), try again later."""
+        suspend_after = self._suspend_after
+        suspend_at = math.inf if suspend_after is None else trio.current_time()
+        while (now := trio.current_time()) < wake_at:
+            if suspend_after is not None and now >= suspend_at:
+                if wake_at - now <= suspend_after:
+                    suspend_at = math.inf  # too little left to be worth a suspension
+                elif (quiet_at := self._quiet_at()) > now:
+                    suspend_at = quiet_at
+                else:
+                    await self._suspend("sleep", name)  # returns only if it did not suspend
+                    suspend_at = self._suspend_time(retry=True)
+                continue
+            await trio.sleep_until(min(wake_at, suspend_at))
 
     # -- waiting for the world ------------------------------------------------------------
 
@@ -652,7 +734,9 @@ class Run:
     async def children(self) -> AsyncIterator[Children]:
         """A durable nursery: ``async with run.children() as nursery:`` joins every child
         spawned through it when the block ends cleanly, and cancels them when it raises. Spawns
-        are named, so a handler restarted in the middle of the block finds the same children."""
+        are named, so a handler restarted in the middle of the block finds the same children.
+        A run ended inside the block (:meth:`complete`, :meth:`fail`) leaves it with nothing
+        more to do; a Trio cancellation of the block cancels no child (docs/waits.md)."""
         body_error: BaseException | None = None
         async with trio.open_nursery() as background:  # where spawn_soon's batches are sent
             nursery = Children._create(self, background)
@@ -662,6 +746,14 @@ class Run:
                 body_error = exc
             # Waited for here, so that the nursery's own exit has nothing left to wait for.
             body_error = await nursery._close(body_error)
+        if self._finished is not None:
+            # Completed (no child was live: complete() saw to it) or failed (the store cancelled
+            # the live ones with the run): nothing is left to join or cancel, and no write could.
+            if nursery._error is not None and not isinstance(nursery._error, RunTerminal):
+                logger.warning("run %s: spawning children failed: %s", self.id, nursery._error)
+            if body_error is not None:
+                raise body_error
+            return
         error = body_error or nursery._error
         if nursery._error is not None and error is not nursery._error and not self._suspended:
             logger.warning("run %s: spawning children failed too: %s", self.id, nursery._error)
@@ -682,7 +774,7 @@ class Run:
         False if it is within its limits again already."""
         self._ending = True
         try:
-            suspended = bool(await self._write(self._store.suspend, "budget", exceeded.limit))
+            suspended = bool(await self._write(self._store.suspend, [("budget", exceeded.limit)]))
         except BaseException:
             self._ending = False
             raise
@@ -707,30 +799,67 @@ class Run:
     ) -> Any:
         """The loop of every durable wait. ``decide`` (a fenced write) returns (done, value, ms
         left until the deadline) or raises WaitTimeout; until it is done, sleep until the inbox
-        may hold news, the deadline, or ``suspend_after`` (then suspend, under a worker)."""
+        may hold news, the deadline, or ``suspend_after`` (then, under a worker, suspend once
+        the body is quiet)."""
         suspend_at = self._suspend_time()
-        while True:
-            # Register before looking: news arriving between the look and the sleep still wakes us.
-            woken = self._db._inbox_event(self.id)
-            try:
+        with self._waiting_on(kind, name):
+            while True:
+                # Register before looking: news arriving between the look and the sleep still wakes us.
+                woken = self._db._inbox_event(self.id)
                 try:
-                    done, value, remaining_ms = await decide()
-                except (DatabaseBusy, DatabaseUnavailable) as exc:
-                    await _after_transient(self.id, "deciding a wait", exc)  # twice is safe: it replays
-                    continue
-                if done:
-                    return value
-                if not await _until_ready(woken, ready, remaining_ms, suspend_at):
-                    await self._suspend(kind, name)
-                    suspend_at = self._suspend_time()  # it arrived meanwhile, or suspending failed
-            finally:
-                self._db._forget_inbox_event(self.id, woken)
+                    try:
+                        done, value, remaining_ms = await decide()
+                    except (DatabaseBusy, DatabaseUnavailable) as exc:
+                        await _after_transient(self.id, "deciding a wait", exc)  # twice is safe: it replays
+                        continue
+                    if done:
+                        return value
+                    deadline = None if remaining_ms is None else trio.current_time() + remaining_ms / 1000
+                    while not await _until_ready(woken, ready, deadline, suspend_at):
+                        suspend_at = self._quiet_at()
+                        if suspend_at <= trio.current_time():
+                            await self._suspend(kind, name)
+                            # It arrived meanwhile, another wait can complete, or suspending failed.
+                            suspend_at = self._suspend_time(retry=True)
+                            break
+                finally:
+                    self._db._forget_inbox_event(self.id, woken)
 
-    def _suspend_time(self) -> float:
-        """The Trio time at which a wait beginning now suspends the run (never: infinity)."""
+    @contextmanager
+    def _waiting_on(self, kind: WaitKind, name: str) -> Iterator[None]:
+        """Count a wait among the body's open waits while the block lasts; the store operations
+        of the task meanwhile are the wait's own, not activity that keeps the run from
+        suspending."""
+        token = object()
+        task = trio.lowlevel.current_task()
+        self._open_waits[token] = (kind, name)
+        self._waiting_tasks[task] = self._waiting_tasks.get(task, 0) + 1
+        try:
+            yield
+        finally:
+            del self._open_waits[token]
+            if self._waiting_tasks[task] == 1:
+                del self._waiting_tasks[task]
+            else:
+                self._waiting_tasks[task] -= 1
+
+    def _quiet_at(self) -> float:
+        """The Trio time at which the body will have been quiet (no step running, no store
+        operation but its waits') for ``suspend_after``, if nothing else happens; while it is
+        busy, when to look again. Infinity without a worker."""
         if self._suspend_after is None:
             return math.inf
-        return trio.current_time() + self._suspend_after
+        if self._busy or self._looking:
+            return trio.current_time() + max(self._suspend_after, _INBOX_POLL_S)
+        return self._quiet_since + self._suspend_after
+
+    def _suspend_time(self, *, retry: bool = False) -> float:
+        """The Trio time at which a wait beginning now suspends the run (never: infinity). A
+        ``retry`` after a suspension that did not happen comes no sooner than an inbox poll,
+        so that a wait of the body that can complete has the time to do so."""
+        if self._suspend_after is None:
+            return math.inf
+        return trio.current_time() + max(self._suspend_after, _INBOX_POLL_S if retry else 0)
 
     async def _unless_suspended_beside(self) -> None:
         """Raise Cancelled if another task of the body suspended the run (or is suspending it):
@@ -742,22 +871,23 @@ class Run:
             await trio.lowlevel.checkpoint()  # the body is cancelled: this raises Cancelled
 
     async def _suspend(self, kind: WaitKind, name: str) -> None:
-        """Suspend the run on what ``name`` awaits, then cancel the body; the handler starts
-        again from the top once the run is claimed again. Returns, and the owner goes on
-        waiting, only if the awaited thing arrived meanwhile or the write failed."""
+        """Suspend the run on every open wait of the body, ``name`` first, then cancel the
+        body; the handler starts again from the top once the run is claimed again. Returns, and
+        the owner goes on waiting, only if one of the waits can complete now (what it awaits
+        arrived, or its deadline passed) or the write failed."""
         await self._unless_suspended_beside()  # two waits of one body may suspend together
         done = trio.Event()
         self._suspending = (trio.lowlevel.current_task(), done)
         try:
-            await self._write_suspension(kind, name)
+            await self._write_suspension([(kind, name), *self._open_waits.values()])
         finally:
             self._suspending = None
             done.set()
 
-    async def _write_suspension(self, kind: WaitKind, name: str) -> None:
+    async def _write_suspension(self, waits: list[OpenWait]) -> None:
         self._ending = True  # a renewal racing the release below is not a loss of the lease
         try:
-            suspended = await self._write(self._store.suspend, kind, name)
+            suspended = await self._write(self._store.suspend, waits)
         except (DatabaseBusy, DatabaseUnavailable) as exc:
             self._ending = False
             logger.warning("run %s: suspending failed, waiting on in this process: %s", self.id, exc)
@@ -767,11 +897,14 @@ class Run:
             raise
         if not suspended:
             self._ending = False
+            # A wait that can complete looks at once rather than at its next poll.
+            self._db._announce_inbox(self.id, owner=False)
             await self._look_at_news()  # a cancellation requested, perhaps: act on it now
             return
         self._released = self._suspended = True
         self._stop_heartbeat()
-        logger.info("run %s: suspended, waiting for %s %r", self.id, kind, name)
+        described = ", ".join(f"{kind} {name!r}" for kind, name in dict.fromkeys(waits))
+        logger.info("run %s: suspended, waiting for any of: %s", self.id, described)
         # Trio cancellation: user code's `except Exception` cannot swallow it, and the worker
         # does not count a cancelled handler as a failed attempt.
         self._body_scope.cancel()
@@ -783,10 +916,13 @@ class Run:
         """End the run as completed, with ``result`` (JSON, for its parent: see
         :attr:`RunRecord.result`). Refused (:class:`UnfinishedWork`) while tool intents, a
         candidate or a child run are open, or while a nursery has spawns not yet created."""
-        if any(nursery._unsent() for nursery in self._nurseries):
-            raise UnfinishedWork(
-                f"run {self.id} cannot complete: children queued by spawn_soon are not created yet"
-            )
+        for nursery in self._nurseries:
+            if nursery._error is not None:  # children it was asked for do not exist
+                raise nursery._error
+            if nursery._unsent():
+                raise UnfinishedWork(
+                    f"run {self.id} cannot complete: children queued by spawn_soon are not created yet"
+                )
         result_json = None if result is None else self._encode(result, "the result")
         await self._finish(RunStatus.COMPLETED, {"from": "running", "to": "completed"}, result_json)
 
@@ -1116,6 +1252,7 @@ class Children:
         afterwards), which then cancels the children created."""
         if self._closed:
             raise InvalidArgument(f"run {self._run.id}: the nursery's block has ended; spawn_soon is closed")
+        self._run._check_usable()  # a run that has ended (or was lost) spawns nothing
         if self._error is not None:
             raise self._error
         self._queued.append(self._run._new_child(name, role, provider, config, budget))
@@ -1202,12 +1339,14 @@ class Children:
 
     async def _ride_out(self, what: str, submit: Callable[..., Awaitable[Any]], fn: Any, *args: Any) -> Any:
         """A nursery's read or write, tried again through an outage while the lease lasts (a
-        batch sent twice finds its children by name; a join twice, its record)."""
-        while True:
-            try:
-                return await submit(fn, *args)
-            except (DatabaseBusy, DatabaseUnavailable) as exc:
-                await _after_transient(self._run.id, what, exc)
+        batch sent twice finds its children by name; a join twice, its record). Activity of the
+        body: the run does not suspend meanwhile, nor right after (see Run._quiet_at)."""
+        with self._run._active():
+            while True:
+                try:
+                    return await submit(fn, *args)
+                except (DatabaseBusy, DatabaseUnavailable) as exc:
+                    await _after_transient(self._run.id, what, exc)
 
 
 def _cancels_children(error: Exception) -> bool:
@@ -1253,13 +1392,14 @@ async def _after_transient(run_id: str, what: str, exc: Exception) -> None:
 
 
 async def _until_ready(
-    woken: trio.Event, ready: Callable[[], Awaitable[bool]], remaining_ms: int | None, give_up_at: float
+    woken: trio.Event, ready: Callable[[], Awaitable[bool]], deadline: float | None, give_up_at: float
 ) -> bool:
     """True once the inbox may hold what a wait needs: woken at once by a write in this
     process (or a notification from another); otherwise a cheap read every poll interval
-    finds what another process wrote; at the latest when the deadline is due. False at
-    ``give_up_at`` (Trio time) if none of that happened first."""
-    deadline = math.inf if remaining_ms is None else trio.current_time() + remaining_ms / 1000
+    finds what another process wrote; at the latest when the ``deadline`` (Trio time; None:
+    none) is due. False at ``give_up_at`` (Trio time) if none of that happened first."""
+    if deadline is None:
+        deadline = math.inf
     while trio.current_time() < deadline:
         if trio.current_time() >= give_up_at:
             return False

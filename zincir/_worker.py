@@ -85,10 +85,12 @@ class ResumeWorker:
 
     A handler whose wait (:meth:`Run.wait_for_signal`, :meth:`Run.wait_for_approval`,
     :meth:`Run.join`) is not satisfied within ``suspend_after`` seconds, or that sleeps longer
-    than that, *suspends* its run: the run becomes ``waiting``, its lease is released and the
-    handler is cancelled, without counting an attempt. The signal, the decision, the child's end
-    or the deadline makes the run claimable again, and the handler starts over from the top
-    (its steps, sleeps, waits and recorded responses return at once). ``suspend_after=None``
+    than that, *suspends* its run once nothing else of its body is under way: the run becomes
+    ``waiting`` on every wait the body is in, its lease is released and the handler is
+    cancelled, without counting an attempt. Whichever comes first of the signals, decisions,
+    children's ends and deadlines it waits for makes the run claimable again, and the handler
+    starts over from the top (its steps, sleeps, waits and recorded responses return at once;
+    see docs/waits.md). ``suspend_after=None``
     keeps every wait in the process. A handler that lets :class:`BudgetExceeded` escape
     suspends its run the same way, until its budget is raised.
     """
@@ -305,6 +307,11 @@ class ResumeWorker:
         return math.ceil(self._backoff.delay(attempt) * 1000)
 
     async def _record_failure(self, run: Run, attempt: int, exc: Exception) -> None:
+        if run._finished is not None:  # nothing to retry, and nothing more may be written
+            logger.warning(
+                "run %s: the handler raised after the run %s: %r", run.id, run._finished.value, exc
+            )
+            return
         give_up = self._max_attempts is not None and attempt >= self._max_attempts
         delay_ms = None if give_up else self._backoff_ms(attempt)
         error = f"{type(exc).__module__}.{type(exc).__qualname__}"

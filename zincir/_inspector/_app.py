@@ -1003,6 +1003,8 @@ def _wait_lines(awaiting: Iterable[q.Awaiting]) -> list[WaitLine]:
         elif a.kind == "child":
             ref = v.run_ref(a.name)
             lines.append(WaitLine(a, a.kind, f"child run {a.name} to end", ref.url, "open it"))
+        elif a.kind == "budget":
+            lines.append(WaitLine(a, a.kind, f"its budget to be raised ({a.name} reached)", None, ""))
         else:
             lines.append(WaitLine(a, a.kind, f"sleep {a.name!r} to end", None, ""))
     return lines

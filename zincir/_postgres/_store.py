@@ -25,6 +25,7 @@ from psycopg import errors as pg_errors
 from .._backend import (
     SUBMIT_CHECKPOINT,
     ApprovalOutcome,
+    Awaited,
     CancelOutcome,
     Claims,
     DecideOutcome,
@@ -33,15 +34,18 @@ from .._backend import (
     Lease,
     LostAttempt,
     NewChild,
+    OpenWait,
     SendOutcome,
     WaitKind,
     WaitOutcome,
     approval_of,
     args_hash,
     check_wait_topic,
+    earliest,
     exhausted_reason,
     lost_attempt,
     signal_received_payload,
+    suspension_payload,
 )
 from .._budget import (
     BUDGET_COLUMNS,
@@ -359,10 +363,15 @@ _CLOSE = (
     # before it is woken: held elsewhere, it fails this end (retried) rather than wait for it.
     # By the parent's key, a scalar subquery (an InitPlan: the index is searched for one id);
     # joined with `closed` instead, the planner may walk every waiting run.
+    # The parent's wait set is the one this statement's snapshot sees. A suspension of the
+    # parent cannot commit unseen after that: it locks this run's row (FOR SHARE, in _awaited),
+    # which whoever ends the run locked first, so it committed before that lock was taken (and
+    # is seen here), or waited for this end and found the run ended (and did not suspend).
     " waiting AS (SELECT id FROM agent_runs"
     " WHERE id = (SELECT parent_run_id FROM agent_runs WHERE id = %s) AND status = 'waiting'"
-    " AND wait_kind = 'child' AND wait_target = %s"
-    " AND (next_attempt_at IS NULL OR next_attempt_at > (SELECT ms FROM now)) FOR NO KEY UPDATE NOWAIT),"
+    " AND (next_attempt_at IS NULL OR next_attempt_at > (SELECT ms FROM now))"
+    " AND EXISTS (SELECT 1 FROM run_waits AS w WHERE w.run_id = agent_runs.id AND w.kind = 'child'"
+    " AND w.wake_key = %s) FOR NO KEY UPDATE NOWAIT),"
     " woke AS (UPDATE agent_runs SET next_attempt_at = (SELECT ms FROM now)"
     " WHERE id = (SELECT id FROM waiting) RETURNING 1)"
     " SELECT parent_run_id, EXISTS (SELECT 1 FROM woke) FROM closed"
@@ -739,7 +748,9 @@ def _require_no_open_work(run_id: str, candidate: bool, open_calls: list[str], l
         raise UnfinishedWork(f"run {run_id} cannot complete: tool calls {ids} have no result yet")
     if live:
         ids = ", ".join(live)
-        raise UnfinishedWork(f"run {run_id} cannot complete: child runs {ids} have not ended (join them)")
+        raise UnfinishedWork(
+            f"run {run_id} cannot complete: child runs {ids} have not ended (join or cancel them)"
+        )
 
 
 # -- reading ------------------------------------------------------------------------------------
@@ -1011,17 +1022,19 @@ def send_signal(tx: Tx, run_id: str, topic: str, payload_json: str, key: str | N
     return SendOutcome(int(inserted[0]), stored=True, woke=_wake(tx, run_id, "signal", topic))
 
 
-def _wake(tx: Tx, run_id: str, kind: str, target: str) -> bool:
-    """Make the run due now if it is suspended on exactly this; whether the workers are told.
+def _wake(tx: Tx, run_id: str, kind: str, wake_key: str) -> bool:
+    """Make the run due now if this is one of the waits it is suspended on; whether the workers
+    are told. The caller holds the run's row locked, so this statement's snapshot, taken after,
+    sees the wait set of any suspension that committed first.
 
     They are also told of a run that is due already with nobody holding it: this outsider
     holds its row locked, so a claim running meanwhile skipped it (SKIP LOCKED), and if this
     write made nothing due, nothing else would tell a worker to look again before its poll."""
     woke = tx.one(
         "UPDATE agent_runs SET next_attempt_at = zincir_now_ms() WHERE id = %s AND status = 'waiting'"
-        " AND wait_kind = %s AND wait_target = %s"
-        " AND (next_attempt_at IS NULL OR next_attempt_at > zincir_now_ms()) RETURNING 1",
-        (run_id, kind, target),
+        " AND (next_attempt_at IS NULL OR next_attempt_at > zincir_now_ms()) AND EXISTS (SELECT 1"
+        " FROM run_waits WHERE run_id = %s AND kind = %s AND wake_key = %s) RETURNING 1",
+        (run_id, run_id, kind, wake_key),
     )
     due = woke is not None or tx.one(_DUE_AND_FREE, (run_id,)) is not None
     if due:
@@ -1035,32 +1048,45 @@ _DUE_AND_FREE: Final = (
 )
 
 
-def suspend(tx: Tx, lease: Lease, kind: WaitKind, name: str) -> bool:
-    """Unless what ``name`` awaits is there already, or due, suspend the run on it (see the
-    SQLite store). Fenced: the run's row stays locked until the commit, so a sender (its lock)
-    either came first, and its signal is seen here, or wakes the committed 'waiting' run. Not
-    while a cancellation is requested: the owner acts on that instead."""
+def suspend(tx: Tx, lease: Lease, waits: Sequence[OpenWait]) -> bool:
+    """Unless one of ``waits`` can complete now, suspend the run on all of them (see the SQLite
+    store). Fenced: the run's row stays locked until the commit, so a sender (its lock) either
+    came first, and its signal is seen here, or wakes the committed 'waiting' run. Not while a
+    cancellation is requested: the owner acts on that instead."""
     check_lease(tx, lease)
     if cancel_requested(tx, lease.run_id) is not None:
         return False
-    awaited = _awaited(tx, lease.run_id, kind, name)
-    if awaited is None:
+    awaited = [_awaited(tx, lease.run_id, kind, name) for kind, name in dict.fromkeys(waits)]
+    pending = [found for found in awaited if found is not None and not found.due(tx.now)]
+    if not pending or len(pending) < len(awaited):
         return False
-    target, until, waiting_for = awaited
-    if until is not None and until <= tx.now:
-        return False
-    transition = _dump({"from": "running", "to": "waiting", "until": until, "waiting_for": waiting_for})
-    _log(tx, lease.run_id, EventType.STATE_TRANSITION, transition)
+    until = earliest(found.deadline for found in pending)
+    _log(tx, lease.run_id, EventType.STATE_TRANSITION, suspension_payload(pending, until))
+    first = pending[0]
     tx.execute(
         "UPDATE agent_runs SET status = 'waiting', wait_kind = %s, wait_target = %s, next_attempt_at = %s,"
         " lease_owner = NULL, lease_expires_at = NULL, attempts = greatest(0, attempts - 1) WHERE id = %s",
-        (kind, target, until, lease.run_id),
+        (first.kind, first.wake_key, until, lease.run_id),
+    )
+    tx.execute("DELETE FROM run_waits WHERE run_id = %s", (lease.run_id,))
+    tx.execute(
+        "INSERT INTO run_waits (run_id, kind, wake_key, name, deadline, created_at)"
+        " SELECT %s, kind, wake_key, name, deadline, %s FROM"
+        " unnest(%s::text[], %s::text[], %s::text[], %s::bigint[]) AS w (kind, wake_key, name, deadline)",
+        (
+            lease.run_id,
+            tx.now,
+            [found.kind for found in pending],
+            [found.wake_key for found in pending],
+            [found.name for found in pending],
+            [found.deadline for found in pending],
+        ),
     )
     return True
 
 
-def _awaited(tx: Tx, run_id: str, kind: WaitKind, name: str) -> tuple[str, int | None, dict[str, Any]] | None:
-    """(wake target, deadline, description) of what ``name`` still awaits; None if it is there."""
+def _awaited(tx: Tx, run_id: str, kind: WaitKind, name: str) -> Awaited | None:
+    """What wait ``name`` still awaits; None if it is there (or the wait is no longer open)."""
     if kind == "signal":
         row = tx.one(
             "SELECT topic, deadline FROM waits WHERE run_id = %s AND name = %s AND completed_at IS NULL",
@@ -1068,18 +1094,18 @@ def _awaited(tx: Tx, run_id: str, kind: WaitKind, name: str) -> tuple[str, int |
         )
         if row is None or signal_ready(tx, run_id, row[0], name):
             return None
-        return row[0], row[1], {"kind": "signal", "name": name, "signal": row[0]}
+        return Awaited(kind, name, row[0], row[1])
     if kind == "approval":
         row = tx.one(
             "SELECT deadline FROM approvals WHERE run_id = %s AND call_id = %s AND decided_at IS NULL"
             " AND timed_out = 0",
             (run_id, name),
         )
-        return None if row is None else (name, row[0], {"call_id": name, "kind": "approval"})
+        return None if row is None else Awaited(kind, name, name, row[0])
     if kind == "budget":
         usage = budget_usage(tx, run_id)
         reached = None if usage is None else judge(usage)
-        return None if reached is None else ("", None, {"kind": "budget", "limit": reached.limit})
+        return None if reached is None else Awaited(kind, reached.limit, "", None)
     if kind == "child":
         # FOR SHARE orders this with the child's own write: a child ending right now is seen
         # ended here (and the run does not suspend), or commits after this run is 'waiting'.
@@ -1090,11 +1116,11 @@ def _awaited(tx: Tx, run_id: str, kind: WaitKind, name: str) -> tuple[str, int |
             " AND c.status IN ('pending', 'running', 'waiting') FOR SHARE OF c NOWAIT",
             (run_id, name),
         )
-        return None if row is None else (name, row[0], {"child_id": name, "kind": "child"})
+        return None if row is None else Awaited(kind, name, name, row[0])
     row = tx.one(
         "SELECT wake_at FROM timers WHERE run_id = %s AND name = %s AND completed_at IS NULL", (run_id, name)
     )
-    return None if row is None else (name, row[0], {"kind": "sleep", "name": name})
+    return None if row is None else Awaited(kind, name, name, row[0])
 
 
 def await_signal(tx: Tx, lease: Lease, name: str, topic: str, timeout_ms: int | None) -> WaitOutcome:

@@ -16,6 +16,7 @@ import attrs
 from .._backend import (
     SUBMIT_CHECKPOINT,
     ApprovalOutcome,
+    Awaited,
     CancelOutcome,
     Claims,
     DecideOutcome,
@@ -24,15 +25,18 @@ from .._backend import (
     Lease,
     LostAttempt,
     NewChild,
+    OpenWait,
     SendOutcome,
     WaitKind,
     WaitOutcome,
     approval_of,
     args_hash,
     check_wait_topic,
+    earliest,
     exhausted_reason,
     lost_attempt,
     signal_received_payload,
+    suspension_payload,
 )
 from .._budget import (
     BUDGET_COLUMNS,
@@ -540,7 +544,9 @@ def _require_no_open_work(tx: Tx, run_id: str) -> None:
     )
     if live:
         ids = ", ".join(r[0] for r in live)
-        raise UnfinishedWork(f"run {run_id} cannot complete: child runs {ids} have not ended (join them)")
+        raise UnfinishedWork(
+            f"run {run_id} cannot complete: child runs {ids} have not ended (join or cancel them)"
+        )
 
 
 # -- reading ------------------------------------------------------------------------------------
@@ -777,44 +783,52 @@ def send_signal(tx: Tx, run_id: str, topic: str, payload_json: str, key: str | N
     return SendOutcome(int(signal_id), stored=True, woke=_wake(tx, run_id, "signal", topic))
 
 
-def _wake(tx: Tx, run_id: str, kind: str, target: str) -> bool:
-    """Make the run due now if it is suspended on exactly this; whether it was."""
+def _wake(tx: Tx, run_id: str, kind: str, wake_key: str) -> bool:
+    """Make the run due now if this is one of the waits it is suspended on; whether it was."""
     return bool(
         tx.execute(
             "UPDATE agent_runs SET next_attempt_at = ?1 WHERE id = ?2 AND status = 'waiting'"
-            " AND wait_kind = ?3 AND wait_target = ?4 AND (next_attempt_at IS NULL OR next_attempt_at > ?1)",
-            (tx.now, run_id, kind, target),
+            " AND (next_attempt_at IS NULL OR next_attempt_at > ?1) AND EXISTS (SELECT 1 FROM run_waits"
+            " WHERE run_id = ?2 AND kind = ?3 AND wake_key = ?4)",
+            (tx.now, run_id, kind, wake_key),
         ).rowcount
     )
 
 
-def suspend(tx: Tx, lease: Lease, kind: WaitKind, name: str) -> bool:
-    """Unless what ``name`` awaits is there already, or due, suspend the run on it: log
-    running -> waiting (what, until when), give the lease and the claim's attempt back, and
-    leave the run due at the deadline (None: only when an outsider's write makes it due). Not
+def suspend(tx: Tx, lease: Lease, waits: Sequence[OpenWait]) -> bool:
+    """Unless one of ``waits`` can complete now (what it awaits is there, or its deadline has
+    passed), suspend the run on all of them: log running -> waiting (what, until when), record
+    each wait, give the lease and the claim's attempt back, and leave the run due at the
+    earliest deadline (None: only when an outsider's write for one of them makes it due). Not
     while a cancellation is requested: the owner acts on that instead. Fenced."""
     check_lease(tx, lease)
     if cancel_requested(tx, lease.run_id) is not None:
         return False
-    awaited = _awaited(tx, lease.run_id, kind, name)
-    if awaited is None:
+    awaited = [_awaited(tx, lease.run_id, kind, name) for kind, name in dict.fromkeys(waits)]
+    pending = [found for found in awaited if found is not None and not found.due(tx.now)]
+    if not pending or len(pending) < len(awaited):
         return False
-    target, until, waiting_for = awaited
-    if until is not None and until <= tx.now:
-        return False
+    until = earliest(found.deadline for found in pending)
     seq = _allocate(tx, lease.run_id, 1)
-    transition = _dump({"from": "running", "to": "waiting", "until": until, "waiting_for": waiting_for})
-    _insert_event(tx, lease.run_id, seq, EventType.STATE_TRANSITION, transition)
+    _insert_event(tx, lease.run_id, seq, EventType.STATE_TRANSITION, suspension_payload(pending, until))
+    first = pending[0]
     tx.execute(
         "UPDATE agent_runs SET status = 'waiting', wait_kind = ?, wait_target = ?, next_attempt_at = ?,"
         " lease_owner = NULL, lease_expires_at = NULL, attempts = max(0, attempts - 1) WHERE id = ?",
-        (kind, target, until, lease.run_id),
+        (first.kind, first.wake_key, until, lease.run_id),
     )
+    tx.execute("DELETE FROM run_waits WHERE run_id = ?", (lease.run_id,))
+    for found in pending:
+        tx.execute(
+            "INSERT INTO run_waits (run_id, kind, wake_key, name, deadline, created_at)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (lease.run_id, found.kind, found.wake_key, found.name, found.deadline, tx.now),
+        )
     return True
 
 
-def _awaited(tx: Tx, run_id: str, kind: WaitKind, name: str) -> tuple[str, int | None, dict[str, Any]] | None:
-    """(wake target, deadline, description) of what ``name`` still awaits; None if it is there."""
+def _awaited(tx: Tx, run_id: str, kind: WaitKind, name: str) -> Awaited | None:
+    """What wait ``name`` still awaits; None if it is there (or the wait is no longer open)."""
     if kind == "signal":
         row = tx.one(
             "SELECT topic, deadline FROM waits WHERE run_id = ? AND name = ? AND completed_at IS NULL",
@@ -822,18 +836,18 @@ def _awaited(tx: Tx, run_id: str, kind: WaitKind, name: str) -> tuple[str, int |
         )
         if row is None or signal_ready(tx, run_id, row[0], name):
             return None
-        return row[0], row[1], {"kind": "signal", "name": name, "signal": row[0]}
+        return Awaited(kind, name, row[0], row[1])
     if kind == "approval":
         row = tx.one(
             "SELECT deadline FROM approvals WHERE run_id = ? AND call_id = ? AND decided_at IS NULL"
             " AND timed_out = 0",
             (run_id, name),
         )
-        return None if row is None else (name, row[0], {"call_id": name, "kind": "approval"})
+        return None if row is None else Awaited(kind, name, name, row[0])
     if kind == "budget":
         usage = budget_usage(tx, run_id)
         reached = None if usage is None else judge(usage)
-        return None if reached is None else ("", None, {"kind": "budget", "limit": reached.limit})
+        return None if reached is None else Awaited(kind, reached.limit, "", None)
     if kind == "child":
         row = tx.one(
             "SELECT j.deadline FROM joins AS j JOIN agent_runs AS c ON c.id = j.child_id"
@@ -841,11 +855,11 @@ def _awaited(tx: Tx, run_id: str, kind: WaitKind, name: str) -> tuple[str, int |
             " AND c.status IN ('pending', 'running', 'waiting')",
             (run_id, name),
         )
-        return None if row is None else (name, row[0], {"child_id": name, "kind": "child"})
+        return None if row is None else Awaited(kind, name, name, row[0])
     row = tx.one(
         "SELECT wake_at FROM timers WHERE run_id = ? AND name = ? AND completed_at IS NULL", (run_id, name)
     )
-    return None if row is None else (name, row[0], {"kind": "sleep", "name": name})
+    return None if row is None else Awaited(kind, name, name, row[0])
 
 
 def await_signal(tx: Tx, lease: Lease, name: str, topic: str, timeout_ms: int | None) -> WaitOutcome:
