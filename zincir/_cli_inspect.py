@@ -28,7 +28,7 @@ import trio
 from . import _queries as q
 from ._cli_options import DATABASE_ENV, database_option, os_user
 from ._errors import ZincirError
-from ._inspector import DEFAULT_ADDRESS, human_delta, serve
+from ._inspector._plain import DEFAULT_ADDRESS, human_delta
 
 __all__ = [
     "cell",
@@ -206,6 +206,8 @@ def ui(database_path: str, address: str, allow_actions: bool, actor: str | None)
 
 
 async def _serve_ui(database_path: str, address: str) -> None:
+    from ._inspector._app import serve  # the web stack: only `zincir ui` loads it
+
     async with trio.open_nursery() as nursery:
         url = await nursery.start(functools.partial(serve, database_path, address))
         shown = q.display_target(database_path)

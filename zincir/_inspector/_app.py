@@ -23,7 +23,6 @@ transaction, and renders there too, so the Trio loop never blocks on the databas
 from __future__ import annotations
 
 import functools
-import ipaddress
 import json
 import re
 import signal
@@ -54,6 +53,7 @@ from .._version import __version__
 from . import _views as v
 from ._charts import CHART_BUCKETS, LANE_CAP, BudgetBar, Timeline, budget_bars, status_chart, timeline
 from ._conversation import Context, Entry, call_ids_of, decided_on_page, entries
+from ._plain import DEFAULT_ADDRESS, format_host, human_delta, parse_address
 from ._pool import ReadPool
 from ._reads import (
     CallOutcome,
@@ -67,12 +67,11 @@ from ._reads import (
     neighbour_rounds,
     wait_spans,
 )
-from ._render import STATIC, human_delta, render
+from ._render import STATIC, render
 from ._views import LIST_LIMIT
 
 __all__ = ["DEFAULT_ADDRESS", "create_app", "format_host", "parse_address", "serve"]
 
-DEFAULT_ADDRESS = "127.0.0.1:8787"
 RUNS_PAGE = 50
 #: Payload characters shown per event on a run page; the JSON API gives whole payloads.
 PAYLOAD_PREVIEW_CHARS = 64 * 1024
@@ -111,57 +110,6 @@ SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
 _SECURITY_NAMES = frozenset(name for name, _ in SECURITY_HEADERS)
 
 T = TypeVar("T")
-
-
-# --------------------------------------------------------------------------- addresses
-
-_ADDRESS = re.compile(r"(?:\[(?P<v6>[^\]]*)\]|(?P<v4>[^:\[\]]*)):(?P<port>[0-9]{1,5})")
-
-
-def parse_address(text: str) -> tuple[str, int]:
-    """Parse ``IP:PORT`` (IPv6 in brackets) and insist on a loopback address.
-
-    Returns the canonical IP text and the port (0 asks for any free port). Raises
-    :class:`InvalidArgument` for hostnames, wildcard or non-loopback addresses.
-    """
-    match = _ADDRESS.fullmatch(text)
-    if match is None:
-        raise InvalidArgument(
-            f"invalid inspector address {text!r}: expected a literal loopback IP and port, "
-            "such as 127.0.0.1:8787 or [::1]:8787"
-        )
-    literal = match.group("v6") if match.group("v6") is not None else match.group("v4")
-    port = int(match.group("port"))
-    if port > 65535:
-        raise InvalidArgument(f"invalid inspector address {text!r}: port {port} is above 65535")
-    try:
-        ip = ipaddress.ip_address(literal)
-    except ValueError:
-        raise InvalidArgument(
-            f"invalid inspector address {text!r}: {literal!r} is not a literal IP address "
-            "(hostnames such as localhost are not accepted; use 127.0.0.1 or [::1])"
-        ) from None
-    if (match.group("v6") is None) != (ip.version == 4):
-        raise InvalidArgument(
-            f"invalid inspector address {text!r}: IPv6 addresses must be bracketed, IPv4 addresses must not"
-        )
-    if not _is_loopback(ip):
-        raise InvalidArgument(
-            f"refusing inspector address {text!r}: the inspector binds loopback only "
-            "(127.0.0.0/8 or [::1]); it has no authentication"
-        )
-    return str(ip), port
-
-
-def _is_loopback(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    if isinstance(ip, ipaddress.IPv4Address):
-        return ip in ipaddress.IPv4Network("127.0.0.0/8")
-    return ip.scope_id is None and ip == ipaddress.IPv6Address("::1")
-
-
-def format_host(ip: str, port: int) -> str:
-    """The ``Host`` header value (and URL authority) of ``ip:port``."""
-    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
 
 
 # --------------------------------------------------------------------------- app

@@ -19,25 +19,10 @@ from typing import Any
 import jinja2
 
 from .. import _queries as q
+from ._plain import human_delta
 
 TEMPLATES = Path(__file__).with_name("templates")
 STATIC = Path(__file__).with_name("static")
-
-
-def human_delta(ms: int) -> str:
-    """A short human duration: ``in 4.2 s``, ``3 min ago``."""
-    seconds = abs(ms) / 1000
-    if seconds < 60:
-        text = f"{seconds:.1f} s"
-    elif seconds < 3600:
-        text = f"{seconds / 60:.0f} min"
-    elif seconds < 86400:
-        text = f"{seconds / 3600:.1f} h"
-    elif seconds < 864000:
-        text = f"{seconds / 86400:.1f} d"
-    else:
-        text = f"{seconds / 86400:,.0f} d"
-    return f"in {text}" if ms >= 0 else f"{text} ago"
 
 
 def duration(ms: object) -> str:

@@ -15,7 +15,8 @@ import attrs
 
 from .. import _queries as q
 from .._errors import InvalidArgument
-from ._render import human_delta, pretty_value
+from ._plain import human_delta
+from ._render import pretty_value
 
 #: Checkpoints, steps, timers and tool calls listed at most on a run page.
 LIST_LIMIT = 500
