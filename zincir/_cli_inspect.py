@@ -292,8 +292,8 @@ def _print_runs(
 @click.argument("run_id")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead.")
 def show(database_path: str, run_id: str, as_json: bool) -> None:
-    """Show one run: lease, attempts, family, configuration, waits, tool calls, outsiders'
-    actions, checkpoints, steps, timers."""
+    """Show one run: lease, attempts, family, configuration, result, waits, tool calls,
+    outsiders' actions, checkpoints, steps, timers."""
     with clean_errors(), readonly_database(database_path) as conn, q.read_snapshot(conn):
         run = q.get_run(conn, q.resolve_run_id(conn, run_id))
         checkpoints = q.list_checkpoints(conn, run.id)
@@ -387,9 +387,18 @@ def _print_run(run: q.RunDetail, now: int) -> None:
     ]
     for name, value in fields:
         click.echo(f"{name:<13}{value}")
-    config = json.dumps(q.json_value(run.config), indent=2, ensure_ascii=True)
-    click.echo("config")
-    click.echo("\n".join(f"  {cell(line)}" for line in config.splitlines()))
+    _print_json_block("config", run.config)
+    if run.result is not None:
+        _print_json_block("result", run.result)
+    elif run.status == "completed":
+        click.echo(f"{'result':<13}none (completed without a result)")
+
+
+def _print_json_block(name: str, stored: str) -> None:
+    """A stored JSON value, pretty-printed and indented under its name."""
+    text = json.dumps(q.json_value(stored), indent=2, ensure_ascii=True)
+    click.echo(name)
+    click.echo("\n".join(f"  {cell(line)}" for line in text.splitlines()))
 
 
 def _print_awaiting(run: q.RunDetail, awaiting: Sequence[q.Awaiting]) -> None:

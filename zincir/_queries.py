@@ -637,7 +637,9 @@ class RunPage:
 class RunDetail:
     """One run with its lease, resume-worker bookkeeping and family links.
 
-    ``config`` is the stored JSON text, possibly cut to a prefix (``config_truncated``).
+    ``config`` is the stored JSON text, possibly cut to a prefix (``config_truncated``);
+    ``result`` likewise, the JSON the run completed with (``complete(result=...)``), or None
+    (not completed, or a database from before results were stored).
     ``children`` holds one page of child runs; ``children_next`` continues after it;
     ``children_total`` counts them all, up to :data:`CHILD_COUNT_CAP` (``children_capped``
     says the real number is larger).
@@ -665,6 +667,9 @@ class RunDetail:
     children_total: int
     children_capped: bool = False
     children_next: RunCursor | None = None
+    result: str | None = None
+    result_size: int = 0
+    result_truncated: bool = False
 
 
 @attrs.frozen
@@ -890,23 +895,28 @@ def get_run(
     children_limit: int = 100,
     children_after: RunCursor | None = None,
     max_config_chars: int | None = None,
+    max_result_chars: int | None = None,
 ) -> RunDetail:
     """One run with its lease fields and one keyset page of its children (by creation).
 
     ``children_after`` continues the children after a :attr:`RunSummary.child_cursor`.
     ``children_limit=0`` skips the family (``children_total`` is then 0).
-    ``max_config_chars`` cuts the stored configuration to a prefix. Raises
+    ``max_config_chars`` and ``max_result_chars`` cut the stored configuration and result to
+    a prefix. Raises
     :class:`InvalidArgument` for a malformed id, :class:`RunNotFound` for an unknown one.
     """
     run_id = parse_run_id(run_id)
     _check_cursor(conn, children_after)
     d = conn.dialect
+    stored = conn.has_column("agent_runs", "result")  # schema version 4 and later
+    result = _json_column("result", max_result_chars) if stored else "NULL, 0"
     row = conn.execute(
         f"SELECT {_name('id')}, {_name('parent_run_id')}, {_name('role')}, {_name('provider')},"
         f" {_name('status')}, {_json_column('config', max_config_chars)},"
         f" {d.int_column('created_at')}, {d.int_column('updated_at')}, {d.event_count()},"
         f" {_name('lease_owner')}, {d.int_column('lease_epoch')}, {d.int_column('lease_expires_at')},"
-        f" {d.int_column('attempts')}, {d.int_column('next_attempt_at')} FROM agent_runs WHERE id = ?",
+        f" {d.int_column('attempts')}, {d.int_column('next_attempt_at')}, {result}"
+        " FROM agent_runs WHERE id = ?",
         (run_id,),
     ).fetchone()
     if row is None:
@@ -943,6 +953,9 @@ def get_run(
         children_total=total,
         children_capped=capped,
         children_next=children[-1].child_cursor if more and children else None,
+        result=_opt_text(row[15]),
+        result_size=_size(row[16]),
+        result_truncated=row[15] is not None and _cut(max_result_chars, _size(row[16])),
     )
 
 
@@ -1343,6 +1356,9 @@ def run_to_json(run: RunDetail | RunSummary) -> dict[str, Any]:
         data["config"] = _json_field(run.config, run.config_truncated)
         if run.config_truncated:
             data["config_size"] = run.config_size
+        data["result"] = None if run.result is None else _json_field(run.result, run.result_truncated)
+        if run.result_truncated:
+            data["result_size"] = run.result_size
         data["lease_epoch"] = _plain(run.lease_epoch)
         data["next_attempt_at"] = _plain(run.next_attempt_at)
         data["children"] = [child.id for child in run.children]

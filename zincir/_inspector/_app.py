@@ -780,6 +780,7 @@ class _RunView:
                 children_limit=CHILDREN_PAGE,
                 children_after=query.children_after,
                 max_config_chars=BLOCK_CHARS,
+                max_result_chars=BLOCK_CHARS,
             ),
             q.list_checkpoints(conn, run_id, limit=LIST_LIMIT + 1, max_chars=ITEM_PREVIEW_CHARS),
             events,
@@ -904,6 +905,7 @@ class RunPageView:
     children_nav: list[v.Link]
     children_first_url: str | None
     config: v.Stored
+    result: v.Stored | None  # what the run completed with (None: nothing, or not completed)
     checkpoints: list[v.CheckpointView]
     checkpoint_count: int
     events: q.EventPage
@@ -991,6 +993,9 @@ def _run_context(view: _RunView, query: _EventsQuery, now: int) -> dict[str, Any
         outsider_actions=view.outsider_actions,
         **_family_fields(view, query),
         config=v.Stored(run.config, run.config_truncated, run.config_size, v.path("api", "runs", run.id)),
+        result=None
+        if run.result is None
+        else v.Stored(run.result, run.result_truncated, run.result_size, v.path("api", "runs", run.id)),
         checkpoints=cards,
         checkpoint_count=len(view.checkpoints),
         **_event_fields(view, query),
