@@ -6,17 +6,37 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import html
 import json
+import re
+import unicodedata
+import urllib.parse
 from collections.abc import AsyncIterator
+from pathlib import Path
 
+import pytest
 import trio
 from click.testing import CliRunner, Result
 
 import zincir
 from zincir._cli import main
 from zincir._inspector import serve
+from zincir._inspector._render import TEMPLATES
+from zincir._inspector._views import BOUND_ARGS_CHARS
 
-from .test_inspector_actions import Server, get
+from . import cdp
+from .helpers import rows
+from .test_inspector_actions import (
+    Answer,
+    Server,
+    _request,
+    actions_server,
+    forms,
+    get,
+    log_in,
+    login_token,
+    post,
+)
 
 
 @contextlib.asynccontextmanager
@@ -76,3 +96,230 @@ async def test_a_runs_result_is_shown_by_show_export_the_api_and_the_page(db: zi
         assert "&#34;passed&#34;: 12" in shown_html
         assert "Completed without a result" in section((await get(server, f"/runs/{bare}")).body, "result")
         assert 'id="result"' not in (await get(server, f"/runs/{live}")).body
+
+
+# -- item 7: the approve form shows every argument a decision binds -------------------------------
+
+PADDED = {
+    "amount": 900,
+    "memo": "see below " + "x" * 5000,  # an early key (sorted) padded past the old 2,000 cut
+    "pay_to": "DE89 3704 0044 0532 0130 00",
+}
+
+
+async def ask_approval(db: zincir.Database, calls: list[zincir.ToolCall]) -> str:
+    async with zincir.open_run(db, role="payer") as run:
+        await run.record_response("Paying.", calls, "tool_use")
+        for call in calls:
+            with trio.move_on_after(0.02):
+                await run.wait_for_approval(call.id)  # the request is recorded; stop waiting
+        return run.id
+
+
+def blocks(body: str) -> list[str]:
+    """The text of each ``<pre>`` block, unescaped."""
+    return [html.unescape(m) for m in re.findall(r"<pre[^>]*>(.*?)</pre>", body, re.S)]
+
+
+async def test_the_approve_form_shows_every_argument_it_binds(db: zincir.Database) -> None:
+    huge = {"blob": "y" * (BOUND_ARGS_CHARS + 10), "pay_to": "attacker"}
+    run_id = await ask_approval(
+        db, [zincir.ToolCall("pay", "transfer", PADDED), zincir.ToolCall("big", "transfer", huge)]
+    )
+    async with actions_server(db.path) as server:
+        cookie = await log_in(server)
+        page = await get(server, f"/runs/{run_id}?refresh=off", Cookie=cookie)
+        panel = section(page.body, "actions")
+        shown = blocks(panel)
+        assert json.loads(shown[0]) == PADDED  # every argument, whole, pay_to included
+        assert len(shown) == 1  # the huge one is not shown: see below
+        assert "<code>pay_to</code>" in panel  # and named above the block
+        # Past the page's limit no form is offered: the person could not read what it binds.
+        found = await forms(server, run_id, cookie)
+        assert ("approve", "pay") in found and ("deny", "pay") in found
+        assert ("approve", "big") not in found and ("deny", "big") not in found
+        assert "too long to show here in full" in panel and "zincir approve" in panel
+        # The conversation shows the whole arguments of a call that waits for a decision too.
+        conversation = (await get(server, f"/runs/{run_id}", Cookie=cookie)).body
+        block = re.search(r'data-call="pay".*?<pre>(.*?)</pre>', conversation, re.S)
+        assert block is not None and json.loads(html.unescape(block[1])) == PADDED
+        answer = await post(
+            server,
+            f"/runs/{run_id}/actions/approve",
+            found[("approve", "pay")],
+            Cookie=cookie,
+            Origin=server.origin,
+        )
+        assert answer.status == 303, answer.body
+    assert rows(db, "SELECT call_id, approved FROM approvals WHERE approved IS NOT NULL") == [("pay", 1)]
+
+
+# -- item 9: logging in is a deliberate act; a HEAD or a GET spends nothing -----------------------
+
+
+async def head(server: Server, path: str) -> Answer:
+    return await trio.to_thread.run_sync(_request, server, "HEAD", path, {}, "")
+
+
+async def test_only_the_login_pages_post_spends_the_token(db: zincir.Database) -> None:
+    async with actions_server(db.path) as server:
+        path = server.login_url.removeprefix(server.origin)
+        token = login_token(server)
+        # What a link unfurler or `curl -I` does: refused, and nothing spent.
+        probe = await head(server, path)
+        assert probe.status == 405 and probe.cookies == [] and "POST" in probe.headers["allow"]
+        for _ in range(2):  # a GET shows the button, again and again
+            page = await get(server, path)
+            assert page.status == 200 and page.cookies == []
+            assert '<form method="post" action="/login" class="login">' in page.body
+        # The POST is checked like every write: Host and Origin, and the token itself.
+        for headers, status in (
+            ({}, 403),  # no Origin
+            ({"Origin": "null"}, 403),
+            ({"Origin": "http://evil.example"}, 403),
+            ({"Origin": server.origin, "Host": "evil.example"}, 421),
+            ({"Origin": server.origin, "Sec-Fetch-Site": "cross-site"}, 403),
+        ):
+            refused = await post(server, "/login", {"token": token}, **headers)
+            assert (refused.status, refused.cookies) == (status, []), (headers, refused.body[:300])
+        wrong = await post(server, "/login", {"token": token[:-1] + "x"}, Origin=server.origin)
+        assert wrong.status == 403 and wrong.cookies == []
+        cookie = await log_in(server)  # still unspent: the page, then its button's POST
+        assert (await get(server, "/", Cookie=cookie)).body.count('action="/logout"') == 1
+        # Now it is spent, for every method.
+        assert (await get(server, path)).status == 403
+        assert (await post(server, "/login", {"token": token}, Origin=server.origin)).status == 403
+        assert (await head(server, path)).status == 405
+
+
+# -- item 8: bidi and other format characters are shown escaped, on every page --------------------
+
+SPOOFED = "acct \u202e7777-4321\u202c"  # Chromium draws it as "acct 1234-7777"
+FORMAT_CHARS = "\u202a\u202b\u202d\u2066\u2067\u2068\u2069\u200e\u200f\u061c\u200b\u2060\ufeff\U000e0001"
+BIDI_CALL = "call\u2067x\u2069"
+
+
+def hidden_characters(text: str) -> set[str]:
+    """The characters of a response a browser would not draw as themselves."""
+    return {c for c in text if not (c.isprintable() or c in "\n\t" or unicodedata.category(c) == "Zs")}
+
+
+# The values a form sends back unseen (a hidden field, a choice's value) are the values themselves.
+_UNSEEN = re.compile(r'<input type="hidden" [^>]*>|<option value="[^"]*"')
+
+
+def drawn(body: str) -> str:
+    """A page without the values its forms send back unseen."""
+    return _UNSEEN.sub("", body)
+
+
+def test_only_unseen_form_fields_print_a_value_as_it_is() -> None:
+    for template in TEMPLATES.rglob("*.html"):
+        for line in template.read_text("utf-8").splitlines():
+            for use in re.finditer(r"\|\s*form_value", line):
+                before = line[: use.start()]
+                field = before[before.rfind("<") :]
+                assert field.startswith(('<input type="hidden" ', "<option value=")), (template.name, line)
+
+
+async def spoofing_run(db: zincir.Database) -> str:
+    """A run with format characters in every field a model, a tool or a person fills."""
+    async with zincir.open_run(db, role=f"role {FORMAT_CHARS}", config={"goal": SPOOFED}) as run:
+        calls = [
+            zincir.ToolCall("read", "read_file", {"path": SPOOFED}),
+            zincir.ToolCall("s1", "submit_checkpoint", {}),
+        ]
+        await run.record_response(f"text {SPOOFED}", calls, "tool_use")
+        await run.record_tool_result("read", {"content": SPOOFED})
+        await run.step(f"step {FORMAT_CHARS}", _echo, SPOOFED)
+        await zincir.send_signal(db, run.id, f"sig{FORMAT_CHARS}", {"note": SPOOFED}, by=SPOOFED)
+        await run.wait_for_signal("w", f"sig{FORMAT_CHARS}")
+        state = {
+            "completed": [SPOOFED],
+            "remaining": [],
+            "artifacts": [],
+            "failed_attempts": [],
+            "evidence": [],
+        }
+        await run.checkpoint("s1", state, _verdict)
+        args = {"amount": 5, "memo": FORMAT_CHARS, "pay_to": SPOOFED}
+        await run.record_response(
+            "Paying.", [zincir.ToolCall(BIDI_CALL, f"pay{FORMAT_CHARS}", args)], "tool_use"
+        )
+        with trio.move_on_after(0.02):
+            await run.wait_for_approval(BIDI_CALL)
+        return run.id
+
+
+async def _echo(value: str) -> str:
+    return value
+
+
+async def _verdict(_: object) -> zincir.Verification:
+    return zincir.Verification(True, [f"evidence {SPOOFED}"])
+
+
+async def test_format_characters_are_escaped_on_every_page_and_the_form_still_binds(
+    db: zincir.Database,
+) -> None:
+    run_id = await spoofing_run(db)
+    async with actions_server(db.path) as server:
+        cookie = await log_in(server)
+        pages = [
+            "/", f"/?role={FORMAT_CHARS}", f"/runs/{run_id}?refresh=off", f"/runs/{run_id}?view=events",
+            f"/runs/{run_id}/checkpoints/1", "/api/runs", f"/api/runs/{run_id}", f"/api/runs/{run_id}/events",
+            f"/api/runs/{run_id}/events/1", f"/api/runs/{run_id}/checkpoints/1",
+            f"/runs/{run_id}/checkpoints/{SPOOFED}",  # an error page quoting what it was given
+        ]  # fmt: skip
+        for path in pages:
+            answer = await get(server, urllib.parse.quote(path, safe="/?=&"), Cookie=cookie)
+            assert answer.status in (200, 400), (path, answer.status)
+            assert hidden_characters(drawn(answer.body)) == set(), path
+        page = (await get(server, f"/runs/{run_id}?refresh=off", Cookie=cookie)).body
+        [shown] = blocks(section(page, "actions"))
+        assert '"pay_to": "acct \\u202e7777-4321\\u202c"' in shown  # visibly escaped, still JSON
+        assert json.loads(shown)["pay_to"] == SPOOFED
+        assert "text acct \\u202e7777-4321\\u202c" in html.unescape(page)  # the model's own words
+        for api in (f"/api/runs/{run_id}", f"/api/runs/{run_id}/events"):
+            assert SPOOFED in (await get(server, api)).body.encode().decode("unicode_escape")
+            assert json.loads((await get(server, api)).body)  # the same JSON, escapes and all
+        events = json.loads((await get(server, f"/api/runs/{run_id}/events")).body)["events"]
+        assert events[1]["payload"]["content"] == f"text {SPOOFED}"
+        # The form sends the call id itself back, not its escaped picture: the decision binds.
+        found = await forms(server, run_id, cookie)
+        assert found[("approve", BIDI_CALL)]["call_id"] == BIDI_CALL
+        answer = await post(
+            server,
+            f"/runs/{run_id}/actions/approve",
+            found[("approve", BIDI_CALL)],
+            Cookie=cookie,
+            Origin=server.origin,
+        )
+        assert answer.status == 303, answer.body
+    assert rows(db, "SELECT call_id, approved FROM approvals") == [(BIDI_CALL, 1)]
+
+
+@pytest.mark.sqlite_only  # what Chromium draws does not depend on the backend
+@pytest.mark.skipif(not cdp.CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium")
+async def test_chromium_shows_the_approved_text_not_a_reordered_picture(
+    db: zincir.Database, tmp_path: Path
+) -> None:
+    run_id = await spoofing_run(db)
+    async with actions_server(db.path) as server, cdp.chromium(tmp_path / "profile") as browser:
+        page = await browser.new_page()
+        await page.goto(server.login_url)
+        await page.evaluate("document.querySelector('form.login button').click()")
+        await page.wait_for("location.pathname === '/' && document.readyState === 'complete'")
+        await page.goto(f"{server.url}runs/{run_id}?refresh=off")
+        drawn = await page.evaluate("document.querySelector('#actions table pre').innerText")
+        assert '"pay_to": "acct \\u202e7777-4321\\u202c"' in drawn, drawn
+        seen = await page.evaluate("document.body.innerText")
+        assert hidden_characters(seen) == set()
+        assert "text acct \\u202e7777-4321\\u202c" in seen
+        for url in (
+            server.url,
+            f"{server.url}runs/{run_id}?view=events",
+            f"{server.url}runs/{run_id}/checkpoints/1",
+        ):
+            await page.goto(url)
+            assert hidden_characters(await page.evaluate("document.body.innerText")) == set(), url

@@ -67,7 +67,7 @@ from ._reads import (
     neighbour_rounds,
     wait_spans,
 )
-from ._render import STATIC, render
+from ._render import STATIC, render, visible_json
 from ._views import LIST_LIMIT
 
 __all__ = ["DEFAULT_ADDRESS", "create_app", "format_host", "parse_address", "serve"]
@@ -279,9 +279,10 @@ def _html(body: str, status: int = 200) -> Response:
 
 
 def _json(data: Any, status: int = 200) -> Response:
-    text = json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    # Lone surrogates only occur inside JSON strings, where backslashreplace writes exactly the
-    # JSON escape (\udXXX): the body stays valid UTF-8 and valid JSON.
+    # Bidi controls and other characters a browser would not draw as themselves are sent as
+    # JSON escapes (the same JSON), so a browser showing the raw response shows them visibly.
+    # That includes lone surrogates, which UTF-8 could not encode.
+    text = visible_json(json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":")))
     response = Response(
         text.encode("utf-8", "backslashreplace"),
         status=status,
@@ -320,7 +321,11 @@ async def _zincir_error(error: ZincirError) -> Response:
 
 async def _http_error(error: HTTPException) -> Response:
     status = error.code or 500
-    return _error_response(status, error.name, error.description or "")
+    response = _error_response(status, error.name, error.description or "")
+    for name, value in error.get_headers():
+        if name.lower() == "allow":  # a 405 says which methods the URL takes
+            response.headers[name] = value
+    return response
 
 
 async def _unexpected_error(error: Exception) -> Response:
@@ -893,7 +898,7 @@ class RunPageView:
     lease_delta: str
     next_attempt: str  # "ended", "awaits", "any" or "at"
     awaiting: tuple[q.Awaiting, ...]
-    approvals: tuple[q.ApprovalRequest, ...]  # the open requests, with their calls' arguments
+    approvals: list[v.ApprovalView]  # the open requests, with all their calls' arguments
     budget: q.Usage | None
     spend: str
     budget_rows: list[v.BudgetRow]
@@ -985,7 +990,7 @@ def _run_context(view: _RunView, query: _EventsQuery, now: int) -> dict[str, Any
         lease_delta=lease_delta,
         next_attempt=next_attempt,
         awaiting=view.awaiting,
-        approvals=view.approvals,
+        approvals=v.approval_views(view.approvals),
         budget=view.budget,
         spend="" if view.budget is None else q.spend_text(view.budget),
         budget_rows=[] if view.budget is None else v.budget_rows(view.budget),

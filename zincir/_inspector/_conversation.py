@@ -31,6 +31,7 @@ class CallView:
     call_id: str
     name: str
     args: str
+    args_cut: bool  # ``args`` is the beginning only: the raw event has them all
     state: str
     mark: str  # done / never-started / outcome-unknown / pending
     started: int | None
@@ -131,11 +132,14 @@ def _call_view(ctx: Context, call_id: str, name: str, args: Any) -> CallView:
         approval = "unanswered"
     elif call_id in ctx.decided:
         approval = ctx.decided[call_id]
-    shown_args, _ = _clip(_text_of(args))
+    # The arguments of a call that needs (or had) an approval are shown whole: a decision
+    # covers all of them. Others are cut, and say so.
+    shown_args, args_cut = (_text_of(args), False) if approval is not None else _clip(_text_of(args))
     return CallView(
         call_id,
         name,
         shown_args,
+        args_cut,
         state,
         mark,
         outcome.started if outcome is not None else None,
@@ -224,8 +228,8 @@ def _entry(ctx: Context, event: q.EventRow, shown_calls: set[str]) -> Entry | No
         call_id = _str(_field(value, "call_id"))
         title = f"Approval requested for tool call {call_id} ({_str(_field(value, 'name'))})"
         marks = ("unanswered",) if call_id in ctx.open_approvals else ()
-        text, _ = _clip(_text_of(_field(value, "args")))
-        return _base(ctx, event, "approval", title, body=text, marks=marks)
+        # Whole, like the approve form: the decision covers every argument.
+        return _base(ctx, event, "approval", title, body=_text_of(_field(value, "args")), marks=marks)
     if kind == "approval_decided":
         verdict = "approved" if _field(value, "approved") is True else "denied"
         title = f"Tool call {_str(_field(value, 'call_id'))} {verdict} by {_str(_field(value, 'by'))}"
