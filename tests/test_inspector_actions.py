@@ -86,11 +86,13 @@ class Server:
 
 
 @contextlib.asynccontextmanager
-async def actions_server(target: str, actor: str = "ada") -> AsyncIterator[Server]:
+async def actions_server(
+    target: str, actor: str = "ada", address: str | None = "127.0.0.1:0"
+) -> AsyncIterator[Server]:
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
         start = functools.partial(
-            serve_with_actions, target, "127.0.0.1:0", actor=actor, shutdown_trigger=stop.wait
+            serve_with_actions, target, address, actor=actor, shutdown_trigger=stop.wait
         )
         url, login_url = await nursery.start(start)
         try:
@@ -108,7 +110,8 @@ class Answer:
 
 
 def _request(server: Server, method: str, path: str, headers: dict[str, str | None], body: str) -> Answer:
-    conn = http.client.HTTPConnection("127.0.0.1", int(server.host.rpartition(":")[2]), timeout=10)
+    ip, _, port = server.host.rpartition(":")
+    conn = http.client.HTTPConnection(ip, int(port), timeout=10)
     try:
         conn.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
         sent = {"Host": server.host, **headers}

@@ -7,20 +7,29 @@ from __future__ import annotations
 import contextlib
 import functools
 import html
+import ipaddress
 import json
+import os
 import re
+import signal
+import socket
+import subprocess
+import sys
 import unicodedata
 import urllib.parse
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import h2.config
+import h2.connection
+import h2.events
 import pytest
 import trio
 from click.testing import CliRunner, Result
 
 import zincir
 from zincir._cli import main
-from zincir._inspector import serve
+from zincir._inspector import CONTENT_SECURITY_POLICY, serve
 from zincir._inspector._render import TEMPLATES
 from zincir._inspector._views import BOUND_ARGS_CHARS
 
@@ -323,3 +332,217 @@ async def test_chromium_shows_the_approved_text_not_a_reordered_picture(
         ):
             await page.goto(url)
             assert hidden_characters(await page.evaluate("document.body.innerText")) == set(), url
+
+
+# -- item 10: Hypercorn's own answers carry the headers; a doubled Sec-Fetch-Site is hostile ------
+
+
+def exchange(server: Server, data: bytes, *, upto: bytes = b"\r\n\r\n") -> bytes:
+    """Send raw bytes; read until ``upto`` arrives (or the server closes)."""
+    address, _, port = server.host.rpartition(":")
+    with socket.create_connection((address, int(port)), timeout=10) as conn:
+        conn.sendall(data)
+        answer = b""
+        while upto not in answer and (chunk := conn.recv(65536)):
+            answer += chunk
+    return answer
+
+
+def head_fields(answer: bytes) -> list[tuple[str, str]]:
+    lines = answer.partition(b"\r\n\r\n")[0].decode("latin-1").split("\r\n")[1:]
+    return [
+        (name.strip().lower(), value.strip()) for name, _, value in (line.partition(":") for line in lines)
+    ]
+
+
+def assert_secured(fields: list[tuple[str, str]], referrer: str = "no-referrer") -> None:
+    expected = {
+        "content-security-policy": CONTENT_SECURITY_POLICY,
+        "x-content-type-options": "nosniff",
+        "referrer-policy": referrer,
+        "x-frame-options": "DENY",
+        "cross-origin-opener-policy": "same-origin",
+        "cross-origin-resource-policy": "same-origin",
+    }
+    for name, value in expected.items():
+        assert [v for n, v in fields if n == name] == [value], (name, fields)  # exactly once
+
+
+def upgraded_response(server: Server) -> tuple[bytes, list[tuple[str, str]]]:
+    """An h2c upgrade of ``GET /``: the 101, and the headers of the HTTP/2 answer that follows."""
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    settings = client.initiate_upgrade_connection().decode()
+    address, _, port = server.host.rpartition(":")
+    with socket.create_connection((address, int(port)), timeout=10) as conn:
+        conn.sendall(
+            f"GET / HTTP/1.1\r\nHost: {server.host}\r\nConnection: Upgrade, HTTP2-Settings\r\n"
+            f"Upgrade: h2c\r\nHTTP2-Settings: {settings}\r\n\r\n".encode()
+        )
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            answer += conn.recv(65536)
+        switching, _, frames = answer.partition(b"\r\n\r\n")
+        conn.sendall(client.data_to_send())
+        while True:
+            for event in client.receive_data(frames):
+                if isinstance(event, h2.events.ResponseReceived):
+                    fields = [(bytes(n).decode().lower(), bytes(v).decode()) for n, v in event.headers]
+                    return switching + b"\r\n\r\n", fields
+            conn.sendall(client.data_to_send())
+            frames = conn.recv(65536)
+            assert frames, "the server closed the HTTP/2 connection"
+
+
+async def test_hypercorns_own_answers_carry_the_security_headers(db: zincir.Database) -> None:
+    async with zincir.open_run(db):
+        pass
+    async with read_only_server(db.path) as server:
+        host = server.host
+        cases = {
+            "malformed request line": (b"NOT HTTP AT ALL\r\n\r\n", b"HTTP/1.1 400"),
+            "headers too large": (  # never ends: h11 gives up past 16 KiB
+                f"GET / HTTP/1.1\r\nHost: {host}\r\nX-Pad: {'a' * 100_000}".encode(),
+                b"HTTP/1.1 431",
+            ),
+            "websocket": (
+                f"GET / HTTP/1.1\r\nHost: {host}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+                "Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n".encode(),
+                b"HTTP/1.1 403",
+            ),
+            "a page": (f"GET / HTTP/1.1\r\nHost: {host}\r\n\r\n".encode(), b"HTTP/1.1 200"),
+        }
+        for what, (request, status) in cases.items():
+            answer = await trio.to_thread.run_sync(exchange, server, request)
+            assert answer.startswith(status), (what, answer[:200])
+            assert_secured(head_fields(answer))
+        switching, upgraded = await trio.to_thread.run_sync(upgraded_response, server)
+        assert switching.startswith(b"HTTP/1.1 101")
+        assert_secured(head_fields(switching))
+        assert ("content-type", "text/html; charset=utf-8") in upgraded
+        assert_secured(upgraded)  # the page served over HTTP/2 after the upgrade
+    async with actions_server(db.path) as server:  # its Referrer-Policy, on Hypercorn's answers too
+        answer = await trio.to_thread.run_sync(exchange, server, b"NOT HTTP AT ALL\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 400")
+        assert_secured(head_fields(answer), referrer="same-origin")
+
+
+async def test_a_repeated_or_listed_sec_fetch_site_is_refused(db: zincir.Database) -> None:
+    async with zincir.open_run(db) as run:
+        pass
+    async with read_only_server(db.path) as server:
+
+        def status(*sites: str) -> bytes:
+            fields = "".join(f"Sec-Fetch-Site: {site}\r\n" for site in sites)
+            request = (
+                f"GET /runs/{run.id} HTTP/1.1\r\nHost: {server.host}\r\n{fields}Connection: close\r\n\r\n"
+            )
+            return exchange(server, request.encode())[:12]
+
+        for sites, expected in (
+            ((), b"HTTP/1.1 200"),
+            (("same-origin",), b"HTTP/1.1 200"),
+            (("none",), b"HTTP/1.1 200"),
+            (("cross-site",), b"HTTP/1.1 403"),
+            (("same-origin", "cross-site"), b"HTTP/1.1 403"),  # was read as absent
+            (("cross-site", "same-origin"), b"HTTP/1.1 403"),
+            (("same-origin", "same-origin"), b"HTTP/1.1 403"),
+            (("same-origin, cross-site",), b"HTTP/1.1 403"),
+        ):
+            assert await trio.to_thread.run_sync(lambda s=sites: status(*s)) == expected, sites
+
+
+# -- item 10: --allow-actions serves on a loopback address of its own -----------------------------
+
+
+@contextlib.asynccontextmanager
+async def capturing_server() -> AsyncIterator[tuple[int, list[bytes]]]:
+    """Another local server on 127.0.0.1: it records each request's head and answers "ok"."""
+    seen: list[bytes] = []
+
+    async def answer(stream: trio.SocketStream) -> None:
+        head = b""
+        while b"\r\n\r\n" not in head and (chunk := await stream.receive_some(65536)):
+            head += chunk
+        seen.append(head)
+        await stream.send_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+        await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(functools.partial(trio.serve_tcp, answer, 0, host="127.0.0.1"))
+        yield listeners[0].socket.getsockname()[1], seen
+        nursery.cancel_scope.cancel()
+
+
+def cookie_names(head: bytes) -> list[str]:
+    lines = head.decode("latin-1").split("\r\n")
+    cookies = [line.partition(":")[2] for line in lines if line.lower().startswith("cookie:")]
+    return [part.strip().partition("=")[0] for line in cookies for part in line.split(";")]
+
+
+async def test_allow_actions_serves_on_a_random_loopback_address_by_default(db: zincir.Database) -> None:
+    async with (
+        actions_server(db.path, address=None) as first,
+        actions_server(db.path, address=None) as second,
+    ):
+        ips = [server.host.rpartition(":")[0] for server in (first, second)]
+        for ip in ips:
+            assert ipaddress.ip_address(ip) in ipaddress.ip_network("127.0.0.0/8") and ip != "127.0.0.1"
+        assert ips[0] != ips[1]  # 1 in 16 million to fail by chance
+        await log_in(first)  # it works there as anywhere
+    async with actions_server(db.path, address="127.0.0.1:0") as explicit:  # --address still holds
+        assert explicit.host.startswith("127.0.0.1:")
+
+
+@pytest.mark.sqlite_only  # what a browser sends where does not depend on the backend
+@pytest.mark.skipif(not cdp.CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium")
+async def test_another_local_server_does_not_receive_the_session_cookie(
+    db: zincir.Database, tmp_path: Path
+) -> None:
+    async with capturing_server() as (port, seen):
+        sent = {}
+        for name, address in (("own address", None), ("on 127.0.0.1", "127.0.0.1:0")):
+            async with (
+                actions_server(db.path, address=address) as server,
+                cdp.chromium(tmp_path / name.replace(" ", "-")) as browser,
+            ):
+                page = await browser.new_page()
+                await page.goto(server.login_url)
+                await page.evaluate("document.querySelector('form.login button').click()")
+                await page.wait_for("document.querySelector('form.logout') !== null")
+                seen.clear()
+                await page.goto(f"http://127.0.0.1:{port}/")
+                [head] = seen
+                sent[name] = [c for c in cookie_names(head) if c.startswith("zincir_session_")]
+        # The oracle: an inspector on 127.0.0.1 does leak its cookie to the other server there.
+        assert len(sent["on 127.0.0.1"]) == 1
+        assert sent["own address"] == []
+
+
+def test_zincir_ui_allow_actions_prints_an_address_of_its_own(tmp_path: Path) -> None:
+    target = str(tmp_path / "zincir.db")
+    trio.run(_one_run, target)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZINCIR_")}
+    command = [sys.executable, "-m", "zincir", "ui", "--db", target, "--allow-actions", "--as", "ada"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert process.stdout is not None
+        first, second = process.stdout.readline(), process.stdout.readline()
+        found = re.search(
+            r" at http://(127\.[0-9]+\.[0-9]+\.[0-9]+):([0-9]+)/, actions allowed as ada", first
+        )
+        assert found is not None and found[1] != "127.0.0.1", first
+        assert second.startswith(
+            f"zincir inspector: log in once with http://{found[1]}:{found[2]}/login?token="
+        )
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=30)
+    finally:
+        process.kill()
+        process.wait()
+    assert process.returncode == 0, err
+    assert "receive the session cookie" not in out
+
+
+async def _one_run(target: str) -> None:
+    async with zincir.open_database(target) as db, zincir.open_run(db):
+        pass

@@ -163,9 +163,10 @@ def _json_line(value: Any) -> str:
 @click.option(
     "--address",
     envvar=UI_ADDRESS_ENV,
-    default=DEFAULT_ADDRESS,
-    show_default=True,
-    help=f"Loopback IP:PORT to serve on, [::1]:PORT for IPv6; port 0 picks one (env {UI_ADDRESS_ENV}).",
+    default=None,
+    help=f"Loopback IP:PORT to serve on, [::1]:PORT for IPv6; port 0 picks one (env {UI_ADDRESS_ENV})."
+    f" Default {DEFAULT_ADDRESS}; with --allow-actions, a random 127.x.y.z and port of its own, so"
+    " that no other local server receives the session cookie.",
 )
 @click.option(
     "--allow-actions",
@@ -180,7 +181,7 @@ def _json_line(value: Any) -> str:
     metavar="NAME",
     help="Who the actions are recorded as (default: your OS user name). Needs --allow-actions.",
 )
-def ui(database_path: str, address: str, allow_actions: bool, actor: str | None) -> None:
+def ui(database_path: str, address: str | None, allow_actions: bool, actor: str | None) -> None:
     """Serve the web inspector on a loopback address until Ctrl+C or SIGTERM.
 
     Read-only unless --allow-actions: then it prints a one-time login URL, and a browser logged
@@ -193,13 +194,14 @@ def ui(database_path: str, address: str, allow_actions: bool, actor: str | None)
         if allow_actions:
             trio.run(_serve_ui_with_actions, database_path, address, actor or os_user())
         else:
-            trio.run(_serve_ui, database_path, address)
+            trio.run(_serve_ui, database_path, address or DEFAULT_ADDRESS)
     except BaseException as error:
         leaf = _leaf(error)
         if isinstance(leaf, ZincirError):
             raise click.ClickException(str(leaf)) from None
         if isinstance(leaf, OSError):
-            raise click.ClickException(f"cannot serve on {address}: {leaf.strerror or leaf}") from None
+            where = address or ("a loopback address" if allow_actions else DEFAULT_ADDRESS)
+            raise click.ClickException(f"cannot serve on {where}: {leaf.strerror or leaf}") from None
         if isinstance(leaf, KeyboardInterrupt):
             return  # a second Ctrl+C during the graceful shutdown
         raise
@@ -215,7 +217,7 @@ async def _serve_ui(database_path: str, address: str) -> None:
     click.echo("zincir inspector: stopped")
 
 
-async def _serve_ui_with_actions(database_path: str, address: str, actor: str) -> None:
+async def _serve_ui_with_actions(database_path: str, address: str | None, actor: str) -> None:
     from ._inspector._actions import serve_with_actions  # only this mode imports the writes
 
     async with trio.open_nursery() as nursery:
@@ -224,6 +226,11 @@ async def _serve_ui_with_actions(database_path: str, address: str, actor: str) -
         shown = q.display_target(database_path)
         click.echo(f"zincir inspector: serving {shown} at {url}, actions allowed as {actor} (Ctrl+C to stop)")
         click.echo(f"zincir inspector: log in once with {login_url}")
+        if address is None and url.startswith("http://127.0.0.1:"):
+            click.echo(
+                "zincir inspector: no loopback address of its own could be bound here, so other"
+                " servers on 127.0.0.1 receive the session cookie; see docs/inspector.md"
+            )
     click.echo("zincir inspector: stopped")
 
 

@@ -24,10 +24,12 @@ other way) is a 409 with zincir's message, a malformed one a 400.
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import math
 import re
+import socket
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
@@ -43,8 +45,9 @@ from .._errors import InvalidArgument, RunNotFound, StorageError, ZincirError
 from .._inbox import cancel_run, decide_approval, raise_budget, retry_now, send_signal
 from .._json import MAX_DEPTH
 from .._validation import check_text
-from ._app import DEFAULT_ADDRESS, InspectorApp, _extra_context, _html, _render_page, parse_address, serve
+from ._app import InspectorApp, _extra_context, _html, _render_page, parse_address, serve
 from ._auth import Guard, Refusal
+from ._plain import random_loopback_ip
 
 __all__ = ["ACTIONS", "BUDGET_FIELDS", "Actions", "Panel", "serve_with_actions"]
 
@@ -323,7 +326,7 @@ def _number(text: str, kind: type, what: str) -> int | float:
 
 async def serve_with_actions(
     database_path: str,
-    address: str = DEFAULT_ADDRESS,
+    address: str | None = None,
     *,
     actor: str,
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
@@ -334,8 +337,15 @@ async def serve_with_actions(
     Checks the address, and the database read-only (so a missing or foreign one is refused,
     never created or migrated into a zincir database), then opens the one write
     :class:`~zincir.Database` the actions use. Reports ``(url, one-time login url)``.
+
+    Without ``address`` it serves on a random address of 127.0.0.0/8 of its own, any free port:
+    browsers keep cookies apart by host, not by port, so no other local server (on 127.0.0.1,
+    say) receives the session cookie. Where only 127.0.0.1 is loopback (macOS, by default), it
+    serves there, and the URL says so.
     """
     actor = check_text(actor, "the name the inspector acts as (--as)")
+    if address is None:
+        address = await trio.to_thread.run_sync(_address_of_its_own)
     parse_address(address)
     await trio.to_thread.run_sync(_check_readable, database_path)
     async with open_database(database_path) as db:
@@ -357,3 +367,16 @@ async def serve_with_actions(
 
 def _check_readable(path: str) -> None:
     q.open_readonly(path).close()
+
+
+def _address_of_its_own() -> str:
+    """A random loopback address and port 0, or 127.0.0.1:0 where that cannot be bound."""
+    ip = random_loopback_ip()
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind((ip, 0))
+    except OSError as error:
+        if error.errno != errno.EADDRNOTAVAIL:
+            raise
+        ip = "127.0.0.1"
+    return f"{ip}:0"

@@ -5,9 +5,12 @@ Safety properties, each enforced here and pinned by tests:
 - it binds loopback only (127.0.0.0/8 or ::1, given as a literal IP and port);
 - it answers 421 to any request whose ``Host`` is not the exact ``ip:port`` it serves, so a
   DNS-rebinding page cannot read it, and 403 to requests a browser marks
-  ``Sec-Fetch-Site: cross-site``; WebSocket connections are refused before the app sees them;
+  ``Sec-Fetch-Site: cross-site`` (or that carry that header more than once, or a list in it:
+  no browser does); WebSocket connections are refused before the app sees them;
 - every response carries a restrictive Content-Security-Policy (no script at all, styles
-  only from the inspector itself, no framing), ``nosniff`` and ``no-referrer``;
+  only from the inspector itself, no framing), ``nosniff`` and ``no-referrer``: when served,
+  Hypercorn itself adds them (:class:`_SecuredConfig`), so that the answers it writes on its
+  own (a malformed request's 400, a 431, a refused WebSocket's 403, a 101) carry them too;
 - it opens the database read-only (SQLite's ``mode=ro``; on PostgreSQL a read-only session and
   ``REPEATABLE READ READ ONLY`` transactions) and never writes, creates or migrates;
 - pages are Jinja2 templates (``templates/``) rendered with autoescape always on, from view
@@ -133,6 +136,9 @@ class InspectorApp(QuartTrio):
     #: The headers every answer carries; an ``extend`` hook may adjust them (the actions send
     #: ``Referrer-Policy: same-origin``, or a browser's form POST says ``Origin: null``).
     security_headers: tuple[tuple[bytes, bytes], ...]
+    #: Whether the server adds :attr:`security_headers` to every response it writes (served by
+    #: :func:`serve`); otherwise (a test client) the app adds them to its own.
+    server_adds_headers: bool = False
 
     async def asgi_app(self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
         if scope["type"] == "lifespan":
@@ -143,6 +149,7 @@ class InspectorApp(QuartTrio):
                 await send({"type": "websocket.close", "code": 1008, "reason": "not served here"})
             return
         headers = scope["headers"]
+        send = _secured(send, self.security_headers, add=not self.server_adds_headers)
         if _host_of(headers) not in _accepted_hosts(self.served_host):
             await _send_refusal(
                 send,
@@ -151,7 +158,7 @@ class InspectorApp(QuartTrio):
                 "This inspector only answers requests addressed to the loopback address it serves.",
             )
             return
-        if _header(headers, b"sec-fetch-site") == "cross-site":
+        if _from_another_site(headers):
             await _send_refusal(
                 send,
                 403,
@@ -160,7 +167,7 @@ class InspectorApp(QuartTrio):
                 "Open it by typing its address or following a link from the inspector itself.",
             )
             return
-        await super().asgi_app(scope, receive, _secured(send, self.security_headers))
+        await super().asgi_app(scope, receive, send)
 
 
 def _accepted_hosts(served_host: str) -> tuple[str, ...]:
@@ -169,11 +176,17 @@ def _accepted_hosts(served_host: str) -> tuple[str, ...]:
     return (served, served.removesuffix(":80")) if served.endswith(":80") else (served,)
 
 
-def _header(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> str | None:
-    values = [value for key, value in headers if key.lower() == name]
-    if len(values) != 1:
-        return None
-    return values[0].decode("latin-1").strip().lower()
+def _from_another_site(headers: Iterable[tuple[bytes, bytes]]) -> bool:
+    """Whether a browser marked the request ``Sec-Fetch-Site: cross-site``, or the header is
+    there more than once or holds a list: a browser sends it once, with one value, so anything
+    else was made to slip past this check."""
+    values = [value for key, value in headers if key.lower() == b"sec-fetch-site"]
+    if not values:
+        return False  # not a browser's request (curl, scripts): the Host check still holds
+    if len(values) > 1:
+        return True
+    value = values[0].decode("latin-1").strip().lower()
+    return value == "cross-site" or "," in value
 
 
 def _host_of(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
@@ -184,25 +197,41 @@ def _host_of(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
 
 
 def _secured(
-    send: ASGISendCallable, security_headers: tuple[tuple[bytes, bytes], ...] = SECURITY_HEADERS
+    send: ASGISendCallable, security_headers: tuple[tuple[bytes, bytes], ...], *, add: bool
 ) -> ASGISendCallable:
+    """``send``, with the app's own values of the security headers removed from every response,
+    and ``security_headers`` added (``add``) unless the server adds them itself."""
+    added = security_headers if add else ()
+
     async def send_secured(message: ASGISendEvent) -> None:
         if message["type"] == "http.response.start":
             kept = [(n, v) for n, v in message["headers"] if n.lower() not in _SECURITY_NAMES]
-            message = {**message, "headers": [*kept, *security_headers]}
+            message = {**message, "headers": [*kept, *added]}
         await send(message)
 
     return send_secured
 
 
+class _SecuredConfig(hypercorn.config.Config):
+    """Hypercorn's configuration, adding the app's security headers to every response Hypercorn
+    writes: the app's answers, and those it writes on its own (a malformed request's 400, 431
+    for headers too large, 403 for a refused WebSocket, a 500, 100 Continue, an h2c 101)."""
+
+    def __init__(self, app: InspectorApp) -> None:
+        self._app = app
+
+    def response_headers(self, protocol: str) -> list[tuple[bytes, bytes]]:
+        return [*super().response_headers(protocol), *self._app.security_headers]
+
+
 async def _send_refusal(send: ASGISendCallable, status: int, name: str, message: str) -> None:
-    """A styled error page sent straight through ASGI, before Quart sees the request."""
+    """A styled error page sent straight through ASGI, before Quart sees the request (``send``
+    adds the security headers)."""
     body = _error_page(status, name, message).encode("utf-8", "backslashreplace")
     headers = [
         (b"content-type", b"text/html; charset=utf-8"),
         (b"content-length", str(len(body)).encode()),
         (b"cache-control", b"no-store"),
-        *SECURITY_HEADERS,
     ]
     await send({"type": "http.response.start", "status": status, "headers": headers, "trailers": False})
     await send({"type": "http.response.body", "body": body, "more_body": False})
@@ -1187,7 +1216,8 @@ async def _serve_app(
     shutdown_trigger: Callable[[], Awaitable[None]] | None,
     task_status: trio.TaskStatus[str],
 ) -> None:
-    config = hypercorn.config.Config()
+    config = _SecuredConfig(app)
+    app.server_adds_headers = True
     config.bind = [format_host(ip, port)]
     config.loglevel = "WARNING"
     config.include_server_header = False
