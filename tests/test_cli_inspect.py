@@ -310,13 +310,16 @@ async def test_checkpoints_command_prints_the_lineage(tmp_path: Path) -> None:
         await run.complete()
     result = CliRunner().invoke(main, ["checkpoints", "--db", str(path), run.id])
     assert result.exit_code == 0, result.output
-    header, rejected, accepted = result.output.strip().splitlines()[1:]
+    header, rejected, accepted = result.output.strip().splitlines()[1:4]
     assert header.split()[:5] == ["ROUND", "ID", "STATUS", "BUILDS", "ON"]
-    assert header.split()[-1] == "VERIFICATION"
+    assert header.split()[-1] == "VERDICT"
     assert rejected.split()[:7] == ["1", "1", "rejected", "goal", "2", "4", "cp-1"]
+    assert rejected.endswith("failed")
     # A rejected round is no baseline: the next round builds on the goal too.
     assert accepted.split()[:7] == ["2", "2", "accepted", "goal", "7", "9", "cp-2"]
-    assert accepted.endswith('{"evidence":{"seen":["all of it"]},"passed":true}')
+    assert accepted.endswith("passed")
+    evidence = result.output.partition("  verification of round 2 (accepted)\n")[2]
+    assert json.loads(evidence) == {"evidence": {"seen": ["all of it"]}, "passed": True}
     missing = CliRunner().invoke(
         main, ["checkpoints", "--db", str(path), "00000000-0000-0000-0000-000000000000"]
     )

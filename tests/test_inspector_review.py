@@ -28,10 +28,12 @@ import trio
 from click.testing import CliRunner, Result
 
 import zincir
+from zincir import _owner
 from zincir._cli import main
 from zincir._inspector import CONTENT_SECURITY_POLICY, serve
 from zincir._inspector._render import TEMPLATES
 from zincir._inspector._views import BOUND_ARGS_CHARS
+from zincir._json import encode
 
 from . import cdp
 from .helpers import rows
@@ -511,7 +513,7 @@ async def test_another_local_server_does_not_receive_the_session_cookie(
                 await page.wait_for("document.querySelector('form.logout') !== null")
                 seen.clear()
                 await page.goto(f"http://127.0.0.1:{port}/")
-                [head] = seen
+                [head] = [h for h in seen if h.startswith(b"GET / ")]  # (then /favicon.ico, maybe)
                 sent[name] = [c for c in cookie_names(head) if c.startswith("zincir_session_")]
         # The oracle: an inspector on 127.0.0.1 does leak its cookie to the other server there.
         assert len(sent["on 127.0.0.1"]) == 1
@@ -546,3 +548,104 @@ def test_zincir_ui_allow_actions_prints_an_address_of_its_own(tmp_path: Path) ->
 async def _one_run(target: str) -> None:
     async with zincir.open_database(target) as db, zincir.open_run(db):
         pass
+
+
+# -- what an agent needs: log order, interrupted verifications, probes' finds, whole evidence ----
+
+
+async def left_by_a_dead_owner(db: zincir.Database, run_id: str) -> None:
+    """Make the run look held, for a minute more, by a process of this host that is gone (what
+    a SIGKILLed owner leaves): the next open_run takes it over at once, and logs it."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # reaped: its PID names no process now
+    now = db.clock()
+    rows(
+        db,
+        "UPDATE agent_runs SET lease_owner = 'killed', lease_epoch = lease_epoch + 1, lease_expires_at = ?,"
+        " lease_host = ?, lease_pid = ?, lease_process_start = ? WHERE id = ?",
+        (now + 60_000, _owner.this_process().host, gone.pid, 1, run_id),
+    )
+
+
+async def record_found_by_a_probe(run: zincir.Run, call_id: str, content: object) -> None:
+    """Record a tool result as the write path records one a reconcile probe found: the same
+    payload, with ``"reconciled": true`` (zincir's own encoding: compact, sorted keys)."""
+    payload = encode(
+        {"call_id": call_id, "content": content, "reconciled": True}, what="a result", limit=1 << 20
+    )
+    await run._write(run._store.record_tool_result, call_id, payload)
+
+
+async def test_a_result_after_a_takeover_is_shown_after_it(db: zincir.Database) -> None:
+    async with zincir.open_run(db, role="coder") as run:
+        calls = [zincir.ToolCall("commit", "git_commit", {"message": "fix"})]
+        await run.record_response("Committing.", calls, "tool_use")
+        await run.start_tool("commit")
+        await run.record_response("And reading.", [zincir.ToolCall("read", "read_file", {})], "tool_use")
+        await run.record_tool_result("read", "contents")  # answered in its own turn: folded
+        run_id = run.id
+    await left_by_a_dead_owner(db, run_id)
+    async with zincir.open_run(db, run_id) as run:  # taken over, logged
+        await record_found_by_a_probe(run, "commit", {"sha": "abc123"})
+    kinds = {e.seq: e.type.value for e in await db.events(run_id)}
+    [response] = [s for s, k in kinds.items() if k == "llm_call"][:1]
+    [takeover] = [s for s, k in kinds.items() if k == "lease_taken_over"]
+    [result] = [s for s, k in kinds.items() if k == "tool_result" and s > takeover]
+    async with read_only_server(db.path) as server:
+        page = (await get(server, f"/runs/{run_id}")).body
+        order = re.findall(r'<li class="entry [^"]*" id="c([0-9]+)" data-kind="([a-z-]+)"', page)
+        shown = [(int(seq), kind) for seq, kind in order]
+        assert [k for s, k in shown if s in (response, takeover, result)] == ["response", "restart", "result"]
+        call = re.search(r'data-call="commit".*?</details>(.*?)</li>', page, re.S)
+        assert call is not None and '<div class="result">' not in call[1]  # not folded back
+        assert f'href="/runs/{run_id}?after={result - 1}#e{result}">#{result}</a>' in call[1]
+        assert "result found by a probe" in page
+        assert re.search(rf'id="c{result}" data-kind="result">.*?found by a probe', page, re.S)
+        read = re.search(r'data-call="read".*?</li>', page, re.S)
+        assert read is not None and '<div class="result">' in read[0]  # no restart between: folded
+        # The same when the result is on a later page: the restart is looked up beyond it.
+        first = (await get(server, f"/runs/{run_id}?after={response - 1}&limit=1")).body
+        assert f'href="/runs/{run_id}?after={result - 1}#e{result}">#{result}</a>' in first
+    shown_cli = await trio.to_thread.run_sync(cli, "show", "--db", db.path, run_id)
+    [line] = [line for line in shown_cli.stdout.splitlines() if line.strip().startswith("commit")]
+    assert "done, found by a probe" in line
+    data = json.loads((await trio.to_thread.run_sync(cli, "show", "--db", db.path, run_id, "--json")).stdout)
+    assert {c["call_id"]: c["reconciled"] for c in data["tool_calls"]} == {"commit": True, "read": False}
+
+
+async def test_a_candidate_under_verification_is_not_called_interrupted(db: zincir.Database) -> None:
+    verifying, release = trio.Event(), trio.Event()
+
+    async def slow(_: object) -> zincir.Verification:
+        verifying.set()
+        await release.wait()
+        return zincir.Verification(True, ["ok"])
+
+    async with read_only_server(db.path) as server, zincir.open_run(db) as run:
+        await run.record_response("", [zincir.ToolCall("s1", zincir.SUBMIT_CHECKPOINT, {})], "tool_use")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run.checkpoint, "s1", zincir.CheckpointState(completed=["a"]), slow)
+            await verifying.wait()
+            page = (await get(server, f"/runs/{run.id}")).body
+            assert 'data-call="s1" data-state="verifying"' in page
+            assert "checkpoint round 1 proposed, being verified" in page and "never started" not in page
+            assert "may be verifying it now" in (await get(server, f"/runs/{run.id}/checkpoints/1")).body
+            shown = await trio.to_thread.run_sync(cli, "show", "--db", db.path, run.id)
+            assert "checkpoint candidate, undecided" in shown.stdout
+            release.set()
+        assert 'data-state="done"' in (await get(server, f"/runs/{run.id}")).body
+
+
+async def test_zincir_checkpoints_prints_the_whole_evidence(db: zincir.Database) -> None:
+    lines = [f"test_{i}: passed " + "." * 200 for i in range(3)]
+
+    async def verify(_: object) -> zincir.Verification:
+        return zincir.Verification(True, lines)
+
+    async with zincir.open_run(db) as run:
+        await run.record_response("", [zincir.ToolCall("s1", zincir.SUBMIT_CHECKPOINT, {})], "tool_use")
+        await run.checkpoint("s1", zincir.CheckpointState(completed=["a"]), verify)
+    for command in ("checkpoints", "show"):
+        output = (await trio.to_thread.run_sync(cli, command, "--db", db.path, run.id)).stdout
+        for line in lines:
+            assert f'"{line}"' in output, command  # whole, never cut to the table's width

@@ -330,7 +330,8 @@ def show(database_path: str, run_id: str, as_json: bool) -> None:
 @database_option
 @click.argument("run_id")
 def checkpoints(database_path: str, run_id: str) -> None:
-    """Show a run's checkpoint lineage: round, status, based-on and decision seqs, evidence."""
+    """Show a run's checkpoint lineage: round, status, based-on and decision seqs, verdict;
+    then each round's whole verification (the verifier's evidence)."""
     with clean_errors(), readonly_database(database_path) as conn, q.read_snapshot(conn):
         run = q.get_run(conn, q.resolve_run_id(conn, run_id), children_limit=0)
         _print_lineage(q.list_checkpoints(conn, run.id))
@@ -404,8 +405,9 @@ def _print_run(run: q.RunDetail, now: int) -> None:
 def _print_json_block(name: str, stored: str) -> None:
     """A stored JSON value, pretty-printed and indented under its name."""
     text = json.dumps(q.json_value(stored), indent=2, ensure_ascii=True)
+    indent = " " * (len(name) - len(name.lstrip()) + 2)
     click.echo(name)
-    click.echo("\n".join(f"  {cell(line)}" for line in text.splitlines()))
+    click.echo("\n".join(f"{indent}{cell(line)}" for line in text.splitlines()))
 
 
 def _print_awaiting(run: q.RunDetail, awaiting: Sequence[q.Awaiting]) -> None:
@@ -439,10 +441,17 @@ def _print_section(title: str, headers: list[str], rows: list[list[str]], numeri
         click.echo("\n".join(f"  {line}" for line in _table(headers, rows, numeric).splitlines()))
 
 
+def _verdict(verification: str | None) -> str:
+    if verification is None:
+        return "—"
+    value = q.json_value(verification)
+    passed = value.get("passed") if isinstance(value, dict) else None
+    return {True: "passed", False: "failed"}.get(passed, "?") if isinstance(passed, bool) else "?"
+
+
 def _print_lineage(checkpoints: Sequence[q.CheckpointRow]) -> None:
     rows, baseline = [], "goal"
     for c in checkpoints:
-        evidence = _compact(q.json_value(c.verification)) if c.verification is not None else None
         rows.append(
             [
                 cell(c.round),
@@ -453,7 +462,7 @@ def _print_lineage(checkpoints: Sequence[q.CheckpointRow]) -> None:
                 cell(c.decision_event_seq),
                 cell(c.tool_call_id, 24),
                 _time(c.created_at),
-                cell(evidence, 60),
+                _verdict(c.verification),
             ]
         )
         if c.status == "accepted":
@@ -467,9 +476,13 @@ def _print_lineage(checkpoints: Sequence[q.CheckpointRow]) -> None:
         "DECISION",
         "TOOL CALL",
         "PROPOSED",
-        "VERIFICATION",
+        "VERDICT",
     ]
     _print_section("checkpoints", headers, rows, frozenset({0, 1, 4, 5}))
+    # The verifier's evidence, whole: it is what a person reads to trust a round.
+    for c in checkpoints:
+        if c.verification is not None:
+            _print_json_block(f"  verification of round {cell(c.round)} ({cell(c.status)})", c.verification)
 
 
 def _print_steps(steps: Sequence[q.StepRow]) -> None:

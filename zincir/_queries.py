@@ -1030,6 +1030,51 @@ def get_checkpoint(conn: Reader, run_id: str, round: object) -> CheckpointRow | 
     return None if row is None else _checkpoint(row, None)
 
 
+def candidate_checkpoint(conn: Reader, run_id: str) -> CheckpointRow | None:
+    """The run's undecided candidate (there is one at most), its values cut to 8 KiB; by the
+    status index, whatever the number of rounds."""
+    sql = _checkpoint_sql(conn.dialect, 8192) + " WHERE run_id = ? AND status = 'candidate' LIMIT 1"
+    row = conn.execute(sql, (run_id,)).fetchone()
+    return None if row is None else _checkpoint(row, 8192)
+
+
+def verification_interrupted(run: RunDetail, candidate: CheckpointRow, now_ms: int) -> bool:
+    """Whether a candidate's verification was interrupted, rather than (maybe) under way.
+
+    The owner proposes the candidate, runs the verifier and records its decision, logging
+    nothing in between. So the verification is over, undecided, once the log has events past
+    the proposal (the verifier failed and the run went on, or a new owner took over), or once
+    no owner holds the run (it crashed, ended, or is suspended).
+    """
+    proposed = candidate.based_on_event_seq  # the proposal is the event after it
+    held = (
+        run.status == "running"
+        and run.lease_owner is not None
+        and type(run.lease_expires_at) is int
+        and run.lease_expires_at > now_ms
+    )
+    later = type(proposed) is int and type(run.event_count) is int and run.event_count > proposed + 2
+    return later or not held
+
+
+#: How a result that a reconcile probe found ends: zincir writes event payloads as compact JSON
+#: with sorted keys, so ``"reconciled": true`` of ``{"call_id", "content", "reconciled"}`` is last.
+_RECONCILED = '%,"reconciled":true}'
+
+
+def reconciled_results(conn: Reader, run_id: str, seqs: Sequence[object]) -> frozenset[object]:
+    """Which of the ``tool_result`` events at ``seqs`` a reconcile probe found (by primary key)."""
+    wanted = sorted({s for s in seqs if type(s) is int})
+    if not wanted:
+        return frozenset()
+    rows = conn.execute(
+        f"SELECT {conn.dialect.int_column('seq')} FROM events WHERE run_id = ? AND type = 'tool_result'"
+        f" AND seq IN ({', '.join('?' * len(wanted))}) AND payload LIKE ?",
+        [run_id, *wanted, _RECONCILED],
+    )
+    return frozenset(_int(row[0]) for row in rows)
+
+
 def _step_sql(d: Dialect, max_chars: int | None) -> str:
     return (
         f"SELECT {_name('name')}, {_name('status')}, {d.int_column('epoch')},"
@@ -1694,15 +1739,19 @@ def budget_lines(usage: Usage) -> list[tuple[str, object, object, object]]:
 
 @attrs.frozen
 class IntentRow:
-    """A tool intent and what is known of it: ``done`` (it has a result), ``started, outcome
-    unknown`` (its tool began at least once: a crash may have come before or after the effect)
-    or ``never started`` (safe to run). Databases older than start marks say ``pending``."""
+    """A tool intent and what is known of it: ``done`` (it has a result; ``done, found by a
+    probe`` when a reconcile probe found it: ``reconciled``), ``started, outcome unknown`` (its
+    tool began at least once: a crash may have come before or after the effect), ``never
+    started`` (safe to run), or ``checkpoint candidate, undecided`` (a ``submit_checkpoint``
+    call whose candidate awaits its verifier's decision). Databases older than start marks say
+    ``pending``."""
 
     call_id: str
     name: str
     state: str
     started: int | None
     last_started_at: OptInt
+    reconciled: bool = False
 
 
 def list_intents(conn: Reader, run_id: str, *, limit: int = 100) -> tuple[IntentRow, ...]:
@@ -1710,21 +1759,30 @@ def list_intents(conn: Reader, run_id: str, *, limit: int = 100) -> tuple[Intent
     d = conn.dialect
     marks = conn.has_column("tool_intents", "started")
     started = f"{d.int_column('started')}, {d.int_column('last_started_at')}" if marks else "NULL, NULL"
-    rows = conn.execute(
-        f"SELECT {_name('call_id')}, {_name('name')}, result_seq IS NOT NULL, {started} FROM tool_intents"
-        " WHERE run_id = ? ORDER BY result_seq IS NOT NULL, CASE WHEN result_seq IS NULL THEN intent_seq"
-        " ELSE -intent_seq END LIMIT ?",
-        (run_id, _check_limit(limit)),
+    rows = list(
+        conn.execute(
+            f"SELECT {_name('call_id')}, {_name('name')}, {d.int_column('result_seq')}, {started}"
+            " FROM tool_intents WHERE run_id = ? ORDER BY result_seq IS NOT NULL,"
+            " CASE WHEN result_seq IS NULL THEN intent_seq ELSE -intent_seq END LIMIT ?",
+            (run_id, _check_limit(limit)),
+        )
     )
+    found_by_probe = reconciled_results(conn, run_id, [r[2] for r in rows if r[2] is not None])
+    candidate = candidate_checkpoint(conn, run_id)
     found = []
-    for call_id, name, done, count, last in rows:
-        if done:
-            state = "done"
+    for call_id, name, result_seq, count, last in rows:
+        reconciled = result_seq is not None and _int(result_seq) in found_by_probe
+        if result_seq is not None:
+            state = "done, found by a probe" if reconciled else "done"
+        elif candidate is not None and _text(call_id) == candidate.tool_call_id:
+            state = "checkpoint candidate, undecided"
         elif count is None:
             state = "pending"
         else:
             state = "started, outcome unknown" if count else "never started"
-        found.append(IntentRow(_text(call_id), _text(name), state, _opt_int(count), _opt_int(last)))  # type: ignore[arg-type]
+        found.append(
+            IntentRow(_text(call_id), _text(name), state, _opt_int(count), _opt_int(last), reconciled)  # type: ignore[arg-type]
+        )
     return tuple(found)
 
 
@@ -1735,6 +1793,7 @@ def intent_to_json(intent: IntentRow) -> dict[str, Any]:
         "state": intent.state,
         "started": intent.started,
         "last_started_at": _plain(intent.last_started_at),
+        "reconciled": intent.reconciled,
     }
 
 

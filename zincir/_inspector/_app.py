@@ -55,19 +55,21 @@ from .._errors import (
 from .._version import __version__
 from . import _views as v
 from ._charts import CHART_BUCKETS, LANE_CAP, BudgetBar, Timeline, budget_bars, status_chart, timeline
-from ._conversation import Context, Entry, call_ids_of, decided_on_page, entries
+from ._conversation import Candidate, Context, Entry, call_ids_of, decided_on_page, entries
 from ._plain import DEFAULT_ADDRESS, format_host, human_delta, parse_address
 from ._pool import ReadPool
 from ._reads import (
     CallOutcome,
     Intent,
     Mark,
+    Restarts,
     WaitSpan,
     activity,
     call_outcomes,
     intents_since,
     latest_events,
     neighbour_rounds,
+    restarts_after,
     wait_spans,
 )
 from ._render import STATIC, render, visible_json
@@ -470,7 +472,7 @@ async def _checkpoint_route(app: InspectorApp, run_id: str, round: str) -> Respo
         context = {
             "run": run,
             "run_url": v.path("runs", run_id),
-            "card": v.checkpoint_view(run_id, row, builds_on),
+            "card": _with_interruption(run, v.checkpoint_view(run_id, row, builds_on), now),
             "previous_url": None if previous is None else v.checkpoint_page_url(run_id, previous),
             "next_url": None if following is None else v.checkpoint_page_url(run_id, following),
             "now": now,
@@ -479,6 +481,13 @@ async def _checkpoint_route(app: InspectorApp, run_id: str, round: str) -> Respo
         return _render_page(app, "checkpoint.html", title, {**context, **extra})
 
     return _html(await _read(app, render))
+
+
+def _with_interruption(run: q.RunDetail, card: v.CheckpointView, now: int) -> v.CheckpointView:
+    """A candidate's card says whether its verification was interrupted."""
+    if card.row.status != "candidate":
+        return card
+    return attrs.evolve(card, interrupted=q.verification_interrupted(run, card.row, now))
 
 
 def _cut_checkpoint(row: q.CheckpointRow) -> q.CheckpointRow:
@@ -782,6 +791,10 @@ class _RunView:
         self.outcomes, (self.marks, self.earlier) = outcomes, marks
         self.window_intents, self.waits = window_intents, waits
         self.outsider_actions = outsider_actions
+        # What the conversation needs beyond the page (set by fetch in the conversation view).
+        self.restarts = Restarts((), -1)
+        self.reconciled: frozenset[object] = frozenset()
+        self.candidate: q.CheckpointRow | None = None
 
     @classmethod
     def fetch(cls, run_id: str, query: _EventsQuery, conn: Any) -> _RunView:
@@ -807,7 +820,7 @@ class _RunView:
             first_seq = marks[0][0].seq if marks[0] else 0
             window = intents_since(conn, run_id, first_seq, LANE_CAP * 2)
             waits = wait_spans(conn, run_id, LIST_LIMIT)
-        return cls(
+        view = cls(
             q.get_run(
                 conn,
                 run_id,
@@ -832,6 +845,22 @@ class _RunView:
             waits,
             () if later else q.list_outsider_actions(conn, run_id, limit=LIST_LIMIT + 1),
         )
+        if conversation:
+            view._fetch_beyond_the_page(conn)
+        return view
+
+    def _fetch_beyond_the_page(self, conn: Any) -> None:
+        """The restarts between the page's calls and their results (to keep log order), which
+        results a reconcile probe found, and the undecided candidate (bounded reads)."""
+        run_id = self.run.id
+        seqs = [e.seq for e in self.events.events if type(e.seq) is int]
+        results = [o.result.seq for o in self.outcomes.values() if o.result is not None]
+        if seqs:
+            upto = max([seqs[-1], *(r for r in results if type(r) is int)])
+            self.restarts = restarts_after(conn, run_id, seqs[0] - 1, upto, q.SCAN_WINDOW)
+        on_page = [e.seq for e in self.events.events if e.type == "tool_result"]
+        self.reconciled = q.reconciled_results(conn, run_id, [*results, *on_page])
+        self.candidate = q.candidate_checkpoint(conn, run_id)
 
 
 # --------------------------------------------------------------------------- pages
@@ -994,7 +1023,7 @@ def _wait_lines(awaiting: Iterable[q.Awaiting]) -> list[WaitLine]:
 
 def _run_context(view: _RunView, query: _EventsQuery, now: int) -> dict[str, Any]:
     run = view.run
-    cards = v.checkpoint_views(run.id, view.checkpoints)
+    cards = [_with_interruption(run, card, now) for card in v.checkpoint_views(run.id, view.checkpoints)]
     live = run.status in v.LIVE
     lease_state, lease_delta = None, ""
     if run.lease_owner is not None and type(run.lease_expires_at) is int:
@@ -1058,6 +1087,12 @@ def _agent_fields(
     later = query.after is not None or query.before is not None
     found: list[Entry] = []
     if mode == "conversation":
+        row = view.candidate
+        candidate = (
+            None
+            if row is None
+            else Candidate(row.tool_call_id, row.round, q.verification_interrupted(run, row, now))
+        )
         ctx = Context(
             run.id,
             view.outcomes,
@@ -1065,6 +1100,9 @@ def _agent_fields(
             frozenset(a.name for a in view.awaiting if a.kind == "approval"),
             decided_on_page(view.events.events),
             {c.id: c.status for c in run.children},
+            view.restarts,
+            view.reconciled,
+            candidate,
         )
         found = entries(ctx, view.events.events)
     tl = None

@@ -206,6 +206,19 @@ class CheckpointView:
     verification: Stored | None
     evidence: tuple[str, ...]
     passed: bool | None
+    #: For a candidate: its verification was interrupted (it will never be decided by the
+    #: attempt that proposed it), rather than maybe under way.
+    interrupted: bool = False
+
+    @property
+    def undecided_note(self) -> str:
+        if self.interrupted:
+            return (
+                "Undecided: its verification was interrupted (the verifier failed, or its owner"
+                " stopped) and never decided it. The run's next owner finds it with"
+                " pending_checkpoint() and verifies it again."
+            )
+        return "Undecided: its owner holds the run and may be verifying it now."
 
 
 def lineage(checkpoints: Iterable[q.CheckpointRow]) -> dict[object, object]:
