@@ -74,6 +74,7 @@ __all__ = [
     "awaiting_to_json",
     "budget_lines",
     "budgets_of",
+    "candidate_checkpoint",
     "checkpoint_to_json",
     "decode_key",
     "display_target",
@@ -107,11 +108,13 @@ __all__ = [
     "parse_run_id",
     "raw_value",
     "read_snapshot",
+    "reconciled_results",
     "run_to_json",
     "spend_text",
     "sqlite_path",
     "step_to_json",
     "timer_to_json",
+    "verification_interrupted",
 ]
 
 REQUIRED_TABLES = frozenset(
