@@ -29,6 +29,7 @@ from click.testing import CliRunner, Result
 
 import zincir
 from zincir import _owner
+from zincir import _queries as q
 from zincir._cli import main
 from zincir._inspector import CONTENT_SECURITY_POLICY, serve
 from zincir._inspector._render import TEMPLATES
@@ -576,7 +577,9 @@ async def record_found_by_a_probe(run: zincir.Run, call_id: str, content: object
     await run._write(run._store.record_tool_result, call_id, payload)
 
 
-async def test_a_result_after_a_takeover_is_shown_after_it(db: zincir.Database) -> None:
+async def test_a_result_after_a_takeover_is_shown_after_it(
+    db: zincir.Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
     async with zincir.open_run(db, role="coder") as run:
         calls = [zincir.ToolCall("commit", "git_commit", {"message": "fix"})]
         await run.record_response("Committing.", calls, "tool_use")
@@ -603,9 +606,15 @@ async def test_a_result_after_a_takeover_is_shown_after_it(db: zincir.Database) 
         assert re.search(rf'id="c{result}" data-kind="result">.*?found by a probe', page, re.S)
         read = re.search(r'data-call="read".*?</li>', page, re.S)
         assert read is not None and '<div class="result">' in read[0]  # no restart between: folded
-        # The same when the result is on a later page: the restart is looked up beyond it.
+        assert "Its result was recorded after a restart, at <a" in call[1]
+        # The same when the result is on a later page: the restart is looked up beyond it...
         first = (await get(server, f"/runs/{run_id}?after={response - 1}&limit=1")).body
         assert f'href="/runs/{run_id}?after={result - 1}#e{result}">#{result}</a>' in first
+        assert "recorded after a restart" in first
+        # ...by a bounded scan: past it, a result is not paired either, and the page says why.
+        monkeypatch.setattr(q, "SCAN_WINDOW", 1)
+        far = (await get(server, f"/runs/{run_id}?after={response - 1}&limit=1")).body
+        assert "Its result was recorded further down the log, at <a" in far
     shown_cli = await trio.to_thread.run_sync(cli, "show", "--db", db.path, run_id)
     [line] = [line for line in shown_cli.stdout.splitlines() if line.strip().startswith("commit")]
     assert "done, found by a probe" in line

@@ -44,7 +44,8 @@ class CallView:
     result_url: str | None
     approval: str | None  # approved / denied / unanswered / timed out
     reconciled: bool = False  # the result was found by a reconcile probe
-    result_later: v.SeqRef | None = None  # the result, logged after a restart: shown there
+    result_later: v.SeqRef | None = None  # the result, not folded in: shown where it is
+    later_after_restart: bool = False  # ... because a restart came between (else: too far)
     checkpoint_round: object = None  # the candidate's round, for a verifying / interrupted call
 
 
@@ -154,7 +155,7 @@ def _call_view(ctx: Context, call_id: str, name: str, args: Any, call_seq: objec
         mark = "verification-interrupted" if candidate.interrupted else "verifying"
         checkpoint_round = candidate.round
     result = result_url = later = None
-    cut = reconciled = False
+    cut = reconciled = after_restart = False
     if outcome is not None and outcome.result is not None:
         event = outcome.result
         reconciled = event.seq in ctx.reconciled
@@ -167,6 +168,7 @@ def _call_view(ctx: Context, call_id: str, name: str, args: Any, call_seq: objec
             result_url = v.path("api", "runs", ctx.run_id, "events", q.encode_key(event.seq))
         else:
             later = v.seq_ref(ctx.run_id, event.seq)
+            after_restart = ctx.restarts.between(call_seq, event.seq) is True
     approval = None
     if call_id in ctx.open_approvals:
         approval = "unanswered"
@@ -189,6 +191,7 @@ def _call_view(ctx: Context, call_id: str, name: str, args: Any, call_seq: objec
         approval,
         reconciled,
         later,
+        after_restart,
         checkpoint_round,
     )
 
