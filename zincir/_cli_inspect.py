@@ -442,11 +442,14 @@ def _print_section(title: str, headers: list[str], rows: list[list[str]], numeri
 
 
 def _verdict(verification: str | None) -> str:
+    """``passed`` or ``failed`` from a stored verification; ``—`` for none, ``?`` if unreadable."""
     if verification is None:
         return "—"
     value = q.json_value(verification)
     passed = value.get("passed") if isinstance(value, dict) else None
-    return {True: "passed", False: "failed"}.get(passed, "?") if isinstance(passed, bool) else "?"
+    if not isinstance(passed, bool):
+        return "?"
+    return "passed" if passed else "failed"
 
 
 def _print_lineage(checkpoints: Sequence[q.CheckpointRow]) -> None:

@@ -215,8 +215,8 @@ class CheckpointView:
         if self.interrupted:
             return (
                 "Undecided: its verification was interrupted (the verifier failed, or its owner"
-                " stopped) and never decided it. The run's next owner finds it with"
-                " pending_checkpoint() and verifies it again."
+                " stopped) and never decided it. An owner of the run finds it with"
+                " pending_checkpoint() and can verify it again with verify_checkpoint()."
             )
         return "Undecided: its owner holds the run and may be verifying it now."
 
