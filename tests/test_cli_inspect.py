@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 from click.testing import CliRunner, Result
 
 import zincir as zc
@@ -309,13 +310,16 @@ async def test_checkpoints_command_prints_the_lineage(tmp_path: Path) -> None:
         await run.complete()
     result = CliRunner().invoke(main, ["checkpoints", "--db", str(path), run.id])
     assert result.exit_code == 0, result.output
-    header, rejected, accepted = result.output.strip().splitlines()[1:]
+    header, rejected, accepted = result.output.strip().splitlines()[1:4]
     assert header.split()[:5] == ["ROUND", "ID", "STATUS", "BUILDS", "ON"]
-    assert header.split()[-1] == "VERIFICATION"
+    assert header.split()[-1] == "VERDICT"
     assert rejected.split()[:7] == ["1", "1", "rejected", "goal", "2", "4", "cp-1"]
+    assert rejected.endswith("failed")
     # A rejected round is no baseline: the next round builds on the goal too.
     assert accepted.split()[:7] == ["2", "2", "accepted", "goal", "7", "9", "cp-2"]
-    assert accepted.endswith('{"evidence":{"seen":["all of it"]},"passed":true}')
+    assert accepted.endswith("passed")
+    evidence = result.output.partition("  verification of round 2 (accepted)\n")[2]
+    assert json.loads(evidence) == {"evidence": {"seen": ["all of it"]}, "passed": True}
     missing = CliRunner().invoke(
         main, ["checkpoints", "--db", str(path), "00000000-0000-0000-0000-000000000000"]
     )
@@ -416,3 +420,69 @@ def test_out_of_range_numbers_are_clean_errors(ids: Sample) -> None:
     assert result.exit_code == 2
     assert "Traceback" not in result.output
     assert_clean_failure(zincir("runs", "--db", ids.path, "--before", f"{'9' * 19}_{ids.main}"), "outside")
+
+
+# -- start-up: only `zincir ui` loads the web stack -------------------------------------------
+
+WEB_STACK = ("quart", "quart_trio", "hypercorn", "jinja2", "werkzeug", "flask")
+
+_LOADED = """
+import sys
+from zincir._cli import main
+try:
+    main({args!r})
+except SystemExit:
+    pass
+print("LOADED", sorted(m for m in {stack!r} if m in sys.modules))
+"""
+
+
+def _loaded_by(*args: str) -> list[str]:
+    """The web-stack modules a fresh interpreter has loaded after running ``zincir ARGS``."""
+    code = _LOADED.format(args=list(args), stack=WEB_STACK)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZINCIR_")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    [line] = [line for line in done.stdout.splitlines() if line.startswith("LOADED ")]
+    loaded: list[str] = json.loads(line.removeprefix("LOADED ").replace("'", '"'))
+    return loaded
+
+
+REPORTER = """
+import sys
+import zincir
+
+async def handler(run: zincir.Run) -> None:
+    await run.complete(sorted(m for m in {stack!r} if m in sys.modules))
+"""
+
+
+async def test_commands_and_the_worker_start_without_the_web_stack(tmp_path: Path) -> None:
+    # Importing Quart and Hypercorn made every command take half a second longer, and the
+    # worker a second: only `zincir ui` may load them.
+    target = str(tmp_path / "startup.db")
+    async with zc.open_database(target) as db:
+        async with zc.open_run(db) as run:
+            shown = run.id
+        async with zc.open_run(db) as run:
+            handled = run.id  # released, due: the worker below claims it
+        for args in (["--help"], ["show", "--db", target, shown], ["runs", "--db", target]):
+            assert await trio.to_thread.run_sync(lambda a=args: _loaded_by(*a)) == [], args
+        # The oracle: serving does load them (the check above would see them).
+        assert "quart" in _loaded_by("ui", "--db", target, "--address", "not-an-address")
+        (tmp_path / "startup_reporter.py").write_text(REPORTER.format(stack=WEB_STACK))
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("ZINCIR_")}}
+        env["PYTHONPATH"] = str(tmp_path)
+        command = [sys.executable, "-m", "zincir", "worker", "startup_reporter:handler", "--db", target,
+                   "--poll-interval", "0.05"]  # fmt: skip
+        worker = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            with trio.fail_after(60):
+                while (record := (await db.state(handled)).run).status is not zc.RunStatus.COMPLETED:
+                    assert worker.poll() is None, worker.communicate()
+                    await trio.sleep(0.05)  # polling another process's write to the database
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            _, err = await trio.to_thread.run_sync(lambda: worker.communicate(timeout=30))
+    assert worker.returncode == 0, err
+    assert record.result == []

@@ -86,11 +86,13 @@ class Server:
 
 
 @contextlib.asynccontextmanager
-async def actions_server(target: str, actor: str = "ada") -> AsyncIterator[Server]:
+async def actions_server(
+    target: str, actor: str = "ada", address: str | None = "127.0.0.1:0"
+) -> AsyncIterator[Server]:
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
         start = functools.partial(
-            serve_with_actions, target, "127.0.0.1:0", actor=actor, shutdown_trigger=stop.wait
+            serve_with_actions, target, address, actor=actor, shutdown_trigger=stop.wait
         )
         url, login_url = await nursery.start(start)
         try:
@@ -108,7 +110,8 @@ class Answer:
 
 
 def _request(server: Server, method: str, path: str, headers: dict[str, str | None], body: str) -> Answer:
-    conn = http.client.HTTPConnection("127.0.0.1", int(server.host.rpartition(":")[2]), timeout=10)
+    ip, _, port = server.host.rpartition(":")
+    conn = http.client.HTTPConnection(ip, int(port), timeout=10)
     try:
         conn.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
         sent = {"Host": server.host, **headers}
@@ -137,10 +140,20 @@ async def post(server: Server, path: str, form: dict[str, str], **headers: str |
     )
 
 
+def login_token(server: Server) -> str:
+    query = urllib.parse.urlsplit(server.login_url).query
+    [token] = urllib.parse.parse_qs(query)["token"]
+    return token
+
+
 async def log_in(server: Server) -> str:
-    """The Cookie header of a session got through the one-time login URL."""
-    answer = await get(server, server.login_url.removeprefix(server.url.rstrip("/")))
-    assert answer.status == 303 and answer.headers["location"] == "/"
+    """The Cookie header of a session got through the one-time login URL: its page, then the
+    POST its button makes."""
+    page = await get(server, server.login_url.removeprefix(server.url.rstrip("/")))
+    assert page.status == 200 and page.cookies == [], page.body
+    assert f'<input type="hidden" name="token" value="{login_token(server)}">' in page.body
+    answer = await post(server, "/login", {"token": login_token(server)}, Origin=server.origin)
+    assert answer.status == 303 and answer.headers["location"] == "/", answer.body
     [cookie] = answer.cookies
     parts = [p.strip() for p in cookie.split(";")]
     assert {"HttpOnly", "SameSite=Strict", "Path=/"} <= set(parts), cookie
@@ -465,7 +478,8 @@ async def test_a_browser_logs_in_once_and_approves_a_tool_call(db: zincir.Databa
     scene = await build_scene(db)
     async with actions_server(db.path, actor="ada") as server, cdp.chromium(tmp_path / "profile") as browser:
         page = await browser.new_page()
-        await page.send("Page.navigate", url=server.login_url)  # 303 to the runs page
+        await page.goto(server.login_url)  # a page with a button: opening the link spends nothing
+        await page.evaluate("document.querySelector('form.login button').click()")  # 303 to the runs page
         await page.wait_for("location.pathname === '/' && document.readyState === 'complete'")
         assert await page.evaluate("document.cookie") == ""  # HttpOnly: no script can read it
         run_url = f"{server.url}runs/{scene.asking}?refresh=off"
@@ -521,8 +535,14 @@ def test_zincir_ui_allow_actions_prints_a_one_time_login_url_and_stops_cleanly(t
         )
         assert found is not None, second
         server = Server(f"http://127.0.0.1:{found[2]}/", found[1])
-        answers = [_request(server, "GET", found[1].removeprefix(server.origin), {}, "") for _ in range(2)]
-        assert [a.status for a in answers] == [303, 403]
+        path = found[1].removeprefix(server.origin)
+        body = urllib.parse.urlencode({"token": login_token(server)})
+        answers = [
+            _request(server, "GET", path, {}, ""),  # the page with the button: nothing spent
+            _request(server, "POST", "/login", {"Origin": server.origin}, body),
+            _request(server, "GET", path, {}, ""),
+        ]
+        assert [a.status for a in answers] == [200, 303, 403]
         process.send_signal(signal.SIGTERM)
         out, err = process.communicate(timeout=10)
     finally:

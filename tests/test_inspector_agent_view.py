@@ -91,7 +91,15 @@ async def test_a_run_reads_as_a_conversation_with_what_is_open_marked(db: zincir
     assert "Verdict: passed" in text and "pytest: 12 passed" in text
     assert "checkpoint id 1" in text and "builds on original goal" in text
     assert f'href="/runs/{run_id}/checkpoints/1"' in text
-    assert "Undecided: the verifier has not judged this candidate." in text
+    # The candidate whose verifier crashed (s2) is not a call that "never started": its
+    # verification was interrupted, and the card says so too.
+    [s2] = dom.having(cls="call", data_call="s2")
+    assert s2["data-state"] == "verification-interrupted"
+    head = re.search(r'data-call="s2".*?<div class="call-head">(.*?)</div>', text, re.S)
+    assert head is not None
+    assert "checkpoint round 2 proposed, verification interrupted: never decided" in head[1]
+    assert "never started" not in head[1]
+    assert "Undecided: its verification was interrupted" in text
     assert "Now waiting for approval of tool call &#39;a2&#39; (deploy)" in text
     # The raw event list is one click away, and every entry links to its raw event.
     assert f'href="/runs/{run_id}?view=events#views"' in text

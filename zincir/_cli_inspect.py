@@ -28,7 +28,7 @@ import trio
 from . import _queries as q
 from ._cli_options import DATABASE_ENV, database_option, os_user
 from ._errors import ZincirError
-from ._inspector import DEFAULT_ADDRESS, human_delta, serve
+from ._inspector._plain import DEFAULT_ADDRESS, human_delta
 
 __all__ = [
     "cell",
@@ -163,9 +163,10 @@ def _json_line(value: Any) -> str:
 @click.option(
     "--address",
     envvar=UI_ADDRESS_ENV,
-    default=DEFAULT_ADDRESS,
-    show_default=True,
-    help=f"Loopback IP:PORT to serve on, [::1]:PORT for IPv6; port 0 picks one (env {UI_ADDRESS_ENV}).",
+    default=None,
+    help=f"Loopback IP:PORT to serve on, [::1]:PORT for IPv6; port 0 picks one (env {UI_ADDRESS_ENV})."
+    f" Default {DEFAULT_ADDRESS}; with --allow-actions, a random 127.x.y.z and port of its own, so"
+    " that no other local server receives the session cookie.",
 )
 @click.option(
     "--allow-actions",
@@ -180,7 +181,7 @@ def _json_line(value: Any) -> str:
     metavar="NAME",
     help="Who the actions are recorded as (default: your OS user name). Needs --allow-actions.",
 )
-def ui(database_path: str, address: str, allow_actions: bool, actor: str | None) -> None:
+def ui(database_path: str, address: str | None, allow_actions: bool, actor: str | None) -> None:
     """Serve the web inspector on a loopback address until Ctrl+C or SIGTERM.
 
     Read-only unless --allow-actions: then it prints a one-time login URL, and a browser logged
@@ -193,19 +194,22 @@ def ui(database_path: str, address: str, allow_actions: bool, actor: str | None)
         if allow_actions:
             trio.run(_serve_ui_with_actions, database_path, address, actor or os_user())
         else:
-            trio.run(_serve_ui, database_path, address)
+            trio.run(_serve_ui, database_path, address or DEFAULT_ADDRESS)
     except BaseException as error:
         leaf = _leaf(error)
         if isinstance(leaf, ZincirError):
             raise click.ClickException(str(leaf)) from None
         if isinstance(leaf, OSError):
-            raise click.ClickException(f"cannot serve on {address}: {leaf.strerror or leaf}") from None
+            where = address or ("a loopback address" if allow_actions else DEFAULT_ADDRESS)
+            raise click.ClickException(f"cannot serve on {where}: {leaf.strerror or leaf}") from None
         if isinstance(leaf, KeyboardInterrupt):
             return  # a second Ctrl+C during the graceful shutdown
         raise
 
 
 async def _serve_ui(database_path: str, address: str) -> None:
+    from ._inspector._app import serve  # the web stack: only `zincir ui` loads it
+
     async with trio.open_nursery() as nursery:
         url = await nursery.start(functools.partial(serve, database_path, address))
         shown = q.display_target(database_path)
@@ -213,7 +217,7 @@ async def _serve_ui(database_path: str, address: str) -> None:
     click.echo("zincir inspector: stopped")
 
 
-async def _serve_ui_with_actions(database_path: str, address: str, actor: str) -> None:
+async def _serve_ui_with_actions(database_path: str, address: str | None, actor: str) -> None:
     from ._inspector._actions import serve_with_actions  # only this mode imports the writes
 
     async with trio.open_nursery() as nursery:
@@ -222,6 +226,11 @@ async def _serve_ui_with_actions(database_path: str, address: str, actor: str) -
         shown = q.display_target(database_path)
         click.echo(f"zincir inspector: serving {shown} at {url}, actions allowed as {actor} (Ctrl+C to stop)")
         click.echo(f"zincir inspector: log in once with {login_url}")
+        if address is None and url.startswith("http://127.0.0.1:"):
+            click.echo(
+                "zincir inspector: no loopback address of its own could be bound here, so other"
+                " servers on 127.0.0.1 receive the session cookie; see docs/inspector.md"
+            )
     click.echo("zincir inspector: stopped")
 
 
@@ -290,8 +299,8 @@ def _print_runs(
 @click.argument("run_id")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead.")
 def show(database_path: str, run_id: str, as_json: bool) -> None:
-    """Show one run: lease, attempts, family, configuration, waits, tool calls, outsiders'
-    actions, checkpoints, steps, timers."""
+    """Show one run: lease, attempts, family, configuration, result, waits, tool calls,
+    outsiders' actions, checkpoints, steps, timers."""
     with clean_errors(), readonly_database(database_path) as conn, q.read_snapshot(conn):
         run = q.get_run(conn, q.resolve_run_id(conn, run_id))
         checkpoints = q.list_checkpoints(conn, run.id)
@@ -321,7 +330,8 @@ def show(database_path: str, run_id: str, as_json: bool) -> None:
 @database_option
 @click.argument("run_id")
 def checkpoints(database_path: str, run_id: str) -> None:
-    """Show a run's checkpoint lineage: round, status, based-on and decision seqs, evidence."""
+    """Show a run's checkpoint lineage: round, status, based-on and decision seqs, verdict;
+    then each round's whole verification (the verifier's evidence)."""
     with clean_errors(), readonly_database(database_path) as conn, q.read_snapshot(conn):
         run = q.get_run(conn, q.resolve_run_id(conn, run_id), children_limit=0)
         _print_lineage(q.list_checkpoints(conn, run.id))
@@ -385,9 +395,19 @@ def _print_run(run: q.RunDetail, now: int) -> None:
     ]
     for name, value in fields:
         click.echo(f"{name:<13}{value}")
-    config = json.dumps(q.json_value(run.config), indent=2, ensure_ascii=True)
-    click.echo("config")
-    click.echo("\n".join(f"  {cell(line)}" for line in config.splitlines()))
+    _print_json_block("config", run.config)
+    if run.result is not None:
+        _print_json_block("result", run.result)
+    elif run.status == "completed":
+        click.echo(f"{'result':<13}none (completed without a result)")
+
+
+def _print_json_block(name: str, stored: str) -> None:
+    """A stored JSON value, pretty-printed and indented under its name."""
+    text = json.dumps(q.json_value(stored), indent=2, ensure_ascii=True)
+    indent = " " * (len(name) - len(name.lstrip()) + 2)
+    click.echo(name)
+    click.echo("\n".join(f"{indent}{cell(line)}" for line in text.splitlines()))
 
 
 def _print_awaiting(run: q.RunDetail, awaiting: Sequence[q.Awaiting]) -> None:
@@ -430,10 +450,20 @@ def _print_section(title: str, headers: list[str], rows: list[list[str]], numeri
         click.echo("\n".join(f"  {line}" for line in _table(headers, rows, numeric).splitlines()))
 
 
+def _verdict(verification: str | None) -> str:
+    """``passed`` or ``failed`` from a stored verification; ``—`` for none, ``?`` if unreadable."""
+    if verification is None:
+        return "—"
+    value = q.json_value(verification)
+    passed = value.get("passed") if isinstance(value, dict) else None
+    if not isinstance(passed, bool):
+        return "?"
+    return "passed" if passed else "failed"
+
+
 def _print_lineage(checkpoints: Sequence[q.CheckpointRow]) -> None:
     rows, baseline = [], "goal"
     for c in checkpoints:
-        evidence = _compact(q.json_value(c.verification)) if c.verification is not None else None
         rows.append(
             [
                 cell(c.round),
@@ -444,7 +474,7 @@ def _print_lineage(checkpoints: Sequence[q.CheckpointRow]) -> None:
                 cell(c.decision_event_seq),
                 cell(c.tool_call_id, 24),
                 _time(c.created_at),
-                cell(evidence, 60),
+                _verdict(c.verification),
             ]
         )
         if c.status == "accepted":
@@ -458,9 +488,13 @@ def _print_lineage(checkpoints: Sequence[q.CheckpointRow]) -> None:
         "DECISION",
         "TOOL CALL",
         "PROPOSED",
-        "VERIFICATION",
+        "VERDICT",
     ]
     _print_section("checkpoints", headers, rows, frozenset({0, 1, 4, 5}))
+    # The verifier's evidence, whole: it is what a person reads to trust a round.
+    for c in checkpoints:
+        if c.verification is not None:
+            _print_json_block(f"  verification of round {cell(c.round)} ({cell(c.status)})", c.verification)
 
 
 def _print_steps(steps: Sequence[q.StepRow]) -> None:

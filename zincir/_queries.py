@@ -74,6 +74,7 @@ __all__ = [
     "awaiting_to_json",
     "budget_lines",
     "budgets_of",
+    "candidate_checkpoint",
     "checkpoint_to_json",
     "decode_key",
     "display_target",
@@ -107,11 +108,13 @@ __all__ = [
     "parse_run_id",
     "raw_value",
     "read_snapshot",
+    "reconciled_results",
     "run_to_json",
     "spend_text",
     "sqlite_path",
     "step_to_json",
     "timer_to_json",
+    "verification_interrupted",
 ]
 
 REQUIRED_TABLES = frozenset(
@@ -637,7 +640,9 @@ class RunPage:
 class RunDetail:
     """One run with its lease, resume-worker bookkeeping and family links.
 
-    ``config`` is the stored JSON text, possibly cut to a prefix (``config_truncated``).
+    ``config`` is the stored JSON text, possibly cut to a prefix (``config_truncated``);
+    ``result`` likewise, the JSON the run completed with (``complete(result=...)``), or None
+    (not completed, or a database from before results were stored).
     ``children`` holds one page of child runs; ``children_next`` continues after it;
     ``children_total`` counts them all, up to :data:`CHILD_COUNT_CAP` (``children_capped``
     says the real number is larger).
@@ -665,6 +670,9 @@ class RunDetail:
     children_total: int
     children_capped: bool = False
     children_next: RunCursor | None = None
+    result: str | None = None
+    result_size: int = 0
+    result_truncated: bool = False
 
 
 @attrs.frozen
@@ -890,23 +898,28 @@ def get_run(
     children_limit: int = 100,
     children_after: RunCursor | None = None,
     max_config_chars: int | None = None,
+    max_result_chars: int | None = None,
 ) -> RunDetail:
     """One run with its lease fields and one keyset page of its children (by creation).
 
     ``children_after`` continues the children after a :attr:`RunSummary.child_cursor`.
     ``children_limit=0`` skips the family (``children_total`` is then 0).
-    ``max_config_chars`` cuts the stored configuration to a prefix. Raises
+    ``max_config_chars`` and ``max_result_chars`` cut the stored configuration and result to
+    a prefix. Raises
     :class:`InvalidArgument` for a malformed id, :class:`RunNotFound` for an unknown one.
     """
     run_id = parse_run_id(run_id)
     _check_cursor(conn, children_after)
     d = conn.dialect
+    stored = conn.has_column("agent_runs", "result")  # schema version 4 and later
+    result = _json_column("result", max_result_chars) if stored else "NULL, 0"
     row = conn.execute(
         f"SELECT {_name('id')}, {_name('parent_run_id')}, {_name('role')}, {_name('provider')},"
         f" {_name('status')}, {_json_column('config', max_config_chars)},"
         f" {d.int_column('created_at')}, {d.int_column('updated_at')}, {d.event_count()},"
         f" {_name('lease_owner')}, {d.int_column('lease_epoch')}, {d.int_column('lease_expires_at')},"
-        f" {d.int_column('attempts')}, {d.int_column('next_attempt_at')} FROM agent_runs WHERE id = ?",
+        f" {d.int_column('attempts')}, {d.int_column('next_attempt_at')}, {result}"
+        " FROM agent_runs WHERE id = ?",
         (run_id,),
     ).fetchone()
     if row is None:
@@ -943,6 +956,9 @@ def get_run(
         children_total=total,
         children_capped=capped,
         children_next=children[-1].child_cursor if more and children else None,
+        result=_opt_text(row[15]),
+        result_size=_size(row[16]),
+        result_truncated=row[15] is not None and _cut(max_result_chars, _size(row[16])),
     )
 
 
@@ -1015,6 +1031,51 @@ def get_checkpoint(conn: Reader, run_id: str, round: object) -> CheckpointRow | 
     sql = _checkpoint_sql(d, None) + " WHERE run_id = ? AND round = ?"
     row = conn.execute(sql, (run_id, round)).fetchone()
     return None if row is None else _checkpoint(row, None)
+
+
+def candidate_checkpoint(conn: Reader, run_id: str) -> CheckpointRow | None:
+    """The run's undecided candidate (there is one at most), its values cut to 8 KiB; by the
+    status index, whatever the number of rounds."""
+    sql = _checkpoint_sql(conn.dialect, 8192) + " WHERE run_id = ? AND status = 'candidate' LIMIT 1"
+    row = conn.execute(sql, (run_id,)).fetchone()
+    return None if row is None else _checkpoint(row, 8192)
+
+
+def verification_interrupted(run: RunDetail, candidate: CheckpointRow, now_ms: int) -> bool:
+    """Whether a candidate's verification was interrupted, rather than (maybe) under way.
+
+    The owner proposes the candidate, runs the verifier and records its decision, logging
+    nothing in between. So the verification is over, undecided, once the log has events past
+    the proposal (the verifier failed and the run went on, or a new owner took over), or once
+    no owner holds the run (it crashed, ended, or is suspended).
+    """
+    proposed = candidate.based_on_event_seq  # the proposal is the event after it
+    held = (
+        run.status == "running"
+        and run.lease_owner is not None
+        and type(run.lease_expires_at) is int
+        and run.lease_expires_at > now_ms
+    )
+    later = type(proposed) is int and type(run.event_count) is int and run.event_count > proposed + 2
+    return later or not held
+
+
+#: How a result that a reconcile probe found ends: zincir writes event payloads as compact JSON
+#: with sorted keys, so ``"reconciled": true`` of ``{"call_id", "content", "reconciled"}`` is last.
+_RECONCILED = '%,"reconciled":true}'
+
+
+def reconciled_results(conn: Reader, run_id: str, seqs: Sequence[object]) -> frozenset[object]:
+    """Which of the ``tool_result`` events at ``seqs`` a reconcile probe found (by primary key)."""
+    wanted = sorted({s for s in seqs if type(s) is int})
+    if not wanted:
+        return frozenset()
+    rows = conn.execute(
+        f"SELECT {conn.dialect.int_column('seq')} FROM events WHERE run_id = ? AND type = 'tool_result'"
+        f" AND seq IN ({', '.join('?' * len(wanted))}) AND payload LIKE ?",
+        [run_id, *wanted, _RECONCILED],
+    )
+    return frozenset(_int(row[0]) for row in rows)
 
 
 def _step_sql(d: Dialect, max_chars: int | None) -> str:
@@ -1343,6 +1404,9 @@ def run_to_json(run: RunDetail | RunSummary) -> dict[str, Any]:
         data["config"] = _json_field(run.config, run.config_truncated)
         if run.config_truncated:
             data["config_size"] = run.config_size
+        data["result"] = None if run.result is None else _json_field(run.result, run.result_truncated)
+        if run.result_truncated:
+            data["result_size"] = run.result_size
         data["lease_epoch"] = _plain(run.lease_epoch)
         data["next_attempt_at"] = _plain(run.next_attempt_at)
         data["children"] = [child.id for child in run.children]
@@ -1707,15 +1771,19 @@ def budget_lines(usage: Usage) -> list[tuple[str, object, object, object]]:
 
 @attrs.frozen
 class IntentRow:
-    """A tool intent and what is known of it: ``done`` (it has a result), ``started, outcome
-    unknown`` (its tool began at least once: a crash may have come before or after the effect)
-    or ``never started`` (safe to run). Databases older than start marks say ``pending``."""
+    """A tool intent and what is known of it: ``done`` (it has a result; ``done, found by a
+    probe`` when a reconcile probe found it: ``reconciled``), ``started, outcome unknown`` (its
+    tool began at least once: a crash may have come before or after the effect), ``never
+    started`` (safe to run), or ``checkpoint candidate, undecided`` (a ``submit_checkpoint``
+    call whose candidate awaits its verifier's decision). Databases older than start marks say
+    ``pending``."""
 
     call_id: str
     name: str
     state: str
     started: int | None
     last_started_at: OptInt
+    reconciled: bool = False
 
 
 def list_intents(conn: Reader, run_id: str, *, limit: int = 100) -> tuple[IntentRow, ...]:
@@ -1723,21 +1791,30 @@ def list_intents(conn: Reader, run_id: str, *, limit: int = 100) -> tuple[Intent
     d = conn.dialect
     marks = conn.has_column("tool_intents", "started")
     started = f"{d.int_column('started')}, {d.int_column('last_started_at')}" if marks else "NULL, NULL"
-    rows = conn.execute(
-        f"SELECT {_name('call_id')}, {_name('name')}, result_seq IS NOT NULL, {started} FROM tool_intents"
-        " WHERE run_id = ? ORDER BY result_seq IS NOT NULL, CASE WHEN result_seq IS NULL THEN intent_seq"
-        " ELSE -intent_seq END LIMIT ?",
-        (run_id, _check_limit(limit)),
+    rows = list(
+        conn.execute(
+            f"SELECT {_name('call_id')}, {_name('name')}, {d.int_column('result_seq')}, {started}"
+            " FROM tool_intents WHERE run_id = ? ORDER BY result_seq IS NOT NULL,"
+            " CASE WHEN result_seq IS NULL THEN intent_seq ELSE -intent_seq END LIMIT ?",
+            (run_id, _check_limit(limit)),
+        )
     )
+    found_by_probe = reconciled_results(conn, run_id, [r[2] for r in rows if r[2] is not None])
+    candidate = candidate_checkpoint(conn, run_id)
     found = []
-    for call_id, name, done, count, last in rows:
-        if done:
-            state = "done"
+    for call_id, name, result_seq, count, last in rows:
+        reconciled = result_seq is not None and _int(result_seq) in found_by_probe
+        if result_seq is not None:
+            state = "done, found by a probe" if reconciled else "done"
+        elif candidate is not None and _text(call_id) == candidate.tool_call_id:
+            state = "checkpoint candidate, undecided"
         elif count is None:
             state = "pending"
         else:
             state = "started, outcome unknown" if count else "never started"
-        found.append(IntentRow(_text(call_id), _text(name), state, _opt_int(count), _opt_int(last)))  # type: ignore[arg-type]
+        found.append(
+            IntentRow(_text(call_id), _text(name), state, _opt_int(count), _opt_int(last), reconciled)  # type: ignore[arg-type]
+        )
     return tuple(found)
 
 
@@ -1748,6 +1825,7 @@ def intent_to_json(intent: IntentRow) -> dict[str, Any]:
         "state": intent.state,
         "started": intent.started,
         "last_started_at": _plain(intent.last_started_at),
+        "reconciled": intent.reconciled,
     }
 
 

@@ -24,10 +24,12 @@ other way) is a 409 with zincir's message, a malformed one a 400.
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import math
 import re
+import socket
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
@@ -35,7 +37,7 @@ import attrs
 import trio
 from quart import Response, request
 from werkzeug.datastructures import MultiDict
-from werkzeug.exceptions import Conflict, Forbidden, MisdirectedRequest
+from werkzeug.exceptions import Conflict, Forbidden, MethodNotAllowed, MisdirectedRequest
 
 from .. import _queries as q
 from .._database import Database, open_database
@@ -43,8 +45,9 @@ from .._errors import InvalidArgument, RunNotFound, StorageError, ZincirError
 from .._inbox import cancel_run, decide_approval, raise_budget, retry_now, send_signal
 from .._json import MAX_DEPTH
 from .._validation import check_text
-from ._app import DEFAULT_ADDRESS, InspectorApp, parse_address, serve
+from ._app import InspectorApp, _extra_context, _html, _render_page, parse_address, serve
 from ._auth import Guard, Refusal
+from ._plain import random_loopback_ip
 
 __all__ = ["ACTIONS", "BUDGET_FIELDS", "Actions", "Panel", "serve_with_actions"]
 
@@ -135,6 +138,7 @@ class Actions:
         self.db = db
         self.actor = actor
         self.guard = guard
+        self._app: InspectorApp
 
     def install(self, app: InspectorApp) -> None:
         """The ``extend`` hook of :func:`~._app.create_app`: routes, the mode label, the panel."""
@@ -147,7 +151,10 @@ class Actions:
             (name, b"same-origin" if name == b"referrer-policy" else value)
             for name, value in app.security_headers
         )
-        app.add_url_rule("/login", "login", self._login, methods=["GET"])
+        self._app = app
+        # GET shows the login button and spends nothing; the POST it makes logs in.
+        app.add_url_rule("/login", "login", self._login_page, methods=["GET"])
+        app.add_url_rule("/login", "log_in", self._log_in, methods=["POST"])
         app.add_url_rule("/logout", "logout", self._logout, methods=["POST"])
         app.add_url_rule("/runs/<run_id>/actions/<action>", "action", self._act, methods=["POST"])
 
@@ -164,11 +171,32 @@ class Actions:
         panel = Panel(self.actor, session is not None, done, run_id, self.guard, session)
         return {"actions": panel}
 
-    async def _login(self) -> Response:
+    async def _login_page(self) -> Response:
+        if request.method != "GET":
+            # Quart answers HEAD through the GET view. The page spends nothing either way, but a
+            # HEAD of a login URL is no person logging in: refused.
+            raise MethodNotAllowed(valid_methods=["GET", "POST"])
         if self.guard.session_of(request.cookies) is not None:
             return _see_other("/")  # this browser is logged in already
+        token = request.args.get("token")
         try:
-            session = self.guard.log_in(request.args.get("token"))
+            self.guard.check_login_token(token)  # a used or foreign link says so at once
+        except Refusal as refusal:
+            raise Forbidden(refusal.message) from None
+        app = self._app
+        context = {**_extra_context(app), "token": token}
+        return _html(_render_page(app, "login.html", "Log in", context))
+
+    async def _log_in(self) -> Response:
+        try:
+            self.guard.check_origin(_once("Host"), _once("Origin"))
+        except Refusal as refusal:
+            raise (MisdirectedRequest if refusal.status == 421 else Forbidden)(refusal.message) from None
+        if self.guard.session_of(request.cookies) is not None:
+            return _see_other("/")  # this browser is logged in already
+        form = await request.form
+        try:
+            session = self.guard.log_in(form.get("token"))
         except Refusal as refusal:
             raise Forbidden(refusal.message) from None
         response = _see_other("/")
@@ -298,7 +326,7 @@ def _number(text: str, kind: type, what: str) -> int | float:
 
 async def serve_with_actions(
     database_path: str,
-    address: str = DEFAULT_ADDRESS,
+    address: str | None = None,
     *,
     actor: str,
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
@@ -309,8 +337,15 @@ async def serve_with_actions(
     Checks the address, and the database read-only (so a missing or foreign one is refused,
     never created or migrated into a zincir database), then opens the one write
     :class:`~zincir.Database` the actions use. Reports ``(url, one-time login url)``.
+
+    Without ``address`` it serves on a random address of 127.0.0.0/8 of its own, any free port:
+    browsers keep cookies apart by host, not by port, so no other local server (on 127.0.0.1,
+    say) receives the session cookie. Where only 127.0.0.1 is loopback (macOS, by default), it
+    serves there, and the URL says so.
     """
     actor = check_text(actor, "the name the inspector acts as (--as)")
+    if address is None:
+        address = await trio.to_thread.run_sync(_address_of_its_own)
     parse_address(address)
     await trio.to_thread.run_sync(_check_readable, database_path)
     async with open_database(database_path) as db:
@@ -332,3 +367,16 @@ async def serve_with_actions(
 
 def _check_readable(path: str) -> None:
     q.open_readonly(path).close()
+
+
+def _address_of_its_own() -> str:
+    """A random loopback address and port 0, or 127.0.0.1:0 where that cannot be bound."""
+    ip = random_loopback_ip()
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind((ip, 0))
+    except OSError as error:
+        if error.errno != errno.EADDRNOTAVAIL:
+            raise
+        ip = "127.0.0.1"
+    return f"{ip}:0"

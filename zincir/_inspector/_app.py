@@ -5,9 +5,12 @@ Safety properties, each enforced here and pinned by tests:
 - it binds loopback only (127.0.0.0/8 or ::1, given as a literal IP and port);
 - it answers 421 to any request whose ``Host`` is not the exact ``ip:port`` it serves, so a
   DNS-rebinding page cannot read it, and 403 to requests a browser marks
-  ``Sec-Fetch-Site: cross-site``; WebSocket connections are refused before the app sees them;
+  ``Sec-Fetch-Site: cross-site`` (or that carry that header more than once, or a list in it:
+  no browser does); WebSocket connections are refused before the app sees them;
 - every response carries a restrictive Content-Security-Policy (no script at all, styles
-  only from the inspector itself, no framing), ``nosniff`` and ``no-referrer``;
+  only from the inspector itself, no framing), ``nosniff`` and ``no-referrer``: when served,
+  Hypercorn itself adds them (:class:`_SecuredConfig`), so that the answers it writes on its
+  own (a malformed request's 400, a 431, a refused WebSocket's 403, a 101) carry them too;
 - it opens the database read-only (SQLite's ``mode=ro``; on PostgreSQL a read-only session and
   ``REPEATABLE READ READ ONLY`` transactions) and never writes, creates or migrates;
 - pages are Jinja2 templates (``templates/``) rendered with autoescape always on, from view
@@ -23,7 +26,6 @@ transaction, and renders there too, so the Trio loop never blocks on the databas
 from __future__ import annotations
 
 import functools
-import ipaddress
 import json
 import re
 import signal
@@ -53,26 +55,28 @@ from .._errors import (
 from .._version import __version__
 from . import _views as v
 from ._charts import CHART_BUCKETS, LANE_CAP, BudgetBar, Timeline, budget_bars, status_chart, timeline
-from ._conversation import Context, Entry, call_ids_of, decided_on_page, entries
+from ._conversation import Candidate, Context, Entry, call_ids_of, decided_on_page, entries
+from ._plain import DEFAULT_ADDRESS, format_host, human_delta, parse_address
 from ._pool import ReadPool
 from ._reads import (
     CallOutcome,
     Intent,
     Mark,
+    Restarts,
     WaitSpan,
     activity,
     call_outcomes,
     intents_since,
     latest_events,
     neighbour_rounds,
+    restarts_after,
     wait_spans,
 )
-from ._render import STATIC, human_delta, render
+from ._render import STATIC, render, visible_json
 from ._views import LIST_LIMIT
 
 __all__ = ["DEFAULT_ADDRESS", "create_app", "format_host", "parse_address", "serve"]
 
-DEFAULT_ADDRESS = "127.0.0.1:8787"
 RUNS_PAGE = 50
 #: Payload characters shown per event on a run page; the JSON API gives whole payloads.
 PAYLOAD_PREVIEW_CHARS = 64 * 1024
@@ -113,57 +117,6 @@ _SECURITY_NAMES = frozenset(name for name, _ in SECURITY_HEADERS)
 T = TypeVar("T")
 
 
-# --------------------------------------------------------------------------- addresses
-
-_ADDRESS = re.compile(r"(?:\[(?P<v6>[^\]]*)\]|(?P<v4>[^:\[\]]*)):(?P<port>[0-9]{1,5})")
-
-
-def parse_address(text: str) -> tuple[str, int]:
-    """Parse ``IP:PORT`` (IPv6 in brackets) and insist on a loopback address.
-
-    Returns the canonical IP text and the port (0 asks for any free port). Raises
-    :class:`InvalidArgument` for hostnames, wildcard or non-loopback addresses.
-    """
-    match = _ADDRESS.fullmatch(text)
-    if match is None:
-        raise InvalidArgument(
-            f"invalid inspector address {text!r}: expected a literal loopback IP and port, "
-            "such as 127.0.0.1:8787 or [::1]:8787"
-        )
-    literal = match.group("v6") if match.group("v6") is not None else match.group("v4")
-    port = int(match.group("port"))
-    if port > 65535:
-        raise InvalidArgument(f"invalid inspector address {text!r}: port {port} is above 65535")
-    try:
-        ip = ipaddress.ip_address(literal)
-    except ValueError:
-        raise InvalidArgument(
-            f"invalid inspector address {text!r}: {literal!r} is not a literal IP address "
-            "(hostnames such as localhost are not accepted; use 127.0.0.1 or [::1])"
-        ) from None
-    if (match.group("v6") is None) != (ip.version == 4):
-        raise InvalidArgument(
-            f"invalid inspector address {text!r}: IPv6 addresses must be bracketed, IPv4 addresses must not"
-        )
-    if not _is_loopback(ip):
-        raise InvalidArgument(
-            f"refusing inspector address {text!r}: the inspector binds loopback only "
-            "(127.0.0.0/8 or [::1]); it has no authentication"
-        )
-    return str(ip), port
-
-
-def _is_loopback(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    if isinstance(ip, ipaddress.IPv4Address):
-        return ip in ipaddress.IPv4Network("127.0.0.0/8")
-    return ip.scope_id is None and ip == ipaddress.IPv6Address("::1")
-
-
-def format_host(ip: str, port: int) -> str:
-    """The ``Host`` header value (and URL authority) of ``ip:port``."""
-    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
-
-
 # --------------------------------------------------------------------------- app
 
 
@@ -185,6 +138,9 @@ class InspectorApp(QuartTrio):
     #: The headers every answer carries; an ``extend`` hook may adjust them (the actions send
     #: ``Referrer-Policy: same-origin``, or a browser's form POST says ``Origin: null``).
     security_headers: tuple[tuple[bytes, bytes], ...]
+    #: Whether the server adds :attr:`security_headers` to every response it writes (served by
+    #: :func:`serve`); otherwise (a test client) the app adds them to its own.
+    server_adds_headers: bool = False
 
     async def asgi_app(self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
         if scope["type"] == "lifespan":
@@ -195,6 +151,7 @@ class InspectorApp(QuartTrio):
                 await send({"type": "websocket.close", "code": 1008, "reason": "not served here"})
             return
         headers = scope["headers"]
+        send = _secured(send, self.security_headers, add=not self.server_adds_headers)
         if _host_of(headers) not in _accepted_hosts(self.served_host):
             await _send_refusal(
                 send,
@@ -203,7 +160,7 @@ class InspectorApp(QuartTrio):
                 "This inspector only answers requests addressed to the loopback address it serves.",
             )
             return
-        if _header(headers, b"sec-fetch-site") == "cross-site":
+        if _from_another_site(headers):
             await _send_refusal(
                 send,
                 403,
@@ -212,7 +169,7 @@ class InspectorApp(QuartTrio):
                 "Open it by typing its address or following a link from the inspector itself.",
             )
             return
-        await super().asgi_app(scope, receive, _secured(send, self.security_headers))
+        await super().asgi_app(scope, receive, send)
 
 
 def _accepted_hosts(served_host: str) -> tuple[str, ...]:
@@ -221,11 +178,17 @@ def _accepted_hosts(served_host: str) -> tuple[str, ...]:
     return (served, served.removesuffix(":80")) if served.endswith(":80") else (served,)
 
 
-def _header(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> str | None:
-    values = [value for key, value in headers if key.lower() == name]
-    if len(values) != 1:
-        return None
-    return values[0].decode("latin-1").strip().lower()
+def _from_another_site(headers: Iterable[tuple[bytes, bytes]]) -> bool:
+    """Whether a browser marked the request ``Sec-Fetch-Site: cross-site``, or the header is
+    there more than once or holds a list: a browser sends it once, with one value, so anything
+    else was made to slip past this check."""
+    values = [value for key, value in headers if key.lower() == b"sec-fetch-site"]
+    if not values:
+        return False  # not a browser's request (curl, scripts): the Host check still holds
+    if len(values) > 1:
+        return True
+    value = values[0].decode("latin-1").strip().lower()
+    return value == "cross-site" or "," in value
 
 
 def _host_of(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
@@ -236,25 +199,41 @@ def _host_of(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
 
 
 def _secured(
-    send: ASGISendCallable, security_headers: tuple[tuple[bytes, bytes], ...] = SECURITY_HEADERS
+    send: ASGISendCallable, security_headers: tuple[tuple[bytes, bytes], ...], *, add: bool
 ) -> ASGISendCallable:
+    """``send``, with the app's own values of the security headers removed from every response,
+    and ``security_headers`` added (``add``) unless the server adds them itself."""
+    added = security_headers if add else ()
+
     async def send_secured(message: ASGISendEvent) -> None:
         if message["type"] == "http.response.start":
             kept = [(n, v) for n, v in message["headers"] if n.lower() not in _SECURITY_NAMES]
-            message = {**message, "headers": [*kept, *security_headers]}
+            message = {**message, "headers": [*kept, *added]}
         await send(message)
 
     return send_secured
 
 
+class _SecuredConfig(hypercorn.config.Config):
+    """Hypercorn's configuration, adding the app's security headers to every response Hypercorn
+    writes: the app's answers, and those it writes on its own (a malformed request's 400, 431
+    for headers too large, 403 for a refused WebSocket, a 500, 100 Continue, an h2c 101)."""
+
+    def __init__(self, app: InspectorApp) -> None:
+        self._app = app
+
+    def response_headers(self, protocol: str) -> list[tuple[bytes, bytes]]:
+        return [*super().response_headers(protocol), *self._app.security_headers]
+
+
 async def _send_refusal(send: ASGISendCallable, status: int, name: str, message: str) -> None:
-    """A styled error page sent straight through ASGI, before Quart sees the request."""
+    """A styled error page sent straight through ASGI, before Quart sees the request (``send``
+    adds the security headers)."""
     body = _error_page(status, name, message).encode("utf-8", "backslashreplace")
     headers = [
         (b"content-type", b"text/html; charset=utf-8"),
         (b"content-length", str(len(body)).encode()),
         (b"cache-control", b"no-store"),
-        *SECURITY_HEADERS,
     ]
     await send({"type": "http.response.start", "status": status, "headers": headers, "trailers": False})
     await send({"type": "http.response.body", "body": body, "more_body": False})
@@ -331,9 +310,10 @@ def _html(body: str, status: int = 200) -> Response:
 
 
 def _json(data: Any, status: int = 200) -> Response:
-    text = json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    # Lone surrogates only occur inside JSON strings, where backslashreplace writes exactly the
-    # JSON escape (\udXXX): the body stays valid UTF-8 and valid JSON.
+    # Bidi controls and other characters a browser would not draw as themselves are sent as
+    # JSON escapes (the same JSON), so a browser showing the raw response shows them visibly.
+    # That includes lone surrogates, which UTF-8 could not encode.
+    text = visible_json(json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":")))
     response = Response(
         text.encode("utf-8", "backslashreplace"),
         status=status,
@@ -372,7 +352,11 @@ async def _zincir_error(error: ZincirError) -> Response:
 
 async def _http_error(error: HTTPException) -> Response:
     status = error.code or 500
-    return _error_response(status, error.name, error.description or "")
+    response = _error_response(status, error.name, error.description or "")
+    for name, value in error.get_headers():
+        if name.lower() == "allow":  # a 405 says which methods the URL takes
+            response.headers[name] = value
+    return response
 
 
 async def _unexpected_error(error: Exception) -> Response:
@@ -488,7 +472,7 @@ async def _checkpoint_route(app: InspectorApp, run_id: str, round: str) -> Respo
         context = {
             "run": run,
             "run_url": v.path("runs", run_id),
-            "card": v.checkpoint_view(run_id, row, builds_on),
+            "card": _with_interruption(run, v.checkpoint_view(run_id, row, builds_on), now),
             "previous_url": None if previous is None else v.checkpoint_page_url(run_id, previous),
             "next_url": None if following is None else v.checkpoint_page_url(run_id, following),
             "now": now,
@@ -497,6 +481,13 @@ async def _checkpoint_route(app: InspectorApp, run_id: str, round: str) -> Respo
         return _render_page(app, "checkpoint.html", title, {**context, **extra})
 
     return _html(await _read(app, render))
+
+
+def _with_interruption(run: q.RunDetail, card: v.CheckpointView, now: int) -> v.CheckpointView:
+    """A candidate's card says whether its verification was interrupted."""
+    if card.row.status != "candidate":
+        return card
+    return attrs.evolve(card, interrupted=q.verification_interrupted(run, card.row, now))
 
 
 def _cut_checkpoint(row: q.CheckpointRow) -> q.CheckpointRow:
@@ -800,6 +791,10 @@ class _RunView:
         self.outcomes, (self.marks, self.earlier) = outcomes, marks
         self.window_intents, self.waits = window_intents, waits
         self.outsider_actions = outsider_actions
+        # What the conversation needs beyond the page (set by fetch in the conversation view).
+        self.restarts = Restarts((), -1)
+        self.reconciled: frozenset[object] = frozenset()
+        self.candidate: q.CheckpointRow | None = None
 
     @classmethod
     def fetch(cls, run_id: str, query: _EventsQuery, conn: Any) -> _RunView:
@@ -825,13 +820,14 @@ class _RunView:
             first_seq = marks[0][0].seq if marks[0] else 0
             window = intents_since(conn, run_id, first_seq, LANE_CAP * 2)
             waits = wait_spans(conn, run_id, LIST_LIMIT)
-        return cls(
+        view = cls(
             q.get_run(
                 conn,
                 run_id,
                 children_limit=CHILDREN_PAGE,
                 children_after=query.children_after,
                 max_config_chars=BLOCK_CHARS,
+                max_result_chars=BLOCK_CHARS,
             ),
             q.list_checkpoints(conn, run_id, limit=LIST_LIMIT + 1, max_chars=ITEM_PREVIEW_CHARS),
             events,
@@ -849,6 +845,22 @@ class _RunView:
             waits,
             () if later else q.list_outsider_actions(conn, run_id, limit=LIST_LIMIT + 1),
         )
+        if conversation:
+            view._fetch_beyond_the_page(conn)
+        return view
+
+    def _fetch_beyond_the_page(self, conn: Any) -> None:
+        """The restarts between the page's calls and their results (to keep log order), which
+        results a reconcile probe found, and the undecided candidate (bounded reads)."""
+        run_id = self.run.id
+        seqs = [e.seq for e in self.events.events if type(e.seq) is int]
+        results = [o.result.seq for o in self.outcomes.values() if o.result is not None]
+        if seqs:
+            upto = max([seqs[-1], *(r for r in results if type(r) is int)])
+            self.restarts = restarts_after(conn, run_id, seqs[0] - 1, upto, q.SCAN_WINDOW)
+        on_page = [e.seq for e in self.events.events if e.type == "tool_result"]
+        self.reconciled = q.reconciled_results(conn, run_id, [*results, *on_page])
+        self.candidate = q.candidate_checkpoint(conn, run_id)
 
 
 # --------------------------------------------------------------------------- pages
@@ -944,7 +956,7 @@ class RunPageView:
     lease_delta: str
     next_attempt: str  # "ended", "awaits", "any" or "at"
     awaiting: tuple[q.Awaiting, ...]
-    approvals: tuple[q.ApprovalRequest, ...]  # the open requests, with their calls' arguments
+    approvals: list[v.ApprovalView]  # the open requests, with all their calls' arguments
     budget: q.Usage | None
     spend: str
     budget_rows: list[v.BudgetRow]
@@ -956,6 +968,7 @@ class RunPageView:
     children_nav: list[v.Link]
     children_first_url: str | None
     config: v.Stored
+    result: v.Stored | None  # what the run completed with (None: nothing, or not completed)
     checkpoints: list[v.CheckpointView]
     checkpoint_count: int
     events: q.EventPage
@@ -1012,7 +1025,7 @@ def _wait_lines(awaiting: Iterable[q.Awaiting]) -> list[WaitLine]:
 
 def _run_context(view: _RunView, query: _EventsQuery, now: int) -> dict[str, Any]:
     run = view.run
-    cards = v.checkpoint_views(run.id, view.checkpoints)
+    cards = [_with_interruption(run, card, now) for card in v.checkpoint_views(run.id, view.checkpoints)]
     live = run.status in v.LIVE
     lease_state, lease_delta = None, ""
     if run.lease_owner is not None and type(run.lease_expires_at) is int:
@@ -1037,7 +1050,7 @@ def _run_context(view: _RunView, query: _EventsQuery, now: int) -> dict[str, Any
         lease_delta=lease_delta,
         next_attempt=next_attempt,
         awaiting=view.awaiting,
-        approvals=view.approvals,
+        approvals=v.approval_views(view.approvals),
         budget=view.budget,
         spend="" if view.budget is None else q.spend_text(view.budget),
         budget_rows=[] if view.budget is None else v.budget_rows(view.budget),
@@ -1045,6 +1058,9 @@ def _run_context(view: _RunView, query: _EventsQuery, now: int) -> dict[str, Any
         outsider_actions=view.outsider_actions,
         **_family_fields(view, query),
         config=v.Stored(run.config, run.config_truncated, run.config_size, v.path("api", "runs", run.id)),
+        result=None
+        if run.result is None
+        else v.Stored(run.result, run.result_truncated, run.result_size, v.path("api", "runs", run.id)),
         checkpoints=cards,
         checkpoint_count=len(view.checkpoints),
         **_event_fields(view, query),
@@ -1073,6 +1089,12 @@ def _agent_fields(
     later = query.after is not None or query.before is not None
     found: list[Entry] = []
     if mode == "conversation":
+        row = view.candidate
+        candidate = (
+            None
+            if row is None
+            else Candidate(row.tool_call_id, row.round, q.verification_interrupted(run, row, now))
+        )
         ctx = Context(
             run.id,
             view.outcomes,
@@ -1080,6 +1102,9 @@ def _agent_fields(
             frozenset(a.name for a in view.awaiting if a.kind == "approval"),
             decided_on_page(view.events.events),
             {c.id: c.status for c in run.children},
+            view.restarts,
+            view.reconciled,
+            candidate,
         )
         found = entries(ctx, view.events.events)
     tl = None
@@ -1231,7 +1256,8 @@ async def _serve_app(
     shutdown_trigger: Callable[[], Awaitable[None]] | None,
     task_status: trio.TaskStatus[str],
 ) -> None:
-    config = hypercorn.config.Config()
+    config = _SecuredConfig(app)
+    app.server_adds_headers = True
     config.bind = [format_host(ip, port)]
     config.loglevel = "WARNING"
     config.include_server_header = False

@@ -1,8 +1,11 @@
 """Who may act through ``zincir ui --allow-actions``, and the checks every write request passes.
 
-- **One login, by a one-time URL.** At start-up the server draws a random token (256 bits) and
-  prints ``http://<ip:port>/login?token=…``. The first request with that token gets a session
-  and the token is gone: a second use of the URL, from anywhere, is refused.
+- **One login, by a one-time URL, as a deliberate act.** At start-up the server draws a random
+  token (256 bits) and prints ``http://<ip:port>/login?token=…``. Opening it (a GET) only shows
+  a page with a **Log in** button; nothing is spent, so a link preview, a prefetch or
+  ``curl -I`` (a HEAD, refused anyway) cannot take the session. The button POSTs the token,
+  checked like every write (Host and Origin); that first POST gets a session and the token is
+  gone: a second use of the URL, from anywhere, is refused.
 - **A cookie session.** The session is a random id that only this server instance knows (held
   in memory, never stored), sent back as a cookie ``HttpOnly; SameSite=Strict; Path=/``: no
   script can read it (there is no script anyway), and a browser never sends it with a request
@@ -58,9 +61,8 @@ class Guard:
             raise RuntimeError("the login URL was used already")
         return f"{base_url}login?{urllib.parse.urlencode({'token': token})}"
 
-    def log_in(self, token: str | None) -> str:
-        """Trade the one-time token for a new session id; :class:`Refusal` if it is not the
-        token, or it was used already."""
+    def check_login_token(self, token: str | None) -> None:
+        """:class:`Refusal` unless ``token`` is the unused one-time token (nothing is spent)."""
         expected = self._login_token
         if expected is None or token is None or not _same(token, expected):
             raise Refusal(
@@ -68,6 +70,11 @@ class Guard:
                 "This login link is not valid here: it was used already, or it belongs to another"
                 " zincir ui. Restart zincir ui --allow-actions for a new one.",
             )
+
+    def log_in(self, token: str | None) -> str:
+        """Trade the one-time token for a new session id; :class:`Refusal` if it is not the
+        token, or it was used already."""
+        self.check_login_token(token)
         self._login_token = None  # one time only, whatever happens next
         session = secrets.token_urlsafe(_TOKEN_BYTES)
         self._sessions.add(session)
@@ -107,6 +114,18 @@ class Guard:
     def check_write(self, host: str | None, origin: str | None, cookies: Mapping[str, str]) -> str:
         """The session of a write request whose Host, Origin (each given once, or None) and
         cookie all hold; else :class:`Refusal`. (The CSRF token is checked once the form is read.)"""
+        self.check_origin(host, origin)
+        session = self.session_of(cookies)
+        if session is None:
+            raise Refusal(
+                403,
+                "Log in first: open the one-time login URL that zincir ui --allow-actions printed.",
+            )
+        return session
+
+    def check_origin(self, host: str | None, origin: str | None) -> None:
+        """:class:`Refusal` unless the Host and the Origin (each given once, or None) are both
+        the served address: what every POST passes, the login's included."""
         served = self._served_host().lower()
         accepted = {served, served.removesuffix(":80")} if served.endswith(":80") else {served}
         if (host or "").lower() not in accepted:
@@ -115,13 +134,6 @@ class Guard:
             raise Refusal(403, "A write needs an Origin header naming this inspector; this request has none.")
         if origin.lower() not in {f"http://{name}" for name in accepted}:
             raise Refusal(403, "This write comes from another origin than this inspector's: refused.")
-        session = self.session_of(cookies)
-        if session is None:
-            raise Refusal(
-                403,
-                "Log in first: open the one-time login URL that zincir ui --allow-actions printed.",
-            )
-        return session
 
 
 def _same(given: str, expected: str) -> bool:

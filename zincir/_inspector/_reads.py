@@ -90,6 +90,44 @@ def call_outcomes(
     return outcomes
 
 
+#: Event types that say an owner's attempt ended and another began: a result recorded after
+#: one came from the new owner (its tool, or its reconcile probe), not from the call's turn.
+RESTART_TYPES = ("attempt_failed", "attempt_lost", "lease_taken_over")
+
+
+@attrs.frozen
+class Restarts:
+    """The restarts logged after ``after``, known up to seq ``known_until`` (the scan's end)."""
+
+    seqs: tuple[int, ...]
+    known_until: int
+
+    def between(self, first: object, last: object) -> bool | None:
+        """Whether a restart lies between seqs ``first`` and ``last``; None: not known."""
+        if type(first) is not int or type(last) is not int or last > self.known_until:
+            return None
+        return any(first < seq < last for seq in self.seqs)
+
+
+def restarts_after(conn: Reader, run_id: str, after: int, upto: int, window: int) -> Restarts:
+    """The restart events of seqs ``after`` < seq <= ``upto``, scanning ``window`` events at
+    most (by primary key; each row's seq and type only)."""
+    if upto <= after:
+        return Restarts((), upto)
+    d = conn.dialect
+    rows = list(
+        conn.execute(
+            f"SELECT {d.int_column('seq')}, {q._name('type')} FROM events WHERE run_id = ? AND seq > ?"
+            " AND seq <= ? ORDER BY seq LIMIT ?",
+            (run_id, after, upto, window),
+        )
+    )
+    seqs = tuple(seq for seq, kind in rows if type(seq) is int and kind in RESTART_TYPES)
+    scanned = [seq for seq, _ in rows if type(seq) is int]
+    known = upto if len(rows) < window else (scanned[-1] if scanned else after)
+    return Restarts(seqs, known)
+
+
 @attrs.frozen
 class Mark:
     """One event as the timeline sees it; ``payload`` only for :data:`MARKED_TYPES`."""

@@ -4,6 +4,13 @@ Every filter and global registered here returns plain data (``str``, numbers, li
 :class:`markupsafe.Markup`, so whatever a template prints from the database is escaped by
 Jinja2. Markup comes only from the template files themselves, and a test scans those for
 ``|safe``, ``Markup`` and ``autoescape false``.
+
+Escaping HTML is not enough to show a value as it is: a browser obeys the bidi controls and
+other invisible format characters in a text (U+202E draws what follows right to left), so
+``acct \u202e7777-4321\u202c`` would be drawn as ``acct 1234-7777``. Every printed string
+therefore goes through :func:`visible` first (the environment's ``finalize``), which writes
+each character that is not drawn as itself as an escape such as ``\u202e``, as the CLI does.
+Pretty-printed JSON gets JSON's own escapes (:func:`visible_json`), so it stays valid JSON.
 """
 
 from __future__ import annotations
@@ -12,6 +19,8 @@ import contextlib
 import datetime
 import functools
 import json
+import re
+import unicodedata
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -19,25 +28,10 @@ from typing import Any
 import jinja2
 
 from .. import _queries as q
+from ._plain import human_delta
 
 TEMPLATES = Path(__file__).with_name("templates")
 STATIC = Path(__file__).with_name("static")
-
-
-def human_delta(ms: int) -> str:
-    """A short human duration: ``in 4.2 s``, ``3 min ago``."""
-    seconds = abs(ms) / 1000
-    if seconds < 60:
-        text = f"{seconds:.1f} s"
-    elif seconds < 3600:
-        text = f"{seconds / 60:.0f} min"
-    elif seconds < 86400:
-        text = f"{seconds / 3600:.1f} h"
-    elif seconds < 864000:
-        text = f"{seconds / 86400:.1f} d"
-    else:
-        text = f"{seconds / 86400:,.0f} d"
-    return f"in {text}" if ms >= 0 else f"{text} ago"
 
 
 def duration(ms: object) -> str:
@@ -92,12 +86,71 @@ def preview(text: str, limit: int = 140) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
+# Characters that may need escaping: everything but printable ASCII, newline and tab. A run of
+# them is kept when Python calls it printable (letters, marks, symbols of any script).
+_MAYBE_HIDDEN = re.compile(r"[^\x20-\x7e\n\t]+")
+
+
+def _drawn_as_itself(char: str) -> bool:
+    # Printable, or a space of another width (U+00A0, U+3000...): drawn as a space, no reordering.
+    return char.isprintable() or unicodedata.category(char) == "Zs"
+
+
+def _python_escape(char: str) -> str:
+    return char if _drawn_as_itself(char) else char.encode("unicode_escape").decode("ascii")
+
+
+def _json_escape(char: str) -> str:
+    if _drawn_as_itself(char):
+        return char
+    code = ord(char)
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    code -= 0x10000  # a UTF-16 surrogate pair, as JSON writes a character past U+FFFF
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+
+
+def _escape_runs(text: str, escape: Any) -> str:
+    # Nearly every text hides nothing: str methods (C speed) say so, even for megabytes.
+    if text.replace("\n", "").replace("\t", "").isprintable():
+        return text
+
+    def replace(match: re.Match[str]) -> str:
+        run = match.group(0)
+        return run if run.isprintable() else "".join([escape(char) for char in run])
+
+    lines = text.split("\n")  # then only the lines that do hide something are gone through
+    for i, line in enumerate(lines):
+        if not line.replace("\t", "").isprintable():
+            lines[i] = (
+                "".join([c if c.isprintable() or c == "\t" else escape(c) for c in line])
+                if len(line) < 256  # a short line: one pass; a long one: by runs of non-ASCII
+                else _MAYBE_HIDDEN.sub(replace, line)
+            )
+    return "\n".join(lines)
+
+
+def visible(text: str) -> str:
+    """``text`` with every character a browser would not draw as itself (bidi controls and
+    other format characters, control characters, line and paragraph separators, surrogates,
+    private-use and unassigned code points) written as its Python escape (``\\u202e``,
+    ``\\x1b``, ``\\U000e0001``). Newlines, tabs and spaces stay as they are."""
+    return _escape_runs(text, _python_escape)
+
+
+def visible_json(text: str) -> str:
+    """JSON text (from :func:`json.dumps` with ``ensure_ascii=False``) with the characters
+    :func:`visible` escapes written as JSON escapes (``\\u202e``), so it is still the same JSON.
+    Outside strings JSON has only printable ASCII and whitespace, so only strings change."""
+    return _escape_runs(text, _json_escape)
+
+
 def pretty(text: str) -> str:
     """Stored JSON text pretty-printed (or as it is when it cannot be decoded)."""
     ok, value = q.parse_json(text)
     if ok:
         with contextlib.suppress(RecursionError, ValueError):
-            return json.dumps(value, indent=2, ensure_ascii=False)
+            return visible_json(json.dumps(value, indent=2, ensure_ascii=False))
     return text
 
 
@@ -106,9 +159,35 @@ def pretty_value(value: Any) -> str:
     if isinstance(value, str):
         return value
     try:
-        return json.dumps(value, indent=2, ensure_ascii=False)
+        return visible_json(json.dumps(value, indent=2, ensure_ascii=False))
     except (RecursionError, ValueError, TypeError):
         return str(value)
+
+
+class FormValue(str):
+    """A value a form sends back unseen (a call id in a hidden field, a choice's value):
+    HTML-escaped like any value, but not made :func:`visible`, so that what the form submits is
+    the value itself. Only hidden inputs and ``<option value=...>`` print it (a test checks);
+    the page shows the value visibly beside them."""
+
+    __slots__ = ()
+
+
+def form_value(value: object) -> FormValue:
+    return FormValue(str(value))
+
+
+def editable(value: object) -> str:
+    """The initial text of a field a person edits: the value when it is drawn as itself, else
+    empty (its escaped picture would be sent back as a different value)."""
+    text = str(value)
+    return text if visible(text) == text else ""
+
+
+def _finalize(value: object) -> object:
+    # Exactly str: the markup of a macro call (a str subclass) was made visible inside it, and a
+    # FormValue must stay as it is.
+    return visible(value) if type(value) is str else value
 
 
 def encode_key(value: object) -> str:
@@ -135,6 +214,7 @@ def environment() -> jinja2.Environment:
         lstrip_blocks=True,
         keep_trailing_newline=False,
         auto_reload=False,
+        finalize=_finalize,
     )
     env.filters.update(
         thousands=thousands,
@@ -146,6 +226,8 @@ def environment() -> jinja2.Environment:
         preview=preview,
         pretty=pretty,
         pretty_value=pretty_value,
+        form_value=form_value,
+        editable=editable,
         key=encode_key,
         status_class=status_class,
         human_delta=human_delta,

@@ -15,7 +15,8 @@ import attrs
 
 from .. import _queries as q
 from .._errors import InvalidArgument
-from ._render import human_delta, pretty_value
+from ._plain import human_delta
+from ._render import pretty_value
 
 #: Checkpoints, steps, timers and tool calls listed at most on a run page.
 LIST_LIMIT = 500
@@ -205,6 +206,19 @@ class CheckpointView:
     verification: Stored | None
     evidence: tuple[str, ...]
     passed: bool | None
+    #: For a candidate: its verification was interrupted (it will never be decided by the
+    #: attempt that proposed it), rather than maybe under way.
+    interrupted: bool = False
+
+    @property
+    def undecided_note(self) -> str:
+        if self.interrupted:
+            return (
+                "Undecided: its verification was interrupted (the verifier failed, or its owner"
+                " stopped) and never decided it. An owner of the run finds it with"
+                " pending_checkpoint() and can verify it again with verify_checkpoint()."
+            )
+        return "Undecided: its owner holds the run and may be verifying it now."
 
 
 def lineage(checkpoints: Iterable[q.CheckpointRow]) -> dict[object, object]:
@@ -261,6 +275,53 @@ def verdict(verification: str | None, truncated: bool) -> tuple[bool | None, tup
     elif isinstance(evidence, str):
         lines = (evidence,)
     return (passed if isinstance(passed, bool) else None), lines
+
+
+#: Arguments of an approval request longer than this (pretty-printed) are not put on the page,
+#: and no form decides them there: a decision is for arguments the person could read.
+BOUND_ARGS_CHARS = 256 * 1024
+#: The arguments of the open requests on one run page add up to this many characters at most;
+#: the requests past it are listed without their arguments, and without a form.
+APPROVALS_PAGE_CHARS = 4 * 1024 * 1024
+
+
+@attrs.frozen
+class ApprovalView:
+    """An open approval request as the approve form shows it: every argument, or no form."""
+
+    request: q.ApprovalRequest
+    args: str | None  # all the arguments, pretty-printed; None: not shown, and no form
+    size: int  # characters of ``args`` (as shown, escapes included)
+    keys: tuple[str, ...]  # the top-level argument names, in the order shown
+    refusal: str  # why there is no form ("" when there is one)
+
+
+def approval_views(requests: Iterable[q.ApprovalRequest]) -> list[ApprovalView]:
+    views = []
+    budget = APPROVALS_PAGE_CHARS
+    for request in requests:
+        text = pretty_value(request.args)
+        keys = tuple(request.args) if isinstance(request.args, dict) else ()
+        elsewhere = (
+            f"read them with `zincir approvals --run {request.run_id}` and decide with"
+            f" `zincir approve {request.run_id} {request.call_id} --by NAME --hash {request.args_hash}`"
+        )
+        if len(text) > BOUND_ARGS_CHARS:
+            refusal = (
+                f"These arguments are {len(text):,} characters long, too long to show here in full,"
+                f" so they cannot be decided here: {elsewhere}."
+            )
+            views.append(ApprovalView(request, None, len(text), keys, refusal))
+        elif len(text) > budget:
+            refusal = (
+                "The arguments of the requests above fill this page: decide those first and reload,"
+                f" or {elsewhere}."
+            )
+            views.append(ApprovalView(request, None, len(text), keys, refusal))
+        else:
+            budget -= len(text)
+            views.append(ApprovalView(request, text, len(text), keys, ""))
+    return views
 
 
 @attrs.frozen
