@@ -25,7 +25,7 @@ from ._backend import (
     WaitKind,
     args_hash,
 )
-from ._budget import Budget, Usage, debit_of, exceeded_error, judge
+from ._budget import Budget, CountedCall, Usage, debit_of, exceeded_error, judge
 from ._database import Database, open_database
 from ._errors import (
     BudgetExceeded,
@@ -286,7 +286,8 @@ class Run:
             )
             for c in calls
         ]
-        debit = debit_of(usage, tuple((c.name, args_hash(c.name, c.args)) for c in calls), f"run {self.id}")
+        counted = tuple(CountedCall(c, args_hash(c.name, c.args)) for c in calls)
+        debit = debit_of(usage, counted, f"run {self.id}")
         seq, reached = await self._write(self._store.record_response, llm_payload, intents, debit)
         if reached is not None:  # recorded and debited all the same: it was paid for
             raise exceeded_error(self.id, reached)
