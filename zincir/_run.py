@@ -50,6 +50,7 @@ from ._types import (
     Approval,
     Checkpoint,
     CheckpointState,
+    Done,
     DurableState,
     PendingToolCall,
     RunRecord,
@@ -335,16 +336,18 @@ class Run:
         pending: PendingToolCall,
         fn: Callable[[PendingToolCall], Awaitable[JSONValue]],
         *,
-        reconcile: Callable[[PendingToolCall], Awaitable[JSONValue | None]] | None = None,
+        reconcile: Callable[[PendingToolCall], Awaitable[JSONValue | Done | None]] | None = None,
     ) -> JSONValue:
         """Run a pending tool call once more and record its result; returns the result.
 
         ``pending`` comes from this owner's :meth:`pending_tools` (another run's or owner's is
         InvalidArgument). A call started before (``pending.started > 0``, or started through
         this run since, by an earlier ``execute`` whose tool raised) may have had its effect: with
-        ``reconcile``, ``await reconcile(pending)`` looks first, and a result it returns is
-        recorded without running ``fn`` (the effect happened); None means it did not, and ``fn``
-        runs. Without ``reconcile``, ``fn`` runs again (at-least-once: make it idempotent by
+        ``reconcile``, ``await reconcile(pending)`` looks first. A result it returns means the
+        effect happened: it is recorded without running ``fn``, its ``tool_result`` marked
+        ``"reconciled": true``; :class:`Done` wraps a result that is itself None
+        (``Done(None)``). A plain None means the effect did not happen, and ``fn`` runs. Without
+        ``reconcile``, ``fn`` runs again (at-least-once: make it idempotent by
         ``pending.idempotency_key``). The start is recorded before ``fn`` runs.
         """
         if not isinstance(pending, PendingToolCall):
@@ -363,8 +366,9 @@ class Run:
         if started_before and reconcile is not None:
             found = await reconcile(pending)
             if found is not None:
-                await self.record_tool_result(pending.call.id, found)
-                return found
+                result = found.value if isinstance(found, Done) else found
+                await self._record_result(pending.call.id, result, reconciled=True)
+                return result
         await self.start_tool(pending.call.id)
         result = await fn(pending)
         await self.record_tool_result(pending.call.id, result)
@@ -372,8 +376,14 @@ class Run:
 
     async def record_tool_result(self, call_id: str, content: JSONValue) -> None:
         """Record a tool's result. Repeating the identical result is a no-op."""
+        await self._record_result(call_id, content, reconciled=False)
+
+    async def _record_result(self, call_id: str, content: JSONValue, *, reconciled: bool) -> None:
         check_call_id(call_id, f"run {self.id}: call_id")
-        payload = self._encode({"call_id": call_id, "content": content}, f"the result of {call_id!r}")
+        result: dict[str, JSONValue] = {"call_id": call_id, "content": content}
+        if reconciled:  # found by a probe, not returned by the tool: the log says so
+            result["reconciled"] = True
+        payload = self._encode(result, f"the result of {call_id!r}")
         await self._write(self._store.record_tool_result, call_id, payload)
 
     # -- checkpoints ----------------------------------------------------------------------

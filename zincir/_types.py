@@ -18,6 +18,7 @@ __all__ = [
     "Approval",
     "Checkpoint",
     "CheckpointState",
+    "Done",
     "DurableState",
     "Event",
     "EventType",
@@ -115,6 +116,15 @@ class PendingToolCall:
 def _check_data(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if not isinstance(value, dict):
         raise InvalidArgument(f"CheckpointState.data must be a dict (a JSON object), not {value!r}")
+
+
+@attrs.frozen
+class Done:
+    """What a reconcile probe (:meth:`Run.execute`) returns to say "the effect happened, and
+    this is its result", when the result is None: ``return zincir.Done(None)``. A probe's plain
+    None means the effect did not happen; any other value is the result, as ``Done(value)``."""
+
+    value: JSONValue = None
 
 
 @attrs.frozen
