@@ -484,3 +484,47 @@ async def test_the_cli_stops_on_sigint_and_a_second_signal_cancels_handlers(
     # The cancelled handler released the run: claimable at once, its attempt given back.
     [(lease, attempt)] = await db._write(db._store.claim_due, "next-worker", 1000, None, 1)
     assert (lease.run_id, attempt) == (run_id, 1)
+
+
+async def _no_database(*args: object, **kwargs: object) -> object:
+    raise AssertionError("run.config must not query the database")
+
+
+async def test_run_config_is_the_stored_config_on_every_way_to_a_lease(
+    db: zincir.Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from .test_recovery import _held_by_a_child
+    from .test_suspension import until, working
+
+    config = {"goal": "fix the failing test", "limits": [1, {"deep": None}]}
+    async with zincir.open_run(db, config=config) as run:
+        with monkeypatch.context() as offline:  # read with the lease: no query of its own
+            offline.setattr(db, "_read", _no_database)
+            offline.setattr(db, "_write", _no_database)
+            assert run.config == config
+        kid = await run.spawn("kid", config={"topic": "leases"})
+        lead = run.id
+    async with zincir.open_run(db) as plain:
+        assert plain.config == {}
+    async with zincir.open_run(db, lead) as again:  # an existing run, taken by hand
+        assert again.config == config
+    async with zincir.open_run(db, config="just a string") as orphan:
+        pass
+    holder = await _held_by_a_child(db, orphan.id)  # held by a process that then dies
+    holder.kill()
+    holder.communicate()
+    seen: dict[str, object] = {}
+
+    async def handler(run: zincir.Run) -> None:
+        seen[run.id] = run.config
+        await run.complete()
+
+    async with working(db, handler):
+        await until(lambda: _all_completed(db, [lead, kid, plain.id, orphan.id]))
+    assert seen == {lead: config, kid: {"topic": "leases"}, plain.id: {}, orphan.id: "just a string"}
+    events = await db.events(orphan.id)
+    assert [e for e in events if e.type is zincir.EventType.LEASE_TAKEN_OVER]  # the dead owner's path
+
+
+async def _all_completed(db: zincir.Database, run_ids: list[str]) -> bool:
+    return all([await _is(db, run_id, zincir.RunStatus.COMPLETED) for run_id in run_ids])

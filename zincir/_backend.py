@@ -68,6 +68,9 @@ class Lease:
     """On the database's clock."""
     wall_time_ends_at: int | None = None
     """When the run's budget of wall time runs out, on the database's clock (None: no limit)."""
+    config_json: str = attrs.field(default="{}", kw_only=True)
+    """The run's config as stored, read by the acquisition that made the lease (it never
+    changes): :attr:`Run.config` without a read of its own."""
 
     @property
     def fencing_token(self) -> str:

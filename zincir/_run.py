@@ -79,6 +79,9 @@ T = TypeVar("T")
 # the same type (floats are finite here: NaN and infinities are refused before they are stored).
 _OWN_JSON: Final = frozenset({int, str, float, bool, type(None)})
 
+# Run.config before its first read (a config may itself be JSON null).
+_UNREAD: Final = object()
+
 # How often a waiting owner looks for a signal another process sent (a read), when nothing
 # wakes it sooner: a send in this process, or a PostgreSQL notification, wakes it at once.
 _INBOX_POLL_S = 0.25
@@ -115,6 +118,7 @@ class Run:
     _in_worker: bool
     _started_calls: set[str]
     _nurseries: set[Children]
+    _config: JSONValue
 
     def __init__(self, *_: object, **__: object) -> None:
         raise TypeError("runs come from zincir.open_run() or a ResumeWorker")
@@ -147,6 +151,7 @@ class Run:
         self._cancel_reason = None  # a cancellation the heartbeat found requested
         self._budget_stop = None  # the wall time the heartbeat found spent
         self._in_worker = False  # a worker suspends a run over budget instead of raising
+        self._config = _UNREAD  # decoded from the lease at the first read of run.config
         return self
 
     def __repr__(self) -> str:
@@ -166,6 +171,15 @@ class Run:
     def database(self) -> Database:
         """The database the run lives in."""
         return self._db
+
+    @property
+    def config(self) -> JSONValue:
+        """The run's config as stored (``open_run(config=...)``, ``spawn(config=...)``; ``{}``
+        when none was given). It was read with the lease and never changes, so this is no
+        database read; the same object is returned each time: treat it as read-only."""
+        if self._config is _UNREAD:
+            self._config = decode(self._lease.config_json)
+        return self._config
 
     # -- guards ---------------------------------------------------------------------------
 

@@ -115,9 +115,9 @@ def create_run(
     )
     _insert_event(tx, run_id, 0, EventType.STATE_TRANSITION, '{"from":"pending","to":"running"}')
     if budget is None:
-        return Lease(run_id, owner, 1, ttl_ms, expires_at)
+        return Lease(run_id, owner, 1, ttl_ms, expires_at, config_json=config_json)
     _insert_budget(tx, run_id, budget)
-    return Lease(run_id, owner, 1, ttl_ms, expires_at, _wall_end(tx, run_id))
+    return Lease(run_id, owner, 1, ttl_ms, expires_at, _wall_end(tx, run_id), config_json=config_json)
 
 
 def _lock_run(tx: Tx, run_id: str) -> tuple[str, str | None, int, int | None]:
@@ -179,11 +179,13 @@ def acquire_run(tx: Tx, run_id: str, owner: str, ttl_ms: int, force: bool) -> Le
             f"run {run_id} is leased by another owner (epoch {epoch}) for {expires_at - tx.now} ms"
             " more; pass force=True only once that owner is known to be dead"
         )
-    (cancel_reason,) = tx.one("SELECT cancel_reason FROM agent_runs WHERE id = %s", (run_id,))
+    cancel_reason, config_json = tx.one(
+        "SELECT cancel_reason, config FROM agent_runs WHERE id = %s", (run_id,)
+    )
     if cancel_reason is not None:
         _cancel_unowned(tx, run_id, status, cancel_reason)
         return None
-    return _take(tx, run_id, status, owner, epoch + 1, ttl_ms, _wall_end(tx, run_id), taken_over)
+    return _take(tx, run_id, status, owner, epoch + 1, ttl_ms, _wall_end(tx, run_id), taken_over, config_json)
 
 
 def claim_due(
@@ -199,13 +201,14 @@ def claim_due(
     while len(claimed) < limit:
         now, wanted = tx.now, limit - len(claimed)
         rows = tx.all(
-            f"SELECT id, status, lease_epoch, attempts, cancel_reason, {_WALL_END} FROM agent_runs AS r"
+            f"SELECT id, status, lease_epoch, attempts, cancel_reason, {_WALL_END}, config"
+            " FROM agent_runs AS r"
             " WHERE status IN ('pending', 'running', 'waiting') AND next_attempt_at <= %s"
             " AND (lease_owner IS NULL OR lease_expires_at <= %s) AND NOT (id = ANY(%s))"
             " ORDER BY next_attempt_at, created_at LIMIT %s FOR NO KEY UPDATE SKIP LOCKED",
             (now, now, postponed, wanted),
         )
-        for run_id, status, epoch, attempts, cancel_reason, wall_end in rows:
+        for run_id, status, epoch, attempts, cancel_reason, wall_end, config_json in rows:
             if cancel_reason is not None:  # its owner died before it could stop
                 if not _unless_busy(tx, _cancel_unowned, run_id, status, cancel_reason):
                     postponed.append(run_id)
@@ -214,7 +217,9 @@ def claim_due(
                 if not _unless_busy(tx, _fail_exhausted, run_id, status, attempts):
                     postponed.append(run_id)
                 continue
-            lease = _take(tx, run_id, status, owner, epoch + 1, ttl_ms, wall_end, count_attempt=True)
+            lease = _take(
+                tx, run_id, status, owner, epoch + 1, ttl_ms, wall_end, None, config_json, count_attempt=True
+            )
             claimed.append((lease, attempts + 1))
         if len(rows) < wanted:
             break  # no more are due (a run locked by another claim is skipped again)
@@ -392,14 +397,16 @@ def _take(
     epoch: int,
     ttl_ms: int,
     wall_end: int | None,
-    taken_over: str | None = None,
+    taken_over: str | None,
+    config_json: str,
     *,
     count_attempt: bool = False,
 ) -> Lease:
     """Lease the run to ``owner`` (this process: its identity is stored with the lease); a
     pending or suspended run starts running, and a takeover from a dead owner, logged.
-    ``wall_end``: when the run's wall time runs out (:data:`_WALL_END`), read by the caller;
-    ``count_attempt``: a worker's claim, which counts an attempt.
+    ``wall_end``: when the run's wall time runs out (:data:`_WALL_END`), and ``config_json``
+    (the run's config), read by the caller; ``count_attempt``: a worker's claim, which counts
+    an attempt.
 
     The lease, the attempt and the last event go into the row in one UPDATE: one statement and
     one new version of the row per claimed run, where three UPDATEs made three."""
@@ -423,7 +430,7 @@ def _take(
             _log(tx, run_id, type, payload)
         else:
             _log_with(tx, run_id, type, payload, lease_change, lease_params)
-    return Lease(run_id, owner, epoch, ttl_ms, expires_at, wall_end)
+    return Lease(run_id, owner, epoch, ttl_ms, expires_at, wall_end, config_json=config_json)
 
 
 def renew(tx: Tx, lease: Lease) -> tuple[Lease, str | None]:
@@ -1588,19 +1595,31 @@ def _take_from_the_dead(
     taken: list[tuple[Lease, int]] = []
     for pid, started, why in _dead_owners_here(tx):
         rows = tx.all(
-            f"SELECT id, status, lease_epoch, attempts, cancel_reason, {_WALL_END} FROM agent_runs AS r"
+            f"SELECT id, status, lease_epoch, attempts, cancel_reason, {_WALL_END}, config"
+            " FROM agent_runs AS r"
             " WHERE lease_host = %s AND lease_owner IS NOT NULL AND lease_expires_at > %s"
             " AND status = 'running' AND lease_pid = %s AND lease_process_start = %s"
             " LIMIT %s FOR NO KEY UPDATE SKIP LOCKED",
             (this_process().host, tx.now, pid, started, limit - len(taken)),
         )
-        for run_id, status, epoch, attempts, cancel_reason, wall_end in rows:
+        for run_id, status, epoch, attempts, cancel_reason, wall_end, config_json in rows:
             if cancel_reason is not None:
                 _unless_busy(tx, _cancel_unowned, run_id, status, cancel_reason)
             elif max_attempts is not None and attempts >= max_attempts:
                 _unless_busy(tx, _fail_exhausted, run_id, status, attempts)
             else:
-                lease = _take(tx, run_id, status, owner, epoch + 1, ttl_ms, wall_end, why, count_attempt=True)
+                lease = _take(
+                    tx,
+                    run_id,
+                    status,
+                    owner,
+                    epoch + 1,
+                    ttl_ms,
+                    wall_end,
+                    why,
+                    config_json,
+                    count_attempt=True,
+                )
                 taken.append((lease, attempts + 1))
         if len(taken) >= limit:
             break

@@ -101,9 +101,9 @@ def create_run(
     )
     _insert_event(tx, run_id, 0, EventType.STATE_TRANSITION, '{"from":"pending","to":"running"}')
     if budget is None:
-        return Lease(run_id, owner, 1, ttl_ms, expires_at)
+        return Lease(run_id, owner, 1, ttl_ms, expires_at, config_json=config_json)
     _insert_budget(tx, run_id, budget)
-    return Lease(run_id, owner, 1, ttl_ms, expires_at, _wall_end(tx, run_id))
+    return Lease(run_id, owner, 1, ttl_ms, expires_at, _wall_end(tx, run_id), config_json=config_json)
 
 
 def acquire_run(tx: Tx, run_id: str, owner: str, ttl_ms: int, force: bool) -> Lease | None:
@@ -288,10 +288,10 @@ def _take(
     pending or suspended run starts running, and a takeover from a dead owner, logged."""
     expires_at = tx.now + ttl_ms
     me = this_process()
-    tx.execute(
+    (config_json,) = tx.one(
         "UPDATE agent_runs SET lease_owner = ?, lease_epoch = ?, lease_expires_at = ?,"
         " status = 'running', wait_kind = NULL, wait_target = NULL, lease_host = ?, lease_pid = ?,"
-        " lease_process_start = ? WHERE id = ?",
+        " lease_process_start = ? WHERE id = ? RETURNING config",
         (owner, epoch, expires_at, *me.as_row(), run_id),
     )
     if taken_over is not None:
@@ -302,7 +302,7 @@ def _take(
         seq = _allocate(tx, run_id, 1)
         transition = _dump({"from": status, "to": "running"})
         _insert_event(tx, run_id, seq, EventType.STATE_TRANSITION, transition)
-    return Lease(run_id, owner, epoch, ttl_ms, expires_at, _wall_end(tx, run_id))
+    return Lease(run_id, owner, epoch, ttl_ms, expires_at, _wall_end(tx, run_id), config_json=config_json)
 
 
 def renew(tx: Tx, lease: Lease) -> tuple[Lease, str | None]:
