@@ -234,6 +234,12 @@ class Store(Protocol):
     def next_due_in(self, tx: Any) -> int | None:
         """Milliseconds until the next run becomes due by itself; None if none will (a read)."""
 
+    def work_ahead(self, tx: Any) -> bool:
+        """Whether a live run is, or will become, claimable without anyone's write from
+        outside: one pending or running (due, backing off, or leased), or one suspended in a
+        durable sleep or already woken. A run suspended on a signal, an approval, a child or
+        its budget is not, whatever its deadline (a read, for a worker's ``until_idle``)."""
+
     def renew(self, tx: Any, lease: Lease) -> tuple[Lease, str | None]:
         """Extend an unexpired lease by its TTL; with it, the reason of a cancellation someone
         requested (None: none). LeaseLost, RunTerminal."""

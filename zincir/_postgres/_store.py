@@ -252,6 +252,20 @@ def next_due_in(tx: Tx) -> int | None:
     return None if due is None else int(due)
 
 
+def work_ahead(tx: Tx) -> bool:
+    """Whether a live run is, or will become, claimable with no outsider's write: a pending or
+    running one (due now, backing off, or leased: a lease comes free when its owner lets go or
+    dies), or a suspended one in a durable sleep, or woken already. Runs suspended on a
+    signal, an approval, a child or a budget are not work ahead, deadline or not. Read when a
+    worker with ``until_idle`` is idle, so a scan past many suspended runs is rare."""
+    row = tx.one(
+        "SELECT 1 FROM agent_runs WHERE status IN ('pending', 'running')"
+        " OR (status = 'waiting' AND (wait_kind = 'sleep' OR next_attempt_at <= %s)) LIMIT 1",
+        (tx.now,),
+    )
+    return row is not None
+
+
 def _fail_exhausted(tx: Tx, run_id: str, status: str, attempts: int) -> None:
     # A new epoch: the owner whose lease expired must see a takeover (LeaseLost), not an end
     # that its own epoch made.
