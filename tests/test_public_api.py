@@ -19,7 +19,7 @@ PUBLIC = {
     "StepAlreadyRunning", "StorageError", "ToolCall", "UnfinishedWork", "Usage", "Verification", "Verifier",
     "WaitTimeout", "ZincirError", "__version__",
     "artifacts", "cancel_run", "decide_approval", "open_database", "open_run", "raise_budget", "retry_now",
-    "send_signal", "wall_clock_ms",
+    "send_signal", "wait_for_end", "wall_clock_ms",
 }  # fmt: skip
 
 

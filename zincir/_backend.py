@@ -379,6 +379,14 @@ class Store(Protocol):
         running, or a join of it timed out before: :meth:`await_child` says which). Fenced;
         InvalidArgument."""
 
+    def watch_end(self, tx: Any, run_id: str, waiter: str) -> RunRecord:
+        """Note that ``waiter`` waits for the run to end (where ending it must be told: on
+        PostgreSQL a row that makes the end send a notification), and return the run as it is
+        now. RunNotFound. An ended run is returned without a note."""
+
+    def unwatch_end(self, tx: Any, run_id: str, waiter: str) -> None:
+        """Drop ``waiter``'s note (nothing if the run's end took it already)."""
+
     def ended_children(self, tx: Any, child_ids: Sequence[str]) -> set[str]:
         """Those of ``child_ids`` that have ended (a read, for a nursery's joins)."""
 
@@ -425,6 +433,9 @@ class Store(Protocol):
 
     def durable_state(self, tx: Any, run_id: str) -> tuple[RunRecord, Checkpoint | None, list[Event]]:
         """The run, its latest accepted checkpoint, and the events after it. RunNotFound."""
+
+    def get_run(self, tx: Any, run_id: str) -> RunRecord:
+        """The run as stored. RunNotFound."""
 
     def events_page(self, tx: Any, run_id: str, after_seq: int, limit: int | None) -> list[Event]:
         """Events with seq > ``after_seq``, in order. RunNotFound."""

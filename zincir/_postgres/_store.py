@@ -326,8 +326,10 @@ _CLOSE = (
     " woke AS (UPDATE agent_runs SET next_attempt_at = (SELECT ms FROM now)"
     " WHERE id = (SELECT parent_run_id FROM agent_runs WHERE id = %s) AND status = 'waiting'"
     " AND wait_kind = 'child' AND wait_target = %s"
-    " AND (next_attempt_at IS NULL OR next_attempt_at > (SELECT ms FROM now)) RETURNING 1)"
-    " SELECT parent_run_id, EXISTS (SELECT 1 FROM woke) FROM closed"
+    " AND (next_attempt_at IS NULL OR next_attempt_at > (SELECT ms FROM now)) RETURNING 1),"
+    # Somebody waits for this end (wait_for_end): their rows go, and a notification tells them.
+    " waited AS (DELETE FROM run_waiters WHERE run_id = %s RETURNING 1)"
+    " SELECT parent_run_id, EXISTS (SELECT 1 FROM woke), id, EXISTS (SELECT 1 FROM waited) FROM closed"
 )
 
 
@@ -337,7 +339,7 @@ def _send_close(
     """Send the run's end: its final transition, the row made terminal and ownerless, and the
     wake-up of a parent suspended on it, in one statement that reads its own clock (so it may
     go right behind the lock, before the lock's answer is back). Read it with :func:`_closed`."""
-    return tx.send(_CLOSE, (status.value, result_json, run_id, transition_json, run_id, run_id))
+    return tx.send(_CLOSE, (status.value, result_json, run_id, transition_json, run_id, run_id, run_id))
 
 
 def _closed(tx: Tx, closing: Sent) -> str | None:
@@ -345,9 +347,11 @@ def _closed(tx: Tx, closing: Sent) -> str | None:
     row = closing.one()
     if row is None:
         return None
-    parent, woke = row
+    parent, woke, run_id, waited = row
     if woke:
         tx.notify_claimable()
+    if waited:
+        tx.notify_run_ended(run_id)
     if parent is None:
         return None
     tx.notify_child_ended(parent)
@@ -706,6 +710,25 @@ def get_run(tx: Tx, run_id: str) -> RunRecord:
     if row is None:
         raise RunNotFound(f"run {run_id} does not exist")
     return to_run(row)
+
+
+def watch_end(tx: Tx, run_id: str, waiter: str) -> RunRecord:
+    """Note ``waiter`` (its row makes the run's end notify: see _CLOSE); the run as it is now.
+
+    An end that commits after the note is read (it is read after the row is written) sends the
+    notification; one whose statement ran just before the note was committed, but which
+    commits after the run is read here, sends none: the waiter's poll finds that one."""
+    tx.execute(  # sent with the read below: one round trip; a missing or ended run gets no row
+        "INSERT INTO run_waiters (run_id, waiter, created_at) SELECT id, %s, zincir_now_ms()"
+        " FROM agent_runs WHERE id = %s AND status IN ('pending', 'running', 'waiting')"
+        " ON CONFLICT DO NOTHING",
+        (waiter, run_id),
+    )
+    return get_run(tx, run_id)
+
+
+def unwatch_end(tx: Tx, run_id: str, waiter: str) -> None:
+    tx.execute("DELETE FROM run_waiters WHERE run_id = %s AND waiter = %s", (run_id, waiter))
 
 
 def list_runs(tx: Tx, status: RunStatus | None, role: str | None, limit: int) -> list[RunRecord]:

@@ -518,6 +518,16 @@ def get_run(tx: Tx, run_id: str) -> RunRecord:
     return to_run(row)
 
 
+def watch_end(tx: Tx, run_id: str, waiter: str) -> RunRecord:
+    """The run as it is now. Nothing to note: the watcher of each waiting process looks at the
+    runs it waits for whenever the file changes (see _watcher)."""
+    return get_run(tx, run_id)
+
+
+def unwatch_end(tx: Tx, run_id: str, waiter: str) -> None:
+    pass
+
+
 def list_runs(tx: Tx, status: RunStatus | None, role: str | None, limit: int) -> list[RunRecord]:
     rows = tx.all(
         f"SELECT {RUN_COLUMNS} FROM agent_runs WHERE (?1 IS NULL OR status = ?1)"

@@ -1,4 +1,4 @@
--- zincir schema, version 9: loop detection counts within a window.
+-- zincir schema, version 9: loop detection counts within a window; waiting for a run to end.
 --   tool_call_counts  now counts each (tool, arguments) since the run's latest accepted
 --                     checkpoint: accepting one empties the run's rows
 --   budgets.most_identical_tool_calls
@@ -12,3 +12,6 @@
 ALTER TABLE budgets ADD COLUMN repeated_call_id TEXT;
 DELETE FROM tool_call_counts;
 UPDATE budgets SET most_identical_tool_calls = 0 WHERE most_identical_tool_calls <> 0;
+
+-- zincir.wait_for_end() needs no table here: each waiting process's watcher looks at the runs
+-- it waits for whenever the file changes (see the PostgreSQL file for why that one has one).
