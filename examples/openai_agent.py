@@ -25,8 +25,9 @@ What makes it durable:
   loop checks it before every model call; once it is spent the run stops, unfinished, until
   the budget is raised (``zincir budget RUN_ID --tokens N``) and the run resumed.
 - The model's checkpoint names its artifacts with labels; the agent replaces them with the
-  measured content identities of what the tool wrote (``zincir.artifacts``), and a verifier
-  accepts the checkpoint only if those files exist with exactly that content.
+  measured content identities of what the tool wrote (``zincir.artifacts``), keeps the labels
+  in the checkpoint's ``data``, and a verifier accepts the checkpoint only if those files exist
+  with exactly that content (a label left among the artifacts is never accepted).
 
 Environment:
   OPENAI_API_KEY         use the real API (otherwise the offline stub); OPENAI_BASE_URL works too
@@ -142,10 +143,9 @@ async def write_file(out: Path, call_id: str, args: Any) -> dict[str, Any]:
 async def verify(state: CheckpointState) -> Verification:
     """Accept only measured artifacts that exist and still have the content that was measured."""
     await pause("IN_VERIFY")
-    labels = [a for a in state.artifacts if not isinstance(a, dict)]
-    changed = [a.path for a in await artifacts.mismatches(state.artifacts)]  # missing ones too
-    passed = bool(state.artifacts) and not labels and not changed
-    return Verification(passed, {"changed": changed, "unmeasured": labels})
+    unverified = await artifacts.mismatches(state.artifacts)  # changed, missing, or only a label
+    passed = bool(state.artifacts) and not unverified
+    return Verification(passed, {"unverified": [f"{a.kind}: {a.path}" for a in unverified]})
 
 
 def written_files(events: list[zincir.Event], out: Path) -> list[Path]:
@@ -172,30 +172,33 @@ def strings(args: Any, field: str) -> list[str]:
 
 async def checkpoint_state(state: zincir.DurableState, args: Any, out: Path) -> CheckpointState:
     """The model's claim, with its artifact labels replaced by measured identities: those of
-    the previous accepted checkpoint (kept as measured then) and of every file written since."""
+    the previous accepted checkpoint (kept as measured then) and of every file written since.
+    The labels themselves stay in ``data``, beside the claim, for the next context to read."""
     previous = state.checkpoint.state.artifacts if state.checkpoint is not None else []
     measured = [(await artifacts.identify(path)).to_json() for path in written_files(state.events, out)]
-    labels = strings(args, "artifacts")
     return CheckpointState(
         completed=strings(args, "completed"),
         remaining=strings(args, "remaining"),
         artifacts=[*previous, *measured],
         failed_attempts=strings(args, "failed_attempts"),
-        evidence=[
-            *strings(args, "evidence"),
-            *([f"the model named its artifacts {labels}"] if labels else []),
-        ],
+        evidence=strings(args, "evidence"),
+        data={"artifact_labels": strings(args, "artifacts")},
     )
 
 
 # -- the model: prompts rebuilt from the log, responses recorded with their usage ----------------
 
 
-def build_messages(state: zincir.DurableState) -> list[ChatCompletionMessageParam]:
-    """The prompt for the next model call, from the durable log alone: system prompt, goal,
-    latest accepted checkpoint, then the responses and tool results recorded after it."""
-    config = state.run.config
-    goal = config.get("goal", GOAL) if isinstance(config, dict) else GOAL
+def goal_of(config: Any) -> str:
+    """The goal in a run's config (``{"goal": ...}``), or the example's own."""
+    goal = config.get("goal") if isinstance(config, dict) else None
+    return goal if isinstance(goal, str) else GOAL
+
+
+def build_messages(goal: str, state: zincir.DurableState) -> list[ChatCompletionMessageParam]:
+    """The prompt for the next model call, from the run's goal and the durable log alone:
+    system prompt, goal, latest accepted checkpoint, then the responses and tool results
+    recorded after it."""
     messages: list[ChatCompletionMessageParam] = [
         {"role": "system", "content": SYSTEM_PROMPT},
         {"role": "user", "content": f"Goal: {goal}"},
@@ -250,7 +253,7 @@ def tool_call_from_sdk(call: ChatCompletionMessageToolCallUnion) -> zincir.ToolC
 async def ask_model(run: zincir.Run, client: AsyncOpenAI, model: str, state: zincir.DurableState) -> None:
     """One paid model call; its response is in the log before anything acts on it."""
     completion = await client.chat.completions.create(
-        model=model, messages=build_messages(state), tools=TOOLS
+        model=model, messages=build_messages(goal_of(run.config), state), tools=TOOLS
     )
     choice = completion.choices[0]
     await run.record_response(

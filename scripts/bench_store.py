@@ -50,7 +50,7 @@ import trio
 
 import zincir
 from zincir._backend import args_hash
-from zincir._budget import debit_of
+from zincir._budget import CountedCall, debit_of
 from zincir._database import wall_clock_ms
 from zincir._sqlite import _store
 from zincir._sqlite._connection import Tx
@@ -246,7 +246,8 @@ def raw_runs_loop(
                     if phase == 0:
                         llm_json, intent = _response_json(call_id, i)
                         args = {"query": "zincir", "page": i}
-                        debit = debit_of(None, ((intent.name, args_hash(intent.name, args)),), "bench")
+                        call = zincir.ToolCall(call_id, intent.name, args)
+                        debit = debit_of(None, (CountedCall(call, args_hash(call.name, args)),), "bench")
                         _store.record_response(tx, lease, llm_json, [intent], debit)
                     else:
                         result = _dump(

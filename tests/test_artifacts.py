@@ -22,7 +22,7 @@ async def test_a_file_is_identified_by_its_content(tmp_path: Path) -> None:
     assert await artifacts.identify(path) == first
     assert artifacts.Artifact.from_json(first.to_json()) == first
     path.write_text("v2")
-    assert await artifacts.mismatches([first.to_json(), "a plain label"]) == [first]
+    assert await artifacts.mismatches([first.to_json()]) == [first]
 
 
 async def test_a_tree_changes_with_any_name_or_content(tmp_path: Path) -> None:
@@ -105,6 +105,44 @@ async def test_a_checkpoint_whose_artifact_changed_after_proposal_is_rejected(
             if tamper:
                 assert decided.verification == Verification(False, {"changed": [str(output)]})
         await run.complete()
+
+
+async def test_the_readme_verifier_rejects_a_claim_made_of_labels(
+    db: zincir.Database, tmp_path: Path
+) -> None:
+    report = tmp_path / "report.md"
+    report.write_text("# findings")
+    measured = (await artifacts.identify(report)).to_json()
+    claims = {
+        "labels only": ["wrote report.md"],
+        "a label beside a measured file": [measured, "also wrote summary.md"],
+        "a label dressed as an identity": [{"path": str(report)}],
+        "measured only": [measured],
+    }
+    async with zincir.open_run(db) as run:
+        decided = {}
+        for number, (claim, artifact_list) in enumerate(claims.items()):
+            state = CheckpointState(completed=["the report"], artifacts=artifact_list)
+            call_id = f"checkpoint-{number}"
+            call = zincir.ToolCall(call_id, zincir.SUBMIT_CHECKPOINT, state.to_json())
+            await run.record_response("", [call], "tool_use")
+            decided[claim] = await run.checkpoint(call_id, state, content_verifier)
+        await run.complete()
+    assert {claim: checkpoint.status for claim, checkpoint in decided.items()} == {
+        "labels only": "rejected",
+        "a label beside a measured file": "rejected",
+        "a label dressed as an identity": "rejected",
+        "measured only": "accepted",
+    }
+    verification = decided["a label beside a measured file"].verification
+    assert verification == Verification(False, {"changed": ["also wrote summary.md"]})
+
+
+async def test_mismatches_reports_each_label_as_unverified(tmp_path: Path) -> None:
+    assert await artifacts.mismatches(["wrote it", 7]) == [
+        artifacts.Artifact("label", "wrote it", ""),
+        artifacts.Artifact("label", "7", ""),
+    ]
 
 
 async def test_special_files_are_named_not_read(tmp_path: Path) -> None:

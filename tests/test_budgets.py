@@ -140,6 +140,89 @@ async def test_a_loop_is_the_same_tool_with_the_same_canonical_arguments(db: zin
         assert event.payload["limit"] == "max_identical_tool_calls"
 
 
+def read(call_id: str, path: str) -> zincir.ToolCall:
+    return zincir.ToolCall(call_id, "read_file", {"path": path})
+
+
+async def test_a_loop_names_its_call_and_ends_when_the_model_moves_on(db: zincir.Database) -> None:
+    async with zincir.open_run(db, budget=zincir.Budget(max_identical_tool_calls=3)) as run:
+        for i in range(2):
+            await run.record_response("", [read(f"a{i}", "a.py")], "tool_use")
+        with pytest.raises(zincir.LoopDetected) as info:
+            await run.record_response("", [read("a2", "a.py")], "tool_use")
+        assert (info.value.call_id, info.value.tool) == ("a2", "read_file")
+        assert """tool call 'a2', read_file({"path":"a.py"}), was made 3 times""" in str(info.value)
+        with pytest.raises(zincir.LoopDetected, match="'a2'"):
+            await run.check_budget()  # the latest response repeated it: the loop holds
+        usage = await run.usage()
+        assert usage is not None and usage.spent.repeated_call == read("a2", "a.py")
+        # A call never made before is no loop, whatever came before it.
+        await run.record_response("", [read("b0", "b.py")], "tool_use")
+        await run.check_budget()
+        usage = await run.usage()
+        assert usage is not None and (usage.spent.identical_tool_calls, usage.spent.repeated_call) == (
+            1,
+            None,
+        )
+        # a.py is still three times in the window: asking for it again is a loop again.
+        with pytest.raises(zincir.LoopDetected, match="'a3', .* 4 times"):
+            await run.record_response("", [read("a3", "a.py")], "tool_use")
+        await run.record_response("", [], "end")  # a response without tool calls repeats nothing
+        await run.check_budget()
+        loops = kinds(await db.events(run.id), zincir.EventType.LOOP_DETECTED)
+        assert [(e.payload["call_id"], e.payload["tool"], e.payload["count"]) for e in loops] == [
+            ("a2", "read_file", 3),
+            ("a3", "read_file", 4),
+        ]
+        # A higher limit lifts it at once, for check_budget and for the next response.
+        with pytest.raises(zincir.LoopDetected):
+            await run.record_response("", [read("a4", "a.py")], "tool_use")
+        await zincir.raise_budget(db, run.id, max_identical_tool_calls=10)
+        await run.check_budget()
+        await run.record_response("", [read("a5", "a.py")], "tool_use")  # the 6th of 10
+        usage = await run.usage()
+        assert usage is not None and usage.spent.identical_tool_calls == 6
+
+
+async def test_an_accepted_checkpoint_starts_the_loop_window_again(db: zincir.Database) -> None:
+    async def verdict(passed: bool) -> zincir.Verifier:
+        async def verify(state: zincir.CheckpointState) -> zincir.Verification:
+            return zincir.Verification(passed)
+
+        return verify
+
+    async with zincir.open_run(db, budget=zincir.Budget(max_identical_tool_calls=3)) as run:
+        for i in range(2):
+            await run.record_response("", [read(f"a{i}", "a.py")], "tool_use")
+            await run.record_tool_result(f"a{i}", "print(1)")
+        await run.record_response("", [zincir.ToolCall("cp1", zincir.SUBMIT_CHECKPOINT, {})], "tool_use")
+        await run.checkpoint("cp1", zincir.CheckpointState(completed=["x"]), await verdict(False))
+        with pytest.raises(zincir.LoopDetected):  # a rejected checkpoint is no progress
+            await run.record_response("", [read("a2", "a.py")], "tool_use")
+        await run.record_tool_result("a2", "print(1)")
+        await run.record_response("", [zincir.ToolCall("cp2", zincir.SUBMIT_CHECKPOINT, {})], "tool_use")
+        await run.checkpoint("cp2", zincir.CheckpointState(completed=["x"]), await verdict(True))
+        usage = await run.usage()
+        assert usage is not None and usage.spent.identical_tool_calls == 0
+        await run.check_budget()
+        for i in range(3, 5):  # twice more since the accepted checkpoint: within the limit
+            await run.record_response("", [read(f"a{i}", "a.py")], "tool_use")
+        with pytest.raises(zincir.LoopDetected, match="made 3 times .* since the latest accepted checkpoint"):
+            await run.record_response("", [read("a5", "a.py")], "tool_use")
+
+
+async def test_one_response_may_ask_for_the_same_call_twice(db: zincir.Database) -> None:
+    async with zincir.open_run(db, budget=zincir.Budget(max_identical_tool_calls=3)) as run:
+        await run.record_response(
+            "", [read("a0", "a.py"), read("a1", "a.py"), read("b0", "b.py")], "tool_use"
+        )
+        usage = await run.usage()
+        assert usage is not None and usage.spent.identical_tool_calls == 2
+        assert usage.spent.repeated_call == read("a0", "a.py")
+        with pytest.raises(zincir.LoopDetected, match="'a2'"):
+            await run.record_response("", [read("b1", "b.py"), read("a2", "a.py")], "tool_use")
+
+
 async def test_no_progress_counts_responses_since_the_latest_accepted_checkpoint(db: zincir.Database) -> None:
     async def accept(state: zincir.CheckpointState) -> zincir.Verification:
         return zincir.Verification(True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 
@@ -287,3 +288,28 @@ async def test_a_verifier_that_outlives_the_lease_decides_nothing(db: zincir.Dat
             taken.set()
             await finished.wait()
     assert scalar(db, "SELECT status FROM checkpoints") == "candidate"
+
+
+async def test_checkpoint_data_round_trips_and_an_old_checkpoint_reads_as_empty(db: zincir.Database) -> None:
+    state = CheckpointState(
+        completed=["committed"], data={"commit": "4f2a9c1", "files": ["a.py"], "tries": 3}
+    )
+    assert CheckpointState.from_json(state.to_json()) == state
+    lists_only = {k: v for k, v in state.to_json().items() if k != "data"}
+    assert CheckpointState.from_json(lists_only) == attrs.evolve(state, data={})
+    with pytest.raises(zincir.InvalidArgument, match="'data' must be an object"):
+        CheckpointState.from_json({**lists_only, "data": ["not", "an", "object"]})
+    with pytest.raises(zincir.InvalidArgument, match="must be a dict"):
+        CheckpointState(data=["x"])  # type: ignore[arg-type]
+    async with zincir.open_run(db) as run:
+        await submit(run, "cp-1", state)
+        decided = await run.checkpoint("cp-1", state.to_json(), accept)  # as the model's args
+        assert decided.state == state
+    async with zincir.open_run(db, run.id) as later:  # a new owner continues from it
+        checkpoint = (await later.state()).checkpoint
+        assert checkpoint is not None and checkpoint.state.data == state.data
+        # Stored before the field existed: the five lists only.
+        rows(db, "UPDATE checkpoints SET state = ? WHERE run_id = ?", (json.dumps(lists_only), run.id))
+        checkpoint = (await later.state()).checkpoint
+        assert checkpoint is not None and checkpoint.state == attrs.evolve(state, data={})
+        await later.complete()

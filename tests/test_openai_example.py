@@ -101,6 +101,7 @@ async def test_a_run_completes_with_one_accepted_checkpoint_and_usage_recorded(
     [artifact] = state.checkpoint.state.artifacts
     assert artifact == (await zincir.artifacts.identify(effect)).to_json()
     assert artifact["kind"] == "file"
+    assert state.checkpoint.state.data == {"artifact_labels": [effect.name]}  # the model's own words
     # Every response is stored with the usage the SDK reported, and tool calls from its types.
     responses = [e.payload for e in events if e.type == zincir.EventType.LLM_CALL]
     assert len(responses) == len(stub_calls(tmp_path)) == 2

@@ -11,7 +11,7 @@ PUBLIC = {
     "Approval", "ApprovalConflict", "ApprovalError", "ApprovalHashMismatch", "ApprovalNotRequested",
     "Backoff", "Budget", "BudgetExceeded", "Checkpoint", "CheckpointNotPending", "CheckpointState",
     "Children", "Clock", "ConflictingResult",
-    "Database", "DatabaseBusy", "DatabaseClosed", "DatabaseUnavailable", "DuplicateToolCall",
+    "Database", "DatabaseBusy", "DatabaseClosed", "DatabaseUnavailable", "Done", "DuplicateToolCall",
     "DurableState", "Event", "EventType", "Handler", "InvalidArgument", "LeaseLost", "LoopDetected",
     "MIN_LEASE_TTL", "NoDurableIntent", "NoProgress",
     "PendingToolCall", "ResumeWorker", "Run", "RunCancelled", "RunLeased", "RunNotFound", "RunRecord",
@@ -19,7 +19,7 @@ PUBLIC = {
     "StepAlreadyRunning", "StorageError", "ToolCall", "UnfinishedWork", "Usage", "Verification", "Verifier",
     "WaitTimeout", "ZincirError", "__version__",
     "artifacts", "cancel_run", "decide_approval", "open_database", "open_run", "raise_budget", "retry_now",
-    "send_signal", "wall_clock_ms",
+    "send_signal", "wait_for_end", "wall_clock_ms",
 }  # fmt: skip
 
 
@@ -53,6 +53,7 @@ def _instances() -> dict[type, object]:
         zincir.ToolCall: zincir.ToolCall("c1", "search", {"q": 1}),
         zincir.PendingToolCall: zincir.PendingToolCall(zincir.ToolCall("c1", "t"), 1, "tool_call:c1", "id:1"),
         zincir.CheckpointState: state,
+        zincir.Done: zincir.Done(None),
         zincir.Verification: verification,
         zincir.Checkpoint: checkpoint,
         zincir.Event: event,

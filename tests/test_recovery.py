@@ -3,6 +3,7 @@ SIGKILLs: tool start marks, reconciliation, and taking over a dead same-host own
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import zincir
 from zincir import _owner
 
 from .helpers import rows, running_python, start_python
+from .test_waiting_views import cli
 
 ONE_CALL = zincir.ToolCall("pay", "send_payment", {"to": "ada", "eur": 10})
 
@@ -59,6 +61,50 @@ async def test_execute_reconciles_only_a_call_that_started_before(db: zincir.Dat
         assert ran == ["fresh", "effect-missing"]
         assert await run.pending_tools() == []
         await run.complete()
+
+
+async def test_a_probe_says_done_with_none_and_a_found_result_is_marked_reconciled(
+    db: zincir.Database,
+) -> None:
+    ran: list[str] = []
+
+    async def tool(pending: zincir.PendingToolCall) -> Any:
+        ran.append(pending.call.id)
+        return None  # a tool whose result is None, as a delete or a notification may be
+
+    async def probe(pending: zincir.PendingToolCall) -> Any:
+        return {"deleted": zincir.Done(None), "found": {"id": 7}, "absent": None}[pending.call.id]
+
+    async with zincir.open_run(db) as run:
+        calls = [zincir.ToolCall(i, "act", {"on": i}) for i in ("deleted", "found", "absent", "fresh")]
+        await run.record_response("", calls, "tool_use")
+        for call in calls[:3]:
+            await run.start_tool(call.id)
+        results = [await run.execute(p, tool, reconcile=probe) for p in await run.pending_tools()]
+        assert results == [None, {"id": 7}, None, None]
+        assert ran == ["absent", "fresh"]  # Done(None) is a result found: the tool did not run again
+        assert await run.pending_tools() == []
+        await run.complete()
+    recorded = {
+        e.payload["call_id"]: e.payload
+        for e in await db.events(run.id)
+        if e.type is zincir.EventType.TOOL_RESULT
+    }
+    assert recorded == {
+        "deleted": {"call_id": "deleted", "content": None, "reconciled": True},
+        "found": {"call_id": "found", "content": {"id": 7}, "reconciled": True},
+        "absent": {"call_id": "absent", "content": None},
+        "fresh": {"call_id": "fresh", "content": None},
+    }
+    exported = [json.loads(line) for line in cli("export", run.id, "--db", db.path).stdout.splitlines()]
+    marked = [
+        line["payload"]["call_id"]
+        for line in exported
+        if line["kind"] == "event"
+        and line["type"] == "tool_result"
+        and line["payload"].get("reconciled") is True
+    ]
+    assert marked == ["deleted", "found"]
 
 
 async def test_execute_again_after_the_tool_raised_reconciles_first(db: zincir.Database) -> None:

@@ -10,7 +10,8 @@ import signal
 import statistics
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -488,3 +489,189 @@ async def test_the_cli_stops_on_sigint_and_a_second_signal_cancels_handlers(
     # The cancelled handler released the run: claimable at once, its attempt given back.
     [(lease, attempt)] = (await db._write(db._store.claim_due, "next-worker", 1000, None, 1)).leased
     assert (lease.run_id, attempt) == (run_id, 1)
+
+
+async def _no_database(*args: object, **kwargs: object) -> object:
+    raise AssertionError("run.config must not query the database")
+
+
+async def test_run_config_is_the_stored_config_on_every_way_to_a_lease(
+    db: zincir.Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from .test_recovery import _held_by_a_child
+    from .test_suspension import until, working
+
+    config = {"goal": "fix the failing test", "limits": [1, {"deep": None}]}
+    async with zincir.open_run(db, config=config) as run:
+        with monkeypatch.context() as offline:  # read with the lease: no query of its own
+            offline.setattr(db, "_read", _no_database)
+            offline.setattr(db, "_write", _no_database)
+            assert run.config == config
+        kid = await run.spawn("kid", config={"topic": "leases"})
+        lead = run.id
+    async with zincir.open_run(db) as plain:
+        assert plain.config == {}
+    async with zincir.open_run(db, lead) as again:  # an existing run, taken by hand
+        assert again.config == config
+    async with zincir.open_run(db, config="just a string") as orphan:
+        pass
+    holder = await _held_by_a_child(db, orphan.id)  # held by a process that then dies
+    holder.kill()
+    holder.communicate()
+    seen: dict[str, object] = {}
+
+    async def handler(run: zincir.Run) -> None:
+        seen[run.id] = run.config
+        await run.complete()
+
+    async with working(db, handler):
+        await until(lambda: _all_completed(db, [lead, kid, plain.id, orphan.id]))
+    assert seen == {lead: config, kid: {"topic": "leases"}, plain.id: {}, orphan.id: "just a string"}
+    events = await db.events(orphan.id)
+    assert [e for e in events if e.type is zincir.EventType.LEASE_TAKEN_OVER]  # the dead owner's path
+
+
+async def _all_completed(db: zincir.Database, run_ids: list[str]) -> bool:
+    return all([await _is(db, run_id, zincir.RunStatus.COMPLETED) for run_id in run_ids])
+
+
+class ModelClient:
+    """Stands for an expensive per-worker resource (an HTTP client, a connection pool)."""
+
+
+async def test_worker_resources_are_built_once_for_every_handler_and_closed_after_the_last(
+    db: zincir.Database,
+) -> None:
+    run_ids = await released_runs(db, 6)
+    log: list[str] = []
+    clients: list[ModelClient] = []
+    last_started, release_last = trio.Event(), trio.Event()
+
+    @asynccontextmanager
+    async def model_client() -> AsyncIterator[ModelClient]:
+        log.append("open")
+        try:
+            yield ModelClient()
+        finally:
+            log.append("close")
+
+    async def handler(run: zincir.Run, client: ModelClient) -> None:
+        clients.append(client)
+        if run.id == run_ids[-1]:  # still at work when the worker is told to stop
+            last_started.set()
+            await release_last.wait()
+        log.append("handled")
+        await run.complete()
+
+    worker = zincir.ResumeWorker(
+        db, handler, resources=model_client, max_concurrency=3, poll_interval=60, grace_period=60
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        assert log[0] == "open"  # entered before the first claim
+        await wait_until(lambda: _all_completed(db, run_ids[:-1]))
+        await last_started.wait()
+        worker.stop()
+        assert "close" not in log  # a handler still has it
+        release_last.set()
+    assert log == ["open", *["handled"] * 6, "close"]
+    assert len(clients) == 6 and all(client is clients[0] for client in clients)
+    assert await _all_completed(db, run_ids)
+
+
+async def test_bad_worker_resources_are_refused(db: zincir.Database) -> None:
+    async def handler(run: zincir.Run, resources: object) -> None:
+        raise AssertionError("never called")
+
+    with pytest.raises(zincir.InvalidArgument, match="resources must be"):
+        zincir.ResumeWorker(db, handler, resources=42)  # type: ignore[call-overload]
+
+    def not_a_context_manager() -> object:
+        return object()
+
+    worker = zincir.ResumeWorker(db, handler, resources=not_a_context_manager)  # type: ignore[arg-type]
+    with pytest.raises(zincir.InvalidArgument, match="not an async context manager"):
+        await worker.run()
+
+
+async def test_until_idle_returns_once_nothing_is_left_and_not_while_a_run_will_come_due(
+    db: zincir.Database,
+) -> None:
+    kinds = ["flaky", "sleepy", "waiter", "plain"]
+    runs = {}
+    for kind in kinds:
+        async with zincir.open_run(db, config={"kind": kind}) as run:
+            runs[kind] = run.id
+    failed: list[str] = []
+
+    async def handler(run: zincir.Run) -> None:
+        kind = run.config["kind"]
+        if kind == "flaky" and not failed:
+            failed.append(run.id)
+            raise RuntimeError("fails once: due again after the backoff")
+        if kind == "sleepy":
+            await run.sleep("nap", 0.3)  # suspends (suspend_after=0): due again at its wake time
+        if kind == "waiter":
+            await run.wait_for_signal("w", "go")  # suspends: only an outsider brings it back
+        await run.complete()
+
+    worker = zincir.ResumeWorker(
+        db, handler, until_idle=True, suspend_after=0, poll_interval=60, backoff=zincir.Backoff(0.3, jitter=0)
+    )
+    with trio.fail_after(30):
+        await worker.run()  # returns by itself
+    statuses = {kind: await status_of(db, run_id) for kind, run_id in runs.items()}
+    assert statuses == {
+        "flaky": zincir.RunStatus.COMPLETED,  # it did not leave while a backoff was under way
+        "sleepy": zincir.RunStatus.COMPLETED,  # nor while a durable sleep was
+        "waiter": zincir.RunStatus.WAITING,
+        "plain": zincir.RunStatus.COMPLETED,
+    }
+
+
+async def test_until_idle_waits_for_a_run_another_owner_holds(
+    db: zincir.Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    looked = trace_operations(monkeypatch, db._store, "work_ahead")
+    handled: list[str] = []
+
+    async def handler(run: zincir.Run) -> None:
+        handled.append(run.id)
+        await run.complete()
+
+    worker = zincir.ResumeWorker(db, handler, until_idle=True, poll_interval=60)
+    # The nursery outlives the run's block: the worker goes on once the run is released.
+    async with trio.open_nursery() as nursery:  # noqa: SIM117
+        async with zincir.open_run(db) as held:
+            nursery.start_soon(worker.run)
+            await wait_until(lambda: _true(bool(looked)))  # idle, and it looked ahead ...
+            assert nursery.child_tasks  # ... and found this run, held here: it keeps working
+        # Released, not completed: the worker takes it, then has nothing left and returns.
+    assert handled == [held.id]
+    assert await status_of(db, held.id) is zincir.RunStatus.COMPLETED
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def test_the_cli_worker_with_resources_until_idle_exits_when_done(
+    db: zincir.Database, tmp_path: Path
+) -> None:
+    run_ids = await released_runs(db, 3)
+    ledger = tmp_path / "ledger"
+    command = [
+        sys.executable, "-m", "zincir", "worker", "tests.worker_handlers:record_with_client", "--db", db.path,
+        "--resources", "tests.worker_handlers:client_for_the_ledger", "--until-idle",
+    ]  # fmt: skip
+    env = {**os.environ, "LEDGER": str(ledger)}
+    run_worker = functools.partial(subprocess.run, command, cwd=REPO, env=env, capture_output=True, text=True)
+    done = await trio.to_thread.run_sync(functools.partial(run_worker, timeout=60))
+    assert done.returncode == 0, done.stderr
+    assert "worker idle" in done.stderr
+    lines = ledger.read_text().splitlines()
+    assert lines[0].startswith("open ") and lines[-1].startswith("close ")
+    handled = [line.split() for line in lines[1:-1]]
+    assert sorted(run_id for run_id, _ in handled) == sorted(run_ids)
+    assert {client for _, client in handled} == {lines[0].split()[1]}  # one client for all
+    assert await _all_completed(db, run_ids)

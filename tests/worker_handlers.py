@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import trio
 
@@ -32,4 +35,23 @@ async def wait_note_then_hang_once(run: zincir.Run) -> None:
         out.write(f"{os.getpid()} {payload}\n")
     if first:
         await trio.sleep_forever()
+    await run.complete()
+
+
+@asynccontextmanager
+async def client_for_the_ledger() -> AsyncIterator[str]:
+    """A worker's resource: a "client" (an id) noted in the ledger when opened and closed."""
+    client = uuid.uuid4().hex
+    with open(os.environ["LEDGER"], "a") as ledger:  # noqa: ASYNC230 - a tiny append
+        ledger.write(f"open {client}\n")
+    try:
+        yield client
+    finally:
+        with open(os.environ["LEDGER"], "a") as ledger:  # noqa: ASYNC230 - a tiny append
+            ledger.write(f"close {client}\n")
+
+
+async def record_with_client(run: zincir.Run, client: str) -> None:
+    with open(os.environ["LEDGER"], "a") as ledger:  # noqa: ASYNC230 - a tiny append
+        ledger.write(f"{run.id} {client}\n")
     await run.complete()

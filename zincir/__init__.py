@@ -10,6 +10,7 @@ from . import artifacts
 from ._backend import SUBMIT_CHECKPOINT
 from ._budget import Budget, Spend, Usage
 from ._database import Clock, Database, open_database, wall_clock_ms
+from ._ends import wait_for_end
 from ._errors import (
     ApprovalConflict,
     ApprovalError,
@@ -45,6 +46,7 @@ from ._types import (
     Approval,
     Checkpoint,
     CheckpointState,
+    Done,
     DurableState,
     Event,
     EventType,
@@ -80,6 +82,7 @@ __all__ = [
     "DatabaseBusy",
     "DatabaseClosed",
     "DatabaseUnavailable",
+    "Done",
     "DuplicateToolCall",
     "DurableState",
     "Event",
@@ -120,6 +123,7 @@ __all__ = [
     "raise_budget",
     "retry_now",
     "send_signal",
+    "wait_for_end",
     "wall_clock_ms",
 ]
 

@@ -128,6 +128,9 @@ class Lease:
     """On the database's clock."""
     wall_time_ends_at: int | None = None
     """When the run's budget of wall time runs out, on the database's clock (None: no limit)."""
+    config_json: str = attrs.field(default="{}", kw_only=True)
+    """The run's config as stored, read by the acquisition that made the lease (it never
+    changes): :attr:`Run.config` without a read of its own."""
 
     @property
     def fencing_token(self) -> str:
@@ -390,6 +393,12 @@ class Store(Protocol):
     def next_due_in(self, tx: Any) -> int | None:
         """Milliseconds until the next run becomes due by itself; None if none will (a read)."""
 
+    def work_ahead(self, tx: Any) -> bool:
+        """Whether a live run is, or will become, claimable without anyone's write from
+        outside: one pending or running (due, backing off, or leased), or one suspended in a
+        durable sleep or already woken. A run suspended on a signal, an approval, a child or
+        its budget is not, whatever its deadline (a read, for a worker's ``until_idle``)."""
+
     def renew(self, tx: Any, lease: Lease) -> tuple[Lease, str | None]:
         """Extend an unexpired lease by its TTL; with it, the reason of a cancellation someone
         requested (None: none). LeaseLost, RunTerminal."""
@@ -530,6 +539,14 @@ class Store(Protocol):
         running, or a join of it timed out before: :meth:`await_child` says which). Fenced;
         InvalidArgument."""
 
+    def watch_end(self, tx: Any, run_id: str, waiter: str) -> RunRecord:
+        """Note that ``waiter`` waits for the run to end (where ending it must be told: on
+        PostgreSQL a row that makes the end send a notification), and return the run as it is
+        now. RunNotFound. An ended run is returned without a note."""
+
+    def unwatch_end(self, tx: Any, run_id: str, waiter: str) -> None:
+        """Drop ``waiter``'s note (nothing if the run's end took it already)."""
+
     def ended_children(self, tx: Any, child_ids: Sequence[str]) -> set[str]:
         """Those of ``child_ids`` that have ended (a read, for a nursery's joins)."""
 
@@ -576,6 +593,9 @@ class Store(Protocol):
 
     def durable_state(self, tx: Any, run_id: str) -> tuple[RunRecord, Checkpoint | None, list[Event]]:
         """The run, its latest accepted checkpoint, and the events after it. RunNotFound."""
+
+    def get_run(self, tx: Any, run_id: str) -> RunRecord:
+        """The run as stored. RunNotFound."""
 
     def events_page(self, tx: Any, run_id: str, after_seq: int, limit: int | None) -> list[Event]:
         """Events with seq > ``after_seq``, in order. RunNotFound."""

@@ -10,12 +10,15 @@ from typing import Any, Final, TypeGuard
 import attrs
 
 from ._errors import BudgetExceeded, InvalidArgument, LoopDetected, NoProgress
+from ._json import dump_trusted
+from ._types import ToolCall
 from ._validation import MAX_INT, check_int, check_seconds
 
 __all__ = [
     "BUDGET_COLUMNS",
     "LIMIT_COLUMNS",
     "Budget",
+    "CountedCall",
     "Debit",
     "Exceeded",
     "Spend",
@@ -25,6 +28,7 @@ __all__ = [
     "exceeded_event",
     "judge",
     "judge_debit",
+    "loop_of",
     "usage_of",
 ]
 
@@ -67,9 +71,11 @@ class Budget:
 
     ``tokens`` counts input and output tokens together; ``cost`` is in whatever unit the
     responses' ``usage["cost"]`` uses; ``wall_time`` is seconds since the run was created.
-    ``max_identical_tool_calls``: the same tool with the same arguments this many times is a
-    loop; ``max_responses_without_progress``: this many responses since the latest accepted
-    checkpoint (or the start) is no progress.
+    ``max_identical_tool_calls``: a response that asks for a tool call made this many times
+    with the same arguments since the latest accepted checkpoint (or the start) is a loop; the
+    count starts again at each accepted checkpoint, and a response that repeats nothing that
+    often is no loop. ``max_responses_without_progress``: this many responses since the latest
+    accepted checkpoint (or the start) is no progress.
     """
 
     tokens: int | None = _count_limit("input and output tokens")
@@ -107,7 +113,10 @@ BUDGET_COLUMNS: Final = ", ".join((*LIMIT_COLUMNS, *_SPENT_COLUMNS))
 @attrs.frozen
 class Spend:
     """What a run has spent. ``wall_time``: seconds since it was created;
-    ``identical_tool_calls``: the most calls of one tool with the same arguments."""
+    ``identical_tool_calls``: how often the most repeated tool call of the latest response was
+    made, with the same arguments, since the latest accepted checkpoint (0 after an accepted
+    checkpoint, and after a response without tool calls); ``repeated_call``: that call, when
+    it was made more than once (the inspector's views leave it None)."""
 
     input_tokens: int = 0
     output_tokens: int = 0
@@ -117,6 +126,7 @@ class Spend:
     wall_time: float = 0.0
     identical_tool_calls: int = 0
     responses_without_progress: int = 0
+    repeated_call: ToolCall | None = None
 
     @property
     def tokens(self) -> int:
@@ -157,8 +167,9 @@ class Usage:
         ]  # fmt: skip
 
 
-def usage_of(row: Any, elapsed_ms: int) -> Usage:
-    """A Usage from a row of BUDGET_COLUMNS and the run's age."""
+def usage_of(row: Any, elapsed_ms: int, repeated_call: ToolCall | None = None) -> Usage:
+    """A Usage from a row of BUDGET_COLUMNS and the run's age (and the call its count of
+    identical tool calls counts, which the row names by id only)."""
     (tokens, inp, out, cost, calls, tools, wall_ms, identical, responses, *spent) = row
     limits = Budget(
         tokens,
@@ -172,26 +183,51 @@ def usage_of(row: Any, elapsed_ms: int) -> Usage:
         responses,
     )
     s_in, s_out, s_cost, s_calls, s_tools, s_identical, s_responses = spent
-    return Usage(
-        Spend(
-            s_in, s_out, float(s_cost), s_calls, s_tools, max(0, elapsed_ms) / 1000, s_identical, s_responses
-        ),
-        limits,
-    )
+    age = max(0, elapsed_ms) / 1000
+    spend = Spend(s_in, s_out, float(s_cost), s_calls, s_tools, age, s_identical, s_responses, repeated_call)
+    return Usage(spend, limits)
+
+
+@attrs.frozen
+class CountedCall:
+    """A tool intent of a response as loop detection counts it: the call, and the hash of its
+    name and canonical arguments (identical calls share it)."""
+
+    call: ToolCall
+    args_hash: str
 
 
 @attrs.frozen
 class Debit:
     """What one recorded response costs: its tokens and cost (from ``usage``), one model
-    call, and its tool intents (name and args hash each, for loop detection)."""
+    call, and its tool intents (for loop detection)."""
 
     input_tokens: int
     output_tokens: int
     cost: float
-    calls: tuple[tuple[str, str], ...]
+    calls: tuple[CountedCall, ...]
+
+    def counts(self) -> dict[str, int]:
+        """How often each args hash occurs in the response (a response may repeat a call)."""
+        counted: dict[str, int] = {}
+        for counted_call in self.calls:
+            counted[counted_call.args_hash] = counted.get(counted_call.args_hash, 0) + 1
+        return counted
 
 
-def debit_of(usage: Mapping[str, Any] | None, calls: tuple[tuple[str, str], ...], what: str) -> Debit:
+def loop_of(debit: Debit, window_counts: Mapping[str, int]) -> tuple[int, ToolCall | None]:
+    """A response's loop count: how often its most repeated call has been made within the
+    window (``window_counts``: by args hash, this response included), and that call if it was
+    made more than once (the first such call of the response on a tie)."""
+    most, repeated = 0, None
+    for counted in debit.calls:
+        count = window_counts[counted.args_hash]
+        if count > most:
+            most, repeated = count, counted.call
+    return most, repeated if most > 1 else None
+
+
+def debit_of(usage: Mapping[str, Any] | None, calls: tuple[CountedCall, ...], what: str) -> Debit:
     """The debit of a response: tokens in Anthropic's keys (``input_tokens``, ``output_tokens``,
     plus ``cache_creation_input_tokens`` and ``cache_read_input_tokens``) or OpenAI's
     (``prompt_tokens``, ``completion_tokens``), and ``cost``; missing ones count 0."""
@@ -216,36 +252,74 @@ def debit_of(usage: Mapping[str, Any] | None, calls: tuple[tuple[str, str], ...]
 
 @attrs.frozen
 class Exceeded:
-    """A limit a response reached (or was past already): which, and what to say."""
+    """A limit a response reached (or was past already): which, and what to say; for a loop,
+    the call that was repeated and how often."""
 
     limit: str
     message: str
+    call: ToolCall | None = None
+    count: int | None = None
 
 
 def exceeded_error(run_id: str, exceeded: Exceeded) -> BudgetExceeded:
-    kind = {"max_identical_tool_calls": LoopDetected, "max_responses_without_progress": NoProgress}
-    return kind.get(exceeded.limit, BudgetExceeded)(f"run {run_id}: {exceeded.message}", exceeded.limit)
+    message = f"run {run_id}: {exceeded.message}"
+    if exceeded.limit == "max_identical_tool_calls":
+        call = exceeded.call
+        return LoopDetected(
+            message,
+            exceeded.limit,
+            call_id=None if call is None else call.id,
+            tool=None if call is None else call.name,
+        )
+    if exceeded.limit == "max_responses_without_progress":
+        return NoProgress(message, exceeded.limit)
+    return BudgetExceeded(message, exceeded.limit)
 
 
-def exceeded_event(reached: Exceeded) -> tuple[str, dict[str, str]]:
-    """The event type and payload that log a limit reached."""
+def exceeded_event(reached: Exceeded) -> tuple[str, dict[str, Any]]:
+    """The event type and payload that log a limit reached (a loop's names its call)."""
     kinds = {"max_identical_tool_calls": "loop_detected", "max_responses_without_progress": "no_progress"}
-    return kinds.get(reached.limit, "budget_exceeded"), {"limit": reached.limit, "message": reached.message}
+    payload: dict[str, Any] = {"limit": reached.limit, "message": reached.message}
+    if reached.call is not None:
+        payload.update(call_id=reached.call.id, tool=reached.call.name, count=reached.count)
+    return kinds.get(reached.limit, "budget_exceeded"), payload
 
 
-def judge_debit(row: Any, most_identical: int, debit: Debit) -> tuple[Exceeded | None, bool]:
-    """Judge a debit from the budget row it left (BUDGET_COLUMNS, as the UPDATE returned it)
-    and the highest count of identical tool calls after it: the limit reached, if any, and
-    whether it is newly reached (the row before the debit was within every limit). Wall time
-    is not judged here (the owner's heartbeat keeps it), so the run's age does not matter."""
-    before, after = list(row), list(row)
-    after[-2] = most_identical
-    before[9:] = [
-        row[9] - debit.input_tokens, row[10] - debit.output_tokens, row[11] - debit.cost, row[12] - 1,
-        row[13] - len(debit.calls), row[-2], row[-1] - 1,
+# Where the spend starts in a row of BUDGET_COLUMNS, and its two counters.
+_SPENT_AT: Final = len(LIMIT_COLUMNS)
+_IDENTICAL_AT: Final = _SPENT_AT + 5
+_WITHOUT_PROGRESS_AT: Final = _SPENT_AT + 6
+
+
+def judge_debit(
+    row: Any, debit: Debit, identical: int, repeated: ToolCall | None
+) -> tuple[Exceeded | None, bool]:
+    """Judge a debit from the budget row it left (BUDGET_COLUMNS, as the UPDATE returned it,
+    before its loop count was set) and the response's loop count (:func:`loop_of`): the limit
+    reached, if any, and whether to log it. A limit of spend is logged when the debit crossed
+    it; a loop, at every response that repeats a call that often (each is a loop of its own).
+    Wall time is not judged here (the owner's heartbeat keeps it), so the run's age does not
+    matter."""
+    after = list(row)
+    after[_IDENTICAL_AT] = identical
+    reached = judge(usage_of(after, 0, repeated))
+    before = list(row)
+    before[_SPENT_AT:] = [
+        row[_SPENT_AT] - debit.input_tokens, row[_SPENT_AT + 1] - debit.output_tokens,
+        row[_SPENT_AT + 2] - debit.cost, row[_SPENT_AT + 3] - 1, row[_SPENT_AT + 4] - len(debit.calls),
+        0, row[_WITHOUT_PROGRESS_AT] - 1,
     ]  # fmt: skip
-    reached = judge(usage_of(after, 0))
     return reached, reached is not None and judge(usage_of(before, 0)) is None
+
+
+_SHOWN_ARGS: Final = 120  # characters of a repeated call's arguments that a message shows
+
+
+def _shown(call: ToolCall) -> str:
+    args = dump_trusted(call.args)
+    if len(args) > _SHOWN_ARGS:
+        args = args[:_SHOWN_ARGS] + "…"
+    return f"{call.name}({args})"
 
 
 def judge(usage: Usage) -> Exceeded | None:
@@ -254,9 +328,13 @@ def judge(usage: Usage) -> Exceeded | None:
         limit = getattr(usage.limits, name)
         spent = dict(usage._pairs())[name]
         if name == "max_identical_tool_calls":
-            return Exceeded(
-                name, f"a loop: one tool was called {spent} times with the same arguments (limit {limit})"
+            call = usage.spent.repeated_call
+            what = "one tool call" if call is None else f"tool call {call.id!r}, {_shown(call)},"
+            message = (
+                f"a loop: {what} was made {spent:g} times with the same arguments since the latest"
+                f" accepted checkpoint (limit {limit})"
             )
+            return Exceeded(name, message, call, int(spent))
         if name == "max_responses_without_progress":
             return Exceeded(
                 name, f"no progress: {spent} responses since the latest accepted checkpoint (limit {limit})"

@@ -10,7 +10,7 @@ import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Final, TypeVar, cast
+from typing import Any, Final, TypeVar, cast
 
 import click
 import trio
@@ -37,19 +37,23 @@ def main() -> None:
 
 
 def _load_handler(spec: str) -> Handler:
+    return cast(Handler, _load_callable(spec, "HANDLER"))
+
+
+def _load_callable(spec: str, what: str) -> Callable[..., object]:
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
-        raise click.BadParameter(f"expected MODULE:HANDLER, got {spec!r}", param_hint="HANDLER")
+        raise click.BadParameter(f"expected MODULE:{what}, got {spec!r}", param_hint=what)
     # Like `python -m`, let handlers live in the current directory.
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        handler = getattr(importlib.import_module(module_name), attribute)
+        found = getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError) as exc:
-        raise click.BadParameter(f"cannot load {spec!r}: {exc}", param_hint="HANDLER") from None
-    if not callable(handler):
-        raise click.BadParameter(f"{spec!r} is not callable", param_hint="HANDLER")
-    return cast(Handler, handler)
+        raise click.BadParameter(f"cannot load {spec!r}: {exc}", param_hint=what) from None
+    if not callable(found):
+        raise click.BadParameter(f"{spec!r} is not callable", param_hint=what)
+    return cast(Callable[..., object], found)
 
 
 @main.command()
@@ -68,6 +72,20 @@ def _load_handler(spec: str) -> Handler:
     show_default=True,
     help="Suspend a run whose wait lasts this many seconds ('never': keep waits in the process).",
 )
+@click.option(
+    "--resources",
+    "resources_spec",
+    metavar="MODULE:FACTORY",
+    default=None,
+    help="An async context manager function entered once for the worker; each handler gets its"
+    " value as a second argument: HANDLER(run, resources).",
+)
+@click.option(
+    "--until-idle",
+    is_flag=True,
+    help="Exit once no run is due and none will become due by itself (runs suspended on a"
+    " signal, an approval, a child or a budget do not keep it running).",
+)
 def worker(
     handler_spec: str,
     database_path: str,
@@ -77,6 +95,8 @@ def worker(
     max_attempts: int | None,
     grace_period: float,
     suspend_after: str,
+    resources_spec: str | None,
+    until_idle: bool,
 ) -> None:
     """Resume runs nobody is working on by calling MODULE:HANDLER(run) for each.
 
@@ -86,20 +106,24 @@ def worker(
     """
     suspend = _suspend_seconds(suspend_after)
     handler = _load_handler(handler_spec)
+    resources = None if resources_spec is None else _load_callable(resources_spec, "FACTORY")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     async def serve() -> None:
         async with open_database(database_path) as db:
-            resume = ResumeWorker(
-                db,
-                handler,
-                lease_ttl=lease_ttl,
-                poll_interval=poll_interval,
-                max_concurrency=max_concurrency,
-                max_attempts=max_attempts,
-                grace_period=grace_period,
-                suspend_after=suspend,
-            )
+            options: dict[str, Any] = {
+                "lease_ttl": lease_ttl,
+                "poll_interval": poll_interval,
+                "max_concurrency": max_concurrency,
+                "max_attempts": max_attempts,
+                "grace_period": grace_period,
+                "suspend_after": suspend,
+                "until_idle": until_idle,
+            }
+            if resources is None:
+                resume = ResumeWorker(db, handler, **options)
+            else:  # the handler takes (run, resources): checked when it is called, not here
+                resume = ResumeWorker(db, cast(Any, handler), resources=cast(Any, resources), **options)
             log = logging.getLogger("zincir.worker")
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
 

@@ -52,9 +52,10 @@ class Backend:
     clock: Clock
     """The clock operations use (SQLite, or a test's fake server clock), or an estimate of the
     server's (PostgreSQL)."""
-    listen: Callable[[Callable[[str | None, str | None], None]], Listening]
-    """Start hearing other processes' writes (a thread): the argument is called with
-    ("claimable", None), ("inbox", run id), or (None, None) when anything may have been missed."""
+    listen: Callable[[Callable[[str | None, str | None], None], Callable[[], frozenset[str]]], Listening]
+    """Start hearing other processes' writes (a thread): the first argument is called with
+    ("claimable", None), ("inbox", run id), ("run_ended", run id), or (None, None) when anything
+    may have been missed; the second says which runs this process waits to see end."""
 
 
 class Listening(Protocol):
@@ -83,10 +84,12 @@ class Database:
     _reader: DatabaseThread
     _closed: bool
     _claim_listeners: set[Callable[[], None]]
-    _listen: Callable[[Callable[[str | None, str | None], None]], Listening]
+    _listen: Callable[[Callable[[str | None, str | None], None], Callable[[], frozenset[str]]], Listening]
     _listening: Listening | None
     _inbox_waiters: dict[str, set[trio.Event]]
     _owner_waiters: dict[str, set[trio.Event]]
+    _end_waiters: dict[str, set[trio.Event]]
+    _awaited_ends: frozenset[str]
 
     def __init__(self, *_: object, **__: object) -> None:
         raise TypeError("use zincir.open_database() to open a Database")
@@ -105,6 +108,9 @@ class Database:
         self._claim_listeners = set()
         self._inbox_waiters = {}  # a run's waits (signals, decisions, children)
         self._owner_waiters = {}  # a run's owner's heartbeat (a cancellation, a budget)
+        self._end_waiters = {}  # wait_for_end's, by the run they wait for
+        # Their keys, for the listener's thread to read (replaced whole, never changed in place).
+        self._awaited_ends = frozenset()
         # Started by the first wait or worker: a process that only sends or reads never needs it.
         self._listen = backend.listen
         self._listening = None
@@ -143,7 +149,7 @@ class Database:
     def _hear_others(self) -> None:
         """Make sure other processes' writes wake this one (workers and waits call this)."""
         if self._listening is None and not self._closed:
-            self._listening = self._listen(self._hear)
+            self._listening = self._listen(self._hear, lambda: self._awaited_ends)
 
     def _add_claim_listener(self, listener: Callable[[], None]) -> None:
         """Call ``listener`` whenever a run may have become claimable (here or elsewhere)."""
@@ -170,10 +176,13 @@ class Database:
         if channel is None or channel.endswith("claimable"):
             self._announce_claimable()
         if channel is None:
-            for waiters in (self._inbox_waiters, self._owner_waiters):
+            for waiters in (self._inbox_waiters, self._owner_waiters, self._end_waiters):
                 for events in waiters.values():
                     for event in events:
                         event.set()
+        elif channel.endswith("run_ended") and payload is not None:
+            for event in self._end_waiters.get(payload, ()):
+                event.set()
         elif channel.endswith("inbox") and payload is not None:
             self._announce_inbox(payload)
         elif channel.endswith("child_ended") and payload is not None:
@@ -190,6 +199,23 @@ class Database:
         waiters = self._owner_waiters if owner else self._inbox_waiters
         waiters.setdefault(run_id, set()).add(event)
         return event
+
+    def _end_event(self, run_id: str) -> trio.Event:
+        """An event set when run ``run_id`` may have ended (here or in another process); forget
+        it with _forget_end_event. Starts listening to other processes' writes."""
+        event = trio.Event()
+        self._end_waiters.setdefault(run_id, set()).add(event)
+        self._awaited_ends = frozenset(self._end_waiters)
+        self._hear_others()
+        return event
+
+    def _forget_end_event(self, run_id: str, event: trio.Event) -> None:
+        events = self._end_waiters.get(run_id)
+        if events is not None:
+            events.discard(event)
+            if not events:
+                del self._end_waiters[run_id]
+                self._awaited_ends = frozenset(self._end_waiters)
 
     def _forget_inbox_event(self, run_id: str, event: trio.Event) -> None:
         for waiters in (self._inbox_waiters, self._owner_waiters):

@@ -141,7 +141,19 @@ def only_budget_exceeded(exc: BaseException) -> BudgetExceeded | None:
 
 
 class LoopDetected(BudgetExceeded):
-    """The same tool was called with the same arguments ``max_identical_tool_calls`` times."""
+    """A tool call of the latest response was made with the same arguments
+    ``max_identical_tool_calls`` times since the latest accepted checkpoint (the window that
+    an accepted checkpoint resets). ``call_id`` and ``tool`` name that call."""
+
+    call_id: str | None
+    tool: str | None
+
+    def __init__(
+        self, message: str, limit: str = "", *, call_id: str | None = None, tool: str | None = None
+    ) -> None:
+        super().__init__(message, limit)
+        self.call_id = call_id
+        self.tool = tool
 
 
 class NoProgress(BudgetExceeded):

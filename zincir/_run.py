@@ -26,7 +26,7 @@ from ._backend import (
     WaitKind,
     args_hash,
 )
-from ._budget import Budget, Usage, debit_of, exceeded_error, judge
+from ._budget import Budget, CountedCall, Usage, debit_of, exceeded_error, judge
 from ._database import Database, open_database
 from ._errors import (
     BudgetExceeded,
@@ -52,6 +52,7 @@ from ._types import (
     Approval,
     Checkpoint,
     CheckpointState,
+    Done,
     DurableState,
     PendingToolCall,
     RunRecord,
@@ -79,6 +80,9 @@ T = TypeVar("T")
 # Values that are their own JSON round trip: encoding and decoding one gives an equal value of
 # the same type (floats are finite here: NaN and infinities are refused before they are stored).
 _OWN_JSON: Final = frozenset({int, str, float, bool, type(None)})
+
+# Run.config before its first read (a config may itself be JSON null).
+_UNREAD: Final = object()
 
 # How often a waiting owner looks for a signal another process sent (a read), when nothing
 # wakes it sooner: a send in this process, or a PostgreSQL notification, wakes it at once.
@@ -136,6 +140,7 @@ class Run:
     _in_worker: bool
     _started_calls: set[str]
     _nurseries: set[Children]
+    _config: JSONValue
 
     def __init__(self, *_: object, **__: object) -> None:
         raise TypeError("runs come from zincir.open_run() or a ResumeWorker")
@@ -189,6 +194,7 @@ class Run:
         self._cancel_reason = None  # a cancellation the heartbeat found requested
         self._budget_stop = None  # the wall time the heartbeat found spent
         self._in_worker = False  # a worker suspends a run over budget instead of raising
+        self._config = _UNREAD  # decoded from the lease at the first read of run.config
         return self
 
     def __repr__(self) -> str:
@@ -208,6 +214,15 @@ class Run:
     def database(self) -> Database:
         """The database the run lives in."""
         return self._db
+
+    @property
+    def config(self) -> JSONValue:
+        """The run's config as stored (``open_run(config=...)``, ``spawn(config=...)``; ``{}``
+        when none was given). It was read with the lease and never changes, so this is no
+        database read; the same object is returned each time: treat it as read-only."""
+        if self._config is _UNREAD:
+            self._config = decode(self._lease.config_json)
+        return self._config
 
     # -- guards ---------------------------------------------------------------------------
 
@@ -379,7 +394,8 @@ class Run:
             )
             for c in calls
         ]
-        debit = debit_of(usage, tuple((c.name, args_hash(c.name, c.args)) for c in calls), f"run {self.id}")
+        counted = tuple(CountedCall(c, args_hash(c.name, c.args)) for c in calls)
+        debit = debit_of(usage, counted, f"run {self.id}")
         seq, reached = await self._write(self._store.record_response, llm_payload, intents, debit)
         if reached is not None:  # recorded and debited all the same: it was paid for
             raise exceeded_error(self.id, reached)
@@ -427,16 +443,18 @@ class Run:
         pending: PendingToolCall,
         fn: Callable[[PendingToolCall], Awaitable[JSONValue]],
         *,
-        reconcile: Callable[[PendingToolCall], Awaitable[JSONValue | None]] | None = None,
+        reconcile: Callable[[PendingToolCall], Awaitable[JSONValue | Done | None]] | None = None,
     ) -> JSONValue:
         """Run a pending tool call once more and record its result; returns the result.
 
         ``pending`` comes from this owner's :meth:`pending_tools` (another run's or owner's is
         InvalidArgument). A call started before (``pending.started > 0``, or started through
         this run since, by an earlier ``execute`` whose tool raised) may have had its effect: with
-        ``reconcile``, ``await reconcile(pending)`` looks first, and a result it returns is
-        recorded without running ``fn`` (the effect happened); None means it did not, and ``fn``
-        runs. Without ``reconcile``, ``fn`` runs again (at-least-once: make it idempotent by
+        ``reconcile``, ``await reconcile(pending)`` looks first. A result it returns means the
+        effect happened: it is recorded without running ``fn``, its ``tool_result`` marked
+        ``"reconciled": true``; :class:`Done` wraps a result that is itself None
+        (``Done(None)``). A plain None means the effect did not happen, and ``fn`` runs. Without
+        ``reconcile``, ``fn`` runs again (at-least-once: make it idempotent by
         ``pending.idempotency_key``). The start is recorded before ``fn`` runs.
         """
         if not isinstance(pending, PendingToolCall):
@@ -455,8 +473,9 @@ class Run:
         if started_before and reconcile is not None:
             found = await reconcile(pending)
             if found is not None:
-                await self.record_tool_result(pending.call.id, found)
-                return found
+                result = found.value if isinstance(found, Done) else found
+                await self._record_result(pending.call.id, result, reconciled=True)
+                return result
         await self.start_tool(pending.call.id)
         result = await fn(pending)
         await self.record_tool_result(pending.call.id, result)
@@ -464,8 +483,14 @@ class Run:
 
     async def record_tool_result(self, call_id: str, content: JSONValue) -> None:
         """Record a tool's result. Repeating the identical result is a no-op."""
+        await self._record_result(call_id, content, reconciled=False)
+
+    async def _record_result(self, call_id: str, content: JSONValue, *, reconciled: bool) -> None:
         check_call_id(call_id, f"run {self.id}: call_id")
-        payload = self._encode({"call_id": call_id, "content": content}, f"the result of {call_id!r}")
+        result: dict[str, JSONValue] = {"call_id": call_id, "content": content}
+        if reconciled:  # found by a probe, not returned by the tool: the log says so
+            result["reconciled"] = True
+        payload = self._encode(result, f"the result of {call_id!r}")
         await self._write(self._store.record_tool_result, call_id, payload)
 
     # -- checkpoints ----------------------------------------------------------------------

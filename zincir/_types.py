@@ -18,6 +18,7 @@ __all__ = [
     "Approval",
     "Checkpoint",
     "CheckpointState",
+    "Done",
     "DurableState",
     "Event",
     "EventType",
@@ -113,6 +114,20 @@ class PendingToolCall:
     """When it was last started (Unix ms), if ever."""
 
 
+def _check_data(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, dict):
+        raise InvalidArgument(f"CheckpointState.data must be a dict (a JSON object), not {value!r}")
+
+
+@attrs.frozen
+class Done:
+    """What a reconcile probe (:meth:`Run.execute`) returns to say "the effect happened, and
+    this is its result", when the result is None: ``return zincir.Done(None)``. A probe's plain
+    None means the effect did not happen; any other value is the result, as ``Done(value)``."""
+
+    value: JSONValue = None
+
+
 @attrs.frozen
 class CheckpointState:
     """The semantic progress an agent claims at a checkpoint."""
@@ -123,20 +138,30 @@ class CheckpointState:
     """Labels, or content identities from :mod:`zincir.artifacts`."""
     failed_attempts: list[str] = attrs.field(factory=list)
     evidence: list[str] = attrs.field(factory=list)
+    data: dict[str, JSONValue] = attrs.field(factory=dict, validator=_check_data)
+    """Free-form JSON of the agent's own (an object): what it needs to continue from this
+    checkpoint that the lists do not say, such as a commit id. Stored, verified and handed
+    back with the rest; a checkpoint stored before this field existed reads as ``{}``."""
 
     def to_json(self) -> dict[str, Any]:
         return attrs.asdict(self)
 
     @classmethod
     def from_json(cls, value: Any) -> CheckpointState:
-        """Build from a mapping with exactly the five list fields (the intent's ``args``)."""
-        fields = [f.name for f in attrs.fields(cls)]
-        if not isinstance(value, Mapping) or set(value) != set(fields):
-            raise InvalidArgument(f"a checkpoint state needs exactly the lists {fields}, got {value!r}")
-        for name in fields:
+        """Build from a mapping with the five list fields and, optionally, ``data`` (an
+        object; ``{}`` when it is absent), and nothing else (the intent's ``args``)."""
+        lists = [f.name for f in attrs.fields(cls) if f.name != "data"]
+        if not isinstance(value, Mapping) or set(value) - {"data"} != set(lists):
+            raise InvalidArgument(
+                f"a checkpoint state needs exactly the lists {lists} (and optionally 'data'), got {value!r}"
+            )
+        for name in lists:
             if not isinstance(value[name], list):
                 raise InvalidArgument(f"checkpoint state field {name!r} must be a list")
-        return cls(**{name: list(value[name]) for name in fields})
+        data = value.get("data", {})
+        if not isinstance(data, Mapping):
+            raise InvalidArgument(f"checkpoint state field 'data' must be an object, not {data!r}")
+        return cls(**{name: list(value[name]) for name in lists}, data=dict(data))
 
 
 @attrs.frozen

@@ -7,8 +7,9 @@ import logging
 import math
 import random
 import uuid
-from collections.abc import Awaitable, Callable
-from typing import Any, Final, final
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any, Final, TypeVar, final, overload
 
 import attrs
 import trio
@@ -33,6 +34,8 @@ logger = logging.getLogger("zincir.worker")
 
 Handler = Callable[[Run], Awaitable[Any]]
 """An async callable that continues a run; it should end with ``complete()`` or ``fail()``."""
+
+R = TypeVar("R")
 
 _MAX_ERROR_MESSAGE: Final = 2000
 _MAX_CONCURRENCY: Final = 10_000
@@ -93,8 +96,21 @@ class ResumeWorker:
     see docs/waits.md). ``suspend_after=None``
     keeps every wait in the process. A handler that lets :class:`BudgetExceeded` escape
     suspends its run the same way, until its budget is raised.
+
+    ``resources``: a function returning an async context manager (an ``@asynccontextmanager``,
+    say) whose value every handler of this worker shares, such as one model client. It is
+    entered once, when :meth:`run` starts (before the first claim), and exited once, when the
+    worker has stopped and its handlers have finished; the handler then takes it as a second
+    argument, ``handler(run, resources)``.
+
+    ``until_idle``: :meth:`run` returns by itself once no handler runs, no run is due, and none
+    will become due without an outsider's write. A run backing off, one in a durable sleep, and
+    one another owner holds (its lease comes free when that owner lets go or dies) keep the
+    worker going; runs suspended on a signal, an approval, a child or a budget do not, even with
+    a deadline: a later worker resumes them.
     """
 
+    @overload
     def __init__(
         self,
         db: Database,
@@ -107,11 +123,51 @@ class ResumeWorker:
         backoff: Backoff = Backoff(),
         grace_period: float = 10.0,
         suspend_after: float | None = 30.0,
+        until_idle: bool = False,
+    ) -> None: ...
+
+    @overload
+    def __init__(
+        self,
+        db: Database,
+        handler: Callable[[Run, R], Awaitable[Any]],
+        *,
+        resources: Callable[[], AbstractAsyncContextManager[R]],
+        lease_ttl: float = 30.0,
+        poll_interval: float = 1.0,
+        max_concurrency: int = 4,
+        max_attempts: int | None = None,
+        backoff: Backoff = Backoff(),
+        grace_period: float = 10.0,
+        suspend_after: float | None = 30.0,
+        until_idle: bool = False,
+    ) -> None: ...
+
+    def __init__(
+        self,
+        db: Database,
+        handler: Callable[..., Awaitable[Any]],
+        *,
+        resources: Callable[[], AbstractAsyncContextManager[Any]] | None = None,
+        lease_ttl: float = 30.0,
+        poll_interval: float = 1.0,
+        max_concurrency: int = 4,
+        max_attempts: int | None = None,
+        backoff: Backoff = Backoff(),
+        grace_period: float = 10.0,
+        suspend_after: float | None = 30.0,
+        until_idle: bool = False,
     ) -> None:
         if not isinstance(db, Database):
             raise InvalidArgument(f"ResumeWorker needs a Database, not {db!r}")
         if not callable(handler):
             raise InvalidArgument(f"handler must be an async callable, not {handler!r}")
+        if resources is not None and not callable(resources):
+            raise InvalidArgument(
+                f"resources must be a function returning an async context manager, not {resources!r}"
+            )
+        if not isinstance(until_idle, bool):
+            raise InvalidArgument(f"until_idle must be a bool, not {until_idle!r}")
         check_int(max_concurrency, "max_concurrency", minimum=1, maximum=_MAX_CONCURRENCY)
         if max_attempts is not None:
             check_int(max_attempts, "max_attempts (or None)", minimum=1)
@@ -119,6 +175,9 @@ class ResumeWorker:
             raise InvalidArgument(f"backoff must be a zincir.Backoff, not {backoff!r}")
         self._db = db
         self._handler = handler
+        self._resource_factory = resources
+        self._resources: Any = None  # the factory's value, while the worker runs
+        self._until_idle = until_idle
         self._ttl_ms = lease_ttl_ms(lease_ttl)
         self._poll_interval = check_seconds(poll_interval, "poll_interval", exclusive=True)
         self._limiter = trio.CapacityLimiter(max_concurrency)
@@ -149,22 +208,44 @@ class ResumeWorker:
         self._claim_scope.cancel()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Claim and handle runs until :meth:`stop` or cancellation."""
+        """Claim and handle runs until :meth:`stop` or cancellation (or, with ``until_idle``,
+        until nothing is left to do). The worker's ``resources`` are entered first and exited
+        last, after every handler has finished."""
         if self._running:
             raise InvalidArgument("a ResumeWorker runs once; create another to run again")
         self._running = True
-        self._db._add_claim_listener(self._wake)
-        try:
-            async with trio.open_nursery() as handlers:
-                with self._claim_scope:
-                    task_status.started()
-                    await self._claim_forever(handlers)
-                logger.info(
-                    "worker stopping: %d handler(s) get %.1f s", self.running_handlers, self._grace_period
-                )
-                handlers.cancel_scope.deadline = trio.current_time() + self._grace_period
-        finally:
-            self._db._claim_listeners.discard(self._wake)
+        async with self._resources_entered():
+            self._db._add_claim_listener(self._wake)
+            try:
+                async with trio.open_nursery() as handlers:
+                    with self._claim_scope:
+                        task_status.started()
+                        await self._claim_forever(handlers)
+                    logger.info(
+                        "worker stopping: %d handler(s) get %.1f s", self.running_handlers, self._grace_period
+                    )
+                    handlers.cancel_scope.deadline = trio.current_time() + self._grace_period
+            finally:
+                self._db._claim_listeners.discard(self._wake)
+
+    @asynccontextmanager
+    async def _resources_entered(self) -> AsyncIterator[None]:
+        factory = self._resource_factory
+        if factory is None:
+            yield
+            return
+        manager = factory()
+        if not hasattr(manager, "__aenter__") or not hasattr(manager, "__aexit__"):
+            raise InvalidArgument(
+                f"resources {factory!r} returned {manager!r}, not an async context manager"
+                " (decorate it with contextlib.asynccontextmanager)"
+            )
+        async with manager as value:
+            self._resources = value
+            try:
+                yield
+            finally:
+                self._resources = None
 
     def _wake(self) -> None:
         self._wakeup.set()
@@ -200,6 +281,9 @@ class ResumeWorker:
                 handlers.start_soon(self._handle, lease, attempt, slot, submitted_at)
             self._release_slots(slots[len(claimed.leased) :])
             if len(claimed.leased) < len(slots):  # nothing more is due: wait for a wake-up
+                if self._until_idle and self.running_handlers == 0 and not await self._work_ahead():
+                    logger.info("worker idle: no run is due or will become due by itself; stopping")
+                    return
                 with trio.move_on_after(await self._idle_time()):
                     await self._wakeup.wait()
 
@@ -227,6 +311,15 @@ class ResumeWorker:
                 logger.error("run %s failed: %s", run_id, reason)
             else:
                 logger.info("run %s %s: %s", run_id, status.value, reason)
+
+    async def _work_ahead(self) -> bool:
+        """Whether a run will become claimable by itself (with ``until_idle``, when idle)."""
+        try:
+            ahead: bool = await self._db._read(self._db._store.work_ahead)
+        except StorageError as exc:  # an outage is no reason to stop: look again after a poll
+            logger.warning("worker: looking for work ahead failed (%s); looking again", exc)
+            return True
+        return ahead
 
     async def _idle_time(self) -> float:
         """Seconds until the next poll: the poll interval, or less if a run (a deadline, a wake
@@ -260,7 +353,10 @@ class ResumeWorker:
                 self._db, lease, submitted_at=submitted_at, suspend_after=self._suspend_after, in_worker=True
             ) as run:
                 try:
-                    await self._handler(run)
+                    if self._resource_factory is None:
+                        await self._handler(run)
+                    else:
+                        await self._handler(run, self._resources)
                 except (BudgetExceeded, ExceptionGroup) as exc:
                     exceeded = only_budget_exceeded(exc)
                     if exceeded is None:  # a group that holds other errors too

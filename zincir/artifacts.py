@@ -5,7 +5,9 @@ proves nothing. :func:`identify` measures a path instead: a file's SHA-256, a di
 tree's SHA-256 over its relative paths and contents, or, for a git workspace, the commit it
 is at plus a hash of its uncommitted changes. Put ``artifact.to_json()`` into
 :attr:`CheckpointState.artifacts`; a verifier then calls :func:`mismatches` to check that
-every artifact still has the content that was measured.
+every artifact still has the content that was measured. A label left among them is reported
+as unverified (kind ``label``): a verifier that accepts only when :func:`mismatches` is empty
+never accepts the model's own words for an artifact.
 
 Hashing reads files in a worker thread, so these functions are async and never block Trio.
 """
@@ -23,6 +25,7 @@ import attrs
 import trio
 
 from ._errors import InvalidArgument
+from ._json import dump_trusted
 
 __all__ = ["Artifact", "identify", "mismatches"]
 
@@ -31,9 +34,11 @@ _CHUNK = 1 << 20
 
 @attrs.frozen
 class Artifact:
-    """The measured identity of a file, a directory tree, or a git workspace."""
+    """The measured identity of a file, a directory tree, or a git workspace; or, as
+    :func:`mismatches` reports it, a label that was never measured (kind ``label``, the label as
+    its ``path``, no hash)."""
 
-    kind: Literal["file", "tree", "git", "missing"]
+    kind: Literal["file", "tree", "git", "missing", "label"]
     path: str
     sha256: str
     """Of the file, of the tree, or of the workspace's uncommitted changes."""
@@ -63,20 +68,45 @@ async def identify(path: str | os.PathLike[str]) -> Artifact:
         raise InvalidArgument(f"cannot measure the artifact at {os.fspath(path)!r}: {exc}") from None
 
 
-async def mismatches(artifacts: Iterable[Artifact | Mapping[str, Any]]) -> list[Artifact]:
-    """The artifacts whose content is no longer what was measured, or that were missing when
-    measured (empty: every artifact exists with the measured content).
-
-    Labels (plain strings) have no content to check and are skipped.
+async def mismatches(artifacts: Iterable[Artifact | Mapping[str, Any] | str]) -> list[Artifact]:
+    """The artifacts that do not verify, in order: those whose content is no longer what was
+    measured, those that were missing when measured, and every label (a plain string: the
+    model's own words, with nothing measured behind them), reported as ``Artifact("label",
+    <the label>, "")``; any other value that is not a measured identity is reported the same
+    way, with its JSON as the label. Empty: every artifact was measured and still has that
+    content.
     """
-    changed = []
+    unverified = []
     for item in artifacts:
-        if isinstance(item, str):
-            continue
-        recorded = item if isinstance(item, Artifact) else Artifact.from_json(item)
-        if recorded.kind == "missing" or await identify(recorded.path) != recorded:
-            changed.append(recorded)
-    return changed
+        recorded = _measured(item)
+        if recorded is None:
+            unverified.append(Artifact("label", _label(item), ""))
+        elif recorded.kind in ("missing", "label") or await identify(recorded.path) != recorded:
+            unverified.append(recorded)
+    return unverified
+
+
+def _label(item: object) -> str:
+    if isinstance(item, str):
+        return item
+    try:
+        return dump_trusted(item)
+    except (TypeError, ValueError):  # not JSON at all (not from a stored checkpoint)
+        return repr(item)
+
+
+def _measured(item: object) -> Artifact | None:
+    """``item`` as a measured identity, or None if it is none (a label, or anything else)."""
+    if isinstance(item, Artifact):
+        return item
+    if not isinstance(item, Mapping):
+        return None
+    try:
+        recorded = Artifact.from_json(item)
+    except InvalidArgument:
+        return None
+    fields = (recorded.path, recorded.sha256)
+    return recorded if all(isinstance(f, str) for f in fields) else None
 
 
 def _identify(path: Path) -> Artifact:

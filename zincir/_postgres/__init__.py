@@ -57,5 +57,6 @@ async def open_backend(
         writers=[thread(f"writer{i}", read_only=False) for i in range(writers)],
         reader=thread("reader", read_only=True),
         clock=clock or estimated_server_clock,
-        listen=lambda wake: Listener(url, token, wake, echo),
+        # Ends are notified by the server to whoever waits (see run_waiters): no list needed here.
+        listen=lambda wake, awaited_ends: Listener(url, token, wake, echo),
     )

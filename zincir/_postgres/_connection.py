@@ -63,6 +63,8 @@ CLAIMABLE_CHANNEL: Final = "zincir_claimable"
 INBOX_CHANNEL: Final = "zincir_inbox"
 # A run's child ended: news for the run's waits (a join), not for its owner's heartbeat.
 CHILD_ENDED_CHANNEL: Final = "zincir_child_ended"
+# A run somebody waits for (zincir.wait_for_end: a row of run_waiters) ended; payload: its id.
+RUN_ENDED_CHANNEL: Final = "zincir_run_ended"
 
 Clock = Callable[[], int]
 Wake = Callable[[str | None, str | None], None]
@@ -232,6 +234,10 @@ class Tx:
         """After this transaction commits, tell a parent joining anywhere that a child ended."""
         self._session.parents_told.add(parent_id)
 
+    def notify_run_ended(self, run_id: str) -> None:
+        """After this transaction commits, tell whoever waits for the run's end that it ended."""
+        self._session.ended.add(run_id)
+
 
 class Sent:
     """A statement on its way; reading its rows waits for it and for all sent before it."""
@@ -286,6 +292,7 @@ class PostgresSession:
         self.notify_pending = False
         self.signalled: set[str] = set()
         self.parents_told: set[str] = set()
+        self.ended: set[str] = set()
 
     def _connection(self) -> psycopg.Connection[Any]:
         if _unusable(self._conn):
@@ -369,6 +376,7 @@ class PostgresSession:
         self.notify_pending = False
         self.signalled.clear()
         self.parents_told.clear()
+        self.ended.clear()
         self._commit_sent = self._lost_before_commit = False
         if self._conn is not None and _hung_up(self._conn):
             # An idle connection has nothing to say unless the server ended it (a restart,
@@ -466,6 +474,7 @@ class PostgresSession:
         told.extend((INBOX_CHANNEL, run_id) for run_id in sorted(self.signalled))
         # A parent told of all news already needs no word of its child.
         told.extend((CHILD_ENDED_CHANNEL, run_id) for run_id in sorted(self.parents_told - self.signalled))
+        told.extend((RUN_ENDED_CHANNEL, run_id) for run_id in sorted(self.ended))
         for channel, payload in told:
             if payload:
                 self.send("SELECT pg_notify(%s, %s)", (channel, payload))
@@ -473,6 +482,7 @@ class PostgresSession:
                 self.send(f"NOTIFY {channel}")
         self.signalled.clear()
         self.parents_told.clear()
+        self.ended.clear()
 
     def rollback(self) -> None:
         if not self._in_transaction:

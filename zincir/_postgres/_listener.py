@@ -11,7 +11,15 @@ from typing import Final
 import psycopg
 import trio
 
-from ._connection import CHILD_ENDED_CHANNEL, CLAIMABLE_CHANNEL, INBOX_CHANNEL, Echo, connect, redact
+from ._connection import (
+    CHILD_ENDED_CHANNEL,
+    CLAIMABLE_CHANNEL,
+    INBOX_CHANNEL,
+    RUN_ENDED_CHANNEL,
+    Echo,
+    connect,
+    redact,
+)
 
 logger = logging.getLogger("zincir")
 
@@ -63,6 +71,7 @@ class Listener:
                 conn.execute(f"LISTEN {CLAIMABLE_CHANNEL}")
                 conn.execute(f"LISTEN {INBOX_CHANNEL}")
                 conn.execute(f"LISTEN {CHILD_ENDED_CHANNEL}")
+                conn.execute(f"LISTEN {RUN_ENDED_CHANNEL}")
                 # Listen first, then look: whatever was released or signalled while this
                 # connection was down is found by the look this wake-up causes.
                 self._announce(None, None)

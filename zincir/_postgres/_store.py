@@ -56,6 +56,7 @@ from .._budget import (
     exceeded_event,
     judge,
     judge_debit,
+    loop_of,
     usage_of,
 )
 from .._errors import (
@@ -79,7 +80,7 @@ from .._json import dump_trusted as _dump
 from .._owner import Owner, Verdict, gone_holders, this_process
 from .._owner import judge as judge_holder
 from .._rows import CHECKPOINT_COLUMNS, EVENT_COLUMNS, RUN_COLUMNS, to_checkpoint, to_event, to_run
-from .._types import Checkpoint, Event, EventType, RunRecord, RunStatus
+from .._types import Checkpoint, Event, EventType, RunRecord, RunStatus, ToolCall
 from ._connection import Sent, Tx
 
 _LIVE = (RunStatus.PENDING.value, RunStatus.RUNNING.value, RunStatus.WAITING.value)
@@ -130,9 +131,9 @@ def create_run(
     )
     _insert_event(tx, run_id, 0, EventType.STATE_TRANSITION, '{"from":"pending","to":"running"}')
     if budget is None:
-        return Lease(run_id, owner, 1, ttl_ms, expires_at)
+        return Lease(run_id, owner, 1, ttl_ms, expires_at, config_json=config_json)
     _insert_budget(tx, run_id, budget)
-    return Lease(run_id, owner, 1, ttl_ms, expires_at, _wall_end(tx, run_id))
+    return Lease(run_id, owner, 1, ttl_ms, expires_at, _wall_end(tx, run_id), config_json=config_json)
 
 
 def _lock_run(tx: Tx, run_id: str) -> tuple[str, str | None, int, int | None]:
@@ -186,8 +187,8 @@ def acquire_run(tx: Tx, run_id: str, owner: str, ttl_ms: int, force: bool) -> Le
     status, lease_owner, epoch, expires_at = _lock_run(tx, run_id)
     if status not in _LIVE:
         raise RunTerminal(f"run {run_id} is {status}; a terminal run cannot be leased")
-    cancel_reason, attempts, *lease_row = tx.one(
-        f"SELECT cancel_reason, attempts, {_LEASE_ROW} FROM agent_runs WHERE id = %s", (run_id,)
+    cancel_reason, attempts, config_json, *lease_row = tx.one(
+        f"SELECT cancel_reason, attempts, config, {_LEASE_ROW} FROM agent_runs WHERE id = %s", (run_id,)
     )
     if lease_owner is not None and expires_at is not None and expires_at > tx.now and not force:
         verdict = judge_holder(Owner(*lease_row[3:]))
@@ -197,7 +198,7 @@ def acquire_run(tx: Tx, run_id: str, owner: str, ttl_ms: int, force: bool) -> Le
     if cancel_reason is not None:
         _cancel_unowned(tx, run_id, status, cancel_reason, lost)
         return None
-    return _take(tx, run_id, status, owner, epoch + 1, ttl_ms, _wall_end(tx, run_id), lost)
+    return _take(tx, run_id, status, owner, epoch + 1, ttl_ms, _wall_end(tx, run_id), lost, config_json)
 
 
 def _still_leased(run_id: str, epoch: int, remaining_ms: int, verdict: Verdict) -> str:
@@ -220,15 +221,16 @@ def claim_due(tx: Tx, owner: str, ttl_ms: int, max_attempts: int | None, limit: 
     while len(claims.leased) < limit:
         now, wanted = tx.now, limit - len(claims.leased)
         rows = tx.all(
-            f"SELECT id, status, attempts, cancel_reason, {_WALL_END}, {_LEASE_ROW} FROM agent_runs AS r"
+            f"SELECT id, status, attempts, cancel_reason, {_WALL_END}, config, {_LEASE_ROW}"
+            " FROM agent_runs AS r"
             " WHERE status IN ('pending', 'running', 'waiting') AND next_attempt_at <= %s"
             " AND (lease_owner IS NULL OR lease_expires_at <= %s) AND NOT (id = ANY(%s))"
             " ORDER BY next_attempt_at, created_at LIMIT %s FOR NO KEY UPDATE SKIP LOCKED",
             (now, now, postponed, wanted),
         )
-        for run_id, status, attempts, cancel_reason, wall_end, *lease_row in rows:
+        for run_id, status, attempts, cancel_reason, wall_end, config_json, *lease_row in rows:
             lost = lost_attempt(tx.now, lease_row, attempts, max_attempts)
-            claim = _Claim(run_id, status, lease_row[1], attempts, cancel_reason, wall_end, lost)
+            claim = _Claim(run_id, status, lease_row[1], attempts, cancel_reason, wall_end, config_json, lost)
             if not _claim_one(tx, claims, claim, owner, ttl_ms, max_attempts):
                 postponed.append(run_id)
         if len(rows) < wanted:
@@ -246,6 +248,7 @@ class _Claim:
     attempts: int
     cancel_reason: str | None
     wall_end: int | None
+    config_json: str
     lost: LostAttempt | None
 
 
@@ -264,7 +267,9 @@ def _claim_one(tx: Tx, claims: Claims, c: _Claim, owner: str, ttl_ms: int, max_a
             return False
         claims.ended.append((run_id, RunStatus.FAILED, reason))
         return True
-    lease = _take(tx, run_id, status, owner, c.epoch + 1, ttl_ms, c.wall_end, lost, count_attempt=True)
+    lease = _take(
+        tx, run_id, status, owner, c.epoch + 1, ttl_ms, c.wall_end, lost, c.config_json, count_attempt=True
+    )
     claims.leased.append((lease, attempts + 1))
     if lost is not None:
         claims.lost[run_id] = lost
@@ -299,6 +304,21 @@ def next_due_in(tx: Tx) -> int | None:
         (),
     )
     return None if due is None else int(due)
+
+
+def work_ahead(tx: Tx) -> bool:
+    """Whether a live run is, or will become, claimable with no outsider's write: a pending or
+    running one (due now, backing off, or leased: a lease comes free when its owner lets go or
+    dies), or a suspended one in a durable sleep, or woken already. Runs suspended on a
+    signal, an approval, a child or a budget are not work ahead, deadline or not. Read when a
+    worker with ``until_idle`` is idle, so a scan past many suspended runs is rare."""
+    row = tx.one(
+        "SELECT 1 FROM agent_runs WHERE status IN ('pending', 'running')"
+        " OR (status = 'waiting' AND (next_attempt_at <= %s OR EXISTS (SELECT 1 FROM run_waits AS w"
+        " WHERE w.run_id = agent_runs.id AND w.kind = 'sleep'))) LIMIT 1",
+        (tx.now,),
+    )
+    return row is not None
 
 
 def _fail_exhausted(tx: Tx, run_id: str, status: str, reason: str, lost: LostAttempt | None) -> None:
@@ -373,8 +393,10 @@ _CLOSE = (
     " AND EXISTS (SELECT 1 FROM run_waits AS w WHERE w.run_id = agent_runs.id AND w.kind = 'child'"
     " AND w.wake_key = %s) FOR NO KEY UPDATE NOWAIT),"
     " woke AS (UPDATE agent_runs SET next_attempt_at = (SELECT ms FROM now)"
-    " WHERE id = (SELECT id FROM waiting) RETURNING 1)"
-    " SELECT parent_run_id, EXISTS (SELECT 1 FROM woke) FROM closed"
+    " WHERE id = (SELECT id FROM waiting) RETURNING 1),"
+    # Somebody waits for this end (wait_for_end): their rows go, and a notification tells them.
+    " waited AS (DELETE FROM run_waiters WHERE run_id = %s RETURNING 1)"
+    " SELECT parent_run_id, EXISTS (SELECT 1 FROM woke), id, EXISTS (SELECT 1 FROM waited) FROM closed"
 )
 
 
@@ -384,7 +406,7 @@ def _send_close(
     """Send the run's end: its final transition, the row made terminal and ownerless, and the
     wake-up of a parent suspended on it, in one statement that reads its own clock (so it may
     go right behind the lock, before the lock's answer is back). Read it with :func:`_closed`."""
-    return tx.send(_CLOSE, (status.value, result_json, run_id, transition_json, run_id, run_id))
+    return tx.send(_CLOSE, (status.value, result_json, run_id, transition_json, run_id, run_id, run_id))
 
 
 def _closed(tx: Tx, closing: Sent) -> str | None:
@@ -392,9 +414,11 @@ def _closed(tx: Tx, closing: Sent) -> str | None:
     row = closing.one()
     if row is None:
         return None
-    parent, woke = row
+    parent, woke, run_id, waited = row
     if woke:
         tx.notify_claimable()
+    if waited:
+        tx.notify_run_ended(run_id)
     if parent is None:
         return None
     tx.notify_child_ended(parent)
@@ -461,14 +485,16 @@ def _take(
     epoch: int,
     ttl_ms: int,
     wall_end: int | None,
-    lost: LostAttempt | None = None,
+    lost: LostAttempt | None,
+    config_json: str,
     *,
     count_attempt: bool = False,
 ) -> Lease:
     """Lease the run to ``owner`` (this process: its identity is stored with the lease); a
     pending or suspended run starts running; a lease its owner never released is taken over:
     ``attempt_lost``, then ``lease_taken_over`` (at once, or after it expired).
-    ``wall_end``: when the run's wall time runs out (:data:`_WALL_END`), read by the caller;
+    ``wall_end``: when the run's wall time runs out (:data:`_WALL_END`), and ``config_json``
+    (the run's config), read by the caller;
     ``count_attempt``: a worker's claim, which counts an attempt.
 
     The lease, the attempt and the last event go into the row in one UPDATE: one statement and
@@ -494,7 +520,7 @@ def _take(
             _log(tx, run_id, type, payload)
         else:
             _log_with(tx, run_id, type, payload, lease_change, lease_params)
-    return Lease(run_id, owner, epoch, ttl_ms, expires_at, wall_end)
+    return Lease(run_id, owner, epoch, ttl_ms, expires_at, wall_end, config_json=config_json)
 
 
 def renew(tx: Tx, lease: Lease) -> tuple[Lease, str | None]:
@@ -763,6 +789,25 @@ def get_run(tx: Tx, run_id: str) -> RunRecord:
     return to_run(row)
 
 
+def watch_end(tx: Tx, run_id: str, waiter: str) -> RunRecord:
+    """Note ``waiter`` (its row makes the run's end notify: see _CLOSE); the run as it is now.
+
+    An end that commits after the note is read (it is read after the row is written) sends the
+    notification; one whose statement ran just before the note was committed, but which
+    commits after the run is read here, sends none: the waiter's poll finds that one."""
+    tx.execute(  # sent with the read below: one round trip; a missing or ended run gets no row
+        "INSERT INTO run_waiters (run_id, waiter, created_at) SELECT id, %s, zincir_now_ms()"
+        " FROM agent_runs WHERE id = %s AND status IN ('pending', 'running', 'waiting')"
+        " ON CONFLICT DO NOTHING",
+        (waiter, run_id),
+    )
+    return get_run(tx, run_id)
+
+
+def unwatch_end(tx: Tx, run_id: str, waiter: str) -> None:
+    tx.execute("DELETE FROM run_waiters WHERE run_id = %s AND waiter = %s", (run_id, waiter))
+
+
 def list_runs(tx: Tx, status: RunStatus | None, role: str | None, limit: int) -> list[RunRecord]:
     rows = tx.all(
         f"SELECT {RUN_COLUMNS} FROM agent_runs WHERE (%(status)s::text IS NULL OR status = %(status)s)"
@@ -913,8 +958,8 @@ def decide_checkpoint(
         " WHERE id = %s",
         (status, verification_json, seq, tx.now, checkpoint_id),
     )
-    if passed:  # progress: a budget's count of responses without it starts again
-        tx.execute("UPDATE budgets SET responses_without_progress = 0 WHERE run_id = %s", (lease.run_id,))
+    if passed:
+        _reset_loop_window(tx, lease.run_id)
     verification = decode(verification_json)
     decision = _dump({"checkpoint_id": checkpoint_id, "verification": verification})
     event_type = EventType.CHECKPOINT_ACCEPTED if passed else EventType.CHECKPOINT_REJECTED
@@ -1525,35 +1570,63 @@ def cancel_child(tx: Tx, lease: Lease, child_id: str, reason: str) -> CancelOutc
 
 
 def _debit(tx: Tx, run_id: str, debit: Debit) -> Exceeded | None:
-    """Add a response's spend to the run's budget (a run without one has no row: nothing to do);
-    log the first time it reaches a limit. Returns the limit reached, if any."""
+    """Add a response's spend to the run's budget (a run without one has no row: nothing to do),
+    and count its tool calls within the loop window; log a limit it reaches (see judge_debit).
+    Returns the limit reached, if any."""
     row = tx.one(
         "UPDATE budgets SET input_tokens = LEAST(input_tokens::numeric + %s, 9223372036854775807),"
         " output_tokens = LEAST(output_tokens::numeric + %s, 9223372036854775807),"
         " cost = cost + %s, model_calls = model_calls + 1,"
         " tool_calls = LEAST(tool_calls::numeric + %s, 9223372036854775807),"
         " responses_without_progress = responses_without_progress + 1, updated_at = %s"
-        f" WHERE run_id = %s RETURNING {BUDGET_COLUMNS}",
+        f" WHERE run_id = %s RETURNING {BUDGET_COLUMNS}, repeated_call_id",
         (debit.input_tokens, debit.output_tokens, debit.cost, len(debit.calls), tx.now, run_id),
     )
     if row is None:
         return None
-    row = list(row)
-    most = row[-2]
-    if row[7] is not None and debit.calls:  # max_identical_tool_calls: count each (name, args)
-        values = ", ".join(["(%s, %s, 1)"] * len(debit.calls))
-        (most,) = tx.one(  # one round trip: count them, and keep the highest count
-            f"WITH counted AS (INSERT INTO tool_call_counts (run_id, args_hash, count) VALUES {values}"
-            " ON CONFLICT (run_id, args_hash) DO UPDATE SET count = tool_call_counts.count + 1"
-            " RETURNING count) UPDATE budgets SET most_identical_tool_calls ="
-            " GREATEST(most_identical_tool_calls, (SELECT max(count) FROM counted)) WHERE run_id = %s"
-            " RETURNING most_identical_tool_calls",
-            (*(x for _, hash_ in debit.calls for x in (run_id, hash_)), run_id),
-        )
-    reached, newly = judge_debit(row, most, debit)
-    if reached is not None and newly:
+    *spend, stored_repeat = row
+    identical, repeated = 0, None
+    if spend[7] is not None:  # max_identical_tool_calls
+        identical, repeated = _count_calls(tx, run_id, debit)
+        repeated_id = None if repeated is None else repeated.id
+        if (identical, repeated_id) != (spend[-2], stored_repeat):  # sent, not waited for
+            tx.execute(
+                "UPDATE budgets SET most_identical_tool_calls = %s, repeated_call_id = %s WHERE run_id = %s",
+                (identical, repeated_id, run_id),
+            )
+    reached, log = judge_debit(spend, debit, identical, repeated)
+    if reached is not None and log:
         _log_exceeded(tx, run_id, reached, _allocate(tx, run_id, 1))
     return reached
+
+
+def _count_calls(tx: Tx, run_id: str, debit: Debit) -> tuple[int, ToolCall | None]:
+    """Count the response's tool calls in the window (since the latest accepted checkpoint,
+    which empties it: see decide_checkpoint); the response's loop count and its repeated call.
+    A call twice in one response is one row with its count: ON CONFLICT cannot touch a row
+    twice in one statement."""
+    counts = debit.counts()
+    if not counts:
+        return 0, None
+    values = ", ".join(["(%s, %s, %s)"] * len(counts))
+    window = tx.all(
+        f"INSERT INTO tool_call_counts (run_id, args_hash, count) VALUES {values}"
+        " ON CONFLICT (run_id, args_hash) DO UPDATE SET count = tool_call_counts.count + EXCLUDED.count"
+        " RETURNING args_hash, count",
+        tuple(x for hash_, n in counts.items() for x in (run_id, hash_, n)),
+    )
+    return loop_of(debit, {hash_: int(count) for hash_, count in window})
+
+
+def _reset_loop_window(tx: Tx, run_id: str) -> None:
+    """An accepted checkpoint is progress: the counts of responses without it and of identical
+    tool calls start again (the window's counts cost a delete each, once: they were written)."""
+    tx.execute(
+        "UPDATE budgets SET responses_without_progress = 0, most_identical_tool_calls = 0,"
+        " repeated_call_id = NULL WHERE run_id = %s",
+        (run_id,),
+    )
+    tx.execute("DELETE FROM tool_call_counts WHERE run_id = %s", (run_id,))
 
 
 def _age(tx: Tx, run_id: str) -> int:
@@ -1573,11 +1646,28 @@ def _log_exceeded(tx: Tx, run_id: str, reached: Exceeded, seq: int) -> None:
 
 def budget_usage(tx: Tx, run_id: str) -> Usage | None:
     """The run's spend against its limits; None if it has no budget."""
-    row = tx.one(f"SELECT {BUDGET_COLUMNS} FROM budgets WHERE run_id = %s", (run_id,))
+    row = tx.one(f"SELECT {BUDGET_COLUMNS}, repeated_call_id FROM budgets WHERE run_id = %s", (run_id,))
     if row is None:
         get_run(tx, run_id)  # an unknown run is an error
         return None
-    return usage_of(row, _age(tx, run_id))
+    *spend, repeated_id = row
+    return usage_of(
+        spend, _age(tx, run_id), None if repeated_id is None else _intent(tx, run_id, repeated_id)
+    )
+
+
+def _intent(tx: Tx, run_id: str, call_id: str) -> ToolCall | None:
+    """The tool call of an intent, as the model asked for it (found by its primary key)."""
+    row = tx.one(
+        "SELECT e.payload FROM tool_intents AS t"
+        " JOIN events AS e ON e.run_id = t.run_id AND e.seq = t.intent_seq"
+        " WHERE t.run_id = %s AND t.call_id = %s",
+        (run_id, call_id),
+    )
+    if row is None:
+        return None
+    payload = decode(row[0])
+    return ToolCall(payload["call_id"], payload["name"], payload["args"])
 
 
 def _insert_budget(tx: Tx, run_id: str, limits: tuple[Any, ...]) -> None:
@@ -1626,15 +1716,16 @@ def _take_from_the_dead(
     A dead owner whose tools still run keeps its leases until they expire."""
     for pid, started in _dead_owners_here(tx):
         rows = tx.all(
-            f"SELECT id, status, attempts, cancel_reason, {_WALL_END}, {_LEASE_ROW} FROM agent_runs AS r"
+            f"SELECT id, status, attempts, cancel_reason, {_WALL_END}, config, {_LEASE_ROW}"
+            " FROM agent_runs AS r"
             " WHERE lease_host = %s AND lease_owner IS NOT NULL AND lease_expires_at > %s"
             " AND status = 'running' AND lease_pid = %s AND lease_process_start = %s"
             " LIMIT %s FOR NO KEY UPDATE SKIP LOCKED",
             (this_process().host, tx.now, pid, started, limit - len(claims.leased)),
         )
-        for run_id, status, attempts, cancel_reason, wall_end, *lease_row in rows:
+        for run_id, status, attempts, cancel_reason, wall_end, config_json, *lease_row in rows:
             lost = lost_attempt(tx.now, lease_row, attempts, max_attempts)
-            claim = _Claim(run_id, status, lease_row[1], attempts, cancel_reason, wall_end, lost)
+            claim = _Claim(run_id, status, lease_row[1], attempts, cancel_reason, wall_end, config_json, lost)
             _claim_one(tx, claims, claim, owner, ttl_ms, max_attempts)
         if len(claims.leased) >= limit:
             break

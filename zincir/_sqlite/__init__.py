@@ -40,5 +40,5 @@ async def open_backend(
         writers=[thread("writer", SQLiteSession(writer, path, clock, writer=True))],
         reader=thread("reader", SQLiteSession(reader, path, clock, writer=False)),
         clock=clock,
-        listen=lambda wake: Watcher(path, clock, token, wake),
+        listen=lambda wake, awaited_ends: Watcher(path, clock, token, wake, awaited_ends),
     )

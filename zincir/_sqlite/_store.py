@@ -47,6 +47,7 @@ from .._budget import (
     exceeded_event,
     judge,
     judge_debit,
+    loop_of,
     usage_of,
 )
 from .._errors import (
@@ -70,7 +71,7 @@ from .._json import dump_trusted as _dump
 from .._owner import Owner, Verdict, gone_holders, this_process
 from .._owner import judge as judge_holder
 from .._rows import CHECKPOINT_COLUMNS, EVENT_COLUMNS, RUN_COLUMNS, to_checkpoint, to_event, to_run
-from .._types import Checkpoint, Event, EventType, RunRecord, RunStatus
+from .._types import Checkpoint, Event, EventType, RunRecord, RunStatus, ToolCall
 from .._validation import MAX_INT
 from ._connection import Tx
 
@@ -109,9 +110,9 @@ def create_run(
     )
     _insert_event(tx, run_id, 0, EventType.STATE_TRANSITION, '{"from":"pending","to":"running"}')
     if budget is None:
-        return Lease(run_id, owner, 1, ttl_ms, expires_at)
+        return Lease(run_id, owner, 1, ttl_ms, expires_at, config_json=config_json)
     _insert_budget(tx, run_id, budget)
-    return Lease(run_id, owner, 1, ttl_ms, expires_at, _wall_end(tx, run_id))
+    return Lease(run_id, owner, 1, ttl_ms, expires_at, _wall_end(tx, run_id), config_json=config_json)
 
 
 _LEASE_ROW = "lease_owner, lease_epoch, lease_expires_at, lease_host, lease_pid, lease_process_start"
@@ -216,6 +217,21 @@ def next_due_in(tx: Tx) -> int | None:
         (tx.now, tx.now),
     )
     return None if due is None else int(due)
+
+
+def work_ahead(tx: Tx) -> bool:
+    """Whether a live run is, or will become, claimable with no outsider's write: a pending or
+    running one (due now, backing off, or leased: a lease comes free when its owner lets go or
+    dies), or a suspended one in a durable sleep, or woken already. Runs suspended on a
+    signal, an approval, a child or a budget are not work ahead, deadline or not. Read when a
+    worker with ``until_idle`` is idle, so a scan past many suspended runs is rare."""
+    row = tx.one(
+        "SELECT 1 FROM agent_runs WHERE status IN ('pending', 'running')"
+        " OR (status = 'waiting' AND (next_attempt_at <= ?1 OR EXISTS (SELECT 1 FROM run_waits AS w"
+        " WHERE w.run_id = agent_runs.id AND w.kind = 'sleep'))) LIMIT 1",
+        (tx.now,),
+    )
+    return row is not None
 
 
 def _how_the_last_ended(lost: LostAttempt | None) -> str:
@@ -341,10 +357,10 @@ def _take(
     ``attempt_lost``, then ``lease_taken_over`` (at once, or after it expired)."""
     expires_at = tx.now + ttl_ms
     me = this_process()
-    tx.execute(
+    (config_json,) = tx.one(
         "UPDATE agent_runs SET lease_owner = ?, lease_epoch = ?, lease_expires_at = ?,"
         " status = 'running', wait_kind = NULL, wait_target = NULL, lease_host = ?, lease_pid = ?,"
-        " lease_process_start = ? WHERE id = ?",
+        " lease_process_start = ? WHERE id = ? RETURNING config",
         (owner, epoch, expires_at, *me.as_row(), run_id),
     )
     if lost is not None:
@@ -355,7 +371,7 @@ def _take(
         seq = _allocate(tx, run_id, 1)
         transition = _dump({"from": status, "to": "running"})
         _insert_event(tx, run_id, seq, EventType.STATE_TRANSITION, transition)
-    return Lease(run_id, owner, epoch, ttl_ms, expires_at, _wall_end(tx, run_id))
+    return Lease(run_id, owner, epoch, ttl_ms, expires_at, _wall_end(tx, run_id), config_json=config_json)
 
 
 def renew(tx: Tx, lease: Lease) -> tuple[Lease, str | None]:
@@ -559,6 +575,16 @@ def get_run(tx: Tx, run_id: str) -> RunRecord:
     return to_run(row)
 
 
+def watch_end(tx: Tx, run_id: str, waiter: str) -> RunRecord:
+    """The run as it is now. Nothing to note: the watcher of each waiting process looks at the
+    runs it waits for whenever the file changes (see _watcher)."""
+    return get_run(tx, run_id)
+
+
+def unwatch_end(tx: Tx, run_id: str, waiter: str) -> None:
+    pass
+
+
 def list_runs(tx: Tx, status: RunStatus | None, role: str | None, limit: int) -> list[RunRecord]:
     rows = tx.all(
         f"SELECT {RUN_COLUMNS} FROM agent_runs WHERE (?1 IS NULL OR status = ?1)"
@@ -686,8 +712,8 @@ def decide_checkpoint(
         " WHERE id = ?",
         (status, verification_json, seq, tx.now, checkpoint_id),
     )
-    if passed:  # progress: a budget's count of responses without it starts again
-        tx.execute("UPDATE budgets SET responses_without_progress = 0 WHERE run_id = ?", (lease.run_id,))
+    if passed:
+        _reset_loop_window(tx, lease.run_id)
     verification = decode(verification_json)
     decision = _dump({"checkpoint_id": checkpoint_id, "verification": verification})
     event_type = EventType.CHECKPOINT_ACCEPTED if passed else EventType.CHECKPOINT_REJECTED
@@ -1229,35 +1255,60 @@ def cancel_child(tx: Tx, lease: Lease, child_id: str, reason: str) -> CancelOutc
 
 
 def _debit(tx: Tx, run_id: str, debit: Debit) -> Exceeded | None:
-    """Add a response's spend to the run's budget (a run without one has no row: nothing to do);
-    log the first time it reaches a limit. Returns the limit reached, if any."""
+    """Add a response's spend to the run's budget (a run without one has no row: nothing to do),
+    and count its tool calls within the loop window; log a limit it reaches (see judge_debit).
+    Returns the limit reached, if any."""
     row = tx.one(
         "UPDATE budgets SET input_tokens = min(input_tokens + ?1, ?7),"
         " output_tokens = min(output_tokens + ?2, ?7),"
         " cost = cost + ?3, model_calls = model_calls + 1, tool_calls = min(tool_calls + ?4, ?7),"
         " responses_without_progress = responses_without_progress + 1, updated_at = ?5"
-        f" WHERE run_id = ?6 RETURNING {BUDGET_COLUMNS}",
+        f" WHERE run_id = ?6 RETURNING {BUDGET_COLUMNS}, repeated_call_id",
         (debit.input_tokens, debit.output_tokens, debit.cost, len(debit.calls), tx.now, run_id, MAX_INT),
     )
     if row is None:
         return None
-    row = list(row)
-    most = row[-2]
-    if row[7] is not None and debit.calls:  # max_identical_tool_calls: count each (name, args)
-        values = ", ".join(["(?, ?, 1)"] * len(debit.calls))
-        counts = tx.all(
-            f"INSERT INTO tool_call_counts (run_id, args_hash, count) VALUES {values}"
-            " ON CONFLICT (run_id, args_hash) DO UPDATE SET count = tool_call_counts.count + 1"
-            " RETURNING count",
-            tuple(x for _, hash_ in debit.calls for x in (run_id, hash_)),
-        )
-        most = max(most, *(c for (c,) in counts))
-        if most != row[-2]:
-            tx.execute("UPDATE budgets SET most_identical_tool_calls = ? WHERE run_id = ?", (most, run_id))
-    reached, newly = judge_debit(row, most, debit)
-    if reached is not None and newly:
+    *spend, stored_repeat = row
+    identical, repeated = 0, None
+    if spend[7] is not None:  # max_identical_tool_calls
+        identical, repeated = _count_calls(tx, run_id, debit)
+        repeated_id = None if repeated is None else repeated.id
+        if (identical, repeated_id) != (spend[-2], stored_repeat):
+            tx.execute(
+                "UPDATE budgets SET most_identical_tool_calls = ?, repeated_call_id = ? WHERE run_id = ?",
+                (identical, repeated_id, run_id),
+            )
+    reached, log = judge_debit(spend, debit, identical, repeated)
+    if reached is not None and log:
         _log_exceeded(tx, run_id, reached, _allocate(tx, run_id, 1))
     return reached
+
+
+def _count_calls(tx: Tx, run_id: str, debit: Debit) -> tuple[int, ToolCall | None]:
+    """Count the response's tool calls in the window (since the latest accepted checkpoint,
+    which empties it: see decide_checkpoint); the response's loop count and its repeated call."""
+    counts = debit.counts()
+    if not counts:
+        return 0, None
+    values = ", ".join(["(?, ?, ?)"] * len(counts))
+    window = tx.all(
+        f"INSERT INTO tool_call_counts (run_id, args_hash, count) VALUES {values}"
+        " ON CONFLICT (run_id, args_hash) DO UPDATE SET count = tool_call_counts.count + excluded.count"
+        " RETURNING args_hash, count",
+        tuple(x for hash_, n in counts.items() for x in (run_id, hash_, n)),
+    )
+    return loop_of(debit, dict(window))
+
+
+def _reset_loop_window(tx: Tx, run_id: str) -> None:
+    """An accepted checkpoint is progress: the counts of responses without it and of identical
+    tool calls start again (the window's counts cost a delete each, once: they were written)."""
+    tx.execute(
+        "UPDATE budgets SET responses_without_progress = 0, most_identical_tool_calls = 0,"
+        " repeated_call_id = NULL WHERE run_id = ?",
+        (run_id,),
+    )
+    tx.execute("DELETE FROM tool_call_counts WHERE run_id = ?", (run_id,))
 
 
 def _age(tx: Tx, run_id: str) -> int:
@@ -1277,11 +1328,28 @@ def _log_exceeded(tx: Tx, run_id: str, reached: Exceeded, seq: int) -> None:
 
 def budget_usage(tx: Tx, run_id: str) -> Usage | None:
     """The run's spend against its limits; None if it has no budget."""
-    row = tx.one(f"SELECT {BUDGET_COLUMNS} FROM budgets WHERE run_id = ?", (run_id,))
+    row = tx.one(f"SELECT {BUDGET_COLUMNS}, repeated_call_id FROM budgets WHERE run_id = ?", (run_id,))
     if row is None:
         get_run(tx, run_id)  # an unknown run is an error
         return None
-    return usage_of(row, _age(tx, run_id))
+    *spend, repeated_id = row
+    return usage_of(
+        spend, _age(tx, run_id), None if repeated_id is None else _intent(tx, run_id, repeated_id)
+    )
+
+
+def _intent(tx: Tx, run_id: str, call_id: str) -> ToolCall | None:
+    """The tool call of an intent, as the model asked for it (found by its primary key)."""
+    row = tx.one(
+        "SELECT e.payload FROM tool_intents AS t"
+        " JOIN events AS e ON e.run_id = t.run_id AND e.seq = t.intent_seq"
+        " WHERE t.run_id = ? AND t.call_id = ?",
+        (run_id, call_id),
+    )
+    if row is None:
+        return None
+    payload = decode(row[0])
+    return ToolCall(payload["call_id"], payload["name"], payload["args"])
 
 
 def _insert_budget(tx: Tx, run_id: str, limits: tuple[Any, ...]) -> None:

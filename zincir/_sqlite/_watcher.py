@@ -29,14 +29,24 @@ Wake = Callable[[str | None, str | None], None]
 
 class Watcher:
     """Calls ``wake("inbox", run_id)`` for each new signal and each run whose cancellation is
-    requested, ``wake("claimable", None)`` when a run is due, and ``wake(None, None)`` after
-    (re)opening, when anything may have been missed."""
+    requested, ``wake("claimable", None)`` when a run is due, ``wake("run_ended", run_id)`` for
+    each run of ``awaited_ends()`` (the runs this process waits to see end) that has ended, and
+    ``wake(None, None)`` after (re)opening, when anything may have been missed. This process's
+    own commits are seen too: the watcher's connection is another connection."""
 
-    def __init__(self, path: str, clock: Clock, token: trio.lowlevel.TrioToken, wake: Wake) -> None:
+    def __init__(
+        self,
+        path: str,
+        clock: Clock,
+        token: trio.lowlevel.TrioToken,
+        wake: Wake,
+        awaited_ends: Callable[[], frozenset[str]],
+    ) -> None:
         self._path = path
         self._clock = clock
         self._token = token
         self._wake = wake
+        self._awaited_ends = awaited_ends
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._serve, name=f"zincir-watcher:{path}", daemon=True)
         self._thread.start()
@@ -84,6 +94,7 @@ class Watcher:
                     " WHERE cancel_requested_at IS NOT NULL"
                 ).fetchall()
                 due = _anything_due(conn, self._clock())
+                ended = _ended(conn, self._awaited_ends())
             finally:
                 conn.execute("COMMIT")
             for signal_id, run_id in signalled:
@@ -93,6 +104,8 @@ class Watcher:
                 self._announce("inbox", run_id)
             if due:
                 self._announce("claimable", None)
+            for run_id in ended:
+                self._announce("run_ended", run_id)
 
     def _announce(self, channel: str | None, payload: str | None) -> None:
         try:
@@ -104,6 +117,22 @@ class Watcher:
 def _data_version(conn: sqlite3.Connection) -> int:
     (version,) = conn.execute("PRAGMA data_version").fetchone()
     return int(version)
+
+
+def _ended(conn: sqlite3.Connection, run_ids: frozenset[str]) -> list[str]:
+    """Those of ``run_ids`` that have ended (found by their primary key, a few hundred a look)."""
+    ids, ended = sorted(run_ids), []
+    for first in range(0, len(ids), 500):
+        chunk = ids[first : first + 500]
+        ended += [
+            row[0]
+            for row in conn.execute(
+                f"SELECT id FROM agent_runs WHERE id IN ({','.join('?' * len(chunk))})"
+                " AND status IN ('completed', 'failed', 'cancelled')",
+                chunk,
+            )
+        ]
+    return ended
 
 
 def _anything_due(conn: sqlite3.Connection, now: int) -> bool:
