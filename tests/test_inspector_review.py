@@ -557,14 +557,16 @@ async def _one_run(target: str) -> None:
 async def left_by_a_dead_owner(db: zincir.Database, run_id: str) -> None:
     """Make the run look held, for a minute more, by a process of this host that is gone (what
     a SIGKILLed owner leaves): the next open_run takes it over at once, and logs it."""
-    gone = subprocess.Popen([sys.executable, "-c", "pass"])
-    gone.wait()  # reaped: its PID names no process now
+    gone = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    started = _owner.process_start(gone.pid)  # its real start: processes started before it are no child
+    gone.kill()
+    gone.communicate()  # reaped: its PID names no process now
     now = db.clock()
     rows(
         db,
         "UPDATE agent_runs SET lease_owner = 'killed', lease_epoch = lease_epoch + 1, lease_expires_at = ?,"
         " lease_host = ?, lease_pid = ?, lease_process_start = ? WHERE id = ?",
-        (now + 60_000, _owner.this_process().host, gone.pid, 1, run_id),
+        (now + 60_000, _owner.this_process().host, gone.pid, started, run_id),
     )
 
 
