@@ -15,6 +15,7 @@ from typing import Any
 import trio
 
 import zincir
+from zincir._database import storage
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -145,13 +146,14 @@ async def hearing_others(db: zincir.Database, monkeypatch: Any) -> None:
     (the "anything may have been missed" wake-up after it connects), so that it cannot arrive
     later, in the middle of a race a test sets up."""
     heard = trio.Event()
-    hear = db._hear
+    wakes = storage(db).wakes
+    hear = wakes.hear
 
     def noting(channel: str | None, payload: str | None) -> None:
         if channel is None:
             heard.set()
         hear(channel, payload)
 
-    monkeypatch.setattr(db, "_hear", noting)
-    db._hear_others()
+    monkeypatch.setattr(wakes, "hear", noting)
+    wakes.hear_others()
     await heard.wait()  # no deadline of its own: tests on a mock clock use this too

@@ -392,7 +392,7 @@ def stored_steps(url: str, run_id: str) -> list[str]:
 
 def tcp_settings(tx: Any) -> dict[str, int]:
     """The kernel's TCP settings of the connection an operation runs on (on its thread)."""
-    with socket.socket(fileno=os.dup(tx._conn.fileno())) as sock:
+    with socket.socket(fileno=os.dup(tx._session._conn.fileno())) as sock:
         return {
             "keepalive": sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
             "idle": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),

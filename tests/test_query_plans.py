@@ -12,9 +12,9 @@ import pytest
 import trio
 
 import zincir
-from zincir._backend import Claims, NewChild
 from zincir._sqlite import _store
 from zincir._sqlite._connection import Tx
+from zincir._store import Claims, NewChild
 
 
 class PlanRecorder:

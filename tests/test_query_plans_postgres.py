@@ -28,9 +28,10 @@ import trio
 
 import zincir
 from tests.postgres_server import fresh_database
-from zincir._backend import NewChild, WaitOutcome
 from zincir._postgres import _store
-from zincir._postgres._connection import Sent, Tx
+from zincir._postgres._pipe import Pending
+from zincir._postgres._tx import Tx
+from zincir._store import NewChild, WaitOutcome
 
 BIG_TURNS = 10_000  # about 29,000 events in the big run
 OTHER_RUNS = 5_000
@@ -332,10 +333,10 @@ class PlanTx(Tx):
     """A Tx that EXPLAINs each statement with its parameters, then runs it as the store does."""
 
     def __init__(self, tx: Tx, plans: list[Plan], generic: psycopg.Connection[Any] | None) -> None:
-        super().__init__(tx._conn, tx._session)
+        super().__init__(tx._session, read_only=tx._read_only)
         self._now = tx._now
         self.plans = plans
-        self._generic = generic if tx._conn.info.server_version >= 160000 else None
+        self._generic = generic if generic is not None and generic.info.server_version >= 160000 else None
 
     def _explain(self, sql: str, params: Any) -> None:
         assert isinstance(params, tuple), (sql, params)
@@ -346,13 +347,10 @@ class PlanTx(Tx):
             [(generic,)] = self._generic.execute(explain, prepare=False).fetchall()
         self.plans.append(Plan(sql, params, _top(custom), None if generic is None else _top(generic)))
 
-    def send(self, sql: str, params: Any = ()) -> Sent:  # one() and all() send, too
-        self._explain(sql, params)
-        return super().send(sql, params)
-
-    def execute(self, sql: str, params: Any = ()) -> None:
-        self._explain(sql, params)
-        super().execute(sql, params)
+    def _send(self, sql: str, params: Any) -> Pending:  # every statement of an operation leaves here
+        text, args = self._rendered(sql, params)
+        self._explain(text, tuple(args))
+        return self._session.send(text, args)
 
 
 def _top(explained: Any) -> dict[str, Any]:
@@ -368,7 +366,10 @@ async def plans_of(db: zincir.Database, fn: Any, *args: Any, write: bool = False
     def run(tx: Tx) -> tuple[Any, list[Plan]]:
         plans: list[Plan] = []
         with psycopg.connect(db.path, autocommit=True) as generic:
-            return fn(PlanTx(tx, plans, generic), *args), plans
+            planned = PlanTx(tx, plans, generic)
+            result = fn(planned, *args)
+            planned.close()  # a fence not read yet is judged
+            return result, plans
 
     result: tuple[Any, list[Plan]] = await (db._write if write else db._read)(run)
     return result

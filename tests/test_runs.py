@@ -13,9 +13,9 @@ import trio
 import trio.testing
 
 import zincir
-from zincir._backend import NewChild
 from zincir._budget import Debit
 from zincir._sqlite import _store
+from zincir._store import NewChild
 
 from .conftest import ManualClock
 from .helpers import dump, read_state, rows, scalar, start_python, trace_operations

@@ -14,20 +14,8 @@ from typing import Any, Final, TypeVar, cast, final
 import attrs
 import trio
 
-from ._backend import (
-    ApprovalOutcome,
-    CancelOutcome,
-    IntentRow,
-    JoinOutcome,
-    Lease,
-    NewChild,
-    OpenWait,
-    Store,
-    WaitKind,
-    args_hash,
-)
 from ._budget import Budget, CountedCall, Usage, debit_of, exceeded_error, judge
-from ._database import Database, open_database
+from ._database import Database, Storage, open_database, storage
 from ._errors import (
     BudgetExceeded,
     CheckpointNotPending,
@@ -47,6 +35,18 @@ from ._errors import (
     only_budget_exceeded,
 )
 from ._json import JSONValue, decode, encode
+from ._store import (
+    ApprovalOutcome,
+    CancelOutcome,
+    IntentRow,
+    JoinOutcome,
+    Lease,
+    NewChild,
+    OpenWait,
+    Store,
+    WaitKind,
+    args_hash,
+)
 from ._threads import Flight, current_flight, flying
 from ._types import (
     Approval,
@@ -70,6 +70,7 @@ from ._validation import (
     check_text,
     lease_ttl_ms,
 )
+from ._wakes import announce_claimable, announce_inbox
 
 __all__ = ["Children", "Run", "open_run"]
 
@@ -109,6 +110,7 @@ class Run:
     id: str
     """The run's id (a canonical lowercase UUID string)."""
     _db: Database
+    _storage: Storage
     _store: Store
     _lease: Lease
     _flight: Flight
@@ -150,7 +152,8 @@ class Run:
         self = object.__new__(cls)
         self.id = lease.run_id
         self._db = db
-        self._store = db._store
+        self._storage = storage(db)
+        self._store = self._storage.store
         self._lease = lease
         # The database calls of the block: abandoned together once the lease is known lost.
         self._flight = Flight(current_flight())
@@ -250,14 +253,14 @@ class Run:
     async def _write(self, fn: Any, *args: Any) -> Any:
         counted = self._begin_activity()  # not a context manager: this is every write's path
         try:
-            return await self._as_owner(functools.partial(self._db._write, route=self.id), fn, *args)
+            return await self._as_owner(functools.partial(self._storage.write, route=self.id), fn, *args)
         finally:
             self._end_activity(counted)
 
     async def _read(self, fn: Any, *args: Any) -> Any:
         counted = self._begin_activity()
         try:
-            return await self._as_owner(self._db._read, fn, *args)
+            return await self._as_owner(self._storage.read, fn, *args)
         finally:
             self._end_activity(counted)
 
@@ -297,10 +300,10 @@ class Run:
         a wait, the run does not suspend; it is no work, so the quiet time goes on after it (a
         handler replaying its steps reaches a long sleep and suspends at once)."""
         if self._suspend_after is None or trio.lowlevel.current_task() in self._waiting_tasks:
-            return await self._db._read(fn, *args)
+            return await self._storage.read(fn, *args)
         self._looking += 1
         try:
-            return await self._db._read(fn, *args)
+            return await self._storage.read(fn, *args)
         finally:
             self._looking -= 1
 
@@ -656,7 +659,7 @@ class Run:
                 return True, decode(outcome.payload_json), None
             return False, None, outcome.deadline
 
-        ready = functools.partial(self._db._read, self._store.signal_ready, self.id, topic, name)
+        ready = functools.partial(self._storage.read, self._store.signal_ready, self.id, topic, name)
         return await self._wait(decide, ready, "signal", name)
 
     async def wait_for_approval(
@@ -684,7 +687,7 @@ class Run:
                 raise WaitTimeout(f"run {self.id}: the approval of tool call {call_id!r} passed its deadline")
             return outcome.state == "decided", outcome.approval, outcome.remaining_ms
 
-        ready = functools.partial(self._db._read, self._store.approval_ready, self.id, call_id)
+        ready = functools.partial(self._storage.read, self._store.approval_ready, self.id, call_id)
         approval: Approval = await self._wait(decide, ready, "approval", call_id)
         return approval
 
@@ -705,7 +708,7 @@ class Run:
         it spends is not its parent's."""
         child = self._new_child(name, role, provider, config, budget)
         ids: list[str] = await self._write(self._store.spawn_children, [child])
-        self._db._announce_claimable()
+        announce_claimable(self._storage.wakes)
         return ids[0]
 
     def _new_child(
@@ -743,7 +746,7 @@ class Run:
                 raise WaitTimeout(f"run {self.id}: the join of child {child_id} passed its deadline")
             return outcome.state == "ended", outcome.child, outcome.remaining_ms
 
-        ready = functools.partial(self._db._read, self._store.child_ready, self.id, child_id)
+        ready = functools.partial(self._storage.read, self._store.child_ready, self.id, child_id)
         child: RunRecord = await self._wait(decide, ready, "child", child_id)
         return child
 
@@ -753,7 +756,7 @@ class Run:
         child_id = canonical_run_id(child_id, f"run {self.id}: child_id")
         reason = check_text(reason, f"run {self.id}: the reason", max_chars=4000, allow_empty=True)
         outcome: CancelOutcome = await self._write(self._store.cancel_child, child_id, reason)
-        announce_cancellation(self._db, outcome)
+        announce_cancellation(self._storage, outcome)
 
     @asynccontextmanager
     async def children(self) -> AsyncIterator[Children]:
@@ -830,7 +833,7 @@ class Run:
         with self._waiting_on(kind, name):
             while True:
                 # Register before looking: news arriving between the look and the sleep still wakes us.
-                woken = self._db._inbox_event(self.id)
+                woken = self._storage.wakes.inbox_event(self.id)
                 try:
                     try:
                         done, value, remaining_ms = await decide()
@@ -848,7 +851,7 @@ class Run:
                             suspend_at = self._suspend_time(retry=True)
                             break
                 finally:
-                    self._db._forget_inbox_event(self.id, woken)
+                    self._storage.wakes.forget_inbox_event(self.id, woken)
 
     @contextmanager
     def _waiting_on(self, kind: WaitKind, name: str) -> Iterator[None]:
@@ -923,7 +926,7 @@ class Run:
         if not suspended:
             self._ending = False
             # A wait that can complete looks at once rather than at its next poll.
-            self._db._announce_inbox(self.id, owner=False)
+            announce_inbox(self._storage.wakes, self.id, owner=False)
             await self._look_at_news()  # a cancellation requested, perhaps: act on it now
             return
         self._released = self._suspended = True
@@ -964,8 +967,8 @@ class Run:
         parent = await self._end_ownership(self._store.finish, status, payload, result_json)
         self._finished = status
         if parent is not None:  # it may be joining this run, here (or be due, if suspended)
-            self._db._announce_inbox(parent, owner=False)
-            self._db._announce_claimable()
+            announce_inbox(self._storage.wakes, parent, owner=False)
+            announce_claimable(self._storage.wakes)
 
     async def _end_ownership(self, fn: Any, *args: Any) -> Any:
         """Run a write that gives up the lease, then stop renewing it."""
@@ -1013,7 +1016,7 @@ class Run:
         """Renew the lease once; the seconds until the next renewal, None to stop renewing."""
         sent_at = self._renewal_sent_at = trio.current_time()
         try:
-            self._lease, cancel_reason = await self._db._write(
+            self._lease, cancel_reason = await self._storage.write(
                 self._store.renew, self._lease, route=self.id
             )  # the renewed lease says when the run's wall time ends, too
             self._confirmed_at = sent_at
@@ -1131,19 +1134,19 @@ class Run:
 
     async def _poked_until(self, deadline: float) -> bool:
         """Whether news reached the run's inbox before ``deadline`` (Trio time)."""
-        poked = self._db._inbox_event(self.id, hear_others=False, owner=True)
+        poked = self._storage.wakes.inbox_event(self.id, hear_others=False, owner=True)
         try:
             with trio.move_on_at(deadline):
                 await poked.wait()
                 return True
             return False
         finally:
-            self._db._forget_inbox_event(self.id, poked)
+            self._storage.wakes.forget_inbox_event(self.id, poked)
 
     async def _look_at_news(self) -> None:
         """Read what an outsider may have changed: a cancellation request, the wall time."""
         try:
-            reason, wall_end = await self._db._read(self._store.owner_news, self.id)
+            reason, wall_end = await self._storage.read(self._store.owner_news, self.id)
         except StorageError:
             return  # the next renewal reads both again
         self._lease = attrs.evolve(self._lease, wall_time_ends_at=wall_end)
@@ -1183,7 +1186,7 @@ class Run:
                 self._releasing = False
         self._released = True
         if released and self._release_delay_ms == 0:
-            self._db._announce_claimable()
+            announce_claimable(self._storage.wakes)
         return released
 
     async def _release_now(self) -> bool:
@@ -1192,7 +1195,7 @@ class Run:
         delay = 0.001
         while True:
             try:
-                released: bool = await self._db._write(
+                released: bool = await self._storage.write(
                     self._store.release,
                     self._lease,
                     self._release_delay_ms,
@@ -1297,7 +1300,7 @@ class Children:
                     del self._queued[: len(batch)]  # (already empty if _close dropped them)
                     for child_id, child in zip(ids, batch, strict=True):
                         self._add(child_id, child.name)
-                    self._run._db._announce_claimable()
+                    announce_claimable(self._run._storage.wakes)
                     await trio.lowlevel.checkpoint()
         except trio.Cancelled:
             # The block's surroundings are cancelled, so is the body, which raises it: what is
@@ -1345,7 +1348,7 @@ class Children:
         """Join every child, many per transaction. A read finds those that have ended, and only
         those are joined (looking at a running child would write its join record again); the
         nursery waits (suspends, in a worker) for the first that has not."""
-        store, read = self._run._store, self._run._db._read
+        store, read = self._run._store, self._run._storage.read
         joined: dict[str, RunRecord] = {}
         pending = list(self.spawned)
         while pending:
@@ -1387,12 +1390,12 @@ _SPAWN_BATCH: Final = 100
 _JOIN_BATCH: Final = 100
 
 
-def announce_cancellation(db: Database, outcome: CancelOutcome) -> None:
+def announce_cancellation(db: Storage, outcome: CancelOutcome) -> None:
     """Wake, in this process, the owners asked to stop and whatever waits for the runs ended."""
     for run_id in outcome.requested:
-        db._announce_inbox(run_id)
+        announce_inbox(db.wakes, run_id)
     if outcome.cancelled:
-        db._announce_claimable()  # a parent suspended on one of them may be due now
+        announce_claimable(db.wakes)  # a parent suspended on one of them may be due now
 
 
 async def _quietly(write: Awaitable[object]) -> None:
@@ -1540,11 +1543,13 @@ async def open_run(
         description = (check_name(role, "role"), _check_provider(provider), config_json)
         limits = _budget_row(budget)
         lease, submitted_at = await _take_lease(
-            db, db._store.create_run, new_id, parent, *description, owner, ttl_ms, limits
+            db, storage(db).store.create_run, new_id, parent, *description, owner, ttl_ms, limits
         )
     else:
         run_id = canonical_run_id(run_id)
-        lease, submitted_at = await _take_lease(db, db._store.acquire_run, run_id, owner, ttl_ms, bool(force))
+        lease, submitted_at = await _take_lease(
+            db, storage(db).store.acquire_run, run_id, owner, ttl_ms, bool(force)
+        )
     if lease is None:
         raise RunCancelled(f"run {run_id} was cancelled (its cancellation was requested before)")
     async with owned_run(db, lease, submitted_at=submitted_at) as run:
@@ -1559,7 +1564,7 @@ async def _take_lease(db: Database, fn: Any, run_id: str, *args: Any) -> tuple[L
     while True:
         submitted_at = trio.current_time()
         try:
-            lease: Lease | None = await db._write(fn, run_id, *args, route=run_id)
+            lease: Lease | None = await storage(db).write(fn, run_id, *args, route=run_id)
             return lease, submitted_at
         except TransientConflict:
             if trio.current_time() + delay > give_up_at:

@@ -4,18 +4,27 @@ with its own psycopg connection. Time is the server's; workers on several machin
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import psycopg
 import trio
 
-from .._database import Backend, Clock
+from .._backend import Backend, Clock
 from .._errors import StorageError
+from .._store import Store
 from .._threads import DatabaseThread
 from . import _migrations, _store
 from ._connection import Echo, PostgresSession, connect, redact, server_clock_offset, storage_error
 from ._listener import Listener
 
 __all__ = ["open_backend"]
+
+
+class _Store(Store):
+    """Transitional: the operations not written once yet are this backend's own."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(_store, name)
 
 
 def _prepare(url: str) -> int:
@@ -39,7 +48,7 @@ async def open_backend(
 ) -> Backend:
     offset = await trio.to_thread.run_sync(_prepare, url)
     where = redact(url)
-    echo = Echo(token)
+    echo = Echo()
 
     def thread(name: str, *, read_only: bool) -> DatabaseThread:
         session = PostgresSession(url, name, read_only=read_only, clock=clock, echo=echo)
@@ -53,7 +62,7 @@ async def open_backend(
     return Backend(
         name="postgresql",
         target=where,
-        store=_store,
+        store=_Store(),
         writers=[thread(f"writer{i}", read_only=False) for i in range(writers)],
         reader=thread("reader", read_only=True),
         clock=clock or estimated_server_clock,

@@ -41,11 +41,8 @@ class Listener:
         self._url = url
         self._token = token
         self._wake = wake
-        # This database's writers deliver their own notifications here (see Echo): from now on,
-        # so that none falls between the two.
+        # This database's own writes woke this process when they committed (see Echo).
         self._echo = echo
-        if echo is not None:
-            echo.wake = wake
         self._stopping = threading.Event()
         self._thread = threading.Thread(
             target=self._serve, name=f"zincir-listener:{redact(url)}", daemon=True
@@ -55,8 +52,6 @@ class Listener:
     def stop(self) -> None:
         """Stop and join the thread (blocks for up to about half a second)."""
         self._stopping.set()
-        if self._echo is not None:
-            self._echo.wake = None
         self._thread.join()
 
     def _serve(self) -> None:

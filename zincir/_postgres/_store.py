@@ -22,31 +22,6 @@ from typing import Any, Final
 import attrs
 from psycopg import errors as pg_errors
 
-from .._backend import (
-    SUBMIT_CHECKPOINT,
-    ApprovalOutcome,
-    Awaited,
-    CancelOutcome,
-    Claims,
-    DecideOutcome,
-    IntentRow,
-    JoinOutcome,
-    Lease,
-    LostAttempt,
-    NewChild,
-    OpenWait,
-    SendOutcome,
-    WaitKind,
-    WaitOutcome,
-    approval_of,
-    args_hash,
-    check_wait_topic,
-    earliest,
-    exhausted_reason,
-    lost_attempt,
-    signal_received_payload,
-    suspension_payload,
-)
 from .._budget import (
     BUDGET_COLUMNS,
     LIMIT_COLUMNS,
@@ -80,8 +55,33 @@ from .._json import dump_trusted as _dump
 from .._owner import Owner, Verdict, gone_holders, this_process
 from .._owner import judge as judge_holder
 from .._rows import CHECKPOINT_COLUMNS, EVENT_COLUMNS, RUN_COLUMNS, to_checkpoint, to_event, to_run
+from .._store._types import (
+    SUBMIT_CHECKPOINT,
+    ApprovalOutcome,
+    Awaited,
+    CancelOutcome,
+    Claims,
+    DecideOutcome,
+    IntentRow,
+    JoinOutcome,
+    Lease,
+    LostAttempt,
+    NewChild,
+    OpenWait,
+    SendOutcome,
+    WaitKind,
+    WaitOutcome,
+    approval_of,
+    args_hash,
+    check_wait_topic,
+    earliest,
+    exhausted_reason,
+    lost_attempt,
+    signal_received_payload,
+    suspension_payload,
+)
 from .._types import Checkpoint, Event, EventType, RunRecord, RunStatus, ToolCall
-from ._connection import Sent, Tx
+from ._tx import Sent, Tx
 
 _LIVE = (RunStatus.PENDING.value, RunStatus.RUNNING.value, RunStatus.WAITING.value)
 _LEASE_COLUMNS = "status, lease_owner, lease_epoch, lease_expires_at, zincir_now_ms()"
@@ -812,7 +812,7 @@ def list_runs(tx: Tx, status: RunStatus | None, role: str | None, limit: int) ->
     rows = tx.all(
         f"SELECT {RUN_COLUMNS} FROM agent_runs WHERE (%(status)s::text IS NULL OR status = %(status)s)"
         " AND (%(role)s::text IS NULL OR role = %(role)s) ORDER BY created_at, id LIMIT %(limit)s",
-        {"status": None if status is None else status.value, "role": role, "limit": limit},
+        {"status": None if status is None else status.value, "role": role, "limit": limit},  # type: ignore[arg-type]
     )
     return [to_run(row) for row in rows]
 

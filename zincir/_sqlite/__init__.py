@@ -4,11 +4,12 @@ waits) a thread watching for other processes' commits."""
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 import trio
 
-from .._database import Backend, Clock, wall_clock_ms
+from .._backend import Backend, Clock, wall_clock_ms
+from .._store import Store
 from .._threads import DatabaseThread
 from . import _store
 from ._connection import SQLiteSession, open_connections
@@ -17,6 +18,13 @@ from ._watcher import Watcher
 __all__ = ["open_backend"]
 
 _SYNCHRONOUS_LEVELS: Final = {"full": "FULL", "normal": "NORMAL"}
+
+
+class _Store(Store):
+    """Transitional: the operations not written once yet are this backend's own."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(_store, name)
 
 
 async def open_backend(
@@ -36,7 +44,7 @@ async def open_backend(
     return Backend(
         name="sqlite",
         target=path,
-        store=_store,
+        store=_Store(),
         writers=[thread("writer", SQLiteSession(writer, path, clock, writer=True))],
         reader=thread("reader", SQLiteSession(reader, path, clock, writer=False)),
         clock=clock,

@@ -13,31 +13,6 @@ from typing import Any
 
 import attrs
 
-from .._backend import (
-    SUBMIT_CHECKPOINT,
-    ApprovalOutcome,
-    Awaited,
-    CancelOutcome,
-    Claims,
-    DecideOutcome,
-    IntentRow,
-    JoinOutcome,
-    Lease,
-    LostAttempt,
-    NewChild,
-    OpenWait,
-    SendOutcome,
-    WaitKind,
-    WaitOutcome,
-    approval_of,
-    args_hash,
-    check_wait_topic,
-    earliest,
-    exhausted_reason,
-    lost_attempt,
-    signal_received_payload,
-    suspension_payload,
-)
 from .._budget import (
     BUDGET_COLUMNS,
     LIMIT_COLUMNS,
@@ -71,6 +46,31 @@ from .._json import dump_trusted as _dump
 from .._owner import Owner, Verdict, gone_holders, this_process
 from .._owner import judge as judge_holder
 from .._rows import CHECKPOINT_COLUMNS, EVENT_COLUMNS, RUN_COLUMNS, to_checkpoint, to_event, to_run
+from .._store._types import (
+    SUBMIT_CHECKPOINT,
+    ApprovalOutcome,
+    Awaited,
+    CancelOutcome,
+    Claims,
+    DecideOutcome,
+    IntentRow,
+    JoinOutcome,
+    Lease,
+    LostAttempt,
+    NewChild,
+    OpenWait,
+    SendOutcome,
+    WaitKind,
+    WaitOutcome,
+    approval_of,
+    args_hash,
+    check_wait_topic,
+    earliest,
+    exhausted_reason,
+    lost_attempt,
+    signal_received_payload,
+    suspension_payload,
+)
 from .._types import Checkpoint, Event, EventType, RunRecord, RunStatus, ToolCall
 from .._validation import MAX_INT
 from ._connection import Tx

@@ -16,7 +16,7 @@ from typing import Final
 
 import trio
 
-from .._database import Clock
+from .._backend import Clock
 from ._connection import BUSY_TIMEOUT_MS
 
 logger = logging.getLogger("zincir")
