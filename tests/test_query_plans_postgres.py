@@ -413,7 +413,7 @@ def uses_index(plan: Plan, index: str) -> bool:
 
 async def test_state_after_a_checkpoint_reads_by_index(populated: Populated) -> None:
     async with zincir.open_database(populated.url) as db:
-        (run, checkpoint, events), plans = await plans_of(db, _store.durable_state, populated.big)
+        (run, checkpoint, events), plans = await plans_of(db, db._store.durable_state, populated.big)
     assert checkpoint is not None and checkpoint.tool_call_id == "cp-last"
     assert run.id == populated.big and len(events) == populated.tail
     assert_indexed(plans)
@@ -429,7 +429,7 @@ async def test_state_after_a_checkpoint_reads_by_index(populated: Populated) -> 
 
 async def test_pending_tools_read_by_index(populated: Populated) -> None:
     async with zincir.open_database(populated.url) as db, zincir.open_run(db, populated.big) as run:
-        pending, plans = await plans_of(db, _store.pending_tools, run._lease)
+        pending, plans = await plans_of(db, db._store.pending_tools, run._lease)
     assert [json.loads(payload)["call_id"] for payload, *_ in pending] == ["open-2"]
     assert_indexed(plans)
     # Only the intents without a result are visited (the partial index), not ~9,000 answered ones.
@@ -440,8 +440,8 @@ async def test_pending_tools_read_by_index(populated: Populated) -> None:
 
 async def test_steps_read_by_index(populated: Populated) -> None:
     async with zincir.open_database(populated.url) as db:
-        names, listed = await plans_of(db, _store.completed_step_names, populated.big)
-        result, looked_up = await plans_of(db, _store.step_result, populated.big, "step-123")
+        names, listed = await plans_of(db, db._store.completed_step_names, populated.big)
+        result, looked_up = await plans_of(db, db._store.step_result, populated.big, "step-123")
     assert len(names) == STEP_COUNT + 1 and json.loads(result) == {"step": "step-123"}
     assert_indexed(listed + looked_up)
     assert uses_index(the(looked_up, "FROM steps"), "steps_pkey")
@@ -449,7 +449,9 @@ async def test_steps_read_by_index(populated: Populated) -> None:
 
 async def test_the_oldest_unconsumed_signal_is_found_by_index(populated: Populated) -> None:
     async with zincir.open_database(populated.url) as db, zincir.open_run(db, populated.big) as run:
-        outcome, plans = await plans_of(db, _store.await_signal, run._lease, "next", "go", None, write=True)
+        outcome, plans = await plans_of(
+            db, db._store.await_signal, run._lease, "next", "go", None, write=True
+        )
     assert outcome == WaitOutcome.received('{"next":true}')
     assert_indexed(plans)
     # Past the ~1,000 signals of "go" it already received, by the partial index, oldest first.
@@ -459,7 +461,7 @@ async def test_the_oldest_unconsumed_signal_is_found_by_index(populated: Populat
 
 async def test_claiming_reads_by_index(populated: Populated) -> None:
     async with zincir.open_database(populated.url) as db:
-        claimed, plans = await plans_of(db, _store.claim_due, "probe", 30_000, None, 8, write=True)
+        claimed, plans = await plans_of(db, db._store.claim_due, "probe", 30_000, None, 8, write=True)
     assert len(claimed.leased) == 8 and populated.big not in [lease.run_id for lease, _ in claimed.leased]
     assert_indexed(plans)
     # ~1,000 claimable runs of 5,000, the oldest due first, by the claimable index's order.
@@ -476,19 +478,21 @@ async def test_claiming_reads_by_index(populated: Populated) -> None:
 
 async def test_suspending_spawning_joining_and_cascading_read_by_index(populated: Populated) -> None:
     async with zincir.open_database(populated.url) as db:
-        _, due = await plans_of(db, _store.next_due_in)
+        _, due = await plans_of(db, db._store.next_due_in)
         with pytest.raises(zincir.LeaseLost, match="gone"):  # the last probe suspends the parent
             async with zincir.open_run(db) as parent:
                 kids = [await parent.spawn(f"kid-{i}") for i in range(5)]
                 again = [NewChild("kid-0", str(uuid.uuid4()), "agent", "", "{}")]
-                _, spawn = await plans_of(db, _store.spawn_children, parent._lease, again, write=True)
-                _, join = await plans_of(db, _store.await_child, parent._lease, kids[0], None, write=True)
-                _, joins = await plans_of(db, _store.join_children, parent._lease, kids[:3], write=True)
-                _, ended = await plans_of(db, _store.ended_children, kids)
+                _, spawn = await plans_of(db, db._store.spawn_children, parent._lease, again, write=True)
+                _, join = await plans_of(db, db._store.await_child, parent._lease, kids[0], None, write=True)
+                _, joins = await plans_of(db, db._store.join_children, parent._lease, kids[:3], write=True)
+                _, ended = await plans_of(db, db._store.ended_children, kids)
                 _, cascade = await plans_of(db, _store._cancel_descendants, parent.id, "probe", write=True)
                 with trio.move_on_after(0.05):
                     await parent.wait_for_signal("w", "nobody-sends-this")
-                _, suspend = await plans_of(db, _store.suspend, parent._lease, [("signal", "w")], write=True)
+                _, suspend = await plans_of(
+                    db, db._store.suspend, parent._lease, [("signal", "w")], write=True
+                )
     reads = [
         plan
         for plan in spawn + join + joins + ended + cascade + suspend

@@ -14,8 +14,7 @@ import trio.testing
 
 import zincir
 from zincir._budget import Debit
-from zincir._sqlite import _store
-from zincir._store import NewChild
+from zincir._store import Lease, NewChild
 
 from .conftest import ManualClock
 from .helpers import dump, read_state, rows, scalar, start_python, trace_operations
@@ -319,7 +318,7 @@ async def test_a_stale_owner_is_fenced_inside_the_transaction(
         before = dump(db_path)
         submit = db._read if operation in ("pending_tools", "candidate") else db._write
         with pytest.raises(zincir.LeaseLost, match="fenced by a newer owner"):
-            await submit(getattr(_store, operation), stale, *args)
+            await submit(getattr(db._store, operation), stale, *args)
         assert not await db._write(db._store.release, stale, 0)
         assert dump(db_path) == before
         assert second.epoch == stale.epoch + 1
@@ -513,7 +512,7 @@ async def test_transient_renewal_errors_are_retried_not_a_loss(
     renew = db._store.renew
     calls: list[str] = []
 
-    def flaky_renew(tx: Any, lease: _store.Lease) -> _store.Lease:
+    def flaky_renew(tx: Any, lease: Lease) -> Lease:
         calls.append("renew")
         if 1 <= len(calls) <= 3:
             raise zincir.DatabaseBusy("simulated: another process holds the write lock")

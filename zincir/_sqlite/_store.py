@@ -29,7 +29,6 @@ from .._errors import (
     ApprovalConflict,
     ApprovalHashMismatch,
     ApprovalNotRequested,
-    CheckpointNotPending,
     ConflictingResult,
     DuplicateToolCall,
     InvalidArgument,
@@ -45,7 +44,7 @@ from .._json import decode
 from .._json import dump_trusted as _dump
 from .._owner import Owner, Verdict, gone_holders, this_process
 from .._owner import judge as judge_holder
-from .._rows import CHECKPOINT_COLUMNS, EVENT_COLUMNS, RUN_COLUMNS, to_checkpoint, to_event, to_run
+from .._store._log import get_run
 from .._store._types import (
     SUBMIT_CHECKPOINT,
     ApprovalOutcome,
@@ -71,7 +70,7 @@ from .._store._types import (
     signal_received_payload,
     suspension_payload,
 )
-from .._types import Checkpoint, Event, EventType, RunRecord, RunStatus, ToolCall
+from .._types import EventType, RunRecord, RunStatus, ToolCall
 from .._validation import MAX_INT
 from ._connection import Tx
 
@@ -568,13 +567,6 @@ def _require_no_open_work(tx: Tx, run_id: str) -> None:
 # -- reading ------------------------------------------------------------------------------------
 
 
-def get_run(tx: Tx, run_id: str) -> RunRecord:
-    row = tx.one(f"SELECT {RUN_COLUMNS} FROM agent_runs WHERE id = ?", (run_id,))
-    if row is None:
-        raise RunNotFound(f"run {run_id} does not exist")
-    return to_run(row)
-
-
 def watch_end(tx: Tx, run_id: str, waiter: str) -> RunRecord:
     """The run as it is now. Nothing to note: the watcher of each waiting process looks at the
     runs it waits for whenever the file changes (see _watcher)."""
@@ -585,206 +577,10 @@ def unwatch_end(tx: Tx, run_id: str, waiter: str) -> None:
     pass
 
 
-def list_runs(tx: Tx, status: RunStatus | None, role: str | None, limit: int) -> list[RunRecord]:
-    rows = tx.all(
-        f"SELECT {RUN_COLUMNS} FROM agent_runs WHERE (?1 IS NULL OR status = ?1)"
-        " AND (?2 IS NULL OR role = ?2) ORDER BY created_at, id LIMIT ?3",
-        (None if status is None else status.value, role, limit),
-    )
-    return [to_run(row) for row in rows]
-
-
-def events_after(tx: Tx, run_id: str, after_seq: int, limit: int | None = None) -> list[Event]:
-    rows = tx.all(
-        f"SELECT {EVENT_COLUMNS} FROM events WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?",
-        (run_id, after_seq, -1 if limit is None else limit),
-    )
-    return [to_event(run_id, row) for row in rows]
-
-
-def events_page(tx: Tx, run_id: str, after_seq: int, limit: int | None) -> list[Event]:
-    get_run(tx, run_id)  # an unknown run is an error, not an empty page
-    return events_after(tx, run_id, after_seq, limit)
-
-
-def latest_accepted(tx: Tx, run_id: str) -> Checkpoint | None:
-    row = tx.one(
-        f"SELECT {CHECKPOINT_COLUMNS} FROM checkpoints WHERE run_id = ? AND status = 'accepted'"
-        " ORDER BY round DESC LIMIT 1",
-        (run_id,),
-    )
-    return None if row is None else to_checkpoint(row)
-
-
-def durable_state(tx: Tx, run_id: str) -> tuple[RunRecord, Checkpoint | None, list[Event]]:
-    """The run, its latest accepted checkpoint and the events after that checkpoint's
-    decision and the tool result that answered it (seq > decision + 1)."""
-    run = get_run(tx, run_id)
-    checkpoint = latest_accepted(tx, run_id)
-    after = (
-        -1
-        if checkpoint is None or checkpoint.decision_event_seq is None
-        else checkpoint.decision_event_seq + 1
-    )
-    return run, checkpoint, events_after(tx, run_id, after)
-
-
 # -- checkpoints --------------------------------------------------------------------------------
 
 
-def propose_checkpoint(tx: Tx, lease: Lease, call_id: str, state_json: str) -> Checkpoint:
-    """Persist a candidate for a pending ``submit_checkpoint`` intent, before any verifier runs."""
-    check_lease(tx, lease)
-    where = f"run {lease.run_id}: checkpoint call {call_id!r}"
-    row = tx.one(
-        "SELECT name, response_seq, result_seq FROM tool_intents WHERE run_id = ? AND call_id = ?",
-        (lease.run_id, call_id),
-    )
-    if row is None:
-        raise CheckpointNotPending(f"{where} has no durable intent")
-    name, response_seq, result_seq = row
-    if name != SUBMIT_CHECKPOINT:
-        raise CheckpointNotPending(f"{where} is a {name!r} call, not {SUBMIT_CHECKPOINT}")
-    if result_seq is not None:
-        raise CheckpointNotPending(f"{where} was already decided")
-    siblings = tx.all(
-        "SELECT call_id FROM tool_intents INDEXED BY idx_tool_intents_pending"
-        " WHERE run_id = ? AND result_seq IS NULL AND response_seq = ? AND call_id != ?",
-        (lease.run_id, response_seq, call_id),
-    )
-    if siblings:
-        ids = ", ".join(repr(r[0]) for r in siblings)
-        raise CheckpointNotPending(f"{where} must wait for the results of its sibling calls {ids}")
-    if tx.one("SELECT 1 FROM checkpoints WHERE run_id = ? AND status = 'candidate'", (lease.run_id,)):
-        raise CheckpointNotPending(f"run {lease.run_id} already has an undecided checkpoint candidate")
-    (round,) = tx.one("SELECT coalesce(max(round), 0) + 1 FROM checkpoints WHERE run_id = ?", (lease.run_id,))
-    seq = _allocate(tx, lease.run_id, 1)
-    (checkpoint_id,) = tx.one(
-        "INSERT INTO checkpoints (run_id, round, tool_call_id, based_on_event_seq, status, state,"
-        " created_at) VALUES (?, ?, ?, ?, 'candidate', ?, ?) RETURNING id",
-        (lease.run_id, round, call_id, seq - 1, state_json, tx.now),
-    )
-    payload = _dump({"checkpoint_id": checkpoint_id, "round": round, "state": decode(state_json)})
-    _insert_event(
-        tx, lease.run_id, seq, EventType.CHECKPOINT_PROPOSED, payload, f"checkpoint:{checkpoint_id}:proposed"
-    )
-    return get_checkpoint(tx, lease.run_id, checkpoint_id)
-
-
-def get_checkpoint(tx: Tx, run_id: str, checkpoint_id: int) -> Checkpoint:
-    row = tx.one(
-        f"SELECT {CHECKPOINT_COLUMNS} FROM checkpoints WHERE id = ? AND run_id = ?", (checkpoint_id, run_id)
-    )
-    if row is None:
-        raise CheckpointNotPending(f"run {run_id} has no checkpoint {checkpoint_id}")
-    return to_checkpoint(row)
-
-
-def candidate(tx: Tx, lease: Lease, checkpoint_id: int | None) -> Checkpoint | None:
-    """The run's undecided candidate (the stored one, whatever a caller holds), if any."""
-    check_lease(tx, lease)
-    row = tx.one(
-        f"SELECT {CHECKPOINT_COLUMNS} FROM checkpoints WHERE run_id = ? AND status = 'candidate'",
-        (lease.run_id,),
-    )
-    if row is None:
-        return None
-    found = to_checkpoint(row)
-    if checkpoint_id is not None and found.id != checkpoint_id:
-        return None
-    return found
-
-
-def decide_checkpoint(
-    tx: Tx, lease: Lease, checkpoint_id: int, verification_json: str, passed: bool
-) -> Checkpoint:
-    """Record the decision, its event and the tool result answering the intent, at once."""
-    check_lease(tx, lease)
-    current = candidate(tx, lease, checkpoint_id)
-    if current is None:
-        raise CheckpointNotPending(
-            f"run {lease.run_id}: checkpoint {checkpoint_id} is not an undecided candidate"
-        )
-    status = "accepted" if passed else "rejected"
-    seq = _allocate(tx, lease.run_id, 2)
-    tx.execute(
-        "UPDATE checkpoints SET status = ?, verification = ?, decision_event_seq = ?, decided_at = ?"
-        " WHERE id = ?",
-        (status, verification_json, seq, tx.now, checkpoint_id),
-    )
-    if passed:
-        _reset_loop_window(tx, lease.run_id)
-    verification = decode(verification_json)
-    decision = _dump({"checkpoint_id": checkpoint_id, "verification": verification})
-    event_type = EventType.CHECKPOINT_ACCEPTED if passed else EventType.CHECKPOINT_REJECTED
-    _insert_event(tx, lease.run_id, seq, event_type, decision, f"checkpoint:{checkpoint_id}:{status}")
-    content = {"accepted": passed, "verification": verification}
-    result = _dump({"call_id": current.tool_call_id, "content": content})
-    _insert_event(
-        tx, lease.run_id, seq + 1, EventType.TOOL_RESULT, result, f"checkpoint:{checkpoint_id}:tool_result"
-    )
-    tx.execute(
-        "UPDATE tool_intents SET result_seq = ? WHERE run_id = ? AND call_id = ?",
-        (seq + 1, lease.run_id, current.tool_call_id),
-    )
-    return get_checkpoint(tx, lease.run_id, checkpoint_id)
-
-
 # -- durable steps and sleeps -------------------------------------------------------------------
-
-
-def completed_step_names(tx: Tx, run_id: str) -> list[str]:
-    return [
-        row[0]
-        for row in tx.all("SELECT name FROM steps WHERE run_id = ? AND status = 'completed'", (run_id,))
-    ]
-
-
-def step_result(tx: Tx, run_id: str, name: str) -> str | None:
-    """The stored JSON result of a completed step, or None."""
-    row = tx.one(
-        "SELECT result FROM steps WHERE run_id = ? AND name = ? AND status = 'completed'", (run_id, name)
-    )
-    return None if row is None else str(row[0])
-
-
-def complete_step(tx: Tx, lease: Lease, name: str, result_json: str, elapsed_ms: int) -> str:
-    """Store a step's result, fenced; if a result is already stored, keep and return it."""
-    check_lease(tx, lease)
-    # rowcount, not RETURNING: sqlite3 runs a RETURNING statement at several µs more per step.
-    # (Folding the fence into this INSERT as INSERT ... SELECT was measured too: no cheaper.)
-    inserted = tx.execute(
-        "INSERT INTO steps (run_id, name, status, epoch, result, started_at, completed_at)"
-        " VALUES (?, ?, 'completed', ?, ?, ?, ?) ON CONFLICT (run_id, name) DO NOTHING",
-        (lease.run_id, name, lease.epoch, result_json, tx.now - elapsed_ms, tx.now),
-    ).rowcount
-    if inserted:
-        return result_json  # the common case: no second read of what was just written
-    stored = step_result(tx, lease.run_id, name)
-    assert stored is not None
-    return stored
-
-
-def schedule_timer(tx: Tx, lease: Lease, name: str, delay_ms: int) -> tuple[int, bool]:
-    """Store the wake time on the first call (later calls keep it); (ms left, completed)."""
-    check_lease(tx, lease)
-    tx.execute(
-        "INSERT INTO timers (run_id, name, wake_at, created_at) VALUES (?, ?, ?, ?)"
-        " ON CONFLICT (run_id, name) DO NOTHING",
-        (lease.run_id, name, tx.now + delay_ms, tx.now),
-    )
-    wake_at, completed_at = tx.one(
-        "SELECT wake_at, completed_at FROM timers WHERE run_id = ? AND name = ?", (lease.run_id, name)
-    )
-    return max(0, int(wake_at) - tx.now), completed_at is not None
-
-
-def complete_timer(tx: Tx, lease: Lease, name: str) -> None:
-    check_lease(tx, lease)
-    tx.execute(
-        "UPDATE timers SET completed_at = ? WHERE run_id = ? AND name = ? AND completed_at IS NULL",
-        (tx.now, lease.run_id, name),
-    )
 
 
 # -- signals and named waits --------------------------------------------------------------------
@@ -1298,17 +1094,6 @@ def _count_calls(tx: Tx, run_id: str, debit: Debit) -> tuple[int, ToolCall | Non
         tuple(x for hash_, n in counts.items() for x in (run_id, hash_, n)),
     )
     return loop_of(debit, dict(window))
-
-
-def _reset_loop_window(tx: Tx, run_id: str) -> None:
-    """An accepted checkpoint is progress: the counts of responses without it and of identical
-    tool calls start again (the window's counts cost a delete each, once: they were written)."""
-    tx.execute(
-        "UPDATE budgets SET responses_without_progress = 0, most_identical_tool_calls = 0,"
-        " repeated_call_id = NULL WHERE run_id = ?",
-        (run_id,),
-    )
-    tx.execute("DELETE FROM tool_call_counts WHERE run_id = ?", (run_id,))
 
 
 def _age(tx: Tx, run_id: str) -> int:

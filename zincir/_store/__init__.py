@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import _log
 from ._tx import LIVE, Dialect, Reply, Tx, judge_lease
 from ._types import *  # noqa: F403
 from ._types import __all__ as _types
@@ -15,6 +16,24 @@ class Store:
     """Every storage operation: each takes the backend's transaction first, and its docstring
     is its contract. A backend's store is an instance (of a subclass, where the backend's own
     way of an operation is measurably faster)."""
+
+    # -- the log, steps, sleeps and checkpoints (_log) -------------------------------------------
+
+    complete_step = staticmethod(_log.complete_step)
+    schedule_timer = staticmethod(_log.schedule_timer)
+    complete_timer = staticmethod(_log.complete_timer)
+    propose_checkpoint = staticmethod(_log.propose_checkpoint)
+    candidate = staticmethod(_log.candidate)
+    decide_checkpoint = staticmethod(_log.decide_checkpoint)
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    get_run = staticmethod(_log.get_run)
+    list_runs = staticmethod(_log.list_runs)
+    events_page = staticmethod(_log.events_page)
+    durable_state = staticmethod(_log.durable_state)
+    completed_step_names = staticmethod(_log.completed_step_names)
+    step_result = staticmethod(_log.step_result)
 
     def __getattr__(self, name: str) -> Any:  # transitional: each backend's own, until moved
         raise AttributeError(name)
