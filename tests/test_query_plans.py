@@ -15,6 +15,7 @@ import zincir
 from zincir._sqlite import _store
 from zincir._sqlite._connection import Tx
 from zincir._store import Claims, NewChild
+from zincir._store._ends import cancel_descendants
 
 
 class PlanRecorder:
@@ -115,7 +116,7 @@ async def test_family_operations_read_by_index(db: zincir.Database) -> None:
         join = await plans_of(db, db._store.await_child, root._lease, children[0], None)
         joins = await plans_of(db, db._store.join_children, root._lease, children[:3])
         ended = await plans_of(db, db._store.ended_children, children)
-        cascade = await plans_of(db, _store._cancel_descendants, root.id, "probe")
+        cascade = await plans_of(db, cancel_descendants, root.id, "probe")
     for plans in (spawn, join, joins, ended, cascade):
         assert_indexed([(sql, plan) for sql, plan in plans if sql.lstrip().startswith("SELECT")])
     # The family is walked level by level through the parent index, not by scanning every run.

@@ -28,10 +28,10 @@ import trio
 
 import zincir
 from tests.postgres_server import fresh_database
-from zincir._postgres import _store
 from zincir._postgres._pipe import Pending
 from zincir._postgres._tx import Tx
 from zincir._store import NewChild, WaitOutcome
+from zincir._store._ends import cancel_descendants
 
 BIG_TURNS = 10_000  # about 29,000 events in the big run
 OTHER_RUNS = 5_000
@@ -487,7 +487,7 @@ async def test_suspending_spawning_joining_and_cascading_read_by_index(populated
                 _, join = await plans_of(db, db._store.await_child, parent._lease, kids[0], None, write=True)
                 _, joins = await plans_of(db, db._store.join_children, parent._lease, kids[:3], write=True)
                 _, ended = await plans_of(db, db._store.ended_children, kids)
-                _, cascade = await plans_of(db, _store._cancel_descendants, parent.id, "probe", write=True)
+                _, cascade = await plans_of(db, cancel_descendants, parent.id, "probe", write=True)
                 with trio.move_on_after(0.05):
                     await parent.wait_for_signal("w", "nobody-sends-this")
                 _, suspend = await plans_of(

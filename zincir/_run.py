@@ -964,11 +964,8 @@ class Run:
         self, status: RunStatus, transition: dict[str, str], result_json: str | None = None
     ) -> None:
         payload = self._encode(transition, "the final transition")
-        parent = await self._end_ownership(self._store.finish, status, payload, result_json)
+        await self._end_ownership(self._store.finish, status, payload, result_json)
         self._finished = status
-        if parent is not None:  # it may be joining this run, here (or be due, if suspended)
-            announce_inbox(self._storage.wakes, parent, owner=False)
-            announce_claimable(self._storage.wakes)
 
     async def _end_ownership(self, fn: Any, *args: Any) -> Any:
         """Run a write that gives up the lease, then stop renewing it."""
@@ -1185,8 +1182,6 @@ class Run:
             finally:
                 self._releasing = False
         self._released = True
-        if released and self._release_delay_ms == 0:
-            announce_claimable(self._storage.wakes)
         return released
 
     async def _release_now(self) -> bool:

@@ -25,21 +25,14 @@ from psycopg import errors as pg_errors
 from .._budget import (
     BUDGET_COLUMNS,
     LIMIT_COLUMNS,
-    Debit,
-    Exceeded,
     Usage,
-    exceeded_event,
     judge,
-    judge_debit,
-    loop_of,
     usage_of,
 )
 from .._errors import (
     ApprovalConflict,
     ApprovalHashMismatch,
     ApprovalNotRequested,
-    ConflictingResult,
-    DuplicateToolCall,
     InvalidArgument,
     LeaseLost,
     NoDurableIntent,
@@ -47,13 +40,16 @@ from .._errors import (
     RunNotFound,
     RunTerminal,
     RunWaiting,
-    UnfinishedWork,
 )
 from .._json import decode
 from .._json import dump_trusted as _dump
 from .._owner import Owner, Verdict, gone_holders, this_process
 from .._owner import judge as judge_holder
 from .._rows import RUN_COLUMNS, to_run
+from .._store._ends import cancel_descendants as _cancel_descendants
+from .._store._ends import cancel_unowned as _cancel_unowned
+from .._store._ends import fail_exhausted as _fail_exhausted
+from .._store._ends import request_cancel as _request_cancel
 from .._store._log import get_run
 from .._store._types import (
     SUBMIT_CHECKPOINT,
@@ -62,7 +58,6 @@ from .._store._types import (
     CancelOutcome,
     Claims,
     DecideOutcome,
-    IntentRow,
     JoinOutcome,
     Lease,
     LostAttempt,
@@ -84,7 +79,6 @@ from .._types import EventType, RunRecord, RunStatus, ToolCall
 from ._tx import Sent, Tx
 
 _LIVE = (RunStatus.PENDING.value, RunStatus.RUNNING.value, RunStatus.WAITING.value)
-_LEASE_COLUMNS = "status, lease_owner, lease_epoch, lease_expires_at, zincir_now_ms()"
 
 
 # -- acquiring and keeping leases ---------------------------------------------------------------
@@ -321,162 +315,6 @@ def work_ahead(tx: Tx) -> bool:
     return row is not None
 
 
-def _fail_exhausted(tx: Tx, run_id: str, status: str, reason: str, lost: LostAttempt | None) -> None:
-    """Fail a run whose attempts are spent, logging the last one's loss if it was lost."""
-    # A new epoch: the owner whose lease expired must see a takeover (LeaseLost), not an end
-    # that its own epoch made.
-    tx.execute("UPDATE agent_runs SET lease_epoch = lease_epoch + 1 WHERE id = %s", (run_id,))
-    if lost is not None:
-        _log(tx, run_id, EventType.ATTEMPT_LOST, _dump(lost.payload()))
-    _end_run(tx, run_id, _dump({"from": status, "reason": reason, "to": "failed"}), RunStatus.FAILED)
-
-
-def record_attempt_failure(
-    tx: Tx, lease: Lease, failure: dict[str, Any], retry_delay_ms: int | None, reason: str
-) -> None:
-    """Log an ``attempt_failed`` event; then release the run for a retry after the delay, or,
-    when there is no retry, fail it for ``reason``. One transaction, fenced."""
-    check_lease(tx, lease)
-    retry_at = None if retry_delay_ms is None else tx.now + retry_delay_ms
-    payload = _dump({**failure, "next_attempt_at": retry_at})
-    _log(tx, lease.run_id, EventType.ATTEMPT_FAILED, payload)
-    if retry_delay_ms is None:
-        transition = {"from": "running", "reason": reason, "to": "failed"}
-        _end_run(tx, lease.run_id, _dump(transition), RunStatus.FAILED)
-    else:
-        release(tx, lease, retry_delay_ms)
-
-
-def _end_run(
-    tx: Tx, run_id: str, transition_json: str, status: RunStatus, result_json: str | None = None
-) -> str | None:
-    """Append the final ``state_transition`` and make the run terminal and ownerless; a failed
-    or cancelled run takes its live descendants with it, and a parent waiting for the run is
-    woken. Returns the parent's id."""
-    return _ended(tx, run_id, status, _send_close(tx, run_id, transition_json, status, result_json))
-
-
-def _ended(tx: Tx, run_id: str, status: RunStatus, closing: Sent) -> str | None:
-    """:func:`_end_run` once its end was sent (:func:`_send_close`)."""
-    parent = _closed(tx, closing)
-    if status is not RunStatus.COMPLETED:
-        _cancel_descendants(tx, run_id, f"its ancestor {run_id} ended {status.value}")
-    return parent
-
-
-def _close(
-    tx: Tx, run_id: str, transition_json: str, status: RunStatus, result_json: str | None
-) -> str | None:
-    return _closed(tx, _send_close(tx, run_id, transition_json, status, result_json))
-
-
-_CLOSE = (
-    "WITH now AS MATERIALIZED (SELECT zincir_now_ms() AS ms),"
-    " closed AS (UPDATE agent_runs SET last_seq = last_seq + 1, updated_at = (SELECT ms FROM now),"
-    " status = %s, lease_owner = NULL, lease_expires_at = NULL, wait_kind = NULL,"
-    " wait_target = NULL, result = %s, cancel_requested_at = NULL"
-    " WHERE id = %s RETURNING id, last_seq, parent_run_id),"
-    " logged AS (INSERT INTO events (run_id, seq, type, payload, idempotency_key, created_at)"
-    " SELECT id, last_seq, 'state_transition', %s, NULL, now.ms FROM closed, now),"
-    # A parent that is not waiting for this run is left alone (nothing locked), and one suspending
-    # on it right now sees it ended (suspend locks the child). One that waits is locked NOWAIT
-    # before it is woken: held elsewhere, it fails this end (retried) rather than wait for it.
-    # By the parent's key, a scalar subquery (an InitPlan: the index is searched for one id);
-    # joined with `closed` instead, the planner may walk every waiting run.
-    # The parent's wait set is the one this statement's snapshot sees. A suspension of the
-    # parent cannot commit unseen after that: it locks this run's row (FOR SHARE, in _awaited),
-    # which whoever ends the run locked first, so it committed before that lock was taken (and
-    # is seen here), or waited for this end and found the run ended (and did not suspend).
-    " waiting AS (SELECT id FROM agent_runs"
-    " WHERE id = (SELECT parent_run_id FROM agent_runs WHERE id = %s) AND status = 'waiting'"
-    " AND (next_attempt_at IS NULL OR next_attempt_at > (SELECT ms FROM now))"
-    " AND EXISTS (SELECT 1 FROM run_waits AS w WHERE w.run_id = agent_runs.id AND w.kind = 'child'"
-    " AND w.wake_key = %s) FOR NO KEY UPDATE NOWAIT),"
-    " woke AS (UPDATE agent_runs SET next_attempt_at = (SELECT ms FROM now)"
-    " WHERE id = (SELECT id FROM waiting) RETURNING 1),"
-    # Somebody waits for this end (wait_for_end): their rows go, and a notification tells them.
-    " waited AS (DELETE FROM run_waiters WHERE run_id = %s RETURNING 1)"
-    " SELECT parent_run_id, EXISTS (SELECT 1 FROM woke), id, EXISTS (SELECT 1 FROM waited) FROM closed"
-)
-
-
-def _send_close(
-    tx: Tx, run_id: str, transition_json: str, status: RunStatus, result_json: str | None
-) -> Sent:
-    """Send the run's end: its final transition, the row made terminal and ownerless, and the
-    wake-up of a parent suspended on it, in one statement that reads its own clock (so it may
-    go right behind the lock, before the lock's answer is back). Read it with :func:`_closed`."""
-    return tx.send(_CLOSE, (status.value, result_json, run_id, transition_json, run_id, run_id, run_id))
-
-
-def _closed(tx: Tx, closing: Sent) -> str | None:
-    """The parent's id (told of the end: it may be joining), after :func:`_send_close`."""
-    row = closing.one()
-    if row is None:
-        return None
-    parent, woke, run_id, waited = row
-    if woke:
-        tx.notify_claimable()
-    if waited:
-        tx.notify_run_ended(run_id)
-    if parent is None:
-        return None
-    tx.notify_child_ended(parent)
-    return str(parent)
-
-
-def _cancel_unowned(tx: Tx, run_id: str, status: str, reason: str, lost: LostAttempt | None = None) -> None:
-    """End a run nobody holds as cancelled (logging the loss of the attempt that held it last,
-    if any); the new epoch fences an owner whose lease expired."""
-    tx.execute("UPDATE agent_runs SET lease_epoch = lease_epoch + 1 WHERE id = %s", (run_id,))
-    if lost is not None:
-        _log(tx, run_id, EventType.ATTEMPT_LOST, _dump(lost.payload()))
-    transition = _dump({"from": status, "reason": reason, "to": "cancelled"})
-    _end_run(tx, run_id, transition, RunStatus.CANCELLED)
-
-
-def _cancel_descendants(tx: Tx, root: str, reason: str) -> tuple[list[str], list[str]]:
-    """Cancel the live runs below ``root``, level by level: unowned ones at once, owned ones by
-    a request their owners act on. (cancelled, requested) ids.
-
-    Rows are locked NOWAIT: a descendant its owner is writing right now makes the whole
-    operation busy (the caller tries again), so that this transaction never waits for a run while
-    holding others, which could close a deadlock with an owner's group commit.
-    """
-    cancelled: list[str] = []
-    requested: list[str] = []
-    level = [root]
-    while level:
-        rows = tx.all(
-            "SELECT id, status, lease_owner, lease_expires_at, zincir_now_ms() FROM agent_runs"
-            " WHERE parent_run_id = ANY(%s) AND status IN ('pending', 'running', 'waiting')"
-            " FOR NO KEY UPDATE NOWAIT",
-            (level,),
-        )
-        level = []
-        for run_id, status, owner, expires_at, now in rows:
-            level.append(run_id)
-            if owner is not None and expires_at is not None and expires_at > now:
-                _request_cancel(tx, run_id, reason)
-                requested.append(run_id)
-            else:
-                # Its own descendants are this loop's next level: nothing to cascade twice.
-                tx.execute("UPDATE agent_runs SET lease_epoch = lease_epoch + 1 WHERE id = %s", (run_id,))
-                transition = _dump({"from": status, "reason": reason, "to": "cancelled"})
-                _close(tx, run_id, transition, RunStatus.CANCELLED, None)
-                cancelled.append(run_id)
-    return cancelled, requested
-
-
-def _request_cancel(tx: Tx, run_id: str, reason: str) -> None:
-    tx.execute(
-        "UPDATE agent_runs SET cancel_requested_at = coalesce(cancel_requested_at, zincir_now_ms()),"
-        " cancel_reason = coalesce(cancel_reason, %s) WHERE id = %s",
-        (reason, run_id),
-    )
-    tx.notify_inbox(run_id)
-
-
 def _take(
     tx: Tx,
     run_id: str,
@@ -535,23 +373,6 @@ def renew(tx: Tx, lease: Lease) -> tuple[Lease, str | None]:
     )
     wall_end = _wall_end(tx, lease.run_id)
     return attrs.evolve(lease, expires_at=expires_at, wall_time_ends_at=wall_end), cancel_reason
-
-
-def release(tx: Tx, lease: Lease, delay_ms: int = 0, refund_attempt: bool = False) -> bool:
-    """Give the lease up; the run stays as it is, claimable after ``delay_ms``.
-    ``refund_attempt`` takes back the attempt its claim counted (the owner was stopped)."""
-    # The row is locked NOWAIT first (read with the UPDATE, one round trip): the UPDATE alone would
-    # wait for a row held elsewhere.
-    tx.execute(f"SELECT 1 FROM agent_runs WHERE id = %s{_OUTSIDER_LOCK}", (lease.run_id,))
-    released = tx.one(
-        "UPDATE agent_runs SET lease_owner = NULL, lease_expires_at = NULL,"
-        " next_attempt_at = %s, attempts = attempts - %s"
-        " WHERE id = %s AND lease_owner = %s AND lease_epoch = %s RETURNING 1",
-        (tx.now + delay_ms, int(refund_attempt), lease.run_id, lease.owner, lease.epoch),
-    )
-    if released is not None and delay_ms == 0:
-        tx.notify_claimable()
-    return released is not None
 
 
 def check_lease(tx: Tx, lease: Lease, lock: Sent | None = None) -> None:
@@ -652,153 +473,7 @@ def _insert_event(
     )
 
 
-def record_response(
-    tx: Tx, lease: Lease, llm_payload_json: str, intents: list[IntentRow], debit: Debit
-) -> tuple[int, Exceeded | None]:
-    """Append the ``llm_call`` event and one ``tool_call`` intent per call, and debit the run's
-    budget; the seq of ``llm_call``, and the limit the run has reached, if any."""
-    check_lease(tx, lease)
-    if intents:
-        reused = tx.all(
-            "SELECT call_id FROM tool_intents WHERE run_id = %s AND call_id = ANY(%s) ORDER BY call_id",
-            (lease.run_id, [i.call_id for i in intents]),
-        )
-        if reused:
-            ids = ", ".join(repr(r[0]) for r in reused)
-            raise DuplicateToolCall(f"run {lease.run_id}: tool call id {ids} was already used in this run")
-    seq = _allocate(tx, lease.run_id, 1 + len(intents))
-    _insert_event(tx, lease.run_id, seq, EventType.LLM_CALL, llm_payload_json)
-    for offset, intent in enumerate(intents, start=1):
-        _insert_event(
-            tx,
-            lease.run_id,
-            seq + offset,
-            EventType.TOOL_CALL,
-            intent.payload_json,
-            f"tool_call:{intent.call_id}",
-        )
-        tx.execute(
-            "INSERT INTO tool_intents (run_id, call_id, name, intent_seq, response_seq,"
-            " response_tool_count) VALUES (%s, %s, %s, %s, %s, %s)",
-            (lease.run_id, intent.call_id, intent.name, seq + offset, seq, len(intents)),
-        )
-    return seq, _debit(tx, lease.run_id, debit)
-
-
-def pending_tools(tx: Tx, lease: Lease) -> list[tuple[str, int, int, int | None]]:
-    """(tool_call payload, response_tool_count, starts, last start) of each intent without a
-    result, in order."""
-    _check_lease_read(tx, lease)
-    rows = tx.all(
-        "SELECT e.payload, t.response_tool_count, t.started, t.last_started_at FROM tool_intents AS t"
-        " JOIN events AS e ON e.run_id = t.run_id AND e.seq = t.intent_seq"
-        " WHERE t.run_id = %s AND t.result_seq IS NULL ORDER BY t.intent_seq",
-        (lease.run_id,),
-    )
-    return [(payload, int(count), int(started), last) for payload, count, started, last in rows]
-
-
-def _check_lease_read(tx: Tx, lease: Lease) -> None:
-    """check_lease for the read-only reader: the same verdict from the snapshot, no row lock."""
-    row = tx.one(f"SELECT {_LEASE_COLUMNS} FROM agent_runs WHERE id = %s", (lease.run_id,))
-    if row is None:
-        raise RunNotFound(f"run {lease.run_id} does not exist")
-    status, owner, epoch, expires_at, now = row
-    tx.set_now(now)
-    _judge_lease(lease, status, owner, epoch, expires_at, now)
-
-
-def record_tool_result(tx: Tx, lease: Lease, call_id: str, payload_json: str) -> int:
-    """Append the ``tool_result`` for an intent; an identical repeat is a no-op."""
-    check_lease(tx, lease)
-    row = tx.one(
-        "SELECT name, result_seq FROM tool_intents WHERE run_id = %s AND call_id = %s",
-        (lease.run_id, call_id),
-    )
-    if row is None:
-        raise NoDurableIntent(f"run {lease.run_id}: tool call {call_id!r} has no durable intent")
-    name, result_seq = row
-    if name == SUBMIT_CHECKPOINT:
-        raise InvalidArgument(
-            f"run {lease.run_id}: {call_id!r} is a {SUBMIT_CHECKPOINT} call;"
-            " its result comes from run.checkpoint() and the verifier"
-        )
-    if result_seq is not None:
-        (stored,) = tx.one(
-            "SELECT payload FROM events WHERE run_id = %s AND seq = %s", (lease.run_id, result_seq)
-        )
-        if stored != payload_json:
-            raise ConflictingResult(
-                f"run {lease.run_id}: tool call {call_id!r} already has a different result"
-            )
-        return int(result_seq)
-    seq = _append(tx, lease.run_id, EventType.TOOL_RESULT, payload_json, f"tool_result:{call_id}")
-    tx.execute(
-        "UPDATE tool_intents SET result_seq = %s WHERE run_id = %s AND call_id = %s",
-        (seq, lease.run_id, call_id),
-    )
-    return seq
-
-
-def finish(tx: Tx, lease: Lease, status: RunStatus, payload_json: str, result_json: str | None) -> str | None:
-    """Make the run terminal with its ``state_transition`` (and result) and drop the lease, at
-    once; returns the parent's id."""
-    completing = status == RunStatus.COMPLETED
-    lock = _send_lock(tx, lease.run_id, *((_OPEN_WORK, (lease.run_id,) * 3) if completing else ()))
-    # In the same round trip, with the lock held: if the lease or the open work refuses, the
-    # raise rolls the end back.
-    closing = _send_close(tx, lease.run_id, payload_json, status, result_json)
-    run_status, owner, epoch, expires_at, *open_work = _locked_row(tx, lease.run_id, lock)
-    _judge_lease(lease, run_status, owner, epoch, expires_at, tx.now)
-    if completing:
-        _require_no_open_work(lease.run_id, *open_work)
-    return _ended(tx, lease.run_id, status, closing)
-
-
-# What a run must not leave open when it completes, read with its lock (three questions, one
-# statement, evaluated once the lock is held).
-_OPEN_WORK = (
-    ", EXISTS (SELECT 1 FROM checkpoints WHERE run_id = %s AND status = 'candidate'),"
-    " ARRAY (SELECT call_id FROM tool_intents WHERE run_id = %s AND result_seq IS NULL"
-    " ORDER BY intent_seq LIMIT 5),"
-    " ARRAY (SELECT id FROM agent_runs WHERE parent_run_id = %s"
-    " AND status IN ('pending', 'running', 'waiting') LIMIT 5)"
-)
-
-
-def _require_no_open_work(run_id: str, candidate: bool, open_calls: list[str], live: list[str]) -> None:
-    if candidate:
-        raise UnfinishedWork(f"run {run_id} cannot complete: a checkpoint candidate is undecided")
-    if open_calls:
-        ids = ", ".join(repr(c) for c in open_calls)
-        raise UnfinishedWork(f"run {run_id} cannot complete: tool calls {ids} have no result yet")
-    if live:
-        ids = ", ".join(live)
-        raise UnfinishedWork(
-            f"run {run_id} cannot complete: child runs {ids} have not ended (join or cancel them)"
-        )
-
-
 # -- reading ------------------------------------------------------------------------------------
-
-
-def watch_end(tx: Tx, run_id: str, waiter: str) -> RunRecord:
-    """Note ``waiter`` (its row makes the run's end notify: see _CLOSE); the run as it is now.
-
-    An end that commits after the note is read (it is read after the row is written) sends the
-    notification; one whose statement ran just before the note was committed, but which
-    commits after the run is read here, sends none: the waiter's poll finds that one."""
-    tx.execute(  # sent with the read below: one round trip; a missing or ended run gets no row
-        "INSERT INTO run_waiters (run_id, waiter, created_at) SELECT id, %s, zincir_now_ms()"
-        " FROM agent_runs WHERE id = %s AND status IN ('pending', 'running', 'waiting')"
-        " ON CONFLICT DO NOTHING",
-        (waiter, run_id),
-    )
-    return get_run(tx, run_id)
-
-
-def unwatch_end(tx: Tx, run_id: str, waiter: str) -> None:
-    tx.execute("DELETE FROM run_waiters WHERE run_id = %s AND waiter = %s", (run_id, waiter))
 
 
 # -- checkpoints --------------------------------------------------------------------------------
@@ -1343,55 +1018,6 @@ def cancel_child(tx: Tx, lease: Lease, child_id: str, reason: str) -> CancelOutc
 # -- budgets ------------------------------------------------------------------------------------
 
 
-def _debit(tx: Tx, run_id: str, debit: Debit) -> Exceeded | None:
-    """Add a response's spend to the run's budget (a run without one has no row: nothing to do),
-    and count its tool calls within the loop window; log a limit it reaches (see judge_debit).
-    Returns the limit reached, if any."""
-    row = tx.one(
-        "UPDATE budgets SET input_tokens = LEAST(input_tokens::numeric + %s, 9223372036854775807),"
-        " output_tokens = LEAST(output_tokens::numeric + %s, 9223372036854775807),"
-        " cost = cost + %s, model_calls = model_calls + 1,"
-        " tool_calls = LEAST(tool_calls::numeric + %s, 9223372036854775807),"
-        " responses_without_progress = responses_without_progress + 1, updated_at = %s"
-        f" WHERE run_id = %s RETURNING {BUDGET_COLUMNS}, repeated_call_id",
-        (debit.input_tokens, debit.output_tokens, debit.cost, len(debit.calls), tx.now, run_id),
-    )
-    if row is None:
-        return None
-    *spend, stored_repeat = row
-    identical, repeated = 0, None
-    if spend[7] is not None:  # max_identical_tool_calls
-        identical, repeated = _count_calls(tx, run_id, debit)
-        repeated_id = None if repeated is None else repeated.id
-        if (identical, repeated_id) != (spend[-2], stored_repeat):  # sent, not waited for
-            tx.execute(
-                "UPDATE budgets SET most_identical_tool_calls = %s, repeated_call_id = %s WHERE run_id = %s",
-                (identical, repeated_id, run_id),
-            )
-    reached, log = judge_debit(spend, debit, identical, repeated)
-    if reached is not None and log:
-        _log_exceeded(tx, run_id, reached, _allocate(tx, run_id, 1))
-    return reached
-
-
-def _count_calls(tx: Tx, run_id: str, debit: Debit) -> tuple[int, ToolCall | None]:
-    """Count the response's tool calls in the window (since the latest accepted checkpoint,
-    which empties it: see decide_checkpoint); the response's loop count and its repeated call.
-    A call twice in one response is one row with its count: ON CONFLICT cannot touch a row
-    twice in one statement."""
-    counts = debit.counts()
-    if not counts:
-        return 0, None
-    values = ", ".join(["(%s, %s, %s)"] * len(counts))
-    window = tx.all(
-        f"INSERT INTO tool_call_counts (run_id, args_hash, count) VALUES {values}"
-        " ON CONFLICT (run_id, args_hash) DO UPDATE SET count = tool_call_counts.count + EXCLUDED.count"
-        " RETURNING args_hash, count",
-        tuple(x for hash_, n in counts.items() for x in (run_id, hash_, n)),
-    )
-    return loop_of(debit, {hash_: int(count) for hash_, count in window})
-
-
 def _age(tx: Tx, run_id: str) -> int:
     """How long the run has lived, in ms: until now, or until it ended (its wall time stops)."""
     (age,) = tx.one(
@@ -1400,11 +1026,6 @@ def _age(tx: Tx, run_id: str) -> int:
         (tx.now, run_id),
     )
     return int(age)
-
-
-def _log_exceeded(tx: Tx, run_id: str, reached: Exceeded, seq: int) -> None:
-    event, payload = exceeded_event(reached)
-    _insert_event(tx, run_id, seq, EventType(event), _dump(payload))
 
 
 def budget_usage(tx: Tx, run_id: str) -> Usage | None:
@@ -1461,12 +1082,6 @@ def set_budget(tx: Tx, run_id: str, changes: dict[str, Any]) -> bool:
     return usage is not None and judge(usage) is None and _wake(tx, run_id, "budget", "")
 
 
-def note_exceeded(tx: Tx, lease: Lease, limit: str, message: str) -> None:
-    """Log that the run reached a limit its owner found (its wall time). Fenced."""
-    check_lease(tx, lease)
-    _log_exceeded(tx, lease.run_id, Exceeded(limit, message), _allocate(tx, lease.run_id, 1))
-
-
 # -- dead owners and tool starts ----------------------------------------------------------------
 
 
@@ -1507,26 +1122,6 @@ def _dead_owners_here(tx: Tx) -> list[tuple[int, int]]:
         (me.host, tx.now),
     )
     return [(pid, started) for pid, started, verdict in gone_holders(holders) if verdict.at_once]
-
-
-def start_tool(tx: Tx, lease: Lease, call_id: str) -> int:
-    """Mark a pending intent's tool as starting (``tool_started``); returns the attempt number."""
-    check_lease(tx, lease)
-    row = tx.one(
-        "UPDATE tool_intents SET started = started + 1, last_started_at = %s"
-        " WHERE run_id = %s AND call_id = %s AND result_seq IS NULL RETURNING started",
-        (tx.now, lease.run_id, call_id),
-    )
-    if row is None:
-        known = tx.one(
-            "SELECT 1 FROM tool_intents WHERE run_id = %s AND call_id = %s", (lease.run_id, call_id)
-        )
-        if known is None:
-            raise NoDurableIntent(f"run {lease.run_id}: tool call {call_id!r} has no durable intent")
-        raise InvalidArgument(f"run {lease.run_id}: tool call {call_id!r} already has a result")
-    event = _dump({"attempt": int(row[0]), "call_id": call_id})
-    _log(tx, lease.run_id, EventType.TOOL_STARTED, event)
-    return int(row[0])
 
 
 # -- outsiders: retry now, and the audit trail --------------------------------------------------

@@ -16,34 +16,29 @@ import attrs
 from .._budget import (
     BUDGET_COLUMNS,
     LIMIT_COLUMNS,
-    Debit,
-    Exceeded,
     Usage,
-    exceeded_event,
     judge,
-    judge_debit,
-    loop_of,
     usage_of,
 )
 from .._errors import (
     ApprovalConflict,
     ApprovalHashMismatch,
     ApprovalNotRequested,
-    ConflictingResult,
-    DuplicateToolCall,
     InvalidArgument,
-    LeaseLost,
     NoDurableIntent,
     RunLeased,
     RunNotFound,
     RunTerminal,
     RunWaiting,
-    UnfinishedWork,
 )
 from .._json import decode
 from .._json import dump_trusted as _dump
 from .._owner import Owner, Verdict, gone_holders, this_process
 from .._owner import judge as judge_holder
+from .._store._ends import cancel_descendants as _cancel_descendants
+from .._store._ends import cancel_unowned as _cancel_unowned
+from .._store._ends import fail_exhausted as _fail_exhausted
+from .._store._ends import request_cancel as _request_cancel
 from .._store._log import get_run
 from .._store._types import (
     SUBMIT_CHECKPOINT,
@@ -52,7 +47,6 @@ from .._store._types import (
     CancelOutcome,
     Claims,
     DecideOutcome,
-    IntentRow,
     JoinOutcome,
     Lease,
     LostAttempt,
@@ -71,7 +65,6 @@ from .._store._types import (
     suspension_payload,
 )
 from .._types import EventType, RunRecord, RunStatus, ToolCall
-from .._validation import MAX_INT
 from ._connection import Tx
 
 _LIVE = (RunStatus.PENDING.value, RunStatus.RUNNING.value, RunStatus.WAITING.value)
@@ -237,117 +230,6 @@ def _how_the_last_ended(lost: LostAttempt | None) -> str:
     return "ended without finishing the run" if lost is None else lost.summary()
 
 
-def _fail_exhausted(tx: Tx, run_id: str, status: str, reason: str, lost: LostAttempt | None) -> None:
-    """Fail a run whose attempts are spent, logging the last one's loss if it was lost."""
-    # A new epoch: the owner whose lease expired must see a takeover (LeaseLost), not an end
-    # that its own epoch made.
-    tx.execute("UPDATE agent_runs SET lease_epoch = lease_epoch + 1 WHERE id = ?", (run_id,))
-    if lost is not None:
-        _insert_event(tx, run_id, _allocate(tx, run_id, 1), EventType.ATTEMPT_LOST, _dump(lost.payload()))
-    _end_run(tx, run_id, _dump({"from": status, "reason": reason, "to": "failed"}), RunStatus.FAILED)
-
-
-def record_attempt_failure(
-    tx: Tx, lease: Lease, failure: dict[str, Any], retry_delay_ms: int | None, reason: str
-) -> None:
-    """Log an ``attempt_failed`` event; then release the run for a retry after the delay, or,
-    when there is no retry, fail it for ``reason``. One transaction, fenced."""
-    check_lease(tx, lease)
-    retry_at = None if retry_delay_ms is None else tx.now + retry_delay_ms
-    seq = _allocate(tx, lease.run_id, 1)
-    _insert_event(
-        tx, lease.run_id, seq, EventType.ATTEMPT_FAILED, _dump({**failure, "next_attempt_at": retry_at})
-    )
-    if retry_delay_ms is None:
-        transition = {"from": "running", "reason": reason, "to": "failed"}
-        _end_run(tx, lease.run_id, _dump(transition), RunStatus.FAILED)
-    else:
-        release(tx, lease, retry_delay_ms)
-
-
-def _end_run(
-    tx: Tx, run_id: str, transition_json: str, status: RunStatus, result_json: str | None = None
-) -> str | None:
-    """Append the final ``state_transition`` and make the run terminal and ownerless; a failed
-    or cancelled run takes its live descendants with it, and a parent waiting for the run is
-    woken. Returns the parent's id."""
-    parent = _close(tx, run_id, transition_json, status, result_json)
-    if status is not RunStatus.COMPLETED:
-        _cancel_descendants(tx, run_id, f"its ancestor {run_id} ended {status.value}")
-    return parent
-
-
-def _close(
-    tx: Tx, run_id: str, transition_json: str, status: RunStatus, result_json: str | None
-) -> str | None:
-    seq = _allocate(tx, run_id, 1)
-    _insert_event(tx, run_id, seq, EventType.STATE_TRANSITION, transition_json)
-    (parent,) = tx.one(
-        "UPDATE agent_runs SET status = ?, lease_owner = NULL, lease_expires_at = NULL,"
-        " wait_kind = NULL, wait_target = NULL, result = ?, cancel_requested_at = NULL"
-        " WHERE id = ? RETURNING parent_run_id",
-        (status.value, result_json, run_id),
-    )
-    if parent is None:
-        return None
-    _notify_inbox(tx, parent)
-    _wake(tx, parent, "child", run_id)
-    return str(parent)
-
-
-def _cancel_unowned(tx: Tx, run_id: str, status: str, reason: str, lost: LostAttempt | None = None) -> None:
-    """End a run nobody holds as cancelled (logging the loss of the attempt that held it last,
-    if any); the new epoch fences an owner whose lease expired."""
-    tx.execute("UPDATE agent_runs SET lease_epoch = lease_epoch + 1 WHERE id = ?", (run_id,))
-    if lost is not None:
-        _insert_event(tx, run_id, _allocate(tx, run_id, 1), EventType.ATTEMPT_LOST, _dump(lost.payload()))
-    transition = _dump({"from": status, "reason": reason, "to": "cancelled"})
-    _end_run(tx, run_id, transition, RunStatus.CANCELLED)
-
-
-def _cancel_descendants(tx: Tx, root: str, reason: str) -> tuple[list[str], list[str]]:
-    """Cancel the live runs below ``root``, level by level: unowned ones at once, owned ones by
-    a request their owners act on. (cancelled, requested) ids."""
-    cancelled: list[str] = []
-    requested: list[str] = []
-    level = [root]
-    while level:
-        below: list[str] = []
-        for chunk in _chunks(level):
-            marks = ",".join("?" * len(chunk))
-            below_rows = tx.all(
-                "SELECT id, status, lease_owner, lease_expires_at FROM agent_runs"
-                f" WHERE parent_run_id IN ({marks}) AND status IN ('pending', 'running', 'waiting')",
-                tuple(chunk),
-            )
-            for run_id, status, owner, expires_at in below_rows:
-                below.append(run_id)
-                if owner is not None and expires_at > tx.now:
-                    _request_cancel(tx, run_id, reason)
-                    requested.append(run_id)
-                else:
-                    # Its own descendants are this loop's next level: nothing to cascade twice.
-                    tx.execute("UPDATE agent_runs SET lease_epoch = lease_epoch + 1 WHERE id = ?", (run_id,))
-                    transition = _dump({"from": status, "reason": reason, "to": "cancelled"})
-                    _close(tx, run_id, transition, RunStatus.CANCELLED, None)
-                    cancelled.append(run_id)
-        level = below
-    return cancelled, requested
-
-
-def _chunks(ids: list[str], size: int = 500) -> list[list[str]]:
-    return [ids[i : i + size] for i in range(0, len(ids), size)]
-
-
-def _request_cancel(tx: Tx, run_id: str, reason: str) -> None:
-    tx.execute(
-        "UPDATE agent_runs SET cancel_requested_at = coalesce(cancel_requested_at, ?),"
-        " cancel_reason = coalesce(cancel_reason, ?) WHERE id = ?",
-        (tx.now, reason, run_id),
-    )
-    _notify_inbox(tx, run_id)
-
-
 def _take(
     tx: Tx, run_id: str, status: str, owner: str, epoch: int, ttl_ms: int, lost: LostAttempt | None = None
 ) -> Lease:
@@ -384,50 +266,10 @@ def renew(tx: Tx, lease: Lease) -> tuple[Lease, str | None]:
         (expires_at, lease.run_id, lease.owner, lease.epoch, tx.now),
     )
     if updated is None:
-        check_lease(tx, lease)  # raises with the reason
+        tx.fence(lease)  # raises with the reason
     return attrs.evolve(lease, expires_at=expires_at, wall_time_ends_at=_wall_end(tx, lease.run_id)), updated[
         0
     ]
-
-
-def release(tx: Tx, lease: Lease, delay_ms: int = 0, refund_attempt: bool = False) -> bool:
-    """Give the lease up; the run stays as it is, claimable after ``delay_ms``.
-    ``refund_attempt`` takes back the attempt its claim counted (the owner was stopped)."""
-    return bool(
-        tx.execute(
-            "UPDATE agent_runs SET lease_owner = NULL, lease_expires_at = NULL, next_attempt_at = ?,"
-            " attempts = attempts - ? WHERE id = ? AND lease_owner = ? AND lease_epoch = ?",
-            (
-                tx.now + delay_ms,
-                int(refund_attempt),
-                lease.run_id,
-                lease.owner,
-                lease.epoch,
-            ),
-        ).rowcount
-    )
-
-
-def check_lease(tx: Tx, lease: Lease) -> None:
-    """Raise unless the lease holds on a running run, now: :class:`LeaseLost` when another
-    owner took over, the lease expired or was released; :class:`RunTerminal` when this
-    owner's epoch ended the run (only the lease holder ends a run without a new epoch)."""
-    row = tx.one(
-        "SELECT status, lease_owner, lease_epoch, lease_expires_at FROM agent_runs WHERE id = ?",
-        (lease.run_id,),
-    )
-    if row is None:
-        raise RunNotFound(f"run {lease.run_id} does not exist")
-    status, owner, epoch, expires_at = row
-    where = f"run {lease.run_id}: the lease of epoch {lease.epoch}"
-    if epoch != lease.epoch:
-        raise LeaseLost(f"{where} was fenced by a newer owner (epoch {epoch})")
-    if status not in _LIVE:
-        raise RunTerminal(f"run {lease.run_id} is already {status}")
-    if owner != lease.owner:
-        raise LeaseLost(f"{where} was released")
-    if expires_at <= tx.now:
-        raise LeaseLost(f"{where} expired {tx.now - expires_at} ms ago")
 
 
 # -- the event log ------------------------------------------------------------------------------
@@ -452,129 +294,7 @@ def _insert_event(
     )
 
 
-def record_response(
-    tx: Tx, lease: Lease, llm_payload_json: str, intents: list[IntentRow], debit: Debit
-) -> tuple[int, Exceeded | None]:
-    """Append the ``llm_call`` event and one ``tool_call`` intent per call, and debit the run's
-    budget; the seq of ``llm_call``, and the limit the run has reached, if any."""
-    check_lease(tx, lease)
-    if intents:
-        marks = ",".join("?" * len(intents))
-        reused = tx.all(
-            f"SELECT call_id FROM tool_intents WHERE run_id = ? AND call_id IN ({marks})",
-            (lease.run_id, *(i.call_id for i in intents)),
-        )
-        if reused:
-            ids = ", ".join(repr(r[0]) for r in reused)
-            raise DuplicateToolCall(f"run {lease.run_id}: tool call id {ids} was already used in this run")
-    seq = _allocate(tx, lease.run_id, 1 + len(intents))
-    _insert_event(tx, lease.run_id, seq, EventType.LLM_CALL, llm_payload_json)
-    for offset, intent in enumerate(intents, start=1):
-        _insert_event(
-            tx,
-            lease.run_id,
-            seq + offset,
-            EventType.TOOL_CALL,
-            intent.payload_json,
-            f"tool_call:{intent.call_id}",
-        )
-        tx.execute(
-            "INSERT INTO tool_intents (run_id, call_id, name, intent_seq, response_seq,"
-            " response_tool_count) VALUES (?, ?, ?, ?, ?, ?)",
-            (lease.run_id, intent.call_id, intent.name, seq + offset, seq, len(intents)),
-        )
-    return seq, _debit(tx, lease.run_id, debit)
-
-
-def pending_tools(tx: Tx, lease: Lease) -> list[tuple[str, int, int, int | None]]:
-    """(tool_call payload, response_tool_count, starts, last start) of each intent without a
-    result, in order."""
-    check_lease(tx, lease)
-    rows = tx.all(
-        "SELECT e.payload, t.response_tool_count, t.started, t.last_started_at FROM tool_intents AS t"
-        " JOIN events AS e ON e.run_id = t.run_id AND e.seq = t.intent_seq"
-        " WHERE t.run_id = ? AND t.result_seq IS NULL ORDER BY t.intent_seq",
-        (lease.run_id,),
-    )
-    return [(payload, count, started, last) for payload, count, started, last in rows]
-
-
-def record_tool_result(tx: Tx, lease: Lease, call_id: str, payload_json: str) -> int:
-    """Append the ``tool_result`` for an intent; an identical repeat is a no-op."""
-    check_lease(tx, lease)
-    row = tx.one(
-        "SELECT name, result_seq FROM tool_intents WHERE run_id = ? AND call_id = ?",
-        (lease.run_id, call_id),
-    )
-    if row is None:
-        raise NoDurableIntent(f"run {lease.run_id}: tool call {call_id!r} has no durable intent")
-    name, result_seq = row
-    if name == SUBMIT_CHECKPOINT:
-        raise InvalidArgument(
-            f"run {lease.run_id}: {call_id!r} is a {SUBMIT_CHECKPOINT} call;"
-            " its result comes from run.checkpoint() and the verifier"
-        )
-    if result_seq is not None:
-        (stored,) = tx.one(
-            "SELECT payload FROM events WHERE run_id = ? AND seq = ?", (lease.run_id, result_seq)
-        )
-        if stored != payload_json:
-            raise ConflictingResult(
-                f"run {lease.run_id}: tool call {call_id!r} already has a different result"
-            )
-        return int(result_seq)
-    seq = _allocate(tx, lease.run_id, 1)
-    _insert_event(tx, lease.run_id, seq, EventType.TOOL_RESULT, payload_json, f"tool_result:{call_id}")
-    tx.execute(
-        "UPDATE tool_intents SET result_seq = ? WHERE run_id = ? AND call_id = ?",
-        (seq, lease.run_id, call_id),
-    )
-    return seq
-
-
-def finish(tx: Tx, lease: Lease, status: RunStatus, payload_json: str, result_json: str | None) -> str | None:
-    """Make the run terminal with its ``state_transition`` (and result) and drop the lease, at
-    once; returns the parent's id."""
-    check_lease(tx, lease)
-    if status == RunStatus.COMPLETED:
-        _require_no_open_work(tx, lease.run_id)
-    return _end_run(tx, lease.run_id, payload_json, status, result_json)
-
-
-def _require_no_open_work(tx: Tx, run_id: str) -> None:
-    if tx.one("SELECT 1 FROM checkpoints WHERE run_id = ? AND status = 'candidate'", (run_id,)):
-        raise UnfinishedWork(f"run {run_id} cannot complete: a checkpoint candidate is undecided")
-    open_calls = tx.all(
-        "SELECT call_id FROM tool_intents WHERE run_id = ? AND result_seq IS NULL"
-        " ORDER BY intent_seq LIMIT 5",
-        (run_id,),
-    )
-    if open_calls:
-        ids = ", ".join(repr(r[0]) for r in open_calls)
-        raise UnfinishedWork(f"run {run_id} cannot complete: tool calls {ids} have no result yet")
-    live = tx.all(
-        "SELECT id FROM agent_runs WHERE parent_run_id = ? AND status IN ('pending', 'running', 'waiting')"
-        " LIMIT 5",
-        (run_id,),
-    )
-    if live:
-        ids = ", ".join(r[0] for r in live)
-        raise UnfinishedWork(
-            f"run {run_id} cannot complete: child runs {ids} have not ended (join or cancel them)"
-        )
-
-
 # -- reading ------------------------------------------------------------------------------------
-
-
-def watch_end(tx: Tx, run_id: str, waiter: str) -> RunRecord:
-    """The run as it is now. Nothing to note: the watcher of each waiting process looks at the
-    runs it waits for whenever the file changes (see _watcher)."""
-    return get_run(tx, run_id)
-
-
-def unwatch_end(tx: Tx, run_id: str, waiter: str) -> None:
-    pass
 
 
 # -- checkpoints --------------------------------------------------------------------------------
@@ -623,7 +343,7 @@ def suspend(tx: Tx, lease: Lease, waits: Sequence[OpenWait]) -> bool:
     each wait, give the lease and the claim's attempt back, and leave the run due at the
     earliest deadline (None: only when an outsider's write for one of them makes it due). Not
     while a cancellation is requested: the owner acts on that instead. Fenced."""
-    check_lease(tx, lease)
+    tx.fence(lease)
     if cancel_requested(tx, lease.run_id) is not None:
         return False
     awaited = [_awaited(tx, lease.run_id, kind, name) for kind, name in dict.fromkeys(waits)]
@@ -687,7 +407,7 @@ def _awaited(tx: Tx, run_id: str, kind: WaitKind, name: str) -> Awaited | None:
 def await_signal(tx: Tx, lease: Lease, name: str, topic: str, timeout_ms: int | None) -> WaitOutcome:
     """Record wait ``name`` on its first call; bind the oldest unconsumed signal of ``topic``
     to it, or time it out past its stored deadline. Fenced; what is decided is logged."""
-    check_lease(tx, lease)
+    tx.fence(lease)
     tx.execute(
         "INSERT INTO waits (run_id, name, kind, topic, deadline, created_at)"
         " VALUES (?, ?, 'signal', ?, ?, ?) ON CONFLICT (run_id, name) DO NOTHING",
@@ -753,7 +473,7 @@ _APPROVAL_COLUMNS = "call_id, approved, decided_by, reason, args_hash, requested
 def await_approval(tx: Tx, lease: Lease, call_id: str, timeout_ms: int | None) -> ApprovalOutcome:
     """Request approval of a pending intent on the first call; log its decision once there,
     or time the request out past its stored deadline. Fenced."""
-    check_lease(tx, lease)
+    tx.fence(lease)
     row = _approval_row(tx, lease.run_id, call_id, lock=True)
     if row is None:
         _request_approval(tx, lease.run_id, call_id, timeout_ms)
@@ -916,7 +636,7 @@ def _wall_end(tx: Tx, run_id: str) -> int | None:
 
 def spawn_children(tx: Tx, lease: Lease, children: Sequence[NewChild]) -> list[str]:
     """Create each child once, pending and unleased; a repeat returns its id."""
-    check_lease(tx, lease)
+    tx.fence(lease)
     return [_spawn(tx, lease.run_id, child) for child in children]
 
 
@@ -952,13 +672,13 @@ def _spawn(tx: Tx, parent_id: str, child: NewChild) -> str:
 def await_child(tx: Tx, lease: Lease, child_id: str, timeout_ms: int | None) -> JoinOutcome:
     """Record the join on its first call; log ``child_joined`` once the child has ended, or
     time the join out past its stored deadline. Fenced."""
-    check_lease(tx, lease)
+    tx.fence(lease)
     return _look_at_join(tx, lease.run_id, child_id, timeout_ms)
 
 
 def join_children(tx: Tx, lease: Lease, child_ids: Sequence[str]) -> list[RunRecord | None]:
     """await_child with no deadline for each: the ended children's records, None for the rest."""
-    check_lease(tx, lease)
+    tx.fence(lease)
     return [_look_at_join(tx, lease.run_id, child_id, None).child for child_id in child_ids]
 
 
@@ -1040,7 +760,7 @@ def cancel_run(tx: Tx, run_id: str, reason: str) -> CancelOutcome:
 
 def cancel_child(tx: Tx, lease: Lease, child_id: str, reason: str) -> CancelOutcome:
     """The parent's cancellation of one of its children. Fenced; InvalidArgument (not a child)."""
-    check_lease(tx, lease)
+    tx.fence(lease)
     parent = tx.one("SELECT parent_run_id FROM agent_runs WHERE id = ?", (child_id,))
     if parent is None or parent[0] != lease.run_id:
         raise InvalidArgument(f"run {lease.run_id}: {child_id} is not a child of this run")
@@ -1048,52 +768,6 @@ def cancel_child(tx: Tx, lease: Lease, child_id: str, reason: str) -> CancelOutc
 
 
 # -- budgets ------------------------------------------------------------------------------------
-
-
-def _debit(tx: Tx, run_id: str, debit: Debit) -> Exceeded | None:
-    """Add a response's spend to the run's budget (a run without one has no row: nothing to do),
-    and count its tool calls within the loop window; log a limit it reaches (see judge_debit).
-    Returns the limit reached, if any."""
-    row = tx.one(
-        "UPDATE budgets SET input_tokens = min(input_tokens + ?1, ?7),"
-        " output_tokens = min(output_tokens + ?2, ?7),"
-        " cost = cost + ?3, model_calls = model_calls + 1, tool_calls = min(tool_calls + ?4, ?7),"
-        " responses_without_progress = responses_without_progress + 1, updated_at = ?5"
-        f" WHERE run_id = ?6 RETURNING {BUDGET_COLUMNS}, repeated_call_id",
-        (debit.input_tokens, debit.output_tokens, debit.cost, len(debit.calls), tx.now, run_id, MAX_INT),
-    )
-    if row is None:
-        return None
-    *spend, stored_repeat = row
-    identical, repeated = 0, None
-    if spend[7] is not None:  # max_identical_tool_calls
-        identical, repeated = _count_calls(tx, run_id, debit)
-        repeated_id = None if repeated is None else repeated.id
-        if (identical, repeated_id) != (spend[-2], stored_repeat):
-            tx.execute(
-                "UPDATE budgets SET most_identical_tool_calls = ?, repeated_call_id = ? WHERE run_id = ?",
-                (identical, repeated_id, run_id),
-            )
-    reached, log = judge_debit(spend, debit, identical, repeated)
-    if reached is not None and log:
-        _log_exceeded(tx, run_id, reached, _allocate(tx, run_id, 1))
-    return reached
-
-
-def _count_calls(tx: Tx, run_id: str, debit: Debit) -> tuple[int, ToolCall | None]:
-    """Count the response's tool calls in the window (since the latest accepted checkpoint,
-    which empties it: see decide_checkpoint); the response's loop count and its repeated call."""
-    counts = debit.counts()
-    if not counts:
-        return 0, None
-    values = ", ".join(["(?, ?, ?)"] * len(counts))
-    window = tx.all(
-        f"INSERT INTO tool_call_counts (run_id, args_hash, count) VALUES {values}"
-        " ON CONFLICT (run_id, args_hash) DO UPDATE SET count = tool_call_counts.count + excluded.count"
-        " RETURNING args_hash, count",
-        tuple(x for hash_, n in counts.items() for x in (run_id, hash_, n)),
-    )
-    return loop_of(debit, dict(window))
 
 
 def _age(tx: Tx, run_id: str) -> int:
@@ -1104,11 +778,6 @@ def _age(tx: Tx, run_id: str) -> int:
         (tx.now, run_id),
     )
     return int(age)
-
-
-def _log_exceeded(tx: Tx, run_id: str, reached: Exceeded, seq: int) -> None:
-    event, payload = exceeded_event(reached)
-    _insert_event(tx, run_id, seq, EventType(event), _dump(payload))
 
 
 def budget_usage(tx: Tx, run_id: str) -> Usage | None:
@@ -1165,12 +834,6 @@ def set_budget(tx: Tx, run_id: str, changes: dict[str, Any]) -> bool:
     return usage is not None and judge(usage) is None and _wake(tx, run_id, "budget", "")
 
 
-def note_exceeded(tx: Tx, lease: Lease, limit: str, message: str) -> None:
-    """Log that the run reached a limit its owner found (its wall time). Fenced."""
-    check_lease(tx, lease)
-    _log_exceeded(tx, lease.run_id, Exceeded(limit, message), _allocate(tx, lease.run_id, 1))
-
-
 # -- dead owners and tool starts ----------------------------------------------------------------
 
 
@@ -1209,25 +872,6 @@ def _dead_owners_here(tx: Tx) -> list[tuple[int, int]]:
         (me.host, tx.now),
     )
     return [(pid, started) for pid, started, verdict in gone_holders(holders) if verdict.at_once]
-
-
-def start_tool(tx: Tx, lease: Lease, call_id: str) -> int:
-    """Mark a pending intent's tool as starting (``tool_started``); returns the attempt number."""
-    check_lease(tx, lease)
-    row = tx.one(
-        "UPDATE tool_intents SET started = started + 1, last_started_at = ?"
-        " WHERE run_id = ? AND call_id = ? AND result_seq IS NULL RETURNING started",
-        (tx.now, lease.run_id, call_id),
-    )
-    if row is None:
-        known = tx.one("SELECT 1 FROM tool_intents WHERE run_id = ? AND call_id = ?", (lease.run_id, call_id))
-        if known is None:
-            raise NoDurableIntent(f"run {lease.run_id}: tool call {call_id!r} has no durable intent")
-        raise InvalidArgument(f"run {lease.run_id}: tool call {call_id!r} already has a result")
-    seq = _allocate(tx, lease.run_id, 1)
-    event = _dump({"attempt": int(row[0]), "call_id": call_id})
-    _insert_event(tx, lease.run_id, seq, EventType.TOOL_STARTED, event)
-    return int(row[0])
 
 
 # -- outsiders: retry now, and the audit trail --------------------------------------------------

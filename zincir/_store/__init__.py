@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _log
+from . import _budgets, _ends, _log
 from ._tx import LIVE, Dialect, Reply, Tx, judge_lease
 from ._types import *  # noqa: F403
 from ._types import __all__ as _types
@@ -25,6 +25,22 @@ class Store:
     propose_checkpoint = staticmethod(_log.propose_checkpoint)
     candidate = staticmethod(_log.candidate)
     decide_checkpoint = staticmethod(_log.decide_checkpoint)
+    record_response = staticmethod(_log.record_response)
+    pending_tools = staticmethod(_log.pending_tools)
+    start_tool = staticmethod(_log.start_tool)
+    record_tool_result = staticmethod(_log.record_tool_result)
+
+    # -- how runs end (_ends) ----------------------------------------------------------------------
+
+    finish = staticmethod(_ends.finish)
+    record_attempt_failure = staticmethod(_ends.record_attempt_failure)
+    release = staticmethod(_ends.release)
+    watch_end = staticmethod(_ends.watch_end)
+    unwatch_end = staticmethod(_ends.unwatch_end)
+
+    # -- budgets (_budgets) ------------------------------------------------------------------------
+
+    note_exceeded = staticmethod(_budgets.note_exceeded)
 
     # -- reading ---------------------------------------------------------------------------------
 

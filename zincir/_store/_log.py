@@ -8,14 +8,22 @@ not hold.
 
 from __future__ import annotations
 
-from .._errors import CheckpointNotPending, RunNotFound
+from .._budget import Debit, Exceeded
+from .._errors import (
+    CheckpointNotPending,
+    ConflictingResult,
+    DuplicateToolCall,
+    InvalidArgument,
+    NoDurableIntent,
+    RunNotFound,
+)
 from .._json import decode
 from .._json import dump_trusted as _dump
 from .._rows import CHECKPOINT_COLUMNS, EVENT_COLUMNS, RUN_COLUMNS, to_checkpoint, to_event, to_run
 from .._types import Checkpoint, Event, EventType, RunRecord, RunStatus
 from . import _budgets
 from ._tx import Tx
-from ._types import SUBMIT_CHECKPOINT, Lease
+from ._types import SUBMIT_CHECKPOINT, IntentRow, Lease
 
 # -- appending events -------------------------------------------------------------------------
 
@@ -280,3 +288,98 @@ def decide_checkpoint(
         (seq + 1, lease.run_id, current.tool_call_id),
     )
     return get_checkpoint(tx, lease.run_id, checkpoint_id)
+
+
+# -- model responses and tools ----------------------------------------------------------------
+
+
+def record_response(
+    tx: Tx, lease: Lease, llm_payload_json: str, intents: list[IntentRow], debit: Debit
+) -> tuple[int, Exceeded | None]:
+    """Append ``llm_call`` and one ``tool_call`` intent per call, and debit the run's budget
+    (logging a limit the first time it is reached); the seq of ``llm_call``, and the limit the
+    run has reached, if any. Fenced; DuplicateToolCall."""
+    tx.fence(lease)
+    if intents:
+        among, params = tx.dialect.any_of("call_id", [i.call_id for i in intents])
+        reused = tx.all(
+            f"SELECT call_id FROM tool_intents WHERE run_id = ? AND {among} ORDER BY call_id",
+            (lease.run_id, *params),
+        )
+        if reused:
+            ids = ", ".join(repr(r[0]) for r in reused)
+            raise DuplicateToolCall(f"run {lease.run_id}: tool call id {ids} was already used in this run")
+    seq = allocate(tx, lease.run_id, 1 + len(intents))
+    insert_event(tx, lease.run_id, seq, EventType.LLM_CALL, llm_payload_json)
+    for offset, intent in enumerate(intents, start=1):
+        key = f"tool_call:{intent.call_id}"
+        insert_event(tx, lease.run_id, seq + offset, EventType.TOOL_CALL, intent.payload_json, key)
+        tx.execute(
+            "INSERT INTO tool_intents (run_id, call_id, name, intent_seq, response_seq,"
+            " response_tool_count) VALUES (?, ?, ?, ?, ?, ?)",
+            (lease.run_id, intent.call_id, intent.name, seq + offset, seq, len(intents)),
+        )
+    return seq, _budgets.debit_budget(tx, lease.run_id, debit)
+
+
+def pending_tools(tx: Tx, lease: Lease) -> list[tuple[str, int, int, int | None]]:
+    """(tool_call payload, response_tool_count, starts, last start) of each intent without a
+    result, in order. Fenced (a read: the reader judges the lease from its snapshot)."""
+    tx.fence(lease)
+    rows = tx.all(
+        "SELECT e.payload, t.response_tool_count, t.started, t.last_started_at FROM tool_intents AS t"
+        " JOIN events AS e ON e.run_id = t.run_id AND e.seq = t.intent_seq"
+        " WHERE t.run_id = ? AND t.result_seq IS NULL ORDER BY t.intent_seq",
+        (lease.run_id,),
+    )
+    return [(payload, int(count), int(started), last) for payload, count, started, last in rows]
+
+
+def start_tool(tx: Tx, lease: Lease, call_id: str) -> int:
+    """Count a start of a pending intent's tool and log ``tool_started``; the attempt number.
+    Fenced; NoDurableIntent, InvalidArgument (it has a result)."""
+    tx.fence(lease)
+    row = tx.one(
+        "UPDATE tool_intents SET started = started + 1, last_started_at = :now"
+        " WHERE run_id = ? AND call_id = ? AND result_seq IS NULL RETURNING started",
+        (lease.run_id, call_id),
+    )
+    if row is None:
+        known = tx.one("SELECT 1 FROM tool_intents WHERE run_id = ? AND call_id = ?", (lease.run_id, call_id))
+        if known is None:
+            raise NoDurableIntent(f"run {lease.run_id}: tool call {call_id!r} has no durable intent")
+        raise InvalidArgument(f"run {lease.run_id}: tool call {call_id!r} already has a result")
+    tx.log(lease.run_id, EventType.TOOL_STARTED, _dump({"attempt": int(row[0]), "call_id": call_id}))
+    return int(row[0])
+
+
+def record_tool_result(tx: Tx, lease: Lease, call_id: str, payload_json: str) -> int:
+    """Append ``tool_result`` for an intent; an identical repeat is a no-op. Fenced;
+    NoDurableIntent, ConflictingResult, InvalidArgument (a checkpoint call)."""
+    tx.fence(lease)
+    row = tx.one(
+        "SELECT name, result_seq FROM tool_intents WHERE run_id = ? AND call_id = ?", (lease.run_id, call_id)
+    )
+    if row is None:
+        raise NoDurableIntent(f"run {lease.run_id}: tool call {call_id!r} has no durable intent")
+    name, result_seq = row
+    if name == SUBMIT_CHECKPOINT:
+        raise InvalidArgument(
+            f"run {lease.run_id}: {call_id!r} is a {SUBMIT_CHECKPOINT} call;"
+            " its result comes from run.checkpoint() and the verifier"
+        )
+    if result_seq is not None:
+        (stored,) = tx.one(
+            "SELECT payload FROM events WHERE run_id = ? AND seq = ?", (lease.run_id, result_seq)
+        )
+        if stored != payload_json:
+            raise ConflictingResult(
+                f"run {lease.run_id}: tool call {call_id!r} already has a different result"
+            )
+        return int(result_seq)
+    seq = append(tx, lease.run_id, EventType.TOOL_RESULT, payload_json, f"tool_result:{call_id}")
+    tx.execute(
+        "UPDATE tool_intents SET result_seq = ? WHERE run_id = ? AND call_id = ?",
+        (seq, lease.run_id, call_id),
+    )
+    return seq
