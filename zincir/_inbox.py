@@ -22,11 +22,9 @@ from ._budget import LIMIT_COLUMNS, Budget
 from ._database import Database, storage
 from ._errors import InvalidArgument, RunTerminal, TransientConflict
 from ._json import JSONValue, dump_trusted, encode
-from ._run import announce_cancellation
 from ._store import CancelOutcome, DecideOutcome, SendOutcome
 from ._types import Approval
 from ._validation import canonical_run_id, check_call_id, check_name, check_text
-from ._wakes import announce_claimable, announce_inbox
 
 __all__ = ["cancel_run", "decide_approval", "raise_budget", "retry_now", "send_signal"]
 
@@ -73,10 +71,6 @@ async def send_signal(
 
     write = _audited(db, storage(db).store.send_signal, audit, by)
     sent: SendOutcome = await _as_outsider(db, run_id, write, topic, payload_json, key)
-    if sent.stored:
-        announce_inbox(storage(db).wakes, run_id)
-    if sent.woke:
-        announce_claimable(storage(db).wakes)
     return sent.signal_id
 
 
@@ -118,9 +112,6 @@ async def decide_approval(
 
     write = _audited(db, storage(db).store.decide_approval, audit, by)
     decided: DecideOutcome = await _as_outsider(db, run_id, write, call_id, approved, by, reason, args_hash)
-    announce_inbox(storage(db).wakes, run_id)
-    if decided.woke:
-        announce_claimable(storage(db).wakes)
     return decided.approval
 
 
@@ -147,7 +138,6 @@ async def cancel_run(db: Database, run_id: str, reason: str, *, by: str | None =
     outcome: CancelOutcome = await _as_outsider(db, run_id, write, reason)
     if outcome.already_terminal not in (None, "cancelled"):
         raise RunTerminal(f"run {run_id} is already {outcome.already_terminal}; it cannot be cancelled")
-    announce_cancellation(storage(db), outcome)
 
 
 async def raise_budget(db: Database, run_id: str, *, by: str | None = None, **limits: Any) -> None:
@@ -167,10 +157,7 @@ async def raise_budget(db: Database, run_id: str, *, by: str | None = None, **li
     by = _check_by(by, run_id)
     detail = {"limits": dict(limits)}  # as given, and valid: Budget() checked them
     write = _audited(db, storage(db).store.set_budget, lambda _: ("raise_budget", detail), by)
-    woke: bool = await _as_outsider(db, run_id, write, changes)
-    announce_inbox(storage(db).wakes, run_id)
-    if woke:
-        announce_claimable(storage(db).wakes)
+    await _as_outsider(db, run_id, write, changes)
 
 
 _LIMIT_NAMES: Final = tuple(f.name for f in attrs.fields(Budget))
@@ -194,10 +181,7 @@ async def retry_now(db: Database, run_id: str, *, by: str | None = None) -> bool
 
     write = _audited(db, storage(db).store.retry_now, audit, by)
     was_due_at: int | None = await _as_outsider(db, run_id, write)
-    if was_due_at is None:
-        return False
-    announce_claimable(storage(db).wakes)
-    return True
+    return was_due_at is not None
 
 
 _Entry = tuple[str, dict[str, Any]]

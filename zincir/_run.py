@@ -37,7 +37,6 @@ from ._errors import (
 from ._json import JSONValue, decode, encode
 from ._store import (
     ApprovalOutcome,
-    CancelOutcome,
     IntentRow,
     JoinOutcome,
     Lease,
@@ -755,8 +754,7 @@ class Run:
         join it to wait until it has stopped."""
         child_id = canonical_run_id(child_id, f"run {self.id}: child_id")
         reason = check_text(reason, f"run {self.id}: the reason", max_chars=4000, allow_empty=True)
-        outcome: CancelOutcome = await self._write(self._store.cancel_child, child_id, reason)
-        announce_cancellation(self._storage, outcome)
+        await self._write(self._store.cancel_child, child_id, reason)
 
     @asynccontextmanager
     async def children(self) -> AsyncIterator[Children]:
@@ -1383,14 +1381,6 @@ def _cancels_children(error: Exception) -> bool:
 # fan-out costs few commits, small enough that the first children start while the rest queue.
 _SPAWN_BATCH: Final = 100
 _JOIN_BATCH: Final = 100
-
-
-def announce_cancellation(db: Storage, outcome: CancelOutcome) -> None:
-    """Wake, in this process, the owners asked to stop and whatever waits for the runs ended."""
-    for run_id in outcome.requested:
-        announce_inbox(db.wakes, run_id)
-    if outcome.cancelled:
-        announce_claimable(db.wakes)  # a parent suspended on one of them may be due now
 
 
 async def _quietly(write: Awaitable[object]) -> None:

@@ -23,59 +23,42 @@ import attrs
 from psycopg import errors as pg_errors
 
 from .._budget import (
-    BUDGET_COLUMNS,
-    LIMIT_COLUMNS,
-    Usage,
     judge,
-    usage_of,
 )
 from .._errors import (
-    ApprovalConflict,
-    ApprovalHashMismatch,
-    ApprovalNotRequested,
     InvalidArgument,
     LeaseLost,
-    NoDurableIntent,
     RunLeased,
     RunNotFound,
     RunTerminal,
-    RunWaiting,
 )
-from .._json import decode
 from .._json import dump_trusted as _dump
 from .._owner import Owner, Verdict, gone_holders, this_process
 from .._owner import judge as judge_holder
 from .._rows import RUN_COLUMNS, to_run
-from .._store._ends import cancel_descendants as _cancel_descendants
+from .._store._budgets import WALL_END as _WALL_END
+from .._store._budgets import budget_usage
+from .._store._budgets import insert_budget as _insert_budget
+from .._store._budgets import wall_end as _wall_end
+from .._store._ends import cancel_requested
 from .._store._ends import cancel_unowned as _cancel_unowned
 from .._store._ends import fail_exhausted as _fail_exhausted
-from .._store._ends import request_cancel as _request_cancel
-from .._store._log import get_run
 from .._store._types import (
-    SUBMIT_CHECKPOINT,
-    ApprovalOutcome,
     Awaited,
-    CancelOutcome,
     Claims,
-    DecideOutcome,
     JoinOutcome,
     Lease,
     LostAttempt,
     NewChild,
     OpenWait,
-    SendOutcome,
     WaitKind,
-    WaitOutcome,
-    approval_of,
-    args_hash,
-    check_wait_topic,
     earliest,
     exhausted_reason,
     lost_attempt,
-    signal_received_payload,
     suspension_payload,
 )
-from .._types import EventType, RunRecord, RunStatus, ToolCall
+from .._store._waits import signal_ready
+from .._types import EventType, RunRecord, RunStatus
 from ._tx import Sent, Tx
 
 _LIVE = (RunStatus.PENDING.value, RunStatus.RUNNING.value, RunStatus.WAITING.value)
@@ -492,56 +475,6 @@ def _insert_event(
 _OUTSIDER_LOCK = " FOR NO KEY UPDATE NOWAIT"
 
 
-def send_signal(tx: Tx, run_id: str, topic: str, payload_json: str, key: str | None) -> SendOutcome:
-    """Put a signal in the run's inbox (no lease: outsiders send); a run suspended on the topic
-    becomes due at once."""
-    if key is not None:  # a retry of a send that went through: its id, whatever happened since
-        existing = tx.one("SELECT id FROM signals WHERE run_id = %s AND key = %s", (run_id, key))
-        if existing is not None:
-            return SendOutcome(int(existing[0]), stored=False, woke=False)
-    row = tx.one(f"SELECT status FROM agent_runs WHERE id = %s{_OUTSIDER_LOCK}", (run_id,))
-    if row is None:
-        raise RunNotFound(f"run {run_id} does not exist")
-    if row[0] not in _LIVE:
-        raise RunTerminal(f"run {run_id} is {row[0]}; a terminal run takes no signals")
-    inserted = tx.one(
-        "INSERT INTO signals (run_id, topic, payload, key, created_at) VALUES (%s, %s, %s, %s, %s)"
-        " ON CONFLICT (run_id, key) WHERE key IS NOT NULL DO NOTHING RETURNING id",
-        (run_id, topic, payload_json, key, tx.now),
-    )
-    if inserted is None:  # a concurrent or earlier send with the same key won
-        (signal_id,) = tx.one("SELECT id FROM signals WHERE run_id = %s AND key = %s", (run_id, key))
-        return SendOutcome(int(signal_id), stored=False, woke=False)
-    tx.notify_inbox(run_id)
-    return SendOutcome(int(inserted[0]), stored=True, woke=_wake(tx, run_id, "signal", topic))
-
-
-def _wake(tx: Tx, run_id: str, kind: str, wake_key: str) -> bool:
-    """Make the run due now if this is one of the waits it is suspended on; whether the workers
-    are told. The caller holds the run's row locked, so this statement's snapshot, taken after,
-    sees the wait set of any suspension that committed first.
-
-    They are also told of a run that is due already with nobody holding it: this outsider
-    holds its row locked, so a claim running meanwhile skipped it (SKIP LOCKED), and if this
-    write made nothing due, nothing else would tell a worker to look again before its poll."""
-    woke = tx.one(
-        "UPDATE agent_runs SET next_attempt_at = zincir_now_ms() WHERE id = %s AND status = 'waiting'"
-        " AND (next_attempt_at IS NULL OR next_attempt_at > zincir_now_ms()) AND EXISTS (SELECT 1"
-        " FROM run_waits WHERE run_id = %s AND kind = %s AND wake_key = %s) RETURNING 1",
-        (run_id, run_id, kind, wake_key),
-    )
-    due = woke is not None or tx.one(_DUE_AND_FREE, (run_id,)) is not None
-    if due:
-        tx.notify_claimable()
-    return due
-
-
-_DUE_AND_FREE: Final = (
-    "SELECT 1 FROM agent_runs WHERE id = %s AND status IN ('pending', 'running', 'waiting')"
-    " AND next_attempt_at <= zincir_now_ms() AND (lease_owner IS NULL OR lease_expires_at <= zincir_now_ms())"
-)
-
-
 def suspend(tx: Tx, lease: Lease, waits: Sequence[OpenWait]) -> bool:
     """Unless one of ``waits`` can complete now, suspend the run on all of them (see the SQLite
     store). Fenced: the run's row stays locked until the commit, so a sender (its lock) either
@@ -617,241 +550,10 @@ def _awaited(tx: Tx, run_id: str, kind: WaitKind, name: str) -> Awaited | None:
     return None if row is None else Awaited(kind, name, name, row[0])
 
 
-def await_signal(tx: Tx, lease: Lease, name: str, topic: str, timeout_ms: int | None) -> WaitOutcome:
-    """Record wait ``name`` on its first call; bind the oldest unconsumed signal of ``topic``
-    to it, or time it out past its stored deadline. Fenced; what is decided is logged."""
-    check_lease(tx, lease)
-    tx.execute(
-        "INSERT INTO waits (run_id, name, kind, topic, deadline, created_at)"
-        " VALUES (%s, %s, 'signal', %s, %s, %s) ON CONFLICT (run_id, name) DO NOTHING",
-        (lease.run_id, name, topic, None if timeout_ms is None else tx.now + timeout_ms, tx.now),
-    )
-    stored_topic, deadline, completed_at, signal_id, timed_out = tx.one(
-        "SELECT topic, deadline, completed_at, signal_id, timed_out FROM waits"
-        " WHERE run_id = %s AND name = %s",
-        (lease.run_id, name),
-    )
-    check_wait_topic(lease.run_id, name, stored_topic, topic)
-    if completed_at is not None:
-        if timed_out:
-            return WaitOutcome.timed_out(deadline)
-        (payload,) = tx.one("SELECT payload FROM signals WHERE id = %s", (signal_id,))
-        return WaitOutcome.received(payload)
-    signal = tx.one(
-        "SELECT id, payload FROM signals WHERE run_id = %s AND topic = %s AND consumed_by IS NULL"
-        " AND (CAST(%s AS BIGINT) IS NULL OR created_at <= %s) ORDER BY id LIMIT 1",
-        (lease.run_id, topic, deadline, deadline),  # a signal sent after the deadline is too late
-    )
-    if signal is not None:
-        signal_id, payload = signal
-        tx.execute(
-            "UPDATE signals SET consumed_by = %s, consumed_at = %s WHERE id = %s", (name, tx.now, signal_id)
-        )
-        tx.execute(
-            "UPDATE waits SET completed_at = %s, signal_id = %s WHERE run_id = %s AND name = %s",
-            (tx.now, signal_id, lease.run_id, name),
-        )
-        event = signal_received_payload(name, topic, signal_id, payload)
-        _log(tx, lease.run_id, EventType.SIGNAL_RECEIVED, event, f"wait:{name}")
-        return WaitOutcome.received(payload)
-    if deadline is not None and deadline <= tx.now:
-        tx.execute(
-            "UPDATE waits SET completed_at = %s, timed_out = 1 WHERE run_id = %s AND name = %s",
-            (tx.now, lease.run_id, name),
-        )
-        event = _dump({"deadline": deadline, "name": name, "signal": topic})
-        _log(tx, lease.run_id, EventType.WAIT_TIMED_OUT, event, f"wait:{name}")
-        return WaitOutcome.timed_out(deadline)
-    return WaitOutcome.pending(None if deadline is None else deadline - tx.now)
-
-
-def signal_ready(tx: Tx, run_id: str, topic: str, name: str) -> bool:
-    """A cheap read for a waiting owner: is there something for wait ``name`` to decide?"""
-    row = tx.one(
-        "SELECT 1 FROM signals WHERE run_id = %s AND topic = %s AND consumed_by IS NULL"
-        " UNION ALL SELECT 1 FROM waits WHERE run_id = %s AND name = %s AND deadline <= zincir_now_ms()"
-        " LIMIT 1",
-        (run_id, topic, run_id, name),
-    )
-    return row is not None
-
-
 # -- approvals ----------------------------------------------------------------------------------
-
-_ROW_LOCK = " FOR UPDATE"
-_APPROVAL_COLUMNS = "call_id, approved, decided_by, reason, args_hash, requested_at, decided_at"
-
-
-def await_approval(tx: Tx, lease: Lease, call_id: str, timeout_ms: int | None) -> ApprovalOutcome:
-    """Request approval of a pending intent on the first call; log its decision once there,
-    or time the request out past its stored deadline. Fenced."""
-    check_lease(tx, lease)
-    row = _approval_row(tx, lease.run_id, call_id, lock=True)
-    if row is None:
-        _request_approval(tx, lease.run_id, call_id, timeout_ms)
-        row = _approval_row(tx, lease.run_id, call_id, lock=False)
-        assert row is not None
-    *fields, deadline, timed_out, logged_at = row
-    approval = approval_of(fields)
-    if approval.approved is not None:
-        if logged_at is None:
-            decision = {
-                "approved": approval.approved, "args_hash": approval.args_hash, "by": approval.by,
-                "call_id": call_id, "reason": approval.reason,
-            }  # fmt: skip
-            seq = _allocate(tx, lease.run_id, 1)
-            _insert_event(
-                tx,
-                lease.run_id,
-                seq,
-                EventType.APPROVAL_DECIDED,
-                _dump(decision),
-                f"approval:{call_id}:decided",
-            )
-            tx.execute(
-                "UPDATE approvals SET logged_at = %s WHERE run_id = %s AND call_id = %s",
-                (tx.now, lease.run_id, call_id),
-            )
-        return ApprovalOutcome("decided", approval)
-    if timed_out:
-        return ApprovalOutcome("timed_out", approval)
-    if deadline is not None and deadline <= tx.now:
-        tx.execute(
-            "UPDATE approvals SET timed_out = 1 WHERE run_id = %s AND call_id = %s", (lease.run_id, call_id)
-        )
-        event = _dump({"deadline": deadline, "name": f"approval:{call_id}", "call_id": call_id})
-        seq = _append(tx, lease.run_id, EventType.WAIT_TIMED_OUT, event, f"approval:{call_id}:timed_out")
-        return ApprovalOutcome("timed_out", approval)
-    return ApprovalOutcome("pending", approval, None if deadline is None else deadline - tx.now)
-
-
-def _approval_row(tx: Tx, run_id: str, call_id: str, *, lock: bool) -> Any:
-    return tx.one(
-        f"SELECT {_APPROVAL_COLUMNS}, deadline, timed_out, logged_at FROM approvals"
-        f" WHERE run_id = %s AND call_id = %s{_ROW_LOCK if lock else ''}",
-        (run_id, call_id),
-    )
-
-
-def _request_approval(tx: Tx, run_id: str, call_id: str, timeout_ms: int | None) -> None:
-    intent = tx.one(
-        "SELECT t.name, t.result_seq, e.payload FROM tool_intents AS t"
-        " JOIN events AS e ON e.run_id = t.run_id AND e.seq = t.intent_seq"
-        " WHERE t.run_id = %s AND t.call_id = %s",
-        (run_id, call_id),
-    )
-    if intent is None:
-        raise NoDurableIntent(f"run {run_id}: tool call {call_id!r} has no durable intent to approve")
-    name, result_seq, payload_json = intent
-    if result_seq is not None:
-        raise InvalidArgument(
-            f"run {run_id}: tool call {call_id!r} already has a result; approval is for pending calls"
-        )
-    if name == SUBMIT_CHECKPOINT:
-        raise InvalidArgument(
-            f"run {run_id}: {call_id!r} is a {SUBMIT_CHECKPOINT} call; its verifier decides it"
-        )
-    args = decode(payload_json)["args"]
-    hash_ = args_hash(name, args)
-    tx.execute(
-        "INSERT INTO approvals (run_id, call_id, tool_name, args_hash, requested_at, deadline)"
-        " VALUES (%s, %s, %s, %s, %s, %s)",
-        (run_id, call_id, name, hash_, tx.now, None if timeout_ms is None else tx.now + timeout_ms),
-    )
-    request = _dump({"args": args, "args_hash": hash_, "call_id": call_id, "name": name})
-    _log(tx, run_id, EventType.APPROVAL_REQUESTED, request, f"approval:{call_id}:requested")
-
-
-def decide_approval(
-    tx: Tx, run_id: str, call_id: str, approved: bool, by: str, reason: str, expected_hash: str | None
-) -> DecideOutcome:
-    """An outsider's decision on a requested approval; the same decision again is a no-op."""
-    status = tx.one(f"SELECT status FROM agent_runs WHERE id = %s{_OUTSIDER_LOCK}", (run_id,))
-    if status is None:
-        raise RunNotFound(f"run {run_id} does not exist")
-    if status[0] not in _LIVE:
-        raise RunTerminal(f"run {run_id} is {status[0]}; its approvals can no longer be decided")
-    row = _approval_row(tx, run_id, call_id, lock=True)
-    where = f"run {run_id}: tool call {call_id!r}"
-    if row is None:
-        if tx.one("SELECT 1 FROM tool_intents WHERE run_id = %s AND call_id = %s", (run_id, call_id)) is None:
-            raise NoDurableIntent(f"{where} has no durable intent")
-        raise ApprovalNotRequested(f"{where} has no approval request")
-    *fields, deadline, timed_out, _ = row
-    current = approval_of(fields)
-    if expected_hash is not None and expected_hash != current.args_hash:
-        raise ApprovalHashMismatch(
-            f"{where}: the arguments approved (hash {expected_hash}) are not the intent's"
-            f" ({current.args_hash})"
-        )
-    if timed_out or (deadline is not None and deadline <= tx.now):
-        raise ApprovalConflict(f"{where}: the approval request timed out before a decision")
-    answered = tx.one(
-        "SELECT result_seq FROM tool_intents WHERE run_id = %s AND call_id = %s", (run_id, call_id)
-    )
-    if current.approved is None and answered is not None and answered[0] is not None:
-        raise ApprovalConflict(f"{where} already has a result: there is nothing left to approve")
-    if current.approved is not None:
-        if current.approved != approved:
-            verdict = "approved" if current.approved else "denied"
-            raise ApprovalConflict(f"{where} was already {verdict} by {current.by}")
-        return DecideOutcome(current, woke=False, recorded=False)
-    tx.execute(
-        "UPDATE approvals SET approved = %s, decided_by = %s, reason = %s, decided_at = %s"
-        " WHERE run_id = %s AND call_id = %s",
-        (int(approved), by, reason, tx.now, run_id, call_id),
-    )
-    _notify_inbox(tx, run_id)
-    decided = attrs.evolve(current, approved=approved, by=by, reason=reason, decided_at=tx.now)
-    return DecideOutcome(decided, woke=_wake(tx, run_id, "approval", call_id))
-
-
-def approval_ready(tx: Tx, run_id: str, call_id: str) -> bool:
-    """A cheap read for a waiting owner: is the approval decided, or past its deadline?"""
-    row = tx.one(
-        "SELECT 1 FROM approvals WHERE run_id = %s AND call_id = %s"
-        " AND (decided_at IS NOT NULL OR timed_out = 1 OR deadline <= %s)",
-        (run_id, call_id, tx.now),
-    )
-    return row is not None
-
-
-def _notify_inbox(tx: Tx, run_id: str) -> None:
-    tx.notify_inbox(run_id)
 
 
 # -- child runs ---------------------------------------------------------------------------------
-
-
-def owner_news(tx: Tx, run_id: str) -> tuple[str | None, int | None]:
-    """A cancellation requested and not yet acted on, and when the run's wall time runs out."""
-    row = tx.one(
-        f"SELECT cancel_reason, cancel_requested_at, {_WALL_END} FROM agent_runs AS r WHERE id = %s",
-        (run_id,),
-    )
-    if row is None:
-        return None, None
-    reason, requested_at, wall_end = row
-    return (None if requested_at is None else str(reason)), (None if wall_end is None else int(wall_end))
-
-
-def cancel_requested(tx: Tx, run_id: str) -> str | None:
-    """The reason of a cancellation requested and not yet acted on."""
-    row = tx.one("SELECT cancel_reason, cancel_requested_at FROM agent_runs WHERE id = %s", (run_id,))
-    return None if row is None or row[1] is None else str(row[0])
-
-
-# When the run ``r``'s budget of wall time runs out (its creation plus the limit), if it has one.
-_WALL_END = (
-    "(SELECT r.created_at + b.max_wall_time_ms FROM budgets AS b"
-    " WHERE b.run_id = r.id AND b.max_wall_time_ms IS NOT NULL)"
-)
-
-
-def _wall_end(tx: Tx, run_id: str) -> int | None:
-    """When the run's budget of wall time runs out (its creation plus the limit), if it has one."""
-    row = tx.one(f"SELECT {_WALL_END} FROM agent_runs AS r WHERE r.id = %s", (run_id,))
-    return None if row is None or row[0] is None else int(row[0])
 
 
 def spawn_children(tx: Tx, lease: Lease, children: Sequence[NewChild]) -> list[str]:
@@ -984,102 +686,7 @@ def child_ready(tx: Tx, run_id: str, child_id: str) -> bool:
     return row is not None
 
 
-def cancel_run(tx: Tx, run_id: str, reason: str) -> CancelOutcome:
-    """An outsider's cancellation: end an unowned run now, ask an owned one's owner to; the
-    same for every live descendant."""
-    row = tx.one(
-        "SELECT status, lease_owner, lease_expires_at, zincir_now_ms() FROM agent_runs"
-        f" WHERE id = %s{_OUTSIDER_LOCK}",
-        (run_id,),
-    )
-    if row is None:
-        raise RunNotFound(f"run {run_id} does not exist")
-    status, owner, expires_at, now = row
-    tx.set_now(now)
-    if status not in _LIVE:
-        return CancelOutcome((), (), already_terminal=status)
-    if owner is not None and expires_at is not None and expires_at > now:
-        _request_cancel(tx, run_id, reason)
-        cancelled, requested = _cancel_descendants(tx, run_id, reason)
-        return CancelOutcome(tuple(cancelled), (run_id, *requested))
-    _cancel_unowned(tx, run_id, status, reason)
-    return CancelOutcome((run_id,), ())
-
-
-def cancel_child(tx: Tx, lease: Lease, child_id: str, reason: str) -> CancelOutcome:
-    """The parent's cancellation of one of its children. Fenced; InvalidArgument (not a child)."""
-    check_lease(tx, lease)
-    parent = tx.one("SELECT parent_run_id FROM agent_runs WHERE id = %s", (child_id,))
-    if parent is None or parent[0] != lease.run_id:
-        raise InvalidArgument(f"run {lease.run_id}: {child_id} is not a child of this run")
-    return cancel_run(tx, child_id, reason)
-
-
 # -- budgets ------------------------------------------------------------------------------------
-
-
-def _age(tx: Tx, run_id: str) -> int:
-    """How long the run has lived, in ms: until now, or until it ended (its wall time stops)."""
-    (age,) = tx.one(
-        "SELECT CASE WHEN status IN ('completed', 'failed', 'cancelled') THEN updated_at ELSE %s END"
-        " - created_at FROM agent_runs WHERE id = %s",
-        (tx.now, run_id),
-    )
-    return int(age)
-
-
-def budget_usage(tx: Tx, run_id: str) -> Usage | None:
-    """The run's spend against its limits; None if it has no budget."""
-    row = tx.one(f"SELECT {BUDGET_COLUMNS}, repeated_call_id FROM budgets WHERE run_id = %s", (run_id,))
-    if row is None:
-        get_run(tx, run_id)  # an unknown run is an error
-        return None
-    *spend, repeated_id = row
-    return usage_of(
-        spend, _age(tx, run_id), None if repeated_id is None else _intent(tx, run_id, repeated_id)
-    )
-
-
-def _intent(tx: Tx, run_id: str, call_id: str) -> ToolCall | None:
-    """The tool call of an intent, as the model asked for it (found by its primary key)."""
-    row = tx.one(
-        "SELECT e.payload FROM tool_intents AS t"
-        " JOIN events AS e ON e.run_id = t.run_id AND e.seq = t.intent_seq"
-        " WHERE t.run_id = %s AND t.call_id = %s",
-        (run_id, call_id),
-    )
-    if row is None:
-        return None
-    payload = decode(row[0])
-    return ToolCall(payload["call_id"], payload["name"], payload["args"])
-
-
-def _insert_budget(tx: Tx, run_id: str, limits: tuple[Any, ...]) -> None:
-    columns = ", ".join(LIMIT_COLUMNS)
-    marks = ", ".join(["%s"] * (len(LIMIT_COLUMNS) + 2))
-    tx.execute(
-        f"INSERT INTO budgets (run_id, {columns}, updated_at) VALUES ({marks})", (run_id, *limits, tx.now)
-    )
-
-
-def set_budget(tx: Tx, run_id: str, changes: dict[str, Any]) -> bool:
-    """An outsider's change of limits (a run without a budget gets one, spending from now);
-    a run suspended for its budget becomes due if it is within every limit again. Whether it was."""
-    row = tx.one(f"SELECT status FROM agent_runs WHERE id = %s{_OUTSIDER_LOCK}", (run_id,))
-    if row is None:
-        raise RunNotFound(f"run {run_id} does not exist")
-    if row[0] not in _LIVE:
-        raise RunTerminal(f"run {run_id} is {row[0]}; its budget can no longer change")
-    if tx.one("SELECT 1 FROM budgets WHERE run_id = %s", (run_id,)) is None:
-        _insert_budget(tx, run_id, (None,) * len(LIMIT_COLUMNS))
-    assignments = ", ".join(f"{column} = %s" for column in changes)
-    tx.execute(
-        f"UPDATE budgets SET {assignments}, updated_at = %s WHERE run_id = %s",
-        (*changes.values(), tx.now, run_id),
-    )
-    _notify_inbox(tx, run_id)  # an owner watching its wall time looks again
-    usage = budget_usage(tx, run_id)
-    return usage is not None and judge(usage) is None and _wake(tx, run_id, "budget", "")
 
 
 # -- dead owners and tool starts ----------------------------------------------------------------
@@ -1125,37 +732,3 @@ def _dead_owners_here(tx: Tx) -> list[tuple[int, int]]:
 
 
 # -- outsiders: retry now, and the audit trail --------------------------------------------------
-
-
-def retry_now(tx: Tx, run_id: str) -> int | None:
-    """An outsider's cut of a backoff (see the SQLite store); the row is locked as the other
-    outsiders lock it, and workers are told."""
-    row = tx.one(
-        "SELECT status, lease_owner, lease_expires_at, next_attempt_at, zincir_now_ms() FROM agent_runs"
-        f" WHERE id = %s{_OUTSIDER_LOCK}",
-        (run_id,),
-    )
-    if row is None:
-        raise RunNotFound(f"run {run_id} does not exist")
-    status, owner, expires_at, due_at, now = row
-    tx.set_now(now)
-    if status not in _LIVE:
-        raise RunTerminal(f"run {run_id} is {status}; there is nothing left to retry")
-    if owner is not None and expires_at is not None and expires_at > now:
-        raise RunLeased(f"run {run_id} is leased by {owner} for {expires_at - now} ms more: it is running")
-    if status == RunStatus.WAITING.value:
-        raise RunWaiting(f"run {run_id} is waiting, not backing off: what it awaits makes it due")
-    if due_at is None or due_at <= now:
-        return None
-    tx.execute("UPDATE agent_runs SET next_attempt_at = %s WHERE id = %s", (now, run_id))
-    tx.notify_claimable()
-    return int(due_at)
-
-
-def record_action(tx: Tx, run_id: str, action: str, by: str | None, detail_json: str) -> None:
-    """One row of the outsiders' audit trail, in the transaction of the write it describes."""
-    tx.execute(
-        "INSERT INTO outsider_actions (run_id, action, done_by, detail, created_at)"
-        " VALUES (%s, %s, %s, %s, %s)",
-        (run_id, action, by, detail_json, tx.now),
-    )

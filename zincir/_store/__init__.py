@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _budgets, _ends, _log
+from . import _budgets, _ends, _leases, _log, _reads, _waits
 from ._tx import LIVE, Dialect, Reply, Tx, judge_lease
 from ._types import *  # noqa: F403
 from ._types import __all__ as _types
@@ -37,19 +37,38 @@ class Store:
     release = staticmethod(_ends.release)
     watch_end = staticmethod(_ends.watch_end)
     unwatch_end = staticmethod(_ends.unwatch_end)
+    cancel_run = staticmethod(_ends.cancel_run)
+    cancel_child = staticmethod(_ends.cancel_child)
+    owner_news = staticmethod(_ends.owner_news)
 
     # -- budgets (_budgets) ------------------------------------------------------------------------
 
+    budget_usage = staticmethod(_budgets.budget_usage)
+    set_budget = staticmethod(_budgets.set_budget)
     note_exceeded = staticmethod(_budgets.note_exceeded)
+
+    # -- the inbox: signals, approvals, the audit trail (_waits) -----------------------------------
+
+    send_signal = staticmethod(_waits.send_signal)
+    await_signal = staticmethod(_waits.await_signal)
+    signal_ready = staticmethod(_waits.signal_ready)
+    await_approval = staticmethod(_waits.await_approval)
+    decide_approval = staticmethod(_waits.decide_approval)
+    approval_ready = staticmethod(_waits.approval_ready)
+    record_action = staticmethod(_waits.record_action)
+
+    # -- leases (_leases) --------------------------------------------------------------------------
+
+    retry_now = staticmethod(_leases.retry_now)
 
     # -- reading ---------------------------------------------------------------------------------
 
-    get_run = staticmethod(_log.get_run)
-    list_runs = staticmethod(_log.list_runs)
-    events_page = staticmethod(_log.events_page)
-    durable_state = staticmethod(_log.durable_state)
-    completed_step_names = staticmethod(_log.completed_step_names)
-    step_result = staticmethod(_log.step_result)
+    get_run = staticmethod(_reads.get_run)
+    list_runs = staticmethod(_reads.list_runs)
+    events_page = staticmethod(_reads.events_page)
+    durable_state = staticmethod(_reads.durable_state)
+    completed_step_names = staticmethod(_reads.completed_step_names)
+    step_result = staticmethod(_reads.step_result)
 
     def __getattr__(self, name: str) -> Any:  # transitional: each backend's own, until moved
         raise AttributeError(name)

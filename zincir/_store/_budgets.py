@@ -5,12 +5,29 @@ A run without a budget has no row in ``budgets``: nothing here is done for it.
 
 from __future__ import annotations
 
-from .._budget import BUDGET_COLUMNS, Debit, Exceeded, exceeded_event, judge_debit, loop_of
+from typing import Any
+
+from .._budget import (
+    BUDGET_COLUMNS,
+    LIMIT_COLUMNS,
+    Debit,
+    Exceeded,
+    Usage,
+    exceeded_event,
+    judge,
+    judge_debit,
+    loop_of,
+    usage_of,
+)
+from .._errors import RunNotFound, RunTerminal
+from .._json import decode
 from .._json import dump_trusted as _dump
 from .._types import EventType, ToolCall
 from .._validation import MAX_INT
-from ._tx import Tx
+from ._reads import get_run
+from ._tx import LIVE, Tx
 from ._types import Lease
+from ._waits import make_due
 
 
 def reset_loop_window(tx: Tx, run_id: str) -> None:
@@ -90,3 +107,81 @@ def note_exceeded(tx: Tx, lease: Lease, limit: str, message: str) -> None:
     """Log a limit the owner found reached (its wall time). Fenced."""
     tx.fence(lease)
     log_exceeded(tx, lease.run_id, Exceeded(limit, message))
+
+
+def budget_usage(tx: Tx, run_id: str) -> Usage | None:
+    """The run's spend against its limits; None if it has no budget. RunNotFound."""
+    row = tx.one(f"SELECT {BUDGET_COLUMNS}, repeated_call_id FROM budgets WHERE run_id = ?", (run_id,))
+    if row is None:
+        get_run(tx, run_id)  # an unknown run is an error
+        return None
+    *spend, repeated_id = row
+    return usage_of(
+        spend, _age(tx, run_id), None if repeated_id is None else _intent(tx, run_id, repeated_id)
+    )
+
+
+def _age(tx: Tx, run_id: str) -> int:
+    """How long the run has lived, in ms: until now, or until it ended (its wall time stops)."""
+    (age,) = tx.one(
+        "SELECT CASE WHEN status IN ('completed', 'failed', 'cancelled') THEN updated_at ELSE :now END"
+        " - created_at FROM agent_runs WHERE id = ?",
+        (run_id,),
+    )
+    return int(age)
+
+
+def _intent(tx: Tx, run_id: str, call_id: str) -> ToolCall | None:
+    """The tool call of an intent, as the model asked for it (found by its primary key)."""
+    row = tx.one(
+        "SELECT e.payload FROM tool_intents AS t JOIN events AS e ON e.run_id = t.run_id"
+        " AND e.seq = t.intent_seq WHERE t.run_id = ? AND t.call_id = ?",
+        (run_id, call_id),
+    )
+    if row is None:
+        return None
+    payload = decode(row[0])
+    return ToolCall(payload["call_id"], payload["name"], payload["args"])
+
+
+def insert_budget(tx: Tx, run_id: str, limits: tuple[Any, ...]) -> None:
+    """A budget for a run, with its limits in LIMIT_COLUMNS order."""
+    columns = ", ".join(LIMIT_COLUMNS)
+    marks = ", ".join(["?"] * len(LIMIT_COLUMNS))
+    tx.execute(
+        f"INSERT INTO budgets (run_id, {columns}, updated_at) VALUES (?, {marks}, :now)", (run_id, *limits)
+    )
+
+
+def set_budget(tx: Tx, run_id: str, changes: dict[str, Any]) -> None:
+    """An outsider's change of limit columns (a run without a budget gets one, spending from
+    now); a run suspended for its budget becomes due if it is within every limit again.
+    RunNotFound, RunTerminal."""
+    row = tx.lock_run(run_id, "status")
+    if row is None:
+        raise RunNotFound(f"run {run_id} does not exist")
+    if row[0] not in LIVE:
+        raise RunTerminal(f"run {run_id} is {row[0]}; its budget can no longer change")
+    if tx.one("SELECT 1 FROM budgets WHERE run_id = ?", (run_id,)) is None:
+        insert_budget(tx, run_id, (None,) * len(LIMIT_COLUMNS))
+    assignments = ", ".join(f"{column} = ?" for column in changes)
+    tx.execute(
+        f"UPDATE budgets SET {assignments}, updated_at = :now WHERE run_id = ?", (*changes.values(), run_id)
+    )
+    tx.wake(inbox=run_id)  # an owner watching its wall time looks again
+    usage = budget_usage(tx, run_id)
+    if usage is not None and judge(usage) is None:
+        make_due(tx, run_id, "budget", "")
+
+
+# When the run ``r``'s budget of wall time runs out (its creation plus the limit), if it has one.
+WALL_END = (
+    "(SELECT r.created_at + b.max_wall_time_ms FROM budgets AS b"
+    " WHERE b.run_id = r.id AND b.max_wall_time_ms IS NOT NULL)"
+)
+
+
+def wall_end(tx: Tx, run_id: str) -> int | None:
+    """When the run's budget of wall time runs out, if it has one."""
+    row = tx.one(f"SELECT {WALL_END} FROM agent_runs AS r WHERE r.id = ?", (run_id,))
+    return None if row is None or row[0] is None else int(row[0])

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._errors import UnfinishedWork
+from .._errors import InvalidArgument, RunNotFound, UnfinishedWork
 from .._json import dump_trusted as _dump
 from .._types import EventType, RunRecord, RunStatus
-from ._log import get_run
-from ._tx import Reply, Tx
-from ._types import Lease, LostAttempt
+from ._budgets import WALL_END
+from ._reads import get_run
+from ._tx import LIVE, Reply, Tx
+from ._types import CancelOutcome, Lease, LostAttempt
 
 # -- the end of a run -------------------------------------------------------------------------
 
@@ -260,3 +261,48 @@ def request_cancel(tx: Tx, run_id: str, reason: str) -> None:
         (reason, run_id),
     )
     tx.wake(inbox=run_id)
+
+
+def cancel_run(tx: Tx, run_id: str, reason: str) -> CancelOutcome:
+    """An outsider's cancellation, no lease needed: an unowned run (and its unowned live
+    descendants) ends ``cancelled`` at once, under a new epoch that fences any stale owner; an
+    owned one gets a request its owner acts on. RunNotFound."""
+    row = tx.lock_run(run_id, "status, lease_owner, lease_expires_at")
+    if row is None:
+        raise RunNotFound(f"run {run_id} does not exist")
+    status, owner, expires_at = row
+    if status not in LIVE:
+        return CancelOutcome((), (), already_terminal=status)
+    if owner is not None and expires_at is not None and expires_at > tx.now:
+        request_cancel(tx, run_id, reason)
+        cancelled, requested = cancel_descendants(tx, run_id, reason)
+        return CancelOutcome(tuple(cancelled), (run_id, *requested))
+    cancel_unowned(tx, run_id, status, reason)
+    return CancelOutcome((run_id,), ())
+
+
+def cancel_child(tx: Tx, lease: Lease, child_id: str, reason: str) -> CancelOutcome:
+    """cancel_run of one of this run's children. Fenced; InvalidArgument (not a child)."""
+    tx.fence(lease)
+    parent = tx.one("SELECT parent_run_id FROM agent_runs WHERE id = ?", (child_id,))
+    if parent is None or parent[0] != lease.run_id:
+        raise InvalidArgument(f"run {lease.run_id}: {child_id} is not a child of this run")
+    return cancel_run(tx, child_id, reason)
+
+
+def cancel_requested(tx: Tx, run_id: str) -> str | None:
+    """The reason of a cancellation requested and not yet acted on."""
+    row = tx.one("SELECT cancel_reason, cancel_requested_at FROM agent_runs WHERE id = ?", (run_id,))
+    return None if row is None or row[1] is None else str(row[0])
+
+
+def owner_news(tx: Tx, run_id: str) -> tuple[str | None, int | None]:
+    """What an owner looks at when its inbox has news (a read): the reason of a cancellation
+    requested and not yet acted on, and when the run's wall time runs out (None: none)."""
+    row = tx.one(
+        f"SELECT cancel_reason, cancel_requested_at, {WALL_END} FROM agent_runs AS r WHERE id = ?", (run_id,)
+    )
+    if row is None:
+        return None, None
+    reason, requested_at, wall_end = row
+    return (None if requested_at is None else str(reason)), (None if wall_end is None else int(wall_end))

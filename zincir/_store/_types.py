@@ -256,12 +256,10 @@ class WaitOutcome:
 
 @attrs.frozen
 class SendOutcome:
-    """What sending a signal did: its id, whether it was stored now (not a keyed repeat), and
-    whether it made a suspended run due."""
+    """What sending a signal did: its id, and whether it was stored now (not a keyed repeat)."""
 
     signal_id: int
     stored: bool
-    woke: bool
 
 
 def check_wait_topic(run_id: str, name: str, stored: str, asked: str) -> None:
@@ -320,10 +318,9 @@ class CancelOutcome:
 
 @attrs.frozen
 class DecideOutcome:
-    """The decision as recorded, and whether recording it made a suspended run due."""
+    """The decision as recorded."""
 
     approval: Approval
-    woke: bool
     recorded: bool = True
     """False when the same decision was there already (nothing was written)."""
 
