@@ -12,10 +12,10 @@ import pytest
 import trio
 
 import zincir
-from zincir._sqlite import _store
 from zincir._sqlite._connection import Tx
 from zincir._store import Claims, NewChild
 from zincir._store._ends import cancel_descendants
+from zincir._store._leases import _take_from_the_dead
 
 
 class PlanRecorder:
@@ -129,6 +129,6 @@ async def test_looking_for_dead_owners_of_this_host_reads_only_the_leases_held(d
         async with zincir.open_run(db) as run:
             await run.complete()
     async with zincir.open_run(db):
-        plans = await plans_of(db, _store._take_from_the_dead, "probe", 1000, None, 8, Claims())
+        plans = await plans_of(db, _take_from_the_dead, "probe", 1000, None, 8, Claims())
     assert_indexed(plans)
     assert any("idx_agent_runs_leased" in " ".join(plan) for _, plan in plans), plans

@@ -69,7 +69,7 @@ from ._validation import (
     check_text,
     lease_ttl_ms,
 )
-from ._wakes import announce_claimable, announce_inbox
+from ._wakes import announce_claimable
 
 __all__ = ["Children", "Run", "open_run"]
 
@@ -921,10 +921,8 @@ class Run:
         except BaseException:
             self._ending = False
             raise
-        if not suspended:
+        if not suspended:  # the store woke the body's waits: one of them can complete
             self._ending = False
-            # A wait that can complete looks at once rather than at its next poll.
-            announce_inbox(self._storage.wakes, self.id, owner=False)
             await self._look_at_news()  # a cancellation requested, perhaps: act on it now
             return
         self._released = self._suspended = True

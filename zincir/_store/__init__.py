@@ -59,6 +59,13 @@ class Store:
 
     # -- leases (_leases) --------------------------------------------------------------------------
 
+    create_run = staticmethod(_leases.create_run)
+    acquire_run = staticmethod(_leases.acquire_run)
+    claim_due = staticmethod(_leases.claim_due)
+    next_due_in = staticmethod(_leases.next_due_in)
+    work_ahead = staticmethod(_leases.work_ahead)
+    renew = staticmethod(_leases.renew)
+    suspend = staticmethod(_leases.suspend)
     retry_now = staticmethod(_leases.retry_now)
 
     # -- reading ---------------------------------------------------------------------------------

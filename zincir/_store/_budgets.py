@@ -174,14 +174,16 @@ def set_budget(tx: Tx, run_id: str, changes: dict[str, Any]) -> None:
         make_due(tx, run_id, "budget", "")
 
 
-# When the run ``r``'s budget of wall time runs out (its creation plus the limit), if it has one.
+# When a run's budget of wall time runs out (its creation plus the limit), if it has one: a
+# column of any statement about ``agent_runs`` (by its name, not an alias: SQLite's RETURNING
+# takes no alias), searched by the budget's key.
 WALL_END = (
-    "(SELECT r.created_at + b.max_wall_time_ms FROM budgets AS b"
-    " WHERE b.run_id = r.id AND b.max_wall_time_ms IS NOT NULL)"
+    "(SELECT agent_runs.created_at + b.max_wall_time_ms FROM budgets AS b"
+    " WHERE b.run_id = agent_runs.id AND b.max_wall_time_ms IS NOT NULL)"
 )
 
 
 def wall_end(tx: Tx, run_id: str) -> int | None:
     """When the run's budget of wall time runs out, if it has one."""
-    row = tx.one(f"SELECT {WALL_END} FROM agent_runs AS r WHERE r.id = ?", (run_id,))
+    row = tx.one(f"SELECT {WALL_END} FROM agent_runs WHERE id = ?", (run_id,))
     return None if row is None or row[0] is None else int(row[0])

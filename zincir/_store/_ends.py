@@ -300,7 +300,7 @@ def owner_news(tx: Tx, run_id: str) -> tuple[str | None, int | None]:
     """What an owner looks at when its inbox has news (a read): the reason of a cancellation
     requested and not yet acted on, and when the run's wall time runs out (None: none)."""
     row = tx.one(
-        f"SELECT cancel_reason, cancel_requested_at, {WALL_END} FROM agent_runs AS r WHERE id = ?", (run_id,)
+        f"SELECT cancel_reason, cancel_requested_at, {WALL_END} FROM agent_runs WHERE id = ?", (run_id,)
     )
     if row is None:
         return None, None
