@@ -131,7 +131,7 @@ async def test_a_group_commit_whose_connection_dies_after_its_commit_is_unknown_
 
     def insert(tx: Any, n: int) -> None:
         tx.execute("INSERT INTO probe VALUES (%s)", (n,))
-        tx.notify_claimable()
+        tx.wake(claimable=True)
         inserted.append(n)
 
     gate = Gate()

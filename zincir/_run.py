@@ -69,7 +69,6 @@ from ._validation import (
     check_text,
     lease_ttl_ms,
 )
-from ._wakes import announce_claimable
 
 __all__ = ["Children", "Run", "open_run"]
 
@@ -707,7 +706,6 @@ class Run:
         it spends is not its parent's."""
         child = self._new_child(name, role, provider, config, budget)
         ids: list[str] = await self._write(self._store.spawn_children, [child])
-        announce_claimable(self._storage.wakes)
         return ids[0]
 
     def _new_child(
@@ -1291,7 +1289,6 @@ class Children:
                     del self._queued[: len(batch)]  # (already empty if _close dropped them)
                     for child_id, child in zip(ids, batch, strict=True):
                         self._add(child_id, child.name)
-                    announce_claimable(self._run._storage.wakes)
                     await trio.lowlevel.checkpoint()
         except trio.Cancelled:
             # The block's surroundings are cancelled, so is the body, which raises it: what is

@@ -182,14 +182,3 @@ def _forget(waiters: dict[str, set[trio.Event]], run_id: str, event: trio.Event)
         return False
     del waiters[run_id]
     return True
-
-
-# Transitional: the wake-ups callers still announce themselves, until every operation notes its own.
-
-
-def announce_claimable(hub: WakeHub) -> None:
-    hub.deliver(Wakes(claimable=True))
-
-
-def announce_inbox(hub: WakeHub, run_id: str, *, owner: bool = True) -> None:
-    hub.deliver(Wakes(inbox={run_id}) if owner else Wakes(waits={run_id}))

@@ -4,27 +4,19 @@ with its own psycopg connection. Time is the server's; workers on several machin
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import psycopg
 import trio
 
 from .._backend import Backend, Clock
 from .._errors import StorageError
-from .._store import Store
 from .._threads import DatabaseThread
-from . import _migrations, _store
+from . import _migrations
 from ._connection import Echo, PostgresSession, connect, redact, server_clock_offset, storage_error
 from ._listener import Listener
+from ._store import PostgresStore
 
 __all__ = ["open_backend"]
-
-
-class _Store(Store):
-    """Transitional: the operations not written once yet are this backend's own."""
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(_store, name)
 
 
 def _prepare(url: str) -> int:
@@ -62,7 +54,7 @@ async def open_backend(
     return Backend(
         name="postgresql",
         target=where,
-        store=_Store(),
+        store=PostgresStore(),
         writers=[thread(f"writer{i}", read_only=False) for i in range(writers)],
         reader=thread("reader", read_only=True),
         clock=clock or estimated_server_clock,

@@ -259,30 +259,3 @@ class Tx(Woken):
     def close(self) -> Wakes | None:
         self._judge()
         return self.wakes
-
-    # -- transitional: what the PostgreSQL store's own operations still call -----------------
-
-    def set_now(self, now: int) -> None:
-        if self._now is None:
-            self._now = now
-
-    def savepoint(self, name: str) -> None:
-        self._session.open_block()
-        self._session.send(f"SAVEPOINT {name}")
-
-    def rollback_to(self, savepoint: str) -> None:
-        self._session.settle_quietly()
-        self._session.send(f"ROLLBACK TO SAVEPOINT {savepoint}")
-        self._session.settle()
-
-    def notify_claimable(self) -> None:
-        self.wake(claimable=True)
-
-    def notify_inbox(self, run_id: str) -> None:
-        self.wake(inbox=run_id)
-
-    def notify_child_ended(self, parent_id: str) -> None:
-        self.wake(waits=parent_id)
-
-    def notify_run_ended(self, run_id: str) -> None:
-        self.wake(ended=run_id)

@@ -4,27 +4,19 @@ waits) a thread watching for other processes' commits."""
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Final
 
 import trio
 
 from .._backend import Backend, Clock, wall_clock_ms
 from .._store import Store
 from .._threads import DatabaseThread
-from . import _store
 from ._connection import SQLiteSession, open_connections
 from ._watcher import Watcher
 
 __all__ = ["open_backend"]
 
 _SYNCHRONOUS_LEVELS: Final = {"full": "FULL", "normal": "NORMAL"}
-
-
-class _Store(Store):
-    """Transitional: the operations not written once yet are this backend's own."""
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(_store, name)
 
 
 async def open_backend(
@@ -44,7 +36,7 @@ async def open_backend(
     return Backend(
         name="sqlite",
         target=path,
-        store=_Store(),
+        store=Store(),
         writers=[thread("writer", SQLiteSession(writer, path, clock, writer=True))],
         reader=thread("reader", SQLiteSession(reader, path, clock, writer=False)),
         clock=clock,

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from . import _budgets, _ends, _leases, _log, _reads, _waits
+from . import _budgets, _children, _ends, _leases, _log, _reads, _waits
 from ._tx import LIVE, Dialect, Reply, Tx, judge_lease
 from ._types import *  # noqa: F403
 from ._types import __all__ as _types
@@ -77,5 +75,10 @@ class Store:
     completed_step_names = staticmethod(_reads.completed_step_names)
     step_result = staticmethod(_reads.step_result)
 
-    def __getattr__(self, name: str) -> Any:  # transitional: each backend's own, until moved
-        raise AttributeError(name)
+    # -- child runs (_children) --------------------------------------------------------------------
+
+    spawn_children = staticmethod(_children.spawn_children)
+    await_child = staticmethod(_children.await_child)
+    join_children = staticmethod(_children.join_children)
+    ended_children = staticmethod(_children.ended_children)
+    child_ready = staticmethod(_children.child_ready)
