@@ -12,13 +12,16 @@ who waits also polls, so a wake-up lost with a connection costs time, never corr
 
 from __future__ import annotations
 
+import abc
+import logging
+import threading
 from collections.abc import Callable
-from typing import Protocol
+from typing import Final, Generic, Protocol, TypeVar
 
 import attrs
 import trio
 
-__all__ = ["Listen", "Listening", "WakeHub", "Wakes"]
+__all__ = ["Hearing", "Listen", "Listening", "WakeHub", "Wakes"]
 
 
 @attrs.define(eq=False)
@@ -52,9 +55,71 @@ class Wakes:
 Hear = Callable[[str | None, str | None], None]
 
 
+class _Connection(Protocol):
+    def close(self) -> None: ...
+
+
+C = TypeVar("C", bound=_Connection)
+
+logger = logging.getLogger("zincir")
+_RECONNECT_S: Final = 1.0
+
+
 class Listening(Protocol):
     def stop(self) -> None:
         """Stop listening; may block briefly (it runs in a thread)."""
+
+
+class Hearing(abc.ABC, Generic[C]):
+    """A thread that hears other processes' writes and calls ``hear(channel, payload)`` (in Trio)
+    for each, ``hear(None, None)`` after (re)connecting, when anything may have been missed: a
+    backend's :class:`Listening`. Subclasses set what they need, then call this ``__init__``,
+    which starts the thread; a lost connection is opened again after a second."""
+
+    errors: tuple[type[Exception], ...]
+    """What the driver raises for a failed connection."""
+
+    def __init__(self, name: str, token: trio.lowlevel.TrioToken, hear: Hear) -> None:
+        self._token = token
+        self._hear = hear
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop and join the thread (it notices within its polling interval)."""
+        self._stopping.set()
+        self._thread.join()
+
+    @abc.abstractmethod
+    def _connect(self) -> C: ...
+
+    @abc.abstractmethod
+    def _listen(self, conn: C) -> None:
+        """Until :attr:`_stopping` is set, :meth:`_announce` what is heard on ``conn``."""
+
+    def _serve(self) -> None:
+        name = self._thread.name
+        while not self._stopping.is_set():
+            try:
+                conn = self._connect()
+            except self.errors as exc:
+                logger.warning("%s: cannot connect (%s); retrying", name, exc)
+                self._stopping.wait(_RECONNECT_S)
+                continue
+            try:
+                self._listen(conn)
+            except self.errors as exc:
+                logger.warning("%s: %s; connecting again", name, exc)
+                self._stopping.wait(_RECONNECT_S)
+            finally:
+                conn.close()
+
+    def _announce(self, channel: str | None, payload: str | None) -> None:
+        try:
+            self._token.run_sync_soon(self._hear, channel, payload)
+        except trio.RunFinishedError:
+            self._stopping.set()
 
 
 Listen = Callable[[Hear, Callable[[], frozenset[str]]], Listening]

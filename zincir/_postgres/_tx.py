@@ -16,7 +16,8 @@ from typing import Any, Final, Protocol, final
 
 from psycopg import errors as pg_errors
 
-from .._store._tx import Dialect, Woken, judge_lease
+from .. import _store
+from .._store._tx import PLACEHOLDERS, Dialect, judge_lease
 from .._store._types import Lease
 from .._types import EventType
 from .._wakes import Wakes
@@ -24,21 +25,16 @@ from ._pipe import Pending
 
 __all__ = ["POSTGRES", "Sent", "Tx"]
 
+# NO KEY UPDATE serializes a run's writers as FOR UPDATE would, but does not block the
+# foreign-key checks of rows inserted elsewhere that point at the run (a child's insert).
 POSTGRES: Final = Dialect(
-    name="postgresql",
+    "postgresql",
     row_locks=True,
-    # NO KEY UPDATE serializes a run's writers as FOR UPDATE would, but does not block the
-    # foreign-key checks of rows inserted elsewhere that point at the run (a child's insert).
     lock_nowait=" FOR NO KEY UPDATE NOWAIT",
     skip_locked=" FOR NO KEY UPDATE SKIP LOCKED",
     for_update=" FOR UPDATE",
-    least="LEAST",
-    greatest="greatest",
     wide="::numeric",
-    unlimited=None,
-    chunk=None,
     end_waiters=True,
-    index_hints=False,
 )
 
 
@@ -57,7 +53,6 @@ class Session(Protocol):
 
 
 _LEASE_COLUMNS: Final = "status, lease_owner, lease_epoch, lease_expires_at"
-_PLACEHOLDER: Final = re.compile(r"\?|(?<![:\w]):now\b")
 # A statement as psycopg takes it (``%s``), and where the operation's now goes among its
 # parameters (None: nowhere, or computed by the statement itself).
 _Rendered = tuple[str, tuple[int, ...] | None]
@@ -83,7 +78,7 @@ def _render(sql: str, now_known: bool) -> _Rendered:
             order.append(-1)
             return "%s"
 
-        text = _PLACEHOLDER.sub(placeholder, sql)
+        text = PLACEHOLDERS.sub(placeholder, sql)
         rendered = (text, tuple(order) if -1 in order else None)
         if len(_RENDERED) >= 4096:
             _RENDERED.clear()  # statements built on the fly (a budget's columns) must not grow it
@@ -122,7 +117,7 @@ class Sent:
         return int(tag.rsplit(" ", 1)[-1]) if tag[-1:].isdigit() else 0
 
 
-class Tx(Woken):
+class Tx(_store.Tx):
     """An operation's view of its transaction on one pipelined connection."""
 
     dialect = POSTGRES
@@ -211,15 +206,8 @@ class Tx(Woken):
         self._judge()
         return self._locked(self._send_lock(run_id, columns))
 
-    def log(
-        self,
-        run_id: str,
-        type: EventType,
-        payload_json: str,
-        key: str | None = None,
-        *,
-        run_set: str = "",
-        run_params: Sequence[Any] = (),
+    def _log(
+        self, run_id: str, type: EventType, payload: str, key: str | None, sets: str, params: Sequence[Any]
     ) -> Sent:
         # One statement where two would be sent: the seq is allocated and the event inserted
         # together, so an operation that does not read the seq pays no round trip for it. Now
@@ -227,12 +215,12 @@ class Tx(Woken):
         return self.send(
             "WITH now AS MATERIALIZED (SELECT CAST(:now AS BIGINT) AS ms),"
             " allocated AS (UPDATE agent_runs SET last_seq = last_seq + 1, updated_at = (SELECT ms FROM now)"
-            f"{run_set.replace(':now', '(SELECT ms FROM now)')} WHERE id = ?"
+            f"{sets.replace(':now', '(SELECT ms FROM now)')} WHERE id = ?"
             " RETURNING last_seq, parent_run_id),"
             " logged AS (INSERT INTO events (run_id, seq, type, payload, idempotency_key, created_at)"
             " SELECT ?, last_seq, ?, ?, ?, now.ms FROM allocated, now)"
             " SELECT last_seq, parent_run_id FROM allocated",
-            (*run_params, run_id, run_id, type.value, payload_json, key),
+            (*params, run_id, run_id, type.value, payload, key),
         )
 
     # -- savepoints ----------------------------------------------------------------------------

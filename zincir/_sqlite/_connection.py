@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import itertools
 import logging
-import re
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final, final
 
+from .. import _store
 from .._errors import DatabaseBusy, StorageError
-from .._store._tx import Dialect, Woken, judge_lease
+from .._store._tx import PLACEHOLDERS, Dialect, judge_lease
 from .._store._types import Lease
 from .._types import EventType
 from .._wakes import Wakes
@@ -28,23 +28,11 @@ CHECKPOINT_EVERY_COMMITS: Final = 200
 _SQLITE_BUSY_CODES: Final = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
 
 
-SQLITE: Final = Dialect(
-    name="sqlite",
-    row_locks=False,
-    lock_nowait="",
-    skip_locked="",
-    for_update="",
-    least="min",
-    greatest="max",
-    wide="",
-    unlimited=-1,
-    chunk=500,
-    end_waiters=False,
-    index_hints=True,
-)
+# One writer holds the whole database from BEGIN: no row locks. A LIMIT of -1 is none, an IN
+# list takes up to 500 values, and the planner takes an index hint where it needs one.
+SQLITE: Final = Dialect("sqlite", least="min", greatest="max", unlimited=-1, chunk=500, index_hints=True)
 
 # ``?`` as SQLite's ``?NNN`` (so one value may serve several places) and ``:now`` as the last one.
-_PLACEHOLDER: Final = re.compile(r"\?|(?<![:\w]):now\b")
 _RENDERED: dict[str, tuple[str, bool]] = {}
 
 
@@ -55,7 +43,7 @@ def _render(sql: str) -> tuple[str, bool]:
         if ":now" in sql:
             count = sql.count("?")
             numbers = itertools.count(1)
-            text = _PLACEHOLDER.sub(lambda m: f"?{next(numbers) if m.group() == '?' else count + 1}", sql)
+            text = PLACEHOLDERS.sub(lambda m: f"?{next(numbers) if m.group() == '?' else count + 1}", sql)
             rendered = (text, True)
         else:
             rendered = (sql, False)
@@ -86,7 +74,7 @@ class _Done:
 
 
 @final
-class Tx(Woken):
+class Tx(_store.Tx):
     """What an operation sees on the database thread (see :class:`zincir._store.Tx`): the
     connection, and "now". Each statement runs as it is sent; the writer holds the whole
     database from BEGIN IMMEDIATE, so nothing here locks a row."""
@@ -95,12 +83,16 @@ class Tx(Woken):
 
     def __init__(self, conn: sqlite3.Connection, now: int) -> None:
         self.conn = conn
-        self.now = now
+        self._now = now
+
+    @property
+    def now(self) -> int:
         """Milliseconds, read when the operation started, after the write lock was taken."""
+        return self._now
 
     def _run(self, sql: str, params: Sequence[Any]) -> sqlite3.Cursor:
         text, now = _render(sql)
-        return self.conn.execute(text, (*params, self.now) if now else params)
+        return self.conn.execute(text, (*params, self._now) if now else params)
 
     def one(self, sql: str, params: Sequence[Any] = ()) -> Any:
         return self._run(sql, params).fetchone()
@@ -127,30 +119,23 @@ class Tx(Woken):
             "SELECT status, lease_owner, lease_epoch, lease_expires_at FROM agent_runs WHERE id = ?",
             (lease.run_id,),
         ).fetchone()
-        judge_lease(lease, row, self.now)
+        judge_lease(lease, row, self._now)
 
     def lock_run(self, run_id: str, columns: str) -> Any:
         return self.conn.execute(f"SELECT {columns} FROM agent_runs WHERE id = ?", (run_id,)).fetchone()
 
-    def log(
-        self,
-        run_id: str,
-        type: EventType,
-        payload_json: str,
-        key: str | None = None,
-        *,
-        run_set: str = "",
-        run_params: Sequence[Any] = (),
+    def _log(
+        self, run_id: str, type: EventType, payload: str, key: str | None, sets: str, params: Sequence[Any]
     ) -> _Done:
         seq, parent = self.one(
-            f"UPDATE agent_runs SET last_seq = last_seq + 1, updated_at = :now{run_set} WHERE id = ?"
+            f"UPDATE agent_runs SET last_seq = last_seq + 1, updated_at = :now{sets} WHERE id = ?"
             " RETURNING last_seq, parent_run_id",
-            (*run_params, run_id),
+            (*params, run_id),
         )
         self.conn.execute(
             "INSERT INTO events (run_id, seq, type, payload, idempotency_key, created_at)"
             " VALUES (?, ?, ?, ?, ?, ?)",
-            (run_id, seq, type.value, payload_json, key, self.now),
+            (run_id, seq, type.value, payload, key, self._now),
         )
         return _Done([(seq, parent)], 1)
 

@@ -17,6 +17,7 @@ See docs/architecture.md for the data path these fit into.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -27,7 +28,10 @@ from .._types import EventType, RunStatus
 from .._wakes import Wakes
 from ._types import Lease
 
-__all__ = ["LIVE", "Dialect", "Reply", "Tx", "Woken", "judge_lease"]
+__all__ = ["LIVE", "PLACEHOLDERS", "Dialect", "Reply", "Tx", "judge_lease"]
+
+PLACEHOLDERS = re.compile(r"\?|(?<![:\w]):now\b")
+"""What a backend renders in the operations' SQL: ``?``, and ``:now`` (never part of a ``::`` cast)."""
 
 LIVE = (RunStatus.PENDING.value, RunStatus.RUNNING.value, RunStatus.WAITING.value)
 """The statuses of a run that has not ended."""
@@ -46,34 +50,35 @@ class Reply(Protocol):
         """The rows a write changed (or a read returned)."""
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Dialect:
-    """Where one backend's SQL differs from the subset the operations are written in."""
+    """Where one backend's SQL differs from the subset the operations are written in. The
+    defaults are a database whose one writer holds it whole (no row locks)."""
 
-    name: str
-    row_locks: bool
-    """Whether a transaction locks rows (PostgreSQL, whose writers run side by side). SQLite's
-    one writer holds the whole database from BEGIN: every fragment below that locks is empty."""
-    lock_nowait: str
+    name: str = attrs.field(kw_only=False)
+    row_locks: bool = False
+    """Whether a transaction locks rows (PostgreSQL, whose writers run side by side); without,
+    every fragment below that locks is empty."""
+    lock_nowait: str = ""
     """After a SELECT of ``agent_runs``: hold the rows against their owners' writes, failing at
     once (TransientConflict, retried) if one is held elsewhere, so no writer ever waits for a
     row while its group commit holds others."""
-    skip_locked: str
+    skip_locked: str = ""
     """After a claim's SELECT: hold the rows, and pass over those another claim holds."""
-    for_update: str
+    for_update: str = ""
     """After a SELECT of one row: hold it until the transaction ends."""
-    least: str
-    """The name of the smaller-of-two function (``min`` in SQLite)."""
-    greatest: str
-    wide: str
+    least: str = "LEAST"
+    """The name of the smaller-of-two function."""
+    greatest: str = "GREATEST"
+    wide: str = ""
     """A cast that lets a BIGINT sum overflow without an error (it is capped after)."""
-    unlimited: int | None
+    unlimited: int | None = None
     """The LIMIT parameter that means no limit."""
-    chunk: int | None
+    chunk: int | None = None
     """How many values one ``IN`` list takes at most (None: one array parameter, any size)."""
-    end_waiters: bool
+    end_waiters: bool = False
     """Whether ``wait_for_end``'s waiters are rows (``run_waiters``) that a run's end notifies."""
-    index_hints: bool
+    index_hints: bool = False
 
     def indexed(self, index: str) -> str:
         """After a table's name: read it through ``index`` (SQLite's planner may not see that
@@ -98,9 +103,12 @@ class Dialect:
 
 
 class Tx(Protocol):
-    """One operation's view of its transaction (or of its SAVEPOINT in a group commit)."""
+    """One operation's view of its transaction (or of its SAVEPOINT in a group commit). Each
+    backend's Tx subclasses this: ``log`` and ``wake`` are written here, once."""
 
     dialect: Dialect
+    wakes: Wakes | None = None
+    """What the operation's writes woke so far (see :meth:`wake`)."""
 
     @property
     def now(self) -> int:
@@ -144,6 +152,12 @@ class Tx(Protocol):
         """Append one event at the run's next seq. ``run_set`` (``, column = ?`` assignments
         with ``run_params``) changes more of the run's row in the same UPDATE. The reply's row
         is (seq, parent_run_id)."""
+        return self._log(run_id, type, payload_json, key, run_set, run_params)
+
+    def _log(
+        self, run_id: str, type: EventType, payload: str, key: str | None, sets: str, params: Sequence[Any]
+    ) -> Reply:
+        """:meth:`log`, as the backend does it (``sets`` is ``run_set``, ``params`` its values)."""
 
     def unless_busy(self, end: Callable[..., object], *args: Any) -> bool:
         """``end(tx, *args)`` in a savepoint of its own; False, with nothing done or woken, if
@@ -159,35 +173,17 @@ class Tx(Protocol):
     ) -> None:
         """Note what this operation's writes may wake (see :class:`~zincir._wakes.Wakes`);
         delivered once the transaction commits, forgotten if the operation raises."""
-
-    def close(self) -> Wakes | None:
-        """After the operation returned: judge a fence not read yet (this raises as the fence
-        would), and what the operation woke."""
-
-
-class Woken:
-    """The wake-up notes of a :class:`Tx` (both backends keep them alike)."""
-
-    wakes: Wakes | None = None
-
-    def wake(
-        self,
-        *,
-        claimable: bool = False,
-        inbox: str | None = None,
-        waits: str | None = None,
-        ended: str | None = None,
-    ) -> None:
         wakes = self.wakes
         if wakes is None:
             wakes = self.wakes = Wakes()
         wakes.claimable = wakes.claimable or claimable
-        if inbox is not None:
-            wakes.inbox.add(inbox)
-        if waits is not None:
-            wakes.waits.add(waits)
-        if ended is not None:
-            wakes.ended.add(ended)
+        for run_id, woken in ((inbox, wakes.inbox), (waits, wakes.waits), (ended, wakes.ended)):
+            if run_id is not None:
+                woken.add(run_id)
+
+    def close(self) -> Wakes | None:
+        """After the operation returned: judge a fence not read yet (this raises as the fence
+        would), and what the operation woke."""
 
 
 def judge_lease(lease: Lease, row: Sequence[Any] | None, now: int) -> None:
