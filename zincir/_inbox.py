@@ -212,7 +212,7 @@ def _audited(
 
 async def _as_outsider(db: Database, run_id: str, fn: Callable[..., T], *args: Any) -> T:
     """Write ``run_id``'s inbox; while its owner's write holds the run (PostgreSQL refuses to
-    wait for it: see the store), try again shortly. Nothing was written by a busy attempt."""
+    wait for it: see zincir/_store/_tx.py), try again shortly. Nothing was written by a busy attempt."""
     delay, give_up_at = 0.001, trio.current_time() + _BUSY_FOR_S
     while True:
         try:

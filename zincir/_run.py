@@ -93,7 +93,7 @@ _INBOX_POLL_S = 0.25
 STOP_MARGIN: Final = 0.2
 
 # How long taking a lease tries again while another transaction holds the run's row for a moment
-# (PostgreSQL does not wait for the row: see the store).
+# (PostgreSQL does not wait for the row: see zincir/_store/_tx.py).
 _BUSY_FOR_S: Final = 10.0
 
 
@@ -265,8 +265,9 @@ class Run:
     async def _as_owner(self, submit: Callable[..., Awaitable[Any]], fn: Any, *args: Any) -> Any:
         """Run a store operation with this owner's lease, which the operation checks. While
         another transaction holds a row it needs (nothing was written: PostgreSQL refuses to
-        wait for a row, see its store), try again, for as long as this owner holds the lease:
-        a row held past the deadline costs this run its lease (LeaseLost), and no other run."""
+        wait for a row, see zincir/_store/_tx.py), try again, for as long as this owner holds
+        the lease: a row held past the deadline costs this run its lease (LeaseLost), and no
+        other run."""
         delay = 0.001
         while True:
             self._check_usable()

@@ -35,7 +35,7 @@ _SESSION_SETTINGS: Final = (
     "SET lock_timeout = '10s'",
     "SET idle_in_transaction_session_timeout = '60s'",
 )
-# A writer never waits for a row: its operations lock rows NOWAIT (see the store), and this bounds
+# A writer never waits for a row: its operations lock rows NOWAIT (see zincir/_store/_tx.py), and this bounds
 # any other lock wait, which would hold up the whole group-commit batch, the renewals of other
 # runs' leases included. An operation that times out fails alone and is tried again.
 _WRITER_LOCK_TIMEOUT: Final = "SET lock_timeout = '100ms'"

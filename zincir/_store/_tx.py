@@ -12,6 +12,13 @@ it does not read costs no round trip, and reads sent one after another share one
 that must come before a write (one whose failure would hide the check's error, say) is read
 before the write is sent.
 
+No operation waits for a row another transaction holds (PostgreSQL, whose writers run side by
+side): every row lock is taken NOWAIT (``Dialect.lock_nowait``), or SKIP LOCKED for claims, and
+the writers' lock_timeout is short for whatever else might wait. An operation that finds its
+row held fails alone (TransientConflict: its batch's other operations still commit) and its
+caller tries again in a later batch, so a row held elsewhere, for however long, never holds
+up a writer's group commit, and with it the renewals of unrelated runs (docs/leases.md).
+
 See docs/architecture.md for the data path these fit into.
 """
 
