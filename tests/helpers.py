@@ -90,6 +90,28 @@ def scalar(target: Path | zincir.Database, sql: str, params: tuple[object, ...] 
         conn.close()
 
 
+# A shell starts what it runs in the background (`cmd &`, nohup) with SIGINT ignored, its
+# children inherit that, and Python installs its KeyboardInterrupt handler only where SIGINT is
+# not ignored. A test that interrupts a Python child starts it through this, so that the child
+# takes SIGINT as it would from a terminal however the suite itself was started.
+INTERRUPTIBLE = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+
+ZINCIR_CLI = (
+    sys.executable,
+    "-c",
+    INTERRUPTIBLE + "import sys; from zincir._cli import main; sys.exit(main())",
+)
+"""The ``zincir`` command, run by this interpreter (and interruptible, see INTERRUPTIBLE)."""
+
+
+def reap(proc: subprocess.Popen[str]) -> None:
+    """Kill the process (if it still runs) and wait for it, closing its pipes: for a
+    ``finally``, so that a failed test neither leaves it running nor lets its unclosed pipes
+    warn (an error, under this suite's filterwarnings) in whichever test runs next."""
+    proc.kill()
+    proc.communicate()
+
+
 @contextlib.contextmanager
 def running_python(code: str, *args: str) -> Iterator[subprocess.Popen[str]]:
     """``start_python`` for a block: the process is killed and reaped when the block ends,
@@ -98,8 +120,7 @@ def running_python(code: str, *args: str) -> Iterator[subprocess.Popen[str]]:
     try:
         yield proc
     finally:
-        proc.kill()
-        proc.communicate()
+        reap(proc)
 
 
 def start_python(code: str, *args: str, **kwargs: object) -> subprocess.Popen[str]:

@@ -28,7 +28,7 @@ import trio.testing
 
 import zincir
 from tests.conftest import ManualClock
-from tests.helpers import _dump_postgres
+from tests.helpers import _dump_postgres, reap
 from tests.inspect_fixtures import XSS_ALL, XSS_NAV
 from tests.postgres_server import fresh_database
 from zincir import _queries as q
@@ -418,7 +418,7 @@ def test_ui_command_serves_postgres_and_hides_the_password(pg_url: str) -> None:
         process.send_signal(signal.SIGTERM)
         out, err = process.communicate(timeout=10)
     finally:
-        process.kill()
+        reap(process)
     assert process.returncode == 0, err
     assert "stopped" in out
 

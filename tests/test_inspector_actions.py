@@ -29,7 +29,7 @@ from zincir._inspector import serve
 from zincir._inspector._actions import ACTIONS, MAX_FORM_BYTES, serve_with_actions
 
 from . import cdp
-from .helpers import dump, rows
+from .helpers import dump, reap, rows
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 
@@ -526,7 +526,7 @@ def test_zincir_ui_allow_actions_prints_a_one_time_login_url_and_stops_cleanly(t
         process.send_signal(signal.SIGTERM)
         out, err = process.communicate(timeout=10)
     finally:
-        process.kill()
+        reap(process)
     assert process.returncode == 0, err
     assert "stopped" in out and "Traceback" not in err
 

@@ -20,7 +20,7 @@ import trio.testing
 import zincir
 
 from .conftest import ManualClock
-from .helpers import REPO, hearing_others, read_state, rows, running_python, scalar, trace_operations
+from .helpers import REPO, hearing_others, read_state, reap, rows, running_python, scalar, trace_operations
 from .test_database import Gate, writes_on_the_thread
 
 
@@ -478,7 +478,7 @@ async def test_the_cli_stops_on_sigint_and_a_second_signal_cancels_handlers(
         proc.send_signal(signal.SIGINT)  # ... unless asked again
         _, err = await trio.to_thread.run_sync(lambda: proc.communicate(timeout=30))
     finally:
-        proc.kill()
+        reap(proc)
     assert proc.returncode == 0, err
     assert "received again: cancelling the handlers" in err
     # The cancelled handler released the run: claimable at once, its attempt given back.
