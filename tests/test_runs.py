@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import math
 import sqlite3
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -502,22 +503,49 @@ def test_runs_have_no_public_constructor() -> None:
 
 
 async def test_transient_renewal_errors_are_retried_not_a_loss(
-    db: zincir.Database, monkeypatch: pytest.MonkeyPatch
+    clocked_db: zincir.Database,
+    clock: ManualClock,
+    mock_clock: trio.testing.MockClock,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # When the heartbeat retries is what this is about, so time is the subject here: both the
+    # database's clock and Trio's stand still until the test moves them together, to the
+    # heartbeat's next wake-up, and each renewal is awaited before time moves on.
+    db = clocked_db
     renew = db._store.renew
     calls: list[str] = []
+    made = threading.Semaphore(0)  # released by each renewal, on whichever thread made it
 
     def flaky_renew(tx: Any, lease: _store.Lease) -> _store.Lease:
-        calls.append("renew")
-        if 1 <= len(calls) <= 3:
-            raise zincir.DatabaseBusy("simulated: another process holds the write lock")
-        return renew(tx, lease)
+        try:
+            calls.append("renew")
+            if 1 <= len(calls) <= 3:
+                raise zincir.DatabaseBusy("simulated: another process holds the write lock")
+            return renew(tx, lease)
+        finally:
+            made.release()
+
+    def nothing(tx: Any) -> None:
+        pass
 
     monkeypatch.setattr(db._store, "renew", flaky_renew)
-    async with zincir.open_run(db, lease_ttl=0.6) as run:
-        await trio.sleep(1.2)  # two TTLs: three failed renewals, then successful ones
+    waits: list[float] = []
+    async with zincir.open_run(db, lease_ttl=30) as run:  # renews every 10 s
+        for _ in range(5):
+            await trio.testing.wait_all_tasks_blocked()  # the heartbeat waits for its next renewal
+            wait = trio.lowlevel.current_statistics().seconds_to_next_deadline
+            assert wait < math.inf, f"the heartbeat stopped after {calls}"
+            waits.append(wait)
+            mock_clock.jump(wait)
+            clock.advance(wait)
+            assert await trio.to_thread.run_sync(made.acquire, True, 10)
+            await db._write(nothing, route=run.id)  # behind the renewal: its answer is in
         await run.record_response("still the owner", [], "end")
-    assert len(calls) >= 5
+    assert len(calls) == 5  # three failed, then two succeeded
+    interval, *retries, after = waits
+    assert interval == pytest.approx(10) and after == pytest.approx(10)  # ttl / 3 (renewed)
+    assert interval > retries[0] > retries[1] > retries[2]  # sooner as the expiry nears ...
+    assert interval + sum(retries) < 30  # ... and the one that succeeded came before it
 
 
 @pytest.mark.parametrize("end", ["complete", "fail"])
