@@ -8,7 +8,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -140,6 +140,23 @@ async def read_state(db: zincir.Database, run_id: str) -> zincir.DurableState:
     return await db.state(run_id)
 
 
+async def status_of(db: zincir.Database, run_id: str) -> zincir.RunStatus:
+    return (await db.state(run_id)).run.status
+
+
+async def has_status(db: zincir.Database, run_id: str, status: zincir.RunStatus) -> bool:
+    return await status_of(db, run_id) is status
+
+
+async def until(predicate: Callable[[], Awaitable[bool]], within: float = 15, every: float = 0.01) -> None:
+    """Await a condition that another task, thread or process brings about, looked at every
+    ``every`` seconds: for a state in the database (or another process), which has no event
+    of its own to await. Fails after ``within`` seconds."""
+    with trio.fail_after(within):
+        while not await predicate():
+            await trio.sleep(every)
+
+
 def trace_operations(monkeypatch: Any, store: Any, *names: str) -> list[tuple[str, str | None]]:
     """Wrap the named ``zincir._store`` operations so that each records, on the database
     thread, ``(name, None)`` when it returned or ``(name, error class name)`` when it raised,
@@ -161,18 +178,50 @@ def trace_operations(monkeypatch: Any, store: Any, *names: str) -> list[tuple[st
     return order
 
 
-async def hearing_others(db: zincir.Database, monkeypatch: Any) -> None:
-    """Start ``db`` listening to other processes' writes and wait for the listener's first word
-    (the "anything may have been missed" wake-up after it connects), so that it cannot arrive
-    later, in the middle of a race a test sets up."""
-    heard = trio.Event()
+class Words:
+    """The words a database's listener has delivered to this process (PostgreSQL notifications,
+    or what SQLite's watcher saw other connections commit), in the order it delivered them."""
+
+    def __init__(self) -> None:
+        self.heard: list[tuple[str | None, str | None]] = []
+        self._news = trio.Event()
+
+    def note(self, channel: str | None, payload: str | None) -> None:
+        self.heard.append((channel, payload))
+        self._news.set()
+        self._news = trio.Event()
+
+    async def word(self, channel: str | None, payload: str | None = None) -> None:
+        """Wait until a word on a channel whose name ends with ``channel`` (None: the "anything
+        may have been missed" word) and with this payload was delivered, and acted on."""
+        while not any(self._matches(heard, channel, payload) for heard in self.heard):
+            await self._news.wait()  # no deadline of its own: tests on a mock clock use this too
+
+    @staticmethod
+    def _matches(heard: tuple[str | None, str | None], channel: str | None, payload: str | None) -> bool:
+        if channel is None:
+            return heard[0] is None
+        return heard[0] is not None and heard[0].endswith(channel) and heard[1] == payload
+
+
+async def listening(db: zincir.Database, monkeypatch: Any) -> Words:
+    """Start ``db`` listening to other processes' writes, noting each word it hears after the
+    database has acted on it, and wait for the listener's first word (the "anything may have
+    been missed" wake-up after it connects), so that it cannot arrive later, in the middle of a
+    race a test sets up."""
+    words = Words()
     hear = db._hear
 
     def noting(channel: str | None, payload: str | None) -> None:
-        if channel is None:
-            heard.set()
         hear(channel, payload)
+        words.note(channel, payload)
 
     monkeypatch.setattr(db, "_hear", noting)
     db._hear_others()
-    await heard.wait()  # no deadline of its own: tests on a mock clock use this too
+    await words.word(None)
+    return words
+
+
+async def hearing_others(db: zincir.Database, monkeypatch: Any) -> None:
+    """``listening``, for a test that needs only its first word to have come."""
+    await listening(db, monkeypatch)

@@ -8,7 +8,8 @@ import trio
 
 import zincir
 
-from .test_suspension import until, working
+from .helpers import until
+from .test_suspension import working
 from .test_waiting_views import cli, page
 
 
