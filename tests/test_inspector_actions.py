@@ -461,9 +461,9 @@ async def test_allow_actions_refuses_a_missing_or_foreign_database(tmp_path: Pat
 
 @pytest.mark.sqlite_only  # the HTTP tests above cover both backends; one browser run is enough
 @pytest.mark.skipif(not cdp.CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium")
-async def test_a_browser_logs_in_once_and_approves_a_tool_call(db: zincir.Database, tmp_path: Path) -> None:
+async def test_a_browser_logs_in_once_and_approves_a_tool_call(db: zincir.Database) -> None:
     scene = await build_scene(db)
-    async with actions_server(db.path, actor="ada") as server, cdp.chromium(tmp_path / "profile") as browser:
+    async with actions_server(db.path, actor="ada") as server, cdp.session() as browser:
         page = await browser.new_page()
         await page.send("Page.navigate", url=server.login_url)  # 303 to the runs page
         await page.wait_for("location.pathname === '/' && document.readyState === 'complete'")
@@ -485,8 +485,8 @@ async def test_a_browser_logs_in_once_and_approves_a_tool_call(db: zincir.Databa
         shot = await page.send("Page.captureScreenshot", format="png", captureBeyondViewport=True)
         ARTIFACTS.mkdir(exist_ok=True)  # for a human to look at the panel after an approval
         (ARTIFACTS / "inspector-actions.png").write_bytes(base64.b64decode(shot["data"]))
-        # The login URL was for one browser, once: a second profile gets a refusal.
-        async with cdp.chromium(tmp_path / "second") as second_browser:
+        # The login URL was for one browser, once: another (a context of its own) gets a refusal.
+        async with cdp.session() as second_browser:
             second = await second_browser.new_page()
             await second.send("Page.navigate", url=server.login_url)
             await second.wait_for("document.body && document.body.textContent.includes('used already')")
