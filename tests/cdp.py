@@ -80,8 +80,8 @@ class Page:
 
     async def screenshot(self, width: int, height: int) -> bytes:
         """A PNG of the top ``width`` x ``height`` pixels of the page."""
-        await self.send("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1,
-                        mobile=False)  # fmt: skip
+        metrics = {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False}
+        await self.send("Emulation.setDeviceMetricsOverride", **metrics)
         shot = await self.send("Page.captureScreenshot", format="png")
         return base64.b64decode(shot["data"])
 
@@ -239,34 +239,44 @@ class _SharedChromium:
             str(CHROMIUM), *_FLAGS, f"--host-resolver-rules=MAP {REBINDING_HOST} 127.0.0.1",
             f"--user-data-dir={self.profile}", "about:blank",
         ]  # fmt: skip
-        self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                        stderr=self.log)  # fmt: skip
+        self.process: subprocess.Popen[bytes] | None = None
         try:
-            self.endpoint = self._wait_for_endpoint()
+            self.process = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.log
+            )
+            self.endpoint = self._wait_for_endpoint(self.process)
         except BaseException:
             self.stop()
             raise
 
-    def _wait_for_endpoint(self) -> str:
+    def _wait_for_endpoint(self, process: subprocess.Popen[bytes]) -> str:
         # Chromium writes the port and path it listens on into the profile once it is ready.
         ready = self.profile / "DevToolsActivePort"
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise AssertionError(f"chromium exited with {self.process.returncode}: see {self.log.name}")
+            if process.poll() is not None:
+                raise AssertionError(f"chromium exited with {process.returncode}:\n{self._log_tail()}")
             lines = ready.read_text().split() if ready.exists() else []
             if len(lines) == 2:
                 return f"ws://127.0.0.1:{lines[0]}{lines[1]}"
             time.sleep(0.02)
-        raise AssertionError(f"chromium did not start within 30 s: see {self.log.name}")
+        raise AssertionError(f"chromium did not start within 30 s:\n{self._log_tail()}")
+
+    def _log_tail(self) -> str:
+        self.log.flush()
+        return Path(self.log.name).read_bytes()[-2000:].decode(errors="replace")
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        if self.process is not None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
         self.log.close()
         shutil.rmtree(self.profile, ignore_errors=True)
         Path(self.log.name).unlink(missing_ok=True)
@@ -279,7 +289,7 @@ _shared_lock = threading.Lock()
 def _shared_endpoint() -> str:
     global _shared
     with _shared_lock:
-        if _shared is None or _shared.process.poll() is not None:
+        if _shared is None or not _shared.running():
             _shared = _SharedChromium()
             atexit.register(_shared.stop)
         return _shared.endpoint
