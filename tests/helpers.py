@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import trio
+import trio.testing
 
 import zincir
 
@@ -176,6 +179,43 @@ def trace_operations(monkeypatch: Any, store: Any, *names: str) -> list[tuple[st
 
         monkeypatch.setattr(store, name, traced)
     return order
+
+
+def counting_renewals(monkeypatch: Any, store: Any) -> threading.Semaphore:
+    """Wrap ``store.renew`` (as it is now) to release the returned semaphore after each lease
+    renewal, made or failed, on whichever thread ran it."""
+    renew = store.renew
+    made = threading.Semaphore(0)
+
+    def counted(*args: Any) -> Any:
+        try:
+            return renew(*args)
+        finally:
+            made.release()
+
+    monkeypatch.setattr(store, "renew", counted)
+    return made
+
+
+async def next_renewal(
+    db: zincir.Database, run_id: str, renewals: threading.Semaphore, trio_clock: Any, db_clock: Any
+) -> float:
+    """With both clocks standing still (pytest-trio's ``mock_clock`` and a ``ManualClock`` that
+    ``db`` was opened with), move them together to the run's heartbeat's next wake-up; return
+    once the renewal it makes (counted by ``counting_renewals``) has been answered, with how far
+    time moved. For tests about *when* the heartbeat renews: no busy machine can make it late."""
+    await trio.testing.wait_all_tasks_blocked()  # the heartbeat sleeps until its next renewal
+    wait: float = trio.lowlevel.current_statistics().seconds_to_next_deadline
+    assert wait < math.inf, "nothing is scheduled: the heartbeat stopped"
+    trio_clock.jump(wait)
+    db_clock.advance(wait)
+    assert await trio.to_thread.run_sync(renewals.acquire, True, 10), "the heartbeat did not renew"
+    await db._write(_nothing, route=run_id)  # behind the renewal, on its writer: its answer is in
+    return wait
+
+
+def _nothing(tx: Any) -> None:
+    pass
 
 
 class Words:
