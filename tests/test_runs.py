@@ -239,8 +239,17 @@ async def test_an_expired_lease_is_taken_without_force(
             await new.record_response("mine now", [], "end")
 
 
-async def test_force_fences_an_active_owner_and_cancels_its_body(db: zincir.Database) -> None:
-    ttl = 0.3
+async def test_force_fences_an_active_owner_and_cancels_its_body(
+    clocked_db: zincir.Database,
+    clock: ManualClock,
+    mock_clock: trio.testing.MockClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Both clocks stand still until the test moves them to the next heartbeat: when the old
+    # owner notices the fence is what is checked, and no loaded machine can delay a renewal
+    # of either owner past its expiry.
+    db, ttl = clocked_db, 0.3
+    renewals = counting_renewals(monkeypatch, db._store)
     body_exited = trio.Event()
     outcome: list[BaseException] = []
     async with trio.open_nursery() as nursery:
@@ -259,8 +268,13 @@ async def test_force_fences_an_active_owner_and_cancels_its_body(db: zincir.Data
         fenced = await nursery.start(owner)
         async with zincir.open_run(db, fenced.id, force=True, lease_ttl=ttl) as new:
             forced_at = trio.current_time()
-            await body_exited.wait()
+            for _ in range(3):  # a heartbeat of either owner, each every ttl / 3
+                await trio.testing.wait_all_tasks_blocked()
+                if body_exited.is_set():
+                    break
+                await next_renewal(db, new.id, renewals, mock_clock, clock)
             # Detected by the old owner's next heartbeat: within one TTL.
+            assert body_exited.is_set()
             assert trio.current_time() - forced_at < ttl
             assert new.epoch == 2
             await new.record_response("the new owner writes", [], "end")
