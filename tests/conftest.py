@@ -65,6 +65,13 @@ def db_target(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> I
 
 
 @pytest.fixture
+def pg_url(postgres_admin_url: str) -> Iterator[str]:
+    """A new PostgreSQL database, for a test about that backend alone."""
+    with fresh_database(postgres_admin_url) as url:
+        yield url
+
+
+@pytest.fixture
 def db_path(tmp_path: Path) -> Path:
     return tmp_path / "zincir.db"
 

@@ -16,7 +16,6 @@ import subprocess
 import types
 import urllib.request
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +27,8 @@ import trio.testing
 
 import zincir
 from tests.conftest import ManualClock
-from tests.helpers import _dump_postgres
+from tests.helpers import _dump_postgres, reap
 from tests.inspect_fixtures import XSS_ALL, XSS_NAV
-from tests.postgres_server import fresh_database
 from zincir import _queries as q
 from zincir import _run
 from zincir._cli import main
@@ -108,12 +106,6 @@ async def populate(target: str, monkeypatch: pytest.MonkeyPatch) -> Runs:
             pending_id = run.id  # left running, unowned: the block ends without complete() or fail()
     monkeypatch.undo()
     return Runs(main_id, child_id, failed_id, pending_id)
-
-
-@pytest.fixture
-def pg_url(postgres_admin_url: str) -> Iterator[str]:
-    with fresh_database(postgres_admin_url) as url:
-        yield url
 
 
 @pytest.fixture
@@ -418,7 +410,7 @@ def test_ui_command_serves_postgres_and_hides_the_password(pg_url: str) -> None:
         process.send_signal(signal.SIGTERM)
         out, err = process.communicate(timeout=10)
     finally:
-        process.kill()
+        reap(process)
     assert process.returncode == 0, err
     assert "stopped" in out
 
