@@ -9,6 +9,7 @@ import signal
 import sqlite3
 import subprocess
 import threading
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator

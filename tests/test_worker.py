@@ -574,7 +574,7 @@ async def test_worker_resources_are_built_once_for_every_handler_and_closed_afte
     async with trio.open_nursery() as nursery:
         await nursery.start(worker.run)
         assert log[0] == "open"  # entered before the first claim
-        await wait_until(lambda: _all_completed(db, run_ids[:-1]))
+        await until(lambda: _all_completed(db, run_ids[:-1]))
         await last_started.wait()
         worker.stop()
         assert "close" not in log  # a handler still has it
@@ -649,7 +649,7 @@ async def test_until_idle_waits_for_a_run_another_owner_holds(
     async with trio.open_nursery() as nursery:  # noqa: SIM117
         async with zincir.open_run(db) as held:
             nursery.start_soon(worker.run)
-            await wait_until(lambda: _true(bool(looked)))  # idle, and it looked ahead ...
+            await until(lambda: _true(bool(looked)))  # idle, and it looked ahead ...
             assert nursery.child_tasks  # ... and found this run, held here: it keeps working
         # Released, not completed: the worker takes it, then has nothing left and returns.
     assert handled == [held.id]
