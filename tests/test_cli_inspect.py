@@ -8,8 +8,8 @@ import re
 import signal
 import sqlite3
 import subprocess
-import threading
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
