@@ -26,6 +26,7 @@ from ._backend import (
     WaitKind,
     args_hash,
 )
+from . import _faults
 from ._budget import Budget, CountedCall, Usage, debit_of, exceeded_error, judge
 from ._database import Database, open_database
 from ._errors import (
@@ -250,7 +251,10 @@ class Run:
     async def _write(self, fn: Any, *args: Any) -> Any:
         counted = self._begin_activity()  # not a context manager: this is every write's path
         try:
-            return await self._as_owner(functools.partial(self._db._write, route=self.id), fn, *args)
+            submit = functools.partial(self._db._write, route=self.id)
+            if _faults.armed:  # a crash test's fault point (docs/crash-testing.md); off: this check
+                return await _faults.around_commit(self, fn, args, lambda: self._as_owner(submit, fn, *args))
+            return await self._as_owner(submit, fn, *args)
         finally:
             self._end_activity(counted)
 
@@ -426,7 +430,11 @@ class Run:
             payload = decode(payload_json)
             call = ToolCall(payload["call_id"], payload["name"], payload["args"])
             key = f"tool_call:{call.id}"
-            pending.append(PendingToolCall(call, count, key, self.fencing_token, started, last_started_at))
+            pending.append(
+                PendingToolCall(
+                    call, count, key, self.fencing_token, started, last_started_at, f"{self.id}:{key}"
+                )
+            )
         return pending
 
     async def start_tool(self, call_id: str) -> int:

@@ -1,0 +1,37 @@
+"""A clock for tests that skips durable sleeps and wait timeouts."""
+
+from __future__ import annotations
+
+from trio.testing import MockClock
+
+from .._database import Clock, wall_clock_ms
+
+__all__ = ["database_clock", "skipping_clock"]
+
+DEFAULT_THRESHOLD = 0.1
+
+
+def skipping_clock(threshold: float = DEFAULT_THRESHOLD) -> MockClock:
+    """A Trio clock that runs at the speed of real time, but jumps to the next deadline as soon as
+    every task has been blocked for ``threshold`` real seconds: a durable sleep of an hour, or a
+    wait for a signal with a timeout, ends after ``threshold``. Give the database the same time
+    with :func:`database_clock` (the ``zincir_db`` fixture does), so that the wake times and
+    deadlines it stores have passed when the clock has jumped past them.
+
+    A task waiting for the database is blocked too: a database operation slower than
+    ``threshold`` lets the clock jump, and a heartbeat comes due sooner than the wall clock says.
+    Keep ``threshold`` above the slowest operation you expect (0.1 s by default).
+    """
+    return MockClock(rate=1.0, autojump_threshold=threshold)
+
+
+def database_clock(trio_clock: MockClock) -> Clock:
+    """A database clock (integer Unix ms, for ``open_database(clock=...)``) that moves with
+    ``trio_clock``: the wall time when it was made, plus the Trio time that passed since."""
+    start_ms = wall_clock_ms()
+    start = trio_clock.current_time()
+
+    def now_ms() -> int:
+        return start_ms + round((trio_clock.current_time() - start) * 1000)
+
+    return now_ms
