@@ -106,6 +106,8 @@ def operation_detail(fn: Any, args: tuple[Any, ...]) -> str:
     """The write, for people: the store operation and what it is about (a call id, a name)."""
     name = getattr(fn, "__name__", repr(fn))
     first = args[0] if args else None
+    if isinstance(first, list) and all(isinstance(getattr(item, "name", None), str) for item in first):
+        first = ", ".join(item.name for item in first)  # the children a spawn creates
     if isinstance(first, str) and len(first) <= 200 and not first.startswith(("{", "[")):
         return f"{name} {first}"
     return name

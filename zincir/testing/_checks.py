@@ -57,6 +57,13 @@ class Outcome:
     """Each effect key described for people: the tool and the call, or the key itself."""
     problems: list[str]
     """The invariants this database breaks by itself (gaps, intents without one result)."""
+    names: dict[str, str]
+    """Each run id, and the name that replaces it: ``<key>``."""
+
+    def normalized(self, text: str) -> str:
+        for run_id, name in self.names.items():
+            text = text.replace(run_id, name)
+        return text
 
 
 async def observe(db: Database, ledger: EffectLedger, directory: str) -> Outcome:
@@ -95,7 +102,7 @@ async def observe(db: Database, ledger: EffectLedger, directory: str) -> Outcome
         name = normalized(key)
         effects[name] += count
         effect_names[name] = _effect_name(key, name, keys, tools)
-    return Outcome(root_id, runs, effects, effect_names, problems)
+    return Outcome(root_id, runs, effects, effect_names, problems, names)
 
 
 def compare(reference: Outcome, observed: Outcome) -> list[str]:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from trio.testing import MockClock
+from typing import TYPE_CHECKING
 
 from .._database import Clock, wall_clock_ms
+
+if TYPE_CHECKING:
+    from trio.testing import MockClock  # imported when used: it costs a quarter of a second
 
 __all__ = ["database_clock", "skipping_clock"]
 
@@ -22,6 +25,8 @@ def skipping_clock(threshold: float = DEFAULT_THRESHOLD) -> MockClock:
     ``threshold`` lets the clock jump, and a heartbeat comes due sooner than the wall clock says.
     Keep ``threshold`` above the slowest operation you expect (0.1 s by default).
     """
+    from trio.testing import MockClock
+
     return MockClock(rate=1.0, autojump_threshold=threshold)
 
 

@@ -25,6 +25,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any, Final, Literal
 from urllib.parse import urlsplit, urlunsplit
 
@@ -177,17 +178,24 @@ async def crash_test(
     """
     started = time.monotonic()
     plan = _Plan.of(handler_path, config, role, backend, boundaries, seed, check, timeout, postgres_url)
-    async with _Workspace.open(plan) as workspace, _ForkServer.open(plan, workspace.root) as server:
-        tester = _Tester(plan, workspace, server)
-        reference, passed = await tester.learn()
-        chosen = plan.choose(passed)
-        results = []
-        for number, boundary in enumerate(chosen, start=1):
-            result = await tester.crash_at(boundary, reference)
-            results.append(result)
-            if progress is not None:
-                progress(number, len(chosen), result)
-        workspace.keep_only()
+    root = tempfile.mkdtemp(prefix="zincir-crash-")
+    kept: dict[str, str] = {}  # directory -> database, of each case kept for inspection
+    try:
+        # The server imports the handler while the template is made.
+        async with _ForkServer.open(plan, root) as server, _Workspace.open(plan, root, kept) as workspace:
+            tester = _Tester(plan, workspace, server)
+            reference, passed = await tester.learn()
+            chosen = plan.choose(passed)
+            results = []
+            for number, boundary in enumerate(chosen, start=1):
+                result = await tester.crash_at(boundary, reference)
+                results.append(result)
+                if progress is not None:
+                    progress(number, len(chosen), result)
+            workspace.keep_only()
+    finally:
+        if not kept:
+            shutil.rmtree(root, ignore_errors=True)
     return CrashReport(handler_path, backend, tuple(results), len(passed), time.monotonic() - started)
 
 
@@ -305,32 +313,26 @@ class _Case:
 class _Workspace:
     """Where the cases live: a temporary directory, and on PostgreSQL, databases on a server."""
 
-    def __init__(self, plan: _Plan, root: str, admin_url: str | None) -> None:
+    def __init__(self, plan: _Plan, root: str, admin_url: str | None, kept: dict[str, str]) -> None:
         self.root = root
         self._plan = plan
         self._admin_url = admin_url
         self._template = ""
         self._created: list[str] = []  # PostgreSQL databases to drop
-        self._kept: dict[str, str] = {}  # directory -> database, of the failed cases
+        self._kept = kept
         self.root_run_id = ""
 
     @classmethod
     @asynccontextmanager
-    async def open(cls, plan: _Plan) -> AsyncIterator[_Workspace]:
-        root = tempfile.mkdtemp(prefix="zincir-crash-")
-        workspace = None
-        try:
-            async with _admin_url(plan) as admin_url:
-                workspace = cls(plan, root, admin_url)
-                try:
-                    await workspace._make_template()
-                    yield workspace
-                finally:
-                    with trio.CancelScope(shield=True):
-                        await workspace._drop_databases()
-        finally:
-            if workspace is None or not workspace._kept:
-                shutil.rmtree(root, ignore_errors=True)
+    async def open(cls, plan: _Plan, root: str, kept: dict[str, str]) -> AsyncIterator[_Workspace]:
+        async with _admin_url(plan) as admin_url:
+            workspace = cls(plan, root, admin_url, kept)
+            try:
+                await workspace._make_template()
+                yield workspace
+            finally:
+                with trio.CancelScope(shield=True):
+                    await workspace._drop_databases()
 
     async def _make_template(self) -> None:
         if self._admin_url is None:
@@ -435,6 +437,7 @@ class _ForkServer:
         self._process = process
         self._log = log
         self._buffer = b""
+        self._ready = False
 
     @classmethod
     @asynccontextmanager
@@ -453,12 +456,7 @@ class _ForkServer:
             )
         server = cls(plan, process, log_path)
         try:
-            ready = await server._receive()
-            if "error" in ready or "ready" not in ready:
-                raise CrashTestError(
-                    f"crash test of {plan.handler}: cannot load the handler: {ready.get('error', ready)}"
-                )
-            yield server
+            yield server  # it imports meanwhile: the first run() waits until it is ready
         finally:
             with trio.CancelScope(shield=True):
                 assert process.stdin is not None
@@ -472,6 +470,13 @@ class _ForkServer:
     async def run(self, case: _Case, log: str, crash_at: str | None) -> int | None:
         """Run a worker on ``case`` until it is idle (or killed at ``crash_at``): its exit code,
         minus a signal's number, or None if it outlived the timeout (it is killed then)."""
+        if not self._ready:
+            ready = await self._receive()
+            if "error" in ready or "ready" not in ready:
+                raise CrashTestError(
+                    f"crash test of {self._plan.handler}: cannot load the handler: {ready.get('error', ready)}"
+                )
+            self._ready = True
         request = {
             "crash_at": crash_at,
             "db": case.database,
@@ -530,10 +535,10 @@ class _Tester:
                 + "\n".join(f"- {p}" for p in problems)
                 + f"\n{_tail(case.log('worker'))}"
             )
-        lines = open(counted).read().splitlines() if os.path.exists(counted) else []
+        lines = Path(counted).read_text().splitlines() if os.path.exists(counted) else []
         self._workspace.discard(case)
-        passed = [
-            Boundary(index, line["run"], line["when"], line["commit"], line["operation"])
+        passed = [  # the operations name runs by their keys, the same in every copy
+            Boundary(index, line["run"], line["when"], line["commit"], reference.normalized(line["operation"]))
             for index, line in enumerate(map(json.loads, lines), start=1)
         ]
         if not passed:
