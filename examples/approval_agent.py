@@ -34,7 +34,9 @@ def _ledger() -> Path:
     return Path(os.environ.get("ZINCIR_LEDGER", "refunds.jsonl"))
 
 
-def pay_refund(idempotency_key: str, args: dict[str, object], effect_key: str | None = None) -> dict[str, object]:
+def pay_refund(
+    idempotency_key: str, args: dict[str, object], effect_key: str | None = None
+) -> dict[str, object]:
     """The tool with the side effect: pays once per idempotency key, however often it runs (a
     crash test's ledger counts each payment by ``effect_key``; a no-op outside a crash test)."""
     ledger = _ledger()

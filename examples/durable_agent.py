@@ -197,9 +197,9 @@ async def drive(run: zincir.Run, out: Path) -> None:
 async def handler(run: zincir.Run) -> None:
     """The same loop as a worker handler (``zincir worker``, ``zincir crash-test``); it writes to
     ZINCIR_OUTPUT_DIR (default: output, in the working directory)."""
-    out = Path(os.environ.get("ZINCIR_OUTPUT_DIR", "output")).absolute()
-    out.mkdir(parents=True, exist_ok=True)
-    await drive(run, out)
+    out = await trio.Path(os.environ.get("ZINCIR_OUTPUT_DIR", "output")).absolute()
+    await out.mkdir(parents=True, exist_ok=True)
+    await drive(run, Path(out))
 
 
 def print_run(state: zincir.DurableState, all_events: list[zincir.Event]) -> None:

@@ -14,7 +14,7 @@ __all__ = ["ManualClock", "postgres_admin_url"]
 
 # zincir's own pytest plugin (docs/crash-testing.md), as a user's conftest loads it: its fixtures
 # (zincir_db, zincir_clock, scripted_model) are tested in tests/test_testing_plugin.py.
-pytest_plugins = ["zincir.testing"]
+pytest_plugins = ["pytester", "zincir.testing"]
 
 BACKENDS = ("sqlite", "postgresql")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import trio
@@ -19,10 +20,8 @@ async def approve_when_asked(db: zincir.Database, run_id: str) -> None:
         for event in await db.events(run_id):
             call_id = str(event.payload.get("call_id"))
             if event.type is zincir.EventType.APPROVAL_REQUESTED and call_id not in decided:
-                try:
+                with contextlib.suppress(zincir.ApprovalConflict):  # decided before a crash
                     await zincir.decide_approval(db, run_id, call_id, approved=True, by="scripted approver")
-                except zincir.ApprovalConflict:
-                    pass  # decided before a crash
                 decided.add(call_id)
         await trio.sleep(0.02)  # polls: it stands for a person at another terminal
 
@@ -36,8 +35,8 @@ async def approved_refund(run: zincir.Run) -> None:
 
 
 async def _charge(pending: zincir.PendingToolCall) -> dict[str, object]:
-    with open("charges.jsonl", "a") as charges:  # no key, no probe: run twice, charged twice
-        charges.write(json.dumps(pending.call.args) + "\n")
+    async with await trio.open_file("charges.jsonl", "a") as charges:  # no key, no probe
+        await charges.write(json.dumps(pending.call.args) + "\n")
     await effect_ledger().record(pending.effect_key)
     return {"charged": pending.call.args["amount"]}
 
@@ -45,7 +44,9 @@ async def _charge(pending: zincir.PendingToolCall) -> dict[str, object]:
 async def double_charger(run: zincir.Run) -> None:
     """A deliberately broken agent: its charge tool is not idempotent, and it has no probe."""
     if not any(e.type is zincir.EventType.LLM_CALL for e in await run.database.events(run.id)):
-        await run.record_response("Charging the card.", [zincir.ToolCall("charge-1", "charge", {"amount": 5})], "tool_use")
+        await run.record_response(
+            "Charging the card.", [zincir.ToolCall("charge-1", "charge", {"amount": 5})], "tool_use"
+        )
     for pending in await run.pending_tools():
         await run.execute(pending, _charge)  # no reconcile=: a started charge runs again
     await run.complete()

@@ -55,7 +55,9 @@ async def test_a_charge_without_key_or_probe_runs_twice_at_exactly_one_boundary(
         assert report.total == 8 and not report.passed
         [failed] = report.failures
         assert failed.index == 5 and failed.label == "before:3:root"
-        assert failed.problems == ("tool charge (call charge-1 of root) applied its effect twice (once uninterrupted)",)
+        assert failed.problems == (
+            "tool charge (call charge-1 of root) applied its effect twice (once uninterrupted)",
+        )
         assert all(b.outcome == "passed" for b in report.boundaries if b is not failed)
         # The duplicate is real: the kept directory holds the card's two charges and the database.
         assert failed.kept is not None and failed.database is not None
@@ -71,7 +73,10 @@ async def test_a_charge_without_key_or_probe_runs_twice_at_exactly_one_boundary(
         table = report.table()
         assert "5  before commit 3 of root  record_tool_result charge-1  failed" in table
         assert "applied its effect twice" in table
-        assert "zincir crash-test tests.crash_handlers:double_charger --config null --boundary before:3:root" in table
+        assert (
+            "zincir crash-test tests.crash_handlers:double_charger --config null --boundary before:3:root"
+            in table
+        )
     finally:
         _clean(report)
 
@@ -109,7 +114,13 @@ async def _paid_once(db: zincir.Database, run_id: str) -> None:
 # more); `zincir crash-test` runs every one of them, and docs/crash-testing.md has the figures.
 EXAMPLES = {
     # handler: (config, role, boundaries, check, boundaries the uninterrupted run passes)
-    "examples.durable_agent:handler": ({"goal": "Write hello to the file."}, "example-agent", 4, _wrote_hello, 16),
+    "examples.durable_agent:handler": (
+        {"goal": "Write hello to the file."},
+        "example-agent",
+        4,
+        _wrote_hello,
+        16,
+    ),
     # Killed before the model's request was recorded, the example used to end its run unpaid.
     "examples.reconcile_payment:handler": (None, "payer", ["before:1:root", "after:3:root"], _paid_once, 8),
     "tests.crash_handlers:approved_refund": (None, "refund-agent", 3, None, 10),
@@ -147,7 +158,10 @@ async def test_an_example_survives_on_postgresql(postgres_admin_url: str) -> Non
 async def test_a_handler_that_cannot_be_tested_is_refused_with_the_reason() -> None:
     with pytest.raises(CrashTestError, match=r"cannot load 'tests.crash_handlers:nothing_here'"):
         await crash_test("tests.crash_handlers:nothing_here")
-    with pytest.raises(CrashTestError, match=r"(?s)the uninterrupted run fails by itself .*run root is failed \(on purpose\), not completed"):
+    with pytest.raises(
+        CrashTestError,
+        match=r"(?s)the uninterrupted run fails by itself .*run root is failed \(on purpose\), not completed",
+    ):
         await crash_test("tests.crash_handlers:always_fails")
     with pytest.raises(CrashTestError, match=r"passes no boundary after:9:root \(it passes before:1:root"):
         await crash_test("tests.crash_handlers:double_charger", boundaries=["after:9:root"])
@@ -161,11 +175,16 @@ def test_the_fault_point_is_named_in_the_environment_and_checked() -> None:
     env = {**os.environ, "ZINCIR_CRASH_AT": "sometime"}
     done = subprocess.run([sys.executable, "-c", "import zincir"], env=env, capture_output=True, text=True)
     assert done.returncode == 1
-    assert "ZINCIR_CRASH_AT='sometime': expected before:N[:RUN], after:N[:RUN] (N >= 1) or count:PATH" in done.stderr
+    assert (
+        "ZINCIR_CRASH_AT='sometime': expected before:N[:RUN], after:N[:RUN] (N >= 1) or count:PATH"
+        in done.stderr
+    )
 
 
 def test_the_command_line_loads_the_kit_only_for_crash_test() -> None:
-    code = "import sys\nfrom zincir._cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+    code = (
+        "import sys\nfrom zincir._cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+    )
     code += "print(sorted(m for m in ('zincir.testing', 'trio.testing') if m in sys.modules))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.splitlines()[-1] == "[]"

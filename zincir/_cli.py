@@ -166,9 +166,7 @@ def worker(
     metavar="LABEL",
     help="Only this boundary, e.g. after:3:root (as a report's replay line names it); repeatable.",
 )
-@click.option(
-    "--backend", type=click.Choice(["sqlite", "postgresql"]), default="sqlite", show_default=True
-)
+@click.option("--backend", type=click.Choice(["sqlite", "postgresql"]), default="sqlite", show_default=True)
 @click.option(
     "--postgres-url",
     default=None,

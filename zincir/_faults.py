@@ -33,7 +33,17 @@ if TYPE_CHECKING:
     from ._database import Database
     from ._run import Run
 
-__all__ = ["ENVIRONMENT", "ROOT", "arm", "armed", "around_commit", "child_key", "operation_detail", "parse", "run_key"]
+__all__ = [
+    "ENVIRONMENT",
+    "ROOT",
+    "arm",
+    "armed",
+    "around_commit",
+    "child_key",
+    "operation_detail",
+    "parse",
+    "run_key",
+]
 
 ENVIRONMENT: Final = "ZINCIR_CRASH_AT"
 ROOT: Final = "root"

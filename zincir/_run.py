@@ -14,6 +14,7 @@ from typing import Any, Final, TypeVar, cast, final
 import attrs
 import trio
 
+from . import _faults
 from ._backend import (
     ApprovalOutcome,
     CancelOutcome,
@@ -26,7 +27,6 @@ from ._backend import (
     WaitKind,
     args_hash,
 )
-from . import _faults
 from ._budget import Budget, CountedCall, Usage, debit_of, exceeded_error, judge
 from ._database import Database, open_database
 from ._errors import (

@@ -114,7 +114,9 @@ class PendingToolCall:
     last_started_at: int | None = None
     """When it was last started (Unix ms), if ever."""
     effect_key: str = attrs.field(
-        default=attrs.Factory(lambda self: f"{self.fencing_token.rpartition(':')[0]}:{self.idempotency_key}", takes_self=True)
+        default=attrs.Factory(
+            lambda self: f"{self.fencing_token.rpartition(':')[0]}:{self.idempotency_key}", takes_self=True
+        )
     )
     """``<run id>:tool_call:<call id>``: the key of the call's effect in the world, unique across
     runs (hand it to a service shared by several runs, or to :func:`zincir.testing.effect_ledger`)."""

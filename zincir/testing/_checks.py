@@ -71,7 +71,7 @@ async def observe(db: Database, ledger: EffectLedger, directory: str) -> Outcome
     logs = {record.id: await db.events(record.id) for record in records}
     keys = _keys_of(records, logs)
     names = {run_id: f"<{key}>" for run_id, key in keys.items()}
-    places = sorted({directory, os.path.realpath(directory)}, key=len, reverse=True)
+    places = sorted({directory, os.path.realpath(directory)}, key=len, reverse=True)  # noqa: ASYNC240 - no I/O
 
     def normalized(text: str) -> str:
         for place in places:
@@ -94,7 +94,9 @@ async def observe(db: Database, ledger: EffectLedger, directory: str) -> Outcome
             if event.type == EventType.TOOL_CALL:
                 tools[record.id, str(event.payload.get("call_id"))] = str(event.payload.get("name"))
         checkpoint = (await db.state(record.id)).checkpoint
-        state = None if checkpoint is None else normalized(json.dumps(checkpoint.state.to_json(), sort_keys=True))
+        state = (
+            None if checkpoint is None else normalized(json.dumps(checkpoint.state.to_json(), sort_keys=True))
+        )
         runs[key] = RunOutcome(record.status.value, _end_reason(events), state)
     effects: Counter[str] = Counter()
     effect_names: dict[str, str] = {}
@@ -171,7 +173,11 @@ def _gaps(key: str, events: list[Event]) -> list[str]:
 
 def _results(key: str, events: list[Event]) -> list[str]:
     """Every intent has exactly one result, and every result an intent."""
-    intents = {str(e.payload.get("call_id")): str(e.payload.get("name")) for e in events if e.type == EventType.TOOL_CALL}
+    intents = {
+        str(e.payload.get("call_id")): str(e.payload.get("name"))
+        for e in events
+        if e.type == EventType.TOOL_CALL
+    }
     results = Counter(str(e.payload.get("call_id")) for e in events if e.type == EventType.TOOL_RESULT)
     problems = []
     for call_id, tool in intents.items():

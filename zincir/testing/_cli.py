@@ -80,7 +80,9 @@ class _Progress:
         self._live = out.isatty()
 
     def start(self, handler: str, backend: str) -> None:
-        self._write(f"crash-testing {handler} on {backend}: learning its boundaries from an uninterrupted run")
+        self._write(
+            f"crash-testing {handler} on {backend}: learning its boundaries from an uninterrupted run"
+        )
         self._out.write("\n")
 
     def show(self, done: int, total: int, boundary: Boundary) -> None:

@@ -16,14 +16,19 @@ DEFAULT_THRESHOLD = 0.1
 
 def skipping_clock(threshold: float = DEFAULT_THRESHOLD) -> MockClock:
     """A Trio clock that runs at the speed of real time, but jumps to the next deadline as soon as
-    every task has been blocked for ``threshold`` real seconds: a durable sleep of an hour, or a
-    wait for a signal with a timeout, ends after ``threshold``. Give the database the same time
+    every task has been blocked for ``threshold`` real seconds. Give the database the same time
     with :func:`database_clock` (the ``zincir_db`` fixture does), so that the wake times and
     deadlines it stores have passed when the clock has jumped past them.
 
-    A task waiting for the database is blocked too: a database operation slower than
-    ``threshold`` lets the clock jump, and a heartbeat comes due sooner than the wall clock says.
-    Keep ``threshold`` above the slowest operation you expect (0.1 s by default).
+    A run suspended by a worker (a sleep or a wait longer than ``suspend_after``) holds no lease,
+    so the clock jumps straight to its wake time or deadline, given a worker whose
+    ``poll_interval`` is no shorter than the wait: an hour's sleep then takes a few jumps. A run
+    that waits in its process keeps renewing its lease, every third of ``lease_ttl``, and each
+    renewal is a deadline the clock stops at: an hour with a 30 s lease is 360 jumps.
+
+    A task waiting for the database is blocked too: an operation slower than ``threshold`` lets
+    the clock jump while it is in flight. Keep ``threshold`` above the slowest operation you
+    expect (0.1 s by default).
     """
     from trio.testing import MockClock
 

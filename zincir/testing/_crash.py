@@ -25,7 +25,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any, Final, Literal
 from urllib.parse import urlsplit, urlunsplit
 
@@ -118,11 +117,16 @@ class CrashReport:
         widths = [max(len(row[i]) for row in rows) for i in range(4)]
         lines = []
         for row, boundary in zip(rows, (None, *self.boundaries), strict=True):
-            cells = [row[0].rjust(widths[0]), *(cell.ljust(w) for cell, w in zip(row[1:4], widths[1:], strict=True))]
+            cells = [
+                row[0].rjust(widths[0]),
+                *(cell.ljust(w) for cell, w in zip(row[1:4], widths[1:], strict=True)),
+            ]
             lines.append("  ".join([*cells, row[4]]).rstrip())
             if boundary is not None:
                 lines += [f"{'':>{widths[0]}}  - {problem}" for problem in boundary.problems]
-        counts = {o: sum(b.outcome == o for b in self.boundaries) for o in ("passed", "failed", "not reached")}
+        counts = {
+            o: sum(b.outcome == o for b in self.boundaries) for o in ("passed", "failed", "not reached")
+        }
         sample = "" if len(self.boundaries) == self.total else f" (a sample of {self.total})"
         head = (
             f"crash test of {self.handler} on {self.backend}: {len(self.boundaries)} boundaries{sample},"
@@ -226,7 +230,9 @@ class _Plan:
     ) -> _Plan:
         if not isinstance(handler, str) or not all(handler.partition(":")[::2]):
             raise InvalidArgument(f"crash_test: the handler path must be 'module:function', not {handler!r}")
-        encode(config, what="crash_test: the config", limit=DEFAULT_MAX_PAYLOAD_BYTES)  # JSON, or InvalidArgument
+        encode(
+            config, what="crash_test: the config", limit=DEFAULT_MAX_PAYLOAD_BYTES
+        )  # JSON, or InvalidArgument
         role = check_name(role, "crash_test: role")
         if backend not in ("sqlite", "postgresql"):
             raise InvalidArgument(f"crash_test: backend must be 'sqlite' or 'postgresql', not {backend!r}")
@@ -251,10 +257,10 @@ class _Plan:
             handler,
             config,
             role,
-            backend,  # type: ignore[arg-type]
+            backend,
             chosen,
             seed,
-            check,  # type: ignore[arg-type]
+            check,
             check_seconds(timeout, "crash_test: timeout", exclusive=True),
             postgres_url,
         )
@@ -340,11 +346,15 @@ class _Workspace:
         else:
             self._template = await self._create_database(None)
         try:
-            async with open_database(self._template) as db:
-                async with open_run(db, role=self._plan.role, config=self._plan.config) as run:
-                    self.root_run_id = run.id  # left unfinished: a worker takes it from here
+            async with (
+                open_database(self._template) as db,
+                open_run(db, role=self._plan.role, config=self._plan.config) as run,
+            ):
+                self.root_run_id = run.id  # left unfinished: a worker takes it from here
         except Exception as exc:
-            raise CrashTestError(f"crash test of {self._plan.handler}: cannot make its database: {exc}") from exc
+            raise CrashTestError(
+                f"crash test of {self._plan.handler}: cannot make its database: {exc}"
+            ) from exc
 
     async def case(self, name: str) -> _Case:
         directory = os.path.join(self.root, name)
@@ -446,7 +456,7 @@ class _ForkServer:
         environment = {
             k: v for k, v in os.environ.items() if k not in (_faults.ENVIRONMENT, "ZINCIR_EFFECT_LEDGER")
         }
-        with open(log_path, "ab") as log:
+        with open(log_path, "ab") as log:  # noqa: ASYNC230 - opening a new file: no wait
             process = await trio.lowlevel.open_process(
                 [sys.executable, "-m", "zincir.testing._server", plan.handler, plan.backend],
                 stdin=-1,
@@ -473,9 +483,8 @@ class _ForkServer:
         if not self._ready:
             ready = await self._receive()
             if "error" in ready or "ready" not in ready:
-                raise CrashTestError(
-                    f"crash test of {self._plan.handler}: cannot load the handler: {ready.get('error', ready)}"
-                )
+                error = ready.get("error", ready)
+                raise CrashTestError(f"crash test of {self._plan.handler}: cannot load the handler: {error}")
             self._ready = True
         request = {
             "crash_at": crash_at,
@@ -501,7 +510,8 @@ class _ForkServer:
             chunk = await self._process.stdout.receive_some()
             if not chunk:
                 raise CrashTestError(
-                    f"crash test of {self._plan.handler}: its fork server ended unexpectedly:\n{_tail(self._log)}"
+                    f"crash test of {self._plan.handler}: its fork server ended unexpectedly:\n"
+                    + _tail(self._log)
                 )
             self._buffer += chunk
         line, _, self._buffer = self._buffer.partition(b"\n")
@@ -535,10 +545,13 @@ class _Tester:
                 + "\n".join(f"- {p}" for p in problems)
                 + f"\n{_tail(case.log('worker'))}"
             )
-        lines = Path(counted).read_text().splitlines() if os.path.exists(counted) else []
+        text = await trio.Path(counted).read_text() if await trio.Path(counted).exists() else ""
+        lines = text.splitlines()
         self._workspace.discard(case)
         passed = [  # the operations name runs by their keys, the same in every copy
-            Boundary(index, line["run"], line["when"], line["commit"], reference.normalized(line["operation"]))
+            Boundary(
+                index, line["run"], line["when"], line["commit"], reference.normalized(line["operation"])
+            )
             for index, line in enumerate(map(json.loads, lines), start=1)
         ]
         if not passed:
@@ -608,4 +621,3 @@ def _tail(path: str) -> str:
     except FileNotFoundError:
         return f"(no log at {path})"
     return "\n".join([f"--- the last lines of {path} ---", *lines])
-

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, final
 
 import attrs
@@ -16,12 +16,16 @@ from .._types import EventType, ToolCall
 __all__ = ["ScriptedModel", "ScriptedResponse"]
 
 
+def _calls(calls: Iterable[ToolCall]) -> tuple[ToolCall, ...]:
+    return tuple(calls)
+
+
 @attrs.frozen
 class ScriptedResponse:
     """One response of a :class:`ScriptedModel`, in the shape :meth:`Run.record_response` takes."""
 
     content: JSONValue = None
-    tool_calls: tuple[ToolCall, ...] = attrs.field(default=(), converter=tuple)
+    tool_calls: tuple[ToolCall, ...] = attrs.field(default=(), converter=_calls)
     stop_reason: str = attrs.field(
         default=attrs.Factory(lambda self: "tool_use" if self.tool_calls else "end_turn", takes_self=True)
     )
@@ -75,10 +79,13 @@ class ScriptedModel:
         for event in await db.events(run_id):
             if event.type == EventType.LLM_CALL:
                 payload = event.payload
-                calls = [ToolCall(c["id"], c["name"], c.get("args", {})) for c in payload.get("tool_calls", ())]
-                responses.append(
-                    ScriptedResponse(payload.get("content"), calls, payload["stop_reason"], payload.get("usage"))
+                calls = tuple(ToolCall(c["id"], c["name"], c.get("args", {})) for c in payload["tool_calls"])
+                content, stop_reason, usage = (
+                    payload.get("content"),
+                    payload["stop_reason"],
+                    payload.get("usage"),
                 )
+                responses.append(ScriptedResponse(content, calls, stop_reason, usage))
         return cls(responses)
 
     async def next_response(self, run: Run) -> ScriptedResponse:
@@ -86,7 +93,8 @@ class ScriptedModel:
         played = sum(e.type == EventType.LLM_CALL for e in await run.database.events(run.id))
         if played >= len(self.responses):
             raise ScriptExhausted(
-                f"run {run.id}: the scripted model has no response #{played + 1}: it has {len(self.responses)}"
+                f"run {run.id}: the scripted model has no response #{played + 1}:"
+                f" it has {len(self.responses)}"
             )
         return self.responses[played]
 

