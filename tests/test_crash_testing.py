@@ -74,7 +74,7 @@ async def test_a_charge_without_key_or_probe_runs_twice_at_exactly_one_boundary(
         assert "5  before commit 3 of root  record_tool_result charge-1  failed" in table
         assert "applied its effect twice" in table
         assert (
-            "zincir crash-test tests.crash_handlers:double_charger --config null --boundary before:3:root"
+            "zincir crash-test tests.crash_handlers:double_charger --boundary before:3:root"
             in table
         )
     finally:

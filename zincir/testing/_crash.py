@@ -281,7 +281,9 @@ class _Plan:
         return [by_label[label] for label in dict.fromkeys(self.boundaries)]
 
     def replay(self, boundary: Boundary) -> str:
-        words = ["zincir", "crash-test", self.handler, "--config", json.dumps(self.config)]
+        words = ["zincir", "crash-test", self.handler]
+        if self.config is not None:
+            words += ["--config", json.dumps(self.config)]
         if self.role != "agent":
             words += ["--role", self.role]
         if self.backend != "sqlite":
