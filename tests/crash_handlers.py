@@ -55,3 +55,8 @@ async def double_charger(run: zincir.Run) -> None:
 async def always_fails(run: zincir.Run) -> None:
     """A handler whose run fails even uninterrupted: there is nothing to compare a crash with."""
     await run.fail("on purpose")
+
+
+async def hangs(run: zincir.Run) -> None:
+    """A handler that never ends its run: the crash test's time limit ends its process."""
+    await trio.sleep_forever()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -73,10 +74,7 @@ async def test_a_charge_without_key_or_probe_runs_twice_at_exactly_one_boundary(
         table = report.table()
         assert "5  before commit 3 of root  record_tool_result charge-1  failed" in table
         assert "applied its effect twice" in table
-        assert (
-            "zincir crash-test tests.crash_handlers:double_charger --boundary before:3:root"
-            in table
-        )
+        assert "zincir crash-test tests.crash_handlers:double_charger --boundary before:3:root" in table
     finally:
         _clean(report)
 
@@ -123,7 +121,8 @@ EXAMPLES = {
     ),
     # Killed before the model's request was recorded, the example used to end its run unpaid.
     "examples.reconcile_payment:handler": (None, "payer", ["before:1:root", "after:3:root"], _paid_once, 8),
-    "tests.crash_handlers:approved_refund": (None, "refund-agent", 3, None, 10),
+    # How often the wait for the approval looks depends on when the approver decides.
+    "tests.crash_handlers:approved_refund": (None, "refund-agent", 3, None, None),
     "examples.fan_out:handler": (TOPICS, "lead", 3, None, None),  # how often the lead joins varies
 }
 
@@ -158,11 +157,23 @@ async def test_an_example_survives_on_postgresql(postgres_admin_url: str) -> Non
 async def test_a_handler_that_cannot_be_tested_is_refused_with_the_reason() -> None:
     with pytest.raises(CrashTestError, match=r"cannot load 'tests.crash_handlers:nothing_here'"):
         await crash_test("tests.crash_handlers:nothing_here")
-    with pytest.raises(
-        CrashTestError,
-        match=r"(?s)the uninterrupted run fails by itself .*run root is failed \(on purpose\), not completed",
-    ):
-        await crash_test("tests.crash_handlers:always_fails")
+    # The uninterrupted run's directory is kept, and its worker's log quoted.
+    refusals = [
+        (
+            "always_fails",
+            60.0,
+            r"fails by itself \(kept in (\S+)\):\n- run root is failed \(on purpose\), not",
+        ),
+        ("hangs", 0.5, r"did not end within 0.5 s \(killed\):\n--- the last lines of (\S+)/worker.log"),
+    ]
+    for handler, timeout, why in refusals:
+        with pytest.raises(CrashTestError, match=rf"the uninterrupted run {why}") as refused:
+            await crash_test(f"tests.crash_handlers:{handler}", timeout=timeout)
+        found = re.search(why, str(refused.value))
+        assert found is not None
+        kept = Path(found.group(1))
+        assert "claimed run" in (kept / "worker.log").read_text()
+        shutil.rmtree(kept.parent)
     with pytest.raises(CrashTestError, match=r"passes no boundary after:9:root \(it passes before:1:root"):
         await crash_test("tests.crash_handlers:double_charger", boundaries=["after:9:root"])
     with pytest.raises(zincir.InvalidArgument, match="'module:function'"):

@@ -121,6 +121,10 @@ def test_the_test_kit_is_pinned_too_and_needs_no_pytest() -> None:
         with pytest.raises(attrs.exceptions.FrozenInstanceError):
             object.__new__(cls).__setattr__("seconds", 1)
     # Importing it never imports pytest (only `pytest -p zincir.testing` loads the plugin's module).
-    code = "import sys, zincir.testing; print('pytest' in sys.modules, 'zincir.testing._pytest' in sys.modules)"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    code = (
+        "import sys, zincir.testing; print('pytest' in sys.modules, 'zincir.testing._pytest' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
     assert done.stdout.split() == ["False", "False"]

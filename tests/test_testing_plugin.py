@@ -90,7 +90,7 @@ async def test_the_clock_skips_an_hour_of_durable_sleep_and_a_wait_timeout(
     started = trio.current_time()
     # Suspended at once (no lease held), the run is due at its wake time, then at its deadline:
     # the clock jumps to each.
-    worker = zincir.ResumeWorker(zincir_db, handler, suspend_after=0, poll_interval=3600)
+    worker = zincir.ResumeWorker(zincir_db, handler, suspend_after=0, poll_interval=3600, lease_ttl=300)
     await worker.run()
     record = (await zincir_db.state(run.id)).run
     assert (record.status, record.result) == (zincir.RunStatus.COMPLETED, "no reply")
@@ -103,9 +103,11 @@ async def test_the_clock_skips_a_sleep_in_the_process_one_renewal_at_a_time(
     zincir_db: zincir.Database, zincir_clock: trio.testing.MockClock
 ) -> None:
     real = time.monotonic()
-    async with zincir.open_run(zincir_db, lease_ttl=30) as run:
-        await run.sleep("nap", 60)  # the lease is renewed every 10 s meanwhile
+    # A long lease: while a renewal is in flight the clock may jump (to the wake time here, never
+    # to the renewal's deadline 240 s after the last one).
+    async with zincir.open_run(zincir_db, lease_ttl=300) as run:
+        await run.sleep("nap", 150)  # the lease is renewed after 100 s meanwhile
         await run.complete()
     events = await zincir_db.events(run.id)
-    assert events[-1].created_at - events[0].created_at >= 60_000
+    assert events[-1].created_at - events[0].created_at >= 150_000
     assert time.monotonic() - real < 30

@@ -450,6 +450,7 @@ class _ForkServer:
         self._log = log
         self._buffer = b""
         self._ready = False
+        self._child: int | None = None  # the worker process running now
 
     @classmethod
     @asynccontextmanager
@@ -471,6 +472,8 @@ class _ForkServer:
             yield server  # it imports meanwhile: the first run() waits until it is ready
         finally:
             with trio.CancelScope(shield=True):
+                if server._child is not None:  # cancelled while a worker ran: it goes too
+                    server._kill_child()
                 assert process.stdin is not None
                 await process.stdin.aclose()
                 with trio.move_on_after(10):
@@ -498,13 +501,20 @@ class _ForkServer:
         }
         assert self._process.stdin is not None
         await self._process.stdin.send_all((json.dumps(request) + "\n").encode())
-        pid = int((await self._receive())["pid"])
+        self._child = int((await self._receive())["pid"])
         with trio.move_on_after(self._plan.timeout):
-            return int((await self._receive())["status"])
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)  # the server reaps it and answers
+            status = int((await self._receive())["status"])
+            self._child = None
+            return status
+        self._kill_child()  # the server reaps it and answers
         await self._receive()
+        self._child = None
         return None
+
+    def _kill_child(self) -> None:
+        assert self._child is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self._child, signal.SIGKILL)
 
     async def _receive(self) -> dict[str, Any]:
         assert self._process.stdout is not None
@@ -534,6 +544,7 @@ class _Tester:
         status = await self._server.run(case, "worker", f"count:{counted}")
         what = f"crash test of {self._plan.handler}: the uninterrupted run"
         if status != 0:
+            self._workspace.keep(case)
             raise CrashTestError(f"{what} {_ended(status, self._plan.timeout)}:\n{_tail(case.log('worker'))}")
         reference, problems = await self._observe(case)
         root = reference.runs.get(_faults.ROOT)
