@@ -18,9 +18,10 @@ docs/crash-testing.md is the guide. Nothing here needs pytest, except the plugin
 from .._errors import CrashTestError, ScriptExhausted
 from ._checks import workdir
 from ._clock import database_clock, skipping_clock
-from ._crash import Boundary, CrashReport, crash_test
+from ._crash import crash_test
 from ._ledger import EffectLedger, effect_ledger
 from ._model import ScriptedModel, ScriptedResponse
+from ._report import Boundary, CrashReport
 
 __all__ = [
     "Boundary",

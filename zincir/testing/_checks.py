@@ -18,7 +18,7 @@ from .._errors import ZincirError
 from .._types import Event, EventType, RunRecord
 from ._ledger import EffectLedger
 
-__all__ = ["Outcome", "compare", "observe", "workdir"]
+__all__ = ["Observed", "compare", "observe", "workdir"]
 
 _LIMIT: Final = 1_000_000  # runs in a crash test's database: all of them
 _SHOWN: Final = 300  # characters of a checkpoint shown when two differ
@@ -45,7 +45,7 @@ class RunOutcome:
 
 
 @attrs.frozen
-class Outcome:
+class Observed:
     """What a database holds once its worker is done, in terms that compare across copies: runs
     by their key, run ids and the working directory replaced by names."""
 
@@ -66,7 +66,7 @@ class Outcome:
         return text
 
 
-async def observe(db: Database, ledger: EffectLedger, directory: str) -> Outcome:
+async def observe(db: Database, ledger: EffectLedger, directory: str) -> Observed:
     records = await db.runs(limit=_LIMIT)
     logs = {record.id: await db.events(record.id) for record in records}
     keys = _keys_of(records, logs)
@@ -104,10 +104,10 @@ async def observe(db: Database, ledger: EffectLedger, directory: str) -> Outcome
         name = normalized(key)
         effects[name] += count
         effect_names[name] = _effect_name(key, name, keys, tools)
-    return Outcome(root_id, runs, effects, effect_names, problems, names)
+    return Observed(root_id, runs, effects, effect_names, problems, names)
 
 
-def compare(reference: Outcome, observed: Outcome) -> list[str]:
+def compare(reference: Observed, observed: Observed) -> list[str]:
     """Every way ``observed`` (after a crash) breaks an invariant or differs from ``reference``
     (the uninterrupted run) where it must not."""
     problems = list(observed.problems)

@@ -12,7 +12,8 @@ import click
 import trio
 
 from .._errors import ZincirError
-from ._crash import Boundary, CrashReport, crash_test
+from ._crash import crash_test
+from ._report import Boundary, CrashReport
 
 __all__ = ["run"]
 
