@@ -229,3 +229,17 @@ async def test_a_pending_call_carries_the_key_of_its_effect(db: zincir.Database)
         assert pending.effect_key == f"{run.id}:tool_call:c1"
         await run.record_tool_result("c1", None)
         await run.complete()
+
+
+def test_a_report_shows_no_password() -> None:
+    from zincir.testing._crash import without_password
+
+    assert (
+        without_password("postgresql://ada:s3cret@db:5432/crash_1")
+        == "postgresql://ada:PASSWORD@db:5432/crash_1"
+    )
+    assert without_password("postgresql://postgres@127.0.0.1/x") == "postgresql://postgres@127.0.0.1/x"
+    assert (
+        without_password("/tmp/zincir-crash-x/0001-before-1/zincir.db")
+        == "/tmp/zincir-crash-x/0001-before-1/zincir.db"
+    )

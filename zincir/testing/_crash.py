@@ -20,6 +20,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Literal
+from urllib.parse import urlsplit, urlunsplit
 
 import attrs
 import trio
@@ -183,7 +184,7 @@ class Plan:
         if self.backend != "sqlite":
             words += ["--backend", self.backend]
         if self.postgres_url is not None:
-            words += ["--postgres-url", self.postgres_url]
+            words += ["--postgres-url", without_password(self.postgres_url)]
         words += ["--boundary", boundary.label]
         return shlex.join(words)
 
@@ -263,7 +264,7 @@ class _Tester:
                 problems=tuple(problems),
                 seconds=time.monotonic() - started,
                 kept=case.directory,
-                database=case.database,
+                database=without_password(case.database),
                 replay=self._plan.replay(boundary),
             )
         self._workspace.discard(case)
@@ -291,3 +292,13 @@ def _ended(status: int | None, timeout: float) -> str:
     if status < 0:
         return f"was killed by signal {-status}"
     return f"exited with status {status}"
+
+
+def without_password(target: str) -> str:
+    """A database URL fit for a report (a log, a CI page): any password replaced by ``PASSWORD``."""
+    parts = urlsplit(target)
+    if not parts.password:
+        return target
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user}:PASSWORD@{host}"))
