@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 __all__ = [
     "ENVIRONMENT",
     "ROOT",
+    "Count",
+    "Kill",
     "arm",
     "armed",
     "around_commit",
@@ -52,33 +54,37 @@ When = Literal["before", "after"]
 
 
 @attrs.frozen
-class _Kill:
+class Kill:
+    """Kill this process ``when`` (before or after) the ``commit``-th write of run ``run``."""
+
     when: When
     commit: int
     run: str
 
 
 @attrs.frozen
-class _Count:
+class Count:
+    """Note every boundary passed in the file at ``path``."""
+
     path: str
 
 
 armed: bool = False
 """Whether a fault point is set: the one thing a write looks at when none is."""
 
-_plan: _Kill | _Count | None = None
+_plan: Kill | Count | None = None
 _commits: dict[str, int] = {}  # writes so far, by run key, in this process
 _keys: dict[str, str] = {}  # run id -> run key, once looked up
 
 
-def parse(spec: str) -> _Kill | _Count:
+def parse(spec: str) -> Kill | Count:
     """What ``ZINCIR_CRASH_AT`` says; :class:`InvalidArgument` for anything else."""
     kind, _, rest = spec.partition(":")
     if kind == "count" and rest:
-        return _Count(rest)
+        return Count(rest)
     number, _, run = rest.partition(":")
     if kind in ("before", "after") and number.isdigit() and int(number) >= 1:
-        return _Kill(kind, int(number), run or ROOT)  # type: ignore[arg-type]
+        return Kill(kind, int(number), run or ROOT)  # type: ignore[arg-type]
     raise InvalidArgument(
         f"{ENVIRONMENT}={spec!r}: expected before:N[:RUN], after:N[:RUN] (N >= 1) or count:PATH"
     )
@@ -100,12 +106,12 @@ async def around_commit(run: Run, fn: Any, args: tuple[Any, ...], write: Callabl
     key = await run_key(run.database, run.id)
     number = _commits[key] = _commits.get(key, 0) + 1
     operation = operation_detail(fn, args)
-    if isinstance(plan, _Count):
+    if isinstance(plan, Count):
         _note(plan.path, key, number, "before", operation)
     elif plan is not None and plan.when == "before" and (plan.commit, plan.run) == (number, key):
         _die(plan, operation)
     result = await write()
-    if isinstance(plan, _Count):
+    if isinstance(plan, Count):
         _note(plan.path, key, number, "after", operation)
     elif plan is not None and plan.when == "after" and (plan.commit, plan.run) == (number, key):
         _die(plan, operation)
@@ -155,7 +161,7 @@ def _note(path: str, run: str, commit: int, when: When, operation: str) -> None:
         os.close(fd)
 
 
-def _die(plan: _Kill, operation: str) -> None:
+def _die(plan: Kill, operation: str) -> None:
     print(
         f"zincir crash test: SIGKILL {plan.when} commit {plan.commit} of {plan.run} ({operation})",
         file=sys.stderr,

@@ -16,6 +16,7 @@ import os
 import random
 import shlex
 import shutil
+import signal
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -193,7 +194,7 @@ def _checked_label(label: object) -> str:
     if not isinstance(label, str):
         raise InvalidArgument(f"crash_test: a boundary label is text like 'after:3:root', not {label!r}")
     plan = _faults.parse(label)
-    if not isinstance(plan, _faults._Kill):
+    if not isinstance(plan, _faults.Kill):
         raise InvalidArgument(f"crash_test: {label!r} is no boundary (before:N:RUN or after:N:RUN)")
     return f"{plan.when}:{plan.commit}:{plan.run}"
 
@@ -244,7 +245,7 @@ class _Tester:
         problems = []
         outcome: Outcome = "passed"
         status = await self._server.run(case, "crashed", boundary.label)
-        if status == -9:
+        if status == -signal.SIGKILL:
             pass  # killed at the boundary
         elif status == 0:
             outcome = "not reached"
