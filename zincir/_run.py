@@ -14,6 +14,7 @@ from typing import Any, Final, TypeVar, cast, final
 import attrs
 import trio
 
+from . import _faults
 from ._backend import (
     ApprovalOutcome,
     CancelOutcome,
@@ -252,7 +253,10 @@ class Run:
     async def _write(self, fn: Any, *args: Any) -> Any:
         counted = self._begin_activity()  # not a context manager: this is every write's path
         try:
-            return await self._as_owner(functools.partial(self._db._write, route=self.id), fn, *args)
+            submit = functools.partial(self._db._write, route=self.id)
+            if _faults.armed:  # a crash test's fault point (docs/crash-testing.md); off: this check
+                return await _faults.around_commit(self, fn, args, lambda: self._as_owner(submit, fn, *args))
+            return await self._as_owner(submit, fn, *args)
         finally:
             self._end_activity(counted)
 
@@ -428,7 +432,11 @@ class Run:
             payload = decode(payload_json)
             call = ToolCall(payload["call_id"], payload["name"], payload["args"])
             key = f"tool_call:{call.id}"
-            pending.append(PendingToolCall(call, count, key, self.fencing_token, started, last_started_at))
+            pending.append(
+                PendingToolCall(
+                    call, count, key, self.fencing_token, started, last_started_at, f"{self.id}:{key}"
+                )
+            )
         return pending
 
     async def start_tool(self, call_id: str) -> int:
