@@ -23,7 +23,6 @@ with write access store any type in any column:
 
 from __future__ import annotations
 
-import abc
 import contextlib
 import functools
 import itertools
@@ -33,12 +32,14 @@ import os
 import re
 import struct
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 import attrs
 
 from ._budget import BUDGET_COLUMNS, Usage, usage_of
 from ._errors import InvalidArgument, RunNotFound
+from ._sql import KEY_CHARS, Cursor, Dialect, ReadOnly
+from ._sqlite._readonly import open_sqlite_readonly
 from ._types import EventType
 
 __all__ = [
@@ -136,8 +137,6 @@ MAX_INT: Final = 2**63 - 1
 MIN_INT: Final = -(2**63)
 #: Characters read of a TEXT column that holds a name, id, status or key (zincir writes <= 255).
 NAME_CHARS: Final = 1024
-#: Characters read of a TEXT or BLOB value found in an INTEGER column (a cursor keeps them).
-KEY_CHARS: Final = 256
 #: A type filter looks at most this many events past its cursor per page (there is no index
 #: on the event type: every append would pay for one).
 SCAN_WINDOW: Final = 20_000
@@ -156,70 +155,6 @@ _TAGGED_KEY = re.compile(r"n|r[0-9a-f]{16}|[tb](?:[0-9a-f]{2}){0,4096}")
 
 
 # --------------------------------------------------------------------------- opening
-
-
-class Cursor(Protocol):
-    """What ``execute`` returns: rows one by one, or the first one."""
-
-    def fetchone(self) -> Any: ...
-
-    def __iter__(self) -> Iterator[Any]: ...
-
-    def close(self) -> None: ...
-
-
-class Dialect(abc.ABC):
-    """How one backend's SQL differs from the common subset the statements here are written in."""
-
-    name: str
-    loose_types: bool
-    """Whether any column may hold any type (SQLite without ``STRICT``): then a key of any type
-    can name a row, and INTEGER columns are read through :meth:`int_column`."""
-    unlimited: int | None
-    """The ``LIMIT`` parameter that means "no limit"."""
-    runs_by_role: str
-    """The table expression to count runs by role from (no index covers the role)."""
-
-    @abc.abstractmethod
-    def int_column(self, column: str) -> str:
-        """SQL for an INTEGER column, bounded when something else was stored there."""
-
-    @abc.abstractmethod
-    def event_count(self) -> str:
-        """SQL for a run's ``last_seq + 1`` (a malformed ``last_seq`` is read as it is)."""
-
-
-class ReadOnly(abc.ABC):
-    """A read-only connection to one zincir database, as a backend provides it.
-
-    ``execute`` takes qmark-style SQL and parameters and translates them for its driver;
-    :meth:`snapshot` runs a block in one read-only transaction and turns the driver's errors
-    into :class:`StorageError` (or :class:`~zincir.DatabaseBusy`).
-    """
-
-    dialect: Dialect
-    target: str
-    """What to call the database in messages and pages (a path, a URL without its password)."""
-    worth_keeping: bool
-    """Whether a long-lived reader (the inspector) should keep this connection between reads
-    rather than open a new one for each."""
-
-    @abc.abstractmethod
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor: ...
-
-    @abc.abstractmethod
-    def snapshot(self) -> contextlib.AbstractContextManager[None]: ...
-
-    @abc.abstractmethod
-    def has_table(self, name: str) -> bool:
-        """Whether the schema has this table (older schema versions lack some)."""
-
-    @abc.abstractmethod
-    def has_column(self, table: str, column: str) -> bool:
-        """Whether ``table`` has this column (older schema versions lack some)."""
-
-    @abc.abstractmethod
-    def close(self) -> None: ...
 
 
 Reader = ReadOnly
@@ -265,8 +200,6 @@ def open_readonly(path: str | os.PathLike[str]) -> Reader:
         from ._postgres._readonly import open_postgres_readonly
 
         return open_postgres_readonly(os.fspath(path), REQUIRED_TABLES)
-    from ._sqlite._readonly import open_sqlite_readonly
-
     return open_sqlite_readonly(sqlite_path(path), REQUIRED_TABLES)
 
 
