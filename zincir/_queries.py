@@ -40,6 +40,7 @@ from ._budget import BUDGET_COLUMNS, Usage, usage_of
 from ._errors import InvalidArgument, RunNotFound
 from ._sql import KEY_CHARS, Cursor, Dialect, ReadOnly
 from ._sqlite._readonly import open_sqlite_readonly
+from ._target import display_target, parse_target
 from ._types import EventType
 
 __all__ = [
@@ -89,7 +90,6 @@ __all__ = [
     "get_run",
     "get_step",
     "intent_to_json",
-    "is_url",
     "iter_events",
     "json_value",
     "key_json",
@@ -112,7 +112,6 @@ __all__ = [
     "reconciled_results",
     "run_to_json",
     "spend_text",
-    "sqlite_path",
     "step_to_json",
     "timer_to_json",
     "verification_interrupted",
@@ -161,32 +160,6 @@ Reader = ReadOnly
 """What every query takes: the connection :func:`open_readonly` returned."""
 
 
-def is_url(target: str | os.PathLike[str]) -> bool:
-    """Whether ``target`` names a server database (``postgresql://``/``postgres://``)."""
-    return isinstance(target, str) and target.partition("://")[0] in ("postgresql", "postgres")
-
-
-def sqlite_path(target: str | os.PathLike[str]) -> str:
-    """The file a SQLite target names (``sqlite:///x.db`` is ``x.db``); InvalidArgument for
-    another URL scheme."""
-    text = os.fspath(target)
-    scheme, sep, _ = text.partition("://")
-    if sep and scheme != "sqlite":
-        raise InvalidArgument(
-            f"unknown database URL scheme {scheme!r}: use a path, sqlite:///path or postgresql://"
-        )
-    return text.removeprefix("sqlite:///")
-
-
-def display_target(target: str | os.PathLike[str]) -> str:
-    """The database as shown to people: a path as given, a URL without its password."""
-    if is_url(target):
-        from ._postgres._connection import redact
-
-        return redact(os.fspath(target))
-    return os.fspath(target)
-
-
 def open_readonly(path: str | os.PathLike[str]) -> Reader:
     """Open an existing zincir database strictly read-only and check its schema.
 
@@ -196,11 +169,13 @@ def open_readonly(path: str | os.PathLike[str]) -> Reader:
     server that cannot be reached raises :class:`~zincir.DatabaseUnavailable` (a
     :class:`StorageError`).
     """
-    if is_url(path):
+    where = parse_target(path)
+    if where.backend == "postgresql":
+        # Imported here: psycopg is an optional extra, needed only for a server.
         from ._postgres._readonly import open_postgres_readonly
 
-        return open_postgres_readonly(os.fspath(path), REQUIRED_TABLES)
-    return open_sqlite_readonly(sqlite_path(path), REQUIRED_TABLES)
+        return open_postgres_readonly(where.location, REQUIRED_TABLES)
+    return open_sqlite_readonly(where.location, REQUIRED_TABLES)
 
 
 @contextlib.contextmanager
