@@ -36,12 +36,12 @@ from typing import Any, Final
 
 import attrs
 
-from ._budget import BUDGET_COLUMNS, Usage, usage_of
-from ._errors import InvalidArgument, RunNotFound
-from ._sql import KEY_CHARS, Cursor, Dialect, ReadOnly
-from ._sqlite._readonly import open_sqlite_readonly
-from ._target import display_target, parse_target
-from ._types import EventType
+from .._budget import BUDGET_COLUMNS, Usage, usage_of
+from .._errors import InvalidArgument, RunNotFound
+from .._sql import KEY_CHARS, Cursor, Dialect, ReadOnly
+from .._sqlite._readonly import open_sqlite_readonly
+from .._target import display_target, parse_target
+from .._types import EventType
 
 __all__ = [
     "CHILD_COUNT_CAP",
@@ -172,7 +172,7 @@ def open_readonly(path: str | os.PathLike[str]) -> Reader:
     where = parse_target(path)
     if where.backend == "postgresql":
         # Imported here: psycopg is an optional extra, needed only for a server.
-        from ._postgres._readonly import open_postgres_readonly
+        from .._postgres._readonly import open_postgres_readonly
 
         return open_postgres_readonly(where.location, REQUIRED_TABLES)
     return open_sqlite_readonly(where.location, REQUIRED_TABLES)
