@@ -26,8 +26,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
-import json
-import math
 import os
 import re
 import struct
@@ -42,6 +40,28 @@ from .._sql import KEY_CHARS, Cursor, Dialect, ReadOnly
 from .._sqlite._readonly import open_sqlite_readonly
 from .._target import display_target, parse_target
 from .._types import EventType
+from ._values import (
+    MAX_INT,
+    MAX_JSON_DEPTH,
+    MIN_INT,
+    Int,
+    Malformed,
+    OptInt,
+    as_int,
+    as_opt_int,
+    as_opt_text,
+    as_size,
+    as_text,
+    json_columns,
+    json_field,
+    json_value,
+    name_column,
+    parse_json,
+    plain,
+    raw_value,
+    was_cut,
+    where_sql,
+)
 
 __all__ = [
     "CHILD_COUNT_CAP",
@@ -49,6 +69,7 @@ __all__ = [
     "KEY_CHARS",
     "LATEST",
     "MAX_INT",
+    "MAX_JSON_DEPTH",
     "REQUIRED_TABLES",
     "RUN_STATUSES",
     "SCAN_WINDOW",
@@ -61,8 +82,10 @@ __all__ = [
     "EventPage",
     "EventRow",
     "FamilyNode",
+    "Int",
     "IntentRow",
     "Malformed",
+    "OptInt",
     "OutsiderAction",
     "ReadOnly",
     "Reader",
@@ -132,10 +155,6 @@ REQUIRED_TABLES = frozenset(
 RUN_STATUSES = ("pending", "running", "waiting", "completed", "failed", "cancelled")
 DEFAULT_PAGE = 100
 MAX_PAGE = 1000
-MAX_INT: Final = 2**63 - 1
-MIN_INT: Final = -(2**63)
-#: Characters read of a TEXT column that holds a name, id, status or key (zincir writes <= 255).
-NAME_CHARS: Final = 1024
 #: A type filter looks at most this many events past its cursor per page (there is no index
 #: on the event type: every append would pay for one).
 SCAN_WINDOW: Final = 20_000
@@ -144,9 +163,6 @@ CHILD_COUNT_CAP: Final = 10_000
 #: Runs are counted per status up to this many, so the runs page costs the same with a million
 #: runs (each count walks the status index); more shows as "10,000+".
 STATUS_COUNT_CAP: Final = 10_000
-#: Stored JSON nested deeper than this is treated as text (so that re-encoding it never recurses
-#: past Python's limit).
-MAX_JSON_DEPTH: Final = 200
 
 _RUN_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _INT_KEY = re.compile(r"-?[0-9]{1,19}")
@@ -189,96 +205,6 @@ def read_snapshot(conn: Reader) -> Iterator[Reader]:
 
 
 # --------------------------------------------------------------------------- stored values
-
-
-@attrs.frozen
-class Malformed:
-    """A value of the wrong type found in an INTEGER column (TEXT, BLOB, REAL or NULL).
-
-    zincir never writes one; someone with write access to the file can. ``raw`` is the stored
-    value (TEXT and BLOB cut to :data:`KEY_CHARS`), kept so that keyset cursors still work;
-    ``str()`` gives a bounded, printable description for display.
-    """
-
-    raw: object
-
-    @property
-    def storage(self) -> str:
-        """The SQLite storage class of the value: ``real``, ``text``, ``blob`` or ``null``."""
-        if self.raw is None:
-            return "null"
-        if isinstance(self.raw, float):
-            return "real"
-        if isinstance(self.raw, bytes):
-            return "blob"
-        return "text"
-
-    @property
-    def preview(self) -> str:
-        raw = self.raw
-        if isinstance(raw, bytes):
-            shown = raw[:32].hex()
-            return f"x'{shown}{'…' if len(raw) > 32 else ''}'"
-        if isinstance(raw, str):
-            return repr(raw if len(raw) <= 60 else raw[:60] + "…")
-        return repr(raw)
-
-    def __str__(self) -> str:
-        return f"(malformed {self.storage}: {self.preview})"
-
-    def __format__(self, spec: str) -> str:
-        # Whatever the format (``{n:,}``, ``{n:>6}``), show the placeholder rather than fail.
-        return str(self)
-
-    def to_json(self) -> dict[str, str]:
-        return {"malformed": self.storage, "value": self.preview}
-
-
-Int = int | Malformed
-OptInt = int | Malformed | None
-
-
-def _int(value: object) -> Int:
-    return value if type(value) is int else Malformed(value)
-
-
-def _opt_int(value: object) -> OptInt:
-    return None if value is None else _int(value)
-
-
-def _text(value: object) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return "" if value is None else str(value)
-
-
-def _opt_text(value: object) -> str | None:
-    return None if value is None else _text(value)
-
-
-def _size(value: object) -> int:
-    return value if type(value) is int else 0
-
-
-def _cut(max_chars: int | None, size: int) -> bool:
-    return max_chars is not None and size > max_chars
-
-
-def _name(column: str) -> str:
-    """SQL for a TEXT column read at most :data:`NAME_CHARS` characters."""
-    return f"substr({column}, 1, {NAME_CHARS})"
-
-
-def _json_column(column: str, max_chars: int | None) -> str:
-    """SQL for a JSON TEXT column (cut to ``max_chars`` characters) followed by its length."""
-    shown = column if max_chars is None else f"substr({column}, 1, {max(0, int(max_chars))})"
-    return f"{shown}, length({column})"
-
-
-def _plain(value: object) -> object:
-    return value.to_json() if isinstance(value, Malformed) else value
 
 
 # --------------------------------------------------------------------------- keys and cursors
@@ -386,7 +312,7 @@ def resolve_run_id(conn: Reader, text: str) -> str:
     rows = conn.execute(
         "SELECT id FROM agent_runs WHERE id >= ? AND id < ? ORDER BY id LIMIT 3", (lowered, lowered + "g")
     )
-    found = [_text(row[0]) for row in rows]
+    found = [as_text(row[0]) for row in rows]
     if not found:
         raise RunNotFound(f"no run id starts with {lowered!r}")
     if len(found) > 1:
@@ -492,33 +418,29 @@ class RunSummary:
         return RunCursor(raw_value(self.created_at), self.raw_id)
 
 
-def raw_value(value: object) -> object:
-    """The stored value behind a normalised one (a :class:`Malformed` gives its ``raw``)."""
-    return value.raw if isinstance(value, Malformed) else value
-
-
 @functools.cache
 def _summary_columns(d: Dialect) -> str:
     return (
-        f"{_name('id')}, {_name('parent_run_id')}, {_name('role')}, {_name('provider')}, {_name('status')},"
+        f"{name_column('id')}, {name_column('parent_run_id')}, {name_column('role')},"
+        f" {name_column('provider')}, {name_column('status')},"
         f" {d.int_column('created_at')}, {d.int_column('updated_at')}, {d.event_count()},"
-        f" {_name('lease_owner')}, {d.int_column('lease_expires_at')}, {d.int_column('attempts')}"
+        f" {name_column('lease_owner')}, {d.int_column('lease_expires_at')}, {d.int_column('attempts')}"
     )
 
 
 def _summary(row: Sequence[Any]) -> RunSummary:
     return RunSummary(
-        id=_text(row[0]),
-        parent_run_id=_opt_text(row[1]),
-        role=_text(row[2]),
-        provider=_text(row[3]),
-        status=_text(row[4]),
-        created_at=_int(row[5]),
-        updated_at=_int(row[6]),
-        event_count=_int(row[7]),
-        lease_owner=_opt_text(row[8]),
-        lease_expires_at=_opt_int(row[9]),
-        attempts=_int(row[10]),
+        id=as_text(row[0]),
+        parent_run_id=as_opt_text(row[1]),
+        role=as_text(row[2]),
+        provider=as_text(row[3]),
+        status=as_text(row[4]),
+        created_at=as_int(row[5]),
+        updated_at=as_int(row[6]),
+        event_count=as_int(row[7]),
+        lease_owner=as_opt_text(row[8]),
+        lease_expires_at=as_opt_int(row[9]),
+        attempts=as_int(row[10]),
         raw_id=row[0],
     )
 
@@ -587,7 +509,7 @@ class RunDetail:
 class CheckpointRow:
     """A checkpoint candidate or decision. ``state``/``verification`` are stored JSON text.
 
-    Each may be only a prefix of the stored value: ``*_size`` is the stored length in
+    Each may be only a prefix of the stored value: ``*as_size`` is the stored length in
     characters and ``*_truncated`` says whether it was cut.
     """
 
@@ -684,10 +606,6 @@ def _filters(status: str | None, role: str | None) -> tuple[list[str], list[Any]
     return clauses, params
 
 
-def _where(clauses: Sequence[str]) -> str:
-    return f"WHERE {' AND '.join(clauses)}" if clauses else ""
-
-
 def list_runs(
     conn: Reader,
     *,
@@ -739,14 +657,14 @@ def _runs_page(
         clauses.append(f"(updated_at, id) {op} (?, ?)")
         params += [cursor.key, cursor.id]
     sql = (
-        f"SELECT {_summary_columns(conn.dialect)} FROM agent_runs {_where(clauses)}"
+        f"SELECT {_summary_columns(conn.dialect)} FROM agent_runs {where_sql(clauses)}"
         f" ORDER BY updated_at {order}, id {order} LIMIT ?"
     )
     return [_summary(row) for row in conn.execute(sql, [*params, limit])]
 
 
 def _runs_exist(conn: Reader, clauses: list[str], params: list[Any], cursor: RunCursor, op: str) -> bool:
-    where = _where([*clauses, f"(updated_at, id) {op} (?, ?)"])
+    where = where_sql([*clauses, f"(updated_at, id) {op} (?, ?)"])
     order = "DESC" if "<" in op else "ASC"  # the nearest one in index order (see _events_exist)
     sql = f"SELECT 1 FROM agent_runs {where} ORDER BY updated_at {order}, id {order} LIMIT 1"
     return conn.execute(sql, [*params, cursor.key, cursor.id]).fetchone() is not None
@@ -766,15 +684,15 @@ def count_runs(conn: Reader, *, role: str | None = None) -> tuple[dict[str, int]
             f" FROM {conn.dialect.runs_by_role} WHERE role = ? GROUP BY named"
         )
         for status, count in conn.execute(sql, (role,)):
-            name = "other" if status is None else _text(status)
-            counts[name] = counts.get(name, 0) + _size(count)
+            name = "other" if status is None else as_text(status)
+            counts[name] = counts.get(name, 0) + as_size(count)
         return counts, frozenset()
     capped = set()
     for name, ranges, params in _status_ranges():
         # One index range per branch (an OR of ranges makes SQLite walk the whole index).
         found = " UNION ALL ".join(f"SELECT 1 FROM agent_runs WHERE {where}" for where in ranges)
         sql = f"SELECT count(*) FROM ({found} LIMIT ?) AS found"
-        count = _size(conn.execute(sql, (*params, STATUS_COUNT_CAP + 1)).fetchone()[0])
+        count = as_size(conn.execute(sql, (*params, STATUS_COUNT_CAP + 1)).fetchone()[0])
         if count or name != "other":
             counts[name] = min(count, STATUS_COUNT_CAP)
         if count > STATUS_COUNT_CAP:
@@ -820,12 +738,13 @@ def get_run(
     _check_cursor(conn, children_after)
     d = conn.dialect
     stored = conn.has_column("agent_runs", "result")  # schema version 4 and later
-    result = _json_column("result", max_result_chars) if stored else "NULL, 0"
+    result = json_columns("result", max_result_chars) if stored else "NULL, 0"
     row = conn.execute(
-        f"SELECT {_name('id')}, {_name('parent_run_id')}, {_name('role')}, {_name('provider')},"
-        f" {_name('status')}, {_json_column('config', max_config_chars)},"
+        f"SELECT {name_column('id')}, {name_column('parent_run_id')}, {name_column('role')},"
+        f" {name_column('provider')},"
+        f" {name_column('status')}, {json_columns('config', max_config_chars)},"
         f" {d.int_column('created_at')}, {d.int_column('updated_at')}, {d.event_count()},"
-        f" {_name('lease_owner')}, {d.int_column('lease_epoch')}, {d.int_column('lease_expires_at')},"
+        f" {name_column('lease_owner')}, {d.int_column('lease_epoch')}, {d.int_column('lease_expires_at')},"
         f" {d.int_column('attempts')}, {d.int_column('next_attempt_at')}, {result}"
         " FROM agent_runs WHERE id = ?",
         (run_id,),
@@ -842,31 +761,31 @@ def get_run(
             (run_id, CHILD_COUNT_CAP + 1),
         ).fetchone()[0]
         total, capped = min(counted, CHILD_COUNT_CAP), counted > CHILD_COUNT_CAP
-    config_size = _size(row[6])
+    config_size = as_size(row[6])
     return RunDetail(
-        id=_text(row[0]),
-        parent_run_id=_opt_text(row[1]),
-        role=_text(row[2]),
-        provider=_text(row[3]),
-        status=_text(row[4]),
-        config=_text(row[5]),
+        id=as_text(row[0]),
+        parent_run_id=as_opt_text(row[1]),
+        role=as_text(row[2]),
+        provider=as_text(row[3]),
+        status=as_text(row[4]),
+        config=as_text(row[5]),
         config_size=config_size,
-        config_truncated=_cut(max_config_chars, config_size),
-        created_at=_int(row[7]),
-        updated_at=_int(row[8]),
-        event_count=_int(row[9]),
-        lease_owner=_opt_text(row[10]),
-        lease_epoch=_int(row[11]),
-        lease_expires_at=_opt_int(row[12]),
-        attempts=_int(row[13]),
-        next_attempt_at=_opt_int(row[14]),
+        config_truncated=was_cut(max_config_chars, config_size),
+        created_at=as_int(row[7]),
+        updated_at=as_int(row[8]),
+        event_count=as_int(row[9]),
+        lease_owner=as_opt_text(row[10]),
+        lease_epoch=as_int(row[11]),
+        lease_expires_at=as_opt_int(row[12]),
+        attempts=as_int(row[13]),
+        next_attempt_at=as_opt_int(row[14]),
         children=children,
         children_total=total,
         children_capped=capped,
         children_next=children[-1].child_cursor if more and children else None,
-        result=_opt_text(row[15]),
-        result_size=_size(row[16]),
-        result_truncated=row[15] is not None and _cut(max_result_chars, _size(row[16])),
+        result=as_opt_text(row[15]),
+        result_size=as_size(row[16]),
+        result_truncated=row[15] is not None and was_cut(max_result_chars, as_size(row[16])),
     )
 
 
@@ -888,30 +807,31 @@ def _children(
 
 def _checkpoint_sql(d: Dialect, max_chars: int | None) -> str:
     return (
-        f"SELECT {d.int_column('id')}, {d.int_column('round')}, {_name('tool_call_id')}, {_name('status')},"
+        f"SELECT {d.int_column('id')}, {d.int_column('round')}, {name_column('tool_call_id')},"
+        f" {name_column('status')},"
         f" {d.int_column('based_on_event_seq')}, {d.int_column('decision_event_seq')},"
-        f" {_json_column('state', max_chars)}, {_json_column('verification', max_chars)},"
+        f" {json_columns('state', max_chars)}, {json_columns('verification', max_chars)},"
         f" {d.int_column('created_at')}, {d.int_column('decided_at')} FROM checkpoints"
     )
 
 
 def _checkpoint(row: Sequence[Any], max_chars: int | None) -> CheckpointRow:
-    state_size, verification_size = _size(row[7]), _size(row[9])
+    state_size, verification_size = as_size(row[7]), as_size(row[9])
     return CheckpointRow(
-        id=_int(row[0]),
-        round=_int(row[1]),
-        tool_call_id=_text(row[2]),
-        status=_text(row[3]),
-        based_on_event_seq=_int(row[4]),
-        decision_event_seq=_opt_int(row[5]),
-        state=_text(row[6]),
-        verification=_opt_text(row[8]),
-        created_at=_int(row[10]),
-        decided_at=_opt_int(row[11]),
+        id=as_int(row[0]),
+        round=as_int(row[1]),
+        tool_call_id=as_text(row[2]),
+        status=as_text(row[3]),
+        based_on_event_seq=as_int(row[4]),
+        decision_event_seq=as_opt_int(row[5]),
+        state=as_text(row[6]),
+        verification=as_opt_text(row[8]),
+        created_at=as_int(row[10]),
+        decided_at=as_opt_int(row[11]),
         state_size=state_size,
         verification_size=verification_size,
-        state_truncated=_cut(max_chars, state_size),
-        verification_truncated=row[8] is not None and _cut(max_chars, verification_size),
+        state_truncated=was_cut(max_chars, state_size),
+        verification_truncated=row[8] is not None and was_cut(max_chars, verification_size),
     )
 
 
@@ -983,28 +903,28 @@ def reconciled_results(conn: Reader, run_id: str, seqs: Sequence[object]) -> fro
         f" AND seq IN ({', '.join('?' * len(wanted))}) AND payload LIKE ?",
         [run_id, *wanted, _RECONCILED],
     )
-    return frozenset(_int(row[0]) for row in rows)
+    return frozenset(as_int(row[0]) for row in rows)
 
 
 def _step_sql(d: Dialect, max_chars: int | None) -> str:
     return (
-        f"SELECT {_name('name')}, {_name('status')}, {d.int_column('epoch')},"
-        f" {_json_column('result', max_chars)},"
+        f"SELECT {name_column('name')}, {name_column('status')}, {d.int_column('epoch')},"
+        f" {json_columns('result', max_chars)},"
         f" {d.int_column('started_at')}, {d.int_column('completed_at')} FROM steps"
     )
 
 
 def _step(row: Sequence[Any], max_chars: int | None) -> StepRow:
-    size = _size(row[4])
+    size = as_size(row[4])
     return StepRow(
-        name=_text(row[0]),
-        status=_text(row[1]),
-        epoch=_int(row[2]),
-        result=_opt_text(row[3]),
-        started_at=_int(row[5]),
-        completed_at=_opt_int(row[6]),
+        name=as_text(row[0]),
+        status=as_text(row[1]),
+        epoch=as_int(row[2]),
+        result=as_opt_text(row[3]),
+        started_at=as_int(row[5]),
+        completed_at=as_opt_int(row[6]),
         result_size=size,
-        truncated=row[3] is not None and _cut(max_chars, size),
+        truncated=row[3] is not None and was_cut(max_chars, size),
     )
 
 
@@ -1034,12 +954,12 @@ def list_timers(conn: Reader, run_id: str, *, limit: int | None = None) -> tuple
     """The run's durable timers by wake time (the first ``limit``; all by default)."""
     d = conn.dialect
     rows = conn.execute(
-        f"SELECT {_name('name')}, {d.int_column('wake_at')}, {d.int_column('created_at')},"
+        f"SELECT {name_column('name')}, {d.int_column('wake_at')}, {d.int_column('created_at')},"
         f" {d.int_column('completed_at')}"
         " FROM timers WHERE run_id = ? ORDER BY wake_at, name LIMIT ?",
         (run_id, d.unlimited if limit is None else limit),
     )
-    return tuple(TimerRow(_text(r[0]), _int(r[1]), _int(r[2]), _opt_int(r[3])) for r in rows)
+    return tuple(TimerRow(as_text(r[0]), as_int(r[1]), as_int(r[2]), as_opt_int(r[3])) for r in rows)
 
 
 # --------------------------------------------------------------------------- events
@@ -1047,21 +967,21 @@ def list_timers(conn: Reader, run_id: str, *, limit: int | None = None) -> tuple
 
 def _event_sql(d: Dialect, max_payload_chars: int | None) -> str:
     return (
-        f"SELECT {d.int_column('seq')}, {_name('type')}, {_json_column('payload', max_payload_chars)},"
-        f" {_name('idempotency_key')}, {d.int_column('created_at')} FROM events"
+        f"SELECT {d.int_column('seq')}, {name_column('type')}, {json_columns('payload', max_payload_chars)},"
+        f" {name_column('idempotency_key')}, {d.int_column('created_at')} FROM events"
     )
 
 
 def _event(row: Sequence[Any], max_payload_chars: int | None) -> EventRow:
-    size = _size(row[3])
+    size = as_size(row[3])
     return EventRow(
-        seq=_int(row[0]),
-        type=_text(row[1]),
-        payload=_text(row[2]),
+        seq=as_int(row[0]),
+        type=as_text(row[1]),
+        payload=as_text(row[2]),
         payload_size=size,
-        idempotency_key=_opt_text(row[4]),
-        created_at=_int(row[5]),
-        truncated=_cut(max_payload_chars, size),
+        idempotency_key=as_opt_text(row[4]),
+        created_at=as_int(row[5]),
+        truncated=was_cut(max_payload_chars, size),
     )
 
 
@@ -1110,7 +1030,7 @@ def list_events(
     scan_edge: object = None
     if type is not None:
         edge = conn.execute(
-            f"SELECT {d.int_column('seq')} FROM events {_where(clauses)} ORDER BY seq {order}"
+            f"SELECT {d.int_column('seq')} FROM events {where_sql(clauses)} ORDER BY seq {order}"
             f" LIMIT 1 OFFSET {SCAN_WINDOW - 1}",
             params,
         ).fetchone()
@@ -1120,7 +1040,7 @@ def list_events(
             params.append(scan_edge)
         clauses.append("type = ?")
         params.append(type)
-    sql = f"{_event_sql(d, max_payload_chars)} {_where(clauses)} ORDER BY seq {order} LIMIT ?"
+    sql = f"{_event_sql(d, max_payload_chars)} {where_sql(clauses)} ORDER BY seq {order} LIMIT ?"
     rows, more = _collect(conn.execute(sql, [*params, limit + 1]), limit, max_payload_chars, max_chars_total)
     if descending:
         rows.reverse()
@@ -1243,56 +1163,6 @@ def iter_events(conn: Reader, run_id: str, *, after: object = -1, page: int = 50
 # --------------------------------------------------------------------------- JSON views
 
 
-def _parse_float(text: str) -> float | str:
-    value = float(text)
-    return value if math.isfinite(value) else text  # 1e999 overflows to inf: keep the text
-
-
-def _parse_constant(name: str) -> str:
-    return name  # NaN, Infinity, -Infinity: JSON has no such numbers; keep them as strings
-
-
-def _too_deep(value: Any, limit: int) -> bool:
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item
-        if depth > limit:
-            return True
-        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
-    return False
-
-
-def parse_json(text: str) -> tuple[bool, Any]:
-    """Decode stored JSON text: ``(True, value)``, or ``(False, text)`` when it cannot be.
-
-    Never raises. Text that is not JSON, or nests deeper than :data:`MAX_JSON_DEPTH`, is not
-    decoded. ``NaN``, ``Infinity``, ``-Infinity`` and numbers too large for a float decode
-    to their text (a string), so the value always re-encodes as strict JSON.
-    """
-    try:
-        value = json.loads(text, parse_float=_parse_float, parse_constant=_parse_constant)
-    except (ValueError, RecursionError):
-        return False, text
-    # Nesting needs one bracket per level: a text with few brackets is never too deep.
-    shallow = text.count("[") + text.count("{") <= MAX_JSON_DEPTH
-    if not shallow and isinstance(value, dict | list) and _too_deep(value, MAX_JSON_DEPTH):
-        return False, text
-    return True, value
-
-
-def json_value(text: str | None) -> Any:
-    """Decode a stored JSON column; text that cannot be decoded is returned as the string itself."""
-    if text is None:
-        return None
-    return parse_json(text)[1]
-
-
-def _json_field(text: str | None, truncated: bool) -> Any:
-    # A cut value is a prefix: usually not JSON, and never the value; give the text itself.
-    return text if truncated else json_value(text)
-
-
 def run_to_json(run: RunDetail | RunSummary) -> dict[str, Any]:
     """A JSON-ready dict of a run (``config`` decoded, children as ids)."""
     data: dict[str, Any] = {
@@ -1301,22 +1171,22 @@ def run_to_json(run: RunDetail | RunSummary) -> dict[str, Any]:
         "role": run.role,
         "provider": run.provider,
         "status": run.status,
-        "created_at": _plain(run.created_at),
-        "updated_at": _plain(run.updated_at),
-        "event_count": _plain(run.event_count),
+        "created_at": plain(run.created_at),
+        "updated_at": plain(run.updated_at),
+        "event_count": plain(run.event_count),
         "lease_owner": run.lease_owner,
-        "lease_expires_at": _plain(run.lease_expires_at),
-        "attempts": _plain(run.attempts),
+        "lease_expires_at": plain(run.lease_expires_at),
+        "attempts": plain(run.attempts),
     }
     if isinstance(run, RunDetail):
-        data["config"] = _json_field(run.config, run.config_truncated)
+        data["config"] = json_field(run.config, run.config_truncated)
         if run.config_truncated:
             data["config_size"] = run.config_size
-        data["result"] = None if run.result is None else _json_field(run.result, run.result_truncated)
+        data["result"] = None if run.result is None else json_field(run.result, run.result_truncated)
         if run.result_truncated:
             data["result_size"] = run.result_size
-        data["lease_epoch"] = _plain(run.lease_epoch)
-        data["next_attempt_at"] = _plain(run.next_attempt_at)
+        data["lease_epoch"] = plain(run.lease_epoch)
+        data["next_attempt_at"] = plain(run.next_attempt_at)
         data["children"] = [child.id for child in run.children]
     return data
 
@@ -1324,11 +1194,11 @@ def run_to_json(run: RunDetail | RunSummary) -> dict[str, Any]:
 def event_to_json(run_id: str, event: EventRow) -> dict[str, Any]:
     data = {
         "run_id": run_id,
-        "seq": _plain(event.seq),
+        "seq": plain(event.seq),
         "type": event.type,
-        "payload": _json_field(event.payload, event.truncated),
+        "payload": json_field(event.payload, event.truncated),
         "idempotency_key": event.idempotency_key,
-        "created_at": _plain(event.created_at),
+        "created_at": plain(event.created_at),
     }
     if event.truncated:
         data["payload_size"] = event.payload_size
@@ -1339,16 +1209,16 @@ def checkpoint_to_json(run_id: str, checkpoint: CheckpointRow) -> dict[str, Any]
     """A JSON-ready dict of a checkpoint; a cut value is its prefix, listed in ``truncated``."""
     c = checkpoint
     data: dict[str, Any] = {
-        "id": _plain(c.id),
-        "round": _plain(c.round),
+        "id": plain(c.id),
+        "round": plain(c.round),
         "tool_call_id": c.tool_call_id,
         "status": c.status,
-        "based_on_event_seq": _plain(c.based_on_event_seq),
-        "decision_event_seq": _plain(c.decision_event_seq),
-        "state": _json_field(c.state, c.state_truncated),
-        "verification": _json_field(c.verification, c.verification_truncated),
-        "created_at": _plain(c.created_at),
-        "decided_at": _plain(c.decided_at),
+        "based_on_event_seq": plain(c.based_on_event_seq),
+        "decision_event_seq": plain(c.decision_event_seq),
+        "state": json_field(c.state, c.state_truncated),
+        "verification": json_field(c.verification, c.verification_truncated),
+        "created_at": plain(c.created_at),
+        "decided_at": plain(c.decided_at),
         "run_id": run_id,
     }
     cut = {"state": c.state_size} if c.state_truncated else {}
@@ -1364,10 +1234,10 @@ def step_to_json(run_id: str, step: StepRow) -> dict[str, Any]:
     data: dict[str, Any] = {
         "name": step.name,
         "status": step.status,
-        "epoch": _plain(step.epoch),
-        "result": _json_field(step.result, step.truncated),
-        "started_at": _plain(step.started_at),
-        "completed_at": _plain(step.completed_at),
+        "epoch": plain(step.epoch),
+        "result": json_field(step.result, step.truncated),
+        "started_at": plain(step.started_at),
+        "completed_at": plain(step.completed_at),
         "run_id": run_id,
     }
     if step.truncated:
@@ -1378,9 +1248,9 @@ def step_to_json(run_id: str, step: StepRow) -> dict[str, Any]:
 def timer_to_json(run_id: str, timer: TimerRow) -> dict[str, Any]:
     return {
         "name": timer.name,
-        "wake_at": _plain(timer.wake_at),
-        "created_at": _plain(timer.created_at),
-        "completed_at": _plain(timer.completed_at),
+        "wake_at": plain(timer.wake_at),
+        "created_at": plain(timer.created_at),
+        "completed_at": plain(timer.completed_at),
         "run_id": run_id,
     }
 
@@ -1416,9 +1286,9 @@ def _approval_request(row: Sequence[Any]) -> ApprovalRequest:
     intent = json_value(payload)
     args = intent.get("args") if isinstance(intent, dict) else None
     return ApprovalRequest(
-        _text(run_id), _text(call_id), _text(tool), args, _text(hash_), int(requested_at),
+        as_text(run_id), as_text(call_id), as_text(tool), args, as_text(hash_), int(requested_at),
         None if deadline is None else int(deadline), None if approved is None else bool(approved),
-        None if by is None else _text(by),
+        None if by is None else as_text(by),
     )  # fmt: skip
 
 
@@ -1482,23 +1352,24 @@ def list_awaiting(conn: Reader, run_ids: Sequence[str]) -> dict[str, tuple[Await
     d = conn.dialect
     marks = ", ".join("?" * len(run_ids))
     parts = [
-        f"SELECT run_id, 'sleep', {_name('name')}, '', {d.int_column('created_at')},"
+        f"SELECT run_id, 'sleep', {name_column('name')}, '', {d.int_column('created_at')},"
         f" {d.int_column('wake_at')}"
         f" FROM timers WHERE run_id IN ({marks}) AND completed_at IS NULL"
     ]
     if conn.has_table("joins"):
         parts.append(
-            f"SELECT run_id, 'child', {_name('child_id')}, '', {d.int_column('created_at')},"
+            f"SELECT run_id, 'child', {name_column('child_id')}, '', {d.int_column('created_at')},"
             f" {d.int_column('deadline')}"
             f" FROM joins WHERE run_id IN ({marks}) AND completed_at IS NULL"
         )
     if conn.has_table("waits"):
         parts.append(
-            f"SELECT run_id, 'signal', {_name('name')}, {_name('topic')}, {d.int_column('created_at')},"
+            f"SELECT run_id, 'signal', {name_column('name')}, {name_column('topic')},"
+            f" {d.int_column('created_at')},"
             f" {d.int_column('deadline')} FROM waits WHERE run_id IN ({marks}) AND completed_at IS NULL"
         )
         parts.append(
-            f"SELECT run_id, 'approval', {_name('call_id')}, {_name('tool_name')},"
+            f"SELECT run_id, 'approval', {name_column('call_id')}, {name_column('tool_name')},"
             f" {d.int_column('requested_at')}, {d.int_column('deadline')} FROM approvals"
             f" WHERE run_id IN ({marks}) AND decided_at IS NULL AND timed_out = 0"
         )
@@ -1506,8 +1377,10 @@ def list_awaiting(conn: Reader, run_ids: Sequence[str]) -> dict[str, tuple[Await
     suspended = _suspended_on(conn, run_ids)
     found: dict[str, list[Awaiting]] = {}
     for run_id, kind, name, target, since, until in rows:
-        wakes = (kind, _text(name)) in suspended.get(_text(run_id), {})
-        item = Awaiting(_text(run_id), kind, _text(name), _text(target), _int(since), _opt_int(until), wakes)
+        wakes = (kind, as_text(name)) in suspended.get(as_text(run_id), {})
+        item = Awaiting(
+            as_text(run_id), kind, as_text(name), as_text(target), as_int(since), as_opt_int(until), wakes
+        )
         found.setdefault(item.run_id, []).append(item)
     for run_id, waits in suspended.items():  # a budget has no table of open waits
         for (kind, name), since in waits.items():
@@ -1522,14 +1395,14 @@ def _suspended_on(conn: Reader, run_ids: Sequence[str]) -> dict[str, dict[tuple[
         return {}
     marks = ", ".join("?" * len(run_ids))
     rows = conn.execute(
-        f"SELECT w.run_id, w.kind, {_name('w.name')}, {conn.dialect.int_column('w.created_at')}"
+        f"SELECT w.run_id, w.kind, {name_column('w.name')}, {conn.dialect.int_column('w.created_at')}"
         " FROM run_waits AS w JOIN agent_runs AS r ON r.id = w.run_id"
         f" WHERE w.run_id IN ({marks}) AND r.status = 'waiting'",
         list(run_ids),
     )
     found: dict[str, dict[tuple[str, str], Int]] = {}
     for run_id, kind, name, since in rows:
-        found.setdefault(_text(run_id), {})[(_text(kind), _text(name))] = _int(since)
+        found.setdefault(as_text(run_id), {})[(as_text(kind), as_text(name))] = as_int(since)
     return found
 
 
@@ -1542,8 +1415,8 @@ def awaiting_to_json(item: Awaiting) -> dict[str, Any]:
         "kind": item.kind,
         "name": item.name,
         "target": item.target,
-        "since": _plain(item.since),
-        "until": _plain(item.until),
+        "since": plain(item.since),
+        "until": plain(item.until),
         "wakes": item.wakes,
     }
 
@@ -1598,7 +1471,7 @@ def _subtree(conn: Reader, run: RunSummary, depth: int, per_node: int) -> Family
 
 
 def _count_children(conn: Reader, run_id: str) -> int:
-    return _size(
+    return as_size(
         conn.execute(
             "SELECT count(*) FROM (SELECT 1 FROM agent_runs WHERE parent_run_id = ? LIMIT ?) AS children",
             (run_id, CHILD_COUNT_CAP),
@@ -1624,7 +1497,7 @@ def budgets_of(conn: Reader, run_ids: Sequence[str], now_ms: int) -> dict[str, U
     found = {}
     for run_id, age, *row in rows:
         try:
-            found[_text(run_id)] = usage_of(row, int(age))
+            found[as_text(run_id)] = usage_of(row, int(age))
         except (TypeError, ValueError, InvalidArgument):  # a damaged row: shown as none
             continue
     return found
@@ -1701,7 +1574,7 @@ def list_intents(conn: Reader, run_id: str, *, limit: int = 100) -> tuple[Intent
     started = f"{d.int_column('started')}, {d.int_column('last_started_at')}" if marks else "NULL, NULL"
     rows = list(
         conn.execute(
-            f"SELECT {_name('call_id')}, {_name('name')}, {d.int_column('result_seq')}, {started}"
+            f"SELECT {name_column('call_id')}, {name_column('name')}, {d.int_column('result_seq')}, {started}"
             " FROM tool_intents WHERE run_id = ? ORDER BY result_seq IS NOT NULL,"
             " CASE WHEN result_seq IS NULL THEN intent_seq ELSE -intent_seq END LIMIT ?",
             (run_id, _check_limit(limit)),
@@ -1711,17 +1584,17 @@ def list_intents(conn: Reader, run_id: str, *, limit: int = 100) -> tuple[Intent
     candidate = candidate_checkpoint(conn, run_id)
     found = []
     for call_id, name, result_seq, count, last in rows:
-        reconciled = result_seq is not None and _int(result_seq) in found_by_probe
+        reconciled = result_seq is not None and as_int(result_seq) in found_by_probe
         if result_seq is not None:
             state = "done, found by a probe" if reconciled else "done"
-        elif candidate is not None and _text(call_id) == candidate.tool_call_id:
+        elif candidate is not None and as_text(call_id) == candidate.tool_call_id:
             state = "checkpoint candidate, undecided"
         elif count is None:
             state = "pending"
         else:
             state = "started, outcome unknown" if count else "never started"
         found.append(
-            IntentRow(_text(call_id), _text(name), state, _opt_int(count), _opt_int(last), reconciled)  # type: ignore[arg-type]
+            IntentRow(as_text(call_id), as_text(name), state, as_opt_int(count), as_opt_int(last), reconciled)  # type: ignore[arg-type]
         )
     return tuple(found)
 
@@ -1732,7 +1605,7 @@ def intent_to_json(intent: IntentRow) -> dict[str, Any]:
         "name": intent.name,
         "state": intent.state,
         "started": intent.started,
-        "last_started_at": _plain(intent.last_started_at),
+        "last_started_at": plain(intent.last_started_at),
         "reconciled": intent.reconciled,
     }
 
@@ -1769,14 +1642,19 @@ def list_outsider_actions(
         return ()
     d = conn.dialect
     rows = conn.execute(
-        f"SELECT {d.int_column('id')}, {_name('action')}, {_name('done_by')},"
-        f" {_json_column('detail', max_chars)}, {d.int_column('created_at')}"
+        f"SELECT {d.int_column('id')}, {name_column('action')}, {name_column('done_by')},"
+        f" {json_columns('detail', max_chars)}, {d.int_column('created_at')}"
         " FROM outsider_actions WHERE run_id = ? ORDER BY id DESC LIMIT ?",
         (run_id, d.unlimited if limit is None else limit),
     )
     return tuple(
         OutsiderAction(
-            _int(r[0]), _text(r[1]), _opt_text(r[2]), _text(r[3]), _cut(max_chars, _size(r[4])), _int(r[5])
+            as_int(r[0]),
+            as_text(r[1]),
+            as_opt_text(r[2]),
+            as_text(r[3]),
+            was_cut(max_chars, as_size(r[4])),
+            as_int(r[5]),
         )
         for r in rows
     )
@@ -1784,10 +1662,10 @@ def list_outsider_actions(
 
 def outsider_action_to_json(item: OutsiderAction) -> dict[str, Any]:
     return {
-        "id": _plain(item.id),
+        "id": plain(item.id),
         "action": item.action,
         "by": item.by,
         "detail": json_value(item.detail) if not item.detail_truncated else item.detail,
         "detail_truncated": item.detail_truncated,
-        "created_at": _plain(item.created_at),
+        "created_at": plain(item.created_at),
     }
