@@ -23,10 +23,8 @@ with write access store any type in any column:
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import itertools
-import os
 import re
 import struct
 from collections.abc import Iterator, Mapping, Sequence
@@ -37,9 +35,9 @@ import attrs
 from .._budget import BUDGET_COLUMNS, Usage, usage_of
 from .._errors import InvalidArgument, RunNotFound
 from .._sql import KEY_CHARS, Cursor, Dialect, ReadOnly
-from .._sqlite._readonly import open_sqlite_readonly
-from .._target import display_target, parse_target
+from .._target import display_target
 from .._types import EventType
+from ._connect import REQUIRED_TABLES, Reader, open_readonly, read_snapshot
 from ._values import (
     MAX_INT,
     MAX_JSON_DEPTH,
@@ -140,18 +138,6 @@ __all__ = [
     "verification_interrupted",
 ]
 
-REQUIRED_TABLES = frozenset(
-    {
-        "zincir_schema_migrations",
-        "agent_runs",
-        "events",
-        "tool_intents",
-        "checkpoints",
-        "steps",
-        "timers",
-        "messages",
-    }
-)
 RUN_STATUSES = ("pending", "running", "waiting", "completed", "failed", "cancelled")
 DEFAULT_PAGE = 100
 MAX_PAGE = 1000
@@ -170,38 +156,6 @@ _TAGGED_KEY = re.compile(r"n|r[0-9a-f]{16}|[tb](?:[0-9a-f]{2}){0,4096}")
 
 
 # --------------------------------------------------------------------------- opening
-
-
-Reader = ReadOnly
-"""What every query takes: the connection :func:`open_readonly` returned."""
-
-
-def open_readonly(path: str | os.PathLike[str]) -> Reader:
-    """Open an existing zincir database strictly read-only and check its schema.
-
-    ``path`` is a SQLite file (or ``sqlite:///path``) or a ``postgresql://`` URL. A missing
-    file raises :class:`StorageError` and is not created; a database that is not zincir's (or
-    is newer than this code) raises :class:`~zincir.SchemaError`, and is left as it is. A
-    server that cannot be reached raises :class:`~zincir.DatabaseUnavailable` (a
-    :class:`StorageError`).
-    """
-    where = parse_target(path)
-    if where.backend == "postgresql":
-        # Imported here: psycopg is an optional extra, needed only for a server.
-        from .._postgres._readonly import open_postgres_readonly
-
-        return open_postgres_readonly(where.location, REQUIRED_TABLES)
-    return open_sqlite_readonly(where.location, REQUIRED_TABLES)
-
-
-@contextlib.contextmanager
-def read_snapshot(conn: Reader) -> Iterator[Reader]:
-    """Run the reads inside the block in one read transaction (one consistent snapshot).
-
-    Database errors raised inside become :class:`StorageError` (or :class:`DatabaseBusy`).
-    """
-    with conn.snapshot():
-        yield conn
 
 
 # --------------------------------------------------------------------------- stored values
