@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import re
-import struct
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final
 
@@ -38,6 +36,24 @@ from .._sql import KEY_CHARS, Cursor, Dialect, ReadOnly
 from .._target import display_target
 from .._types import EventType
 from ._connect import REQUIRED_TABLES, Reader, open_readonly, read_snapshot
+from ._keys import (
+    DEFAULT_PAGE,
+    LATEST,
+    MAX_PAGE,
+    RUN_STATUSES,
+    RunCursor,
+    check_cursor,
+    check_key,
+    check_limit,
+    check_status,
+    comparable,
+    decode_key,
+    encode_key,
+    key_json,
+    parse_cursor,
+    parse_run_id,
+    resolve_run_id,
+)
 from ._values import (
     MAX_INT,
     MAX_JSON_DEPTH,
@@ -68,6 +84,7 @@ __all__ = [
     "LATEST",
     "MAX_INT",
     "MAX_JSON_DEPTH",
+    "MAX_PAGE",
     "REQUIRED_TABLES",
     "RUN_STATUSES",
     "SCAN_WINDOW",
@@ -131,6 +148,7 @@ __all__ = [
     "raw_value",
     "read_snapshot",
     "reconciled_results",
+    "resolve_run_id",
     "run_to_json",
     "spend_text",
     "step_to_json",
@@ -138,9 +156,6 @@ __all__ = [
     "verification_interrupted",
 ]
 
-RUN_STATUSES = ("pending", "running", "waiting", "completed", "failed", "cancelled")
-DEFAULT_PAGE = 100
-MAX_PAGE = 1000
 #: A type filter looks at most this many events past its cursor per page (there is no index
 #: on the event type: every append would pay for one).
 SCAN_WINDOW: Final = 20_000
@@ -149,10 +164,6 @@ CHILD_COUNT_CAP: Final = 10_000
 #: Runs are counted per status up to this many, so the runs page costs the same with a million
 #: runs (each count walks the status index); more shows as "10,000+".
 STATUS_COUNT_CAP: Final = 10_000
-
-_RUN_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-_INT_KEY = re.compile(r"-?[0-9]{1,19}")
-_TAGGED_KEY = re.compile(r"n|r[0-9a-f]{16}|[tb](?:[0-9a-f]{2}){0,4096}")
 
 
 # --------------------------------------------------------------------------- opening
@@ -164,184 +175,10 @@ _TAGGED_KEY = re.compile(r"n|r[0-9a-f]{16}|[tb](?:[0-9a-f]{2}){0,4096}")
 # --------------------------------------------------------------------------- keys and cursors
 
 
-def encode_key(value: object) -> str:
-    """A URL-safe token for a stored sort-key value (``seq``, ``updated_at``, a run id).
-
-    Integers are written in decimal and canonical run ids as themselves, so ordinary cursors
-    read naturally; other stored values get a tag and hex (``t`` TEXT, ``b`` BLOB, ``r`` REAL,
-    ``n`` NULL) so that paging past a malformed row keeps SQLite's ordering exactly.
-    """
-    if isinstance(value, Malformed):
-        value = value.raw
-    if type(value) is int:
-        return str(value)
-    if isinstance(value, float):
-        return "r" + struct.pack(">d", value).hex()
-    if isinstance(value, str):
-        if _RUN_ID.fullmatch(value):
-            return value
-        return "t" + value[:KEY_CHARS].encode("utf-8", "surrogatepass").hex()
-    if isinstance(value, bytes):
-        return "b" + value[:KEY_CHARS].hex()
-    return "n"
-
-
-def decode_key(text: str, what: str) -> object:
-    """The value of a token made by :func:`encode_key`; :class:`InvalidArgument` if malformed."""
-    if _INT_KEY.fullmatch(text):
-        number = int(text)
-        if not MIN_INT <= number <= MAX_INT:
-            raise InvalidArgument(f"{what} {text!r} is outside the 64-bit integer range SQLite stores")
-        return number
-    if _RUN_ID.fullmatch(text):
-        return text
-    if not _TAGGED_KEY.fullmatch(text):
-        raise InvalidArgument(f"malformed {what} {_shown(text)}: expected an integer")
-    tag, data = text[0], text[1:]
-    if tag == "n":
-        return None
-    raw = bytes.fromhex(data)
-    if tag == "r":
-        return float(struct.unpack(">d", raw)[0])
-    if tag == "b":
-        return raw
-    return raw.decode("utf-8", "replace")
-
-
-def key_json(value: object) -> object:
-    """A sort key for a JSON response: an int as is, any other value as its token."""
-    if type(value) is int or value is None:
-        return value
-    return encode_key(value)
-
-
-def _shown(text: str) -> str:
-    return repr(text if len(text) <= 40 else text[:40] + "…")
-
-
-class _Latest:
-    def __repr__(self) -> str:
-        return "LATEST"
-
-
-#: ``before=LATEST`` asks :func:`list_events` for the end of the log (the last page).
-LATEST: Final = _Latest()
-
-
 # --------------------------------------------------------------------------- validation
 
 
-def parse_run_id(text: str) -> str:
-    """Return the canonical (lowercase) form of a run id, or raise :class:`InvalidArgument`."""
-    lowered = text.lower()
-    if not _RUN_ID.fullmatch(lowered):
-        shown = text if len(text) <= 80 else text[:80] + "…"
-        raise InvalidArgument(f"malformed run id {shown!r}: expected a UUID like {_EXAMPLE_ID}")
-    return lowered
-
-
-_EXAMPLE_ID = "0b7c6a1e-5a43-4f4e-9d7e-2f0c7a1d9b11"
-_RUN_ID_PREFIX = re.compile(r"[0-9a-f-]{1,35}")
-#: The fewest leading characters of a run id that the CLI accepts in its place.
-MIN_PREFIX = 4
-
-
-def resolve_run_id(conn: Reader, text: str) -> str:
-    """A whole run id (canonical form), or the one run id that starts with ``text``.
-
-    A prefix needs :data:`MIN_PREFIX` characters at least. No run with it is
-    :class:`RunNotFound`; several are :class:`InvalidArgument` naming the first few. One
-    indexed range read (ids are compared bytewise on both backends).
-    """
-    lowered = text.lower()
-    if _RUN_ID.fullmatch(lowered):
-        return lowered
-    if len(lowered) < MIN_PREFIX or not _RUN_ID_PREFIX.fullmatch(lowered):
-        shown = text if len(text) <= 80 else text[:80] + "…"
-        raise InvalidArgument(
-            f"malformed run id {shown!r}: expected a UUID like {_EXAMPLE_ID}, "
-            f"or its first {MIN_PREFIX} characters or more"
-        )
-    # Every id character is 0-9, a-f or '-', all below 'g': [prefix, prefix + 'g') holds them.
-    rows = conn.execute(
-        "SELECT id FROM agent_runs WHERE id >= ? AND id < ? ORDER BY id LIMIT 3", (lowered, lowered + "g")
-    )
-    found = [as_text(row[0]) for row in rows]
-    if not found:
-        raise RunNotFound(f"no run id starts with {lowered!r}")
-    if len(found) > 1:
-        more = ", …" if len(found) > 2 else ""
-        raise InvalidArgument(
-            f"run id prefix {lowered!r} is ambiguous: {found[0]}, {found[1]}{more} start with it;"
-            " give more characters"
-        )
-    return found[0]
-
-
-def _check_limit(limit: int) -> int:
-    if not 1 <= limit <= MAX_PAGE:
-        raise InvalidArgument(f"page limit must be between 1 and {MAX_PAGE}, got {limit}")
-    return limit
-
-
-def _comparable(d: Dialect, value: object, kind: type) -> bool:
-    """Whether a stored-value key can be compared with a column of ``kind`` (int or str).
-
-    Always on SQLite (any column may hold any value, and SQLite orders across types); on
-    PostgreSQL a column holds only its type, so a key of another type names no row.
-    """
-    if d.loose_types or value is None:
-        return True
-    if kind is int:
-        return type(value) is int or isinstance(value, float)
-    return isinstance(value, str)
-
-
-def _check_key(conn: Reader, value: object, kind: type, what: str) -> None:
-    if not _comparable(conn.dialect, value, kind):
-        raise InvalidArgument(
-            f"{what} {encode_key(value)!r} cannot name a row of this database"
-            f" ({conn.dialect.name} stores {'integers' if kind is int else 'text'} there)"
-        )
-
-
-def _check_cursor(conn: Reader, cursor: RunCursor | None) -> None:
-    if cursor is not None:
-        _check_key(conn, cursor.key, int, "cursor key")
-        _check_key(conn, cursor.id, str, "cursor id")
-
-
-def _check_status(status: str | None) -> None:
-    if status is not None and status not in RUN_STATUSES:
-        raise InvalidArgument(f"unknown run status {status!r}: expected one of {RUN_STATUSES}")
-
-
 # --------------------------------------------------------------------------- records
-
-
-@attrs.frozen
-class RunCursor:
-    """A position in a keyset-paged list of runs: the row's sort key and its id, as stored.
-
-    The runs list sorts by ``updated_at``, a run's children by ``created_at``.
-    """
-
-    key: object
-    id: object
-
-    def encode(self) -> str:
-        return f"{encode_key(self.key)}_{encode_key(self.id)}"
-
-
-def parse_cursor(text: str) -> RunCursor:
-    """Parse a cursor made by :meth:`RunCursor.encode` (``<key>_<id>``)."""
-    key, sep, run_id = text.partition("_")
-    if not sep:
-        raise InvalidArgument(f"malformed runs cursor {_shown(text)}: expected <updated_at>_<id>")
-    try:
-        return RunCursor(decode_key(key, "cursor key"), decode_key(run_id, "cursor id"))
-    except InvalidArgument as exc:
-        raise InvalidArgument(f"malformed runs cursor {_shown(text)}: {exc}") from None
 
 
 @attrs.frozen
@@ -574,12 +411,12 @@ def list_runs(
     ``before`` continues to older runs, ``after`` goes back to newer ones; at most one of
     them. Counts per status honour the role filter only, so the status tabs stay useful.
     """
-    _check_status(status)
-    _check_limit(limit)
+    check_status(status)
+    check_limit(limit)
     if before is not None and after is not None:
         raise InvalidArgument("give at most one of before= and after= to page through runs")
-    _check_cursor(conn, before)
-    _check_cursor(conn, after)
+    check_cursor(conn, before)
+    check_cursor(conn, after)
     clauses, params = _filters(status, role)
     if after is not None:
         rows = _runs_page(conn, clauses, params, after, ">", "ASC", limit + 1)
@@ -689,7 +526,7 @@ def get_run(
     :class:`InvalidArgument` for a malformed id, :class:`RunNotFound` for an unknown one.
     """
     run_id = parse_run_id(run_id)
-    _check_cursor(conn, children_after)
+    check_cursor(conn, children_after)
     d = conn.dialect
     stored = conn.has_column("agent_runs", "result")  # schema version 4 and later
     result = json_columns("result", max_result_chars) if stored else "NULL, 0"
@@ -808,7 +645,7 @@ def list_checkpoints(
 def get_checkpoint(conn: Reader, run_id: str, round: object) -> CheckpointRow | None:
     """One checkpoint by round, with its whole state and verification, or ``None``."""
     d = conn.dialect
-    if not _comparable(d, round, int):
+    if not comparable(d, round, int):
         return None
     sql = _checkpoint_sql(d, None) + " WHERE run_id = ? AND round = ?"
     row = conn.execute(sql, (run_id, round)).fetchone()
@@ -964,13 +801,13 @@ def list_events(
     ``max_chars_total`` ends the page early once the payloads add up to that many characters
     (at least one event is always returned).
     """
-    _check_limit(limit)
+    check_limit(limit)
     if after is not None and before is not None:
         raise InvalidArgument("give at most one of after= and before= to page through events")
     d = conn.dialect
-    _check_key(conn, after, int, "after")
+    check_key(conn, after, int, "after")
     if before is not LATEST:
-        _check_key(conn, before, int, "before")
+        check_key(conn, before, int, "before")
     descending = before is not None
     order = "DESC" if descending else "ASC"
     clauses = ["run_id = ?"]
@@ -1092,7 +929,7 @@ def _events_exist(conn: Reader, run_id: str, op: str, seq: object) -> bool:
 def get_event(conn: Reader, run_id: str, seq: object) -> EventRow | None:
     """One event with its full payload, or ``None``."""
     d = conn.dialect
-    if not _comparable(d, seq, int):
+    if not comparable(d, seq, int):
         return None
     row = conn.execute(_event_sql(d, None) + " WHERE run_id = ? AND seq = ?", (run_id, seq)).fetchone()
     return None if row is None else _event(row, None)
@@ -1256,7 +1093,7 @@ def list_open_approvals(
         " WHERE a.decided_at IS NULL AND a.timed_out = 0 AND t.result_seq IS NULL"
         " AND r.status IN ('pending', 'running', 'waiting') AND (a.deadline IS NULL OR a.deadline > ?)"
         " AND (CAST(? AS TEXT) IS NULL OR a.run_id = ?) ORDER BY a.requested_at, a.run_id LIMIT ?",
-        (now_ms, run_id, run_id, _check_limit(limit)),
+        (now_ms, run_id, run_id, check_limit(limit)),
     )
     return tuple(_approval_request(r) for r in rows)
 
@@ -1531,7 +1368,7 @@ def list_intents(conn: Reader, run_id: str, *, limit: int = 100) -> tuple[Intent
             f"SELECT {name_column('call_id')}, {name_column('name')}, {d.int_column('result_seq')}, {started}"
             " FROM tool_intents WHERE run_id = ? ORDER BY result_seq IS NOT NULL,"
             " CASE WHEN result_seq IS NULL THEN intent_seq ELSE -intent_seq END LIMIT ?",
-            (run_id, _check_limit(limit)),
+            (run_id, check_limit(limit)),
         )
     )
     found_by_probe = reconciled_results(conn, run_id, [r[2] for r in rows if r[2] is not None])
@@ -1591,7 +1428,7 @@ def list_outsider_actions(
     ``limit`` (all by default), each ``detail`` cut to ``max_chars``. A database from before
     the audit trail (schema version 6 or older) has none."""
     if limit is not None:
-        _check_limit(limit)
+        check_limit(limit)
     if not conn.has_table("outsider_actions"):
         return ()
     d = conn.dialect
