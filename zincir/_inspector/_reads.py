@@ -13,6 +13,7 @@ import attrs
 
 from .. import _queries as q
 from .._queries import Int, OptInt, Reader
+from .._queries._events import event_row, event_sql
 from .._queries._values import as_int, as_opt_int, as_opt_text, as_text, name_column
 
 #: Event types whose payload the timeline reads (restarts, verdicts, limits, timeouts).
@@ -63,12 +64,11 @@ def call_outcomes(
     results: dict[object, q.EventRow] = {}
     if result_seqs:
         found = conn.execute(
-            q._event_sql(d, max_chars)
-            + f" WHERE run_id = ? AND seq IN ({', '.join('?' * len(result_seqs))})",
+            event_sql(d, max_chars) + f" WHERE run_id = ? AND seq IN ({', '.join('?' * len(result_seqs))})",
             [run_id, *result_seqs],
         )
         for row in found:
-            event = q._event(row, max_chars)
+            event = event_row(row, max_chars)
             results[event.seq] = event
     outcomes = {}
     for call_id, name, intent_seq, response_seq, result_seq, count, last in rows:
