@@ -23,15 +23,12 @@ with write access store any type in any column:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any
 
-import attrs
-
-from .._budget import BUDGET_COLUMNS, Usage, usage_of
-from .._errors import InvalidArgument
+from .._budget import Usage
 from .._sql import KEY_CHARS, Cursor, Dialect, ReadOnly
 from .._target import display_target
+from ._budgets import budget_lines, budgets_of, spend_text
 from ._connect import REQUIRED_TABLES, Reader, open_readonly, read_snapshot
 from ._events import (
     SCAN_WINDOW,
@@ -48,7 +45,6 @@ from ._keys import (
     MAX_PAGE,
     RUN_STATUSES,
     RunCursor,
-    check_limit,
     decode_key,
     encode_key,
     key_json,
@@ -56,6 +52,7 @@ from ._keys import (
     parse_run_id,
     resolve_run_id,
 )
+from ._outsiders import OutsiderAction, list_outsider_actions
 from ._progress import (
     CheckpointRow,
     IntentRow,
@@ -87,18 +84,11 @@ from ._values import (
     Int,
     Malformed,
     OptInt,
-    as_int,
-    as_opt_text,
-    as_size,
-    as_text,
-    json_columns,
     json_field,
     json_value,
-    name_column,
     parse_json,
     plain,
     raw_value,
-    was_cut,
 )
 from ._waits import (
     ApprovalRequest,
@@ -333,71 +323,6 @@ def awaiting_to_json(item: Awaiting) -> dict[str, Any]:
 # --------------------------------------------------------------------------- budgets
 
 
-def budgets_of(conn: Reader, run_ids: Sequence[str], now_ms: int) -> dict[str, Usage]:
-    """The spend against the limits of each run that has a budget (a database from before
-    budgets, schema version 4 or older, has none)."""
-    if not run_ids or not conn.has_table("budgets"):
-        return {}
-    marks = ", ".join("?" * len(run_ids))
-    rows = conn.execute(
-        "SELECT b.run_id, CASE WHEN r.status IN ('completed', 'failed', 'cancelled') THEN r.updated_at"
-        f" ELSE ? END - r.created_at, {', '.join('b.' + c for c in BUDGET_COLUMNS.split(', '))}"
-        f" FROM budgets AS b JOIN agent_runs AS r ON r.id = b.run_id WHERE b.run_id IN ({marks})",
-        [now_ms, *run_ids],
-    )
-    found = {}
-    for run_id, age, *row in rows:
-        try:
-            found[as_text(run_id)] = usage_of(row, int(age))
-        except (TypeError, ValueError, InvalidArgument):  # a damaged row: shown as none
-            continue
-    return found
-
-
-_SHOWN: Final = (
-    ("tokens", "tokens"), ("input", "input_tokens"), ("output", "output_tokens"), ("cost", "cost"),
-    ("calls", "model_calls"), ("tools", "tool_calls"), ("wall", "wall_time"),
-)  # fmt: skip
-
-
-def _number(value: float) -> str:
-    return f"{value:,}" if isinstance(value, int) else f"{value:,.4g}"
-
-
-def spend_text(usage: Usage) -> str:
-    """Spend against limits in a few words, e.g. ``tokens 1,200/200,000 · cost 0.4/5``."""
-    s, limits = usage.spent, usage.limits
-    parts = []
-    for label, name in _SHOWN:
-        spent = s.tokens if name == "tokens" else getattr(s, name)
-        limit = getattr(limits, name)
-        if limit is None and not (name in ("tokens", "cost") and spent):
-            continue
-        shown = (
-            f"{spent:,.0f}s" if name == "wall_time" else f"{spent:,.4g}" if name == "cost" else f"{spent:,}"
-        )
-        parts.append(f"{label} {shown}" + ("" if limit is None else f"/{_number(limit)}"))
-    if limits.max_identical_tool_calls is not None:
-        parts.append(f"repeats {s.identical_tool_calls}/{limits.max_identical_tool_calls}")
-    if limits.max_responses_without_progress is not None:
-        parts.append(f"stalled {s.responses_without_progress}/{limits.max_responses_without_progress}")
-    return " · ".join(parts) or "no limits, nothing spent"
-
-
-def budget_lines(usage: Usage) -> list[tuple[str, object, object, object]]:
-    """Each limit of a budget as ``(name, spent, limit, left)``; limit and left are None where
-    the budget sets no limit."""
-    spent, limits, left = usage.spent, usage.limits, usage.remaining
-    pairs = [
-        ("tokens", spent.tokens), ("input_tokens", spent.input_tokens),
-        ("output_tokens", spent.output_tokens), ("cost", spent.cost), ("model_calls", spent.model_calls),
-        ("tool_calls", spent.tool_calls),
-        ("wall_time", round(spent.wall_time, 1)), ("max_identical_tool_calls", spent.identical_tool_calls),
-        ("max_responses_without_progress", spent.responses_without_progress),
-    ]  # fmt: skip
-    return [(name, value, getattr(limits, name), getattr(left, name)) for name, value in pairs]
-
-
 # --------------------------------------------------------------------------- tool intents
 
 
@@ -413,53 +338,6 @@ def intent_to_json(intent: IntentRow) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- audit trail
-
-
-@attrs.frozen
-class OutsiderAction:
-    """One row of a run's audit trail: an outsider's write (schema version 7 and later).
-
-    ``action`` is what was done (signal, approve, deny, cancel, retry_now, raise_budget),
-    ``by`` who did it as the caller named them (``None``: nobody was named), ``detail`` the
-    stored JSON text of what the write said (cut to a prefix, see ``detail_truncated``).
-    """
-
-    id: Int
-    action: str
-    by: str | None
-    detail: str
-    detail_truncated: bool
-    created_at: Int
-
-
-def list_outsider_actions(
-    conn: Reader, run_id: str, *, limit: int | None = None, max_chars: int | None = 500
-) -> tuple[OutsiderAction, ...]:
-    """The run's latest outsiders' writes, newest first (one indexed read): the first
-    ``limit`` (all by default), each ``detail`` cut to ``max_chars``. A database from before
-    the audit trail (schema version 6 or older) has none."""
-    if limit is not None:
-        check_limit(limit)
-    if not conn.has_table("outsider_actions"):
-        return ()
-    d = conn.dialect
-    rows = conn.execute(
-        f"SELECT {d.int_column('id')}, {name_column('action')}, {name_column('done_by')},"
-        f" {json_columns('detail', max_chars)}, {d.int_column('created_at')}"
-        " FROM outsider_actions WHERE run_id = ? ORDER BY id DESC LIMIT ?",
-        (run_id, d.unlimited if limit is None else limit),
-    )
-    return tuple(
-        OutsiderAction(
-            as_int(r[0]),
-            as_text(r[1]),
-            as_opt_text(r[2]),
-            as_text(r[3]),
-            was_cut(max_chars, as_size(r[4])),
-            as_int(r[5]),
-        )
-        for r in rows
-    )
 
 
 def outsider_action_to_json(item: OutsiderAction) -> dict[str, Any]:
