@@ -92,6 +92,7 @@ def _summary_columns(d: Dialect) -> str:
 
 
 def _summary(row: Sequence[Any]) -> RunSummary:
+    """The run a row read by :func:`_summary_columns` describes."""
     return RunSummary(
         id=as_text(row[0]),
         parent_run_id=as_opt_text(row[1]),
@@ -129,9 +130,10 @@ class RunPage:
         return sum(self.counts.values())
 
 
-@attrs.frozen
-class RunDetail:
-    """One run with its lease, resume-worker bookkeeping and family links.
+@attrs.frozen(kw_only=True)
+class RunDetail(RunSummary):
+    """One run with its lease, resume-worker bookkeeping and family links: its summary's
+    fields, and these.
 
     ``config`` is the stored JSON text, possibly cut to a prefix (``config_truncated``);
     ``result`` likewise, the JSON the run completed with (``complete(result=...)``), or None
@@ -141,21 +143,10 @@ class RunDetail:
     says the real number is larger).
     """
 
-    id: str
-    parent_run_id: str | None
-    role: str
-    provider: str
-    status: str
     config: str
     config_size: int
     config_truncated: bool
-    created_at: Int
-    updated_at: Int
-    event_count: Int
-    lease_owner: str | None
     lease_epoch: Int
-    lease_expires_at: OptInt
-    attempts: Int
     next_attempt_at: OptInt
     """When a worker may claim it; None for a suspended run that only an outsider's write
     (a signal, a decision) makes due."""
@@ -312,14 +303,10 @@ def get_run(
     check_cursor(conn, children_after)
     d = conn.dialect
     stored = conn.has_column("agent_runs", "result")  # schema version 4 and later
-    result = json_columns("result", max_result_chars) if stored else "NULL, 0"
+    result_columns = json_columns("result", max_result_chars) if stored else "NULL, 0"
     row = conn.execute(
-        f"SELECT {name_column('id')}, {name_column('parent_run_id')}, {name_column('role')},"
-        f" {name_column('provider')},"
-        f" {name_column('status')}, {json_columns('config', max_config_chars)},"
-        f" {d.int_column('created_at')}, {d.int_column('updated_at')}, {d.event_count()},"
-        f" {name_column('lease_owner')}, {d.int_column('lease_epoch')}, {d.int_column('lease_expires_at')},"
-        f" {d.int_column('attempts')}, {d.int_column('next_attempt_at')}, {result}"
+        f"SELECT {_summary_columns(d)}, {json_columns('config', max_config_chars)},"
+        f" {d.int_column('lease_epoch')}, {d.int_column('next_attempt_at')}, {result_columns}"
         " FROM agent_runs WHERE id = ?",
         (run_id,),
     ).fetchone()
@@ -330,36 +317,23 @@ def get_run(
     )
     total, capped = len(children), False
     if more or children_after is not None:
-        counted = conn.execute(
-            "SELECT count(*) FROM (SELECT 1 FROM agent_runs WHERE parent_run_id = ? LIMIT ?) AS children",
-            (run_id, CHILD_COUNT_CAP + 1),
-        ).fetchone()[0]
+        counted = _count_children(conn, run_id, CHILD_COUNT_CAP + 1)
         total, capped = min(counted, CHILD_COUNT_CAP), counted > CHILD_COUNT_CAP
-    config_size = as_size(row[6])
+    config, config_size, lease_epoch, next_attempt_at, result, result_size = row[11:]
     return RunDetail(
-        id=as_text(row[0]),
-        parent_run_id=as_opt_text(row[1]),
-        role=as_text(row[2]),
-        provider=as_text(row[3]),
-        status=as_text(row[4]),
-        config=as_text(row[5]),
-        config_size=config_size,
-        config_truncated=was_cut(max_config_chars, config_size),
-        created_at=as_int(row[7]),
-        updated_at=as_int(row[8]),
-        event_count=as_int(row[9]),
-        lease_owner=as_opt_text(row[10]),
-        lease_epoch=as_int(row[11]),
-        lease_expires_at=as_opt_int(row[12]),
-        attempts=as_int(row[13]),
-        next_attempt_at=as_opt_int(row[14]),
+        **attrs.asdict(_summary(row), recurse=False),
+        config=as_text(config),
+        config_size=as_size(config_size),
+        config_truncated=was_cut(max_config_chars, as_size(config_size)),
+        lease_epoch=as_int(lease_epoch),
+        next_attempt_at=as_opt_int(next_attempt_at),
         children=children,
         children_total=total,
         children_capped=capped,
         children_next=children[-1].child_cursor if more and children else None,
-        result=as_opt_text(row[15]),
-        result_size=as_size(row[16]),
-        result_truncated=row[15] is not None and was_cut(max_result_chars, as_size(row[16])),
+        result=as_opt_text(result),
+        result_size=as_size(result_size),
+        result_truncated=result is not None and was_cut(max_result_chars, as_size(result_size)),
     )
 
 
@@ -422,10 +396,11 @@ def _subtree(conn: Reader, run: RunSummary, depth: int, per_node: int) -> Family
     return FamilyNode(run, tuple(_subtree(conn, c, depth - 1, per_node) for c in children), extra)
 
 
-def _count_children(conn: Reader, run_id: str) -> int:
+def _count_children(conn: Reader, run_id: str, cap: int = CHILD_COUNT_CAP) -> int:
+    """The run's children, counted up to ``cap`` (the count walks an index)."""
     return as_size(
         conn.execute(
             "SELECT count(*) FROM (SELECT 1 FROM agent_runs WHERE parent_run_id = ? LIMIT ?) AS children",
-            (run_id, CHILD_COUNT_CAP),
+            (run_id, cap),
         ).fetchone()[0]
     )
