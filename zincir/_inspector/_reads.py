@@ -14,6 +14,7 @@ import attrs
 from .. import _queries as q
 from .._queries import Int, OptInt, Reader
 from .._queries._events import event_row, event_sql
+from .._queries._progress import open_state, start_marks
 from .._queries._values import as_int, as_opt_int, as_opt_text, as_text, name_column
 
 #: Event types whose payload the timeline reads (restarts, verdicts, limits, timeouts).
@@ -50,13 +51,11 @@ def call_outcomes(
     if not ids:
         return {}
     d = conn.dialect
-    marks = conn.has_column("tool_intents", "started")
-    started = f"{d.int_column('started')}, {d.int_column('last_started_at')}" if marks else "NULL, NULL"
     rows = list(
         conn.execute(
             f"SELECT {name_column('call_id')}, {name_column('name')}, {d.int_column('intent_seq')},"
-            f" {d.int_column('response_seq')}, {d.int_column('result_seq')}, {started} FROM tool_intents"
-            f" WHERE run_id = ? AND call_id IN ({', '.join('?' * len(ids))})",
+            f" {d.int_column('response_seq')}, {d.int_column('result_seq')}, {start_marks(conn)}"
+            f" FROM tool_intents WHERE run_id = ? AND call_id IN ({', '.join('?' * len(ids))})",
             [run_id, *ids],
         )
     )
@@ -72,12 +71,7 @@ def call_outcomes(
             results[event.seq] = event
     outcomes = {}
     for call_id, name, intent_seq, response_seq, result_seq, count, last in rows:
-        if result_seq is not None:
-            state = "done"
-        elif count is None:
-            state = "pending"
-        else:
-            state = "started, outcome unknown" if count else "never started"
+        state = "done" if result_seq is not None else open_state(count)
         outcomes[as_text(call_id)] = CallOutcome(
             as_text(call_id),
             as_text(name),

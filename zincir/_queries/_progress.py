@@ -38,7 +38,9 @@ __all__ = [
     "list_checkpoints",
     "list_intents",
     "list_steps",
+    "open_state",
     "reconciled_results",
+    "start_marks",
     "verification_interrupted",
 ]
 
@@ -247,15 +249,30 @@ class IntentRow:
     reconciled: bool = False
 
 
+def start_marks(conn: Reader) -> str:
+    """SQL for an intent's start marks, ``started`` (a count) and ``last_started_at``: two NULLs
+    on a database from before start marks."""
+    if not conn.has_column("tool_intents", "started"):
+        return "NULL, NULL"
+    d = conn.dialect
+    return f"{d.int_column('started')}, {d.int_column('last_started_at')}"
+
+
+def open_state(started: object) -> str:
+    """What is known of an intent that has no result, by its start count (None: a database from
+    before start marks)."""
+    if started is None:
+        return "pending"
+    return "started, outcome unknown" if started else "never started"
+
+
 def list_intents(conn: Reader, run_id: str, *, limit: int = 100) -> tuple[IntentRow, ...]:
     """The run's open intents first (oldest first), then the latest done ones, ``limit`` in all."""
     d = conn.dialect
-    marks = conn.has_column("tool_intents", "started")
-    started = f"{d.int_column('started')}, {d.int_column('last_started_at')}" if marks else "NULL, NULL"
     rows = list(
         conn.execute(
-            f"SELECT {name_column('call_id')}, {name_column('name')}, {d.int_column('result_seq')}, {started}"
-            " FROM tool_intents WHERE run_id = ? ORDER BY result_seq IS NOT NULL,"
+            f"SELECT {name_column('call_id')}, {name_column('name')}, {d.int_column('result_seq')},"
+            f" {start_marks(conn)} FROM tool_intents WHERE run_id = ? ORDER BY result_seq IS NOT NULL,"
             " CASE WHEN result_seq IS NULL THEN intent_seq ELSE -intent_seq END LIMIT ?",
             (run_id, check_limit(limit)),
         )
@@ -269,10 +286,8 @@ def list_intents(conn: Reader, run_id: str, *, limit: int = 100) -> tuple[Intent
             state = "done, found by a probe" if reconciled else "done"
         elif candidate is not None and as_text(call_id) == candidate.tool_call_id:
             state = "checkpoint candidate, undecided"
-        elif count is None:
-            state = "pending"
         else:
-            state = "started, outcome unknown" if count else "never started"
+            state = open_state(count)
         found.append(
             IntentRow(as_text(call_id), as_text(name), state, as_opt_int(count), as_opt_int(last), reconciled)  # type: ignore[arg-type]
         )
