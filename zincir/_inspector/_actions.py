@@ -45,9 +45,10 @@ from .._errors import InvalidArgument, RunNotFound, StorageError, ZincirError
 from .._inbox import cancel_run, decide_approval, raise_budget, retry_now, send_signal
 from .._json import MAX_DEPTH
 from .._validation import check_text
-from ._app import InspectorApp, _extra_context, _html, _render_page, parse_address, serve
+from ._app import _extra_context, _html, _render_page, parse_address, serve
 from ._auth import Guard, Refusal
 from ._plain import random_loopback_ip
+from ._security import InspectorApp
 
 __all__ = ["ACTIONS", "BUDGET_FIELDS", "Actions", "Panel", "serve_with_actions"]
 

@@ -9,7 +9,7 @@ Safety properties, each enforced here and pinned by tests:
   no browser does); WebSocket connections are refused before the app sees them;
 - every response carries a restrictive Content-Security-Policy (no script at all, styles
   only from the inspector itself, no framing), ``nosniff`` and ``no-referrer``: when served,
-  Hypercorn itself adds them (:class:`_SecuredConfig`), so that the answers it writes on its
+  Hypercorn itself adds them (:class:`SecuredConfig`), so that the answers it writes on its
   own (a malformed request's 400, a 431, a refused WebSocket's 403, a 101) carry them too;
 - it opens the database read-only (SQLite's ``mode=ro``; on PostgreSQL a read-only session and
   ``REPEATABLE READ READ ONLY`` transactions) and never writes, creates or migrates;
@@ -38,7 +38,6 @@ import attrs
 import hypercorn.config
 import hypercorn.trio
 import trio
-from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, ASGISendEvent, Scope
 from quart import Response, current_app, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
@@ -52,7 +51,6 @@ from .._errors import (
     StorageError,
     ZincirError,
 )
-from .._version import __version__
 from . import _views as v
 from ._charts import CHART_BUCKETS, LANE_CAP, BudgetBar, Timeline, budget_bars, status_chart, timeline
 from ._conversation import Candidate, Context, Entry, call_ids_of, decided_on_page, entries
@@ -72,7 +70,8 @@ from ._reads import (
     restarts_after,
     wait_spans,
 )
-from ._render import STATIC, render, visible_json
+from ._render import STATIC, error_page, page_context, render, visible_json
+from ._security import SECURITY_HEADERS, InspectorApp, SecuredConfig
 from ._views import LIST_LIMIT
 
 __all__ = ["DEFAULT_ADDRESS", "create_app", "format_host", "parse_address", "serve"]
@@ -101,142 +100,11 @@ _KEPT_CONNECTIONS = 4
 #: The runs page's chart counts the most recently active this many runs.
 CHART_SAMPLE = 2000
 
-CONTENT_SECURITY_POLICY = (
-    "default-src 'none'; style-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
-)
-SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
-    (b"content-security-policy", CONTENT_SECURITY_POLICY.encode()),
-    (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"no-referrer"),
-    (b"x-frame-options", b"DENY"),
-    (b"cross-origin-opener-policy", b"same-origin"),
-    (b"cross-origin-resource-policy", b"same-origin"),
-)
-_SECURITY_NAMES = frozenset(name for name, _ in SECURITY_HEADERS)
 
 T = TypeVar("T")
 
 
 # --------------------------------------------------------------------------- app
-
-
-class InspectorApp(QuartTrio):
-    """The inspector's Quart-Trio app: checks ``Host`` and adds security headers.
-
-    Only ``http`` and ``lifespan`` scopes reach Quart. A WebSocket handshake is refused (the
-    server answers 403) before any route, Host check or header logic could be skipped.
-    """
-
-    database_path: str
-    served_host: str
-    #: Where page reads get their connection: kept between requests while :func:`serve` runs.
-    read_pool: ReadPool
-    #: The label shown in every page's header.
-    mode: str
-    #: Callables run in a page request's context; each returns names for the templates.
-    page_context: list[Callable[[], Mapping[str, Any]]]
-    #: The headers every answer carries; an ``extend`` hook may adjust them (the actions send
-    #: ``Referrer-Policy: same-origin``, or a browser's form POST says ``Origin: null``).
-    security_headers: tuple[tuple[bytes, bytes], ...]
-    #: Whether the server adds :attr:`security_headers` to every response it writes (served by
-    #: :func:`serve`); otherwise (a test client) the app adds them to its own.
-    server_adds_headers: bool = False
-
-    async def asgi_app(self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
-        if scope["type"] == "lifespan":
-            await super().asgi_app(scope, receive, send)
-            return
-        if scope["type"] != "http":
-            if scope["type"] == "websocket":
-                await send({"type": "websocket.close", "code": 1008, "reason": "not served here"})
-            return
-        headers = scope["headers"]
-        send = _secured(send, self.security_headers, add=not self.server_adds_headers)
-        if _host_of(headers) not in _accepted_hosts(self.served_host):
-            await _send_refusal(
-                send,
-                421,
-                "Misdirected Request",
-                "This inspector only answers requests addressed to the loopback address it serves.",
-            )
-            return
-        if _from_another_site(headers):
-            await _send_refusal(
-                send,
-                403,
-                "Forbidden",
-                "This inspector does not answer requests made by other sites. "
-                "Open it by typing its address or following a link from the inspector itself.",
-            )
-            return
-        await super().asgi_app(scope, receive, send)
-
-
-def _accepted_hosts(served_host: str) -> tuple[str, ...]:
-    # Browsers leave out the default port: http://127.0.0.1:80/ is sent as "Host: 127.0.0.1".
-    served = served_host.lower()
-    return (served, served.removesuffix(":80")) if served.endswith(":80") else (served,)
-
-
-def _from_another_site(headers: Iterable[tuple[bytes, bytes]]) -> bool:
-    """Whether a browser marked the request ``Sec-Fetch-Site: cross-site``, or the header is
-    there more than once or holds a list: a browser sends it once, with one value, so anything
-    else was made to slip past this check."""
-    values = [value for key, value in headers if key.lower() == b"sec-fetch-site"]
-    if not values:
-        return False  # not a browser's request (curl, scripts): the Host check still holds
-    if len(values) > 1:
-        return True
-    value = values[0].decode("latin-1").strip().lower()
-    return value == "cross-site" or "," in value
-
-
-def _host_of(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
-    hosts = [value for name, value in headers if name.lower() == b"host"]
-    if len(hosts) != 1:
-        return None
-    return hosts[0].decode("latin-1").lower()
-
-
-def _secured(
-    send: ASGISendCallable, security_headers: tuple[tuple[bytes, bytes], ...], *, add: bool
-) -> ASGISendCallable:
-    """``send``, with the app's own values of the security headers removed from every response,
-    and ``security_headers`` added (``add``) unless the server adds them itself."""
-    added = security_headers if add else ()
-
-    async def send_secured(message: ASGISendEvent) -> None:
-        if message["type"] == "http.response.start":
-            kept = [(n, v) for n, v in message["headers"] if n.lower() not in _SECURITY_NAMES]
-            message = {**message, "headers": [*kept, *added]}
-        await send(message)
-
-    return send_secured
-
-
-class _SecuredConfig(hypercorn.config.Config):
-    """Hypercorn's configuration, adding the app's security headers to every response Hypercorn
-    writes: the app's answers, and those it writes on its own (a malformed request's 400, 431
-    for headers too large, 403 for a refused WebSocket, a 500, 100 Continue, an h2c 101)."""
-
-    def __init__(self, app: InspectorApp) -> None:
-        self._app = app
-
-    def response_headers(self, protocol: str) -> list[tuple[bytes, bytes]]:
-        return [*super().response_headers(protocol), *self._app.security_headers]
-
-
-async def _send_refusal(send: ASGISendCallable, status: int, name: str, message: str) -> None:
-    """A styled error page sent straight through ASGI, before Quart sees the request (``send``
-    adds the security headers)."""
-    body = _error_page(status, name, message).encode("utf-8", "backslashreplace")
-    headers = [
-        (b"content-type", b"text/html; charset=utf-8"),
-        (b"content-length", str(len(body)).encode()),
-        (b"cache-control", b"no-store"),
-    ]
-    await send({"type": "http.response.start", "status": status, "headers": headers, "trailers": False})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 def create_app(
@@ -331,7 +199,7 @@ def _error_response(status: int, name: str, message: str) -> Response:
     if _wants_json():
         return _json({"error": {"status": status, "name": name, "message": message}}, status)
     mode = getattr(current_app, "mode", "read-only")  # the app's, once a request reached it
-    return _html(_error_page(status, name, message, mode), status)
+    return _html(error_page(status, name, message, mode), status)
 
 
 _ERROR_STATUS: tuple[tuple[type[ZincirError], int, str], ...] = (
@@ -871,18 +739,6 @@ def _stylesheet() -> bytes:
     return (STATIC / "inspector.css").read_bytes()
 
 
-_STYLESHEET_URL = v.url("/static/inspector.css", {"v": __version__})
-
-
-def _page_context(title: str, mode: str, refresh: int | None) -> dict[str, Any]:
-    return {"title": title, "mode": mode, "refresh": refresh, "stylesheet": _STYLESHEET_URL}
-
-
-def _error_page(status: int, name: str, message: str, mode: str = "read-only") -> str:
-    context = {**_page_context(f"{status} {name}", mode, None), "status": status}
-    return render("error.html", {**context, "name": name, "message": message})
-
-
 def _extra_context(app: InspectorApp) -> dict[str, Any]:
     """What ``create_app(extend=...)`` hooks add to a page's context (run in the request)."""
     extra: dict[str, Any] = {}
@@ -894,7 +750,7 @@ def _extra_context(app: InspectorApp) -> dict[str, Any]:
 def _render_page(
     app: InspectorApp, template: str, title: str, context: Mapping[str, Any], *, refresh: int | None = None
 ) -> str:
-    return render(template, {**_page_context(title, app.mode, refresh), **context})
+    return render(template, {**page_context(title, app.mode, refresh), **context})
 
 
 def _runs_context(
@@ -1256,7 +1112,7 @@ async def _serve_app(
     shutdown_trigger: Callable[[], Awaitable[None]] | None,
     task_status: trio.TaskStatus[str],
 ) -> None:
-    config = _SecuredConfig(app)
+    config = SecuredConfig(app)
     app.server_adds_headers = True
     config.bind = [format_host(ip, port)]
     config.loglevel = "WARNING"
