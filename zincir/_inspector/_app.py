@@ -26,34 +26,40 @@ transaction, and renders there too, so the Trio loop never blocks on the databas
 from __future__ import annotations
 
 import functools
-import json
 import re
 import signal
 import threading
-import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any, TypeVar
+from typing import Any
 
 import attrs
 import hypercorn.config
 import hypercorn.trio
 import trio
-from quart import Response, current_app, request
+from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from .. import _queries as q
 from .._errors import (
-    DatabaseBusy,
-    DatabaseUnavailable,
     InvalidArgument,
     RunNotFound,
-    StorageError,
     ZincirError,
 )
 from . import _views as v
 from ._charts import CHART_BUCKETS, LANE_CAP, BudgetBar, Timeline, budget_bars, status_chart, timeline
 from ._conversation import Candidate, Context, Entry, call_ids_of, decided_on_page, entries
+from ._http import (
+    extra_context,
+    html_response,
+    http_error,
+    json_response,
+    now_ms,
+    render_page,
+    run_read,
+    unexpected_error,
+    zincir_error,
+)
 from ._plain import DEFAULT_ADDRESS, format_host, human_delta, parse_address
 from ._pool import ReadPool
 from ._reads import (
@@ -70,7 +76,7 @@ from ._reads import (
     restarts_after,
     wait_spans,
 )
-from ._render import STATIC, error_page, page_context, render, visible_json
+from ._render import STATIC
 from ._security import SECURITY_HEADERS, InspectorApp, SecuredConfig
 from ._views import LIST_LIMIT
 
@@ -99,9 +105,6 @@ TIMELINE_EVENTS = 600
 _KEPT_CONNECTIONS = 4
 #: The runs page's chart counts the most recently active this many runs.
 CHART_SAMPLE = 2000
-
-
-T = TypeVar("T")
 
 
 # --------------------------------------------------------------------------- app
@@ -151,86 +154,12 @@ def _add_routes(app: InspectorApp) -> None:
     ]
     for rule, endpoint, view in routes:
         app.add_url_rule(rule, endpoint, view, methods=["GET"])
-    app.register_error_handler(HTTPException, _http_error)
-    app.register_error_handler(ZincirError, _zincir_error)
-    app.register_error_handler(Exception, _unexpected_error)
+    app.register_error_handler(HTTPException, http_error)
+    app.register_error_handler(ZincirError, zincir_error)
+    app.register_error_handler(Exception, unexpected_error)
 
 
 # --------------------------------------------------------------------------- plumbing
-
-
-async def _read(app: InspectorApp, read: Callable[[Any], T]) -> T:
-    """Run ``read(conn)`` in a worker thread on a read-only connection, in one snapshot."""
-    return await trio.to_thread.run_sync(app.read_pool.read, read)
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def _html(body: str, status: int = 200) -> Response:
-    # A JSON string escape can decode to a lone surrogate, which UTF-8 cannot encode: show it
-    # as the text \udXXX rather than fail the page.
-    data = body.encode("utf-8", "backslashreplace")
-    response = Response(data, status=status, content_type="text/html; charset=utf-8")
-    response.headers["Cache-Control"] = "no-store"
-    return response
-
-
-def _json(data: Any, status: int = 200) -> Response:
-    # Bidi controls and other characters a browser would not draw as themselves are sent as
-    # JSON escapes (the same JSON), so a browser showing the raw response shows them visibly.
-    # That includes lone surrogates, which UTF-8 could not encode.
-    text = visible_json(json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":")))
-    response = Response(
-        text.encode("utf-8", "backslashreplace"),
-        status=status,
-        content_type="application/json; charset=utf-8",
-    )
-    response.headers["Cache-Control"] = "no-store"
-    return response
-
-
-def _wants_json() -> bool:
-    return request.path.startswith("/api/")
-
-
-def _error_response(status: int, name: str, message: str) -> Response:
-    if _wants_json():
-        return _json({"error": {"status": status, "name": name, "message": message}}, status)
-    mode = getattr(current_app, "mode", "read-only")  # the app's, once a request reached it
-    return _html(error_page(status, name, message, mode), status)
-
-
-_ERROR_STATUS: tuple[tuple[type[ZincirError], int, str], ...] = (
-    (InvalidArgument, 400, "Bad Request"),
-    (RunNotFound, 404, "Not Found"),
-    (DatabaseBusy, 503, "Service Unavailable"),
-    (DatabaseUnavailable, 503, "Service Unavailable"),
-    (StorageError, 500, "Internal Server Error"),
-)
-
-
-async def _zincir_error(error: ZincirError) -> Response:
-    for kind, status, name in _ERROR_STATUS:
-        if isinstance(error, kind):
-            return _error_response(status, name, str(error))
-    return _error_response(500, "Internal Server Error", str(error))
-
-
-async def _http_error(error: HTTPException) -> Response:
-    status = error.code or 500
-    response = _error_response(status, error.name, error.description or "")
-    for name, value in error.get_headers():
-        if name.lower() == "allow":  # a 405 says which methods the URL takes
-            response.headers[name] = value
-    return response
-
-
-async def _unexpected_error(error: Exception) -> Response:
-    # A bug must still give a styled page with the security headers, and no traceback.
-    current_app.logger.exception("the inspector failed to answer %s", request.path, exc_info=error)
-    return _error_response(500, "Internal Server Error", "The inspector failed to answer this request.")
 
 
 def _arg(name: str) -> str | None:
@@ -292,9 +221,9 @@ async def _css_route() -> Response:
 
 async def _runs_route(app: InspectorApp) -> Response:
     query = _RunsQuery.from_request()
-    now = _now_ms()
+    now = now_ms()
 
-    extra = _extra_context(app)
+    extra = extra_context(app)
 
     def render(conn: Any) -> str:
         page = query.fetch(conn)
@@ -302,33 +231,33 @@ async def _runs_route(app: InspectorApp) -> Response:
         budgets = q.budgets_of(conn, [r.id for r in page.runs], now)
         chart = status_chart(activity(conn, CHART_SAMPLE, CHART_BUCKETS), q.RUN_STATUSES, page.total)
         context = _runs_context(query, page, awaiting, budgets, q.display_target(app.database_path), now)
-        return _render_page(app, "runs.html", "Runs", {**context, "chart": chart, **extra})
+        return render_page(app, "runs.html", "Runs", {**context, "chart": chart, **extra})
 
-    return _html(await _read(app, render))
+    return html_response(await run_read(app, render))
 
 
 async def _run_route(app: InspectorApp, run_id: str) -> Response:
     run_id = q.parse_run_id(run_id)
     query = _EventsQuery.from_request(q.DEFAULT_PAGE, PAYLOAD_PREVIEW_CHARS)
-    now = _now_ms()
+    now = now_ms()
 
-    extra = _extra_context(app)
+    extra = extra_context(app)
 
     def render(conn: Any) -> str:
         view = _RunView.fetch(run_id, query, conn)
         context = _run_context(view, query, now)
         refresh = REFRESH_SECONDS if context["view"].refresh_on else None
-        return _render_page(app, "run.html", f"Run {run_id}", {**context, **extra}, refresh=refresh)
+        return render_page(app, "run.html", f"Run {run_id}", {**context, **extra}, refresh=refresh)
 
-    return _html(await _read(app, render))
+    return html_response(await run_read(app, render))
 
 
 async def _checkpoint_route(app: InspectorApp, run_id: str, round: str) -> Response:
     """One checkpoint: its round and id, status, lineage, verdict, evidence and whole state."""
     run_id = q.parse_run_id(run_id)
     value = q.decode_key(round, "checkpoint round")
-    now = _now_ms()
-    extra = _extra_context(app)
+    now = now_ms()
+    extra = extra_context(app)
 
     def render(conn: Any) -> str:
         run = q.get_run(conn, run_id, children_limit=0)
@@ -346,9 +275,9 @@ async def _checkpoint_route(app: InspectorApp, run_id: str, round: str) -> Respo
             "now": now,
         }
         title = f"Checkpoint round {q.encode_key(row.round)} of run {run_id}"
-        return _render_page(app, "checkpoint.html", title, {**context, **extra})
+        return render_page(app, "checkpoint.html", title, {**context, **extra})
 
-    return _html(await _read(app, render))
+    return html_response(await run_read(app, render))
 
 
 def _with_interruption(run: q.RunDetail, card: v.CheckpointView, now: int) -> v.CheckpointView:
@@ -373,8 +302,8 @@ def _cut_checkpoint(row: q.CheckpointRow) -> q.CheckpointRow:
 
 async def _api_runs(app: InspectorApp) -> Response:
     query = _RunsQuery.from_request()
-    page = await _read(app, query.fetch)
-    return _json(
+    page = await run_read(app, query.fetch)
+    return json_response(
         {
             "runs": [q.run_to_json(run) for run in page.runs],
             "counts": dict(page.counts),
@@ -456,7 +385,7 @@ def _run_json(run_id: str, children_after: q.RunCursor | None, conn: Any) -> dic
 async def _api_run(app: InspectorApp, run_id: str) -> Response:
     run_id = q.parse_run_id(run_id)
     children_after = _cursor_arg("children_after")
-    return _json(await _read(app, functools.partial(_run_json, run_id, children_after)))
+    return json_response(await run_read(app, functools.partial(_run_json, run_id, children_after)))
 
 
 def _events_json(run_id: str, query: _EventsQuery, conn: Any) -> dict[str, Any]:
@@ -475,7 +404,7 @@ def _events_json(run_id: str, query: _EventsQuery, conn: Any) -> dict[str, Any]:
 async def _api_events(app: InspectorApp, run_id: str) -> Response:
     run_id = q.parse_run_id(run_id)
     query = _EventsQuery.from_request(q.DEFAULT_PAGE, None)
-    return _json(await _read(app, functools.partial(_events_json, run_id, query)))
+    return json_response(await run_read(app, functools.partial(_events_json, run_id, query)))
 
 
 def _item_json(
@@ -506,7 +435,7 @@ async def _api_item(
 ) -> Response:
     run_id = q.parse_run_id(run_id)
     read = functools.partial(_item_json, kind, run_id, key, missing, fetch, to_json)
-    return _json(await _read(app, read))
+    return json_response(await run_read(app, read))
 
 
 async def _api_event(app: InspectorApp, run_id: str, seq: str) -> Response:
@@ -676,7 +605,7 @@ class _RunView:
         later = query.after is not None or query.before is not None
         awaiting = q.list_awaiting(conn, [run_id]).get(run_id, ())
         approvals = (  # the calls and arguments a decision binds to
-            q.list_open_approvals(conn, run_id, _now_ms(), limit=LIST_LIMIT)
+            q.list_open_approvals(conn, run_id, now_ms(), limit=LIST_LIMIT)
             if any(item.kind == "approval" for item in awaiting)
             else ()
         )
@@ -705,7 +634,7 @@ class _RunView:
             awaiting,
             approvals,
             q.family_tree(conn, run_id, depth=TREE_DEPTH, per_node=TREE_WIDTH),
-            q.budgets_of(conn, [run_id], _now_ms()).get(run_id),
+            q.budgets_of(conn, [run_id], now_ms()).get(run_id),
             q.list_intents(conn, run_id, limit=LIST_LIMIT + 1),
             outcomes,
             marks,
@@ -737,20 +666,6 @@ class _RunView:
 @functools.cache
 def _stylesheet() -> bytes:
     return (STATIC / "inspector.css").read_bytes()
-
-
-def _extra_context(app: InspectorApp) -> dict[str, Any]:
-    """What ``create_app(extend=...)`` hooks add to a page's context (run in the request)."""
-    extra: dict[str, Any] = {}
-    for hook in app.page_context:
-        extra.update(hook())
-    return extra
-
-
-def _render_page(
-    app: InspectorApp, template: str, title: str, context: Mapping[str, Any], *, refresh: int | None = None
-) -> str:
-    return render(template, {**page_context(title, app.mode, refresh), **context})
 
 
 def _runs_context(
