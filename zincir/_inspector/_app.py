@@ -26,7 +26,6 @@ transaction, and renders there too, so the Trio loop never blocks on the databas
 from __future__ import annotations
 
 import functools
-import re
 import signal
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -36,13 +35,12 @@ import attrs
 import hypercorn.config
 import hypercorn.trio
 import trio
-from quart import Response, request
+from quart import Response
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from .. import _queries as q
 from .._errors import (
-    InvalidArgument,
     RunNotFound,
     ZincirError,
 )
@@ -60,6 +58,7 @@ from ._http import (
     unexpected_error,
     zincir_error,
 )
+from ._params import EventsQuery, RunsQuery, cursor_arg, token_json
 from ._plain import DEFAULT_ADDRESS, format_host, human_delta, parse_address
 from ._pool import ReadPool
 from ._reads import (
@@ -82,7 +81,6 @@ from ._views import LIST_LIMIT
 
 __all__ = ["DEFAULT_ADDRESS", "create_app", "format_host", "parse_address", "serve"]
 
-RUNS_PAGE = 50
 #: Payload characters shown per event on a run page; the JSON API gives whole payloads.
 PAYLOAD_PREVIEW_CHARS = 64 * 1024
 #: Characters of a run's configuration shown before cutting (the JSON API gives it whole).
@@ -162,54 +160,6 @@ def _add_routes(app: InspectorApp) -> None:
 # --------------------------------------------------------------------------- plumbing
 
 
-def _arg(name: str) -> str | None:
-    value = request.args.get(name)
-    return value if value else None
-
-
-def _int_arg(name: str, default: int, low: int, high: int) -> int:
-    text = _arg(name)
-    if text is None:
-        return default
-    if not re.fullmatch(r"-?[0-9]{1,19}", text):
-        raise InvalidArgument(f"query parameter {name}={text[:40]!r} is not an integer")
-    value = int(text)
-    if not low <= value <= high:
-        raise InvalidArgument(f"query parameter {name}={value} is outside {low}..{high}")
-    return value
-
-
-def _key_arg(name: str) -> object:
-    """A seq cursor parameter (see :func:`q.decode_key`); ``before=end`` means the log's end."""
-    text = _arg(name)
-    if text is None:
-        return None
-    if name == "before" and text == "end":
-        return q.LATEST
-    return q.decode_key(text, f"query parameter {name}=")
-
-
-def _token(value: object) -> str:
-    """The URL form of a seq cursor."""
-    return "end" if value is q.LATEST else q.encode_key(value)
-
-
-def _token_json(value: object) -> object:
-    return "end" if value is q.LATEST else q.key_json(value)
-
-
-def _status_arg() -> str | None:
-    status = _arg("status")
-    if status is not None and status not in q.RUN_STATUSES:
-        raise InvalidArgument(f"unknown status {status[:40]!r}: expected one of {q.RUN_STATUSES}")
-    return status
-
-
-def _cursor_arg(name: str) -> q.RunCursor | None:
-    text = _arg(name)
-    return None if text is None else q.parse_cursor(text)
-
-
 # --------------------------------------------------------------------------- routes
 
 
@@ -220,7 +170,7 @@ async def _css_route() -> Response:
 
 
 async def _runs_route(app: InspectorApp) -> Response:
-    query = _RunsQuery.from_request()
+    query = RunsQuery.from_request()
     now = now_ms()
 
     extra = extra_context(app)
@@ -238,7 +188,7 @@ async def _runs_route(app: InspectorApp) -> Response:
 
 async def _run_route(app: InspectorApp, run_id: str) -> Response:
     run_id = q.parse_run_id(run_id)
-    query = _EventsQuery.from_request(q.DEFAULT_PAGE, PAYLOAD_PREVIEW_CHARS)
+    query = EventsQuery.from_request(q.DEFAULT_PAGE, PAYLOAD_PREVIEW_CHARS)
     now = now_ms()
 
     extra = extra_context(app)
@@ -301,7 +251,7 @@ def _cut_checkpoint(row: q.CheckpointRow) -> q.CheckpointRow:
 
 
 async def _api_runs(app: InspectorApp) -> Response:
-    query = _RunsQuery.from_request()
+    query = RunsQuery.from_request()
     page = await run_read(app, query.fetch)
     return json_response(
         {
@@ -384,26 +334,26 @@ def _run_json(run_id: str, children_after: q.RunCursor | None, conn: Any) -> dic
 
 async def _api_run(app: InspectorApp, run_id: str) -> Response:
     run_id = q.parse_run_id(run_id)
-    children_after = _cursor_arg("children_after")
+    children_after = cursor_arg("children_after")
     return json_response(await run_read(app, functools.partial(_run_json, run_id, children_after)))
 
 
-def _events_json(run_id: str, query: _EventsQuery, conn: Any) -> dict[str, Any]:
+def _events_json(run_id: str, query: EventsQuery, conn: Any) -> dict[str, Any]:
     q.get_run(conn, run_id, children_limit=0)
     page = query.fetch(run_id, conn, max_chars_total=API_BUDGET_CHARS)
     return {
         "events": [q.event_to_json(run_id, e) for e in page.events],
         "has_before": page.has_before,
         "has_after": page.has_after,
-        "next_after": _token_json(page.next_after) if page.has_after else None,
-        "prev_before": _token_json(page.prev_before) if page.has_before else None,
-        "scan_edge": _token_json(page.scan_edge) if page.scan_edge is not None else None,
+        "next_after": token_json(page.next_after) if page.has_after else None,
+        "prev_before": token_json(page.prev_before) if page.has_before else None,
+        "scan_edge": token_json(page.scan_edge) if page.scan_edge is not None else None,
     }
 
 
 async def _api_events(app: InspectorApp, run_id: str) -> Response:
     run_id = q.parse_run_id(run_id)
-    query = _EventsQuery.from_request(q.DEFAULT_PAGE, None)
+    query = EventsQuery.from_request(q.DEFAULT_PAGE, None)
     return json_response(await run_read(app, functools.partial(_events_json, run_id, query)))
 
 
@@ -457,110 +407,6 @@ async def _api_checkpoint(app: InspectorApp, run_id: str, round: str) -> Respons
 # --------------------------------------------------------------------------- queries
 
 
-class _RunsQuery:
-    def __init__(
-        self,
-        status: str | None,
-        role: str | None,
-        limit: int,
-        before: q.RunCursor | None,
-        after: q.RunCursor | None,
-    ) -> None:
-        self.status, self.role, self.limit = status, role, limit
-        self.before, self.after = before, after
-
-    @classmethod
-    def from_request(cls) -> _RunsQuery:
-        limit = _int_arg("limit", RUNS_PAGE, 1, q.MAX_PAGE)
-        before, after = _cursor_arg("before"), _cursor_arg("after")
-        if before is not None and after is not None:
-            raise InvalidArgument("give at most one of before= and after=")
-        return cls(_status_arg(), _arg("role"), limit, before, after)
-
-    def fetch(self, conn: Any) -> q.RunPage:
-        return q.list_runs(
-            conn,
-            status=self.status,
-            role=self.role,
-            limit=self.limit,
-            before=self.before,
-            after=self.after,
-        )
-
-    def url(self, **changes: Any) -> str:
-        params = {"status": self.status, "role": self.role, "limit": self.limit}
-        if params["limit"] == RUNS_PAGE:
-            params["limit"] = None
-        params.update(changes)
-        return v.url("/", params)
-
-
-class _EventsQuery:
-    """The event and family parameters of a run page (or of the events API)."""
-
-    def __init__(
-        self,
-        after: object,
-        before: object,
-        limit: int,
-        type: str | None,
-        payload_chars: int | None,
-        refresh: str | None = None,
-        children_after: q.RunCursor | None = None,
-        view: str | None = None,
-    ) -> None:
-        self.after, self.before, self.limit, self.type = after, before, limit, type
-        self.payload_chars, self.refresh, self.children_after = payload_chars, refresh, children_after
-        #: "events" shows the raw event list; anything else (the default) the conversation.
-        #: A type filter applies to the raw list only, so it implies "events".
-        self.view = "events" if view == "events" or type is not None else None
-
-    @classmethod
-    def from_request(cls, default_limit: int, payload_chars: int | None) -> _EventsQuery:
-        after, before = _key_arg("after"), _key_arg("before")
-        if after is not None and before is not None:
-            raise InvalidArgument("give at most one of after= and before=")
-        limit = _int_arg("limit", default_limit, 1, q.MAX_PAGE)
-        view = _arg("view")
-        if view not in (None, "events", "conversation"):
-            raise InvalidArgument(f"unknown view {view[:40]!r}: expected events or conversation")
-        return cls(
-            after,
-            before,
-            limit,
-            _arg("type"),
-            payload_chars,
-            _arg("refresh"),
-            _cursor_arg("children_after"),
-            view,
-        )
-
-    def fetch(self, run_id: str, conn: Any, *, max_chars_total: int | None = None) -> q.EventPage:
-        return q.list_events(
-            conn,
-            run_id,
-            after=self.after,
-            before=self.before,
-            limit=self.limit,
-            type=self.type,
-            max_payload_chars=self.payload_chars,
-            max_chars_total=max_chars_total,
-        )
-
-    def url(self, run_id: str, **changes: Any) -> str:
-        params: dict[str, Any] = {"type": self.type, "after": self.after, "before": self.before}
-        params["limit"] = None if self.limit == q.DEFAULT_PAGE else self.limit
-        params["refresh"] = self.refresh
-        params["view"] = self.view if self.type is None else None
-        params.update(changes)
-        if params.get("type") is not None:
-            params["view"] = None  # implied
-        for name in ("after", "before"):
-            if params[name] is not None:
-                params[name] = _token(params[name])
-        return v.url(v.path("runs", run_id), params)
-
-
 class _RunView:
     def __init__(
         self,
@@ -594,7 +440,7 @@ class _RunView:
         self.candidate: q.CheckpointRow | None = None
 
     @classmethod
-    def fetch(cls, run_id: str, query: _EventsQuery, conn: Any) -> _RunView:
+    def fetch(cls, run_id: str, query: EventsQuery, conn: Any) -> _RunView:
         events = query.fetch(run_id, conn)
         conversation = query.view != "events"
         outcomes = (
@@ -669,7 +515,7 @@ def _stylesheet() -> bytes:
 
 
 def _runs_context(
-    query: _RunsQuery,
+    query: RunsQuery,
     page: q.RunPage,
     awaiting: Mapping[str, tuple[q.Awaiting, ...]],
     budgets: Mapping[str, q.Usage],
@@ -794,7 +640,7 @@ def _wait_lines(awaiting: Iterable[q.Awaiting]) -> list[WaitLine]:
     return lines
 
 
-def _run_context(view: _RunView, query: _EventsQuery, now: int) -> dict[str, Any]:
+def _run_context(view: _RunView, query: EventsQuery, now: int) -> dict[str, Any]:
     run = view.run
     cards = [_with_interruption(run, card, now) for card in v.checkpoint_views(run.id, view.checkpoints)]
     live = run.status in v.LIVE
@@ -852,7 +698,7 @@ def _run_context(view: _RunView, query: _EventsQuery, now: int) -> dict[str, Any
 
 
 def _agent_fields(
-    view: _RunView, query: _EventsQuery, now: int, live: bool, cards: list[v.CheckpointView]
+    view: _RunView, query: EventsQuery, now: int, live: bool, cards: list[v.CheckpointView]
 ) -> dict[str, Any]:
     """The conversation, what the run waits for, the timeline and the spend bars."""
     run = view.run
@@ -910,7 +756,7 @@ def _agent_fields(
     }
 
 
-def _family_fields(view: _RunView, query: _EventsQuery) -> dict[str, Any]:
+def _family_fields(view: _RunView, query: EventsQuery) -> dict[str, Any]:
     run = view.run
     below = {node.run.id: node for node in view.descendants.children}
     children = [
@@ -940,7 +786,7 @@ def _more(node: q.FamilyNode | None) -> int:
     return 0 if node is None else node.more
 
 
-def _event_fields(view: _RunView, query: _EventsQuery) -> dict[str, Any]:
+def _event_fields(view: _RunView, query: EventsQuery) -> dict[str, Any]:
     run_id = view.run.id
     page = view.events
     scanning = page.scan_edge is not None
