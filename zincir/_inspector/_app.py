@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import signal
 import threading
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import attrs
@@ -45,8 +45,7 @@ from .._errors import (
     ZincirError,
 )
 from . import _views as v
-from ._charts import CHART_BUCKETS, LANE_CAP, BudgetBar, Timeline, budget_bars, status_chart, timeline
-from ._conversation import Candidate, Context, Entry, call_ids_of, decided_on_page, entries
+from ._charts import CHART_BUCKETS, status_chart
 from ._http import (
     extra_context,
     html_response,
@@ -59,46 +58,22 @@ from ._http import (
     zincir_error,
 )
 from ._params import EventsQuery, RunsQuery, cursor_arg, token_json
-from ._plain import DEFAULT_ADDRESS, format_host, human_delta, parse_address
+from ._plain import DEFAULT_ADDRESS, format_host, parse_address
 from ._pool import ReadPool
 from ._reads import (
-    CallOutcome,
-    Intent,
-    Mark,
-    Restarts,
-    WaitSpan,
     activity,
-    call_outcomes,
-    intents_since,
-    latest_events,
     neighbour_rounds,
-    restarts_after,
-    wait_spans,
 )
 from ._render import STATIC
+from ._runpage import PAYLOAD_PREVIEW_CHARS, REFRESH_SECONDS, RunPageData, run_context
 from ._security import SECURITY_HEADERS, InspectorApp, SecuredConfig
-from ._views import LIST_LIMIT
+from ._views import BLOCK_CHARS, CHILDREN_PAGE, ITEM_PREVIEW_CHARS, LIST_LIMIT
 
 __all__ = ["DEFAULT_ADDRESS", "create_app", "format_host", "parse_address", "serve"]
 
-#: Payload characters shown per event on a run page; the JSON API gives whole payloads.
-PAYLOAD_PREVIEW_CHARS = 64 * 1024
-#: Characters of a run's configuration shown before cutting (the JSON API gives it whole).
-BLOCK_CHARS = 256 * 1024
-#: Characters of each checkpoint state or verification and each step result in a list (page
-#: and JSON API alike); the per-item JSON endpoints give the whole value.
-ITEM_PREVIEW_CHARS = 8 * 1024
 #: A JSON API list stops adding items once their stored values add up to this many characters
 #: (at least one item is always given); the response says where to continue.
 API_BUDGET_CHARS = 4 * 1024 * 1024
-#: Children listed per page of the family section.
-CHILDREN_PAGE = 100
-# The family tree on a run page: grandchildren and below, this deep and this wide per run.
-TREE_DEPTH = 4
-TREE_WIDTH = 20
-REFRESH_SECONDS = 5
-#: The run page's timeline covers the latest this many events (the whole run when shorter).
-TIMELINE_EVENTS = 600
 #: Read-only connections a served inspector keeps open between requests.
 _KEPT_CONNECTIONS = 4
 #: The runs page's chart counts the most recently active this many runs.
@@ -194,8 +169,8 @@ async def _run_route(app: InspectorApp, run_id: str) -> Response:
     extra = extra_context(app)
 
     def render(conn: Any) -> str:
-        view = _RunView.fetch(run_id, query, conn)
-        context = _run_context(view, query, now)
+        view = RunPageData.fetch(run_id, query, conn)
+        context = run_context(view, query, now)
         refresh = REFRESH_SECONDS if context["view"].refresh_on else None
         return render_page(app, "run.html", f"Run {run_id}", {**context, **extra}, refresh=refresh)
 
@@ -219,7 +194,7 @@ async def _checkpoint_route(app: InspectorApp, run_id: str, round: str) -> Respo
         context = {
             "run": run,
             "run_url": v.path("runs", run_id),
-            "card": _with_interruption(run, v.checkpoint_view(run_id, row, builds_on), now),
+            "card": v.with_interruption(run, v.checkpoint_view(run_id, row, builds_on), now),
             "previous_url": None if previous is None else v.checkpoint_page_url(run_id, previous),
             "next_url": None if following is None else v.checkpoint_page_url(run_id, following),
             "now": now,
@@ -228,13 +203,6 @@ async def _checkpoint_route(app: InspectorApp, run_id: str, round: str) -> Respo
         return render_page(app, "checkpoint.html", title, {**context, **extra})
 
     return html_response(await run_read(app, render))
-
-
-def _with_interruption(run: q.RunDetail, card: v.CheckpointView, now: int) -> v.CheckpointView:
-    """A candidate's card says whether its verification was interrupted."""
-    if card.row.status != "candidate":
-        return card
-    return attrs.evolve(card, interrupted=q.verification_interrupted(run, card.row, now))
 
 
 def _cut_checkpoint(row: q.CheckpointRow) -> q.CheckpointRow:
@@ -279,10 +247,6 @@ class _Budget:
         return True
 
 
-_checkpoint_url = v.checkpoint_api_url
-_step_url = v.step_api_url
-
-
 def _run_json(run_id: str, children_after: q.RunCursor | None, conn: Any) -> dict[str, Any]:
     """The run and its first checkpoints, steps and timers (``truncated`` says if a list is cut).
 
@@ -303,7 +267,7 @@ def _run_json(run_id: str, children_after: q.RunCursor | None, conn: Any) -> dic
             break
         item = q.checkpoint_to_json(run_id, c)
         if c.truncated:
-            item["url"] = _checkpoint_url(run_id, c)
+            item["url"] = v.checkpoint_api_url(run_id, c)
         checkpoint_items.append(item)
     step_items = []
     for s in steps[:LIST_LIMIT]:
@@ -311,7 +275,7 @@ def _run_json(run_id: str, children_after: q.RunCursor | None, conn: Any) -> dic
             break
         item = q.step_to_json(run_id, s)
         if s.truncated:
-            item["url"] = _step_url(run_id, s)
+            item["url"] = v.step_api_url(run_id, s)
         step_items.append(item)
     return {
         "run": q.run_to_json(run),
@@ -407,105 +371,6 @@ async def _api_checkpoint(app: InspectorApp, run_id: str, round: str) -> Respons
 # --------------------------------------------------------------------------- queries
 
 
-class _RunView:
-    def __init__(
-        self,
-        run: q.RunDetail,
-        checkpoints: tuple[q.CheckpointRow, ...],
-        events: q.EventPage,
-        types: tuple[str, ...],
-        steps: tuple[q.StepRow, ...],
-        timers: tuple[q.TimerRow, ...],
-        awaiting: tuple[q.Awaiting, ...],
-        approvals: tuple[q.ApprovalRequest, ...],
-        family: tuple[tuple[q.RunSummary, ...], q.FamilyNode],
-        budget: q.Usage | None,
-        intents: tuple[q.IntentRow, ...],
-        outcomes: Mapping[str, CallOutcome],
-        marks: tuple[tuple[Mark, ...], bool],
-        window_intents: tuple[Intent, ...],
-        waits: tuple[WaitSpan, ...],
-        outsider_actions: tuple[q.OutsiderAction, ...],
-    ) -> None:
-        self.run, self.checkpoints, self.events, self.types = run, checkpoints, events, types
-        self.steps, self.timers, self.awaiting, self.approvals = steps, timers, awaiting, approvals
-        self.ancestors, self.descendants = family
-        self.budget, self.intents = budget, intents
-        self.outcomes, (self.marks, self.earlier) = outcomes, marks
-        self.window_intents, self.waits = window_intents, waits
-        self.outsider_actions = outsider_actions
-        # What the conversation needs beyond the page (set by fetch in the conversation view).
-        self.restarts = Restarts((), -1)
-        self.reconciled: frozenset[object] = frozenset()
-        self.candidate: q.CheckpointRow | None = None
-
-    @classmethod
-    def fetch(cls, run_id: str, query: EventsQuery, conn: Any) -> _RunView:
-        events = query.fetch(run_id, conn)
-        conversation = query.view != "events"
-        outcomes = (
-            call_outcomes(conn, run_id, call_ids_of(events.events), max_chars=ITEM_PREVIEW_CHARS)
-            if conversation
-            else {}
-        )
-        later = query.after is not None or query.before is not None
-        awaiting = q.list_awaiting(conn, [run_id]).get(run_id, ())
-        approvals = (  # the calls and arguments a decision binds to
-            q.list_open_approvals(conn, run_id, now_ms(), limit=LIST_LIMIT)
-            if any(item.kind == "approval" for item in awaiting)
-            else ()
-        )
-        marks: tuple[tuple[Mark, ...], bool] = ((), False)
-        window: tuple[Intent, ...] = ()
-        waits: tuple[WaitSpan, ...] = ()
-        if not later:
-            marks = latest_events(conn, run_id, TIMELINE_EVENTS)
-            first_seq = marks[0][0].seq if marks[0] else 0
-            window = intents_since(conn, run_id, first_seq, LANE_CAP * 2)
-            waits = wait_spans(conn, run_id, LIST_LIMIT)
-        view = cls(
-            q.get_run(
-                conn,
-                run_id,
-                children_limit=CHILDREN_PAGE,
-                children_after=query.children_after,
-                max_config_chars=BLOCK_CHARS,
-                max_result_chars=BLOCK_CHARS,
-            ),
-            q.list_checkpoints(conn, run_id, limit=LIST_LIMIT + 1, max_chars=ITEM_PREVIEW_CHARS),
-            events,
-            q.event_types(conn, run_id),
-            q.list_steps(conn, run_id, limit=LIST_LIMIT + 1, max_chars=ITEM_PREVIEW_CHARS),
-            q.list_timers(conn, run_id, limit=LIST_LIMIT + 1),
-            awaiting,
-            approvals,
-            q.family_tree(conn, run_id, depth=TREE_DEPTH, per_node=TREE_WIDTH),
-            q.budgets_of(conn, [run_id], now_ms()).get(run_id),
-            q.list_intents(conn, run_id, limit=LIST_LIMIT + 1),
-            outcomes,
-            marks,
-            window,
-            waits,
-            () if later else q.list_outsider_actions(conn, run_id, limit=LIST_LIMIT + 1),
-        )
-        if conversation:
-            view._fetch_beyond_the_page(conn)
-        return view
-
-    def _fetch_beyond_the_page(self, conn: Any) -> None:
-        """The restarts between the page's calls and their results (to keep log order), which
-        results a reconcile probe found, and the undecided candidate (bounded reads)."""
-        run_id = self.run.id
-        seqs = [e.seq for e in self.events.events if type(e.seq) is int]
-        results = [o.result.seq for o in self.outcomes.values() if o.result is not None]
-        if seqs:
-            upto = max([seqs[-1], *(r for r in results if type(r) is int)])
-            self.restarts = restarts_after(conn, run_id, seqs[0] - 1, upto, q.SCAN_WINDOW)
-        on_page = [e.seq for e in self.events.events if e.type == "tool_result"]
-        self.reconciled = q.reconciled_results(conn, run_id, [*results, *on_page])
-        self.candidate = q.candidate_checkpoint(conn, run_id)
-
-
 # --------------------------------------------------------------------------- pages
 
 
@@ -543,288 +408,6 @@ def _runs_context(
         "nav": nav,
         "now": now,
         "chart": None,
-    }
-
-
-@attrs.frozen
-class _StepView:
-    row: q.StepRow
-    result: v.Stored | None
-
-
-@attrs.frozen
-class _EventView:
-    row: q.EventRow
-    anchor: str
-    payload: v.Stored
-
-
-@attrs.define
-class RunPageView:
-    """Everything ``run.html`` shows of one run (plain data; see :mod:`._views`)."""
-
-    run: q.RunDetail
-    live: bool
-    refresh_on: bool
-    refresh_seconds: int
-    pause_url: str
-    resume_url: str
-    lease_state: str | None
-    lease_delta: str
-    next_attempt: str  # "ended", "awaits", "any" or "at"
-    awaiting: tuple[q.Awaiting, ...]
-    approvals: list[v.ApprovalView]  # the open requests, with all their calls' arguments
-    budget: q.Usage | None
-    spend: str
-    budget_rows: list[v.BudgetRow]
-    intents: tuple[q.IntentRow, ...]
-    outsider_actions: tuple[q.OutsiderAction, ...]
-    ancestors: list[v.RunRef]
-    parent: v.RunRef | None
-    children: list[v.TreeNode]
-    children_nav: list[v.Link]
-    children_first_url: str | None
-    config: v.Stored
-    result: v.Stored | None  # what the run completed with (None: nothing, or not completed)
-    checkpoints: list[v.CheckpointView]
-    checkpoint_count: int
-    events: q.EventPage
-    event_items: list[_EventView]
-    types: tuple[str, ...]
-    type: str | None
-    events_action: str
-    events_hidden: list[tuple[str, str]]
-    events_nav: list[v.Link]
-    steps: list[_StepView]
-    step_count: int
-    timers: tuple[q.TimerRow, ...]
-    mode: str  # "conversation" or "events"
-    page_url: str  # /runs/<id>, for the section links
-    later_page: bool  # paged past the first page: the overview is left out
-    top_url: str
-    conversation_url: str
-    raw_url: str
-    entries: list[Entry]
-    open_waits_here: bool
-    waiting_for: list[WaitLine]
-    timeline: Timeline | None
-    budget_bars: list[BudgetBar]
-    over_budget: bool
-
-
-@attrs.frozen
-class WaitLine:
-    """One thing the run waits for, in words: "signal 'go' (wait 'w')"."""
-
-    item: q.Awaiting
-    kind: str
-    what: str
-    url: str | None
-    link_label: str
-
-
-def _wait_lines(awaiting: Iterable[q.Awaiting]) -> list[WaitLine]:
-    lines = []
-    for a in awaiting:
-        if a.kind == "signal":
-            lines.append(WaitLine(a, a.kind, f"signal {a.target!r} (wait {a.name!r})", None, ""))
-        elif a.kind == "approval":
-            lines.append(WaitLine(a, a.kind, f"approval of tool call {a.name!r} ({a.target})", None, ""))
-        elif a.kind == "child":
-            ref = v.run_ref(a.name)
-            lines.append(WaitLine(a, a.kind, f"child run {a.name} to end", ref.url, "open it"))
-        elif a.kind == "budget":
-            lines.append(WaitLine(a, a.kind, f"its budget to be raised ({a.name} reached)", None, ""))
-        else:
-            lines.append(WaitLine(a, a.kind, f"sleep {a.name!r} to end", None, ""))
-    return lines
-
-
-def _run_context(view: _RunView, query: EventsQuery, now: int) -> dict[str, Any]:
-    run = view.run
-    cards = [_with_interruption(run, card, now) for card in v.checkpoint_views(run.id, view.checkpoints)]
-    live = run.status in v.LIVE
-    lease_state, lease_delta = None, ""
-    if run.lease_owner is not None and type(run.lease_expires_at) is int:
-        left = run.lease_expires_at - now
-        lease_state, lease_delta = ("active" if left > 0 else "expired"), human_delta(left)
-    if run.status in v.TERMINAL:
-        next_attempt = "ended"
-    elif run.next_attempt_at is None:
-        next_attempt = "awaits"
-    elif type(run.next_attempt_at) is int and run.next_attempt_at <= 0:
-        next_attempt = "any"
-    else:
-        next_attempt = "at"
-    page = RunPageView(
-        run=run,
-        live=live,
-        refresh_on=live and query.refresh != "off",
-        refresh_seconds=REFRESH_SECONDS,
-        pause_url=query.url(run.id, refresh="off"),
-        resume_url=query.url(run.id, refresh=None),
-        lease_state=lease_state,
-        lease_delta=lease_delta,
-        next_attempt=next_attempt,
-        awaiting=view.awaiting,
-        approvals=v.approval_views(view.approvals),
-        budget=view.budget,
-        spend="" if view.budget is None else q.spend_text(view.budget),
-        budget_rows=[] if view.budget is None else v.budget_rows(view.budget),
-        intents=view.intents,
-        outsider_actions=view.outsider_actions,
-        **_family_fields(view, query),
-        config=v.Stored(run.config, run.config_truncated, run.config_size, v.path("api", "runs", run.id)),
-        result=None
-        if run.result is None
-        else v.Stored(run.result, run.result_truncated, run.result_size, v.path("api", "runs", run.id)),
-        checkpoints=cards,
-        checkpoint_count=len(view.checkpoints),
-        **_event_fields(view, query),
-        steps=[
-            _StepView(
-                s,
-                None
-                if s.result is None
-                else v.Stored(s.result, s.truncated, s.result_size, _step_url(run.id, s)),
-            )
-            for s in view.steps[:LIST_LIMIT]
-        ],
-        step_count=len(view.steps),
-        timers=view.timers,
-        **_agent_fields(view, query, now, live, cards),
-    )
-    return {"view": page, "now": now, "limit": LIST_LIMIT, "scan_window": q.SCAN_WINDOW}
-
-
-def _agent_fields(
-    view: _RunView, query: EventsQuery, now: int, live: bool, cards: list[v.CheckpointView]
-) -> dict[str, Any]:
-    """The conversation, what the run waits for, the timeline and the spend bars."""
-    run = view.run
-    mode = "events" if query.view == "events" else "conversation"
-    later = query.after is not None or query.before is not None
-    found: list[Entry] = []
-    if mode == "conversation":
-        row = view.candidate
-        candidate = (
-            None
-            if row is None
-            else Candidate(row.tool_call_id, row.round, q.verification_interrupted(run, row, now))
-        )
-        ctx = Context(
-            run.id,
-            view.outcomes,
-            {c.row.round: c for c in cards},
-            frozenset(a.name for a in view.awaiting if a.kind == "approval"),
-            decided_on_page(view.events.events),
-            {c.id: c.status for c in run.children},
-            view.restarts,
-            view.reconciled,
-            candidate,
-        )
-        found = entries(ctx, view.events.events)
-    tl = None
-    if not later:
-        tl = timeline(
-            run=run,
-            now=now,
-            marks=view.marks,
-            earlier=view.earlier,
-            intents=view.window_intents,
-            steps=view.steps[:LIST_LIMIT],
-            timers=view.timers[:LIST_LIMIT],
-            waits=view.waits,
-            checkpoints=view.checkpoints[:LIST_LIMIT],
-            live=live,
-        )
-    bars = [] if view.budget is None else budget_bars(view.budget)
-    base = v.path("runs", run.id)
-    return {
-        "mode": mode,
-        "page_url": base,
-        "later_page": later,
-        "top_url": query.url(run.id, after=None, before=None),
-        "conversation_url": v.fragment(v.url(base, {"refresh": query.refresh}), "views"),
-        "raw_url": v.fragment(v.url(base, {"view": "events", "refresh": query.refresh}), "views"),
-        "entries": found,
-        "open_waits_here": mode == "conversation" and not view.events.has_after,
-        "waiting_for": _wait_lines(view.awaiting[:LIST_LIMIT]),
-        "timeline": tl,
-        "budget_bars": bars,
-        "over_budget": any(b.over for b in bars),
-    }
-
-
-def _family_fields(view: _RunView, query: EventsQuery) -> dict[str, Any]:
-    run = view.run
-    below = {node.run.id: node for node in view.descendants.children}
-    children = [
-        v.TreeNode(v.run_ref(c.id, c.status, c.role), v.tree_nodes(below.get(c.id)), _more(below.get(c.id)))
-        for c in run.children
-    ]
-    nav = []
-    first_url = None
-    if run.children:
-        if query.children_after is not None:
-            nav.append(v.Link("⇤ First children", v.fragment(query.url(run.id), "family")))
-        if run.children_next is not None:
-            more = query.url(run.id, children_after=run.children_next.encode())
-            nav.append(v.Link("More children →", v.fragment(more, "family")))
-    elif query.children_after is not None:
-        first_url = v.fragment(query.url(run.id), "family")
-    return {
-        "ancestors": [v.run_ref(a.id, a.status, a.role) for a in view.ancestors],
-        "parent": v.run_ref(run.parent_run_id) if run.parent_run_id else None,
-        "children": children,
-        "children_nav": nav,
-        "children_first_url": first_url,
-    }
-
-
-def _more(node: q.FamilyNode | None) -> int:
-    return 0 if node is None else node.more
-
-
-def _event_fields(view: _RunView, query: EventsQuery) -> dict[str, Any]:
-    run_id = view.run.id
-    page = view.events
-    scanning = page.scan_edge is not None
-
-    def link(label: str, **changes: Any) -> v.Link:
-        return v.Link(label, v.fragment(query.url(run_id, **changes), "events"))
-
-    nav = []
-    if page.has_before:
-        nav.append(link("⇤ First", after=None, before=None))
-        if page.prev_before is not None:
-            back = scanning and page.prev_before == page.scan_edge
-            nav.append(
-                link("← Continue scanning" if back else "← Previous", after=None, before=page.prev_before)
-            )
-    if page.has_after:
-        if page.next_after is not None:
-            onward = scanning and page.next_after == page.scan_edge
-            nav.append(
-                link("Continue scanning →" if onward else "Next →", after=page.next_after, before=None)
-            )
-        nav.append(link("Latest ⇥", after=None, before=q.LATEST))
-    items = []
-    for event in page.events:
-        api = v.path("api", "runs", run_id, "events", q.encode_key(event.seq)) if event.truncated else None
-        items.append(
-            _EventView(
-                event, v.anchor(event.seq), v.Stored(event.payload, event.truncated, event.payload_size, api)
-            )
-        )
-    return {
-        "events": page,
-        "event_items": items,
-        "types": view.types,
-        "type": query.type,
-        "events_action": v.fragment(v.path("runs", run_id), "events"),
-        "events_hidden": [("refresh", "off")] if query.refresh == "off" else [],
-        "events_nav": nav,
     }
 
 
