@@ -210,7 +210,7 @@ def ui(database_path: str, address: str | None, allow_actions: bool, actor: str 
 
 
 async def _serve_ui(database_path: str, address: str) -> None:
-    from ._inspector._app import serve  # the web stack: only `zincir ui` loads it
+    from ._inspector._serve import serve  # the web stack: only `zincir ui` loads it
 
     async with trio.open_nursery() as nursery:
         url = await nursery.start(functools.partial(serve, database_path, address))

@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any
 from ._plain import DEFAULT_ADDRESS, format_host, human_delta, parse_address
 
 if TYPE_CHECKING:
-    from ._app import create_app, serve
+    from ._app import create_app
     from ._security import CONTENT_SECURITY_POLICY
+    from ._serve import serve
 
 __all__ = [
     "CONTENT_SECURITY_POLICY",
@@ -39,7 +40,7 @@ def __getattr__(name: str) -> Any:
 
         return create_app
     if name == "serve":
-        from ._app import serve
+        from ._serve import serve
 
         return serve
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -45,11 +45,11 @@ from .._errors import InvalidArgument, RunNotFound, StorageError, ZincirError
 from .._inbox import cancel_run, decide_approval, raise_budget, retry_now, send_signal
 from .._json import MAX_DEPTH
 from .._validation import check_text
-from ._app import serve
 from ._auth import Guard, Refusal
 from ._http import extra_context, html_response, render_page
 from ._plain import parse_address, random_loopback_ip
 from ._security import InspectorApp
+from ._serve import serve
 
 __all__ = ["ACTIONS", "BUDGET_FIELDS", "Actions", "Panel", "serve_with_actions"]
 
