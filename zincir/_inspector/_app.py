@@ -57,9 +57,9 @@ def create_app(
     default) and append to ``app.page_context``: callables run in each page request's context
     (before the read) returning a mapping merged into the template context. Templates see
     those names directly; ``run.html`` includes ``actions_panel.html`` when that template
-    exists (``ignore missing``), with the whole run-page context (``view``: the run, its
-    awaits, intents and checkpoints; ``now``) plus those extra names. Everything stays
-    autoescaped. Without ``extend`` the app opens no write connection.
+    exists (``ignore missing``), with the whole run-page context (``view``: the run and each
+    section of its page, a :class:`~._runpage.RunPageView`; ``now``) plus those extra names.
+    Everything stays autoescaped. Without ``extend`` the app opens no write connection.
     """
     app = InspectorApp(__name__, static_folder=None)
     app.database_path = database_path

@@ -65,7 +65,7 @@ async def run_page(app: InspectorApp, run_id: str) -> Response:
     def render(conn: Any) -> str:
         view = RunPageData.fetch(run_id, query, conn)
         context = run_context(view, query, now)
-        refresh = REFRESH_SECONDS if context["view"].refresh_on else None
+        refresh = REFRESH_SECONDS if context["view"].refresh.on else None
         return render_page(app, "run.html", f"Run {run_id}", {**context, **extra}, refresh=refresh)
 
     return html_response(await run_read(app, render))

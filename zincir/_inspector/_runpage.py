@@ -160,57 +160,36 @@ class _EventView:
     payload: v.Stored
 
 
-@attrs.define
-class RunPageView:
-    """Everything ``run.html`` shows of one run (plain data; see :mod:`._views`)."""
+@attrs.frozen
+class Refresh:
+    """Whether the page reloads itself, and the links that pause and resume that."""
 
-    run: q.RunDetail
-    live: bool
-    refresh_on: bool
-    refresh_seconds: int
+    live: bool  # the run has not ended: its page may change
+    on: bool
+    seconds: int
     pause_url: str
     resume_url: str
-    lease_state: str | None
-    lease_delta: str
+
+
+@attrs.frozen
+class LeaseLine:
+    """Who may run it next, in words."""
+
+    state: str | None  # "active" or "expired"; None when nobody holds the lease
+    delta: str  # how long until (or since) the lease expires
     next_attempt: str  # "ended", "awaits", "any" or "at"
-    awaiting: tuple[q.Awaiting, ...]
-    approvals: list[v.ApprovalView]  # the open requests, with all their calls' arguments
-    budget: q.Usage | None
-    spend: str
-    budget_rows: list[v.BudgetRow]
-    intents: tuple[q.IntentRow, ...]
-    outsider_actions: tuple[q.OutsiderAction, ...]
-    ancestors: list[v.RunRef]
-    parent: v.RunRef | None
-    children: list[v.TreeNode]
-    children_nav: list[v.Link]
-    children_first_url: str | None
-    config: v.Stored
-    result: v.Stored | None  # what the run completed with (None: nothing, or not completed)
-    checkpoints: list[v.CheckpointView]
-    checkpoint_count: int
-    events: q.EventPage
-    event_items: list[_EventView]
-    types: tuple[str, ...]
-    type: str | None
-    events_action: str
-    events_hidden: list[tuple[str, str]]
-    events_nav: list[v.Link]
-    steps: list[_StepView]
-    step_count: int
-    timers: tuple[q.TimerRow, ...]
+
+
+@attrs.frozen
+class Tabs:
+    """Which view of the log the page shows, and the links between the page's views."""
+
     mode: str  # "conversation" or "events"
     page_url: str  # /runs/<id>, for the section links
     later_page: bool  # paged past the first page: the overview is left out
     top_url: str
     conversation_url: str
     raw_url: str
-    entries: list[Entry]
-    open_waits_here: bool
-    waiting_for: list[WaitLine]
-    timeline: Timeline | None
-    budget_bars: list[BudgetBar]
-    over_budget: bool
 
 
 @attrs.frozen
@@ -222,6 +201,160 @@ class WaitLine:
     what: str
     url: str | None
     link_label: str
+
+
+@attrs.frozen
+class Waits:
+    """What the run waits for: as read, in words, and the approval requests in full."""
+
+    awaiting: tuple[q.Awaiting, ...]
+    lines: list[WaitLine]
+    approvals: list[v.ApprovalView]  # the open requests, with all their calls' arguments
+
+
+@attrs.frozen
+class Conversation:
+    """The log as a conversation (empty when the raw events are shown)."""
+
+    entries: list[Entry]
+    open_waits_here: bool  # the page reaches the log's end: the open waits close it
+
+
+@attrs.frozen
+class Spend:
+    """The run's budget: its limits and spend, in words, as rows and as bars."""
+
+    usage: q.Usage | None  # None: no budget, spend is not tracked
+    text: str
+    rows: list[v.BudgetRow]
+    bars: list[BudgetBar]
+    over: bool
+
+
+@attrs.frozen
+class Family:
+    """The run's ancestors, its parent, and one page of its children with their subtrees."""
+
+    ancestors: list[v.RunRef]
+    parent: v.RunRef | None
+    children: list[v.TreeNode]
+    nav: list[v.Link]
+    first_url: str | None  # paged past the last child: the way back to the first
+
+
+@attrs.frozen
+class Events:
+    """One page of the raw events, with the type filter and the links to other pages."""
+
+    page: q.EventPage
+    rows: list[_EventView]
+    types: tuple[str, ...]
+    type: str | None
+    action: str  # where the filter form goes
+    hidden: list[tuple[str, str]]  # the form's hidden fields
+    nav: list[v.Link]
+
+
+@attrs.frozen
+class RunPageView:
+    """Everything ``run.html`` shows of one run, a section per field (plain data; see
+    :mod:`._views`)."""
+
+    run: q.RunDetail
+    refresh: Refresh
+    lease: LeaseLine
+    tabs: Tabs
+    waits: Waits
+    conversation: Conversation
+    events: Events
+    timeline: Timeline | None  # only on the log's first page
+    spend: Spend
+    family: Family
+    config: v.Stored
+    result: v.Stored | None  # what the run completed with (None: nothing, or not completed)
+    checkpoints: list[v.CheckpointView]
+    checkpoint_count: int
+    steps: list[_StepView]
+    step_count: int
+    timers: tuple[q.TimerRow, ...]
+    intents: tuple[q.IntentRow, ...]
+    outsider_actions: tuple[q.OutsiderAction, ...]
+
+
+def run_context(view: RunPageData, query: EventsQuery, now: int) -> dict[str, Any]:
+    """The names ``run.html`` renders one run with."""
+    run = view.run
+    cards = [v.with_interruption(run, card, now) for card in v.checkpoint_views(run.id, view.checkpoints)]
+    live = run.status in v.LIVE
+    later = query.after is not None or query.before is not None
+    tabs = _tabs(run.id, query, later)
+    steps = [
+        _StepView(
+            s,
+            None
+            if s.result is None
+            else v.Stored(s.result, s.truncated, s.result_size, v.step_api_url(run.id, s)),
+        )
+        for s in view.steps[:LIST_LIMIT]
+    ]
+    page = RunPageView(
+        run=run,
+        refresh=Refresh(
+            live,
+            live and query.refresh != "off",
+            REFRESH_SECONDS,
+            query.url(run.id, refresh="off"),
+            query.url(run.id, refresh=None),
+        ),
+        lease=_lease_line(run, now),
+        tabs=tabs,
+        waits=Waits(view.awaiting, _wait_lines(view.awaiting[:LIST_LIMIT]), v.approval_views(view.approvals)),
+        conversation=_conversation(view, tabs.mode, now, cards),
+        events=_events(view, query),
+        timeline=None if later else _timeline(view, now, live),
+        spend=_spend(view.budget),
+        family=_family(view, query),
+        config=v.Stored(run.config, run.config_truncated, run.config_size, v.path("api", "runs", run.id)),
+        result=None
+        if run.result is None
+        else v.Stored(run.result, run.result_truncated, run.result_size, v.path("api", "runs", run.id)),
+        checkpoints=cards,
+        checkpoint_count=len(view.checkpoints),
+        steps=steps,
+        step_count=len(view.steps),
+        timers=view.timers,
+        intents=view.intents,
+        outsider_actions=view.outsider_actions,
+    )
+    return {"view": page, "now": now, "limit": LIST_LIMIT, "scan_window": q.SCAN_WINDOW}
+
+
+def _lease_line(run: q.RunDetail, now: int) -> LeaseLine:
+    state, delta = None, ""
+    if run.lease_owner is not None and type(run.lease_expires_at) is int:
+        left = run.lease_expires_at - now
+        state, delta = ("active" if left > 0 else "expired"), human_delta(left)
+    if run.status in v.TERMINAL:
+        next_attempt = "ended"
+    elif run.next_attempt_at is None:
+        next_attempt = "awaits"
+    elif type(run.next_attempt_at) is int and run.next_attempt_at <= 0:
+        next_attempt = "any"
+    else:
+        next_attempt = "at"
+    return LeaseLine(state, delta, next_attempt)
+
+
+def _tabs(run_id: str, query: EventsQuery, later: bool) -> Tabs:
+    base = v.path("runs", run_id)
+    return Tabs(
+        mode="events" if query.view == "events" else "conversation",
+        page_url=base,
+        later_page=later,
+        top_url=query.url(run_id, after=None, before=None),
+        conversation_url=v.fragment(v.url(base, {"refresh": query.refresh}), "views"),
+        raw_url=v.fragment(v.url(base, {"view": "events", "refresh": query.refresh}), "views"),
+    )
 
 
 def _wait_lines(awaiting: Iterable[q.Awaiting]) -> list[WaitLine]:
@@ -241,123 +374,53 @@ def _wait_lines(awaiting: Iterable[q.Awaiting]) -> list[WaitLine]:
     return lines
 
 
-def run_context(view: RunPageData, query: EventsQuery, now: int) -> dict[str, Any]:
+def _conversation(view: RunPageData, mode: str, now: int, cards: list[v.CheckpointView]) -> Conversation:
+    if mode != "conversation":
+        return Conversation([], False)
     run = view.run
-    cards = [v.with_interruption(run, card, now) for card in v.checkpoint_views(run.id, view.checkpoints)]
-    live = run.status in v.LIVE
-    lease_state, lease_delta = None, ""
-    if run.lease_owner is not None and type(run.lease_expires_at) is int:
-        left = run.lease_expires_at - now
-        lease_state, lease_delta = ("active" if left > 0 else "expired"), human_delta(left)
-    if run.status in v.TERMINAL:
-        next_attempt = "ended"
-    elif run.next_attempt_at is None:
-        next_attempt = "awaits"
-    elif type(run.next_attempt_at) is int and run.next_attempt_at <= 0:
-        next_attempt = "any"
-    else:
-        next_attempt = "at"
-    page = RunPageView(
-        run=run,
-        live=live,
-        refresh_on=live and query.refresh != "off",
-        refresh_seconds=REFRESH_SECONDS,
-        pause_url=query.url(run.id, refresh="off"),
-        resume_url=query.url(run.id, refresh=None),
-        lease_state=lease_state,
-        lease_delta=lease_delta,
-        next_attempt=next_attempt,
-        awaiting=view.awaiting,
-        approvals=v.approval_views(view.approvals),
-        budget=view.budget,
-        spend="" if view.budget is None else q.spend_text(view.budget),
-        budget_rows=[] if view.budget is None else v.budget_rows(view.budget),
-        intents=view.intents,
-        outsider_actions=view.outsider_actions,
-        **_family_fields(view, query),
-        config=v.Stored(run.config, run.config_truncated, run.config_size, v.path("api", "runs", run.id)),
-        result=None
-        if run.result is None
-        else v.Stored(run.result, run.result_truncated, run.result_size, v.path("api", "runs", run.id)),
-        checkpoints=cards,
-        checkpoint_count=len(view.checkpoints),
-        **_event_fields(view, query),
-        steps=[
-            _StepView(
-                s,
-                None
-                if s.result is None
-                else v.Stored(s.result, s.truncated, s.result_size, v.step_api_url(run.id, s)),
-            )
-            for s in view.steps[:LIST_LIMIT]
-        ],
-        step_count=len(view.steps),
-        timers=view.timers,
-        **_agent_fields(view, query, now, live, cards),
+    row = view.candidate
+    candidate = (
+        None
+        if row is None
+        else Candidate(row.tool_call_id, row.round, q.verification_interrupted(run, row, now))
     )
-    return {"view": page, "now": now, "limit": LIST_LIMIT, "scan_window": q.SCAN_WINDOW}
+    ctx = Context(
+        run.id,
+        view.outcomes,
+        {c.row.round: c for c in cards},
+        frozenset(a.name for a in view.awaiting if a.kind == "approval"),
+        decided_on_page(view.events.events),
+        {c.id: c.status for c in run.children},
+        view.restarts,
+        view.reconciled,
+        candidate,
+    )
+    return Conversation(entries(ctx, view.events.events), not view.events.has_after)
 
 
-def _agent_fields(
-    view: RunPageData, query: EventsQuery, now: int, live: bool, cards: list[v.CheckpointView]
-) -> dict[str, Any]:
-    """The conversation, what the run waits for, the timeline and the spend bars."""
-    run = view.run
-    mode = "events" if query.view == "events" else "conversation"
-    later = query.after is not None or query.before is not None
-    found: list[Entry] = []
-    if mode == "conversation":
-        row = view.candidate
-        candidate = (
-            None
-            if row is None
-            else Candidate(row.tool_call_id, row.round, q.verification_interrupted(run, row, now))
-        )
-        ctx = Context(
-            run.id,
-            view.outcomes,
-            {c.row.round: c for c in cards},
-            frozenset(a.name for a in view.awaiting if a.kind == "approval"),
-            decided_on_page(view.events.events),
-            {c.id: c.status for c in run.children},
-            view.restarts,
-            view.reconciled,
-            candidate,
-        )
-        found = entries(ctx, view.events.events)
-    tl = None
-    if not later:
-        tl = timeline(
-            run=run,
-            now=now,
-            marks=view.marks,
-            earlier=view.earlier,
-            intents=view.window_intents,
-            steps=view.steps[:LIST_LIMIT],
-            timers=view.timers[:LIST_LIMIT],
-            waits=view.waits,
-            checkpoints=view.checkpoints[:LIST_LIMIT],
-            live=live,
-        )
-    bars = [] if view.budget is None else budget_bars(view.budget)
-    base = v.path("runs", run.id)
-    return {
-        "mode": mode,
-        "page_url": base,
-        "later_page": later,
-        "top_url": query.url(run.id, after=None, before=None),
-        "conversation_url": v.fragment(v.url(base, {"refresh": query.refresh}), "views"),
-        "raw_url": v.fragment(v.url(base, {"view": "events", "refresh": query.refresh}), "views"),
-        "entries": found,
-        "open_waits_here": mode == "conversation" and not view.events.has_after,
-        "waiting_for": _wait_lines(view.awaiting[:LIST_LIMIT]),
-        "timeline": tl,
-        "budget_bars": bars,
-        "over_budget": any(b.over for b in bars),
-    }
+def _timeline(view: RunPageData, now: int, live: bool) -> Timeline | None:
+    return timeline(
+        run=view.run,
+        now=now,
+        marks=view.marks,
+        earlier=view.earlier,
+        intents=view.window_intents,
+        steps=view.steps[:LIST_LIMIT],
+        timers=view.timers[:LIST_LIMIT],
+        waits=view.waits,
+        checkpoints=view.checkpoints[:LIST_LIMIT],
+        live=live,
+    )
 
 
-def _family_fields(view: RunPageData, query: EventsQuery) -> dict[str, Any]:
+def _spend(usage: q.Usage | None) -> Spend:
+    if usage is None:
+        return Spend(None, "", [], [], False)
+    bars = budget_bars(usage)
+    return Spend(usage, q.spend_text(usage), v.budget_rows(usage), bars, any(b.over for b in bars))
+
+
+def _family(view: RunPageData, query: EventsQuery) -> Family:
     run = view.run
     below = {node.run.id: node for node in view.descendants.children}
     children = [
@@ -374,20 +437,20 @@ def _family_fields(view: RunPageData, query: EventsQuery) -> dict[str, Any]:
             nav.append(v.Link("More children →", v.fragment(more, "family")))
     elif query.children_after is not None:
         first_url = v.fragment(query.url(run.id), "family")
-    return {
-        "ancestors": [v.run_ref(a.id, a.status, a.role) for a in view.ancestors],
-        "parent": v.run_ref(run.parent_run_id) if run.parent_run_id else None,
-        "children": children,
-        "children_nav": nav,
-        "children_first_url": first_url,
-    }
+    return Family(
+        ancestors=[v.run_ref(a.id, a.status, a.role) for a in view.ancestors],
+        parent=v.run_ref(run.parent_run_id) if run.parent_run_id else None,
+        children=children,
+        nav=nav,
+        first_url=first_url,
+    )
 
 
 def _more(node: q.FamilyNode | None) -> int:
     return 0 if node is None else node.more
 
 
-def _event_fields(view: RunPageData, query: EventsQuery) -> dict[str, Any]:
+def _events(view: RunPageData, query: EventsQuery) -> Events:
     run_id = view.run.id
     page = view.events
     scanning = page.scan_edge is not None
@@ -410,20 +473,20 @@ def _event_fields(view: RunPageData, query: EventsQuery) -> dict[str, Any]:
                 link("Continue scanning →" if onward else "Next →", after=page.next_after, before=None)
             )
         nav.append(link("Latest ⇥", after=None, before=q.LATEST))
-    items = []
+    rows = []
     for event in page.events:
         api = v.path("api", "runs", run_id, "events", q.encode_key(event.seq)) if event.truncated else None
-        items.append(
+        rows.append(
             _EventView(
                 event, v.anchor(event.seq), v.Stored(event.payload, event.truncated, event.payload_size, api)
             )
         )
-    return {
-        "events": page,
-        "event_items": items,
-        "types": view.types,
-        "type": query.type,
-        "events_action": v.fragment(v.path("runs", run_id), "events"),
-        "events_hidden": [("refresh", "off")] if query.refresh == "off" else [],
-        "events_nav": nav,
-    }
+    return Events(
+        page=page,
+        rows=rows,
+        types=view.types,
+        type=query.type,
+        action=v.fragment(v.path("runs", run_id), "events"),
+        hidden=[("refresh", "off")] if query.refresh == "off" else [],
+        nav=nav,
+    )
