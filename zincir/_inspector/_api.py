@@ -133,23 +133,6 @@ async def api_events(app: InspectorApp, run_id: str) -> Response:
     return json_response(await run_read(app, functools.partial(_events_json, run_id, query)))
 
 
-def _item_json(
-    kind: str,
-    run_id: str,
-    key: object,
-    missing: str,
-    fetch: Callable[..., Any],
-    to_json: Callable[..., Any],
-    conn: Any,
-) -> dict[str, Any]:
-    """One whole event, step or checkpoint of a run, or a 404 naming ``missing``."""
-    q.get_run(conn, run_id, children_limit=0)
-    item = fetch(conn, run_id, key)
-    if item is None:
-        raise RunNotFound(f"run {run_id} has no {missing}")
-    return {kind: to_json(run_id, item)}
-
-
 async def _api_item(
     app: InspectorApp,
     run_id: str,
@@ -159,8 +142,16 @@ async def _api_item(
     fetch: Callable[..., Any],
     to_json: Callable[..., Any],
 ) -> Response:
+    """One whole event, step or checkpoint of a run, or a 404 naming ``missing``."""
     run_id = q.parse_run_id(run_id)
-    read = functools.partial(_item_json, kind, run_id, key, missing, fetch, to_json)
+
+    def read(conn: Any) -> dict[str, Any]:
+        q.get_run(conn, run_id, children_limit=0)
+        item = fetch(conn, run_id, key)
+        if item is None:
+            raise RunNotFound(f"run {run_id} has no {missing}")
+        return {kind: to_json(run_id, item)}
+
     return json_response(await run_read(app, read))
 
 
