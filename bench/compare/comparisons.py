@@ -1,30 +1,23 @@
-"""The parent side: starts the systems in child processes and runs the four comparisons.
+"""The parent side of the main comparison: starts the systems in child processes and runs the four
+comparisons.
 
-The parent never imports a peer: it only talks to children (``bench/systems/host.py``) over pipes,
-and reads the crash ledger with plain ``sqlite3``.
+The parent never imports a peer: it only talks to its children (each hosting one system of
+``bench/systems/``) over pipes, and reads the crash ledger with plain ``sqlite3``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import queue
 import random
-import signal
 import statistics
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
+from ..harness.processes import ChildError, ChildProcess, run_module
 from ..systems.common import LEDGER_EVERY, ledger_counts
 
-REPO = Path(__file__).resolve().parents[2]
 Log = Callable[[str], None]
 
 
@@ -89,225 +82,19 @@ class Sizes:
         )
 
 
-class ChildError(RuntimeError):
-    pass
-
-
-class Child:
-    """One child process hosting one system; JSON lines over its stdin/stdout."""
-
-    def __init__(
-        self, spec: Spec, db_path: Path | str, log_path: Path, options: dict[str, Any] | None = None
-    ) -> None:
-        self.spec = spec
-        self.log_path = log_path
-        env = child_env()
-        self._log: IO[bytes] = open(log_path, "ab")  # noqa: SIM115 - closed in wait()
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "bench.systems.host",
-                spec.system,
-                spec.variant,
-                str(db_path),
-                json.dumps(options or {}),
-            ],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            cwd=REPO,
-            env=env,
-            text=True,
-            bufsize=1,
-        )
-        self._lines: queue.Queue[str | None] = queue.Queue()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self._lines.put(line)
-        self._lines.put(None)
-
-    def recv(self, timeout: float) -> dict[str, Any]:
-        try:
-            line = self._lines.get(timeout=timeout)
-        except queue.Empty:
-            raise TimeoutError(f"{self.spec.label}: no answer in {timeout:.0f} s") from None
-        if line is None:
-            self._lines.put(None)
-            raise ChildError(f"{self.spec.label}: the child exited; see {self.log_path}\n{self.tail()}")
-        message: dict[str, Any] = json.loads(line)
-        return message
-
-    def result(self, timeout: float) -> Any:
-        message = self.recv(timeout)
-        if not message.get("ok"):
-            raise ChildError(f"{self.spec.label}: {message.get('error')}\n{message.get('traceback', '')}")
-        return message["result"]
-
-    def send(self, cmd: str, **kwargs: Any) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps({"cmd": cmd, **kwargs}) + "\n")
-        self.proc.stdin.flush()
-
-    def call(self, cmd: str, timeout: float = 300, **kwargs: Any) -> Any:
-        self.send(cmd, **kwargs)
-        return self.result(timeout)
-
-    def ready(self, timeout: float = 120) -> None:
-        assert self.result(timeout) == "ready"
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-        self.wait()
-
-    def close(self, timeout: float = 60) -> None:
-        try:
-            if self.proc.poll() is None:
-                self.call("exit", timeout=timeout)
-        except (ChildError, TimeoutError, BrokenPipeError, OSError):
-            pass
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-        self.wait()
-
-    def wait(self) -> None:
-        self.proc.wait()
-        self._reader.join(timeout=10)
-        for stream in (self.proc.stdin, self.proc.stdout):
-            if stream is not None:
-                with contextlib.suppress(BrokenPipeError, OSError):
-                    stream.close()
-        self._log.close()
-
-    def tail(self, lines: int = 15) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-
-class EventProcess:
-    """A child process that writes one JSON event per line on its stdout (read by a thread
-    into :attr:`events`) and reads commands on its stdin; its stderr goes to ``log_path``.
-    The crash benchmarks' processes (``bench.recovery``, ``bench.horizon``) build on it."""
-
-    def __init__(self, argv: list[str], log_path: Path, name: str = "child") -> None:
-        self.name = name
-        self.log_path = log_path
-        self._log: IO[bytes] = open(log_path, "ab")  # noqa: SIM115 - closed in close()
-        self.proc = subprocess.Popen(
-            [sys.executable, *argv],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            cwd=REPO,
-            env=child_env(),
-            text=True,
-            bufsize=1,
-        )
-        self.events: queue.Queue[dict[str, Any] | None] = queue.Queue()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            with contextlib.suppress(ValueError):
-                self.events.put(json.loads(line))
-        self.events.put(None)
-
-    def next_event(self, stop: float, waiting_for: str) -> dict[str, Any]:
-        """The next event before monotonic time ``stop``: TimeoutError if none comes, and
-        RuntimeError (with the log's tail) if the process exited."""
-        try:
-            message = self.events.get(timeout=max(0.0, stop - time.monotonic()))
-        except queue.Empty:
-            raise TimeoutError(f"{self.name}: no {waiting_for}; see {self.log_path}") from None
-        if message is None:
-            self.events.put(None)
-            raise RuntimeError(f"{self.name}: exited before {waiting_for}\n{self.tail()}")
-        return message
-
-    def send(self, line: str) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-
-    def kill(self) -> float:
-        """SIGKILL and reap; the moment the signal was sent (monotonic). From then on the process
-        is dead to its host (a zombie counts as gone), so a takeover may come before the reaping.
-        Popen.kill signals only a process not reaped yet: this may run again for one whose pid
-        another process has now."""
-        sent = time.monotonic()
-        with contextlib.suppress(ProcessLookupError):
-            self.proc.kill()
-        self.proc.wait()
-        return sent
-
-    def close(self, timeout: float = 60.0) -> None:
-        with contextlib.suppress(BrokenPipeError, OSError):
-            if self.proc.stdin is not None:
-                self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-        self._reader.join(timeout=10)
-        with contextlib.suppress(OSError):
-            if self.proc.stdout is not None:
-                self.proc.stdout.close()
-        self._log.close()
-
-    def tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-
-def child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    return env
+def start_child(
+    spec: Spec, db_path: Path | str, log_path: Path, options: dict[str, Any] | None = None
+) -> ChildProcess:
+    """A child process hosting ``spec``'s system, its database at ``db_path``."""
+    args = {"variant": spec.variant, "path": str(db_path), "options": options or {}}
+    return ChildProcess(f"bench.systems.{spec.system}:child", args, log_path, spec.label)
 
 
 def run_profile(sizes: Sizes, workdir: Path) -> dict[str, Any]:
-    """zincir's per-step cost peeled into layers (``python -m bench.profile_step``)."""
+    """zincir's per-step cost peeled into layers (``python -m bench.micro.profile_step``)."""
     out = workdir / "profile.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.micro.profile_step",
-            "--n",
-            str(sizes.profile_n),
-            "--reps",
-            str(sizes.profile_reps),
-            "--dir",
-            str(workdir),
-            "--json",
-            str(out),
-        ],
-        cwd=REPO,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    if proc.returncode != 0:
-        raise ChildError(f"bench.micro.profile_step failed:\n{proc.stderr[-2000:]}")
-    result: dict[str, Any] = json.loads(out.read_text())
-    result["output"] = proc.stdout
-    return result
+    argv = ("--n", str(sizes.profile_n), "--reps", str(sizes.profile_reps), "--dir", str(workdir))
+    return run_module("bench.micro.profile_step", *argv, "--json", str(out), out=out, timeout=600)
 
 
 def median(values: list[float]) -> float:
@@ -326,7 +113,9 @@ def settings_only(specs: list[Spec], workdir: Path) -> dict[str, dict[str, Any]]
     """Open each system once, only to report its durability settings."""
     settings = {}
     for i, spec in enumerate(specs):
-        child = Child(spec, workdir / f"settings-{i}-{spec.system}.sqlite", workdir / f"settings-{i}.log")
+        child = start_child(
+            spec, workdir / f"settings-{i}-{spec.system}.sqlite", workdir / f"settings-{i}.log"
+        )
         try:
             child.ready()
             settings[spec.label] = child.call("open")
@@ -351,12 +140,12 @@ def run_steps_and_concurrency(
     ``paths`` (by label) replaces a system's default SQLite file, e.g. with a PostgreSQL URL
     (``bench.postgres``); ``options`` (by label) are passed to its child.
     """
-    children: dict[str, Child] = {}
+    children: dict[str, ChildProcess] = {}
     settings: dict[str, dict[str, Any]] = {}
     try:
         for i, spec in enumerate(specs):
             path = (paths or {}).get(spec.label) or str(workdir / f"steps-{i}-{spec.system}.sqlite")
-            children[spec.label] = Child(
+            children[spec.label] = start_child(
                 spec, path, workdir / f"steps-{i}.log", (options or {}).get(spec.label)
             )
         for label, child in children.items():
@@ -419,17 +208,16 @@ def crash_trial(
     it finish); then let a second child (started beforehand, already imported) recover it."""
     db = workdir / f"crash-{spec.system}.sqlite"
     ledger = str(workdir / f"crash-{spec.system}-ledger.sqlite")
-    first = Child(spec, db, log_path, {"executor_id": "local"})
+    first = start_child(spec, db, log_path, {"executor_id": "local"})
     second = None
     if delay is not None:
-        second = Child(spec, db, log_path, {"ledger": ledger, "trial": trial, "executor_id": "local"})
+        second = start_child(spec, db, log_path, {"ledger": ledger, "trial": trial, "executor_id": "local"})
     out: dict[str, Any] = {"trial": trial, "delay": delay}
     try:
         first.ready()
         first.call("open")
         first.send("crash_run", trial=trial, steps=sizes.crash_steps, ledger_path=ledger)
-        event = first.recv(timeout=120)
-        assert event.get("event") == "started", event
+        first.expect("started", timeout=120)
         started = time.perf_counter()
         if delay is None:
             first.result(timeout=600)
@@ -438,7 +226,7 @@ def crash_trial(
             first.close()
         else:
             time.sleep(delay)
-            finished_first = first.proc.poll() is not None or not first._lines.empty()
+            finished_first = first.proc.poll() is not None or first.has_answer()
             first.kill()
             out["killed"] = not finished_first
             assert second is not None
@@ -455,11 +243,12 @@ def crash_trial(
                 out.update(completed=False, how=f"failed: {str(exc).splitlines()[0][:200]}")
             out["recovery_seconds"] = time.perf_counter() - t0
             second.close()
-            second = None
     finally:
         for child in (first, second):
-            if child is not None and child.proc.poll() is None:
-                child.kill()
+            if child is not None:
+                if child.proc.poll() is None:
+                    child.kill()
+                child.close()
     counts = ledger_counts(ledger, trial)
     effects = sizes.crash_steps // LEDGER_EVERY
     out.update(counts)
@@ -523,7 +312,7 @@ def run_multi(specs: list[Spec], sizes: Sizes, workdir: Path, log: Log) -> dict[
             db = workdir / f"multi-{spec.system}-{rep}.sqlite"
             log_path = workdir / f"multi-{spec.system}.log"
             children = [
-                Child(spec, db, log_path, {"executor_id": f"proc{p}"}) for p in range(sizes.multi_procs)
+                start_child(spec, db, log_path, {"executor_id": f"proc{p}"}) for p in range(sizes.multi_procs)
             ]
             try:
                 for child in children:  # create the file in one process, then open it in the other

@@ -30,6 +30,8 @@ from typing import Any
 
 from dbos import DBOS, SetWorkflowID
 
+from ..harness.child import Channel, serve
+
 _lock = threading.Lock()
 _children_ended = 0
 _marks: dict[str, float] = {}
@@ -161,3 +163,8 @@ class DbosSide:
             "cpu_seconds": cpu_end - _marks["cpu_first"],
             "commits": None if commits0 is None or commits1 is None else commits1 - commits0,
         }
+
+
+def child(channel: Channel, args: dict[str, Any]) -> None:
+    """The child process hosting DBOS's fan-outs (``bench/harness/child.py``)."""
+    serve(DbosSide(args["target"], args["options"]), channel)

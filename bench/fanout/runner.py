@@ -44,9 +44,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ..harness.processes import REPO, ChildProcess, cpu_seconds, proc_stat
 from ..harness.reports import REPORTS
-from ..systems.common import cpu_seconds, proc_stat
-from .child import REPO, Child
 from .report import render, write_chart
 
 Log = Callable[[str], None]
@@ -195,7 +194,7 @@ class Host:
     def __init__(self, backend: str, postmaster: int | None) -> None:
         self.backend = backend
         self.postmaster = postmaster
-        self.children: dict[str, Child] = {}
+        self.children: dict[str, ChildProcess] = {}
         self.targets: dict[str, str] = {}
         self.facts: dict[str, Any] = {}
 
@@ -402,7 +401,12 @@ def run_backend(
             else:
                 options = {"threads": sizes.max_concurrency, "wal": process == "dbos-wal"}
             host.targets[process] = target
-            host.children[process] = Child(system, target, workdir / f"{process}-{backend}.log", options)
+            host.children[process] = ChildProcess(
+                f"bench.fanout.{system}:child",
+                {"target": target, "options": options},
+                workdir / f"{process}-{backend}.log",
+                f"{system} ({backend})",
+            )
         for process in processes:  # all started (and importing) at once; opened one by one
             host.children[process].ready()
             host.facts[process] = host.children[process].call("open", timeout=180)

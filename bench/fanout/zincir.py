@@ -45,7 +45,8 @@ import trio
 
 import zincir
 
-from ..systems.common import cpu_seconds, proc_stat
+from ..harness.child import Channel, serve
+from ..harness.processes import cpu_seconds, proc_stat
 
 PARENT_ROLE = "fanout-parent"
 CHILD_ROLE = "fanout-child"
@@ -292,7 +293,7 @@ class ZincirSide:
         self.db: zincir.Database
 
     @contextlib.asynccontextmanager
-    async def running(self) -> AsyncIterator[None]:
+    async def opened(self) -> AsyncIterator[None]:
         extra: dict[str, Any] = {}
         if self.writers and self.target.startswith(("postgresql://", "postgres://")):
             extra["writers"] = int(self.writers)
@@ -470,3 +471,8 @@ def _writer_pragmas(tx: Any) -> dict[str, Any]:
     (synchronous,) = tx.one("PRAGMA synchronous")
     (busy,) = tx.one("PRAGMA busy_timeout")
     return {"journal_mode": mode, "synchronous": levels.get(synchronous, synchronous), "busy_timeout": busy}
+
+
+def child(channel: Channel, args: dict[str, Any]) -> None:
+    """The child process hosting zincir's fan-outs (``bench/harness/child.py``)."""
+    serve(ZincirSide(args["target"], args["options"]), channel)

@@ -1,4 +1,4 @@
-"""The agent of ``python -m bench.horizon``: one child process, ``python -m bench.horizon.agent ARGS``.
+"""The agent of ``python -m bench.horizon``: one child process (:func:`child`).
 
 The task: ``n`` subtasks; subtask ``i`` writes ``task-<i>.txt`` in a scratch directory with the
 first 16 hex digits of ``sha256("horizon:<seed>:<i>")`` (so :func:`check` can verify it), registers
@@ -44,9 +44,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import random
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,7 +54,7 @@ import trio
 import zincir
 from zincir import CheckpointState, EventType, Verification, artifacts
 
-from ..recovery.ledger import Channel
+from ..harness.child import Channel
 
 ROLE = "horizon-agent"
 
@@ -436,7 +434,7 @@ class Agent:
 
     async def main(self, ch: Channel) -> None:
         ch.emit("ready")
-        go = await trio.to_thread.run_sync(ch.wait_go)
+        go = await trio.to_thread.run_sync(ch.next_command)
         if not go:  # the parent closed stdin: not needed
             return
         ch.emit("go")
@@ -464,12 +462,6 @@ class Agent:
         ch.emit("done", outcome=outcome, believed=believed)
 
 
-def main() -> None:
-    channel = Channel()
-    agent = Agent(json.loads(sys.argv[1]))
-    trio.run(agent.main, channel)
-
-
-if __name__ == "__main__":
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    main()
+def child(channel: Channel, args: dict[str, Any]) -> None:
+    """The agent's process (``bench/harness/child.py``): ready, then the run once told to go."""
+    trio.run(Agent(args).main, channel)

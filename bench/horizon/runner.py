@@ -26,7 +26,6 @@ import datetime
 import json
 import os
 import platform
-import queue
 import random
 import shutil
 import statistics
@@ -39,9 +38,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..compare.comparisons import REPO, EventProcess
-from ..harness.reports import REPORTS
-from ..systems.common import shown_command
+from ..harness.processes import REPO, ChildProcess
+from ..harness.reports import REPORTS, shown_command
 from .agent import ModelParams, check, ledger_counts, ledger_lines, task_index
 from .report import render, write_chart
 
@@ -98,43 +96,18 @@ def kill_moments(plan: list[tuple[float, float]], base: dict[str, Any]) -> list[
 # -- child processes ------------------------------------------------------------------------------
 
 
-class Proc(EventProcess):
-    """One agent process: JSON events on its stdout; one command line on its stdin starts it."""
-
-    def __init__(self, args: dict[str, Any], log_path: Path) -> None:
-        super().__init__(["-m", "bench.horizon.agent", json.dumps(args)], log_path, name="the agent")
-
-    def expect(self, event: str, timeout: float) -> dict[str, Any]:
-        """The next ``event``, skipping others; TimeoutError when it has not come in ``timeout`` s."""
-        stop = time.monotonic() + timeout
-        while True:
-            message = self.next_event(stop, f"{event!r} in {timeout:.1f} s")
-            if message["event"] == event:
-                return message
-
-    def until(self, timeout: float, *, calls: int) -> dict[str, Any]:
-        """The first ``call`` event numbered ``calls`` or more, or ``done``, whichever comes first."""
-        stop = time.monotonic() + timeout
-        while True:
-            message = self.next_event(stop, f"model call {calls} in {timeout:.1f} s")
-            if message["event"] == "done" or (message["event"] == "call" and message["n"] >= calls):
-                return message
-
-    def go(self) -> None:
-        self.send('{"go": true}')
+def start(args: dict[str, Any], log_path: Path) -> ChildProcess:
+    """One agent process (``bench/horizon/agent.py``); it waits for a ``go`` command."""
+    return ChildProcess("bench.horizon.agent:child", args, log_path, "the agent")
 
 
-def iter_queue(p: Proc) -> list[dict[str, Any]]:
-    """What the (reaped) process said that nobody read yet."""
-    p._reader.join(timeout=10)
-    found: list[dict[str, Any]] = []
+def until(agent: ChildProcess, timeout: float, *, calls: int) -> dict[str, Any]:
+    """The first ``call`` event numbered ``calls`` or more, or ``done``, whichever comes first."""
+    stop = time.monotonic() + timeout
     while True:
-        try:
-            message = p.events.get_nowait()
-        except queue.Empty:
-            return found
-        if message is not None:
-            found.append(message)
+        message = agent.event(stop - time.monotonic(), f"model call {calls}")
+        if message["event"] == "done" or (message["event"] == "call" and message["n"] >= calls):
+            return message
 
 
 # -- one trial ------------------------------------------------------------------------------------
@@ -167,29 +140,29 @@ def run_trial(
     landed = 0
     processes = 0
     done: dict[str, Any] | None = None
-    current = Proc(args, log_path)
-    spare: Proc | None = None
+    current = start(args, log_path)
+    spare: ChildProcess | None = None
     try:
         current.expect("ready", timeout=120)
         for kill in [*kills, None]:
-            spare = Proc(args, log_path) if kill is not None else None
+            spare = start(args, log_path) if kill is not None else None
             if spare is not None:
                 spare.expect("ready", timeout=120)  # the replacement is up before the kill
-            current.go()
+            current.send("go")
             processes += 1
             began = current.expect("go", timeout=60)["at"]
             try:
                 if kill is None:
                     done = current.expect("done", timeout=timeout)
                 else:
-                    reached = current.until(timeout, calls=kill[0])
+                    reached = until(current, timeout, calls=kill[0])
                     done = reached if reached["event"] == "done" else current.expect("done", timeout=kill[1])
                 wall += done["at"] - began
             except TimeoutError:
                 if kill is None:
                     raise
                 current.kill()
-                finished = [m for m in iter_queue(current) if m.get("event") == "done"]
+                finished = [m for m in current.unread_events() if m.get("event") == "done"]
                 if finished:  # it ended just before the kill: the kill did not land
                     done = finished[-1]
                     wall += done["at"] - began

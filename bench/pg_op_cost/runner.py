@@ -40,8 +40,7 @@ from zincir._postgres._connection import PostgresSession
 
 from ..compare.comparisons import rotated
 from ..harness import server as _pg_server
-from ..harness.reports import REPORTS
-from ..systems.common import shown_command
+from ..harness.reports import REPORTS, shown_command
 
 LOCK = "SELECT epoch FROM bench_runs WHERE id = %s FOR NO KEY UPDATE"
 APPEND = (

@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from ..compare import comparisons as _harness
-from ..compare.comparisons import REPO, Spec, child_env, median, rotated
+from ..compare.comparisons import Spec, median, rotated
+from ..harness.processes import REPO, ChildProcess, run_module
 from ..harness.reports import REPORTS
 from .report import render, write_chart
 
@@ -99,47 +100,9 @@ def server(url: str | None, workdir: Path, log: _harness.Log) -> Iterator[str]:
 # -- 4: worker processes ---------------------------------------------------------------------------
 
 
-def _pg_worker(*args: str, log_path: Path) -> subprocess.Popen[str]:
-    with log_path.open("ab") as log:  # the child has its own copy of the descriptor
-        return subprocess.Popen(
-            [sys.executable, "-m", "bench.postgres.worker", *args],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=log,
-            cwd=REPO,
-            env=child_env(),
-            text=True,
-            bufsize=1,
-        )
-
-
-def _reap(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait()
-    for stream in (proc.stdin, proc.stdout):
-        if stream is not None:
-            with contextlib.suppress(OSError):
-                stream.close()
-
-
-def _line(proc: subprocess.Popen[str]) -> dict[str, Any]:
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line:
-        raise _harness.ChildError(f"worker process {proc.pid} exited ({proc.wait()}); see its log")
-    message: dict[str, Any] = json.loads(line)
-    return message
-
-
-def _cpu_seconds(pid: int) -> float:
-    """utime + stime of a process, from /proc (0 if it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def start_worker(args: dict[str, Any], log_path: Path) -> ChildProcess:
+    """A seeder or a worker process of comparison 4 (``bench/postgres/worker.py``)."""
+    return ChildProcess("bench.postgres.worker:child", args, log_path, f"{args['mode']} process")
 
 
 def server_cpu(backend_pid: int) -> float | None:
@@ -175,27 +138,31 @@ def worker_trial(admin_url: str, procs: int, sizes: PgSizes, workdir: Path, tag:
     url = create_database(admin_url, dbname)
     log_path = workdir / "workers.log"
     try:
-        seeder = _pg_worker("seed", url, str(sizes.worker_runs), log_path=log_path)
+        seeder = start_worker({"mode": "seed", "url": url, "n": sizes.worker_runs}, log_path)
         t0 = time.perf_counter()
-        assert _line(seeder) == {"seeded": sizes.worker_runs}
-        seed_seconds = time.perf_counter() - t0
-        seeder.wait(timeout=60)
-        _reap(seeder)
-        workers = [
-            _pg_worker("work", url, str(sizes.worker_concurrency), str(sizes.worker_poll), log_path=log_path)
-            for _ in range(procs)
-        ]
+        try:
+            assert (
+                seeder.expect("seeded", timeout=max(600.0, sizes.worker_runs / 5))["n"] == sizes.worker_runs
+            )
+            seed_seconds = time.perf_counter() - t0
+        finally:
+            seeder.close()
+        work = {
+            "mode": "work",
+            "url": url,
+            "concurrency": sizes.worker_concurrency,
+            "poll": sizes.worker_poll,
+        }
+        workers = [start_worker(work, log_path) for _ in range(procs)]
         try:
             for w in workers:
-                assert _line(w) == {"ready": True}
+                w.expect("ready")
             with psycopg.connect(url, autocommit=True) as conn:
                 (backend,) = conn.execute("SELECT pg_backend_pid()").fetchone() or (0,)
                 server_before = server_cpu(backend)
                 start = time.perf_counter()
                 for w in workers:
-                    assert w.stdin is not None
-                    w.stdin.write("go\n")
-                    w.stdin.flush()
+                    w.send("go")
                 deadline = start + max(600.0, sizes.worker_runs / 5)
                 while True:
                     row = conn.execute(
@@ -213,17 +180,13 @@ def worker_trial(admin_url: str, procs: int, sizes: PgSizes, workdir: Path, tag:
                     0,
                 )
             for w in workers:
-                assert w.stdin is not None
-                w.stdin.write("stop\n")
-                w.stdin.flush()
-            answers = [_line(w) for w in workers]
+                w.send("stop")
+            answers = [w.expect("stopped") for w in workers]
             handled = [int(a["handled"]) for a in answers]
             client_cpu = sum(float(a["cpu_s"]) for a in answers)
-            for w in workers:
-                w.wait(timeout=60)
         finally:
             for w in workers:
-                _reap(w)
+                w.close()
     finally:
         drop_database(admin_url, dbname)
     return {
@@ -269,40 +232,14 @@ def run_workers(admin_url: str, sizes: PgSizes, workdir: Path, log: _harness.Log
 
 
 def run_profile(admin_url: str, sizes: PgSizes, workdir: Path) -> dict[str, Any]:
-    """``python -m bench.profile_pg`` on the same server, at this run's sizes."""
+    """``python -m bench.micro.profile_pg`` on the same server, at this run's sizes."""
     out = workdir / "profile-pg.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.micro.profile_pg",
-            "--url",
-            admin_url,
-            "--n",
-            str(sizes.step_n),
-            "--runs",
-            str(sizes.conc_runs),
-            "--steps",
-            str(sizes.conc_steps),
-            "--worker-runs",
-            str(min(sizes.worker_runs, 2000)),
-            "--worker-concurrency",
-            str(sizes.worker_concurrency),
-            "--json",
-            str(out),
-        ],
-        cwd=REPO,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
+    argv = (
+        *("--url", admin_url, "--n", str(sizes.step_n), "--runs", str(sizes.conc_runs)),
+        *("--steps", str(sizes.conc_steps), "--worker-runs", str(min(sizes.worker_runs, 2000))),
+        *("--worker-concurrency", str(sizes.worker_concurrency), "--json", str(out)),
     )
-    if proc.returncode != 0:
-        raise _harness.ChildError(f"bench.micro.profile_pg failed:\n{proc.stderr[-2000:]}")
-    result: dict[str, Any] = json.loads(out.read_text())
-    result["output"] = proc.stdout
-    return result
+    return run_module("bench.micro.profile_pg", *argv, out=out, timeout=900)
 
 
 # -- the command ------------------------------------------------------------------------------------

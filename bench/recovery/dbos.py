@@ -20,7 +20,8 @@ from typing import Any
 
 from dbos import DBOS, SetWorkflowID
 
-from .ledger import TOOL_AFTER_S, TOOL_BEFORE_S, Channel, append_line, is_tool_step
+from ..harness.child import Channel
+from .ledger import TOOL_AFTER_S, TOOL_BEFORE_S, append_line, is_tool_step
 
 _ledger = ""
 _pace = 0.0
@@ -90,14 +91,16 @@ def _configure(db: str) -> None:
     )
 
 
-def main(mode: str, ch: Channel, args: dict[str, Any]) -> None:
+def child(ch: Channel, args: dict[str, Any]) -> None:
+    """One child process of ``bench.recovery``, in the role ``args["mode"]`` (``bench/harness/child.py``)."""
     global _ledger, _pace, _channel
+    mode = args["mode"]
     if mode == "dup-run":
         _ledger = args["ledger"]
         _configure(args["db"])
         DBOS.launch()
         ch.emit("ready")
-        ch.wait_go()
+        ch.next_command()
         ch.emit("started")
         with SetWorkflowID(f"dup-{args['trial']}"):
             dup_wf(args["steps"], args["every"])
@@ -105,7 +108,7 @@ def main(mode: str, ch: Channel, args: dict[str, Any]) -> None:
     elif mode == "dup-resume":
         _ledger = args["ledger"]
         ch.emit("ready")
-        ch.wait_go()
+        ch.next_command()
         _configure(args["db"])
         DBOS.launch()  # recovers this executor's PENDING workflows
         workflow_id = f"dup-{args['trial']}"
@@ -124,7 +127,7 @@ def main(mode: str, ch: Channel, args: dict[str, Any]) -> None:
         _configure(args["db"])
         DBOS.launch()
         ch.emit("ready")
-        ch.wait_go()
+        ch.next_command()
         with SetWorkflowID(args["workflow_id"]):
             handle = DBOS.start_workflow(paced_wf, args["max_steps"])
             ch.emit("started", run_id=handle.workflow_id)

@@ -14,7 +14,8 @@ from typing import Any
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.func import entrypoint, task
 
-from .ledger import TOOL_AFTER_S, TOOL_BEFORE_S, Channel, append_line, is_tool_step
+from ..harness.child import Channel
+from .ledger import TOOL_AFTER_S, TOOL_BEFORE_S, append_line, is_tool_step
 
 _ledger = ""
 
@@ -51,8 +52,10 @@ def _workflow(db: str) -> tuple[Any, SqliteSaver]:
     return dup_wf, saver
 
 
-def main(mode: str, ch: Channel, args: dict[str, Any]) -> None:
+def child(ch: Channel, args: dict[str, Any]) -> None:
+    """One child process of ``bench.recovery``, in the role ``args["mode"]`` (``bench/harness/child.py``)."""
     global _ledger
+    mode = args["mode"]
     _ledger = args["ledger"]
     thread_id = f"dup-{args['trial']}"
     config = {"configurable": {"thread_id": thread_id}}
@@ -60,13 +63,13 @@ def main(mode: str, ch: Channel, args: dict[str, Any]) -> None:
     if mode == "dup-run":
         wf, _ = _workflow(args["db"])
         ch.emit("ready")
-        ch.wait_go()
+        ch.next_command()
         ch.emit("started")
         wf.invoke(inputs, config, durability="sync")
         ch.emit("done")
     elif mode == "dup-resume":
         ch.emit("ready")
-        ch.wait_go()
+        ch.next_command()
         wf, saver = _workflow(args["db"])
 
         def finished() -> bool:

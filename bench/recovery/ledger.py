@@ -1,5 +1,5 @@
-"""What the parent and every child of ``python -m bench.recovery`` share: the ledger file, the
-tool's shape, and the line protocol.
+"""What the parent and every child of ``python -m bench.recovery`` share: the ledger file and the
+tool's shape.
 
 The ledger is a plain text file, one per trial. The non-idempotent tool appends one line to it
 (``open(path, "a")``, one ``write``, no key, no check): ``<step>\\t<call id>\\n``. The call id is on
@@ -8,12 +8,7 @@ the line only so that a reconciler can *look* for it afterwards; nothing dedupes
 
 from __future__ import annotations
 
-import json
-import os
-import sys
-import time
 from pathlib import Path
-from typing import Any, TextIO
 
 TOOL_BEFORE_S = 0.010  # the request on its way: the effect has not happened yet
 TOOL_AFTER_S = 0.010  # the effect happened; its answer is on its way back
@@ -56,23 +51,3 @@ def ledger_counts(path: str, expected: list[int]) -> dict[str, int]:
         "missing": len(set(expected) - distinct),
         "unexpected": len(distinct - set(expected)),
     }
-
-
-class Channel:
-    """The child's side of the protocol: JSON lines on the real stdout, commands on stdin.
-
-    Whatever the systems under test print goes to stderr (the child's log file)."""
-
-    def __init__(self) -> None:
-        self._out: TextIO = os.fdopen(os.dup(1), "w", buffering=1)
-        os.dup2(2, 1)
-        sys.stdout = sys.stderr
-
-    def emit(self, event: str, **fields: Any) -> None:
-        self._out.write(json.dumps({"event": event, "at": time.monotonic(), **fields}) + "\n")
-        self._out.flush()
-
-    def wait_go(self) -> dict[str, Any]:
-        """Block until the parent sends a command line; ``{}`` if stdin closed."""
-        line = sys.stdin.readline()
-        return json.loads(line) if line.strip() else {}

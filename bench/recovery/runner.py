@@ -42,9 +42,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..compare.comparisons import REPO, EventProcess
-from ..harness.reports import REPORTS
-from ..systems.common import shown_command
+from ..harness.processes import REPO, ChildProcess
+from ..harness.reports import REPORTS, shown_command
 from .ledger import ledger_counts, tool_steps
 from .report import render, write_chart
 
@@ -158,35 +157,15 @@ def rec_configs(backends: Sequence[str], systems: Sequence[str]) -> list[RecConf
 # -- child processes ------------------------------------------------------------------------
 
 
-class Proc(EventProcess):
-    """One child (``bench._recovery_child``): JSON events on its stdout, commands on its stdin."""
-
-    def __init__(self, system: str, mode: str, args: dict[str, Any], log_path: Path) -> None:
-        self.spawned_at = time.monotonic()
-        argv = ["-m", "bench.recovery.child", system, mode, json.dumps(args)]
-        super().__init__(argv, log_path, name=f"{system} {mode}")
-        self.seen: dict[str, dict[str, Any]] = {}
-
-    def expect(self, event: str, timeout: float = 120.0, **match: Any) -> dict[str, Any]:
-        """The next ``event`` (matching ``match``); earlier events are kept in ``seen``."""
-        stop = time.monotonic() + timeout
-        while True:
-            message = self.next_event(stop, f"{event!r} in {timeout:.0f} s")
-            self.seen[message["event"]] = message
-            if message["event"] == event and all(message.get(k) == v for k, v in match.items()):
-                return message
-
-    def has_pending(self, event: str) -> bool:
-        """Whether ``event`` is already waiting in the queue (looked at without consuming)."""
-        with self.events.mutex:
-            return any(m is not None and m.get("event") == event for m in self.events.queue)
-
-    def go(self) -> None:
-        self.send("{}")
+def start(system: str, mode: str, args: dict[str, Any], log_path: Path) -> ChildProcess:
+    """A child process of ``system`` in the role ``mode`` (see ``bench/recovery/<system>.py``)."""
+    return ChildProcess(
+        f"bench.recovery.{system}:child", {**args, "mode": mode}, log_path, f"{system} {mode}"
+    )
 
 
 @contextlib.contextmanager
-def spawned(*procs: Proc | None) -> Iterator[None]:
+def spawned(*procs: ChildProcess | None) -> Iterator[None]:
     try:
         yield
     finally:
@@ -208,14 +187,14 @@ def dup_trial(cfg: DupConfig, sizes: Sizes, work: Path, trial: str, delay: float
         "reconcile": cfg.reconcile,
     }
     log_path = work / f"dup-{cfg.key}.log"
-    first = Proc(cfg.system, "dup-run", args, log_path)
-    second = Proc(cfg.system, "dup-resume", args, log_path) if delay is not None else None
+    first = start(cfg.system, "dup-run", args, log_path)
+    second = start(cfg.system, "dup-resume", args, log_path) if delay is not None else None
     out: dict[str, Any] = {"trial": trial, "delay": delay}
     with spawned(first, second):
         first.expect("ready")
         if second is not None:
             second.expect("ready")
-        first.go()
+        first.send("go")
         started = first.expect("started")["at"]
         if second is None:
             out["seconds"] = first.expect("done", timeout=600)["at"] - started
@@ -224,7 +203,7 @@ def dup_trial(cfg: DupConfig, sizes: Sizes, work: Path, trial: str, delay: float
             time.sleep(max(0.0, started + delay - time.monotonic()))
             out["killed"] = not first.has_pending("done")
             first.kill()
-            second.go()
+            second.send("go")
             try:
                 result = second.expect("result", timeout=300)
                 out.update({k: v for k, v in result.items() if k not in ("event", "at")})
@@ -295,7 +274,7 @@ def _stats(values: list[float]) -> dict[str, float]:
 
 
 def rec_trial(
-    cfg: RecConfig, sizes: Sizes, db: str, work: Path, k: int, delay: float, worker: Proc | None
+    cfg: RecConfig, sizes: Sizes, db: str, work: Path, k: int, delay: float, worker: ChildProcess | None
 ) -> dict[str, Any]:
     log_path = work / f"rec-{cfg.key}.log"
     victim_args: dict[str, Any] = {
@@ -304,12 +283,12 @@ def rec_trial(
         "max_steps": 100_000,
         "workflow_id": f"victim-{k}",
     }
-    victim = Proc(cfg.system, "victim", victim_args, log_path)
+    victim = start(cfg.system, "victim", victim_args, log_path)
     out: dict[str, Any] = {"delay": delay}
-    recoverer: Proc | None = None
+    recoverer: ChildProcess | None = None
     with spawned(victim):
         victim.expect("ready")
-        victim.go()
+        victim.send("go")
         run_id = victim.expect("started")["run_id"]
         time.sleep(delay)
         killed = victim.kill()
@@ -320,7 +299,7 @@ def rec_trial(
         out.update(claim_s=claimed["at"] - killed)
     else:
         mode = "relaunch" if cfg.system == "dbos" else "reopen"
-        recoverer = Proc(cfg.system, mode, {"db": db, "run_id": run_id, "max_steps": 100_000}, log_path)
+        recoverer = start(cfg.system, mode, {"db": db, "run_id": run_id, "max_steps": 100_000}, log_path)
         with spawned(recoverer):
             opened = recoverer.expect("opened", timeout=120)
             owned = recoverer.expect("owned", timeout=180)
@@ -359,7 +338,7 @@ def run_recovery(
             db = str(work / f"rec-{cfg.key}.sqlite")
         worker = None
         if cfg.recoverer == "worker":
-            worker = Proc(
+            worker = start(
                 cfg.system,
                 "worker",
                 {"db": db, "poll": cfg.poll, "max_steps": 100_000},

@@ -25,7 +25,8 @@ import trio
 
 import zincir
 
-from .ledger import TOOL_AFTER_S, TOOL_BEFORE_S, Channel, append_line, is_tool_step, ledger_has
+from ..harness.child import Channel
+from .ledger import TOOL_AFTER_S, TOOL_BEFORE_S, append_line, is_tool_step, ledger_has
 
 
 def _open(db: str) -> Any:
@@ -117,7 +118,7 @@ async def reopened(db: zincir.Database, run_id: str, tries: list[int]) -> AsyncI
 async def dup_run(ch: Channel, args: dict[str, Any]) -> None:
     async with _open(args["db"]) as db:
         ch.emit("ready")
-        await trio.to_thread.run_sync(ch.wait_go)
+        await trio.to_thread.run_sync(ch.next_command)
         ch.emit("started")
         async with zincir.open_run(db, role=f"dup-{args['trial']}") as run:
             await dup_body(run, args)
@@ -126,7 +127,7 @@ async def dup_run(ch: Channel, args: dict[str, Any]) -> None:
 
 async def dup_resume(ch: Channel, args: dict[str, Any]) -> None:
     ch.emit("ready")
-    await trio.to_thread.run_sync(ch.wait_go)
+    await trio.to_thread.run_sync(ch.next_command)
     role = f"dup-{args['trial']}"
     async with _open(args["db"]) as db:
         found = await db.runs(role=role)
@@ -180,7 +181,7 @@ async def paced_body(
 async def victim(ch: Channel, args: dict[str, Any]) -> None:
     async with _open(args["db"]) as db:
         ch.emit("ready")
-        await trio.to_thread.run_sync(ch.wait_go)
+        await trio.to_thread.run_sync(ch.next_command)
         async with zincir.open_run(db, role="victim") as run:  # lease_ttl: the default, 30 s
             ch.emit("started", run_id=run.id)
             await paced_body(run, args["pace"], args["max_steps"], None)
@@ -204,7 +205,7 @@ async def worker(ch: Channel, args: dict[str, Any]) -> None:
         async with trio.open_nursery() as nursery:
             await nursery.start(w.run)
             ch.emit("ready")
-            await trio.to_thread.run_sync(ch.wait_go)  # until the parent closes our stdin
+            await trio.to_thread.run_sync(ch.next_command)  # until the parent closes our stdin
             w.stop()
 
 
@@ -232,5 +233,6 @@ MODES = {
 }
 
 
-def main(mode: str, ch: Channel, args: dict[str, Any]) -> None:
-    trio.run(MODES[mode], ch, args)
+def child(channel: Channel, args: dict[str, Any]) -> None:
+    """One child process of ``bench.recovery``, in the role ``args["mode"]`` (``bench/harness/child.py``)."""
+    trio.run(MODES[args["mode"]], channel, args)

@@ -23,7 +23,7 @@ from typing import Any
 
 from dbos import DBOS, SetWorkflowID
 
-from .child import Emit
+from ..harness.child import Channel, Emit, serve
 
 TOPIC = "go"
 _emit: Emit | None = None
@@ -100,3 +100,8 @@ class DbosSide:
             sent[workflow_id] = time.monotonic()
             DBOS.send(workflow_id, {"approved": True, "i": i}, TOPIC)
         return sent
+
+
+def child(channel: Channel, args: dict[str, Any]) -> None:
+    """The child process of one of DBOS Transact's roles (``bench/harness/child.py``)."""
+    serve(make(args["role"], args["target"], args["options"], channel.send), channel)

@@ -25,7 +25,7 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 
-from .child import Emit
+from ..harness.child import Channel, Emit, serve
 
 
 class State(TypedDict, total=False):
@@ -93,3 +93,8 @@ class LanggraphSide:
             )
             out[thread_id] = [sent, float(state["resumed_at"])]
         return out
+
+
+def child(channel: Channel, args: dict[str, Any]) -> None:
+    """The child process of one of LangGraph's roles (``bench/harness/child.py``)."""
+    serve(make(args["role"], args["target"], args["options"], channel.send), channel)

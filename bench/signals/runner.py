@@ -46,8 +46,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ..harness.processes import REPO, ChildProcess, process_cpu
 from ..harness.reports import REPORTS
-from .child import REPO, Proc
 from .report import render, summarize, write_chart
 
 Log = Callable[[str], None]
@@ -168,6 +168,27 @@ def peer_available(system: str) -> bool:
         return False
 
 
+# -- the child processes ---------------------------------------------------------------------------
+
+
+def start(system: str, role: str, target: str, log_path: Path, options: dict[str, Any]) -> ChildProcess:
+    """A child process in one of ``system``'s roles (see ``bench/signals/<system>.py``)."""
+    args = {"role": role, "target": target, "options": options}
+    return ChildProcess(f"bench.signals.{system}:child", args, log_path, f"{system} {role}")
+
+
+def resumed_at(waiter: ChildProcess, ids: list[str], timeout: float) -> dict[str, float]:
+    """Wait for a ``resumed`` event of every id; their instants by id."""
+    deadline = time.monotonic() + timeout
+    seen: dict[str, float] = {}
+    want = set(ids)
+    while not want <= seen.keys():
+        message = waiter.event(deadline - time.monotonic(), "resumed")
+        if message["event"] == "resumed" and message["id"] in want:
+            seen[message["id"]] = float(message["t"])
+    return seen
+
+
 # -- one latency configuration ----------------------------------------------------------------------
 
 
@@ -183,8 +204,8 @@ def latency_config(
     started = time.perf_counter()
     # Both processes start (and import) at once; they open the database one after the other, the
     # waiter first (it creates the schema).
-    waiter = Proc(config.system, config.waiter, target, log_path, options)
-    sender = Proc(config.system, "sender", target, log_path, {"writers": sizes.writers})
+    waiter = start(config.system, config.waiter, target, log_path, options)
+    sender = start(config.system, "sender", target, log_path, {"writers": sizes.writers})
     try:
         waiter.ready()
         sender.ready()
@@ -204,7 +225,7 @@ def latency_config(
                 resumed = {k: v[1] for k, v in answer.items()}
             else:
                 sent = answer
-                resumed = waiter.resumed(ids, timeout=120)
+                resumed = resumed_at(waiter, ids, timeout=120)
             latencies = [(resumed[i] - sent[i]) * 1e3 for i in ids]
             if r >= sizes.warmup_rounds:
                 samples.extend(latencies)
@@ -243,16 +264,6 @@ def latency_config(
 # -- the throughput trial ---------------------------------------------------------------------------
 
 
-def _process_cpu(pid: int) -> float | None:
-    """utime + stime of a process, from /proc; None if it cannot be read."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _server_cpu(postmaster: int) -> float:
     """CPU seconds used so far by the postmaster's children (backends, background workers)."""
     total = 0.0
@@ -269,10 +280,10 @@ def _server_cpu(postmaster: int) -> float:
     return total
 
 
-def _cpu(worker: Proc, sender: Proc, postmaster: int | None) -> dict[str, float | None]:
+def _cpu(worker: ChildProcess, sender: ChildProcess, postmaster: int | None) -> dict[str, float | None]:
     return {
-        "worker": _process_cpu(worker.proc.pid),
-        "sender": _process_cpu(sender.proc.pid),
+        "worker": process_cpu(worker.pid),
+        "sender": process_cpu(sender.pid),
         "server": None if postmaster is None else _server_cpu(postmaster),
     }
 
@@ -314,8 +325,8 @@ def throughput_trial(
         "suspend_after": 0.0,
         "writers": sizes.writers,
     }
-    worker = Proc("zincir", "worker", target, log_path, options)
-    sender = Proc("zincir", "sender", target, log_path, {"writers": sizes.writers})
+    worker = start("zincir", "worker", target, log_path, options)
+    sender = start("zincir", "sender", target, log_path, {"writers": sizes.writers})
     n = sizes.throughput_runs
     postmaster = _postmaster_pid(target) if backend == "postgresql" else None
     try:
@@ -333,14 +344,12 @@ def throughput_trial(
         commits_before = _pg_commits(target) if backend == "postgresql" else None
         cpu_before = _cpu(worker, sender, postmaster)
         blast = sender.call("blast", ids=fill["ids"], concurrency=sizes.senders, timeout=max(300.0, n / 10))
-        done = worker.event(timeout=max(300.0, n / 10))
+        done = worker.expect("all_done", timeout=max(300.0, n / 10))
         cpu_after = _cpu(worker, sender, postmaster)
         commits = None
         if commits_before is not None:
             time.sleep(1.5)  # backends report their counters to pg_stat_database about once a second
             commits = _pg_commits(target) - commits_before
-        if done.get("event") != "all_done":
-            raise RuntimeError(f"unexpected event from the worker: {done}")
         completed = worker.call("count", status="completed")
     finally:
         for proc in (sender, worker):

@@ -1,6 +1,6 @@
 """zincir's processes for ``python -m bench.signals``.
 
-Roles (``python -m bench._signals_child zincir ROLE TARGET``):
+Roles (``args["role"]`` of :func:`child`):
 
 * ``inprocess``: ``arm(n)`` opens n runs with ``zincir.open_run``, each in its own Trio task
   blocked in ``await run.wait_for_signal("approval", "go")``; the answer comes once every wait is
@@ -29,7 +29,7 @@ import trio
 
 import zincir
 
-from .child import Emit
+from ..harness.child import Channel, Emit, serve
 
 WAIT_NAME, TOPIC = "approval", "go"
 
@@ -266,3 +266,8 @@ class Sender(_Side):
             for _ in range(min(concurrency, len(ids))):
                 nursery.start_soon(sender)
         return {"t_first": t_first, "t_all_sent": time.monotonic(), "sent": len(ids)}
+
+
+def child(channel: Channel, args: dict[str, Any]) -> None:
+    """The child process of one of zincir's roles (``bench/harness/child.py``)."""
+    serve(make(args["role"], args["target"], args["options"], channel.send), channel)

@@ -3,46 +3,14 @@
 from __future__ import annotations
 
 import logging
-import os
 import sqlite3
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 LEDGER_EVERY = 10  # every 10th step of the crash workflow appends to the external ledger
 SYNCHRONOUS_NAMES = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}
 LOCKED = "database is locked"
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def shown_command(program: str, argv: Sequence[str]) -> str:
-    """The command line as a reader would rerun it: without the paths and the server this run
-    was given (``--dir``, ``--out``, ``--url``), which would make a report noisy."""
-    hidden = ("--dir", "--out", "--url")
-    shown: list[str] = []
-    skip = False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg in hidden:
-            skip = True
-        elif not arg.startswith(tuple(f"{option}=" for option in hidden)):
-            shown.append(arg)
-    return " ".join([program, *shown])
-
-
-def proc_stat(path: str) -> list[str] | None:
-    """The fields of a ``/proc/.../stat`` file after the process's name (None if unreadable)."""
-    try:
-        with open(path) as f:
-            return f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-
-
-def cpu_seconds(fields: list[str]) -> float:
-    """User + system CPU seconds in :func:`proc_stat`'s fields."""
-    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
 
 # How each system's killed run is finished in comparison 3 (quoted in the report).

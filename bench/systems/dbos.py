@@ -23,6 +23,7 @@ from typing import Any
 
 from dbos import DBOS, SetWorkflowID
 
+from ..harness.child import Channel, serve
 from .common import Ledger, LockedLogCounter, is_ledger_step, is_lock_error, pragmas
 
 _ledger: Ledger | None = None
@@ -63,9 +64,12 @@ class DbosSystem:
     name = "dbos"
     is_async = False
 
-    def __init__(self, variant: str, path: str, options: dict[str, Any]) -> None:
+    def __init__(
+        self, variant: str, path: str, options: dict[str, Any], started: Callable[[], None] = lambda: None
+    ) -> None:
         assert variant in ("default", "wal", "postgres"), variant
         self.variant = variant
+        self.started = started  # comparison 3: called the moment the crash workflow starts
         self.path = path
         self.executor_id: str | None = options.get("executor_id")
         self.locked_logs = LockedLogCounter()
@@ -138,10 +142,10 @@ class DbosSystem:
 
     # -- 3 ----------------------------------------------------------------------------------
 
-    def crash_run(self, trial: str, steps: int, ledger_path: str, started: Callable[[], None]) -> None:
+    def crash_run(self, trial: str, steps: int, ledger_path: str) -> None:
         global _ledger, _trial
         _ledger, _trial = Ledger(ledger_path), trial
-        started()
+        self.started()
         with SetWorkflowID(f"crash-{trial}"):
             crash_wf(steps)
 
@@ -189,3 +193,11 @@ class DbosSystem:
             "lock_errors_logged": self.locked_logs.count - before,
             "errors": [repr(e)[:300] for e in errors[:3]] + self.locked_logs.samples[:2],
         }
+
+
+def child(channel: Channel, args: dict[str, Any]) -> None:
+    """The child process hosting DBOS Transact (``bench/harness/child.py``)."""
+    serve(
+        DbosSystem(args["variant"], args["path"], args["options"], started=lambda: channel.emit("started")),
+        channel,
+    )

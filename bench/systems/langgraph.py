@@ -13,6 +13,7 @@ import logging
 import sqlite3
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from importlib.metadata import version
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.func import entrypoint, task
 
+from ..harness.child import Channel, serve
 from .common import Ledger, LockedLogCounter, is_ledger_step, is_lock_error, sqlite_pragmas
 
 _ledger: Ledger | None = None
@@ -47,8 +49,11 @@ class LanggraphSystem:
     name = "langgraph"
     is_async = False
 
-    def __init__(self, variant: str, path: str, options: dict[str, Any]) -> None:
+    def __init__(
+        self, variant: str, path: str, options: dict[str, Any], started: Callable[[], None] = lambda: None
+    ) -> None:
         self.path = path
+        self.started = started  # comparison 3: called the moment the crash workflow starts
         self.locked_logs = LockedLogCounter()
         if "ledger" in options:
             global _ledger, _trial
@@ -119,11 +124,11 @@ class LanggraphSystem:
         snapshot = self.crash_wf.get_state(_config(thread_id))
         return snapshot.created_at is not None and not snapshot.next and snapshot.values == steps
 
-    def crash_run(self, trial: str, steps: int, ledger_path: str, started: Any) -> None:
+    def crash_run(self, trial: str, steps: int, ledger_path: str) -> None:
         global _ledger, _trial
         _ledger, _trial = Ledger(ledger_path), trial
         thread_id = f"crash-{trial}"
-        started()
+        self.started()
         self.crash_wf.invoke({"thread_id": thread_id, "n": steps}, _config(thread_id), durability="sync")
 
     def crash_resume(self, trial: str, steps: int, ledger_path: str) -> dict[str, Any]:
@@ -165,3 +170,13 @@ class LanggraphSystem:
             "lock_errors_logged": self.locked_logs.count - before,
             "errors": [repr(e)[:300] for e in errors[:3]] + self.locked_logs.samples[:2],
         }
+
+
+def child(channel: Channel, args: dict[str, Any]) -> None:
+    """The child process hosting LangGraph (``bench/harness/child.py``)."""
+    serve(
+        LanggraphSystem(
+            args["variant"], args["path"], args["options"], started=lambda: channel.emit("started")
+        ),
+        channel,
+    )

@@ -12,6 +12,7 @@ import time
 import uuid
 from typing import Any
 
+from ..harness.child import Channel, serve
 from .common import sqlite_pragmas
 
 ROWS_PER_TRANSACTION = 100
@@ -67,3 +68,8 @@ class RawSystem:
                 self.conn.execute("INSERT INTO steps (run_id, name, result) VALUES (?, ?, ?)", row)
             self.conn.execute("COMMIT")
         return time.perf_counter() - start
+
+
+def child(channel: Channel, args: dict[str, Any]) -> None:
+    """The child process hosting raw sqlite3 (``bench/harness/child.py``)."""
+    serve(RawSystem(args["variant"], args["path"], args["options"]), channel)

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 import trio
 
 import zincir
 
+from ..harness.child import Channel, serve
 from .common import Ledger, LockedLogCounter, is_ledger_step, is_lock_error, pragmas
 
 
@@ -29,8 +30,11 @@ class ZincirSystem:
     name = "zincir"
     is_async = True
 
-    def __init__(self, variant: str, path: str, options: dict[str, Any]) -> None:
+    def __init__(
+        self, variant: str, path: str, options: dict[str, Any], started: Callable[[], None] = lambda: None
+    ) -> None:
         self.variant = variant
+        self.started = started  # comparison 3: called the moment the crash workflow starts
         self.path = path
         self.writers: int | None = options.get("writers")
         self._stack = AsyncExitStack()
@@ -71,6 +75,13 @@ class ZincirSystem:
     async def close(self) -> None:
         await self._stack.aclose()
 
+    @asynccontextmanager
+    async def opened(self) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await self.close()
+
     # -- 1 and 2 --------------------------------------------------------------------------
 
     async def per_step(self, n: int) -> float:
@@ -106,9 +117,9 @@ class ZincirSystem:
                 await run.step(name, noop, i)
         await run.complete()
 
-    async def crash_run(self, trial: str, steps: int, ledger_path: str, started: Callable[[], None]) -> None:
+    async def crash_run(self, trial: str, steps: int, ledger_path: str) -> None:
         ledger = Ledger(ledger_path)
-        started()
+        self.started()
         async with zincir.open_run(self.db, role=f"bench-crash-{trial}") as run:
             await self._crash_body(run, trial, steps, ledger)
 
@@ -158,3 +169,11 @@ class ZincirSystem:
             "lock_errors_logged": self.locked_logs.count - before,
             "errors": [repr(e)[:300] for e in errors[:3]] + self.locked_logs.samples[:2],
         }
+
+
+def child(channel: Channel, args: dict[str, Any]) -> None:
+    """The child process hosting zincir (``bench/harness/child.py``)."""
+    serve(
+        ZincirSystem(args["variant"], args["path"], args["options"], started=lambda: channel.emit("started")),
+        channel,
+    )
