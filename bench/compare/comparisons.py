@@ -8,17 +8,15 @@ The parent never imports a peer: it only talks to its children (each hosting one
 from __future__ import annotations
 
 import random
-import statistics
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..harness.processes import ChildError, ChildProcess, run_module
+from ..harness.reports import median
+from ..harness.study import Log, rotated
 from ..systems.common import LEDGER_EVERY, ledger_counts
-
-Log = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -95,15 +93,6 @@ def run_profile(sizes: Sizes, workdir: Path) -> dict[str, Any]:
     out = workdir / "profile.json"
     argv = ("--n", str(sizes.profile_n), "--reps", str(sizes.profile_reps), "--dir", str(workdir))
     return run_module("bench.micro.profile_step", *argv, "--json", str(out), out=out, timeout=600)
-
-
-def median(values: list[float]) -> float:
-    return statistics.median(values)
-
-
-def rotated(items: list[Any], k: int) -> list[Any]:
-    k %= len(items)
-    return items[k:] + items[:k]
 
 
 # -- 1 and 2: per-step overhead and concurrent runs, in one set of long-lived children -------

@@ -2,31 +2,16 @@
 
 from __future__ import annotations
 
-import statistics
 from typing import Any
 
+from ..harness.reports import fmt, median, met, ratio
 from ..systems.common import LEDGER_EVERY
 
 CEILING = "raw sqlite3"  # in comparison 2, the batched-insert ceiling
 
 
-def _median(values: list[float]) -> float:
-    return statistics.median(values) if values else float("nan")
-
-
-def _fmt(value: float, digits: int = 0) -> str:
-    return f"{value:,.{digits}f}"
-
-
-def _ratio(value: float) -> str:
-    return f"{value:.2f}x"
-
-
-def _met(ok: bool | None) -> str:
-    return "n/a" if ok is None else ("**met**" if ok else "**MISSED**")
-
-
-def render(res: dict[str, Any]) -> str:
+def render(res: dict[str, Any], chart_name: str = "") -> str:
+    """The report's Markdown (it has no chart: ``chart_name`` is not used)."""
     sizes = res["sizes"]
     machine = res["machine"]
     settings: dict[str, dict[str, Any]] = res["settings"]
@@ -71,7 +56,7 @@ def render(res: dict[str, Any]) -> str:
     add("")
 
     # -- 1 ----------------------------------------------------------------------------------
-    us = {label: _median(v) for label, v in res["per_step"]["us_per_step"].items()}
+    us = {label: median(v) for label, v in res["per_step"]["us_per_step"].items()}
     z = us.get("zincir", float("nan"))
     add(f"## 1. Per-step overhead: one run of {sizes['step_n']:,} sequential no-op durable steps")
     add("")
@@ -85,8 +70,8 @@ def render(res: dict[str, Any]) -> str:
     add("|---|---:|---:|---:|")
     for label, values in res["per_step"]["us_per_step"].items():
         add(
-            f"| {label} | {_fmt(us[label])} | {_fmt(min(values))} - {_fmt(max(values))} |"
-            f" {_ratio(z / us[label])} |"
+            f"| {label} | {fmt(us[label])} | {fmt(min(values))} - {fmt(max(values))} |"
+            f" {ratio(z / us[label])} |"
         )
     add("")
 
@@ -95,7 +80,7 @@ def render(res: dict[str, Any]) -> str:
         add_profile(add, profile)
 
     # -- 2 ----------------------------------------------------------------------------------
-    sps = {label: _median(v) for label, v in res["concurrent"]["steps_per_s"].items()}
+    sps = {label: median(v) for label, v in res["concurrent"]["steps_per_s"].items()}
     zc = sps.get("zincir", float("nan"))
     add(
         f"## 2. Concurrent runs: {sizes['conc_runs']} runs x {sizes['conc_steps']} steps at once, one process"
@@ -116,8 +101,8 @@ def render(res: dict[str, Any]) -> str:
     for label, values in res["concurrent"]["steps_per_s"].items():
         shown = f"{label}, 100 rows per transaction (the ceiling)" if label == CEILING else label
         add(
-            f"| {shown} | {_fmt(sps[label])} | {_fmt(min(values))} - {_fmt(max(values))} |"
-            f" {_ratio(zc / sps[label])} |"
+            f"| {shown} | {fmt(sps[label])} | {fmt(min(values))} - {fmt(max(values))} |"
+            f" {ratio(zc / sps[label])} |"
         )
     add("")
 
@@ -147,7 +132,7 @@ def render(res: dict[str, Any]) -> str:
     add("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for label, r in crash.items():
         add(
-            f"| {label} | {_median(r['calibration_seconds']) * 1e3:.0f} ms |"
+            f"| {label} | {median(r['calibration_seconds']) * 1e3:.0f} ms |"
             f" {r['kills']} ({r['killed_mid_run']}) |"
             f" {r['dups_plain']} | {r['trials_with_plain_dup']} | {r['dups_keyed']} | {r['missing']} |"
             f" {r['never_completed']} | {r['recovery_seconds']:.2f} s |"
@@ -181,12 +166,12 @@ def render(res: dict[str, Any]) -> str:
         " zincir ÷ system |"
     )
     add("|---|---:|---:|---:|---:|---:|")
-    zm = _median(multi["zincir"]["steps_per_s"]) if "zincir" in multi else float("nan")
+    zm = median(multi["zincir"]["steps_per_s"]) if "zincir" in multi else float("nan")
     for label, r in multi.items():
-        m = _median(r["steps_per_s"])
+        m = median(r["steps_per_s"])
         add(
-            f"| {label} | {_fmt(m)} | {r['lock_errors_raised']} | {r['lock_errors_logged']} |"
-            f" {r['failed_runs']} / {r['runs']} | {_ratio(zm / m)} |"
+            f"| {label} | {fmt(m)} | {r['lock_errors_raised']} | {r['lock_errors_logged']} |"
+            f" {r['failed_runs']} / {r['runs']} | {ratio(zm / m)} |"
         )
     errors = {label: r["errors"] for label, r in multi.items() if r["errors"]}
     if errors:
@@ -212,23 +197,22 @@ def render(res: dict[str, Any]) -> str:
         r1 = z / peer_us[best_peer]
         rows.append(
             (
-                f"1. zincir ≤ 0.35x the best peer ({best_peer}, {_fmt(peer_us[best_peer])} µs/step)",
-                _ratio(r1),
+                f"1. zincir ≤ 0.35x the best peer ({best_peer}, {fmt(peer_us[best_peer])} µs/step)",
+                ratio(r1),
                 r1 <= 0.35,
             )
         )
     if raw is not None:
         r2 = z / raw
         rows.append(
-            (f"1. zincir ≤ 2.5x raw sqlite3 one commit per step ({_fmt(raw)} µs/step)", _ratio(r2), r2 <= 2.5)
+            (f"1. zincir ≤ 2.5x raw sqlite3 one commit per step ({fmt(raw)} µs/step)", ratio(r2), r2 <= 2.5)
         )
     if best_conc is not None:
         r3 = zc / peer_sps[best_conc]
         rows.append(
             (
-                f"2. zincir ≥ 10x the best peer at 50 runs"
-                f" ({best_conc}, {_fmt(peer_sps[best_conc])} steps/s)",
-                _ratio(r3),
+                f"2. zincir ≥ 10x the best peer at 50 runs ({best_conc}, {fmt(peer_sps[best_conc])} steps/s)",
+                ratio(r3),
                 r3 >= 10,
             )
         )
@@ -260,7 +244,7 @@ def render(res: dict[str, Any]) -> str:
     add("| target | measured | |")
     add("|---|---:|---|")
     for name, value, ok in rows:
-        add(f"| {name} | {value} | {_met(ok)} |")
+        add(f"| {name} | {value} | {met(ok)} |")
     add("")
     add_issue_14_targets(add, z, raw, us.get("LangGraph"), zc, sps.get(CEILING))
     add(
@@ -282,16 +266,16 @@ def add_issue_14_targets(
 ) -> None:
     rows: list[tuple[str, str, bool]] = []
     if raw is not None:
-        rows.append(("1. zincir ≤ 1.5x raw sqlite3 one commit per step", _ratio(z / raw), z / raw <= 1.5))
+        rows.append(("1. zincir ≤ 1.5x raw sqlite3 one commit per step", ratio(z / raw), z / raw <= 1.5))
     if langgraph is not None:
         rows.append(
-            ('1. zincir ≤ 0.3x LangGraph `durability="sync"`', _ratio(z / langgraph), z / langgraph <= 0.3)
+            ('1. zincir ≤ 0.3x LangGraph `durability="sync"`', ratio(z / langgraph), z / langgraph <= 0.3)
         )
     if ceiling is not None:
         rows.append(
             (
                 "2. zincir ≥ 0.7x raw sqlite3 at 100 rows per transaction (the ceiling)",
-                _ratio(zc / ceiling),
+                ratio(zc / ceiling),
                 zc / ceiling >= 0.7,
             )
         )
@@ -302,7 +286,7 @@ def add_issue_14_targets(
     add("| target | measured | |")
     add("|---|---:|---|")
     for name, value, ok in rows:
-        add(f"| {name} | {value} | {_met(ok)} |")
+        add(f"| {name} | {value} | {met(ok)} |")
     add("")
 
 

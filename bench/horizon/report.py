@@ -200,7 +200,7 @@ def _reading(r: dict[str, Any]) -> list[str]:
     return lines
 
 
-def render(r: dict[str, Any]) -> str:
+def render(r: dict[str, Any], chart_name: str) -> str:
     m, s = r["machine"], r["sizes"]
     n, seeds, p = s["subtasks"], s["seeds"], s["model"]
     combos = _combos(r)
@@ -249,7 +249,7 @@ def render(r: dict[str, Any]) -> str:
         " may finish before the next one is due; so may a restart from scratch whose verifier accepts"
         " a file an earlier process wrote, since the outside world kept it).",
         "",
-        "![per combination](horizon.svg)",
+        f"![per combination]({chart_name})",
         "",
         "## The same runs uninterrupted",
         "",

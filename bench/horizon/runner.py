@@ -22,28 +22,21 @@ beforehand). Writes
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import os
-import platform
 import random
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..harness.processes import REPO, ChildProcess
-from ..harness.reports import REPORTS, shown_command
+from ..harness.machine import brief
+from ..harness.processes import ChildProcess
+from ..harness.reports import REPORTS, read_results, shown_command, write_outputs
+from ..harness.study import Log, progress, scratch
 from .agent import ModelParams, check, ledger_counts, ledger_lines, task_index
 from .report import render, write_chart
-
-Log = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -274,39 +267,6 @@ def run_all(
     return results
 
 
-def machine() -> dict[str, Any]:
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=False
-        ).stdout.strip()
-        dirty = bool(
-            subprocess.run(
-                [
-                    "git",
-                    "status",
-                    "--porcelain",
-                    "--",
-                    "zincir",
-                    "bench/horizon",
-                ],
-                cwd=REPO,
-                capture_output=True,
-                text=True,
-                check=False,
-            ).stdout.strip()
-        )
-    except OSError:
-        commit, dirty = "unknown", False
-    return {
-        "commit": commit or "unknown",
-        "dirty": dirty,
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-        "platform": platform.platform(),
-    }
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="python -m bench.horizon", description=__doc__.split("\n\n")[0])
@@ -323,14 +283,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     opts = parser.parse_args(argv)
     out = Path(opts.out)
 
-    def log(message: str) -> None:
-        if not opts.q:
-            print(message, flush=True)
-
+    log = progress(opts.q)
     if opts.render:
-        results = json.loads(Path(opts.render).read_text())
-        out.write_text(render(results))
-        write_chart(results, out.with_suffix(".svg"))
+        write_outputs(out, read_results(opts.render), render, write_chart, json_too=False)
         return 0
 
     sizes = Sizes.quick() if opts.quick else Sizes()
@@ -344,30 +299,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         if unknown:
             parser.error(f"unknown combinations: {', '.join(sorted(unknown))}")
         combos = [c for c in COMBOS if c.key in wanted]
-    base_dir = Path(opts.dir) if opts.dir else Path.cwd()
-    base_dir.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="horizon-", dir=base_dir))
     started = time.monotonic()
-    log(
-        f"bench.horizon: {len(combos)} combinations x {sizes.seeds} seeds, {sizes.subtasks} subtasks,"
-        f" {sizes.kills} SIGKILLs per killed run; files in {work}"
-    )
-    try:
+    with scratch(opts.dir, "horizon-", keep=opts.keep, log=log) as work:
+        log(
+            f"bench.horizon: {len(combos)} combinations x {sizes.seeds} seeds, {sizes.subtasks} subtasks,"
+            f" {sizes.kills} SIGKILLs per killed run; files in {work}"
+        )
         per_combo = run_all(combos, list(range(sizes.seeds)), sizes, work, log)
-    finally:
-        if not opts.keep:
-            shutil.rmtree(work, ignore_errors=True)
     results = {
         "command": shown_command("python -m bench.horizon", argv),
-        "machine": machine(),
+        "machine": brief("zincir", "bench/horizon"),
         "sizes": asdict(sizes),
         "wall_seconds": time.monotonic() - started,
         "combinations": per_combo,
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
-    out.write_text(render(results))
-    write_chart(results, out.with_suffix(".svg"))
+    write_outputs(out, results, render, write_chart)
     names = f"{out}, {out.with_suffix('.json').name} and {out.with_suffix('.svg').name}"
     log(f"wrote {names} in {results['wall_seconds']:.0f} s")
     return 0

@@ -18,9 +18,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import shutil
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -35,7 +33,8 @@ import trio
 import zincir
 from zincir._postgres._pipe import Pipe
 
-from ..harness.server import create_database, drop_database, throwaway_server
+from ..harness.server import postgres_server, scratch_database
+from ..harness.study import scratch
 
 
 class Counter:
@@ -220,7 +219,7 @@ def show(title: str, s: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.profile_pg", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench.micro.profile_pg", description=__doc__)
     parser.add_argument("--url", help="a PostgreSQL superuser URL (default: a throwaway server)")
     parser.add_argument("--dir", default=".", help="where the throwaway server's data goes")
     parser.add_argument("--n", type=int, default=1000, help="sequential steps")
@@ -230,32 +229,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker-concurrency", type=int, default=32)
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args(argv)
-    workdir = Path(tempfile.mkdtemp(prefix="zincir-bench-pg-profile-", dir=args.dir)).resolve()
-    try:
-        with contextmanager(lambda: (yield args.url))() if args.url else throwaway_server(workdir) as admin:
-            name = f"zincir_profile_{uuid.uuid4().hex[:8]}"
-            url = create_database(admin, name)
-            try:
-                out: dict[str, Any] = {"floors": floors(url, args.n)}
-                print("floors (plain psycopg, one connection):")
-                for k, v in out["floors"].items():
-                    print(f"  {k:<28} {v:8,.0f}")
-                counter = Counter()
-                with counter.installed():
-                    out["sequential"] = trio.run(sequential, url, args.n, counter)
-                    show("zincir, one run of sequential steps", out["sequential"])
-                    out["concurrent"] = trio.run(concurrent, url, args.runs, args.steps, counter)
-                    show(f"zincir, {args.runs} runs x {args.steps} steps at once", out["concurrent"])
-                    out["worker"] = trio.run(worker, url, args.worker_runs, args.worker_concurrency, counter)
-                    show(
-                        f"zincir, one ResumeWorker(max_concurrency={args.worker_concurrency}) claiming"
-                        f" and completing {args.worker_runs:,} due runs ('steps' = runs)",
-                        out["worker"],
-                    )
-            finally:
-                drop_database(admin, name)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    with (
+        scratch(args.dir, "zincir-bench-pg-profile-", keep=False, log=lambda _: None) as workdir,
+        postgres_server(args.url, workdir, lambda _: None) as admin,
+        scratch_database(admin, f"zincir_profile_{uuid.uuid4().hex[:8]}") as url,
+    ):
+        out: dict[str, Any] = {"floors": floors(url, args.n)}
+        print("floors (plain psycopg, one connection):")
+        for k, v in out["floors"].items():
+            print(f"  {k:<28} {v:8,.0f}")
+        counter = Counter()
+        with counter.installed():
+            out["sequential"] = trio.run(sequential, url, args.n, counter)
+            show("zincir, one run of sequential steps", out["sequential"])
+            out["concurrent"] = trio.run(concurrent, url, args.runs, args.steps, counter)
+            show(f"zincir, {args.runs} runs x {args.steps} steps at once", out["concurrent"])
+            out["worker"] = trio.run(worker, url, args.worker_runs, args.worker_concurrency, counter)
+            show(
+                f"zincir, one ResumeWorker(max_concurrency={args.worker_concurrency}) claiming"
+                f" and completing {args.worker_runs:,} due runs ('steps' = runs)",
+                out["worker"],
+            )
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
     return 0

@@ -7,34 +7,19 @@ SVG, no plotting library), so that the bench needs nothing beyond its peers.
 from __future__ import annotations
 
 import math
-import statistics
 from html import escape
 from pathlib import Path
 from typing import Any
+
+from ..harness.reports import fmt, median, met, ratio
 
 ZPG, DPG, ZSQ = "zincir (PostgreSQL)", "DBOS (PostgreSQL)", "zincir (SQLite)"
 COLORS = {ZPG: "#1f77b4", DPG: "#d62728", ZSQ: "#2ca02c"}
 
 
-def _median(values: list[float]) -> float:
-    return statistics.median(values) if values else float("nan")
-
-
-def _fmt(value: float, digits: int = 0) -> str:
-    return "n/a" if math.isnan(value) else f"{value:,.{digits}f}"
-
-
-def _ratio(value: float) -> str:
-    return "n/a" if math.isnan(value) else f"{value:.2f}x"
-
-
-def _met(ok: bool | None) -> str:
-    return "n/a" if ok is None else ("**met**" if ok else "**MISSED**")
-
-
 def _medians(res: dict[str, Any]) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
-    us = {k: _median(v) for k, v in res["per_step"]["us_per_step"].items()}
-    sps = {k: _median(v) for k, v in res["concurrent"]["steps_per_s"].items()}
+    us = {k: median(v) for k, v in res["per_step"]["us_per_step"].items()}
+    sps = {k: median(v) for k, v in res["concurrent"]["steps_per_s"].items()}
     workers = {k: float(v) for k, v in res.get("workers", {}).get("median_per_s", {}).items()}
     return us, sps, workers
 
@@ -110,14 +95,14 @@ def render(res: dict[str, Any], chart_name: str) -> str:
     add("|---|---:|---:|---:|")
     for label, values in res["per_step"]["us_per_step"].items():
         add(
-            f"| {label} | {_fmt(us[label])} | {_fmt(min(values))} - {_fmt(max(values))}"
-            f" | {_ratio(z / us[label])} |"
+            f"| {label} | {fmt(us[label])} | {fmt(min(values))} - {fmt(max(values))}"
+            f" | {ratio(z / us[label])} |"
         )
     add("")
     ok1 = None if math.isnan(z / d) else z / d <= 0.5
     add(
-        f"Target: zincir ≤ 0.5x DBOS per step. Measured (ratio of the medians): {_ratio(z / d)}:"
-        f" {_met(ok1)}. Per repetition (the two measured back to back):"
+        f"Target: zincir ≤ 0.5x DBOS per step. Measured (ratio of the medians): {ratio(z / d)}:"
+        f" {met(ok1)}. Per repetition (the two measured back to back):"
         f" {_paired(res, 'per_step', 'us_per_step')}."
     )
     add("")
@@ -138,14 +123,14 @@ def render(res: dict[str, Any], chart_name: str) -> str:
     add("|---|---:|---:|---:|")
     for label, values in res["concurrent"]["steps_per_s"].items():
         add(
-            f"| {label} | {_fmt(sps[label])} | {_fmt(min(values))} - {_fmt(max(values))}"
-            f" | {_ratio(zc / sps[label])} |"
+            f"| {label} | {fmt(sps[label])} | {fmt(min(values))} - {fmt(max(values))}"
+            f" | {ratio(zc / sps[label])} |"
         )
     add("")
     ok2 = None if math.isnan(zc / dc) else zc / dc >= 5
     add(
-        f"Target: zincir ≥ 5x DBOS in steps/s. Measured (ratio of the medians): {_ratio(zc / dc)}:"
-        f" {_met(ok2)}. Per repetition: {_paired(res, 'concurrent', 'steps_per_s')}."
+        f"Target: zincir ≥ 5x DBOS in steps/s. Measured (ratio of the medians): {ratio(zc / dc)}:"
+        f" {met(ok2)}. Per repetition: {_paired(res, 'concurrent', 'steps_per_s')}."
     )
     add("")
 
@@ -157,10 +142,10 @@ def render(res: dict[str, Any], chart_name: str) -> str:
     add("")
     add("| workload | PostgreSQL | SQLite | PostgreSQL ÷ SQLite |")
     add("|---|---:|---:|---:|")
-    add(f"| 1. µs/step, sequential (lower is better) | {_fmt(z)} | {_fmt(zs)} | {_ratio(z / zs)} |")
+    add(f"| 1. µs/step, sequential (lower is better) | {fmt(z)} | {fmt(zs)} | {ratio(z / zs)} |")
     add(
-        f"| 2. steps/s, {sizes['conc_runs']} concurrent runs (higher is better) | {_fmt(zc)} | {_fmt(zsc)}"
-        f" | {_ratio(zc / zsc)} |"
+        f"| 2. steps/s, {sizes['conc_runs']} concurrent runs (higher is better) | {fmt(zc)} | {fmt(zsc)}"
+        f" | {ratio(zc / zsc)} |"
     )
     add("")
     for paragraph in EXPLAIN_3:
@@ -190,8 +175,8 @@ def render(res: dict[str, Any], chart_name: str) -> str:
     for procs, values in res.get("workers", {}).get("per_s", {}).items():
         last = res["workers"]["trials"][procs][-1]
         add(
-            f"| {procs} | {_fmt(workers[procs])} | {_fmt(min(values))} - {_fmt(max(values))} |"
-            f" {_ratio(workers[procs] / one)} | {', '.join(map(str, last['handled_per_process']))} |"
+            f"| {procs} | {fmt(workers[procs])} | {fmt(min(values))} - {fmt(max(values))} |"
+            f" {ratio(workers[procs] / one)} | {', '.join(map(str, last['handled_per_process']))} |"
             f" {_cpu(res['workers']['trials'][procs])} |"
         )
     add("")
@@ -237,7 +222,7 @@ def add_profile(add: Any, profile: dict[str, Any], sizes: dict[str, Any]) -> Non
         w = profile.get(key)
         if w:
             add(
-                f"| {title} | {_fmt(w['us_per_step'])} | {w['statements_per_step']:.2f} |"
+                f"| {title} | {fmt(w['us_per_step'])} | {w['statements_per_step']:.2f} |"
                 f" {w['steps_per_commit']:.1f} | {w['seconds_in_execute'] / w['wall_s'] * 100:.0f}% |"
             )
     add("")
@@ -263,7 +248,7 @@ def _paired(res: dict[str, Any], section: str, key: str, a: str = ZPG, b: str = 
     ratios = [x / y for x, y in zip(xs, ys, strict=False) if y]
     if not ratios:
         return "n/a"
-    return f"{', '.join(f'{r:.2f}' for r in ratios)} (median {_ratio(_median(ratios))})"
+    return f"{', '.join(f'{r:.2f}' for r in ratios)} (median {ratio(median(ratios))})"
 
 
 def _cpu_ceiling(res: dict[str, Any]) -> str:
@@ -273,11 +258,11 @@ def _cpu_ceiling(res: dict[str, Any]) -> str:
     server = [t["server_cpu_ms_per_run"] for t in every if t.get("server_cpu_ms_per_run") is not None]
     if not client or not server:
         return ""
-    per_run = _median(client) + _median(server)
+    per_run = median(client) + median(server)
     cores = res["machine"]["cpu_count"] or 1
     return (
-        f"CPU per run claimed and completed, median over every trial: {_median(client):.2f} ms in the"
-        f" worker processes + {_median(server):.2f} ms in the server = {per_run:.2f} ms. With"
+        f"CPU per run claimed and completed, median over every trial: {median(client):.2f} ms in the"
+        f" worker processes + {median(server):.2f} ms in the server = {per_run:.2f} ms. With"
         f" {cores} cores and nothing else running, that caps the whole machine at about"
         f" {cores / per_run * 1e3:,.0f} runs/s whatever the number of worker processes: this"
         " comparison is CPU-bound here, so more processes on the same machine cannot scale it."
@@ -285,9 +270,9 @@ def _cpu_ceiling(res: dict[str, Any]) -> str:
 
 
 def _cpu(trials: list[dict[str, Any]]) -> str:
-    client = _median([t["client_cpu_ms_per_run"] for t in trials if "client_cpu_ms_per_run" in t])
+    client = median([t["client_cpu_ms_per_run"] for t in trials if "client_cpu_ms_per_run" in t])
     servers = [t["server_cpu_ms_per_run"] for t in trials if t.get("server_cpu_ms_per_run") is not None]
-    return f"{_fmt(client, 2)}, {_fmt(_median(servers), 2) if servers else 'n/a'}"
+    return f"{fmt(client, 2)}, {fmt(median(servers), 2) if servers else 'n/a'}"
 
 
 EXPLAIN_3 = [
@@ -352,7 +337,7 @@ def _panel(
         )
         out.append(
             f'<text x="{x + w / 2:.1f}" y="{top + height - h - 4:.1f}" text-anchor="middle">'
-            f"{_fmt(value)}</text>"
+            f"{fmt(value)}</text>"
         )
         for k, part in enumerate(label.split(" (")):
             text = part if k == 0 else f"({part}"

