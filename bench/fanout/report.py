@@ -1,4 +1,5 @@
-"""Render ``python -m bench.fanout``'s results: Markdown, and a chart as a standalone SVG.
+"""Render ``python -m bench.fanout``'s results: Markdown, and what its chart shows
+(``bench/harness/charts.py`` draws it).
 
 Every figure and every verdict below is computed from the run's JSON (``--render`` redraws both
 from it); nothing is typed in by hand.
@@ -8,9 +9,9 @@ from __future__ import annotations
 
 import math
 import statistics
-from html import escape
-from pathlib import Path
 from typing import Any
+
+from ..harness.charts import Bar, Chart, Group, Mark, Panel
 
 BACKEND_NAMES = {"sqlite": "SQLite", "postgresql": "PostgreSQL"}
 COLORS = {
@@ -678,98 +679,33 @@ def _load(value: Any) -> str:
 # -- the chart --------------------------------------------------------------------------------------
 
 
-def write_chart(res: dict[str, Any], path: Path) -> None:
-    """Horizontal bars of children/s (median) with min-max whiskers, grouped by backend; a dashed
-    mark at the target (3x DBOS's median throughput) in each group."""
+def chart(res: dict[str, Any]) -> Chart:
+    """Children/s (median) with min-max whiskers, a group per backend; a dashed mark at the target
+    (3x DBOS's median throughput) in each group."""
     summary = summarize(res)
     target = float(res["target_ratio"])
-    row, group_gap, top, label_w, plot_w = 24, 30, 46, 270, 440
-    rows = sum(len(e) for e in summary.values())
-    height = top + rows * row + len(summary) * group_gap + 40
-    peak = max(
-        [e["max_per_s"] for entries in summary.values() for e in entries.values()]
-        + [target * entries["dbos"]["per_s"] for entries in summary.values() if "dbos" in entries]
-        + [1.0]
-    )
-    scale_top = _nice(peak * 1.05, (1, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10))
-    x0 = 10 + label_w
-
-    def x(v: float) -> float:
-        return x0 + plot_w * max(0.0, v) / scale_top
-
-    body = ['<rect width="100%" height="100%" fill="white"/>']
     n = next((e["children"] for entries in summary.values() for e in entries.values()), 0)
-    body.append(
-        f'<text x="10" y="20" font-weight="bold">Fan-out/fan-in of {n:,} children: children per second'
-        " (median; whiskers min-max)</text>"
-    )
-    body.append(
-        f'<text x="10" y="36" fill="#555">first spawn → parent completed; dashed: the target, {target:g}x'
-        " DBOS's median</text>"
-    )
-    bottom = top + rows * row + len(summary) * group_gap
-    step = _nice(scale_top / 5)
-    tick = 0.0
-    while tick <= scale_top * 1.0001:
-        body.append(
-            f'<line x1="{x(tick):.1f}" y1="{top}" x2="{x(tick):.1f}" y2="{bottom}" stroke="#e4e4e4"/>'
-        )
-        body.append(f'<text x="{x(tick):.1f}" y="{bottom + 15}" text-anchor="middle">{tick:,.0f}</text>')
-        tick += step
-    y = top
+    groups = []
     for backend, entries in summary.items():
-        body.append(f'<text x="10" y="{y + 18}" font-weight="bold">{BACKEND_NAMES[backend]}</text>')
-        y += group_gap - 6
-        group_top = y
-        if "dbos" in entries:  # drawn first: the bars and their labels go over it
-            goal = target * entries["dbos"]["per_s"]
-            body.append(
-                f'<line x1="{x(goal):.1f}" y1="{group_top}" x2="{x(goal):.1f}"'
-                f' y2="{group_top + len(entries) * row}"'
-                ' stroke="#888" stroke-dasharray="5,3"/>'
+        bars = [
+            Bar(
+                e["label"],
+                e["per_s"],
+                COLORS.get(e["key"], "#888"),
+                low=e["min_per_s"],
+                high=e["max_per_s"],
+                text=f"{_rate(e['per_s'])}/s",
             )
-            body.append(
-                f'<text x="{x(goal) + 3:.1f}" y="{group_top - 2}" font-size="11"'
-                f' fill="#444">{target:g}x DBOS</text>'
-            )
-        for e in entries.values():
-            color = COLORS.get(e["key"], "#888")
-            body.append(f'<text x="{x0 - 6}" y="{y + 15}" text-anchor="end">{escape(e["label"])}</text>')
-            body.append(
-                f'<rect x="{x0}" y="{y + 4}" width="{max(0.5, x(e["per_s"]) - x0):.1f}" height="14"'
-                f' fill="{color}"/>'
-            )
-            mid = y + 11
-            body.append(
-                f'<line x1="{x(e["min_per_s"]):.1f}" y1="{mid}" x2="{x(e["max_per_s"]):.1f}" y2="{mid}"'
-                ' stroke="#222"/>'
-            )
-            for end in (e["min_per_s"], e["max_per_s"]):
-                body.append(
-                    f'<line x1="{x(end):.1f}" y1="{mid - 4}" x2="{x(end):.1f}" y2="{mid + 4}" stroke="#222"/>'
-                )
-            body.append(
-                f'<text x="{x(e["max_per_s"]) + 6:.1f}" y="{y + 15}" stroke="white" stroke-width="3"'
-                f' paint-order="stroke">{_rate(e["per_s"])}/s</text>'
-            )
-            y += row
-        y += 6
-    width = x0 + plot_w + 90
-    svg = (
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height}"'
-        f' viewBox="0 0 {width:.0f} {height}" font-family="sans-serif" font-size="12">\n'
-        + "\n".join(body)
-        + "\n</svg>\n"
+            for e in entries.values()
+        ]
+        goal = (
+            [Mark(target * entries["dbos"]["per_s"], f"{target:g}x DBOS", "#444")]
+            if "dbos" in entries
+            else []
+        )
+        groups.append(Group(bars, title=BACKEND_NAMES[backend], marks=goal))
+    return Chart(
+        f"Fan-out/fan-in of {n:,} children: children per second (median; whiskers min-max)",
+        [Panel(groups, width=440)],
+        note=f"first spawn → parent completed; dashed: the target, {target:g}x DBOS's median",
     )
-    path.write_text(svg, encoding="utf-8")
-
-
-def _nice(value: float, steps: tuple[float, ...] = (1, 2, 2.5, 5, 10)) -> float:
-    """The smallest of ``steps`` x 10^k at or above ``value``."""
-    if value <= 0:
-        return 1.0
-    exponent = math.floor(math.log10(value))
-    for m in steps:
-        if m * 10**exponent >= value:
-            return float(m * 10**exponent)
-    return float(10 ** (exponent + 1))

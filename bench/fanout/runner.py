@@ -51,7 +51,7 @@ from ..harness.server import (
     xact_commits,
 )
 from ..harness.study import Log, choices, installed, progress, scratch
-from .report import render, write_chart
+from .report import chart, render
 
 BACKENDS = ("sqlite", "postgresql")
 SYSTEMS = ("zincir", "dbos")
@@ -213,7 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     out = Path(args.out)
     if args.render:
-        write_outputs(out, read_results(args.render), render, write_chart, json_too=False)
+        write_outputs(out, read_results(args.render), render, chart, json_too=False)
         return 0
     sizes = Sizes.quick() if args.quick else Sizes()
     for name, attr in (
@@ -281,7 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results["source_changes"] = source_changes(wall_start, results["machine"].get("zincir_commit", ""))
     if results["source_changes"]:
         log(f"zincir's source changed during the run: {results['source_changes']}")
-    write_outputs(out, results, render, write_chart)
+    write_outputs(out, results, render, chart)
     log(
         f"wrote {out}, {out.with_suffix('.json')} and {out.with_suffix('.svg')} in"
         f" {results['total_seconds']:.0f} s"

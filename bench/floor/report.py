@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import sqlite3
 import statistics
-from pathlib import Path
 from typing import Any
+
+from ..harness.charts import Bar, Chart, Group, Mark, Panel
 
 RUNS, STEPS = 50, 100
 SERIES = ("ceiling", "bare_execute", "bare_executemany", "zincir")
@@ -69,33 +70,19 @@ def render(saved: dict[str, Any], chart_name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_chart(saved: dict[str, Any], path: Path) -> None:
+def chart(saved: dict[str, Any]) -> Chart:
+    """Steps/s per series (median), each against the ceiling, and the 0.7x target."""
     results: dict[str, list[float]] = saved["results"]
     ceiling = statistics.median(results["ceiling"])
-    width, bar, gap, left = 720, 28, 14, 330
-    height = len(SERIES) * (bar + gap) + 50
-    scale = (width - left - 110) / max(statistics.median(v) for v in results.values())
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}"'
-        ' font-family="sans-serif" font-size="13">',
-        '<text x="10" y="20" font-weight="bold">50 runs x 100 steps: steps/s (median), ÷ ceiling</text>',
-    ]
-    for i, name in enumerate(SERIES):
+    colors = {"ceiling": "#888", "zincir": "#3b7dd8"}
+    bars = []
+    for name in SERIES:
         value = statistics.median(results[name])
-        y = 36 + i * (bar + gap)
-        color = {"ceiling": "#888", "zincir": "#3b7dd8"}.get(name, "#9bbbe8")
         label = LABELS[name].removesuffix(" (the ceiling)")
-        parts += [
-            f'<text x="{left - 8}" y="{y + 19}" text-anchor="end">{label}</text>',
-            f'<rect x="{left}" y="{y}" width="{value * scale:.1f}" height="{bar}" fill="{color}"/>',
-            f'<text x="{left + value * scale + 6:.1f}" y="{y + 19}">'
-            f"{value:,.0f} ({value / ceiling:.2f}x)</text>",
-        ]
-    target = left + 0.7 * ceiling * scale
-    parts += [
-        f'<line x1="{target:.1f}" y1="30" x2="{target:.1f}" y2="{height - 10}"'
-        ' stroke="#c33" stroke-dasharray="4 3"/>',
-        f'<text x="{target + 4:.1f}" y="{height - 12}" fill="#c33">target 0.7x</text>',
-        "</svg>",
-    ]
-    path.write_text("\n".join(parts) + "\n", encoding="utf-8")
+        bars.append(
+            Bar(label, value, colors.get(name, "#9bbbe8"), text=f"{value:,.0f} ({value / ceiling:.2f}x)")
+        )
+    return Chart(
+        f"{RUNS} runs x {STEPS} steps: steps/s (median), ÷ ceiling",
+        [Panel([Group(bars)], marks=[Mark(0.7 * ceiling, "target 0.7x")], width=280)],
+    )

@@ -36,7 +36,7 @@ from ..harness.reports import REPORTS, read_results, write_outputs
 from ..harness.study import Log, progress, rotated, scratch
 from ..systems.raw import RawSystem
 from ..systems.zincir import ZincirSystem
-from .report import RUNS, SERIES, STEPS, render, write_chart
+from .report import RUNS, SERIES, STEPS, chart, render
 
 _STEP_ROW = "INSERT INTO steps (run_id, name, result) VALUES (?, ?, ?)"
 
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = Path(args.out)
     if args.render:
-        write_outputs(out, read_results(args.render), render, write_chart, json_too=False)
+        write_outputs(out, read_results(args.render), render, chart, json_too=False)
         return 0
     log = progress(args.quiet)
     started = time.perf_counter()
@@ -173,6 +173,6 @@ def main(argv: list[str] | None = None) -> int:
         "python": sys.version.split()[0],
         "dir": str(workdir),
     }
-    write_outputs(out, {"results": results, "meta": meta}, render, write_chart)
+    write_outputs(out, {"results": results, "meta": meta}, render, chart)
     log(f"wrote {out}")
     return 0

@@ -14,6 +14,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .charts import Chart, write_chart
+
 REPORTS = Path(__file__).resolve().parents[1] / "reports"  # every study's default --out
 
 
@@ -21,16 +23,17 @@ def write_outputs(
     out: Path,
     results: dict[str, Any],
     render: Callable[[dict[str, Any], str], str],
-    chart: Callable[[dict[str, Any], Path], None] | None = None,
+    chart: Callable[[dict[str, Any]], Chart] | None = None,
     *,
     json_too: bool = True,
 ) -> None:
-    """``out`` (Markdown, from ``render(results, the chart's file name)``), its chart beside it
-    (``.svg``) and, with ``json_too``, the figures (``.json``)."""
+    """``out`` (Markdown, from ``render(results, the chart's file name)``), the chart that
+    ``chart(results)`` describes beside it (``.svg``) and, with ``json_too``, the figures
+    (``.json``)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     svg = out.with_suffix(".svg")
     if chart is not None:
-        chart(results, svg)
+        write_chart(svg, chart(results))
     out.write_text(render(results, svg.name), encoding="utf-8")
     if json_too:
         out.with_suffix(".json").write_text(

@@ -1,4 +1,4 @@
-"""The Markdown report and the SVG chart of ``python -m bench.horizon``, from its JSON figures.
+"""The Markdown report of ``python -m bench.horizon`` and what its chart shows, from its JSON figures.
 
 Every number in the text is computed here from the results; nothing is typed in by hand.
 """
@@ -6,8 +6,9 @@ Every number in the text is computed here from the results; nothing is typed in 
 from __future__ import annotations
 
 import statistics
-from pathlib import Path
 from typing import Any
+
+from ..harness.charts import Bar, Chart, Group, Panel
 
 DIMENSIONS = {
     "durability": ("none", "zincir"),
@@ -348,69 +349,37 @@ def _short(e: dict[str, Any]) -> str:
     return f"{d} · {e['context']} · {v}"
 
 
-def write_chart(r: dict[str, Any], path: Path) -> None:
-    """Five panels of horizontal bars, one row per combination: runs completed correctly, and the
-    medians (with a min-max line) of subtasks falsely believed done, duplicated effects, model calls
-    and model tokens."""
+def chart(r: dict[str, Any]) -> Chart:
+    """Five panels, one bar per combination: runs completed correctly, and the medians (with a
+    min-max whisker) of subtasks falsely believed done, duplicated effects, model calls and model
+    tokens."""
     combos = list(_combos(r).values())
     seeds = r["sizes"]["seeds"]
-    panels: list[tuple[str, str | None, float]] = [
-        (f"completed correctly (of {seeds})", None, 1.0),
-        ("falsely believed done", "falsely_believed", 1.0),
-        ("duplicated effects", "duplicates", 1.0),
-        ("model calls", "model_calls", 1.0),
-        ("model tokens (thousands)", "tokens", 1e-3),
+
+    def color(e: dict[str, Any]) -> str:
+        good = e["durability"] == "zincir" and e["context"] == "fresh" and e["verification"] == "verifier"
+        return "#2e8b57" if good else "#4a7ab5"
+
+    def panel(title: str, metric: str, scale: float = 1.0) -> Panel:
+        bars = []
+        for e in combos:
+            st = e["summary"][metric]
+            med = st["median"] * scale
+            text = f"{med:,.0f}" if metric != "tokens" or med >= 10 else f"{med:,.1f}"
+            bars.append(Bar(_short(e), med, color(e), st["min"] * scale, st["max"] * scale, text=text))
+        return Panel([Group(bars)], title=title, labels=False, width=110)
+
+    correct = [
+        Bar(_short(e), e["summary"]["correct"], color(e), text=f"{e['summary']['correct']}") for e in combos
     ]
-    left, panel_w, gap_x, bar_h, gap_y, top = 210, 150, 24, 16, 8, 58
-    width = left + len(panels) * (panel_w + gap_x) + 10
-    height = top + len(combos) * (bar_h + gap_y) + 30
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}"'
-        ' font-family="sans-serif" font-size="11">',
-        f'<rect width="{width}" height="{height}" fill="white"/>',
-        f'<text x="10" y="20" font-size="14">Long-horizon agent, {r["sizes"]["subtasks"]} subtasks,'
-        f" {r['sizes']['kills']} SIGKILLs per run: median over {seeds} seed{'s' if seeds != 1 else ''}"
-        " (line: min-max)</text>",
-    ]
-    for i, e in enumerate(combos):
-        y = top + i * (bar_h + gap_y)
-        parts.append(f'<text x="{left - 8}" y="{y + 12}" text-anchor="end">{_short(e)}</text>')
-    for k, (title, metric, scale) in enumerate(panels):
-        x0 = left + k * (panel_w + gap_x)
-        parts.append(f'<text x="{x0}" y="{top - 12}" font-weight="bold">{title}</text>')
-        if metric is None:
-            values = [
-                (e["summary"]["correct"], e["summary"]["correct"], e["summary"]["correct"]) for e in combos
-            ]
-            hi = float(seeds)
-        else:
-            values = [
-                (
-                    e["summary"][metric]["median"] * scale,
-                    e["summary"][metric]["min"] * scale,
-                    e["summary"][metric]["max"] * scale,
-                )
-                for e in combos
-            ]
-            hi = max([v[2] for v in values] + [1.0])
-        w = (panel_w - 40) / hi
-        bottom = top + len(combos) * (bar_h + gap_y) - gap_y
-        parts.append(f'<line x1="{x0}" y1="{top - 4}" x2="{x0}" y2="{bottom}" stroke="#888"/>')
-        for i, (med, lo, hi_v) in enumerate(values):
-            e = combos[i]
-            y = top + i * (bar_h + gap_y)
-            good = e["durability"] == "zincir" and e["context"] == "fresh" and e["verification"] == "verifier"
-            color = "#2e8b57" if good else "#4a7ab5"
-            parts.append(
-                f'<rect x="{x0}" y="{y}" width="{max(0.5, med * w):.1f}" height="{bar_h}" fill="{color}"/>'
-            )
-            if metric is not None and hi_v > lo:
-                mid = y + bar_h / 2
-                parts.append(
-                    f'<line x1="{x0 + lo * w:.1f}" y1="{mid}" x2="{x0 + hi_v * w:.1f}" y2="{mid}"'
-                    ' stroke="black"/>'
-                )
-            label = f"{med:,.0f}" if metric != "tokens" or med >= 10 else f"{med:,.1f}"
-            parts.append(f'<text x="{x0 + max(med, hi_v) * w + 4:.1f}" y="{y + 12}">{label}</text>')
-    parts.append("</svg>")
-    path.write_text("\n".join(parts) + "\n")
+    return Chart(
+        f"Long-horizon agent, {r['sizes']['subtasks']} subtasks, {r['sizes']['kills']} SIGKILLs per run:"
+        f" median over {seeds} seed{'s' if seeds != 1 else ''} (whiskers: min-max)",
+        [
+            Panel([Group(correct)], title=f"completed correctly (of {seeds})", top=float(seeds), width=110),
+            panel("falsely believed done", "falsely_believed"),
+            panel("duplicated effects", "duplicates"),
+            panel("model calls", "model_calls"),
+            panel("model tokens (thousands)", "tokens", 1e-3),
+        ],
+    )

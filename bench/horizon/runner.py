@@ -36,7 +36,7 @@ from ..harness.processes import ChildProcess
 from ..harness.reports import REPORTS, read_results, shown_command, write_outputs
 from ..harness.study import Log, progress, scratch
 from .agent import ModelParams, check, ledger_counts, ledger_lines, task_index
-from .report import render, write_chart
+from .report import chart, render
 
 
 @dataclass(frozen=True)
@@ -285,7 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     log = progress(opts.q)
     if opts.render:
-        write_outputs(out, read_results(opts.render), render, write_chart, json_too=False)
+        write_outputs(out, read_results(opts.render), render, chart, json_too=False)
         return 0
 
     sizes = Sizes.quick() if opts.quick else Sizes()
@@ -313,7 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "wall_seconds": time.monotonic() - started,
         "combinations": per_combo,
     }
-    write_outputs(out, results, render, write_chart)
+    write_outputs(out, results, render, chart)
     names = f"{out}, {out.with_suffix('.json').name} and {out.with_suffix('.svg').name}"
     log(f"wrote {names} in {results['wall_seconds']:.0f} s")
     return 0

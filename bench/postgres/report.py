@@ -1,16 +1,15 @@
-"""Render ``python -m bench.postgres``'s results: Markdown, and a chart as a standalone SVG.
+"""Render ``python -m bench.postgres``'s results: Markdown, and what its chart shows
+(``bench/harness/charts.py`` draws it).
 
-Every number here comes from the run that wrote the file. The chart is drawn by hand (plain
-SVG, no plotting library), so that the bench needs nothing beyond its peers.
+Every number here comes from the run that wrote the file.
 """
 
 from __future__ import annotations
 
 import math
-from html import escape
-from pathlib import Path
 from typing import Any
 
+from ..harness.charts import Bar, Chart, Group, Panel
 from ..harness.reports import fmt, median, met, ratio
 
 ZPG, DPG, ZSQ = "zincir (PostgreSQL)", "DBOS (PostgreSQL)", "zincir (SQLite)"
@@ -314,68 +313,29 @@ EXPLAIN_4 = [
 # -- the chart ----------------------------------------------------------------------------------------
 
 
-def _panel(
-    x0: float, title: str, unit: str, bars: list[tuple[str, float, str]], width: float = 300
-) -> list[str]:
-    top, height = 50.0, 220.0
-    out = [
-        f'<text x="{x0 + width / 2}" y="22" text-anchor="middle" font-weight="bold">{escape(title)}</text>',
-        f'<text x="{x0 + width / 2}" y="38" text-anchor="middle" fill="#555">{escape(unit)}</text>',
-        f'<line x1="{x0 + 10}" y1="{top + height}" x2="{x0 + width - 10}" y2="{top + height}"'
-        ' stroke="#333"/>',
-    ]
-    values = [v for _, v, _ in bars if not math.isnan(v)]
-    peak = max(values) if values else 1.0
-    n = max(1, len(bars))
-    slot = (width - 20) / n
-    for i, (label, value, color) in enumerate(bars):
-        x = x0 + 10 + i * slot + slot * 0.15
-        w = slot * 0.7
-        h = 0.0 if math.isnan(value) or peak <= 0 else height * value / peak
-        out.append(
-            f'<rect x="{x:.1f}" y="{top + height - h:.1f}" width="{w:.1f}" height="{h:.1f}" fill="{color}"/>'
-        )
-        out.append(
-            f'<text x="{x + w / 2:.1f}" y="{top + height - h - 4:.1f}" text-anchor="middle">'
-            f"{fmt(value)}</text>"
-        )
-        for k, part in enumerate(label.split(" (")):
-            text = part if k == 0 else f"({part}"
-            out.append(
-                f'<text x="{x + w / 2:.1f}" y="{top + height + 16 + 14 * k:.1f}" text-anchor="middle">'
-                f"{escape(text)}</text>"
-            )
-    return out
-
-
-def write_chart(res: dict[str, Any], path: Path) -> None:
+def chart(res: dict[str, Any]) -> Chart:
+    """Three panels: µs per sequential step, steps/s of the concurrent runs, worker processes'
+    runs/s; a bar per system (or per worker count)."""
     us, sps, workers = _medians(res)
-    panels = [
-        (
-            "1. sequential steps",
-            "µs/step, lower is better",
-            [(k, v, COLORS.get(k, "#888")) for k, v in us.items()],
-        ),
-        (
-            f"2. {res['sizes']['conc_runs']} concurrent runs",
-            "steps/s, higher is better",
-            [(k, v, COLORS.get(k, "#888")) for k, v in sps.items()],
-        ),
-        (
-            "4. worker processes",
-            "runs claimed+completed/s",
-            [(f"{p} proc", v, "#9467bd") for p, v in workers.items()],
-        ),
-    ]
-    width = 300
-    body = ['<rect width="100%" height="100%" fill="white"/>']
-    for i, (title, unit, bars) in enumerate(panels):
-        body.extend(_panel(i * (width + 20) + 10, title, unit, bars, width))
-    total_width = len(panels) * (width + 20) + 10
-    svg = (
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{total_width}" height="320"'
-        f' viewBox="0 0 {total_width} 320" font-family="sans-serif" font-size="12">\n'
-        + "\n".join(body)
-        + "\n</svg>\n"
+
+    def bars(values: dict[str, float], color: str | None = None) -> list[Group]:
+        return [Group([Bar(k, v, color or COLORS.get(k, "#888"), text=fmt(v)) for k, v in values.items()])]
+
+    return Chart(
+        "zincir on PostgreSQL beside DBOS on PostgreSQL and zincir on SQLite (medians)",
+        [
+            Panel(bars(us), title="1. sequential steps", note="µs/step, lower is better", width=200),
+            Panel(
+                bars(sps),
+                title=f"2. {res['sizes']['conc_runs']} concurrent runs",
+                note="steps/s, higher is better",
+                width=200,
+            ),
+            Panel(
+                bars({f"{p} proc": v for p, v in workers.items()}, "#9467bd"),
+                title="4. worker processes",
+                note="runs claimed+completed/s",
+                width=200,
+            ),
+        ],
     )
-    path.write_text(svg, encoding="utf-8")

@@ -42,7 +42,7 @@ from ..harness.server import (
     server_settings,
 )
 from ..harness.study import Log, installed, progress, rotated, scratch
-from .report import render, write_chart
+from .report import chart, render
 
 ZINCIR_PG = Spec("zincir (PostgreSQL)", "zincir")
 DBOS_PG = Spec("DBOS (PostgreSQL)", "dbos", "postgres", peer=True)
@@ -281,7 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     out = Path(args.out)
     if args.render:  # only redraw the report and the chart from a run's JSON
-        write_outputs(out, read_results(args.render), render, write_chart, json_too=False)
+        write_outputs(out, read_results(args.render), render, chart, json_too=False)
         return 0
     sizes = PgSizes.quick() if args.quick else PgSizes()
     if args.reps is not None:
@@ -348,7 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 results["workers"] = run_workers(admin_url, sizes, workdir, log, tag)
     results["total_seconds"] = time.perf_counter() - started
     results["loadavg_end"] = os.getloadavg()
-    write_outputs(out, results, render, write_chart)
+    write_outputs(out, results, render, chart)
     log(
         f"wrote {out}, {out.with_suffix('.json')} and {out.with_suffix('.svg')}"
         f" in {results['total_seconds']:.0f} s"

@@ -1,11 +1,11 @@
-"""The Markdown report and the SVG chart of ``python -m bench.recovery``, from its JSON figures."""
+"""The Markdown report of ``python -m bench.recovery`` and what its chart shows, from its JSON figures."""
 
 from __future__ import annotations
 
 import statistics
-from pathlib import Path
 from typing import Any
 
+from ..harness.charts import Bar, Chart, Group, Mark, Panel
 from .ledger import TOOL_AFTER_S, TOOL_BEFORE_S
 
 
@@ -188,41 +188,15 @@ def render(r: dict[str, Any], chart_name: str) -> str:
     return "\n".join(out)
 
 
-def write_chart(r: dict[str, Any], path: Path) -> None:
-    """Horizontal bars: median recovery time per row, a line from min to max, the 1 s target."""
-    rows = [(c["label"], c["seconds"]) for c in r["recovery"].values() if c["seconds"]]
-    width, left, bar_h, gap, top = 820, 330, 18, 10, 40
-    height = top + len(rows) * (bar_h + gap) + 40
-    hi = max([st["max"] for _, st in rows] + [r["targets"]["recovery_s"] * 1.2]) if rows else 1.5
-    scale = (width - left - 30) / hi
-
-    def x(v: float) -> float:
-        return left + v * scale
-
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}"'
-        ' font-family="sans-serif" font-size="12">',
-        f'<rect width="{width}" height="{height}" fill="white"/>',
-        '<text x="10" y="22" font-size="14">Recovery after a SIGKILL (lease_ttl=30):'
-        " median, min to max (s)</text>",
+def chart(r: dict[str, Any]) -> Chart:
+    """Median recovery time per configuration, min to max, and the 1 s target."""
+    bars = [
+        Bar(c["label"], st["median"], low=st["min"], high=st["max"], text=f"{st['median']:.3f}")
+        for c in r["recovery"].values()
+        if (st := c["seconds"])
     ]
-    for i, (label, st) in enumerate(rows):
-        y = top + i * (bar_h + gap)
-        parts.append(f'<text x="{left - 8}" y="{y + 13}" text-anchor="end">{label}</text>')
-        parts.append(
-            f'<rect x="{left}" y="{y}" width="{max(1.0, st["median"] * scale):.1f}" height="{bar_h}"'
-            ' fill="#4a7ab5"/>'
-        )
-        mid = y + bar_h / 2
-        parts.append(
-            f'<line x1="{x(st["min"]):.1f}" y1="{mid}" x2="{x(st["max"]):.1f}" y2="{mid}" stroke="black"/>'
-        )
-        parts.append(f'<text x="{x(st["max"]) + 6:.1f}" y="{y + 13}">{st["median"]:.3f}</text>')
-    t = x(r["targets"]["recovery_s"])
-    bottom = top + len(rows) * (bar_h + gap)
-    parts.append(
-        f'<line x1="{t:.1f}" y1="{top - 6}" x2="{t:.1f}" y2="{bottom}" stroke="#c33" stroke-dasharray="4 3"/>'
+    target = r["targets"]["recovery_s"]
+    return Chart(
+        "Recovery after a SIGKILL (lease_ttl=30): median, min to max (s)",
+        [Panel([Group(bars)], marks=[Mark(target, f"target {target:g} s")], width=460)],
     )
-    parts.append(f'<text x="{t + 4:.1f}" y="{bottom + 16}" fill="#c33">target 1 s</text>')
-    parts.append("</svg>")
-    path.write_text("\n".join(parts) + "\n")

@@ -40,7 +40,7 @@ from ..harness.reports import REPORTS, read_results, shown_command, write_output
 from ..harness.server import postgres_server, scratch_database
 from ..harness.study import Log, installed, progress, scratch
 from .ledger import ledger_counts, tool_steps
-from .report import render, write_chart
+from .report import chart, render
 
 RECOVERY_TARGET_S = 1.0
 
@@ -396,7 +396,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     out = Path(args.out)
     if args.render:
-        write_outputs(out, read_results(args.render), render, write_chart, json_too=False)
+        write_outputs(out, read_results(args.render), render, chart, json_too=False)
         return 0
     raw_argv = list(sys.argv[1:] if argv is None else argv)
     sizes = Sizes.quick() if args.quick else Sizes()
@@ -439,6 +439,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                     pg_url = stack.enter_context(postgres_server(args.url, work, log))
                 results["recovery"] = run_recovery(configs2, sizes, work, pg_url, rng, log)
     results["wall_seconds"] = time.monotonic() - started
-    write_outputs(out, results, render, write_chart)
+    write_outputs(out, results, render, chart)
     log(f"wrote {out} (+ .json, .svg) in {results['wall_seconds']:.0f} s")
     return 0

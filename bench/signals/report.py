@@ -1,14 +1,15 @@
-"""Render ``python -m bench.signals``'s results: Markdown, and a chart as a standalone SVG.
+"""Render ``python -m bench.signals``'s results: Markdown, and what its chart shows
+(``bench/harness/charts.py`` draws it).
 
-Every figure and every verdict comes from the run's JSON; the chart is plain SVG drawn here.
+Every figure and every verdict comes from the run's JSON.
 """
 
 from __future__ import annotations
 
 import math
-from html import escape
-from pathlib import Path
 from typing import Any
+
+from ..harness.charts import Bar, Chart, Group, Mark, Panel
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -313,79 +314,27 @@ BACKEND_NAMES = {"sqlite": "SQLite", "postgresql": "PostgreSQL"}
 COLORS = {"zincir": "#1f77b4", "dbos": "#d62728", "langgraph": "#2ca02c"}
 
 
-def write_chart(res: dict[str, Any], path: Path) -> None:
+def chart(res: dict[str, Any]) -> Chart:
+    """Latency per configuration (p50 solid, p99 pale behind it, log scale) with the targets; and
+    the throughput of the suspended runs per backend."""
     lat = list(res["latency"].values())
     tps = res.get("throughput", {})
-    row, top, label_w, plot_w = 26, 40, 250, 420
-    height = top + max(1, len(lat)) * row + 50
-    body = ['<rect width="100%" height="100%" fill="white"/>']
-    body.append(
-        '<text x="10" y="20" font-weight="bold">Signal latency, send → wait returned (ms, log scale):'
-        " p50 solid, p99 pale</text>"
-    )
-    values = [v for e in lat for v in (e["p50_ms"], e["p99_ms"]) if v > 0 and not math.isnan(v)]
-    lo = 10 ** math.floor(math.log10(min(values, default=1.0)))
-    top_value = max([*values, 60.0]) * 1.05
-    first = math.floor(math.log10(top_value))
-    hi = min(m * 10**e for e in (first, first + 1) for m in (1, 2, 5) if m * 10**e >= top_value)
-    x0 = 10 + label_w
-
-    def x(v: float) -> float:
-        v = min(max(v, lo), hi)
-        return x0 + plot_w * (math.log10(v) - math.log10(lo)) / (math.log10(hi) - math.log10(lo))
-
-    bottom = top + len(lat) * row
-    ticks, decade = [], lo
-    while decade <= hi * 1.001:
-        ticks.append(decade)
-        decade *= 10
-    if hi not in ticks and x(hi) - x(ticks[-1]) > 40:  # room for its label
-        ticks.append(hi)
-    for tick in ticks:
-        body.append(
-            f'<line x1="{x(tick):.1f}" y1="{top - 5}" x2="{x(tick):.1f}" y2="{bottom}" stroke="#ddd"/>'
-        )
-        body.append(f'<text x="{x(tick):.1f}" y="{bottom + 15}" text-anchor="middle">{tick:g}</text>')
-    body.append(f'<text x="{x0 + plot_w + 10}" y="{top - 8}" font-weight="bold">p50 / p99</text>')
-    for target, name in ((10.0, "10 ms"), (50.0, "50 ms")):
-        if lo <= target <= hi:
-            body.append(
-                f'<line x1="{x(target):.1f}" y1="{top - 5}" x2="{x(target):.1f}" y2="{bottom}"'
-                ' stroke="#444" stroke-dasharray="4,3"/>'
-            )
-            body.append(f'<text x="{x(target):.1f}" y="{top - 8}" text-anchor="middle">{name}</text>')
-    for i, e in enumerate(lat):
-        y = top + i * row
-        color = COLORS.get(e["system"], "#888")
-        body.append(f'<text x="{x0 - 6}" y="{y + 16}" text-anchor="end">{escape(e["label"])}</text>')
-        body.append(
-            f'<rect x="{x0}" y="{y + 4}" width="{max(0.5, x(e["p99_ms"]) - x0):.1f}" height="16"'
-            f' fill="{color}" opacity="0.3"/>'
-        )
-        body.append(
-            f'<rect x="{x0}" y="{y + 4}" width="{max(0.5, x(e["p50_ms"]) - x0):.1f}" height="16"'
-            f' fill="{color}"/>'
-        )
-        body.append(
-            f'<text x="{x0 + plot_w + 10}" y="{y + 16}">{_ms(e["p50_ms"])} / {_ms(e["p99_ms"])}</text>'
-        )
-    width = x0 + plot_w + 100
+    bars = [
+        Bar(e["label"], e["p50_ms"], COLORS.get(e["system"], "#888"), behind=e["p99_ms"],
+            text=f"{_ms(e['p50_ms'])} / {_ms(e['p99_ms'])}")
+        for e in lat
+    ]  # fmt: skip
+    targets = [Mark(10.0, "10 ms", "#444"), Mark(50.0, "50 ms", "#444")]
+    panels = [
+        Panel([Group(bars)], title="Latency, send → wait returned (ms, log scale)",
+              note="p50 solid, p99 pale; the figures: p50 / p99",
+              marks=targets, log=True, width=420)
+    ]  # fmt: skip
     if tps:
-        px, pw = width + 20, 220
-        body.append(f'<text x="{px}" y="20" font-weight="bold">Throughput (runs/s)</text>')
-        peak = max(tp["per_s"] for tp in tps.values())
-        for i, (backend, tp) in enumerate(tps.items()):
-            y = top + i * (row + 14)
-            w = pw * tp["per_s"] / peak if peak > 0 else 0
-            name = BACKEND_NAMES.get(backend, backend)
-            body.append(f'<text x="{px}" y="{y + 12}">zincir, {name}: {tp["runs"]:,} runs</text>')
-            body.append(f'<rect x="{px}" y="{y + 16}" width="{w:.1f}" height="14" fill="#9467bd"/>')
-            body.append(f'<text x="{px + w + 4:.1f}" y="{y + 28}">{tp["per_s"]:,.0f}</text>')
-        width = px + pw + 70
-    svg = (
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height}"'
-        f' viewBox="0 0 {width:.0f} {height}" font-family="sans-serif" font-size="12">\n'
-        + "\n".join(body)
-        + "\n</svg>\n"
-    )
-    path.write_text(svg, encoding="utf-8")
+        throughput = [
+            Bar(f"zincir, {BACKEND_NAMES.get(b, b)}: {tp['runs']:,} runs", tp["per_s"], "#9467bd",
+                text=f"{tp['per_s']:,.0f}")
+            for b, tp in tps.items()
+        ]  # fmt: skip
+        panels.append(Panel([Group(throughput)], title="Throughput", note="runs/s", width=160))
+    return Chart("Signals: how fast a send in one process wakes a wait in another", panels)

@@ -52,7 +52,7 @@ from ..harness.server import (
     xact_commits,
 )
 from ..harness.study import Log, choices, installed, progress, scratch
-from .report import render, summarize, write_chart
+from .report import chart, render, summarize
 
 BACKENDS = ("sqlite", "postgresql")
 SYSTEMS = ("zincir", "dbos", "langgraph")
@@ -370,7 +370,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     out = Path(args.out)
     if args.render:
-        write_outputs(out, read_results(args.render), render, write_chart, json_too=False)
+        write_outputs(out, read_results(args.render), render, chart, json_too=False)
         return 0
     sizes = SignalSizes.quick() if args.quick else SignalSizes()
     for name, attr in (
@@ -461,7 +461,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     results["total_seconds"] = time.perf_counter() - started
     results["loadavg_end"] = os.getloadavg()
-    write_outputs(out, results, render, write_chart)
+    write_outputs(out, results, render, chart)
     log(
         f"wrote {out}, {out.with_suffix('.json')} and {out.with_suffix('.svg')}"
         f" in {results['total_seconds']:.0f} s"
