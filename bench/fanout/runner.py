@@ -28,9 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import statistics
-import sys
 import time
 import uuid
 from collections.abc import Sequence
@@ -38,9 +36,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..harness.machine import describe, now, source_changes
+from ..harness import study
+from ..harness.machine import source_changes
 from ..harness.processes import ChildProcess
-from ..harness.reports import REPORTS, read_results, write_outputs
 from ..harness.server import (
     create_database,
     drop_database,
@@ -50,7 +48,6 @@ from ..harness.server import (
     server_settings,
     xact_commits,
 )
-from ..harness.study import Log, choices, installed, progress, scratch
 from .report import chart, render
 
 BACKENDS = ("sqlite", "postgresql")
@@ -182,59 +179,45 @@ class Host:
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.fanout",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = study.parser("python -m bench.fanout", __doc__, "fanout.md", server=True)
     add = parser.add_argument
-    add(
-        "--quick", action="store_true", help="tiny sizes (50 children, 1 rep): a smoke run, not a measurement"
-    )
-    add("--url", help="a PostgreSQL superuser URL (default: start a throwaway server)")
-    add("--out", default=str(REPORTS / "fanout.md"), help="Markdown report path")
     add("--systems", default=",".join(SYSTEMS), help="comma-separated subset of zincir,dbos")
     add("--configs", default=",".join(CONFIG_KEYS), help=f"comma-separated subset of {','.join(CONFIG_KEYS)}")
     add("--backends", default=",".join(BACKENDS), help="comma-separated subset of sqlite,postgresql")
-    add("--children", type=int, help="children per fan-out (1,000)")
+    add("--children", type=int, help="children per fan-out (1,000; --quick: 50, 1 rep)")
     add("--reps", type=int, help="timed repetitions per configuration (3)")
     add("--warmup", type=int, help="children in each configuration's warm-up fan-out (100; 0: none)")
     add("--max-concurrency", type=int, help="zincir's max_concurrency and DBOS's max_executor_threads (64)")
     add("--suspend-after", type=float, help="zincir's ResumeWorker(suspend_after=...) (30.0)")
     add("--writers", type=int, help="zincir's PostgreSQL writer connections (default: zincir's)")
-    add("--dir", help="directory for the databases and the server's data (default: .)")
-    add("--keep", action="store_true", help="keep the working directory (databases, logs)")
-    add("-q", "--quiet", action="store_true", help="no progress on stderr")
-    add("--render", metavar="JSON", help="measure nothing: redraw --out and its chart from a run's JSON")
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     out = Path(args.out)
-    if args.render:
-        write_outputs(out, read_results(args.render), render, chart, json_too=False)
+    if study.redraw(args, render, chart):
         return 0
     sizes = Sizes.quick() if args.quick else Sizes()
-    for name, attr in (
-        ("children", "children"),
-        ("reps", "reps"),
-        ("warmup", "warmup_children"),
-        ("max_concurrency", "max_concurrency"),
-        ("suspend_after", "suspend_after"),
-        ("writers", "writers"),
-    ):
-        if getattr(args, name) is not None:
-            setattr(sizes, attr, getattr(args, name))
+    study.override(
+        sizes,
+        args,
+        children="children",
+        reps="reps",
+        warmup="warmup_children",
+        max_concurrency="max_concurrency",
+        suspend_after="suspend_after",
+        writers="writers",
+    )
     if sizes.children < 1 or sizes.reps < 1 or sizes.warmup_children < 0:
         raise SystemExit("--children and --reps must be at least 1, --warmup at least 0")
-    systems = choices(args.systems, SYSTEMS, "systems")
-    wanted = choices(args.configs, CONFIG_KEYS, "configurations")
-    backends = choices(args.backends, BACKENDS, "backends")
-    missing = [s for s in systems if not installed(s)]
+    systems = study.choices(args.systems, SYSTEMS, "systems")
+    wanted = study.choices(args.configs, CONFIG_KEYS, "configurations")
+    backends = study.choices(args.backends, BACKENDS, "backends")
+    missing = [s for s in systems if not study.installed(s)]
 
     started = time.perf_counter()
-    log = progress(args.quiet)
+    log = study.progress(args.quiet)
 
     skipped: dict[str, str] = {}
     plan: dict[str, list[Config]] = {}
@@ -251,24 +234,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     tag = uuid.uuid4().hex[:8]
     wall_start = time.time()
-    with scratch(args.dir, "zincir-bench-fanout-", keep=args.keep, log=log) as workdir:
-        results: dict[str, Any] = {
-            "command": " ".join(["python -m bench.fanout", *(argv if argv is not None else sys.argv[1:])]),
-            "date": now(),
-            "quick": args.quick,
-            "sizes": asdict(sizes),
-            "target_ratio": TARGET_RATIO,
-            "configs": {c.key: {**asdict(c), "backends": list(c.backends)} for c in CONFIGS},
-            "machine": describe(workdir),
-            "external_server": bool(args.url),
-            "loadavg_start": os.getloadavg(),
-            "missing_peers": missing,
-            "skipped": skipped,
-            "processes": {},
-            "warmup": {},
-            "trials": {},
-            "profile": {},
-        }
+    with study.scratch(args.dir, "zincir-bench-fanout-", keep=args.keep, log=log) as workdir:
+        results = study.begin(
+            "python -m bench.fanout",
+            argv,
+            workdir,
+            quick=args.quick,
+            sizes=asdict(sizes),
+            target_ratio=TARGET_RATIO,
+            configs={c.key: {**asdict(c), "backends": list(c.backends)} for c in CONFIGS},
+            external_server=bool(args.url),
+            missing_peers=missing,
+            skipped=skipped,
+            processes={},
+            warmup={},
+            trials={},
+            profile={},
+        )
         with contextlib.ExitStack() as stack:
             admin_url = None
             if "postgresql" in plan:
@@ -276,16 +258,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 results["server"] = server_settings(admin_url)
             for backend, configs in plan.items():
                 run_backend(backend, configs, sizes, workdir, admin_url, tag, results, log)
-    results["total_seconds"] = time.perf_counter() - started
-    results["loadavg_end"] = os.getloadavg()
     results["source_changes"] = source_changes(wall_start, results["machine"].get("zincir_commit", ""))
     if results["source_changes"]:
         log(f"zincir's source changed during the run: {results['source_changes']}")
-    write_outputs(out, results, render, chart)
-    log(
-        f"wrote {out}, {out.with_suffix('.json')} and {out.with_suffix('.svg')} in"
-        f" {results['total_seconds']:.0f} s"
-    )
+    study.finish(out, results, render, chart, started=started, log=log)
     return 0
 
 
@@ -297,7 +273,7 @@ def run_backend(
     admin_url: str | None,
     tag: str,
     results: dict[str, Any],
-    log: Log,
+    log: study.Log,
 ) -> None:
     host = Host(backend, postmaster_pid(admin_url) if backend == "postgresql" and admin_url else None)
     databases: list[str] = []
@@ -350,8 +326,7 @@ def run_backend(
                     f" {answer['seconds']:.2f} s"
                 )
         for rep in range(sizes.reps):
-            turn = rep % len(configs)
-            for config in configs[turn:] + configs[:turn]:
+            for config in study.rotated(configs, rep):
                 answer = host.trial(config, sizes.children)
                 results["trials"].setdefault(f"{config.key}-{backend}", []).append(answer)
                 log(

@@ -21,7 +21,6 @@ All four on the same disk, WAL, ``synchronous=FULL``. Writes ``bench/reports/flo
 
 from __future__ import annotations
 
-import argparse
 import os
 import sqlite3
 import sys
@@ -31,9 +30,9 @@ from pathlib import Path
 
 import trio
 
+from ..harness import study
 from ..harness.machine import now
-from ..harness.reports import REPORTS, read_results, write_outputs
-from ..harness.study import Log, progress, rotated, scratch
+from ..harness.reports import write_outputs
 from ..systems.raw import RawSystem
 from ..systems.zincir import ZincirSystem
 from .report import RUNS, SERIES, STEPS, chart, render
@@ -107,7 +106,7 @@ async def _bare(conn: sqlite3.Connection, many: bool) -> float:
     return RUNS * STEPS / elapsed
 
 
-async def measure(workdir: Path, reps: int, log: Log) -> dict[str, list[float]]:
+async def measure(workdir: Path, reps: int, log: study.Log) -> dict[str, list[float]]:
     bare = _bare_file(workdir / "bare.db")
     raw = RawSystem("", str(workdir / "raw.db"), {})
     raw.open()
@@ -135,7 +134,7 @@ async def measure(workdir: Path, reps: int, log: Log) -> dict[str, list[float]]:
     }
     try:
         for rep in range(-1, reps):  # -1: the warm-up, not kept
-            for name in rotated(list(SERIES), rep):
+            for name in study.rotated(list(SERIES), rep):
                 value = await legs[name]()
                 if rep >= 0:
                     results[name].append(value)
@@ -148,22 +147,15 @@ async def measure(workdir: Path, reps: int, log: Log) -> dict[str, list[float]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.floor", description=__doc__.split("\n")[0])
+    parser = study.parser("python -m bench.floor", __doc__.split("\n")[0], "floor.md", quick=False)
     parser.add_argument("--reps", type=int, default=7, help="timed repetitions (7)")
-    parser.add_argument("--dir", default=".", help="directory for the databases (default: .)")
-    parser.add_argument("--out", default=str(REPORTS / "floor.md"), help="Markdown report path")
-    parser.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
-    parser.add_argument(
-        "--render", metavar="JSON", help="measure nothing: redraw --out and its chart from a run's JSON"
-    )
     args = parser.parse_args(argv)
     out = Path(args.out)
-    if args.render:
-        write_outputs(out, read_results(args.render), render, chart, json_too=False)
+    if study.redraw(args, render, chart):
         return 0
-    log = progress(args.quiet)
+    log = study.progress(args.quiet)
     started = time.perf_counter()
-    with scratch(args.dir, "zincir-floor-", keep=False, log=log) as workdir:
+    with study.scratch(args.dir, "zincir-floor-", keep=args.keep, log=log) as workdir:
         results = trio.run(measure, workdir, args.reps, log)
     meta = {
         "command": " ".join(["python -m bench.floor", *(sys.argv[1:] if argv is None else argv)]),

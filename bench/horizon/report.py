@@ -232,8 +232,7 @@ def render(r: dict[str, Any], chart_name: str) -> str:
     for e in combos.values():
         su = e["summary"]
         out.append(
-            f"| {NAMES[('durability', e['durability'])]} | {NAMES[('context', e['context'])]}"
-            f" | {NAMES[('verification', e['verification'])]} | **{su['correct']} of {su['seeds']}**"
+            f"{_dimensions(e)} | **{su['correct']} of {su['seeds']}**"
             f" | {_cell(su['falsely_believed'])} | {_cell(su['duplicates'])} | {_cell(su['model_calls'])}"
             f" | {_cell(su['tokens'], 0, 1e-3, 'k')} | {_cell(su['wall_s'], 1, 1.0, ' s')}"
             f" | {_cell(su['kills_landed'])} |"
@@ -261,8 +260,7 @@ def render(r: dict[str, Any], chart_name: str) -> str:
     for e in combos.values():
         su = e["summary"]
         out.append(
-            f"| {NAMES[('durability', e['durability'])]} | {NAMES[('context', e['context'])]}"
-            f" | {NAMES[('verification', e['verification'])]}"
+            f"{_dimensions(e)}"
             f" | {su['correct_uninterrupted']} of {su['seeds']}"
             f" | {_cell(su['falsely_believed_uninterrupted'])} | {_cell(su['model_calls_uninterrupted'])}"
             f" | {_cell(su['tokens_uninterrupted'], 0, 1e-3, 'k')}"
@@ -282,8 +280,7 @@ def render(r: dict[str, Any], chart_name: str) -> str:
     for e in combos.values():
         su = e["summary"]
         out.append(
-            f"| {NAMES[('durability', e['durability'])]} | {NAMES[('context', e['context'])]}"
-            f" | {NAMES[('verification', e['verification'])]} | {_cell(su['extra_calls'])}"
+            f"{_dimensions(e)} | {_cell(su['extra_calls'])}"
             f" | {_cell(su['wrong_writes'])} | {_cell(su['false_claims'])}"
             f" | {_cell(su['max_prompt_tokens'])} |"
         )
@@ -341,6 +338,13 @@ def render(r: dict[str, Any], chart_name: str) -> str:
         "",
     ]
     return "\n".join(out)
+
+
+def _dimensions(e: dict[str, Any]) -> str:
+    """A table row's first three cells: the combination's crash durability, context, verification."""
+    return " | ".join(
+        ["", *(NAMES[(dim, e[dim])] for dim in ("durability", "context", "verification"))]
+    ).lstrip()
 
 
 def _short(e: dict[str, Any]) -> str:

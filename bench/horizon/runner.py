@@ -21,7 +21,6 @@ beforehand). Writes
 
 from __future__ import annotations
 
-import argparse
 import random
 import statistics
 import sys
@@ -31,10 +30,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..harness import study
 from ..harness.machine import brief
 from ..harness.processes import ChildProcess
-from ..harness.reports import REPORTS, read_results, shown_command, write_outputs
-from ..harness.study import Log, progress, scratch
+from ..harness.reports import shown_command, write_outputs
 from .agent import ModelParams, check, ledger_counts, ledger_lines, task_index
 from .report import chart, render
 
@@ -238,7 +237,7 @@ def summarize(trials: list[dict[str, Any]], base: list[dict[str, Any]]) -> dict[
 
 
 def run_all(
-    combos: Sequence[Combo], seeds: Sequence[int], sizes: Sizes, work: Path, log: Log
+    combos: Sequence[Combo], seeds: Sequence[int], sizes: Sizes, work: Path, log: study.Log
 ) -> dict[str, Any]:
     results: dict[str, Any] = {
         c.key: {"label": c.label, **asdict(c), "trials": [], "uninterrupted": []} for c in combos
@@ -269,29 +268,21 @@ def run_all(
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="python -m bench.horizon", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run, not a measurement")
-    parser.add_argument("--subtasks", type=int, help="subtasks per run (default 40)")
-    parser.add_argument("--seeds", type=int, help="seeds 0..N-1 (default 6)")
-    parser.add_argument("--kills", type=int, help="SIGKILLs per killed run (default 3)")
-    parser.add_argument("--only", help="comma-separated combination keys, e.g. zincir-fresh-verifier")
-    parser.add_argument("--out", default=str(REPORTS / "horizon.md"))
-    parser.add_argument("--dir", help="where the runs' files go (default: a temporary directory here)")
-    parser.add_argument("--keep", action="store_true", help="keep the runs' files")
-    parser.add_argument("--render", help="measure nothing: redraw the report and chart from this JSON")
-    parser.add_argument("-q", action="store_true", help="no progress output")
+    parser = study.parser("python -m bench.horizon", __doc__.split("\n\n")[0], "horizon.md")
+    add = parser.add_argument
+    add("--subtasks", type=int, help="subtasks per run (default 40)")
+    add("--seeds", type=int, help="seeds 0..N-1 (default 6)")
+    add("--kills", type=int, help="SIGKILLs per killed run (default 3)")
+    add("--only", help="comma-separated combination keys, e.g. zincir-fresh-verifier")
     opts = parser.parse_args(argv)
     out = Path(opts.out)
 
-    log = progress(opts.q)
-    if opts.render:
-        write_outputs(out, read_results(opts.render), render, chart, json_too=False)
+    log = study.progress(opts.quiet)
+    if study.redraw(opts, render, chart):
         return 0
 
     sizes = Sizes.quick() if opts.quick else Sizes()
-    for name in ("subtasks", "seeds", "kills"):
-        if getattr(opts, name) is not None:
-            setattr(sizes, name, getattr(opts, name))
+    study.override(sizes, opts, subtasks="subtasks", seeds="seeds", kills="kills")
     combos = list(COMBOS)
     if opts.only:
         wanted = opts.only.split(",")
@@ -300,7 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"unknown combinations: {', '.join(sorted(unknown))}")
         combos = [c for c in COMBOS if c.key in wanted]
     started = time.monotonic()
-    with scratch(opts.dir, "horizon-", keep=opts.keep, log=log) as work:
+    with study.scratch(opts.dir, "horizon-", keep=opts.keep, log=log) as work:
         log(
             f"bench.horizon: {len(combos)} combinations x {sizes.seeds} seeds, {sizes.subtasks} subtasks,"
             f" {sizes.kills} SIGKILLs per killed run; files in {work}"

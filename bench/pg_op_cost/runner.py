@@ -21,7 +21,6 @@ time is per write, commit (fsync) included. Writes ``bench/reports/pg-op-cost.md
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import select
 import statistics
@@ -36,10 +35,10 @@ from psycopg import pq
 
 from zincir._postgres._connection import PostgresSession
 
+from ..harness import study
 from ..harness.machine import now
-from ..harness.reports import REPORTS, shown_command, write_outputs
+from ..harness.reports import shown_command, write_outputs
 from ..harness.server import postgres_server, scratch_database, server_settings
-from ..harness.study import progress, rotated, scratch
 from .report import ZINCIR, render
 
 LOCK = "SELECT epoch FROM bench_runs WHERE id = %s FOR NO KEY UPDATE"
@@ -189,7 +188,7 @@ def _compare(variants: dict[str, Write], ops: int, rounds: int, log: Callable[[s
         measure(write, 200)
     samples: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
     for r in range(rounds):
-        for name in rotated(list(variants), r):
+        for name in study.rotated(list(variants), r):
             samples[name].append(measure(variants[name], ops))
         log(
             f"round {r + 1}/{rounds}: " + ", ".join(f"{n} {samples[n][-1][0] * 1e6:.0f} us" for n in variants)
@@ -206,15 +205,16 @@ def _compare(variants: dict[str, Write], ops: int, rounds: int, log: Callable[[s
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.pg_op_cost", description=__doc__.split("\n")[0])
-    parser.add_argument("--url", help="a PostgreSQL superuser URL (default: start a throwaway server)")
+    parser = study.parser(
+        "python -m bench.pg_op_cost", __doc__.split("\n")[0], "pg-op-cost.md", quick=False, server=True
+    )
     parser.add_argument("--ops", type=int, default=2000, help="writes per variant per round (2,000)")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (5)")
-    parser.add_argument("--dir", default=".", help="directory for the throwaway server's data")
-    parser.add_argument("--out", default=str(REPORTS / "pg-op-cost.md"))
-    parser.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     args = parser.parse_args(argv)
-    log = progress(args.quiet)
+    out = Path(args.out)
+    if study.redraw(args, render):
+        return 0
+    log = study.progress(args.quiet)
     saved: dict[str, Any] = {
         "command": shown_command("python -m bench.pg_op_cost", sys.argv[1:] if argv is None else argv),
         "date": now(),
@@ -224,12 +224,12 @@ def main(argv: list[str] | None = None) -> int:
         "psycopg": psycopg.__version__,
     }
     with (
-        scratch(args.dir, "zincir-op-cost-", keep=False, log=log) as workdir,
+        study.scratch(args.dir, "zincir-op-cost-", keep=args.keep, log=log) as workdir,
         postgres_server(args.url, workdir, log) as admin,
         scratch_database(admin, "bench_op_cost") as url,
     ):
         saved["variants"] = run(url, args.ops, args.rounds, log)
         saved["settings"] = server_settings(url)
-    write_outputs(Path(args.out), saved, render)
-    log(f"wrote {args.out}")
+    write_outputs(out, saved, render)
+    log(f"wrote {out}")
     return 0

@@ -18,8 +18,6 @@ imported only there, so without it installed the zincir parts still run (``--sys
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 import uuid
 from collections.abc import Sequence
@@ -29,9 +27,9 @@ from typing import Any
 
 from ..compare import comparisons
 from ..compare.comparisons import Spec
-from ..harness.machine import describe, now
+from ..harness import study
 from ..harness.processes import ChildProcess, run_module
-from ..harness.reports import REPORTS, median, read_results, write_outputs
+from ..harness.reports import median
 from ..harness.server import (
     create_database,
     drop_database,
@@ -41,7 +39,6 @@ from ..harness.server import (
     server_cpu,
     server_settings,
 )
-from ..harness.study import Log, installed, progress, rotated, scratch
 from .report import chart, render
 
 ZINCIR_PG = Spec("zincir (PostgreSQL)", "zincir")
@@ -164,10 +161,10 @@ def _fmt_opt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}"
 
 
-def run_workers(admin_url: str, sizes: PgSizes, workdir: Path, log: Log, tag: str) -> dict[str, Any]:
+def run_workers(admin_url: str, sizes: PgSizes, workdir: Path, log: study.Log, tag: str) -> dict[str, Any]:
     trials: dict[str, list[dict[str, Any]]] = {str(p): [] for p in sizes.worker_procs}
     for rep in range(sizes.worker_reps):
-        for procs in rotated(list(sizes.worker_procs), rep):
+        for procs in study.rotated(list(sizes.worker_procs), rep):
             trial = worker_trial(admin_url, procs, sizes, workdir, f"{tag}_{rep}_{procs}")
             trials[str(procs)].append(trial)
             log(
@@ -204,7 +201,7 @@ def steps_and_concurrency(
     specs: list[Spec],
     sizes: PgSizes,
     workdir: Path,
-    log: Log,
+    log: study.Log,
     only: set[str],
     writers: int | None,
     tag: str,
@@ -246,63 +243,42 @@ def steps_and_concurrency(
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.postgres",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run, not a measurement")
-    parser.add_argument("--url", help="a PostgreSQL superuser URL (default: start a throwaway server)")
-    parser.add_argument("--out", default=str(REPORTS / "postgres.md"), help="Markdown report path")
-    parser.add_argument("--systems", default="zincir,dbos", help="comma-separated subset of zincir,dbos")
-    parser.add_argument("--only", default="1,2,3,4", help="comma-separated comparisons to run (1-4)")
-    parser.add_argument("--reps", type=int, help="repetitions of comparisons 1 and 2 (after the warm-up)")
-    parser.add_argument("--steps", type=int, help="steps of the sequential run of comparison 1 (1000)")
-    parser.add_argument("--worker-runs", type=int, help="due runs in comparison 4 (default 10,000)")
-    parser.add_argument("--workers", help="worker process counts in comparison 4 (default 1,2,3)")
-    parser.add_argument("--worker-reps", type=int, help="repetitions of comparison 4 (default 3)")
-    parser.add_argument(
-        "--worker-concurrency", type=int, help="max_concurrency of each ResumeWorker (default 32)"
-    )
-    parser.add_argument(
-        "--writers", type=int, help="zincir's PostgreSQL writer connections (default: zincir's, 2)"
-    )
-    parser.add_argument("--dir", help="directory for the server's data and the SQLite files (default: .)")
-    parser.add_argument("--keep", action="store_true", help="keep the working directory (logs) afterwards")
-    parser.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
-    parser.add_argument("--no-profile", action="store_true", help="skip python -m bench.profile_pg")
-    parser.add_argument(
-        "--render", metavar="JSON", help="measure nothing: redraw --out and its chart from a run's JSON"
-    )
+    parser = study.parser("python -m bench.postgres", __doc__, "postgres.md", server=True)
+    add = parser.add_argument
+    add("--systems", default="zincir,dbos", help="comma-separated subset of zincir,dbos")
+    add("--only", default="1,2,3,4", help="comma-separated comparisons to run (1-4)")
+    add("--reps", type=int, help="repetitions of comparisons 1 and 2 (after the warm-up)")
+    add("--steps", type=int, help="steps of the sequential run of comparison 1 (1000)")
+    add("--worker-runs", type=int, help="due runs in comparison 4 (default 10,000)")
+    add("--workers", help="worker process counts in comparison 4 (default 1,2,3)")
+    add("--worker-reps", type=int, help="repetitions of comparison 4 (default 3)")
+    add("--worker-concurrency", type=int, help="max_concurrency of each ResumeWorker (default 32)")
+    add("--writers", type=int, help="zincir's PostgreSQL writer connections (default: zincir's, 2)")
+    add("--no-profile", action="store_true", help="skip python -m bench.micro.profile_pg")
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     out = Path(args.out)
-    if args.render:  # only redraw the report and the chart from a run's JSON
-        write_outputs(out, read_results(args.render), render, chart, json_too=False)
+    if study.redraw(args, render, chart):
         return 0
     sizes = PgSizes.quick() if args.quick else PgSizes()
     if args.reps is not None:
         sizes.step_reps = sizes.conc_reps = args.reps
-    if args.steps is not None:
-        sizes.step_n = args.steps
-    if args.worker_runs is not None:
-        sizes.worker_runs = args.worker_runs
+    study.override(
+        sizes,
+        args,
+        steps="step_n",
+        worker_runs="worker_runs",
+        worker_reps="worker_reps",
+        worker_concurrency="worker_concurrency",
+    )
     if args.workers:
         sizes.worker_procs = [int(p) for p in args.workers.split(",") if p.strip()]
-    if args.worker_reps is not None:
-        sizes.worker_reps = args.worker_reps
-    if args.worker_concurrency is not None:
-        sizes.worker_concurrency = args.worker_concurrency
-    wanted = [s.strip() for s in args.systems.split(",") if s.strip()]
-    if set(wanted) - set(SYSTEMS):
-        raise SystemExit(f"unknown systems: {', '.join(sorted(set(wanted) - set(SYSTEMS)))}")
-    only = {c.strip() for c in args.only.split(",") if c.strip()}
-    if only - set(COMPARISONS):
-        raise SystemExit("--only takes numbers from 1 to 4")
-    missing = [s for s in wanted if not installed(s)]
+    wanted = study.choices(args.systems, list(SYSTEMS), "systems")
+    only = set(study.choices(args.only, COMPARISONS, "comparisons"))
+    missing = [s for s in wanted if not study.installed(s)]
     specs = [spec for s in ("zincir", "dbos") if s in wanted and s not in missing for spec in SYSTEMS[s]]
     if "3" not in only:
         specs = [s for s in specs if s is not ZINCIR_SQLITE]
@@ -310,25 +286,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         only |= {"1", "2"}  # 3 is the ratio of zincir's two backends in 1 and 2
 
     started = time.perf_counter()
-    log = progress(args.quiet)
+    log = study.progress(args.quiet)
     if missing:
         log(f"not installed, skipped: {', '.join(missing)}")
-    with scratch(args.dir, "zincir-bench-pg-", keep=args.keep, log=log) as workdir:
-        results: dict[str, Any] = {
-            "command": " ".join(["python -m bench.postgres", *(argv if argv is not None else sys.argv[1:])]),
-            "date": now(),
-            "quick": args.quick,
-            "sizes": asdict(sizes),
-            "machine": describe(workdir),
-            "external_server": bool(args.url),
-            "loadavg_start": os.getloadavg(),
-            "missing_peers": missing,
-            "writers": args.writers,
-            "settings": {},
-            "per_step": {"us_per_step": {}},
-            "concurrent": {"steps_per_s": {}},
-            "workers": {},
-        }
+    with study.scratch(args.dir, "zincir-bench-pg-", keep=args.keep, log=log) as workdir:
+        results = study.begin(
+            "python -m bench.postgres",
+            argv,
+            workdir,
+            quick=args.quick,
+            sizes=asdict(sizes),
+            external_server=bool(args.url),
+            missing_peers=missing,
+            writers=args.writers,
+            settings={},
+            per_step={"us_per_step": {}},
+            concurrent={"steps_per_s": {}},
+            workers={},
+        )
         with postgres_server(args.url, workdir, log) as admin_url:
             results["server"] = server_settings(admin_url)
             # A tag of this run in every database name: several runs may share a --url server.
@@ -346,11 +321,5 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f" max_concurrency={sizes.worker_concurrency} each"
                 )
                 results["workers"] = run_workers(admin_url, sizes, workdir, log, tag)
-    results["total_seconds"] = time.perf_counter() - started
-    results["loadavg_end"] = os.getloadavg()
-    write_outputs(out, results, render, chart)
-    log(
-        f"wrote {out}, {out.with_suffix('.json')} and {out.with_suffix('.svg')}"
-        f" in {results['total_seconds']:.0f} s"
-    )
+    study.finish(out, results, render, chart, started=started, log=log)
     return 0

@@ -14,13 +14,13 @@ DBOS recovers a PENDING workflow of its executor when a process calls ``DBOS.lau
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from typing import Any
 
 from dbos import DBOS, SetWorkflowID
 
 from ..harness.child import Channel
+from ..systems.common import wal_connections
 from .ledger import TOOL_AFTER_S, TOOL_BEFORE_S, append_line, is_tool_step
 
 _ledger = ""
@@ -74,19 +74,13 @@ def paced_wf(max_steps: int) -> int:
 
 
 def _configure(db: str) -> None:
-    def creator() -> sqlite3.Connection:
-        conn = sqlite3.connect(db, check_same_thread=False)
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("PRAGMA synchronous = FULL")
-        return conn
-
     DBOS(
         config={  # type: ignore[arg-type]
             "name": "zincir-bench-recovery",
             "system_database_url": f"sqlite:///{db}",
             "log_level": "WARNING",
             "executor_id": "local",
-            "db_engine_kwargs": {"creator": creator},
+            "db_engine_kwargs": {"creator": wal_connections(db)},
         }
     )
 

@@ -34,11 +34,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ..harness import study
 from ..harness.machine import brief
 from ..harness.processes import ChildProcess
-from ..harness.reports import REPORTS, read_results, shown_command, write_outputs
+from ..harness.reports import shown_command, write_outputs
 from ..harness.server import postgres_server, scratch_database
-from ..harness.study import Log, installed, progress, scratch
 from .ledger import ledger_counts, tool_steps
 from .report import chart, render
 
@@ -208,7 +208,7 @@ def dup_trial(cfg: DupConfig, sizes: Sizes, work: Path, trial: str, delay: float
 
 
 def run_duplicates(
-    configs: list[DupConfig], sizes: Sizes, work: Path, rng: random.Random, log: Log
+    configs: list[DupConfig], sizes: Sizes, work: Path, rng: random.Random, log: study.Log
 ) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for cfg in configs:
@@ -319,7 +319,7 @@ def rec_trial(
 
 
 def recovery_trials(
-    cfg: RecConfig, sizes: Sizes, db: str, work: Path, rng: random.Random, log: Log
+    cfg: RecConfig, sizes: Sizes, db: str, work: Path, rng: random.Random, log: study.Log
 ) -> list[dict[str, Any]]:
     """``--recovery-kills`` kills of a run recovered as ``cfg`` says; for a ResumeWorker, one
     that runs in its own process throughout."""
@@ -342,7 +342,7 @@ def recovery_trials(
 
 
 def run_recovery(
-    configs: list[RecConfig], sizes: Sizes, work: Path, pg_url: str | None, rng: random.Random, log: Log
+    configs: list[RecConfig], sizes: Sizes, work: Path, pg_url: str | None, rng: random.Random, log: study.Log
 ) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for cfg in configs:
@@ -375,41 +375,31 @@ def run_recovery(
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.recovery", description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run, not a measurement")
-    p.add_argument("--systems", default="zincir,dbos,langgraph", help="subset of zincir,dbos,langgraph")
-    p.add_argument("--backends", default="sqlite,postgresql", help="recovery time on sqlite,postgresql")
-    p.add_argument("--only", default="1,2", help="1 (duplicates), 2 (recovery time)")
-    p.add_argument("--kills", type=int, help="kills per system in 1")
-    p.add_argument("--recovery-kills", type=int, help="kills per configuration in 2")
-    p.add_argument("--seed", type=int, default=18)
-    p.add_argument("--url", help="a PostgreSQL superuser URL (default: start a throwaway server)")
-    p.add_argument("--dir", default=".", help="where the scratch directory goes (default: here)")
-    p.add_argument("--out", default=str(REPORTS / "recovery.md"))
-    p.add_argument("--keep", action="store_true", help="keep the scratch directory")
-    p.add_argument("-q", "--quiet", action="store_true")
-    p.add_argument("--render", metavar="JSON", help="only redraw the report and chart from a run's JSON")
-    return p.parse_args(argv)
+    parser = study.parser("python -m bench.recovery", __doc__.split("\n\n")[0], "recovery.md", server=True)
+    add = parser.add_argument
+    add("--systems", default="zincir,dbos,langgraph", help="subset of zincir,dbos,langgraph")
+    add("--backends", default="sqlite,postgresql", help="recovery time on sqlite,postgresql")
+    add("--only", default="1,2", help="1 (duplicates), 2 (recovery time)")
+    add("--kills", type=int, help="kills per system in 1")
+    add("--recovery-kills", type=int, help="kills per configuration in 2")
+    add("--seed", type=int, default=18, help="seed of the kill moments (18)")
+    return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     out = Path(args.out)
-    if args.render:
-        write_outputs(out, read_results(args.render), render, chart, json_too=False)
+    if study.redraw(args, render, chart):
         return 0
     raw_argv = list(sys.argv[1:] if argv is None else argv)
     sizes = Sizes.quick() if args.quick else Sizes()
-    if args.kills is not None:
-        sizes.kills = args.kills
-    if args.recovery_kills is not None:
-        sizes.recovery_kills = args.recovery_kills
-    log = progress(args.quiet)
+    study.override(sizes, args, kills="kills", recovery_kills="recovery_kills")
+    log = study.progress(args.quiet)
     wanted = [s.strip() for s in args.systems.split(",") if s.strip()]
     skipped: dict[str, str] = {}
     systems = []
     for s in wanted:
-        if installed(s):
+        if study.installed(s):
             systems.append(s)
         else:
             skipped[s] = f"`{s}` is not installed in this interpreter ({sys.executable})"
@@ -426,7 +416,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "recovery": {},
         "targets": {"duplicates_with_reconcile": 0, "recovery_s": RECOVERY_TARGET_S},
     }
-    with scratch(args.dir, "bench-recovery-", keep=args.keep, log=log) as work:
+    with study.scratch(args.dir, "bench-recovery-", keep=args.keep, log=log) as work:
         if "1" in parts:
             configs = [c for c in DUP_CONFIGS if c.system in systems]
             log(f"1. duplicates: {', '.join(c.label for c in configs)}")

@@ -30,9 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
-import os
 import random
-import sys
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -40,9 +38,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..harness.machine import describe, now
+from ..harness import study
 from ..harness.processes import ChildProcess, process_cpu
-from ..harness.reports import REPORTS, read_results, write_outputs
 from ..harness.server import (
     postgres_server,
     postmaster_pid,
@@ -51,7 +48,6 @@ from ..harness.server import (
     server_settings,
     xact_commits,
 )
-from ..harness.study import Log, choices, installed, progress, scratch
 from .report import chart, render, summarize
 
 BACKENDS = ("sqlite", "postgresql")
@@ -73,6 +69,11 @@ class Config:
     suspended: bool = False
 
 
+IN_PROCESS_HOW = "`open_run` block in `run.wait_for_signal`; sender `zincir.send_signal`"
+SUSPENDED_HOW = (
+    "`ResumeWorker(suspend_after=0.0, poll_interval=1.0)` handler in `run.wait_for_signal`,"
+    " suspended before the send; latency ends in the re-claimed handler"
+)
 DBOS_HOW = (
     "workflow in `DBOS.recv(topic, timeout_seconds=600)`; sender `DBOS.send(workflow_id, message, topic)`"
 )
@@ -83,7 +84,7 @@ CONFIGS = (
         "zincir",
         "sqlite",
         "inprocess",
-        "`open_run` block in `run.wait_for_signal`; sender `zincir.send_signal`",
+        IN_PROCESS_HOW,
         IN_PROCESS_TARGET_MS,
     ),
     Config(
@@ -92,7 +93,7 @@ CONFIGS = (
         "zincir",
         "postgresql",
         "inprocess",
-        "`open_run` block in `run.wait_for_signal`; sender `zincir.send_signal`",
+        IN_PROCESS_HOW,
         IN_PROCESS_TARGET_MS,
     ),
     Config(
@@ -101,8 +102,7 @@ CONFIGS = (
         "zincir",
         "sqlite",
         "worker",
-        "`ResumeWorker(suspend_after=0.0, poll_interval=1.0)` handler in `run.wait_for_signal`,"
-        " suspended before the send; latency ends in the re-claimed handler",
+        SUSPENDED_HOW,
         SUSPENDED_TARGET_MS,
         suspended=True,
     ),
@@ -112,8 +112,7 @@ CONFIGS = (
         "zincir",
         "postgresql",
         "worker",
-        "`ResumeWorker(suspend_after=0.0, poll_interval=1.0)` handler in `run.wait_for_signal`,"
-        " suspended before the send; latency ends in the re-claimed handler",
+        SUSPENDED_HOW,
         SUSPENDED_TARGET_MS,
         suspended=True,
     ),
@@ -188,7 +187,7 @@ def resumed_at(waiter: ChildProcess, ids: list[str], timeout: float) -> dict[str
 
 
 def latency_config(
-    config: Config, target: str, sizes: SignalSizes, workdir: Path, rng: random.Random, log: Log
+    config: Config, target: str, sizes: SignalSizes, workdir: Path, rng: random.Random, log: study.Log
 ) -> dict[str, Any]:
     options = {
         "max_concurrency": max(32, 2 * sizes.lanes),
@@ -268,7 +267,7 @@ def _cpu(worker: ChildProcess, sender: ChildProcess, postmaster: int | None) -> 
 
 
 def throughput_trial(
-    backend: str, target: str, sizes: SignalSizes, workdir: Path, log: Log
+    backend: str, target: str, sizes: SignalSizes, workdir: Path, log: study.Log
 ) -> dict[str, Any]:
     log_path = workdir / f"throughput-{backend}.log"
     options = {
@@ -339,15 +338,8 @@ def throughput_trial(
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.signals",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = study.parser("python -m bench.signals", __doc__, "signals.md", server=True)
     add = parser.add_argument
-    add("--quick", action="store_true", help="tiny sizes: a smoke run, not a measurement")
-    add("--url", help="a PostgreSQL superuser URL (default: start a throwaway server)")
-    add("--out", default=str(REPORTS / "signals.md"), help="Markdown report path")
     add("--systems", default=",".join(SYSTEMS), help="comma-separated subset of zincir,dbos,langgraph")
     add("--backends", default=",".join(BACKENDS), help="comma-separated subset of sqlite,postgresql")
     add("--only", default=",".join(PARTS), help="latency, throughput or both")
@@ -359,39 +351,34 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--senders", type=int, help="concurrent sending tasks in the throughput trial (128)")
     add("--writers", type=int, help="zincir's PostgreSQL writer connections (default: zincir's)")
     add("--seed", type=int, default=15, help="seed of the send moments")
-    add("--dir", help="directory for the databases and the server's data (default: .)")
-    add("--keep", action="store_true", help="keep the working directory (databases, logs)")
-    add("-q", "--quiet", action="store_true", help="no progress on stderr")
-    add("--render", metavar="JSON", help="measure nothing: redraw --out and its chart from a run's JSON")
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     out = Path(args.out)
-    if args.render:
-        write_outputs(out, read_results(args.render), render, chart, json_too=False)
+    if study.redraw(args, render, chart):
         return 0
     sizes = SignalSizes.quick() if args.quick else SignalSizes()
-    for name, attr in (
-        ("samples", "samples"),
-        ("lanes", "lanes"),
-        ("spread", "spread"),
-        ("runs", "throughput_runs"),
-        ("max_concurrency", "max_concurrency"),
-        ("senders", "senders"),
-        ("writers", "writers"),
-    ):
-        if getattr(args, name) is not None:
-            setattr(sizes, attr, getattr(args, name))
-    systems = choices(args.systems, SYSTEMS, "systems")
-    backends = choices(args.backends, BACKENDS, "backends")
-    parts = choices(args.only, PARTS, "parts")
-    missing = [s for s in systems if not installed(s)]
+    study.override(
+        sizes,
+        args,
+        samples="samples",
+        lanes="lanes",
+        spread="spread",
+        runs="throughput_runs",
+        max_concurrency="max_concurrency",
+        senders="senders",
+        writers="writers",
+    )
+    systems = study.choices(args.systems, SYSTEMS, "systems")
+    backends = study.choices(args.backends, BACKENDS, "backends")
+    parts = study.choices(args.only, PARTS, "parts")
+    missing = [s for s in systems if not study.installed(s)]
     rng = random.Random(args.seed)
 
     started = time.perf_counter()
-    log = progress(args.quiet)
+    log = study.progress(args.quiet)
 
     skipped: dict[str, str] = {}
     configs: list[Config] = []
@@ -409,21 +396,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     needs_pg = any(c.backend == "postgresql" for c in configs) or "postgresql" in tp_backends
     tag = uuid.uuid4().hex[:8]
-    with scratch(args.dir, "zincir-bench-signals-", keep=args.keep, log=log) as workdir:
-        results: dict[str, Any] = {
-            "command": " ".join(["python -m bench.signals", *(argv if argv is not None else sys.argv[1:])]),
-            "date": now(),
-            "quick": args.quick,
-            "sizes": asdict(sizes),
-            "seed": args.seed,
-            "machine": describe(workdir),
-            "external_server": bool(args.url),
-            "loadavg_start": os.getloadavg(),
-            "missing_peers": missing,
-            "skipped": skipped,
-            "latency": {},
-            "throughput": {},
-        }
+    with study.scratch(args.dir, "zincir-bench-signals-", keep=args.keep, log=log) as workdir:
+        results = study.begin(
+            "python -m bench.signals",
+            argv,
+            workdir,
+            quick=args.quick,
+            sizes=asdict(sizes),
+            seed=args.seed,
+            external_server=bool(args.url),
+            missing_peers=missing,
+            skipped=skipped,
+            latency={},
+            throughput={},
+        )
         with contextlib.ExitStack() as stack:
             admin_url = stack.enter_context(postgres_server(args.url, workdir, log)) if needs_pg else None
             if admin_url is not None:
@@ -459,11 +445,5 @@ def main(argv: Sequence[str] | None = None) -> int:
                 with database(f"throughput-{backend}", backend) as db_target:
                     results["throughput"][backend] = throughput_trial(backend, db_target, sizes, workdir, log)
 
-    results["total_seconds"] = time.perf_counter() - started
-    results["loadavg_end"] = os.getloadavg()
-    write_outputs(out, results, render, chart)
-    log(
-        f"wrote {out}, {out.with_suffix('.json')} and {out.with_suffix('.svg')}"
-        f" in {results['total_seconds']:.0f} s"
-    )
+    study.finish(out, results, render, chart, started=started, log=log)
     return 0

@@ -6,7 +6,10 @@ import logging
 import sqlite3
 import threading
 from collections.abc import Callable
+from functools import partial
 from typing import Any
+
+from ..harness.child import Channel, serve
 
 LEDGER_EVERY = 10  # every 10th step of the crash workflow appends to the external ledger
 SYNCHRONOUS_NAMES = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}
@@ -159,3 +162,66 @@ def is_lock_error(exc: BaseException) -> bool:
             if nxt is not None:
                 stack.append(nxt)
     return False
+
+
+def multi_outcome(
+    seconds: float, completed: int, errors: list[BaseException], logs: LockedLogCounter, logged_before: int
+) -> dict[str, Any]:
+    """One process's answer in comparison 4: its runs, and every "database is locked" it met,
+    raised to the benchmark or only logged by the system's own retries."""
+    return {
+        "seconds": seconds,
+        "completed_runs": completed,
+        "failed_runs": len(errors),
+        "lock_errors_raised": sum(is_lock_error(e) for e in errors),
+        "lock_errors_logged": logs.count - logged_before,
+        "errors": [repr(e)[:300] for e in errors[:3]] + logs.samples[:2],
+    }
+
+
+def wal_connections(path: str) -> Callable[[], sqlite3.Connection]:
+    """A connection factory for DBOS's engine (``db_engine_kwargs={"creator": ...}``): each
+    connection switches the file to WAL and sets synchronous=FULL, zincir's settings. DBOS's
+    own connect listener (IMMEDIATE transactions, busy_timeout=30000) still applies."""
+
+    def connect() -> sqlite3.Connection:
+        conn = sqlite3.connect(path, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = FULL")
+        return conn
+
+    return connect
+
+
+class System:
+    """One system under test of the main comparison, as its child process serves it (:func:`host`).
+
+    Its methods, plain or awaited (``is_async``): ``open()`` opens its database and returns the
+    durability settings it really uses; ``close()``; ``per_step(n)`` (comparison 1) and
+    ``concurrent(runs, steps)`` (comparison 2) return the seconds they took; ``crash_run`` and
+    ``crash_resume`` (comparison 3, see :class:`Ledger`) and ``multi`` (comparison 4, see
+    :func:`multi_outcome`) where the system takes part in them. ``bench.postgres`` passes a
+    PostgreSQL URL as ``path``."""
+
+    name = ""
+    is_async = False
+
+    def __init__(
+        self, variant: str, path: str, options: dict[str, Any], started: Callable[[], None] = lambda: None
+    ) -> None:
+        self.variant = variant
+        self.path = path
+        self.started = started  # comparison 3: called the moment the crash workflow starts
+        self.locked_logs = LockedLogCounter()
+        self.prepare(options)
+
+    def prepare(self, options: dict[str, Any]) -> None:
+        """What the system sets up when its process starts: before it is opened, outside every
+        timing (a recovering process's ledger, for one)."""
+
+
+def host(system: type[System], channel: Channel, args: dict[str, Any]) -> None:
+    """Serve one system of the main comparison in this child process (``bench/harness/child.py``);
+    comparison 3's crash workflow says "started" the moment it starts."""
+    started = partial(channel.emit, "started")
+    serve(system(args["variant"], args["path"], args["options"], started=started), channel)

@@ -13,18 +13,24 @@ Imported only inside a child process (``dbos`` is an optional peer). Variants:
 from __future__ import annotations
 
 import logging
-import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from importlib.metadata import version
 from typing import Any
 
 from dbos import DBOS, SetWorkflowID
 
-from ..harness.child import Channel, serve
-from .common import Ledger, LockedLogCounter, is_ledger_step, is_lock_error, pragmas
+from ..harness.child import Channel
+from .common import (
+    Ledger,
+    System,
+    host,
+    is_ledger_step,
+    multi_outcome,
+    pragmas,
+    wal_connections,
+)
 
 _ledger: Ledger | None = None
 _trial = ""
@@ -60,19 +66,13 @@ def crash_wf(n: int) -> int:
     return n
 
 
-class DbosSystem:
+class DbosSystem(System):
     name = "dbos"
     is_async = False
 
-    def __init__(
-        self, variant: str, path: str, options: dict[str, Any], started: Callable[[], None] = lambda: None
-    ) -> None:
-        assert variant in ("default", "wal", "postgres"), variant
-        self.variant = variant
-        self.started = started  # comparison 3: called the moment the crash workflow starts
-        self.path = path
+    def prepare(self, options: dict[str, Any]) -> None:
+        assert self.variant in ("default", "wal", "postgres"), self.variant
         self.executor_id: str | None = options.get("executor_id")
-        self.locked_logs = LockedLogCounter()
         if "ledger" in options:
             # A recovering process: launch() starts replaying workflows at once, so the
             # ledger their steps append to must exist before it.
@@ -88,15 +88,7 @@ class DbosSystem:
         if self.executor_id is not None:
             config["executor_id"] = self.executor_id
         if self.variant == "wal":
-            path = self.path
-
-            def creator() -> sqlite3.Connection:
-                conn = sqlite3.connect(path, check_same_thread=False)
-                conn.execute("PRAGMA journal_mode = WAL")
-                conn.execute("PRAGMA synchronous = FULL")
-                return conn
-
-            config["db_engine_kwargs"] = {"creator": creator}
+            config["db_engine_kwargs"] = {"creator": wal_connections(self.path)}
         self.instance = DBOS(config=config)  # type: ignore[arg-type]
         # After DBOS() set up its logger ("dbos" does not propagate to the root logger): DBOS
         # retries "database is locked" internally and logs a warning each time.
@@ -185,19 +177,9 @@ class DbosSystem:
                     completed += 1
             except Exception as exc:
                 errors.append(exc)
-        return {
-            "seconds": time.perf_counter() - start,
-            "completed_runs": completed,
-            "failed_runs": len(errors),
-            "lock_errors_raised": sum(is_lock_error(e) for e in errors),
-            "lock_errors_logged": self.locked_logs.count - before,
-            "errors": [repr(e)[:300] for e in errors[:3]] + self.locked_logs.samples[:2],
-        }
+        return multi_outcome(time.perf_counter() - start, completed, errors, self.locked_logs, before)
 
 
 def child(channel: Channel, args: dict[str, Any]) -> None:
     """The child process hosting DBOS Transact (``bench/harness/child.py``)."""
-    serve(
-        DbosSystem(args["variant"], args["path"], args["options"], started=lambda: channel.emit("started")),
-        channel,
-    )
+    host(DbosSystem, channel, args)

@@ -13,7 +13,6 @@ import logging
 import sqlite3
 import time
 import uuid
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from importlib.metadata import version
 from typing import Any
@@ -21,8 +20,15 @@ from typing import Any
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.func import entrypoint, task
 
-from ..harness.child import Channel, serve
-from .common import Ledger, LockedLogCounter, is_ledger_step, is_lock_error, sqlite_pragmas
+from ..harness.child import Channel
+from .common import (
+    Ledger,
+    System,
+    host,
+    is_ledger_step,
+    multi_outcome,
+    sqlite_pragmas,
+)
 
 _ledger: Ledger | None = None
 _trial = ""
@@ -45,16 +51,11 @@ def _config(thread_id: str) -> dict[str, Any]:
     return {"configurable": {"thread_id": thread_id}}
 
 
-class LanggraphSystem:
+class LanggraphSystem(System):
     name = "langgraph"
     is_async = False
 
-    def __init__(
-        self, variant: str, path: str, options: dict[str, Any], started: Callable[[], None] = lambda: None
-    ) -> None:
-        self.path = path
-        self.started = started  # comparison 3: called the moment the crash workflow starts
-        self.locked_logs = LockedLogCounter()
+    def prepare(self, options: dict[str, Any]) -> None:
         if "ledger" in options:
             global _ledger, _trial
             _ledger, _trial = Ledger(options["ledger"]), options["trial"]
@@ -162,21 +163,9 @@ class LanggraphSystem:
                 except Exception as exc:
                     errors.append(exc)
             seconds = time.perf_counter() - start
-        return {
-            "seconds": seconds,
-            "completed_runs": completed,
-            "failed_runs": len(errors),
-            "lock_errors_raised": sum(is_lock_error(e) for e in errors),
-            "lock_errors_logged": self.locked_logs.count - before,
-            "errors": [repr(e)[:300] for e in errors[:3]] + self.locked_logs.samples[:2],
-        }
+        return multi_outcome(seconds, completed, errors, self.locked_logs, before)
 
 
 def child(channel: Channel, args: dict[str, Any]) -> None:
     """The child process hosting LangGraph (``bench/harness/child.py``)."""
-    serve(
-        LanggraphSystem(
-            args["variant"], args["path"], args["options"], started=lambda: channel.emit("started")
-        ),
-        channel,
-    )
+    host(LanggraphSystem, channel, args)

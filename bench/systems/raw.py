@@ -12,19 +12,17 @@ import time
 import uuid
 from typing import Any
 
-from ..harness.child import Channel, serve
-from .common import sqlite_pragmas
+from ..harness.child import Channel
+from .common import System, host, sqlite_pragmas
 
 ROWS_PER_TRANSACTION = 100
 
 
-class RawSystem:
+class RawSystem(System):
     name = "raw"
     is_async = False
 
-    def __init__(self, variant: str, path: str, options: dict[str, Any]) -> None:
-        self.path = path
-        self.conn: sqlite3.Connection
+    conn: sqlite3.Connection
 
     def open(self) -> dict[str, Any]:
         self.conn = sqlite3.connect(self.path, isolation_level=None)
@@ -72,4 +70,4 @@ class RawSystem:
 
 def child(channel: Channel, args: dict[str, Any]) -> None:
     """The child process hosting raw sqlite3 (``bench/harness/child.py``)."""
-    serve(RawSystem(args["variant"], args["path"], args["options"]), channel)
+    host(RawSystem, channel, args)

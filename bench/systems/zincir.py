@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
@@ -12,8 +12,8 @@ import trio
 
 import zincir
 
-from ..harness.child import Channel, serve
-from .common import Ledger, LockedLogCounter, is_ledger_step, is_lock_error, pragmas
+from ..harness.child import Channel
+from .common import Ledger, System, host, is_ledger_step, multi_outcome, pragmas
 
 
 async def noop(i: int) -> int:
@@ -26,20 +26,15 @@ async def steps_body(run: zincir.Run, n: int) -> None:
     await run.complete()
 
 
-class ZincirSystem:
+class ZincirSystem(System):
     name = "zincir"
     is_async = True
 
-    def __init__(
-        self, variant: str, path: str, options: dict[str, Any], started: Callable[[], None] = lambda: None
-    ) -> None:
-        self.variant = variant
-        self.started = started  # comparison 3: called the moment the crash workflow starts
-        self.path = path
+    db: zincir.Database
+
+    def prepare(self, options: dict[str, Any]) -> None:
         self.writers: int | None = options.get("writers")
         self._stack = AsyncExitStack()
-        self.db: zincir.Database
-        self.locked_logs = LockedLogCounter()
         logging.getLogger().addHandler(self.locked_logs)
 
     async def open(self) -> dict[str, Any]:
@@ -160,20 +155,10 @@ class ZincirSystem:
         async with trio.open_nursery() as nursery:
             for _ in range(runs):
                 nursery.start_soon(one)
-        return {
-            "seconds": time.perf_counter() - start,
-            "completed_runs": completed,
-            "failed_runs": len(errors),
-            "lock_errors_raised": sum(is_lock_error(e) for e in errors),
-            # e.g. a heartbeat that met a busy database and retried (zincir logs a warning)
-            "lock_errors_logged": self.locked_logs.count - before,
-            "errors": [repr(e)[:300] for e in errors[:3]] + self.locked_logs.samples[:2],
-        }
+        # lock_errors_logged: e.g. a heartbeat that met a busy database and retried (a warning)
+        return multi_outcome(time.perf_counter() - start, completed, errors, self.locked_logs, before)
 
 
 def child(channel: Channel, args: dict[str, Any]) -> None:
     """The child process hosting zincir (``bench/harness/child.py``)."""
-    serve(
-        ZincirSystem(args["variant"], args["path"], args["options"], started=lambda: channel.emit("started")),
-        channel,
-    )
+    host(ZincirSystem, channel, args)
