@@ -327,8 +327,8 @@ def add_profile(add: Any, profile: dict[str, Any]) -> None:
     add("### Where a zincir step's time goes")
     add("")
     add(
-        f"`python -m bench.profile_step` (median of {profile['reps']} x {profile['n']:,} sequential steps per"
-        " layer, layers interleaved, WAL + FULL, in its own process):"
+        f"`python -m bench.micro.profile_step` (median of {profile['reps']} x {profile['n']:,} sequential"
+        " steps per layer, layers interleaved, WAL + FULL, in its own process):"
     )
     add("")
     add("| layer | µs/step |")

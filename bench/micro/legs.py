@@ -1,4 +1,4 @@
-"""Per-leg timing of one sequential ``run.step`` on SQLite, for ``python -m bench.profile_step``.
+"""Per-leg timing of one sequential ``run.step`` on SQLite, for ``python -m bench.micro.profile_step``.
 
 A step's write runs inline on the Trio thread while the writer thread is idle (as in a
 sequential loop), or on the writer thread, crossing two threads and back. Each crossing is

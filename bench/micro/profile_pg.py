@@ -1,4 +1,4 @@
-"""``python -m bench.profile_pg``: where a zincir step's time goes on PostgreSQL.
+"""``python -m bench.micro.profile_pg``: where a zincir step's time goes on PostgreSQL.
 
 On a throwaway server (``bench/harness/server.py``, fsync=on, data in ``--dir``) or ``--url``:
 

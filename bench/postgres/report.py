@@ -182,9 +182,9 @@ def render(res: dict[str, Any], chart_name: str) -> str:
 
 
 def add_profile(add: Any, profile: dict[str, Any], sizes: dict[str, Any]) -> None:
-    """Where zincir's time goes: ``bench.profile_pg``'s statement counts and times."""
+    """Where zincir's time goes: ``bench.micro.profile_pg``'s statement counts and times."""
     floors = profile["floors"]
-    add("## Where zincir's time goes on PostgreSQL (`python -m bench.profile_pg`, same server)")
+    add("## Where zincir's time goes on PostgreSQL (`python -m bench.micro.profile_pg`, same server)")
     add("")
     add(
         "Every statement that zincir sends (`Pipe.send`, on its connections' pipelines) is counted and"
@@ -275,7 +275,7 @@ EXPLAIN_3 = [
     " synchronous API makes each one a TCP round trip to the server's backend, which must be"
     " scheduled on the same 2 cores as the client; the COMMIT then waits for the WAL flush"
     " (`fsync=on`, `synchronous_commit=on`). So a sequential run pays about 4 round trips + 1 WAL"
-    " flush per step on PostgreSQL, against 1 fsync on SQLite (`python -m bench.profile_pg` counts"
+    " flush per step on PostgreSQL, against 1 fsync on SQLite (`python -m bench.micro.profile_pg` counts"
     " and times these statements).",
     "With many runs at once both backends batch: a writer takes every operation submitted while"
     " its previous transaction committed and commits them together (group commit), so one flush"
