@@ -72,7 +72,7 @@ def svg(chart: Chart) -> str:
     body = [f'<text x="10" y="20" font-weight="bold">{escape(chart.title)}</text>']
     if chart.note:
         body.append(f'<text x="10" y="36" fill="#555">{escape(chart.note)}</text>')
-    x, height = 10.0, top
+    x, height = 10.0, float(top)
     for panel in chart.panels:
         label_w = (
             _text_width(bar.label for group in panel.groups for bar in group.bars) + 8 if panel.labels else 0

@@ -33,6 +33,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from functools import partial
 from typing import Any, TextIO
 
 Emit = Callable[[dict[str, Any]], None]  # sends one message line: Channel.send
@@ -82,8 +83,7 @@ def serve(side: Any, channel: Channel) -> None:
     else:
         try:
             while (command := channel.next_command()) is not None:
-                name = command.pop("cmd")
-                _answer(channel, lambda name=name, command=command: getattr(side, name)(**command))
+                _answer(channel, partial(_call, side, command))
         finally:
             side.close()
 
@@ -93,13 +93,18 @@ async def _serve_async(side: Any, channel: Channel) -> None:
 
     async with side.opened():
         while (command := await trio.to_thread.run_sync(channel.next_command)) is not None:
-            name = command.pop("cmd")
             try:
-                result = await getattr(side, name)(**command)
+                result = await _call(side, command)
             except Exception as exc:
                 channel.send(_failure(exc))
             else:
                 channel.send({"ok": True, "result": result})
+
+
+def _call(side: Any, command: dict[str, Any]) -> Any:
+    """The side's method that ``command`` names, called with the command's arguments."""
+    name = command.pop("cmd")
+    return getattr(side, name)(**command)
 
 
 def _answer(channel: Channel, call: Callable[[], Any]) -> None:

@@ -143,7 +143,7 @@ class ChildProcess:
     def unread_events(self) -> list[dict[str, Any]]:
         """What the (reaped) child said that nobody has read yet."""
         self._reader.join(timeout=10)
-        found = []
+        found: list[dict[str, Any]] = []
         while True:
             try:
                 message = self._events.get_nowait()
