@@ -20,7 +20,7 @@ A child either *serves* a side (:func:`serve`: each command calls the side's met
 name, until the parent closes the child's stdin), or runs a script of its own that reports
 events and waits for the parent's commands (:meth:`Channel.next_command`).
 
-Only the standard library is imported here, before ``boot``.
+Only a few modules of the standard library are imported here, before ``boot``.
 """
 
 from __future__ import annotations
@@ -31,12 +31,14 @@ import os
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from functools import partial
-from typing import Any, TextIO
+from typing import TYPE_CHECKING
 
-Emit = Callable[[dict[str, Any]], None]  # sends one message line: Channel.send
+if TYPE_CHECKING:
+    from typing import Any, TextIO
+
+    Emit = Callable[[dict[str, Any]], None]  # sends one message line: Channel.send
 
 
 class Channel:
@@ -117,6 +119,8 @@ def _answer(channel: Channel, call: Callable[[], Any]) -> None:
 
 
 def _failure(exc: BaseException) -> dict[str, Any]:
+    import traceback  # here, not before boot: bench.recovery counts what precedes boot as start-up
+
     return {"ok": False, "error": repr(exc), "traceback": traceback.format_exc()}
 
 
@@ -131,7 +135,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    # The sides import this module as bench.harness.child: run that one, not a copy named __main__.
-    from bench.harness.child import main as run_child
-
-    run_child()
+    main()

@@ -19,11 +19,14 @@ from __future__ import annotations
 import time
 import uuid
 from importlib.metadata import version
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dbos import DBOS, SetWorkflowID
 
-from ..harness.child import Channel, Emit, serve
+from ..harness.child import Channel, serve
+
+if TYPE_CHECKING:
+    from ..harness.child import Emit
 
 TOPIC = "go"
 _emit: Emit | None = None

@@ -19,13 +19,16 @@ import sqlite3
 import time
 import uuid
 from importlib.metadata import version
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 
-from ..harness.child import Channel, Emit, serve
+from ..harness.child import Channel, serve
+
+if TYPE_CHECKING:
+    from ..harness.child import Emit
 
 
 class State(TypedDict, total=False):

@@ -23,13 +23,16 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from importlib.metadata import version
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 import zincir
 
-from ..harness.child import Channel, Emit, serve
+from ..harness.child import Channel, serve
+
+if TYPE_CHECKING:
+    from ..harness.child import Emit
 
 WAIT_NAME, TOPIC = "approval", "go"
 
