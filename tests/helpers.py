@@ -18,6 +18,8 @@ import trio
 import trio.testing
 
 import zincir
+from zincir._database import storage
+from zincir._wakes import Wakes
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -219,8 +221,9 @@ def _nothing(tx: Any) -> None:
 
 
 class Words:
-    """The words a database's listener has delivered to this process (PostgreSQL notifications,
-    or what SQLite's watcher saw other connections commit), in the order it delivered them."""
+    """The words delivered to this process, in the order it acted on them: what its listener
+    heard of other processes' writes (PostgreSQL notifications, or what SQLite's watcher saw
+    other connections commit), and what its own writes woke, after their COMMIT."""
 
     def __init__(self) -> None:
         self.heard: list[tuple[str | None, str | None]] = []
@@ -250,14 +253,30 @@ async def listening(db: zincir.Database, monkeypatch: Any) -> Words:
     been missed" wake-up after it connects), so that it cannot arrive later, in the middle of a
     race a test sets up."""
     words = Words()
-    hear = db._hear
+    wakes = storage(db).wakes
+    hear = wakes.hear
 
     def noting(channel: str | None, payload: str | None) -> None:
         hear(channel, payload)
         words.note(channel, payload)
 
-    monkeypatch.setattr(db, "_hear", noting)
-    db._hear_others()
+    def noting_own(woken: Wakes) -> None:
+        wakes.deliver(woken)
+        # As the listener would say it (it skips this process's own PostgreSQL notifications).
+        if woken.claimable:
+            words.note("claimable", None)
+        for channel, runs in (
+            ("inbox", woken.inbox),
+            ("child_ended", woken.waits),
+            ("run_ended", woken.ended),
+        ):
+            for run_id in sorted(runs):
+                words.note(channel, run_id)
+
+    monkeypatch.setattr(wakes, "hear", noting)
+    for thread in (*storage(db).writers, storage(db).reader):
+        monkeypatch.setattr(thread, "deliver", noting_own)
+    wakes.hear_others()
     await words.word(None)
     return words
 

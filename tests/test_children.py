@@ -14,7 +14,7 @@ import trio
 import trio.testing
 
 import zincir
-from zincir._backend import NewChild
+from zincir._store import NewChild
 from zincir._threads import DatabaseThread
 
 from .helpers import dump, listening, rows, running_python, scalar, status_of, until

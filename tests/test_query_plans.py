@@ -12,9 +12,10 @@ import pytest
 import trio
 
 import zincir
-from zincir._backend import Claims, NewChild
-from zincir._sqlite import _store
 from zincir._sqlite._connection import Tx
+from zincir._store import Claims, NewChild
+from zincir._store._ends import cancel_descendants
+from zincir._store._leases import _take_from_the_dead
 
 
 class PlanRecorder:
@@ -65,7 +66,7 @@ async def busy_run(db: zincir.Database) -> zincir.Run:
 
 @pytest.mark.sqlite_only  # SQLite's EXPLAIN QUERY PLAN
 async def test_state_reads_by_index(db: zincir.Database, busy_run: zincir.Run) -> None:
-    plans = await plans_of(db, _store.durable_state, busy_run.id)
+    plans = await plans_of(db, db._store.durable_state, busy_run.id)
     assert_indexed(plans)
     # The events after the checkpoint are a range of the (run_id, seq) index, not the whole run.
     [events] = [plan for sql, plan in plans if "FROM events" in sql]
@@ -75,7 +76,7 @@ async def test_state_reads_by_index(db: zincir.Database, busy_run: zincir.Run) -
 @pytest.mark.sqlite_only
 async def test_pending_tools_reads_by_index(db: zincir.Database, busy_run: zincir.Run) -> None:
     async with zincir.open_run(db, busy_run.id) as run:
-        plans = await plans_of(db, _store.pending_tools, run._lease)
+        plans = await plans_of(db, db._store.pending_tools, run._lease)
     assert_indexed(plans)
     # Only the intents without a result are visited (a partial index), not every intent.
     assert any("idx_tool_intents_pending" in " ".join(plan) for _, plan in plans), plans
@@ -83,7 +84,7 @@ async def test_pending_tools_reads_by_index(db: zincir.Database, busy_run: zinci
 
 @pytest.mark.sqlite_only
 async def test_claiming_reads_by_index(db: zincir.Database, busy_run: zincir.Run) -> None:
-    plans = await plans_of(db, _store.claim_due, "probe", 1000, None, 8)
+    plans = await plans_of(db, db._store.claim_due, "probe", 1000, None, 8)
     claim = [plan for sql, plan in plans if "idx_agent_runs_claimable" in sql]
     assert claim
     assert all("USING INDEX idx_agent_runs_claimable" in " ".join(plan) for plan in claim)
@@ -96,9 +97,9 @@ async def test_suspending_and_the_idle_workers_look_read_by_index(db: zincir.Dat
         async with zincir.open_run(db) as run:
             with trio.move_on_after(0.05):
                 await run.wait_for_signal("w", "go")
-            plans = await plans_of(db, _store.suspend, run._lease, [("signal", "w")])
+            plans = await plans_of(db, db._store.suspend, run._lease, [("signal", "w")])
     assert_indexed([(sql, plan) for sql, plan in plans if sql.lstrip().startswith("SELECT")])
-    due = await plans_of(db, _store.next_due_in)
+    due = await plans_of(db, db._store.next_due_in)
     assert all("USING INDEX idx_agent_runs_claimable" in " ".join(plan) for _, plan in due), due
 
 
@@ -110,12 +111,12 @@ async def test_family_operations_read_by_index(db: zincir.Database) -> None:
             async with zincir.open_run(db, child) as run:
                 await run.spawn("grandkid")
         spawn = await plans_of(
-            db, _store.spawn_children, root._lease, [NewChild("kid-0", "unused", "agent", "", "{}")]
+            db, db._store.spawn_children, root._lease, [NewChild("kid-0", "unused", "agent", "", "{}")]
         )
-        join = await plans_of(db, _store.await_child, root._lease, children[0], None)
-        joins = await plans_of(db, _store.join_children, root._lease, children[:3])
-        ended = await plans_of(db, _store.ended_children, children)
-        cascade = await plans_of(db, _store._cancel_descendants, root.id, "probe")
+        join = await plans_of(db, db._store.await_child, root._lease, children[0], None)
+        joins = await plans_of(db, db._store.join_children, root._lease, children[:3])
+        ended = await plans_of(db, db._store.ended_children, children)
+        cascade = await plans_of(db, cancel_descendants, root.id, "probe")
     for plans in (spawn, join, joins, ended, cascade):
         assert_indexed([(sql, plan) for sql, plan in plans if sql.lstrip().startswith("SELECT")])
     # The family is walked level by level through the parent index, not by scanning every run.
@@ -128,6 +129,6 @@ async def test_looking_for_dead_owners_of_this_host_reads_only_the_leases_held(d
         async with zincir.open_run(db) as run:
             await run.complete()
     async with zincir.open_run(db):
-        plans = await plans_of(db, _store._take_from_the_dead, "probe", 1000, None, 8, Claims())
+        plans = await plans_of(db, _take_from_the_dead, "probe", 1000, None, 8, Claims())
     assert_indexed(plans)
     assert any("idx_agent_runs_leased" in " ".join(plan) for _, plan in plans), plans

@@ -28,9 +28,10 @@ import trio
 
 import zincir
 from tests.postgres_server import fresh_database
-from zincir._backend import NewChild, WaitOutcome
-from zincir._postgres import _store
-from zincir._postgres._connection import Sent, Tx
+from zincir._postgres._pipe import Pending
+from zincir._postgres._tx import Tx
+from zincir._store import NewChild, WaitOutcome
+from zincir._store._ends import cancel_descendants
 
 BIG_TURNS = 10_000  # about 29,000 events in the big run
 OTHER_RUNS = 5_000
@@ -332,10 +333,10 @@ class PlanTx(Tx):
     """A Tx that EXPLAINs each statement with its parameters, then runs it as the store does."""
 
     def __init__(self, tx: Tx, plans: list[Plan], generic: psycopg.Connection[Any] | None) -> None:
-        super().__init__(tx._conn, tx._session)
+        super().__init__(tx._session, read_only=tx._read_only)
         self._now = tx._now
         self.plans = plans
-        self._generic = generic if tx._conn.info.server_version >= 160000 else None
+        self._generic = generic if generic is not None and generic.info.server_version >= 160000 else None
 
     def _explain(self, sql: str, params: Any) -> None:
         assert isinstance(params, tuple), (sql, params)
@@ -346,13 +347,10 @@ class PlanTx(Tx):
             [(generic,)] = self._generic.execute(explain, prepare=False).fetchall()
         self.plans.append(Plan(sql, params, _top(custom), None if generic is None else _top(generic)))
 
-    def send(self, sql: str, params: Any = ()) -> Sent:  # one() and all() send, too
-        self._explain(sql, params)
-        return super().send(sql, params)
-
-    def execute(self, sql: str, params: Any = ()) -> None:
-        self._explain(sql, params)
-        super().execute(sql, params)
+    def _send(self, sql: str, params: Any) -> Pending:  # every statement of an operation leaves here
+        text, args = self._rendered(sql, params)
+        self._explain(text, tuple(args))
+        return self._session.send(text, args)
 
 
 def _top(explained: Any) -> dict[str, Any]:
@@ -368,7 +366,10 @@ async def plans_of(db: zincir.Database, fn: Any, *args: Any, write: bool = False
     def run(tx: Tx) -> tuple[Any, list[Plan]]:
         plans: list[Plan] = []
         with psycopg.connect(db.path, autocommit=True) as generic:
-            return fn(PlanTx(tx, plans, generic), *args), plans
+            planned = PlanTx(tx, plans, generic)
+            result = fn(planned, *args)
+            planned.close()  # a fence not read yet is judged
+            return result, plans
 
     result: tuple[Any, list[Plan]] = await (db._write if write else db._read)(run)
     return result
@@ -412,7 +413,7 @@ def uses_index(plan: Plan, index: str) -> bool:
 
 async def test_state_after_a_checkpoint_reads_by_index(populated: Populated) -> None:
     async with zincir.open_database(populated.url) as db:
-        (run, checkpoint, events), plans = await plans_of(db, _store.durable_state, populated.big)
+        (run, checkpoint, events), plans = await plans_of(db, db._store.durable_state, populated.big)
     assert checkpoint is not None and checkpoint.tool_call_id == "cp-last"
     assert run.id == populated.big and len(events) == populated.tail
     assert_indexed(plans)
@@ -428,7 +429,7 @@ async def test_state_after_a_checkpoint_reads_by_index(populated: Populated) -> 
 
 async def test_pending_tools_read_by_index(populated: Populated) -> None:
     async with zincir.open_database(populated.url) as db, zincir.open_run(db, populated.big) as run:
-        pending, plans = await plans_of(db, _store.pending_tools, run._lease)
+        pending, plans = await plans_of(db, db._store.pending_tools, run._lease)
     assert [json.loads(payload)["call_id"] for payload, *_ in pending] == ["open-2"]
     assert_indexed(plans)
     # Only the intents without a result are visited (the partial index), not ~9,000 answered ones.
@@ -439,8 +440,8 @@ async def test_pending_tools_read_by_index(populated: Populated) -> None:
 
 async def test_steps_read_by_index(populated: Populated) -> None:
     async with zincir.open_database(populated.url) as db:
-        names, listed = await plans_of(db, _store.completed_step_names, populated.big)
-        result, looked_up = await plans_of(db, _store.step_result, populated.big, "step-123")
+        names, listed = await plans_of(db, db._store.completed_step_names, populated.big)
+        result, looked_up = await plans_of(db, db._store.step_result, populated.big, "step-123")
     assert len(names) == STEP_COUNT + 1 and json.loads(result) == {"step": "step-123"}
     assert_indexed(listed + looked_up)
     assert uses_index(the(looked_up, "FROM steps"), "steps_pkey")
@@ -448,7 +449,9 @@ async def test_steps_read_by_index(populated: Populated) -> None:
 
 async def test_the_oldest_unconsumed_signal_is_found_by_index(populated: Populated) -> None:
     async with zincir.open_database(populated.url) as db, zincir.open_run(db, populated.big) as run:
-        outcome, plans = await plans_of(db, _store.await_signal, run._lease, "next", "go", None, write=True)
+        outcome, plans = await plans_of(
+            db, db._store.await_signal, run._lease, "next", "go", None, write=True
+        )
     assert outcome == WaitOutcome.received('{"next":true}')
     assert_indexed(plans)
     # Past the ~1,000 signals of "go" it already received, by the partial index, oldest first.
@@ -458,7 +461,7 @@ async def test_the_oldest_unconsumed_signal_is_found_by_index(populated: Populat
 
 async def test_claiming_reads_by_index(populated: Populated) -> None:
     async with zincir.open_database(populated.url) as db:
-        claimed, plans = await plans_of(db, _store.claim_due, "probe", 30_000, None, 8, write=True)
+        claimed, plans = await plans_of(db, db._store.claim_due, "probe", 30_000, None, 8, write=True)
     assert len(claimed.leased) == 8 and populated.big not in [lease.run_id for lease, _ in claimed.leased]
     assert_indexed(plans)
     # ~1,000 claimable runs of 5,000, the oldest due first, by the claimable index's order.
@@ -475,19 +478,21 @@ async def test_claiming_reads_by_index(populated: Populated) -> None:
 
 async def test_suspending_spawning_joining_and_cascading_read_by_index(populated: Populated) -> None:
     async with zincir.open_database(populated.url) as db:
-        _, due = await plans_of(db, _store.next_due_in)
+        _, due = await plans_of(db, db._store.next_due_in)
         with pytest.raises(zincir.LeaseLost, match="gone"):  # the last probe suspends the parent
             async with zincir.open_run(db) as parent:
                 kids = [await parent.spawn(f"kid-{i}") for i in range(5)]
                 again = [NewChild("kid-0", str(uuid.uuid4()), "agent", "", "{}")]
-                _, spawn = await plans_of(db, _store.spawn_children, parent._lease, again, write=True)
-                _, join = await plans_of(db, _store.await_child, parent._lease, kids[0], None, write=True)
-                _, joins = await plans_of(db, _store.join_children, parent._lease, kids[:3], write=True)
-                _, ended = await plans_of(db, _store.ended_children, kids)
-                _, cascade = await plans_of(db, _store._cancel_descendants, parent.id, "probe", write=True)
+                _, spawn = await plans_of(db, db._store.spawn_children, parent._lease, again, write=True)
+                _, join = await plans_of(db, db._store.await_child, parent._lease, kids[0], None, write=True)
+                _, joins = await plans_of(db, db._store.join_children, parent._lease, kids[:3], write=True)
+                _, ended = await plans_of(db, db._store.ended_children, kids)
+                _, cascade = await plans_of(db, cancel_descendants, parent.id, "probe", write=True)
                 with trio.move_on_after(0.05):
                     await parent.wait_for_signal("w", "nobody-sends-this")
-                _, suspend = await plans_of(db, _store.suspend, parent._lease, [("signal", "w")], write=True)
+                _, suspend = await plans_of(
+                    db, db._store.suspend, parent._lease, [("signal", "w")], write=True
+                )
     reads = [
         plan
         for plan in spawn + join + joins + ended + cascade + suspend

@@ -13,9 +13,8 @@ import trio
 import trio.testing
 
 import zincir
-from zincir._backend import NewChild
 from zincir._budget import Debit
-from zincir._sqlite import _store
+from zincir._store import Lease, NewChild
 
 from .conftest import ManualClock
 from .helpers import (
@@ -342,7 +341,7 @@ async def test_a_stale_owner_is_fenced_inside_the_transaction(
         before = dump(db_path)
         submit = db._read if operation in ("pending_tools", "candidate") else db._write
         with pytest.raises(zincir.LeaseLost, match="fenced by a newer owner"):
-            await submit(getattr(_store, operation), stale, *args)
+            await submit(getattr(db._store, operation), stale, *args)
         assert not await db._write(db._store.release, stale, 0)
         assert dump(db_path) == before
         assert second.epoch == stale.epoch + 1
@@ -553,7 +552,7 @@ async def test_transient_renewal_errors_are_retried_not_a_loss(
     renew = db._store.renew
     calls: list[str] = []
 
-    def flaky_renew(tx: Any, lease: _store.Lease) -> _store.Lease:
+    def flaky_renew(tx: Any, lease: Lease) -> Lease:
         calls.append("renew")
         if 1 <= len(calls) <= 3:
             raise zincir.DatabaseBusy("simulated: another process holds the write lock")

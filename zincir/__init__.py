@@ -7,7 +7,6 @@ checkpoint that an independent verifier accepted.
 """
 
 from . import artifacts
-from ._backend import SUBMIT_CHECKPOINT
 from ._budget import Budget, Spend, Usage
 from ._database import Clock, Database, open_database, wall_clock_ms
 from ._ends import wait_for_end
@@ -42,6 +41,7 @@ from ._errors import (
 )
 from ._inbox import cancel_run, decide_approval, raise_budget, retry_now, send_signal
 from ._run import Children, Run, open_run
+from ._store import SUBMIT_CHECKPOINT
 from ._types import (
     Approval,
     Checkpoint,

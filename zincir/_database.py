@@ -9,59 +9,93 @@ from __future__ import annotations
 
 import os
 import random
-import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Final, Literal, Protocol, TypeVar, final
+from typing import Any, Final, Literal, TypeVar, final
 
-import attrs
 import trio
 
-from ._backend import Store
+from . import _sqlite
+from ._backend import Backend, Clock, wall_clock_ms
 from ._errors import DatabaseClosed, InvalidArgument
 from ._owner import mark_this_process
+from ._store import Store
 from ._target import parse_target
 from ._threads import DatabaseThread, submit
 from ._types import DurableState, Event, RunRecord, RunStatus
 from ._validation import canonical_run_id, check_int, check_text
+from ._wakes import WakeHub
 
-__all__ = ["Backend", "Clock", "Database", "open_database", "wall_clock_ms"]
+__all__ = ["Clock", "Database", "Storage", "open_database", "storage", "wall_clock_ms"]
 
 T = TypeVar("T")
-Clock = Callable[[], int]
-"""A clock returns the current time in integer Unix milliseconds; it must be thread-safe."""
 
 DEFAULT_MAX_PAYLOAD_BYTES: Final = 16 * 1024 * 1024
 
 
-def wall_clock_ms() -> int:
-    """The default clock: wall-clock time, shared by every process that opens the file."""
-    return time.time_ns() // 1_000_000
+@final
+class Storage:
+    """What the core (runs, workers, outsiders' writes, ``wait_for_end``) uses of an open
+    database: its operations, a way to run each in a transaction, and its wake-ups. Get it
+    with :func:`storage`; :class:`Database` is its public face."""
 
-
-@attrs.define(eq=False)
-class Backend:
-    """What a backend package's ``open_backend`` returns: its store and its threads."""
-
-    name: Literal["sqlite", "postgresql"]
-    target: str
-    """The path or URL (without a password) it was opened with."""
     store: Store
+    """Every storage operation (``fn(tx, ...)``), to hand to :meth:`write` or :meth:`read`."""
+    wakes: WakeHub
+    """Who waits here for what: a run's waits, its owner, workers, ``wait_for_end``."""
     writers: Sequence[DatabaseThread]
-    """One or more; the operations of one run always go to the same one."""
     reader: DatabaseThread
-    clock: Clock
-    """The clock operations use (SQLite, or a test's fake server clock), or an estimate of the
-    server's (PostgreSQL)."""
-    listen: Callable[[Callable[[str | None, str | None], None], Callable[[], frozenset[str]]], Listening]
-    """Start hearing other processes' writes (a thread): the first argument is called with
-    ("claimable", None), ("inbox", run id), ("run_ended", run id), or (None, None) when anything
-    may have been missed; the second says which runs this process waits to see end."""
 
+    def __init__(self, backend: Backend) -> None:
+        self.store = backend.store
+        self.wakes = WakeHub(backend.listen)
+        self._target = backend.target
+        self.writers = backend.writers
+        self.reader = backend.reader
+        self._closed = False
+        for thread in (*self.writers, self.reader):
+            thread.deliver = self.wakes.deliver  # what a commit woke, before its callers resume
 
-class Listening(Protocol):
-    def stop(self) -> None:
-        """Stop listening; may block briefly (it runs in a thread)."""
+    async def write(self, fn: Callable[..., T], *args: Any, route: str | None = "") -> T:
+        """Run ``fn(tx, *args)`` in the next group-commit transaction; return after COMMIT.
+
+        Operations with the same ``route`` (a run id) go to the same writer thread, in order.
+        ``route=None``: an operation with no order to keep (a worker's claim) goes to the least
+        busy writer, so that it does not hold up a run's writes queued behind it elsewhere.
+        """
+        if route is None:
+            writer = min(self.writers, key=lambda w: (w.backlog, random.random()))
+        else:
+            writer = self.writers[hash(route) % len(self.writers)]
+        result: T = await self._submit(writer, fn, args)
+        return result
+
+    async def read(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(tx, *args)`` in a read transaction: one consistent snapshot."""
+        result: T = await self._submit(self.reader, fn, args)
+        return result
+
+    async def _submit(self, thread: DatabaseThread, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        if self._closed:
+            raise DatabaseClosed(f"database {self._target!r} is closed")
+        return await submit(thread, fn, args)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        listening = self.wakes.close()
+        with trio.CancelScope(shield=True):
+            if listening is not None:
+                await trio.to_thread.run_sync(listening.stop)
+            for thread in (*self.writers, self.reader):
+                await submit(thread, None, ())
+                # The thread's last act was that reply; joining it takes a moment, off the loop.
+                await trio.to_thread.run_sync(thread.join)
 
 
 @final
@@ -80,17 +114,7 @@ class Database:
     default); on PostgreSQL the server's clock decides, and this is the local wall clock."""
     max_payload_bytes: int
     """The largest JSON payload, in bytes of UTF-8, that one value may take."""
-    _store: Store
-    _writers: Sequence[DatabaseThread]
-    _reader: DatabaseThread
-    _closed: bool
-    _claim_listeners: set[Callable[[], None]]
-    _listen: Callable[[Callable[[str | None, str | None], None], Callable[[], frozenset[str]]], Listening]
-    _listening: Listening | None
-    _inbox_waiters: dict[str, set[trio.Event]]
-    _owner_waiters: dict[str, set[trio.Event]]
-    _end_waiters: dict[str, set[trio.Event]]
-    _awaited_ends: frozenset[str]
+    _storage: Storage
 
     def __init__(self, *_: object, **__: object) -> None:
         raise TypeError("use zincir.open_database() to open a Database")
@@ -102,23 +126,12 @@ class Database:
         self.path = backend.target
         self.clock = backend.clock
         self.max_payload_bytes = max_payload_bytes
-        self._store = backend.store
-        self._writers = backend.writers
-        self._reader = backend.reader
-        self._closed = False
-        self._claim_listeners = set()
-        self._inbox_waiters = {}  # a run's waits (signals, decisions, children)
-        self._owner_waiters = {}  # a run's owner's heartbeat (a cancellation, a budget)
-        self._end_waiters = {}  # wait_for_end's, by the run they wait for
-        # Their keys, for the listener's thread to read (replaced whole, never changed in place).
-        self._awaited_ends = frozenset()
-        # Started by the first wait or worker: a process that only sends or reads never needs it.
-        self._listen = backend.listen
-        self._listening = None
+        self._storage = Storage(backend)
         return self
 
     def __repr__(self) -> str:
-        return f"<zincir.Database {self.backend} {self.path!r}{' closed' if self._closed else ''}>"
+        closed = " closed" if self._storage.closed else ""
+        return f"<zincir.Database {self.backend} {self.path!r}{closed}>"
 
     async def state(self, run_id: str) -> DurableState:
         """Any run's durable state (as :meth:`Run.state`), read without owning the run."""
@@ -147,120 +160,31 @@ class Database:
         check_int(limit, "limit", minimum=1)
         return await self._read(self._store.list_runs, status, role, limit)
 
-    def _hear_others(self) -> None:
-        """Make sure other processes' writes wake this one (workers and waits call this)."""
-        if self._listening is None and not self._closed:
-            self._listening = self._listen(self._hear, lambda: self._awaited_ends)
+    # The storage's own, under the names the test suite and the benchmarks reach for; the core
+    # (runs, workers, outsiders) goes through storage(db).
 
-    def _add_claim_listener(self, listener: Callable[[], None]) -> None:
-        """Call ``listener`` whenever a run may have become claimable (here or elsewhere)."""
-        self._hear_others()
-        self._claim_listeners.add(listener)
-
-    def _announce_claimable(self) -> None:
-        """A run became claimable: wake the resume workers of this process at once."""
-        for listener in list(self._claim_listeners):
-            listener()
-
-    def _announce_inbox(self, run_id: str, *, owner: bool = True) -> None:
-        """Something reached the inbox of ``run_id`` (a signal, a decision, a cancellation): wake
-        its waits here, and its owner's heartbeat. ``owner=False``: news for its waits only (a
-        child of it ended), nothing the heartbeat would find in the database."""
-        for event in self._inbox_waiters.get(run_id, ()):
-            event.set()
-        if owner:
-            for event in self._owner_waiters.get(run_id, ()):
-                event.set()
-
-    def _hear(self, channel: str | None, payload: str | None) -> None:
-        """Word of another process's write (a PostgreSQL notification, a SQLite commit seen)."""
-        if channel is None or channel.endswith("claimable"):
-            self._announce_claimable()
-        if channel is None:
-            for waiters in (self._inbox_waiters, self._owner_waiters, self._end_waiters):
-                for events in waiters.values():
-                    for event in events:
-                        event.set()
-        elif channel.endswith("run_ended") and payload is not None:
-            for event in self._end_waiters.get(payload, ()):
-                event.set()
-        elif channel.endswith("inbox") and payload is not None:
-            self._announce_inbox(payload)
-        elif channel.endswith("child_ended") and payload is not None:
-            self._announce_inbox(payload, owner=False)
-
-    def _inbox_event(self, run_id: str, *, hear_others: bool = True, owner: bool = False) -> trio.Event:
-        """An event set when the inbox of ``run_id`` may hold news (a signal, a decision, an
-        ended child, a cancellation); forget it with _forget_inbox_event. ``hear_others`` starts
-        listening to other processes' writes, if nothing has yet. ``owner``: the heartbeat's,
-        which an ended child does not set (see _announce_inbox)."""
-        if hear_others:
-            self._hear_others()
-        event = trio.Event()
-        waiters = self._owner_waiters if owner else self._inbox_waiters
-        waiters.setdefault(run_id, set()).add(event)
-        return event
-
-    def _end_event(self, run_id: str) -> trio.Event:
-        """An event set when run ``run_id`` may have ended (here or in another process); forget
-        it with _forget_end_event. Starts listening to other processes' writes."""
-        event = trio.Event()
-        self._end_waiters.setdefault(run_id, set()).add(event)
-        self._awaited_ends = frozenset(self._end_waiters)
-        self._hear_others()
-        return event
-
-    def _forget_end_event(self, run_id: str, event: trio.Event) -> None:
-        events = self._end_waiters.get(run_id)
-        if events is not None:
-            events.discard(event)
-            if not events:
-                del self._end_waiters[run_id]
-                self._awaited_ends = frozenset(self._end_waiters)
-
-    def _forget_inbox_event(self, run_id: str, event: trio.Event) -> None:
-        for waiters in (self._inbox_waiters, self._owner_waiters):
-            events = waiters.get(run_id)
-            if events is not None:
-                events.discard(event)
-                if not events:
-                    del waiters[run_id]
+    @property
+    def _store(self) -> Store:
+        return self._storage.store
 
     async def _write(self, fn: Callable[..., T], *args: Any, route: str | None = "") -> T:
-        """Run ``fn(tx, *args)`` in the next group-commit transaction; return after COMMIT.
-
-        Operations with the same ``route`` (a run id) go to the same writer thread, in order.
-        ``route=None``: an operation with no order to keep (a worker's claim) goes to the least
-        busy writer, so that it does not hold up a run's writes queued behind it elsewhere.
-        """
-        if route is None:
-            writer = min(self._writers, key=lambda w: (w.backlog, random.random()))
-        else:
-            writer = self._writers[hash(route) % len(self._writers)]
-        result: T = await self._submit(writer, fn, args)
-        return result
+        return await self._storage.write(fn, *args, route=route)
 
     async def _read(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(tx, *args)`` in a read transaction: one consistent snapshot."""
-        result: T = await self._submit(self._reader, fn, args)
-        return result
+        return await self._storage.read(fn, *args)
 
-    async def _submit(self, thread: DatabaseThread, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
-        if self._closed:
-            raise DatabaseClosed(f"database {self.path!r} is closed")
-        return await submit(thread, fn, args)
+    @property
+    def _writers(self) -> Sequence[DatabaseThread]:
+        return self._storage.writers
 
-    async def _close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        with trio.CancelScope(shield=True):
-            if self._listening is not None:
-                await trio.to_thread.run_sync(self._listening.stop)
-            for thread in (*self._writers, self._reader):
-                await submit(thread, None, ())
-                # The thread's last act was that reply; joining it takes a moment, off the loop.
-                await trio.to_thread.run_sync(thread.join)
+    @property
+    def _reader(self) -> DatabaseThread:
+        return self._storage.reader
+
+
+def storage(db: Database) -> Storage:
+    """The storage behind ``db``: the core's way to its operations and wake-ups."""
+    return db._storage
 
 
 @asynccontextmanager
@@ -306,12 +230,10 @@ async def open_database(
     token = trio.lowlevel.current_trio_token()
     where = parse_target(text)
     if where.backend == "postgresql":
-        from . import _postgres
+        from . import _postgres  # psycopg is an optional extra: imported only when it is needed
 
         backend = await _postgres.open_backend(where.location, token=token, clock=clock, writers=writers or 2)
     else:
-        from . import _sqlite
-
         if writers not in (None, 1):
             raise InvalidArgument(f"SQLite has exactly one writer, not writers={writers!r}")
         backend = await _sqlite.open_backend(
@@ -321,4 +243,4 @@ async def open_database(
     try:
         yield db
     finally:
-        await db._close()
+        await db._storage.close()

@@ -10,7 +10,7 @@ from typing import Final
 
 import trio
 
-from ._database import Database
+from ._database import Database, storage
 from ._errors import InvalidArgument, StorageError, WaitTimeout
 from ._types import RunRecord
 from ._validation import canonical_run_id, check_seconds
@@ -42,10 +42,11 @@ async def wait_for_end(
     limit = None if timeout is None else check_seconds(timeout, f"run {run_id}: the timeout of wait_for_end")
     deadline = math.inf if limit is None else trio.current_time() + limit
     waiter = str(uuid.uuid4())
-    woken = db._end_event(run_id)  # before the first read: an end after it wakes this one
+    core = storage(db)
+    woken = core.wakes.end_event(run_id)  # before the first read: an end after it wakes this one
     noted = ended = False
     try:
-        run: RunRecord = await db._write(db._store.watch_end, run_id, waiter, route=run_id)
+        run: RunRecord = await core.write(core.store.watch_end, run_id, waiter, route=run_id)
         noted = True
         while not run.status.is_terminal:
             if trio.current_time() >= deadline:
@@ -53,14 +54,14 @@ async def wait_for_end(
             with trio.move_on_at(min(deadline, trio.current_time() + _POLL_S)):
                 await woken.wait()
             if woken.is_set():  # a new event before the next read, so no wake-up falls between
-                db._forget_end_event(run_id, woken)
-                woken = db._end_event(run_id)
-            run = await db._read(db._store.get_run, run_id)
+                core.wakes.forget_end_event(run_id, woken)
+                woken = core.wakes.end_event(run_id)
+            run = await core.read(core.store.get_run, run_id)
         ended = True
         return run
     finally:
-        db._forget_end_event(run_id, woken)
+        core.wakes.forget_end_event(run_id, woken)
         if noted and not ended:  # an end takes its waiters' notes with it; else this one goes now
             # A note left behind (the database failing now) costs one notification at the end.
             with trio.CancelScope(shield=True), contextlib.suppress(StorageError):
-                await db._write(db._store.unwatch_end, run_id, waiter, route=run_id)
+                await core.write(core.store.unwatch_end, run_id, waiter, route=run_id)

@@ -18,12 +18,11 @@ from typing import Any, Final, TypeVar
 import attrs
 import trio
 
-from ._backend import CancelOutcome, DecideOutcome, SendOutcome
 from ._budget import LIMIT_COLUMNS, Budget
-from ._database import Database
+from ._database import Database, storage
 from ._errors import InvalidArgument, RunTerminal, TransientConflict
 from ._json import JSONValue, dump_trusted, encode
-from ._run import announce_cancellation
+from ._store import CancelOutcome, DecideOutcome, SendOutcome
 from ._types import Approval
 from ._validation import canonical_run_id, check_call_id, check_name, check_text
 
@@ -70,12 +69,8 @@ async def send_signal(
     def audit(sent: SendOutcome) -> _Entry | None:
         return ("signal", {"key": key, "signal": topic, "signal_id": sent.signal_id}) if sent.stored else None
 
-    write = _audited(db, db._store.send_signal, audit, by)
+    write = _audited(db, storage(db).store.send_signal, audit, by)
     sent: SendOutcome = await _as_outsider(db, run_id, write, topic, payload_json, key)
-    if sent.stored:
-        db._announce_inbox(run_id)
-    if sent.woke:
-        db._announce_claimable()
     return sent.signal_id
 
 
@@ -115,11 +110,8 @@ async def decide_approval(
         detail = {"args_hash": decided.approval.args_hash, "call_id": call_id, "reason": reason}
         return ("approve" if approved else "deny", detail)
 
-    write = _audited(db, db._store.decide_approval, audit, by)
+    write = _audited(db, storage(db).store.decide_approval, audit, by)
     decided: DecideOutcome = await _as_outsider(db, run_id, write, call_id, approved, by, reason, args_hash)
-    db._announce_inbox(run_id)
-    if decided.woke:
-        db._announce_claimable()
     return decided.approval
 
 
@@ -142,11 +134,10 @@ async def cancel_run(db: Database, run_id: str, reason: str, *, by: str | None =
         detail = {"cancelled": len(outcome.cancelled), "reason": reason, "requested": len(outcome.requested)}
         return ("cancel", detail)
 
-    write = _audited(db, db._store.cancel_run, audit, by)
+    write = _audited(db, storage(db).store.cancel_run, audit, by)
     outcome: CancelOutcome = await _as_outsider(db, run_id, write, reason)
     if outcome.already_terminal not in (None, "cancelled"):
         raise RunTerminal(f"run {run_id} is already {outcome.already_terminal}; it cannot be cancelled")
-    announce_cancellation(db, outcome)
 
 
 async def raise_budget(db: Database, run_id: str, *, by: str | None = None, **limits: Any) -> None:
@@ -165,11 +156,8 @@ async def raise_budget(db: Database, run_id: str, *, by: str | None = None, **li
     changes = {column: value for name, column, value in columns if name in limits}
     by = _check_by(by, run_id)
     detail = {"limits": dict(limits)}  # as given, and valid: Budget() checked them
-    write = _audited(db, db._store.set_budget, lambda _: ("raise_budget", detail), by)
-    woke: bool = await _as_outsider(db, run_id, write, changes)
-    db._announce_inbox(run_id)
-    if woke:
-        db._announce_claimable()
+    write = _audited(db, storage(db).store.set_budget, lambda _: ("raise_budget", detail), by)
+    await _as_outsider(db, run_id, write, changes)
 
 
 _LIMIT_NAMES: Final = tuple(f.name for f in attrs.fields(Budget))
@@ -191,12 +179,9 @@ async def retry_now(db: Database, run_id: str, *, by: str | None = None) -> bool
     def audit(was_due_at: int | None) -> _Entry | None:
         return None if was_due_at is None else ("retry_now", {"was_due_at": was_due_at})
 
-    write = _audited(db, db._store.retry_now, audit, by)
+    write = _audited(db, storage(db).store.retry_now, audit, by)
     was_due_at: int | None = await _as_outsider(db, run_id, write)
-    if was_due_at is None:
-        return False
-    db._announce_claimable()
-    return True
+    return was_due_at is not None
 
 
 _Entry = tuple[str, dict[str, Any]]
@@ -212,7 +197,7 @@ def _audited(
 ) -> Callable[..., T]:
     """``write``, then (in its transaction, on the database thread) the audit row ``entry_of``
     makes of its outcome, if any; a write that raises leaves neither."""
-    record = db._store.record_action
+    record = storage(db).store.record_action
 
     def audited(tx: Any, run_id: str, *args: Any) -> T:
         outcome = write(tx, run_id, *args)
@@ -227,11 +212,11 @@ def _audited(
 
 async def _as_outsider(db: Database, run_id: str, fn: Callable[..., T], *args: Any) -> T:
     """Write ``run_id``'s inbox; while its owner's write holds the run (PostgreSQL refuses to
-    wait for it: see the store), try again shortly. Nothing was written by a busy attempt."""
+    wait for it: see zincir/_store/_tx.py), try again shortly. Nothing was written by a busy attempt."""
     delay, give_up_at = 0.001, trio.current_time() + _BUSY_FOR_S
     while True:
         try:
-            return await db._write(fn, run_id, *args, route=run_id)
+            return await storage(db).write(fn, run_id, *args, route=run_id)
         except TransientConflict:
             if trio.current_time() + delay > give_up_at:
                 raise

@@ -15,20 +15,8 @@ import attrs
 import trio
 
 from . import _faults
-from ._backend import (
-    ApprovalOutcome,
-    CancelOutcome,
-    IntentRow,
-    JoinOutcome,
-    Lease,
-    NewChild,
-    OpenWait,
-    Store,
-    WaitKind,
-    args_hash,
-)
 from ._budget import Budget, CountedCall, Usage, debit_of, exceeded_error, judge
-from ._database import Database, open_database
+from ._database import Database, Storage, open_database, storage
 from ._errors import (
     BudgetExceeded,
     CheckpointNotPending,
@@ -48,6 +36,17 @@ from ._errors import (
     only_budget_exceeded,
 )
 from ._json import JSONValue, decode, encode
+from ._store import (
+    ApprovalOutcome,
+    IntentRow,
+    JoinOutcome,
+    Lease,
+    NewChild,
+    OpenWait,
+    Store,
+    WaitKind,
+    args_hash,
+)
 from ._threads import Flight, current_flight, flying
 from ._types import (
     Approval,
@@ -95,7 +94,7 @@ _INBOX_POLL_S = 0.25
 STOP_MARGIN: Final = 0.2
 
 # How long taking a lease tries again while another transaction holds the run's row for a moment
-# (PostgreSQL does not wait for the row: see the store).
+# (PostgreSQL does not wait for the row: see zincir/_store/_tx.py).
 _BUSY_FOR_S: Final = 10.0
 
 
@@ -110,6 +109,7 @@ class Run:
     id: str
     """The run's id (a canonical lowercase UUID string)."""
     _db: Database
+    _storage: Storage
     _store: Store
     _lease: Lease
     _flight: Flight
@@ -152,7 +152,8 @@ class Run:
         self = object.__new__(cls)
         self.id = lease.run_id
         self._db = db
-        self._store = db._store
+        self._storage = storage(db)
+        self._store = self._storage.store
         self._lease = lease
         # The database calls of the block: abandoned together once the lease is known lost.
         self._flight = Flight(current_flight())
@@ -253,7 +254,7 @@ class Run:
     async def _write(self, fn: Any, *args: Any) -> Any:
         counted = self._begin_activity()  # not a context manager: this is every write's path
         try:
-            submit = functools.partial(self._db._write, route=self.id)
+            submit = functools.partial(self._storage.write, route=self.id)
             if _faults.armed:  # a crash test's fault point (docs/crash-testing.md); off: this check
                 return await _faults.around_commit(self, fn, args, lambda: self._as_owner(submit, fn, *args))
             return await self._as_owner(submit, fn, *args)
@@ -263,15 +264,16 @@ class Run:
     async def _read(self, fn: Any, *args: Any) -> Any:
         counted = self._begin_activity()
         try:
-            return await self._as_owner(self._db._read, fn, *args)
+            return await self._as_owner(self._storage.read, fn, *args)
         finally:
             self._end_activity(counted)
 
     async def _as_owner(self, submit: Callable[..., Awaitable[Any]], fn: Any, *args: Any) -> Any:
         """Run a store operation with this owner's lease, which the operation checks. While
         another transaction holds a row it needs (nothing was written: PostgreSQL refuses to
-        wait for a row, see its store), try again, for as long as this owner holds the lease:
-        a row held past the deadline costs this run its lease (LeaseLost), and no other run."""
+        wait for a row, see zincir/_store/_tx.py), try again, for as long as this owner holds
+        the lease: a row held past the deadline costs this run its lease (LeaseLost), and no
+        other run."""
         delay = 0.001
         while True:
             self._check_usable()
@@ -303,10 +305,10 @@ class Run:
         a wait, the run does not suspend; it is no work, so the quiet time goes on after it (a
         handler replaying its steps reaches a long sleep and suspends at once)."""
         if self._suspend_after is None or trio.lowlevel.current_task() in self._waiting_tasks:
-            return await self._db._read(fn, *args)
+            return await self._storage.read(fn, *args)
         self._looking += 1
         try:
-            return await self._db._read(fn, *args)
+            return await self._storage.read(fn, *args)
         finally:
             self._looking -= 1
 
@@ -666,7 +668,7 @@ class Run:
                 return True, decode(outcome.payload_json), None
             return False, None, outcome.deadline
 
-        ready = functools.partial(self._db._read, self._store.signal_ready, self.id, topic, name)
+        ready = functools.partial(self._storage.read, self._store.signal_ready, self.id, topic, name)
         return await self._wait(decide, ready, "signal", name)
 
     async def wait_for_approval(
@@ -694,7 +696,7 @@ class Run:
                 raise WaitTimeout(f"run {self.id}: the approval of tool call {call_id!r} passed its deadline")
             return outcome.state == "decided", outcome.approval, outcome.remaining_ms
 
-        ready = functools.partial(self._db._read, self._store.approval_ready, self.id, call_id)
+        ready = functools.partial(self._storage.read, self._store.approval_ready, self.id, call_id)
         approval: Approval = await self._wait(decide, ready, "approval", call_id)
         return approval
 
@@ -715,7 +717,6 @@ class Run:
         it spends is not its parent's."""
         child = self._new_child(name, role, provider, config, budget)
         ids: list[str] = await self._write(self._store.spawn_children, [child])
-        self._db._announce_claimable()
         return ids[0]
 
     def _new_child(
@@ -753,7 +754,7 @@ class Run:
                 raise WaitTimeout(f"run {self.id}: the join of child {child_id} passed its deadline")
             return outcome.state == "ended", outcome.child, outcome.remaining_ms
 
-        ready = functools.partial(self._db._read, self._store.child_ready, self.id, child_id)
+        ready = functools.partial(self._storage.read, self._store.child_ready, self.id, child_id)
         child: RunRecord = await self._wait(decide, ready, "child", child_id)
         return child
 
@@ -762,8 +763,7 @@ class Run:
         join it to wait until it has stopped."""
         child_id = canonical_run_id(child_id, f"run {self.id}: child_id")
         reason = check_text(reason, f"run {self.id}: the reason", max_chars=4000, allow_empty=True)
-        outcome: CancelOutcome = await self._write(self._store.cancel_child, child_id, reason)
-        announce_cancellation(self._db, outcome)
+        await self._write(self._store.cancel_child, child_id, reason)
 
     @asynccontextmanager
     async def children(self) -> AsyncIterator[Children]:
@@ -840,7 +840,7 @@ class Run:
         with self._waiting_on(kind, name):
             while True:
                 # Register before looking: news arriving between the look and the sleep still wakes us.
-                woken = self._db._inbox_event(self.id)
+                woken = self._storage.wakes.inbox_event(self.id)
                 try:
                     try:
                         done, value, remaining_ms = await decide()
@@ -858,7 +858,7 @@ class Run:
                             suspend_at = self._suspend_time(retry=True)
                             break
                 finally:
-                    self._db._forget_inbox_event(self.id, woken)
+                    self._storage.wakes.forget_inbox_event(self.id, woken)
 
     @contextmanager
     def _waiting_on(self, kind: WaitKind, name: str) -> Iterator[None]:
@@ -930,10 +930,8 @@ class Run:
         except BaseException:
             self._ending = False
             raise
-        if not suspended:
+        if not suspended:  # the store woke the body's waits: one of them can complete
             self._ending = False
-            # A wait that can complete looks at once rather than at its next poll.
-            self._db._announce_inbox(self.id, owner=False)
             await self._look_at_news()  # a cancellation requested, perhaps: act on it now
             return
         self._released = self._suspended = True
@@ -971,11 +969,8 @@ class Run:
         self, status: RunStatus, transition: dict[str, str], result_json: str | None = None
     ) -> None:
         payload = self._encode(transition, "the final transition")
-        parent = await self._end_ownership(self._store.finish, status, payload, result_json)
+        await self._end_ownership(self._store.finish, status, payload, result_json)
         self._finished = status
-        if parent is not None:  # it may be joining this run, here (or be due, if suspended)
-            self._db._announce_inbox(parent, owner=False)
-            self._db._announce_claimable()
 
     async def _end_ownership(self, fn: Any, *args: Any) -> Any:
         """Run a write that gives up the lease, then stop renewing it."""
@@ -1023,7 +1018,7 @@ class Run:
         """Renew the lease once; the seconds until the next renewal, None to stop renewing."""
         sent_at = self._renewal_sent_at = trio.current_time()
         try:
-            self._lease, cancel_reason = await self._db._write(
+            self._lease, cancel_reason = await self._storage.write(
                 self._store.renew, self._lease, route=self.id
             )  # the renewed lease says when the run's wall time ends, too
             self._confirmed_at = sent_at
@@ -1147,19 +1142,19 @@ class Run:
 
     async def _poked_until(self, deadline: float) -> bool:
         """Whether news reached the run's inbox before ``deadline`` (Trio time)."""
-        poked = self._db._inbox_event(self.id, hear_others=False, owner=True)
+        poked = self._storage.wakes.inbox_event(self.id, hear_others=False, owner=True)
         try:
             with trio.move_on_at(deadline):
                 await poked.wait()
                 return True
             return False
         finally:
-            self._db._forget_inbox_event(self.id, poked)
+            self._storage.wakes.forget_inbox_event(self.id, poked)
 
     async def _look_at_news(self) -> None:
         """Read what an outsider may have changed: a cancellation request, the wall time."""
         try:
-            reason, wall_end = await self._db._read(self._store.owner_news, self.id)
+            reason, wall_end = await self._storage.read(self._store.owner_news, self.id)
         except StorageError:
             return  # the next renewal reads both again
         self._lease = attrs.evolve(self._lease, wall_time_ends_at=wall_end)
@@ -1198,8 +1193,6 @@ class Run:
             finally:
                 self._releasing = False
         self._released = True
-        if released and self._release_delay_ms == 0:
-            self._db._announce_claimable()
         return released
 
     async def _release_now(self) -> bool:
@@ -1208,7 +1201,7 @@ class Run:
         delay = 0.001
         while True:
             try:
-                released: bool = await self._db._write(
+                released: bool = await self._storage.write(
                     self._store.release,
                     self._lease,
                     self._release_delay_ms,
@@ -1313,7 +1306,6 @@ class Children:
                     del self._queued[: len(batch)]  # (already empty if _close dropped them)
                     for child_id, child in zip(ids, batch, strict=True):
                         self._add(child_id, child.name)
-                    self._run._db._announce_claimable()
                     await trio.lowlevel.checkpoint()
         except trio.Cancelled:
             # The block's surroundings are cancelled, so is the body, which raises it: what is
@@ -1361,7 +1353,7 @@ class Children:
         """Join every child, many per transaction. A read finds those that have ended, and only
         those are joined (looking at a running child would write its join record again); the
         nursery waits (suspends, in a worker) for the first that has not."""
-        store, read = self._run._store, self._run._db._read
+        store, read = self._run._store, self._run._storage.read
         joined: dict[str, RunRecord] = {}
         pending = list(self.spawned)
         while pending:
@@ -1401,14 +1393,6 @@ def _cancels_children(error: Exception) -> bool:
 # fan-out costs few commits, small enough that the first children start while the rest queue.
 _SPAWN_BATCH: Final = 100
 _JOIN_BATCH: Final = 100
-
-
-def announce_cancellation(db: Database, outcome: CancelOutcome) -> None:
-    """Wake, in this process, the owners asked to stop and whatever waits for the runs ended."""
-    for run_id in outcome.requested:
-        db._announce_inbox(run_id)
-    if outcome.cancelled:
-        db._announce_claimable()  # a parent suspended on one of them may be due now
 
 
 async def _quietly(write: Awaitable[object]) -> None:
@@ -1556,11 +1540,13 @@ async def open_run(
         description = (check_name(role, "role"), _check_provider(provider), config_json)
         limits = _budget_row(budget)
         lease, submitted_at = await _take_lease(
-            db, db._store.create_run, new_id, parent, *description, owner, ttl_ms, limits
+            db, storage(db).store.create_run, new_id, parent, *description, owner, ttl_ms, limits
         )
     else:
         run_id = canonical_run_id(run_id)
-        lease, submitted_at = await _take_lease(db, db._store.acquire_run, run_id, owner, ttl_ms, bool(force))
+        lease, submitted_at = await _take_lease(
+            db, storage(db).store.acquire_run, run_id, owner, ttl_ms, bool(force)
+        )
     if lease is None:
         raise RunCancelled(f"run {run_id} was cancelled (its cancellation was requested before)")
     async with owned_run(db, lease, submitted_at=submitted_at) as run:
@@ -1575,7 +1561,7 @@ async def _take_lease(db: Database, fn: Any, run_id: str, *args: Any) -> tuple[L
     while True:
         submitted_at = trio.current_time()
         try:
-            lease: Lease | None = await db._write(fn, run_id, *args, route=run_id)
+            lease: Lease | None = await storage(db).write(fn, run_id, *args, route=run_id)
             return lease, submitted_at
         except TransientConflict:
             if trio.current_time() + delay > give_up_at:

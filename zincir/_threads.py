@@ -22,6 +22,11 @@ outcome. The one exception is a :class:`Flight`, the calls made inside a lease h
 once the lease is known lost, :meth:`Flight.abandon` answers every call of it still waiting with
 an error at once, whatever the database does (see docs/leases.md).
 
+An operation notes what its writes may wake (``tx.wake``); once the COMMIT that holds it is
+done, the thread hands what the committed operations woke to :attr:`DatabaseThread.deliver`,
+on the Trio thread, before their callers resume. One that failed, or was rolled back to its
+savepoint, wakes nobody (see :mod:`zincir._wakes`).
+
 What differs between backends (how to begin, which errors mean what, reconnecting) is a
 :class:`Session`; everything here is backend-free.
 """
@@ -42,6 +47,7 @@ import outcome
 import trio
 
 from ._errors import StorageError
+from ._wakes import Wakes
 
 __all__ = ["DatabaseThread", "Flight", "Session", "current_flight", "flying", "submit"]
 
@@ -69,9 +75,10 @@ class Session(Protocol):
         """Begin at once if nothing stands in the way (no other writer holds a lock), else
         return False without waiting; only called for sessions that run operations inline."""
 
-    def commit(self) -> None:
-        """Raises :class:`StorageError` only when the outcome is unknown; any other error
-        means nothing was committed."""
+    def commit(self, wakes: Wakes | None) -> None:
+        """Commit, and tell other processes what it wakes (PostgreSQL's NOTIFY, inside the
+        transaction). Raises :class:`StorageError` only when the outcome is unknown; any other
+        error means nothing was committed."""
 
     def rollback(self) -> None:
         """Roll back the open transaction, if there is one; never raises."""
@@ -99,13 +106,10 @@ class Session(Protocol):
         reason that running it once more may not meet (a connection found dead)."""
 
     def tx(self) -> Any:
-        """The object an operation receives: statements, and the database's "now"."""
+        """The object an operation receives (a :class:`zincir._store.Tx`)."""
 
     def translate(self, exc: Exception) -> Exception:
         """The zincir error for a driver error; any other exception unchanged."""
-
-    def after_commit(self) -> None:
-        """Work that must follow a COMMIT outside any transaction (PostgreSQL's NOTIFY)."""
 
     def close(self) -> None: ...
 
@@ -116,6 +120,7 @@ class Request:
     args: tuple[Any, ...]
     task: trio.lowlevel.Task
     result: outcome.Outcome[Any] | None = None
+    wakes: Wakes | None = None  # what it woke, once it returned
     # The flights it was submitted in (innermost first), each with its abandonment count then.
     flights: tuple[tuple[Flight, int], ...] = ()
     parked: bool = False  # its task sleeps until it is answered (only then may it be abandoned)
@@ -258,6 +263,8 @@ class DatabaseThread:
         self._death: str | None = None
         self._lock = threading.Lock()
         self._batch: list[Request] = []  # taken from the queue and not answered yet
+        self.deliver: Callable[[Wakes], None] | None = None
+        """Where the wake-ups of committed operations go (set once, before any is submitted)."""
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
 
@@ -320,7 +327,7 @@ class DatabaseThread:
         finally:
             self._gathering = None
         try:
-            ran = not self._gathered_for_the_thread and self._run_inline_batch(batch)
+            woken = None if self._gathered_for_the_thread else self._run_inline_batch(batch)
         except BaseException as exc:  # not an operation's error: those are outcomes
             interrupted = StorageError(
                 f"{self._name}: the transaction was interrupted ({exc!r}) before its outcome was"
@@ -329,7 +336,8 @@ class DatabaseThread:
             for other in batch[1:]:
                 _answer(other, outcome.Error(interrupted))
             raise
-        if ran:
+        if woken is not None:
+            self._tell(woken)
             for other in batch[1:]:
                 assert other.result is not None
                 _answer(other, other.result)
@@ -343,31 +351,31 @@ class DatabaseThread:
             raise
         return await _wait_for_answer(request)
 
-    def _run_inline_batch(self, batch: list[Request]) -> bool:
-        """Run the batch in one transaction now; False (with nothing written) if the thread
-        must take it: the write lock is taken, or the shared transaction failed and each
-        operation needs its own (which could wait for the lock)."""
+    def _run_inline_batch(self, batch: list[Request]) -> Wakes | None:
+        """Run the batch in one transaction now, and what it woke; None (with nothing written)
+        if the thread must take it: the write lock is taken, or the shared transaction failed
+        and each operation needs its own (which could wait for the lock)."""
         started = time.perf_counter()
         try:
             if not self._session.try_begin():
-                return False
+                return None
         except Exception:
             self._session.rollback()
-            return False
+            return None
         try:
             if len(batch) == 1:
-                batch[0].result = self._finish_alone(batch[0])
-            elif self._together(batch):
-                self._after_commit()
+                woken: Wakes | None = self._finish_alone(batch[0])
             else:
-                for request in batch:
-                    request.result = None
-                return False
+                woken = self._together(batch)
+                if woken is None:
+                    for request in batch:
+                        request.result = None
+                    return None
         except BaseException:
             self._session.rollback()
             raise
         self._measure(time.perf_counter() - started)
-        return True
+        return woken
 
     def _measure(self, seconds: float) -> None:
         """Keep a moving average of how long a transaction holds the loop (or would)."""
@@ -412,7 +420,7 @@ class DatabaseThread:
             request.result = outcome.Value(None) if request.fn is None else outcome.Error(StorageError(death))
         if stranded:
             with contextlib.suppress(trio.RunFinishedError):  # nobody is left to tell
-                self._reply(stranded)
+                self._reply(stranded, Wakes())
 
     def _serve_until_closed(self) -> None:
         closing = False
@@ -425,8 +433,9 @@ class DatabaseThread:
                     break
             work = [r for r in batch if r.fn is not None]
             closing = len(work) < len(batch)
+            woken = Wakes()
             if work:
-                self._run_batch(work)
+                woken = self._run_batch(work)
                 self._maintain()
             if closing:
                 self._session.close()
@@ -434,11 +443,12 @@ class DatabaseThread:
                     if request.fn is None:
                         request.result = outcome.Value(None)
             self._batch = []
-            self._reply(batch)
+            self._reply(batch, woken)
 
-    def _reply(self, batch: list[Request]) -> None:
+    def _reply(self, batch: list[Request], woken: Wakes) -> None:
         def wake() -> None:
             self._in_thread -= len(batch)
+            self._tell(woken)
             for request in batch:
                 assert request.result is not None
                 _answer(request, request.result)
@@ -446,92 +456,109 @@ class DatabaseThread:
         # Closing waits for this thread's last reply and joins it: the Trio run is still there.
         self._token.run_sync_soon(wake)
 
-    def _run_batch(self, batch: list[Request]) -> None:
+    def _run_batch(self, batch: list[Request]) -> Wakes:
         started = time.perf_counter()
-        self._run_batch_untimed(batch)
+        woken = self._run_batch_untimed(batch)
         if self._inline:
             self._measure(time.perf_counter() - started)
+        return woken
 
-    def _run_batch_untimed(self, batch: list[Request]) -> None:
-        if len(batch) == 1 or not self._group_commit:
-            for request in batch:
-                self._run_alone(request)
-        elif not self._run_together(batch):
+    def _run_batch_untimed(self, batch: list[Request]) -> Wakes:
+        if len(batch) > 1 and self._group_commit:
+            woken = self._run_together(batch)
+            if woken is not None:
+                return woken
             # The shared transaction itself failed (commit error, or the database rolled it
             # back): give every operation its own transaction so each gets its own outcome.
-            for request in batch:
-                self._run_alone(request)
-        else:
-            self._after_commit()
+        woken = Wakes()
+        for request in batch:
+            woken.add(self._run_alone(request))
+        return woken
 
     def _call(self, request: Request, *, shared: bool = False) -> outcome.Outcome[Any]:
         assert request.fn is not None
+        request.wakes = None
         try:
-            value = request.fn(self._session.tx(), *request.args)
+            tx = self._session.tx()
+            value = request.fn(tx, *request.args)
+            wakes = tx.close()  # a fence not read yet is judged here
             if shared:
                 self._session.end_operation()
-            return outcome.Value(value)
         except Exception as exc:
             return outcome.Error(self._session.translate(exc))
+        request.wakes = wakes
+        return outcome.Value(value)
 
-    def _run_alone(self, request: Request) -> None:
-        request.result = self._alone(request)
+    def _run_alone(self, request: Request) -> Wakes:
+        woken = self._alone(request)
         if isinstance(request.result, outcome.Error) and self._session.may_run_again():
-            request.result = self._alone(request)
+            woken = self._alone(request)
+        return woken
 
-    def _alone(self, request: Request) -> outcome.Outcome[Any]:
+    def _alone(self, request: Request) -> Wakes:
         try:
             self._session.begin()
         except Exception as exc:
             error = self._session.translate(exc)
             self._session.rollback()
-            return outcome.Error(error)
+            request.result = outcome.Error(error)
+            return Wakes()
         return self._finish_alone(request)
 
-    def _finish_alone(self, request: Request) -> outcome.Outcome[Any]:
-        result = self._call(request)
+    def _finish_alone(self, request: Request) -> Wakes:
+        """Run ``request`` in the transaction begun, commit it, and what it woke (nothing, if
+        it failed). Its outcome goes to ``request.result``."""
+        result = request.result = self._call(request)
+        woken = Wakes()
         if isinstance(result, outcome.Value):
             try:
-                self._session.commit()
+                self._session.commit(request.wakes)
             except Exception as exc:
-                result = outcome.Error(self._session.translate(exc))
+                request.result = outcome.Error(self._session.translate(exc))
             else:
-                self._after_commit()
+                woken = request.wakes or woken
         # After some errors the database has already rolled back; the operation's own error is
         # the one to report either way.
         self._session.rollback()
-        return result
+        return woken
 
-    def _run_together(self, batch: list[Request]) -> bool:
+    def _run_together(self, batch: list[Request]) -> Wakes | None:
         try:
             self._session.begin()
         except Exception as exc:
             self._session.rollback()
             for request in batch:
                 request.result = outcome.Error(self._session.translate(exc))
-            return True
+            return Wakes()
         return self._together(batch)
 
-    def _together(self, batch: list[Request]) -> bool:
+    def _together(self, batch: list[Request]) -> Wakes | None:
+        """Run the batch in the transaction begun, one savepoint each, and commit it; what the
+        operations that kept their writes woke. None: the transaction itself failed (nothing
+        was written; each operation needs a transaction of its own)."""
+        woken = Wakes()
         try:
             for request in batch:
                 self._session.savepoint()
                 request.result = self._call(request, shared=True)
                 if isinstance(request.result, outcome.Error):
                     if self._session.transaction_lost():
-                        return False
+                        return None
                     self._session.rollback_to_savepoint()
+                elif request.wakes is not None:
+                    woken.add(request.wakes)
                 self._session.release_savepoint()
-            self._session.commit()
+            self._session.commit(woken)
         except StorageError as exc:
             # The session could not tell whether the COMMIT happened (a lost connection):
             # running the batch again could apply it twice, so every operation gets the error.
             for request in batch:
                 request.result = outcome.Error(exc)
+            return Wakes()
         except Exception:
             self._session.rollback()
-            return False
-        return True
+            return None
+        return woken
 
     def _maintain(self) -> None:
         """Work the session saves for its thread (SQLite's WAL checkpoints), before the reply:
@@ -541,11 +568,13 @@ class DatabaseThread:
         except Exception:  # the next maintenance tries again; nothing written is at stake
             logger.exception("database thread %s: maintenance failed", self._name)
 
-    def _after_commit(self) -> None:
-        try:
-            self._session.after_commit()
-        except Exception:  # a lost hint, never a lost write: the commit has happened
-            logger.exception("database thread %s: the work after a commit failed", self._name)
+    def _tell(self, woken: Wakes) -> None:
+        """Hand what committed operations woke to :attr:`deliver` (on the Trio thread)."""
+        if woken and self.deliver is not None:
+            try:
+                self.deliver(woken)
+            except Exception:  # a lost hint, never a lost write: the commit has happened
+                logger.exception("database thread %s: delivering wake-ups failed", self._name)
 
 
 def _chars(arg: object) -> int:

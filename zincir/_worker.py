@@ -14,8 +14,7 @@ from typing import Any, Final, TypeVar, final, overload
 import attrs
 import trio
 
-from ._backend import Claims, Lease, exhausted_reason
-from ._database import Database
+from ._database import Database, Storage, storage
 from ._errors import (
     BudgetExceeded,
     InvalidArgument,
@@ -25,6 +24,7 @@ from ._errors import (
     only_budget_exceeded,
 )
 from ._run import Run, owned_run
+from ._store import Claims, Lease, exhausted_reason
 from ._types import RunStatus
 from ._validation import check_int, check_seconds, lease_ttl_ms
 
@@ -174,6 +174,7 @@ class ResumeWorker:
         if not isinstance(backoff, Backoff):
             raise InvalidArgument(f"backoff must be a zincir.Backoff, not {backoff!r}")
         self._db = db
+        self._storage: Storage = storage(db)
         self._handler = handler
         self._resource_factory = resources
         self._resources: Any = None  # the factory's value, while the worker runs
@@ -215,7 +216,7 @@ class ResumeWorker:
             raise InvalidArgument("a ResumeWorker runs once; create another to run again")
         self._running = True
         async with self._resources_entered():
-            self._db._add_claim_listener(self._wake)
+            self._storage.wakes.add_claim_listener(self._wake)
             try:
                 async with trio.open_nursery() as handlers:
                     with self._claim_scope:
@@ -226,7 +227,7 @@ class ResumeWorker:
                     )
                     handlers.cancel_scope.deadline = trio.current_time() + self._grace_period
             finally:
-                self._db._claim_listeners.discard(self._wake)
+                self._storage.wakes.remove_claim_listener(self._wake)
 
     @asynccontextmanager
     async def _resources_entered(self) -> AsyncIterator[None]:
@@ -258,8 +259,8 @@ class ResumeWorker:
             self._wakeup = trio.Event()
             submitted_at = trio.current_time()  # each claimed lease expires after this + its TTL
             try:
-                claimed = await self._db._write(
-                    self._db._store.claim_due,
+                claimed = await self._storage.write(
+                    self._storage.store.claim_due,
                     self._owner,
                     self._ttl_ms,
                     self._max_attempts,
@@ -315,7 +316,7 @@ class ResumeWorker:
     async def _work_ahead(self) -> bool:
         """Whether a run will become claimable by itself (with ``until_idle``, when idle)."""
         try:
-            ahead: bool = await self._db._read(self._db._store.work_ahead)
+            ahead: bool = await self._storage.read(self._storage.store.work_ahead)
         except StorageError as exc:  # an outage is no reason to stop: look again after a poll
             logger.warning("worker: looking for work ahead failed (%s); looking again", exc)
             return True
@@ -325,7 +326,7 @@ class ResumeWorker:
         """Seconds until the next poll: the poll interval, or less if a run (a deadline, a wake
         time, a backoff) becomes due sooner, so that it is resumed then, not a poll late."""
         try:
-            due_in = await self._db._read(self._db._store.next_due_in)
+            due_in = await self._storage.read(self._storage.store.next_due_in)
         except StorageError:
             return self._poll_interval
         return self._poll_interval if due_in is None else min(self._poll_interval, due_in / 1000)
@@ -416,7 +417,7 @@ class ResumeWorker:
         failure = {"attempt": attempt, "error_type": error, "message": str(exc)[:_MAX_ERROR_MESSAGE]}
         reason = exhausted_reason(attempt, self._max_attempts or attempt, f"failed: {error}: {exc}")
         await run._end_ownership(
-            self._db._store.record_attempt_failure, failure, delay_ms, reason[:_MAX_ERROR_MESSAGE]
+            self._storage.store.record_attempt_failure, failure, delay_ms, reason[:_MAX_ERROR_MESSAGE]
         )
         if delay_ms is None:
             run._finished = RunStatus.FAILED

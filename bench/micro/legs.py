@@ -52,6 +52,7 @@ import trio
 
 import zincir
 from zincir import _database, _sqlite
+from zincir._store import Store
 from zincir._threads import DatabaseThread
 
 clock = time.perf_counter_ns
@@ -134,9 +135,9 @@ class TimedSession:
         self._stamps.mark("begun")
         return begun
 
-    def commit(self) -> None:
+    def commit(self, wakes: Any = None) -> None:
         self._stamps.mark("committing")
-        self._session.commit()
+        self._session.commit(wakes)
         self._stamps.mark("committed")
 
     def __getattr__(self, name: str) -> Any:
@@ -144,9 +145,9 @@ class TimedSession:
 
 
 class TimedStore:
-    """The store module, with every operation stamped where its SQL starts and ends."""
+    """The store, with every operation stamped where its SQL starts and ends."""
 
-    def __init__(self, store: ModuleType, stamps: Stamps) -> None:
+    def __init__(self, store: Store, stamps: Stamps) -> None:
         self._store = store
         self._stamps = stamps
 

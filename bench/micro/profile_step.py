@@ -4,11 +4,11 @@ Peels ``run.step`` into layers, each measured on its own file in WAL at synchron
 layers interleaved and repeated (medians of µs per step):
 
 A. raw sqlite3: BEGIN IMMEDIATE; INSERT; COMMIT (the floor: one fsync'd commit)
-B. zincir's own SQL for a step (``_store.complete_step``: lease check + INSERT + read-back),
+B. zincir's own SQL for a step (``Store.complete_step``: lease check + INSERT + read-back),
    straight through sqlite3 on the caller's thread, one transaction per step
 C. ``Database._write`` of an operation that does nothing: as a lone write runs, inline on the
    Trio thread (one pass of Trio's scheduler, then an empty BEGIN IMMEDIATE/COMMIT)
-D. ``Database._write(_store.complete_step, ...)``: B through zincir's write path
+D. ``Database._write(Store.complete_step, ...)``: B through zincir's write path
 E. ``run.step(name, noop)``: D plus ``Run.step``'s own Python (validation, JSON, bookkeeping)
 
 E - D is Run.step's Python, D - B the hand-off, B - A the schema and its SQL.
@@ -46,9 +46,9 @@ from typing import Any
 import trio
 
 import zincir
-from zincir._database import wall_clock_ms
-from zincir._sqlite import _store
+from zincir._database import storage, wall_clock_ms
 from zincir._sqlite._connection import Tx
+from zincir._store import Store
 
 from . import legs as _legs
 
@@ -72,7 +72,7 @@ def layer_a(conn: sqlite3.Connection, n: int) -> float:
 
 def layer_b(conn: sqlite3.Connection, n: int) -> float:
     conn.execute("BEGIN IMMEDIATE")
-    lease = _store.create_run(
+    lease = Store.create_run(
         Tx(conn, wall_clock_ms()), str(uuid.uuid4()), None, "bench", "", "{}", "profile", 3_600_000
     )
     conn.execute("COMMIT")
@@ -80,7 +80,7 @@ def layer_b(conn: sqlite3.Connection, n: int) -> float:
     for i in range(n):
         conn.execute("BEGIN IMMEDIATE")
         now = wall_clock_ms()
-        _store.complete_step(Tx(conn, now), lease, f"step-{i}", str(i), now)
+        Store.complete_step(Tx(conn, now), lease, f"step-{i}", str(i), now)
         conn.execute("COMMIT")
     return time.perf_counter() - start
 
@@ -102,7 +102,7 @@ async def layer_d(db: zincir.Database, n: int) -> float:
         start = time.perf_counter()
         for i in range(n):
             now = db.clock()
-            await db._write(_store.complete_step, lease, f"step-{i}", str(i), now)
+            await db._write(Store.complete_step, lease, f"step-{i}", str(i), now)
         seconds = time.perf_counter() - start
         await run.complete()
     return seconds
@@ -124,9 +124,9 @@ async def layer_e(db: zincir.Database, n: int) -> float:
 
 LABELS = {
     "A": "raw sqlite3: BEGIN IMMEDIATE; INSERT; COMMIT",
-    "B": "zincir's step SQL (_store.complete_step) via sqlite3",
+    "B": "zincir's step SQL (Store.complete_step) via sqlite3",
     "C": "Database._write of a no-op operation (an empty transaction, inline)",
-    "D": "Database._write(_store.complete_step)",
+    "D": "Database._write(Store.complete_step)",
     "E": "run.step(name, noop)",
 }
 
@@ -185,7 +185,7 @@ async def measure(workdir: str, n: int, reps: int) -> tuple[dict[str, list[float
             await layer_e(db, n)
             profiler.disable()
     finally:
-        await timed._close()
+        await storage(timed).close()
     raw.close()
     schema.close()
     stream = io.StringIO()

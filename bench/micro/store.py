@@ -48,11 +48,10 @@ from dataclasses import dataclass, field
 import trio
 
 import zincir
-from zincir._backend import args_hash
 from zincir._budget import CountedCall, debit_of
 from zincir._database import wall_clock_ms
-from zincir._sqlite import _store
 from zincir._sqlite._connection import Tx
+from zincir._store import IntentRow, Lease, Store, args_hash
 
 SCRATCH_TABLE = "CREATE TABLE IF NOT EXISTS bench_rows (id INTEGER PRIMARY KEY, payload TEXT NOT NULL)"
 INSERT_ROW = "INSERT INTO bench_rows (payload) VALUES (?)"
@@ -194,7 +193,7 @@ async def runs_loop(runs: Sequence[zincir.Run], iterations: int, rep: int) -> fl
     return 3 * len(runs) * iterations / (time.perf_counter() - start)
 
 
-def _response_json(call_id: str, i: int) -> tuple[str, _store.IntentRow]:
+def _response_json(call_id: str, i: int) -> tuple[str, IntentRow]:
     """The payloads Run.record_response would store for ``runs_loop``'s response."""
     args = {"query": "zincir", "page": i}
     response = {
@@ -203,14 +202,14 @@ def _response_json(call_id: str, i: int) -> tuple[str, _store.IntentRow]:
         "tool_calls": [{"args": args, "id": call_id, "name": "search"}],
     }
     intent = {"args": args, "call_id": call_id, "name": "search", "response_tool_count": 1}
-    return _dump(response), _store.IntentRow(call_id, "search", _dump(intent))
+    return _dump(response), IntentRow(call_id, "search", _dump(intent))
 
 
 def _dump(value: object) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
-def raw_runs_setup(path: str, runs: int) -> tuple[sqlite3.Connection, list[_store.Lease]]:
+def raw_runs_setup(path: str, runs: int) -> tuple[sqlite3.Connection, list[Lease]]:
     """A connection to a migrated zincir file with ``runs`` leased, running runs."""
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA foreign_keys = ON")
@@ -218,7 +217,7 @@ def raw_runs_setup(path: str, runs: int) -> tuple[sqlite3.Connection, list[_stor
     conn.execute("BEGIN IMMEDIATE")
     tx = Tx(conn, wall_clock_ms())
     leases = [
-        _store.create_run(tx, str(uuid.uuid4()), None, "agent", "", "{}", "bench", 3_600_000)
+        Store.create_run(tx, str(uuid.uuid4()), None, "agent", "", "{}", "bench", 3_600_000)
         for _ in range(runs)
     ]
     conn.execute("COMMIT")
@@ -226,7 +225,7 @@ def raw_runs_setup(path: str, runs: int) -> tuple[sqlite3.Connection, list[_stor
 
 
 def raw_runs_loop(
-    conn: sqlite3.Connection, leases: list[_store.Lease], iterations: int, rep: int, per_tx: int
+    conn: sqlite3.Connection, leases: list[Lease], iterations: int, rep: int, per_tx: int
 ) -> float:
     """What ``runs_loop`` does, on the caller's thread with zincir's own SQL (``_store``) and
     no Trio: each iteration writes every run's response, then every run's result, ``per_tx``
@@ -247,12 +246,12 @@ def raw_runs_loop(
                         args = {"query": "zincir", "page": i}
                         call = zincir.ToolCall(call_id, intent.name, args)
                         debit = debit_of(None, (CountedCall(call, args_hash(call.name, args)),), "bench")
-                        _store.record_response(tx, lease, llm_json, [intent], debit)
+                        Store.record_response(tx, lease, llm_json, [intent], debit)
                     else:
                         result = _dump(
                             {"call_id": call_id, "content": {"hits": 3, "top": "a small JSON result"}}
                         )
-                        _store.record_tool_result(tx, lease, call_id, result)
+                        Store.record_tool_result(tx, lease, call_id, result)
                     if per_tx > 1:
                         conn.execute("RELEASE operation")
                 conn.execute("COMMIT")

@@ -8,12 +8,13 @@ import time
 import psycopg
 import trio
 
-from .._database import Backend, Clock
+from .._backend import Backend, Clock
 from .._errors import StorageError
 from .._threads import DatabaseThread
-from . import _migrations, _store
+from . import _migrations
 from ._connection import Echo, PostgresSession, connect, redact, server_clock_offset, storage_error
 from ._listener import Listener
+from ._store import PostgresStore
 
 __all__ = ["open_backend"]
 
@@ -39,7 +40,7 @@ async def open_backend(
 ) -> Backend:
     offset = await trio.to_thread.run_sync(_prepare, url)
     where = redact(url)
-    echo = Echo(token)
+    echo = Echo()
 
     def thread(name: str, *, read_only: bool) -> DatabaseThread:
         session = PostgresSession(url, name, read_only=read_only, clock=clock, echo=echo)
@@ -53,7 +54,7 @@ async def open_backend(
     return Backend(
         name="postgresql",
         target=where,
-        store=_store,
+        store=PostgresStore(),
         writers=[thread(f"writer{i}", read_only=False) for i in range(writers)],
         reader=thread("reader", read_only=True),
         clock=clock or estimated_server_clock,

@@ -16,14 +16,15 @@ from collections.abc import Callable
 from typing import Any, Final
 
 import psycopg
-import trio
 from psycopg import errors as pg_errors
 from psycopg.pq import ConnStatus, TransactionStatus
 
 from .._errors import DatabaseBusy, DatabaseUnavailable, StorageError, TransientConflict
+from .._wakes import Wakes
 from ._pipe import Pending, Pipe
+from ._tx import Tx
 
-__all__ = ["Echo", "PostgresSession", "Tx", "connect", "redact", "storage_error"]
+__all__ = ["Echo", "PostgresSession", "connect", "redact", "storage_error"]
 
 logger = logging.getLogger("zincir")
 
@@ -34,7 +35,7 @@ _SESSION_SETTINGS: Final = (
     "SET lock_timeout = '10s'",
     "SET idle_in_transaction_session_timeout = '60s'",
 )
-# A writer never waits for a row: its operations lock rows NOWAIT (see the store), and this bounds
+# A writer never waits for a row: its operations lock rows NOWAIT (see zincir/_store/_tx.py), and this bounds
 # any other lock wait, which would hold up the whole group-commit batch, the renewals of other
 # runs' leases included. An operation that times out fails alone and is tried again.
 _WRITER_LOCK_TIMEOUT: Final = "SET lock_timeout = '100ms'"
@@ -67,22 +68,15 @@ CHILD_ENDED_CHANNEL: Final = "zincir_child_ended"
 RUN_ENDED_CHANNEL: Final = "zincir_run_ended"
 
 Clock = Callable[[], int]
-Wake = Callable[[str | None, str | None], None]
 
 
 class Echo:
-    """This process's own notifications, heard without the trip through the server.
+    """The backend pids of this database's writer connections, whose notifications the listener
+    skips: this process heard of its own writes already, when they committed (see _wakes)."""
 
-    The listener skips the notifications that this database's writer connections sent (known by
-    their backend pids), and each writer hands what it sent to the listener's wake-up itself,
-    once its transaction has committed: the same news, a moment sooner, with one wake-up of the
-    workers where the writer's caller and the listener's copy made two (a claim each)."""
-
-    def __init__(self, token: trio.lowlevel.TrioToken) -> None:
-        self._token = token
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._pids: frozenset[int] = frozenset()
-        self.wake: Wake | None = None  # set while a listener listens
 
     def own(self, pid: int) -> None:
         with self._lock:
@@ -94,17 +88,6 @@ class Echo:
 
     def sent_here(self, pid: int) -> bool:
         return pid in self._pids
-
-    def deliver(self, notifications: list[tuple[str, str]]) -> None:
-        """Wake this process as the listener would (from a database thread)."""
-        wake = self.wake
-        if wake is None:
-            return  # nobody listens: a listener that starts later looks at everything once
-        try:
-            for channel, payload in notifications:
-                self._token.run_sync_soon(wake, channel, payload)
-        except trio.RunFinishedError:
-            pass
 
 
 def redact(url: str) -> str:
@@ -168,96 +151,6 @@ def connect(url: str, *, application_name: str) -> psycopg.Connection[Any]:
     return conn
 
 
-class Tx:
-    """What an operation sees: statements on the connection, and the server's "now".
-
-    The connection is in pipeline mode: :meth:`execute` sends a statement without waiting for
-    it, and its outcome (an error, if it failed) arrives with the next statement whose rows are
-    read, or with the COMMIT. So a statement costs a round trip to the server only when the
-    operation needs its answer."""
-
-    def __init__(self, conn: psycopg.Connection[Any], session: PostgresSession) -> None:
-        self._conn = conn
-        self._session = session
-        self._now: int | None = None
-
-    @property
-    def now(self) -> int:
-        """The server clock in integer ms, read once per operation (or set by the statement
-        that locked the run's row)."""
-        if self._now is None:
-            (self._now,) = self.one("SELECT zincir_now_ms()")
-        assert self._now is not None
-        return self._now
-
-    def set_now(self, now: int) -> None:
-        if self._now is None:
-            self._now = now
-
-    def one(self, sql: str, params: Any = ()) -> Any:
-        return self.send(sql, params).one()
-
-    def all(self, sql: str, params: Any = ()) -> list[Any]:
-        return self.send(sql, params).all()
-
-    def execute(self, sql: str, params: Any = ()) -> None:
-        self._session.send(sql, params)
-
-    def send(self, sql: str, params: Any = ()) -> Sent:
-        """Send a statement and go on; read its rows later from what this returns. Reads that
-        do not depend on each other, sent one after another, share one round trip."""
-        pending = self._session.send(sql, params)
-        return Sent(pending, self._session, self._session._sent)
-
-    def savepoint(self, name: str) -> None:
-        """SAVEPOINT ``name``, inside an explicit transaction block (which it opens if the
-        transaction has none yet: a savepoint cannot live in an implicit one)."""
-        self._session.open_block()
-        self.execute(f"SAVEPOINT {name}")
-
-    def rollback_to(self, savepoint: str) -> None:
-        """After a statement failed: roll back to ``savepoint`` (the server ignores anything
-        sent after a failure until the pipeline is synced, so that comes first)."""
-        self._session.settle_quietly()
-        self.execute(f"ROLLBACK TO SAVEPOINT {savepoint}")
-        self._session.settle()
-
-    def notify_claimable(self) -> None:
-        """After this transaction commits, tell listening workers that a run became claimable."""
-        self._session.notify_pending = True
-
-    def notify_inbox(self, run_id: str) -> None:
-        """After this transaction commits, tell a waiting owner anywhere that it has a signal."""
-        self._session.signalled.add(run_id)
-
-    def notify_child_ended(self, parent_id: str) -> None:
-        """After this transaction commits, tell a parent joining anywhere that a child ended."""
-        self._session.parents_told.add(parent_id)
-
-    def notify_run_ended(self, run_id: str) -> None:
-        """After this transaction commits, tell whoever waits for the run's end that it ended."""
-        self._session.ended.add(run_id)
-
-
-class Sent:
-    """A statement on its way; reading its rows waits for it and for all sent before it."""
-
-    def __init__(self, pending: Pending, session: PostgresSession, number: int) -> None:
-        self._pending = pending
-        self._session = session
-        self._number = number
-
-    def one(self) -> Any:
-        row = self._pending.one()
-        self._session.answered(self._number)
-        return row
-
-    def all(self) -> list[Any]:
-        rows = self._pending.all()
-        self._session.answered(self._number)
-        return rows
-
-
 class PostgresSession:
     """One psycopg connection driven by one database thread; reconnects after a loss.
 
@@ -273,7 +166,6 @@ class PostgresSession:
         self._url = url
         self._echo = echo
         self._pid: int | None = None  # the backend's, while connected
-        self._told: list[tuple[str, str]] = []  # notifications sent in the open transaction
         self._name = name
         self._where = f"{redact(url)} ({name})"
         self._read_only = read_only
@@ -289,10 +181,6 @@ class PostgresSession:
         self._commit_sent = False
         self._began_on_idle = False  # the transaction began on a connection left idle before
         self._lost_before_commit = False
-        self.notify_pending = False
-        self.signalled: set[str] = set()
-        self.parents_told: set[str] = set()
-        self.ended: set[str] = set()
 
     def _connection(self) -> psycopg.Connection[Any]:
         if _unusable(self._conn):
@@ -334,6 +222,11 @@ class PostgresSession:
         self._sent += 1
         return pending
 
+    @property
+    def sent(self) -> int:
+        """How many statements were sent on this connection (the last one's number)."""
+        return self._sent
+
     def answered(self, number: int) -> None:
         self._answered = max(self._answered, number)
 
@@ -372,11 +265,6 @@ class PostgresSession:
         return True
 
     def begin(self) -> None:
-        self._told.clear()
-        self.notify_pending = False
-        self.signalled.clear()
-        self.parents_told.clear()
-        self.ended.clear()
         self._commit_sent = self._lost_before_commit = False
         if self._conn is not None and _hung_up(self._conn):
             # An idle connection has nothing to say unless the server ended it (a restart,
@@ -410,8 +298,8 @@ class PostgresSession:
         self._lost_before_commit = False
         return again
 
-    def commit(self) -> None:
-        """The NOTIFYs the transaction calls for, then its COMMIT, in one round trip."""
+    def commit(self, wakes: Wakes | None = None) -> None:
+        """The NOTIFYs for what the transaction wakes, then its COMMIT, in one round trip."""
         conn = self._conn
         if conn is None:  # lost (and discarded) during the transaction: never a silent success
             lost = psycopg.OperationalError("the connection was lost during the transaction")
@@ -421,13 +309,13 @@ class PostgresSession:
             self._in_transaction = False
             return
         if not self._block:
-            self._commit_implicit(conn)
+            self._commit_implicit(conn, wakes)
             return
         # In a transaction that failed, COMMIT answers ROLLBACK without an error: its status
         # message, not the absence of an error, says whether it committed. In pipeline mode
         # sending may raise too (it reads the answers that came meanwhile), so it is all inside.
         try:
-            self._send_notifications(conn)
+            self._send_notifications(wakes)
             self._commit_sent = True
             committing = self.send("COMMIT")
             self.settle()
@@ -439,11 +327,11 @@ class PostgresSession:
             raise RuntimeError(f"COMMIT answered {committing.status!r}: nothing was committed")
         self._in_transaction = False
 
-    def _commit_implicit(self, conn: psycopg.Connection[Any]) -> None:
+    def _commit_implicit(self, conn: psycopg.Connection[Any], wakes: Wakes | None) -> None:
         """Commit a transaction that never sent BEGIN: the sync commits it, unless a statement
         of it failed, and then the server rolled all of it back and the sync raises that error."""
         try:
-            self._send_notifications(conn)
+            self._send_notifications(wakes)
             self._commit_sent = True
             self.settle(always=True)
         except psycopg.Error as exc:
@@ -461,28 +349,22 @@ class PostgresSession:
             f"{self._where}: the connection failed {when}, so whether it committed is unknown ({exc})"
         )
 
-    def _send_notifications(self, conn: psycopg.Connection[Any]) -> None:
+    def _send_notifications(self, wakes: Wakes | None) -> None:
         # Inside the write transaction, right before it commits. Sent after COMMIT, each NOTIFY
         # was a transaction of its own, with an XID and a WAL flush of its own: a second durable
         # commit per write that wakes anyone. Inside, the commits of notifying transactions
         # take PostgreSQL's notification lock in turn, as those extra commits did. A hint only;
         # workers poll as well, and a transaction rolled back sends none.
-        told = self._told
-        if self.notify_pending:
-            self.notify_pending = False
-            told.append((CLAIMABLE_CHANNEL, ""))
-        told.extend((INBOX_CHANNEL, run_id) for run_id in sorted(self.signalled))
-        # A parent told of all news already needs no word of its child.
-        told.extend((CHILD_ENDED_CHANNEL, run_id) for run_id in sorted(self.parents_told - self.signalled))
-        told.extend((RUN_ENDED_CHANNEL, run_id) for run_id in sorted(self.ended))
+        if not wakes:
+            return
+        if wakes.claimable:
+            self.send(f"NOTIFY {CLAIMABLE_CHANNEL}")
+        told = [(INBOX_CHANNEL, run_id) for run_id in sorted(wakes.inbox)]
+        # A run told of all news already needs no word for its waits alone.
+        told += [(CHILD_ENDED_CHANNEL, run_id) for run_id in sorted(wakes.waits - wakes.inbox)]
+        told += [(RUN_ENDED_CHANNEL, run_id) for run_id in sorted(wakes.ended)]
         for channel, payload in told:
-            if payload:
-                self.send("SELECT pg_notify(%s, %s)", (channel, payload))
-            else:
-                self.send(f"NOTIFY {channel}")
-        self.signalled.clear()
-        self.parents_told.clear()
-        self.ended.clear()
+            self.send("SELECT pg_notify(%s, %s)", (channel, payload))
 
     def rollback(self) -> None:
         if not self._in_transaction:
@@ -542,11 +424,9 @@ class PostgresSession:
 
     def tx(self) -> Tx:
         self._live_pipe()
-        assert self._conn is not None
-        conn = self._conn
         if self._clock is not None:  # a test's fake server clock, read by zincir_now_ms()
             self.send("SELECT set_config('zincir.now_ms', %s, true)", (str(self._clock()),))
-        return Tx(conn, self)
+        return Tx(self, read_only=self._read_only)
 
     def translate(self, exc: Exception) -> Exception:
         if isinstance(exc, psycopg.Error):
@@ -554,12 +434,6 @@ class PostgresSession:
                 self._discard()
             return storage_error(exc, self._where)
         return exc
-
-    def after_commit(self) -> None:
-        # The NOTIFYs went with the commit; this process hears its own from here (see Echo).
-        if self._told and self._echo is not None:
-            self._echo.deliver(self._told)
-        self._told = []
 
     def close(self) -> None:
         self._discard()

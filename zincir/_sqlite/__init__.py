@@ -8,9 +8,9 @@ from typing import Final
 
 import trio
 
-from .._database import Backend, Clock, wall_clock_ms
+from .._backend import Backend, Clock, wall_clock_ms
+from .._store import Store
 from .._threads import DatabaseThread
-from . import _store
 from ._connection import SQLiteSession, open_connections
 from ._watcher import Watcher
 
@@ -36,7 +36,7 @@ async def open_backend(
     return Backend(
         name="sqlite",
         target=path,
-        store=_store,
+        store=Store(),
         writers=[thread("writer", SQLiteSession(writer, path, clock, writer=True))],
         reader=thread("reader", SQLiteSession(reader, path, clock, writer=False)),
         clock=clock,

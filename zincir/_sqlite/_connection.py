@@ -6,14 +6,18 @@ import itertools
 import logging
 import sqlite3
 import time
+from collections.abc import Callable, Sequence
 from typing import Any, Final, final
 
-import attrs
-
+from .. import _store
 from .._errors import DatabaseBusy, StorageError
+from .._store._tx import PLACEHOLDERS, Dialect, judge_lease
+from .._store._types import Lease
+from .._types import EventType
+from .._wakes import Wakes
 from . import _migrations
 
-__all__ = ["SQLiteSession", "Tx", "open_connections", "storage_error"]
+__all__ = ["SQLITE", "SQLiteSession", "Tx", "open_connections", "storage_error"]
 
 logger = logging.getLogger("zincir")
 
@@ -24,23 +28,123 @@ CHECKPOINT_EVERY_COMMITS: Final = 200
 _SQLITE_BUSY_CODES: Final = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
 
 
+# One writer holds the whole database from BEGIN: no row locks. A LIMIT of -1 is none, an IN
+# list takes up to 500 values, and the planner takes an index hint where it needs one.
+SQLITE: Final = Dialect("sqlite", least="min", greatest="max", unlimited=-1, chunk=500, index_hints=True)
+
+# ``?`` as SQLite's ``?NNN`` (so one value may serve several places) and ``:now`` as the last one.
+_RENDERED: dict[str, tuple[str, bool]] = {}
+
+
+def _render(sql: str) -> tuple[str, bool]:
+    """The statement as sqlite3 takes it, and whether the operation's now is its last parameter."""
+    rendered = _RENDERED.get(sql)
+    if rendered is None:
+        if ":now" in sql:
+            count = sql.count("?")
+            numbers = itertools.count(1)
+            text = PLACEHOLDERS.sub(lambda m: f"?{next(numbers) if m.group() == '?' else count + 1}", sql)
+            rendered = (text, True)
+        else:
+            rendered = (sql, False)
+        if len(_RENDERED) >= 4096:
+            _RENDERED.clear()  # statements built on the fly (IN lists) must not grow it for ever
+        _RENDERED[sql] = rendered
+    return rendered
+
+
 @final
-@attrs.define
-class Tx:
-    """What an operation sees on the database thread: the connection, and "now"."""
+class _Done:
+    """A statement's answer: it ran when it was sent."""
 
-    conn: sqlite3.Connection
-    now: int
-    """Milliseconds, read when the operation started, after the write lock was taken."""
+    __slots__ = ("_count", "_rows")
 
-    def one(self, sql: str, params: tuple[Any, ...] = ()) -> Any:
-        return self.conn.execute(sql, params).fetchone()
+    def __init__(self, rows: list[Any], count: int) -> None:
+        self._rows = rows
+        self._count = count
 
-    def all(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
-        return self.conn.execute(sql, params).fetchall()
+    def one(self) -> Any:
+        return self._rows[0] if self._rows else None
 
-    def execute(self, sql: str, params: tuple[Any, ...] = ()) -> sqlite3.Cursor:
-        return self.conn.execute(sql, params)
+    def all(self) -> list[Any]:
+        return self._rows
+
+    def count(self) -> int:
+        return self._count
+
+
+@final
+class Tx(_store.Tx):
+    """What an operation sees on the database thread (see :class:`zincir._store.Tx`): the
+    connection, and "now". Each statement runs as it is sent; the writer holds the whole
+    database from BEGIN IMMEDIATE, so nothing here locks a row."""
+
+    dialect = SQLITE
+
+    def __init__(self, conn: sqlite3.Connection, now: int) -> None:
+        self.conn = conn
+        self._now = now
+
+    @property
+    def now(self) -> int:
+        """Milliseconds, read when the operation started, after the write lock was taken."""
+        return self._now
+
+    def _run(self, sql: str, params: Sequence[Any]) -> sqlite3.Cursor:
+        text, now = _render(sql)
+        return self.conn.execute(text, (*params, self._now) if now else params)
+
+    def one(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        return self._run(sql, params).fetchone()
+
+    def all(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        return self._run(sql, params).fetchall()
+
+    def count(self, sql: str, params: Sequence[Any] = ()) -> int:
+        # rowcount, not RETURNING: sqlite3 runs a RETURNING statement several µs slower.
+        return self._run(sql, params).rowcount
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
+        return self._run(sql, params)
+
+    def send(self, sql: str, params: Sequence[Any] = ()) -> _Done:
+        cursor = self._run(sql, params)
+        if cursor.description is None:
+            return _Done([], cursor.rowcount)
+        rows = cursor.fetchall()
+        return _Done(rows, len(rows))
+
+    def fence(self, lease: Lease) -> None:
+        row = self.conn.execute(
+            "SELECT status, lease_owner, lease_epoch, lease_expires_at FROM agent_runs WHERE id = ?",
+            (lease.run_id,),
+        ).fetchone()
+        judge_lease(lease, row, self._now)
+
+    def lock_run(self, run_id: str, columns: str) -> Any:
+        return self.conn.execute(f"SELECT {columns} FROM agent_runs WHERE id = ?", (run_id,)).fetchone()
+
+    def _log(
+        self, run_id: str, type: EventType, payload: str, key: str | None, sets: str, params: Sequence[Any]
+    ) -> _Done:
+        seq, parent = self.one(
+            f"UPDATE agent_runs SET last_seq = last_seq + 1, updated_at = :now{sets} WHERE id = ?"
+            " RETURNING last_seq, parent_run_id",
+            (*params, run_id),
+        )
+        self.conn.execute(
+            "INSERT INTO events (run_id, seq, type, payload, idempotency_key, created_at)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (run_id, seq, type.value, payload, key, self._now),
+        )
+        return _Done([(seq, parent)], 1)
+
+    def unless_busy(self, end: Callable[..., object], *args: Any) -> bool:
+        end(self, *args)  # one writer: no row is ever busy
+        return True
+
+    def close(self) -> Wakes | None:
+        return self.wakes
 
 
 def _is_busy(exc: sqlite3.Error) -> bool:
@@ -109,8 +213,8 @@ class SQLiteSession:
             raise
         return True
 
-    def commit(self) -> None:
-        self._conn.execute("COMMIT")
+    def commit(self, wakes: Wakes | None = None) -> None:
+        self._conn.execute("COMMIT")  # wakes: nothing to tell other processes (see _watcher)
         self._commits += 1
 
     def maintenance_due(self) -> bool:
@@ -153,9 +257,6 @@ class SQLiteSession:
 
     def may_run_again(self) -> bool:
         return False  # a local file: a failure is the answer
-
-    def after_commit(self) -> None:
-        pass
 
     def close(self) -> None:
         self._conn.close()

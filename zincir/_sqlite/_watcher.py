@@ -10,71 +10,52 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-import threading
 from collections.abc import Callable
 from typing import Final
 
 import trio
 
-from .._database import Clock
+from .._backend import Clock
+from .._wakes import Hear, Hearing
 from ._connection import BUSY_TIMEOUT_MS
 
 logger = logging.getLogger("zincir")
 
 _LOOK_EVERY_S: Final = 0.005
-_RETRY_S: Final = 1.0
-
-Wake = Callable[[str | None, str | None], None]
 
 
-class Watcher:
-    """Calls ``wake("inbox", run_id)`` for each new signal and each run whose cancellation is
-    requested, ``wake("claimable", None)`` when a run is due, ``wake("run_ended", run_id)`` for
-    each run of ``awaited_ends()`` (the runs this process waits to see end) that has ended, and
-    ``wake(None, None)`` after (re)opening, when anything may have been missed. This process's
-    own commits are seen too: the watcher's connection is another connection."""
+class Watcher(Hearing[sqlite3.Connection]):
+    """Hears ``("inbox", run_id)`` for each new signal and each run whose cancellation is
+    requested, ``("claimable", None)`` when a run is due, and ``("run_ended", run_id)`` for each
+    run of ``awaited_ends()`` (the runs this process waits to see end) that has ended. This
+    process's own commits are seen too: the watcher's connection is another connection."""
 
     def __init__(
         self,
         path: str,
         clock: Clock,
         token: trio.lowlevel.TrioToken,
-        wake: Wake,
+        hear: Hear,
         awaited_ends: Callable[[], frozenset[str]],
     ) -> None:
         self._path = path
         self._clock = clock
-        self._token = token
-        self._wake = wake
         self._awaited_ends = awaited_ends
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._serve, name=f"zincir-watcher:{path}", daemon=True)
-        self._thread.start()
+        super().__init__(f"zincir-watcher:{path}", token, hear)
 
-    def stop(self) -> None:
-        """Stop and join the thread (it notices within a few milliseconds)."""
-        self._stopping.set()
-        self._thread.join()
+    errors = (sqlite3.Error,)
 
-    def _serve(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
-            except sqlite3.Error as exc:
-                logger.warning("zincir watcher: cannot open %s (%s); retrying", self._path, exc)
-                self._stopping.wait(_RETRY_S)
-                continue
-            try:
-                conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-                conn.execute("PRAGMA query_only = ON")
-                self._watch(conn)
-            except sqlite3.Error as exc:
-                logger.warning("zincir watcher: %s (%s); looking again", self._path, exc)
-                self._stopping.wait(_RETRY_S)
-            finally:
-                conn.close()
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            conn.execute("PRAGMA query_only = ON")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
-    def _watch(self, conn: sqlite3.Connection) -> None:
+    def _listen(self, conn: sqlite3.Connection) -> None:
         version = _data_version(conn)
         (last_signal,) = conn.execute("SELECT coalesce(max(id), 0) FROM signals").fetchone()
         self._announce(None, None)
@@ -106,12 +87,6 @@ class Watcher:
                 self._announce("claimable", None)
             for run_id in ended:
                 self._announce("run_ended", run_id)
-
-    def _announce(self, channel: str | None, payload: str | None) -> None:
-        try:
-            self._token.run_sync_soon(self._wake, channel, payload)
-        except trio.RunFinishedError:
-            self._stopping.set()
 
 
 def _data_version(conn: sqlite3.Connection) -> int:

@@ -1,0 +1,213 @@
+"""The transaction an operation runs in: the small interface each backend implements.
+
+Every storage operation is written once, as a function of a :class:`Tx`. Its SQL is the
+subset both backends run, with ``?`` placeholders and ``:now`` for the operation's "now" (the
+database's clock, read inside the transaction); where the two differ (a row lock, an index
+hint, a function's name) the SQL takes the fragment from :attr:`Tx.dialect`. Each backend's
+``Tx`` renders that SQL for its driver (``zincir._sqlite._tx``, ``zincir._postgres._tx``).
+
+SQLite runs each statement as it is sent. PostgreSQL sends statements ahead on a pipeline and
+waits only when an answer is read, so an operation sends what it can before it reads: a write
+it does not read costs no round trip, and reads sent one after another share one. A check
+that must come before a write (one whose failure would hide the check's error, say) is read
+before the write is sent.
+
+No operation waits for a row another transaction holds (PostgreSQL, whose writers run side by
+side): every row lock is taken NOWAIT (``Dialect.lock_nowait``), or SKIP LOCKED for claims, and
+the writers' lock_timeout is short for whatever else might wait. An operation that finds its
+row held fails alone (TransientConflict: its batch's other operations still commit) and its
+caller tries again in a later batch, so a row held elsewhere, for however long, never holds
+up a writer's group commit, and with it the renewals of unrelated runs (docs/leases.md).
+
+See docs/architecture.md for the data path these fit into.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import attrs
+
+from .._errors import LeaseLost, RunNotFound, RunTerminal
+from .._types import EventType, RunStatus
+from .._wakes import Wakes
+from ._types import Lease
+
+__all__ = ["LIVE", "PLACEHOLDERS", "Dialect", "Reply", "Tx", "judge_lease"]
+
+PLACEHOLDERS = re.compile(r"\?|(?<![:\w]):now\b")
+"""What a backend renders in the operations' SQL: ``?``, and ``:now`` (never part of a ``::`` cast)."""
+
+LIVE = (RunStatus.PENDING.value, RunStatus.RUNNING.value, RunStatus.WAITING.value)
+"""The statuses of a run that has not ended."""
+
+
+class Reply(Protocol):
+    """A statement's answer. SQLite: there already. PostgreSQL: on its way; reading it waits
+    for it (and for everything sent before it)."""
+
+    def one(self) -> Any:
+        """The first row, or None."""
+
+    def all(self) -> list[Any]: ...
+
+    def count(self) -> int:
+        """The rows a write changed (or a read returned)."""
+
+
+@attrs.frozen(kw_only=True)
+class Dialect:
+    """Where one backend's SQL differs from the subset the operations are written in. The
+    defaults are a database whose one writer holds it whole (no row locks)."""
+
+    name: str = attrs.field(kw_only=False)
+    row_locks: bool = False
+    """Whether a transaction locks rows (PostgreSQL, whose writers run side by side); without,
+    every fragment below that locks is empty."""
+    lock_nowait: str = ""
+    """After a SELECT of ``agent_runs``: hold the rows against their owners' writes, failing at
+    once (TransientConflict, retried) if one is held elsewhere, so no writer ever waits for a
+    row while its group commit holds others."""
+    skip_locked: str = ""
+    """After a claim's SELECT: hold the rows, and pass over those another claim holds."""
+    for_update_nowait: str = ""
+    """After a SELECT of one row of another table: hold it until the transaction ends, failing
+    at once (TransientConflict, retried) if another transaction holds it, as ``lock_nowait``."""
+    least: str = "LEAST"
+    """The name of the smaller-of-two function."""
+    greatest: str = "GREATEST"
+    wide: str = ""
+    """A cast that lets a BIGINT sum overflow without an error (it is capped after)."""
+    unlimited: int | None = None
+    """The LIMIT parameter that means no limit."""
+    chunk: int | None = None
+    """How many values one ``IN`` list takes at most (None: one array parameter, any size)."""
+    end_waiters: bool = False
+    """Whether ``wait_for_end``'s waiters are rows (``run_waiters``) that a run's end notifies."""
+    index_hints: bool = False
+
+    def indexed(self, index: str) -> str:
+        """After a table's name: read it through ``index`` (SQLite's planner may not see that
+        a partial index or a range is best; PostgreSQL's does)."""
+        return f" INDEXED BY {index}" if self.index_hints else ""
+
+    def share_nowait(self, alias: str) -> str:
+        """After a SELECT: hold ``alias``'s row against being written, failing at once if it is."""
+        return f" FOR SHARE OF {alias} NOWAIT" if self.row_locks else ""
+
+    def any_of(self, column: str, values: Sequence[Any]) -> tuple[str, tuple[Any, ...]]:
+        """SQL that ``column`` is one of ``values`` (at most :attr:`chunk`), and its parameters."""
+        if self.chunk is None:
+            return f"{column} = ANY(?)", (list(values),)
+        return f"{column} IN ({', '.join('?' * len(values))})", tuple(values)
+
+    def chunks(self, values: Sequence[Any]) -> list[Sequence[Any]]:
+        """``values`` in pieces that :meth:`any_of` takes."""
+        if self.chunk is None:
+            return [values]
+        return [values[i : i + self.chunk] for i in range(0, len(values), self.chunk)]
+
+
+class Tx(Protocol):
+    """One operation's view of its transaction (or of its SAVEPOINT in a group commit). Each
+    backend's Tx subclasses this: ``log`` and ``wake`` are written here, once."""
+
+    dialect: Dialect
+    wakes: Wakes | None = None
+    """What the operation's writes woke so far (see :meth:`wake`)."""
+
+    @property
+    def now(self) -> int:
+        """The operation's now, in integer ms: SQLite's clock, read after the write lock was
+        taken; PostgreSQL's server clock, as a fence or a lock read it (else read here: one
+        round trip). In SQL, write ``:now``: it costs nothing."""
+
+    def fence(self, lease: Lease) -> None:
+        """The lease must hold on a live run, now, or the operation raises LeaseLost,
+        RunTerminal or RunNotFound (:func:`judge_lease`). SQLite judges at once. PostgreSQL
+        sends the run's row lock and judges when its answer comes back: at the operation's
+        next read, or its end. What is sent meanwhile runs with the lock held and goes with
+        the operation if the fence fails (its own error hidden by the fence's)."""
+
+    def lock_run(self, run_id: str, columns: str) -> Any:
+        """``columns`` of a run's row, held against its owner's writes until the transaction
+        ends (PostgreSQL: NOWAIT, so a busy row is TransientConflict and the caller retries);
+        the operation's now is read with it. None: no such run."""
+
+    def send(self, sql: str, params: Sequence[Any] = ()) -> Reply:
+        """Send a statement; read its answer later (or never, for a write that only counts
+        when the operation ends)."""
+
+    def one(self, sql: str, params: Sequence[Any] = ()) -> Any: ...
+    def all(self, sql: str, params: Sequence[Any] = ()) -> list[Any]: ...
+    def count(self, sql: str, params: Sequence[Any] = ()) -> int: ...
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> object:
+        """Send a statement whose answer nobody reads."""
+
+    def log(
+        self,
+        run_id: str,
+        type: EventType,
+        payload_json: str,
+        key: str | None = None,
+        *,
+        run_set: str = "",
+        run_params: Sequence[Any] = (),
+    ) -> Reply:
+        """Append one event at the run's next seq. ``run_set`` (``, column = ?`` assignments
+        with ``run_params``) changes more of the run's row in the same UPDATE. The reply's row
+        is (seq, parent_run_id)."""
+        return self._log(run_id, type, payload_json, key, run_set, run_params)
+
+    def _log(
+        self, run_id: str, type: EventType, payload: str, key: str | None, sets: str, params: Sequence[Any]
+    ) -> Reply:
+        """:meth:`log`, as the backend does it (``sets`` is ``run_set``, ``params`` its values)."""
+
+    def unless_busy(self, end: Callable[..., object], *args: Any) -> bool:
+        """``end(tx, *args)`` in a savepoint of its own; False, with nothing done or woken, if
+        a row it needs is being written elsewhere right now (SQLite: never)."""
+
+    def wake(
+        self,
+        *,
+        claimable: bool = False,
+        inbox: str | None = None,
+        waits: str | None = None,
+        ended: str | None = None,
+    ) -> None:
+        """Note what this operation's writes may wake (see :class:`~zincir._wakes.Wakes`);
+        delivered once the transaction commits, forgotten if the operation raises."""
+        wakes = self.wakes
+        if wakes is None:
+            wakes = self.wakes = Wakes()
+        wakes.claimable = wakes.claimable or claimable
+        for run_id, woken in ((inbox, wakes.inbox), (waits, wakes.waits), (ended, wakes.ended)):
+            if run_id is not None:
+                woken.add(run_id)
+
+    def close(self) -> Wakes | None:
+        """After the operation returned: judge a fence not read yet (this raises as the fence
+        would), and what the operation woke."""
+
+
+def judge_lease(lease: Lease, row: Sequence[Any] | None, now: int) -> None:
+    """Raise unless ``row`` (status, lease_owner, lease_epoch, lease_expires_at) shows the
+    lease holding on a live run at ``now``: :class:`LeaseLost` when another owner took over,
+    the lease expired or was released; :class:`RunTerminal` when this owner's epoch ended the
+    run (only the lease holder ends a run without a new epoch)."""
+    if row is None:
+        raise RunNotFound(f"run {lease.run_id} does not exist")
+    status, owner, epoch, expires_at = row
+    where = f"run {lease.run_id}: the lease of epoch {lease.epoch}"
+    if epoch != lease.epoch:
+        raise LeaseLost(f"{where} was fenced by a newer owner (epoch {epoch})")
+    if status not in LIVE:
+        raise RunTerminal(f"run {lease.run_id} is already {status}")
+    if owner != lease.owner or expires_at is None:
+        raise LeaseLost(f"{where} was released")
+    if expires_at <= now:
+        raise LeaseLost(f"{where} expired {now - expires_at} ms ago")
