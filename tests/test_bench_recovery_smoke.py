@@ -14,7 +14,7 @@ import math
 import sys
 from pathlib import Path
 
-from bench.recovery import main
+from bench.recovery.runner import main
 
 
 def test_zincirs_duplicates_and_recovery_time_on_both_backends(

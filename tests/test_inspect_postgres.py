@@ -35,6 +35,7 @@ from zincir._cli import main
 from zincir._errors import InvalidArgument, RunNotFound, SchemaError, StorageError
 from zincir._inspector import create_app, serve
 from zincir._postgres._readonly import PostgresReadOnly
+from zincir._queries import _runs
 
 from .test_cli_inspect import _zincir_command, assert_clean_failure
 from .test_cli_inspect import zincir as cli
@@ -562,7 +563,7 @@ async def test_capped_status_counts_are_the_same_on_both_backends(
             conn.close()
 
     exact, _ = await trio.to_thread.run_sync(counts, url)
-    monkeypatch.setattr(q, "STATUS_COUNT_CAP", 1)
+    monkeypatch.setattr(_runs, "STATUS_COUNT_CAP", 1)
     capped = await trio.to_thread.run_sync(counts, url)
     assert capped == await trio.to_thread.run_sync(counts, path)
     assert capped[0] == {status: min(n, 1) for status, n in exact.items()}
