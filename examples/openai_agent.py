@@ -108,8 +108,8 @@ CLAIM = {
 TOOLS = [
     function("write_file", "Save content to a new file; returns what was saved.",
              {"content": {"type": "string", "description": "What to save."}}),
-    function(zincir.SUBMIT_CHECKPOINT, "Report verified progress toward the goal.", CLAIM),
 ]  # fmt: skip
+TOOLS.append(function(zincir.SUBMIT_CHECKPOINT, "Report verified progress toward the goal.", CLAIM))
 
 
 async def pause(boundary: str) -> None:
@@ -160,8 +160,8 @@ async def published(out: Path, pending: PendingToolCall) -> Any:
 async def verify(state: CheckpointState) -> Verification:
     """Accept only measured artifacts that exist and still have the content that was measured."""
     unverified = await artifacts.mismatches(state.artifacts)  # changed, missing, or only a label
-    passed = bool(state.artifacts) and not unverified
-    return Verification(passed, {"unverified": [f"{a.kind}: {a.path}" for a in unverified]})
+    evidence = {"unverified": [f"{a.kind}: {a.path}" for a in unverified]}
+    return Verification(bool(state.artifacts) and not unverified, evidence)
 
 
 def texts(args: Any, field: str) -> list[str]:
@@ -198,7 +198,7 @@ async def drive(run: zincir.Run, client: AsyncOpenAI, model: str, output: Path) 
             messages = zo.messages(state, system=SYSTEM_PROMPT, nudge=NUDGE)
             await zo.create(run, client, model=model, messages=messages, tools=TOOLS)
         except zincir.BudgetExceeded as exc:  # before the call, or after recording the one that spent it
-            print(f"stopped: {exc}. Raise it (zincir budget {run.id} --tokens N), then resume", flush=True)
+            print(f"stopped: {exc}. Raise it (zincir budget RUN_ID --tokens N), then resume", flush=True)
             return
     await run.fail(f"no accepted checkpoint without remaining work after {MAX_ROUNDS} model calls")
 
@@ -302,11 +302,10 @@ async def open_model() -> AsyncIterator[tuple[AsyncOpenAI, str, str]]:
         yield client, "stub-model", "openai-stub"
 
 
-async def main(db_path: str, output: Path) -> list[str]:
-    """Start a run (or, with ZINCIR_RESUME=1, resume every in-flight one); return the run ids."""
+async def main(db_path: str, output: Path) -> None:
+    """Start a run (or, with ZINCIR_RESUME=1, resume every in-flight one)."""
     tokens = int(os.environ.get("ZINCIR_TOKEN_BUDGET", "50000"))  # a new run's; a resumed one keeps its own
     budget = zincir.Budget(tokens=tokens, model_calls=MAX_ROUNDS, max_identical_tool_calls=3)
-    done = []
     async with open_model() as (client, model, provider), zincir.open_database(db_path) as db:
         run_ids: list[str | None] = [None]  # None: start a new run
         if os.environ.get("ZINCIR_RESUME"):  # this example's unfinished runs (others may share the database)
@@ -319,14 +318,11 @@ async def main(db_path: str, output: Path) -> list[str]:
             async with zincir.open_run(
                 db, run_id, role=ROLE, provider=provider, config=config, force=force, budget=budget
             ) as run:
-                print(f"run {run.id} (epoch {run.epoch}, model {model})", flush=True)
                 await drive(run, client, model, output)
                 usage = await run.usage()
             if usage is not None:  # (every run of this example has a budget)
                 print(f"spent: {usage.spent.tokens} tokens in {usage.spent.model_calls} model calls")
             print(f"run {run.id}  status={(await db.state(run.id)).run.status.value}", flush=True)
-            done.append(run.id)
-    return done
 
 
 if __name__ == "__main__":

@@ -86,9 +86,10 @@ async def test_a_run_completes_with_one_accepted_checkpoint_and_usage_recorded(
     out = tmp_path / "output"
     out.mkdir()
 
-    [run_id] = await example.main(str(tmp_path / "zincir.db"), out)
+    await example.main(str(tmp_path / "zincir.db"), out)
 
     async with zincir.open_database(tmp_path / "zincir.db") as db:
+        [run_id] = [r.id for r in await db.runs()]
         state = await db.state(run_id)
         events = await db.events(run_id)
     assert state.run.status == zincir.RunStatus.COMPLETED
