@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -584,3 +586,19 @@ def test_the_adapters_run_under_trio_without_asyncio() -> None:
         return len(a.requests), len(o.requests)
 
     assert trio.run(main) == (1, 1)
+
+
+def test_the_public_names_of_the_adapters_are_pinned() -> None:
+    assert adapters.__all__ == ["Price", "run_tools"]
+    assert adapters.Price.__module__ == "zincir.adapters"
+    for sdk in (za, zo):
+        assert sorted(sdk.__all__) == ["Price", "create", "messages", "record", "run_tools", "tool_results"]
+        assert sdk.Price is adapters.Price and sdk.run_tools is adapters.run_tools
+    # Importing zincir.adapters needs neither SDK.
+    code = (
+        "import sys; sys.modules['anthropic'] = None; sys.modules['openai'] = None\n"
+        "import zincir.adapters; print(zincir.adapters.Price(input=1, output=2).cost(input=10**6, output=0))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "1.0"
