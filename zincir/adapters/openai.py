@@ -98,12 +98,17 @@ def _tool_call(call: dict[str, Any]) -> ToolCall:
     return ToolCall(call["id"], function["name"], _arguments(function["arguments"]))
 
 
-def _arguments(text: str) -> JSONValue:
-    def refuse(constant: str) -> None:
-        raise ValueError(f"{constant} is not JSON")
+def _refuse(constant: str) -> None:
+    raise ValueError(f"{constant} is not JSON")
 
+
+_ARGUMENTS = json.JSONDecoder(parse_constant=_refuse)  # NaN and Infinity are not JSON either; one
+# decoder for every call (json.loads would build one per call with parse_constant given)
+
+
+def _arguments(text: str) -> JSONValue:
     try:
-        return json.loads(text, parse_constant=refuse)  # NaN and Infinity are not JSON either
+        return _ARGUMENTS.decode(text)
     except ValueError:
         return {"unparsed_arguments": text}
 
