@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
             quick=args.quick, responses=args.responses, reps=args.reps, backends={},
         )  # fmt: skip
         for backend in backends:
-            log(f"{backend}: {args.reps} reps of {args.responses} responses per series")
+            log(f"{backend}: {args.reps} reps of {args.responses} pairs of responses per SDK")
             if backend == "sqlite":
                 target = str(workdir / "adapters.db")
                 results["backends"]["SQLite"] = trio.run(measure, target, args.responses, args.reps, log)
