@@ -49,6 +49,10 @@ def render(results: dict[str, Any], chart_name: str = "") -> str:
         "with a signature of 435, a text block and a `tool_use` block (Anthropic); a message with",
         "content and one function call (OpenAI).",
         "",
+        "The conversion alone (the adapter's work with a stand-in run that stores nothing, best of 5",
+        f"passes): {results['conversion_alone']['anthropic']:.1f} µs per Anthropic response,"
+        f" {results['conversion_alone']['openai']:.1f} µs per OpenAI response.",
+        "",
         "## Machine",
         "",
         *machine_lines(results["machine"]),

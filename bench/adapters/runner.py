@@ -91,24 +91,28 @@ PAIRS = {"anthropic": SERIES[:2], "openai": SERIES[2:]}
 """Each SDK's series: record_response, then the adapter."""
 
 
+class _Capture:
+    """A stand-in for a run that keeps what ``record_response`` was given and stores nothing."""
+
+    id = "capture"
+    given: tuple[Any, list[zincir.ToolCall], str, Any]
+
+    async def record_response(self, content: Any, calls: Any, stop: str, *, usage: Any) -> int:
+        self.given = (content, list(calls), stop, dict(usage))
+        return 0
+
+
+_CAPTURE = _Capture()
+
+
 async def _plain_arguments(response: Message | ChatCompletion) -> tuple[Any, list[zincir.ToolCall], str, Any]:
     """What the adapter hands ``record_response`` for ``response``, captured from the adapter
     itself, so that both series store the same payloads."""
-    captured = []
-
-    class Capture:
-        id = "capture"
-
-        async def record_response(self, content: Any, calls: Any, stop: str, *, usage: Any) -> int:
-            captured.append((content, list(calls), stop, dict(usage)))
-            return 0
-
     if isinstance(response, Message):
-        await za.record(Capture(), response, prices=PRICES)  # type: ignore[arg-type]
+        await za.record(_CAPTURE, response, prices=PRICES)  # type: ignore[arg-type]
     else:
-        await zo.record(Capture(), response, prices=PRICES)  # type: ignore[arg-type]
-    [arguments] = captured
-    return arguments
+        await zo.record(_CAPTURE, response, prices=PRICES)  # type: ignore[arg-type]
+    return _CAPTURE.given
 
 
 async def one_rep(target: str, sdk: str, responses: int) -> dict[str, list[float]]:
@@ -136,6 +140,22 @@ async def one_rep(target: str, sdk: str, responses: int) -> dict[str, list[float
             await run.record_tool_result(pending.call.id, {"edited": True})
         await run.complete()
     return timed
+
+
+async def conversion_alone(responses: int) -> dict[str, float]:
+    """Per SDK: the µs of the adapter's own work per response (a stand-in run that stores
+    nothing), the best of 5 passes over ``responses`` responses."""
+    best: dict[str, float] = {}
+    for sdk, build in (("anthropic", anthropic_message), ("openai", openai_completion)):
+        built = [build(i) for i in range(responses)]
+        passes = []
+        for _ in range(5):
+            started = time.perf_counter()
+            for response in built:
+                await _plain_arguments(response)
+            passes.append((time.perf_counter() - started) / responses * 1e6)
+        best[sdk] = min(passes)
+    return best
 
 
 async def measure(target: str, responses: int, reps: int, log: study.Log) -> dict[str, Any]:
@@ -189,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
             "python -m bench.adapters", argv, workdir,
             quick=args.quick, responses=args.responses, reps=args.reps, backends={},
         )  # fmt: skip
+        results["conversion_alone"] = trio.run(conversion_alone, args.responses)
         for backend in backends:
             log(f"{backend}: {args.reps} reps of {args.responses} pairs of responses per SDK")
             if backend == "sqlite":
