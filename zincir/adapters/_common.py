@@ -102,10 +102,9 @@ async def before_model_call(run: Run, request: Mapping[str, Any]) -> None:
     """Everything zincir does before a paid model call, in one place for both adapters.
 
     It refuses the call when the run's budget is spent (:meth:`Run.check_budget`), so a spent
-    budget costs no further request. THE MODEL-CALL MARK GOES HERE: the durable mark that a call
-    is in flight (``run.start_model_call(request_tokens=...)``, so that a reply lost with its
-    process shows and is charged) is written here, before the request leaves, once it exists.
-    ``request`` is the SDK call's keyword arguments, for the mark to size the request.
+    budget costs no further request. The durable mark that a call is in flight (so that a reply
+    lost with its process shows, and is charged) belongs here too, before the request leaves;
+    ``request``, the SDK call's keyword arguments, is what such a mark would size.
     """
     await run.check_budget()
 
