@@ -110,7 +110,8 @@ async def takeover_run(db: zincir.Database) -> str:
 
     async def first_owner(task_status: Any) -> None:
         with contextlib.suppress(zincir.LeaseLost):
-            async with zincir.open_run(db) as run:
+            # A short lease: its heartbeat finds the loss soon (a renewal every lease_ttl / 3).
+            async with zincir.open_run(db, lease_ttl=0.3) as run:
                 task_status.started(run.id)
                 first_holds.set()
                 await trio.sleep_forever()
