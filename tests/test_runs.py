@@ -188,6 +188,81 @@ async def test_body_exceptions_leave_unchanged_and_release_the_lease(
     assert (status, owner, expires, epoch) == ("running", None, None, 1)
 
 
+async def _noop() -> None:
+    return None
+
+
+class Takeover:
+    """Another owner forcing its way in once the first one holds the run (and its nursery runs)."""
+
+    def __init__(self) -> None:
+        self.owning = trio.Event()
+        self.done = trio.Event()
+
+    async def steal(self, db: zincir.Database, run_id: str) -> None:
+        await self.owning.wait()
+        async with zincir.open_run(db, run_id, force=True):
+            pass
+        self.done.set()
+
+
+async def _own_with_a_nursery(
+    db: zincir.Database, run_id: str, takeover: Takeover, where: str, *, on_cancel: Exception | None = None
+) -> None:
+    """Own ``run_id`` with a body that opens a nursery of sleeping tasks; once another owner
+    took the run over, write (from the body, or from a task of the nursery): the write is
+    fenced, the lease is lost, and the nursery ends in a group. ``on_cancel``: a sleeping task
+    raises it when it is cancelled (a real error beside the loss)."""
+
+    async def sleeper() -> None:
+        try:
+            await trio.sleep_forever()
+        finally:
+            if on_cancel is not None:
+                raise on_cancel
+
+    async def write(run: zincir.Run) -> None:
+        await takeover.done.wait()
+        await run.step("after the takeover", _noop)
+
+    async with zincir.open_run(db, run_id) as run, trio.open_nursery() as nursery:
+        nursery.start_soon(sleeper)
+        nursery.start_soon(trio.sleep_forever)
+        takeover.owning.set()
+        if where == "task":
+            nursery.start_soon(write, run)
+            await trio.sleep_forever()
+        else:
+            await write(run)
+
+
+@pytest.mark.parametrize("where", ["body", "task"])
+async def test_a_body_with_its_own_nursery_ends_in_a_plain_lease_lost(
+    db: zincir.Database, where: str
+) -> None:
+    # Before, the block raised ExceptionGroup([LeaseLost]): the nursery's group, with the
+    # cancelled sleepers taken out of it.
+    run_id = await new_released_run(db)
+    takeover = Takeover()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(takeover.steal, db, run_id)
+        with pytest.raises(zincir.LeaseLost) as info:
+            await _own_with_a_nursery(db, run_id, takeover, where)
+    assert type(info.value) is zincir.LeaseLost
+    assert f"run {run_id}: the lease of epoch 2" in str(info.value)
+
+
+async def test_a_real_error_beside_a_lost_lease_is_not_hidden(db: zincir.Database) -> None:
+    run_id = await new_released_run(db)
+    takeover = Takeover()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(takeover.steal, db, run_id)
+        with pytest.raises(ExceptionGroup) as info:
+            await _own_with_a_nursery(db, run_id, takeover, "body", on_cancel=BodyError("cleanup"))
+    assert info.group_contains(BodyError, match="cleanup")
+    assert info.group_contains(zincir.LeaseLost)
+
+
 async def test_leaving_normally_or_by_cancellation_releases(db: zincir.Database, db_path: Path) -> None:
     run_id = await new_released_run(db)
     assert lease_row(db_path, run_id)[1] is None

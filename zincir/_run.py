@@ -1473,7 +1473,9 @@ async def owned_run(
 
     What the body raised leaves unchanged: never wrapped in an ExceptionGroup by the internal
     nursery, never replaced by a cancellation of an outer scope. A body stopped by lease loss,
-    or one whose lease was gone by the time it left, ends in :class:`LeaseLost`.
+    or one whose lease was gone by the time it left, ends in :class:`LeaseLost`; so does one
+    whose own nurseries raised a group of nothing but LeaseLost and cancellations then (a group
+    with any other error is raised as it is).
     """
     run = Run._create(db, lease, submitted_at)
     run._suspend_after = suspend_after
@@ -1504,6 +1506,9 @@ async def owned_run(
                 finally:
                     run._watch_scope.cancel()
     if body_error is not None:
+        if run._lost is not None and _lease_loss_only(body_error):
+            # The body's own nurseries gathered the loss into a group: it means no more than that.
+            raise LeaseLost(run._lost) from body_error
         if run._lost is not None and not isinstance(body_error, LeaseLost):
             logger.warning("%s (the block raised %r instead)", run._lost, body_error)
         raise body_error
@@ -1516,6 +1521,16 @@ async def owned_run(
         raise LeaseLost(run._lost)
     if not released:
         raise LeaseLost(f"run {run.id}: the lease of epoch {run.epoch} was gone when the block ended")
+
+
+def _lease_loss_only(error: BaseException) -> bool:
+    """Whether ``error`` is a group (a nursery's, nested or not) holding LeaseLost and nothing
+    but LeaseLost and cancellations: what a body with nurseries of its own ends in when the lease
+    is lost. A group with any other error is not: that error must surface."""
+    if not isinstance(error, BaseExceptionGroup):
+        return False
+    _, other = error.split((LeaseLost, trio.Cancelled))
+    return other is None and error.subgroup(LeaseLost) is not None
 
 
 @asynccontextmanager
