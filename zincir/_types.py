@@ -71,6 +71,7 @@ class EventType(enum.StrEnum):
     TOOL_STARTED = "tool_started"
     LEASE_TAKEN_OVER = "lease_taken_over"
     ATTEMPT_LOST = "attempt_lost"
+    FORKED = "forked"
 
 
 @attrs.frozen
@@ -219,6 +220,10 @@ class RunRecord:
     created_at: int
     updated_at: int
     result: JSONValue = None
+    forked_from: str | None = None
+    """The run this one was forked from (:func:`zincir.fork_run`); None for a run that is no fork."""
+    fork_seq: int | None = None
+    """The last seq of ``forked_from`` that the fork copied (its events ``0..fork_seq``)."""
 
 
 @attrs.frozen
