@@ -120,7 +120,10 @@ class PendingToolCall:
         )
     )
     """``<run id>:tool_call:<call id>``: the key of the call's effect in the world, unique across
-    runs (hand it to a service shared by several runs, or to :func:`zincir.testing.effect_ledger`)."""
+    runs (hand it to a service shared by several runs, or to :func:`zincir.testing.effect_ledger`).
+    The run is the one where the effect belongs: in a fork, the source's (its source's, for a
+    fork of a fork) for an intent the fork copied, so a keyed tool never repeats the source's
+    effect."""
 
 
 def _check_data(_: object, attribute: attrs.Attribute[Any], value: object) -> None:

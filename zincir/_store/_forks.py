@@ -77,7 +77,8 @@ def fork_run(
     inherited = tx.all(
         "SELECT t.call_id, e.seq, e.payload FROM tool_intents AS t"
         " JOIN events AS e ON e.run_id = t.run_id AND e.seq = t.result_seq"
-        " WHERE t.run_id = ? AND t.intent_seq <= ? AND t.result_seq > ? AND t.name <> ? ORDER BY t.intent_seq",
+        " WHERE t.run_id = ? AND t.intent_seq <= ? AND t.result_seq > ? AND t.name <> ?"
+        " ORDER BY t.intent_seq",
         (source_id, at, at, SUBMIT_CHECKPOINT),
     )
     tx.execute(
@@ -132,7 +133,9 @@ def _fork_point(
         end = "it has no events yet" if last_seq < 0 else f"its last seq is {last_seq}"
         raise InvalidForkPoint(f"{where}: past the end of its log ({end})")
     here = tx.send("SELECT created_at FROM events WHERE run_id = ? AND seq = ?", (source_id, at))
-    after = tx.send("SELECT type, idempotency_key FROM events WHERE run_id = ? AND seq = ?", (source_id, at + 1))
+    after = tx.send(
+        "SELECT type, idempotency_key FROM events WHERE run_id = ? AND seq = ?", (source_id, at + 1)
+    )
     (forked_at,) = here.one()
     _refuse_a_split(tx, source_id, at, after.one(), where)
     return at, int(forked_at)
@@ -255,12 +258,26 @@ def _copy_approvals(tx: Tx, source_id: str, fork_id: str, at: int) -> None:
         + " WHERE a.run_id = ? AND r.seq IS NOT NULL",
         (at, at, at, source_id),
     )
-    for call_id, tool, hash_, requested_at, deadline, approved, by, reason, decided_at, logged_at, d, x in rows:
+    for (
+        call_id,
+        tool,
+        hash_,
+        requested_at,
+        deadline,
+        approved,
+        by,
+        reason,
+        decided_at,
+        logged_at,
+        d,
+        x,
+    ) in rows:
         if d is None:
             approved = by = reason = decided_at = logged_at = None
         tx.execute(
-            "INSERT INTO approvals (run_id, call_id, tool_name, args_hash, requested_at, deadline, approved,"
-            " decided_by, reason, decided_at, timed_out, logged_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO approvals (run_id, call_id, tool_name, args_hash, requested_at, deadline,"
+            " approved, decided_by, reason, decided_at, timed_out, logged_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (fork_id, call_id, tool, hash_, requested_at, deadline, approved, by, reason, decided_at,
              int(d is None and x is not None), logged_at),
         )  # fmt: skip
@@ -318,7 +335,8 @@ def _copy_budget(tx: Tx, source_id: str, fork_id: str, at: int) -> None:
     )
     for hash_, count in spent.window.items():
         tx.execute(
-            "INSERT INTO tool_call_counts (run_id, args_hash, count) VALUES (?, ?, ?)", (fork_id, hash_, count)
+            "INSERT INTO tool_call_counts (run_id, args_hash, count) VALUES (?, ?, ?)",
+            (fork_id, hash_, count),
         )
 
 
