@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
 from typing import Any
 
 import pytest
@@ -12,7 +14,7 @@ import trio
 
 import zincir
 
-from .helpers import dump, rows
+from .helpers import dump, rows, running_python
 
 
 async def verdict(state: zincir.CheckpointState) -> zincir.Verification:
@@ -378,3 +380,57 @@ async def test_a_fork_of_a_finished_run_runs_under_a_worker(db: zincir.Database)
         await worker.run()
     assert (await db.state(fork)).run.result == "v2 answer"
     assert (await db.state(source)).run.result == "v1 answer"
+
+
+# A process that forks a run; with "pause", it stops inside the fork's transaction (after the
+# prefix was copied, before the commit) and says so, for the test to SIGKILL it there.
+FORKER = """
+import sys, time
+import trio
+import zincir
+from zincir._store import _forks
+
+target, source, at, how = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+copy_budget = _forks._copy_budget
+
+def inside(*args):
+    copy_budget(*args)
+    print("inside", flush=True)
+    time.sleep(600)
+
+if how == "pause":
+    _forks._copy_budget = inside
+
+async def main():
+    async with zincir.open_database(target) as db:
+        print("forked", await zincir.fork_run(db, source, at), flush=True)
+        await trio.sleep_forever()
+
+trio.run(main)
+"""
+
+
+@pytest.mark.parametrize("how", ["pause", "after"])
+async def test_a_sigkill_during_fork_run_leaves_no_fork_or_a_whole_one(db: zincir.Database, how: str) -> None:
+    source, seqs = await research_run(db)
+    at = seqs["second_end"]
+    before = dump(db)
+    with running_python(FORKER, db.path, source, str(at), how) as forker:
+        assert forker.stdout is not None
+        line = await trio.to_thread.run_sync(forker.stdout.readline)
+        os.kill(forker.pid, signal.SIGKILL)
+        await trio.to_thread.run_sync(forker.wait)
+    forks = rows(db, "SELECT id FROM agent_runs WHERE forked_from = ?", (source,))
+    if how == "pause":  # killed inside the transaction: nothing of the fork is left
+        assert line == "inside\n" and forks == []
+        assert dump(db) == before
+        return
+    # Killed after fork_run returned: the fork is whole, and runs.
+    assert line.startswith("forked ")
+    [(fork,)] = forks
+    assert line.split()[1] == fork
+    assert without(dump(db), fork) == before.splitlines()
+    events = await db.events(fork)
+    assert [e.seq for e in events] == list(range(at + 3))  # the prefix, forked, the inherited result
+    async with zincir.open_run(db, fork) as run:
+        assert [p.call.id for p in await run.pending_tools()] == ["mail"]
