@@ -14,9 +14,9 @@ from typing import Any, Final
 
 import attrs
 
-from .._budget import CountedCall, debit_of
+from .._budget import debit_of
 from .._errors import ZincirError
-from .._types import EventType, ToolCall
+from .._types import EventType
 from ._connect import Reader
 from ._events import EventRow, iter_events
 from ._keys import parse_run_id
@@ -263,7 +263,7 @@ def _item(event: EventRow, payload: Any) -> DiffItem:
         )
     if event.type == EventType.TOOL_RESULT.value:
         inherited = " (inherited)" if "inherited" in data else ""
-        text = f"{data.get('call_id')}: {_short(data.get('content'))}{inherited}"
+        text = f"{data.get('call_id')}{inherited}: {_short(data.get('content'))}"
         return DiffItem(event.seq, "result", text, payload)
     if event.type == EventType.FORKED.value:
         text = f"forked from {data.get('forked_from')} at seq {data.get('fork_seq')}"
