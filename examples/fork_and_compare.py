@@ -17,7 +17,6 @@ real model's would. See docs/forks.md.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import tempfile
 from typing import Any
@@ -92,8 +91,10 @@ async def main(database: str) -> None:
         await zincir.ResumeWorker(db, agent, until_idle=True).run()
         print(f"fork     {fork}: {(await db.state(fork)).run.result}")
         print(f"the search ran {len(searches)} time(s); answers sent: {sorted(outbox.values())}")
-    command = [sys.executable, "-m", "zincir", "diff", original, fork, "--db", database]
-    print(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
+    # The same comparison as `zincir diff ORIGINAL FORK` from a shell.
+    diff = await trio.run_process([sys.executable, "-m", "zincir", "diff", original, fork, "--db", database],
+                                  capture_stdout=True)  # fmt: skip
+    print(diff.stdout.decode())
 
 
 if __name__ == "__main__":
