@@ -381,7 +381,9 @@ def _fork_fields(run: q.RunDetail) -> list[tuple[str, str]]:
     if run.forked_from is not None:
         fields.append(("forked from", f"{cell(run.forked_from)} at seq {cell(run.fork_seq)}"))
     if run.forks:
-        listed = ", ".join(f"{cell(f.id)} ({cell(f.status)})" for f in run.forks)
+        listed = ", ".join(
+            f"{cell(f.run.id)} at seq {cell(f.fork_seq)} ({cell(f.run.status)})" for f in run.forks
+        )
         fields.append((f"forks ({len(run.forks)}{'+' if run.forks_more else ''})", listed))
     return fields
 

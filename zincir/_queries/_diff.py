@@ -107,17 +107,21 @@ class RunDiff:
     first_a: EventRow | None
     """A's event at seq ``common`` (None: A ends there)."""
     first_b: EventRow | None
+    compared_all: bool = True
+    """False when the comparison stopped at ``max_compare`` events alike (then the sides are
+    listed from there, and ``common`` is a lower bound)."""
 
     @property
     def identical(self) -> bool:
-        return self.first_a is None and self.first_b is None
+        return self.compared_all and self.first_a is None and self.first_b is None
 
     def to_json(self) -> dict[str, Any]:
         return {
             "a": _side_json(self.a, self.first_a),
             "b": _side_json(self.b, self.first_b),
             "common_prefix": self.common,
-            "first_divergence": None if self.identical else self.common,
+            "compared_all": self.compared_all,
+            "first_divergence": None if self.identical or not self.compared_all else self.common,
         }
 
 
@@ -144,24 +148,32 @@ def _side_json(side: DiffSide, first: EventRow | None) -> dict[str, Any]:
 
 
 def diff_runs(
-    conn: Reader, a_id: str, b_id: str, *, limit: int = DEFAULT_ITEMS, max_events: int | None = None
+    conn: Reader,
+    a_id: str,
+    b_id: str,
+    *,
+    limit: int = DEFAULT_ITEMS,
+    max_events: int | None = None,
+    max_compare: int | None = None,
 ) -> RunDiff:
     """Compare runs ``a_id`` and ``b_id`` (read in the caller's snapshot). ``limit`` items per
-    side are listed; ``max_events`` bounds the events read per side after the common prefix
-    (None: all of them, for the command line; the inspector bounds it). RunNotFound."""
+    side are listed; ``max_events`` bounds the events read per side after the common prefix,
+    ``max_compare`` the events compared beyond what the lineage says is shared (None: no bound,
+    for the command line; the inspector bounds both). RunNotFound."""
     a = get_run(conn, parse_run_id(a_id), children_limit=0, forks_limit=0)
     b = get_run(conn, parse_run_id(b_id), children_limit=0, forks_limit=0)
     lineage = {run.id: run for run in (a, b)}
     for run in (a, b):
         _load_chain(conn, run, lineage)
     start = _shared_by_lineage(a, b, lineage)
-    common, first_a, first_b, rest_a, rest_b = _part(conn, a.id, b.id, start)
+    common, first_a, first_b, rest_a, rest_b, all_ = _part(conn, a.id, b.id, start, max_compare)
     return RunDiff(
         _side(a, first_a, rest_a, limit, max_events),
         _side(b, first_b, rest_b, limit, max_events),
         common,
         first_a,
         first_b,
+        all_,
     )
 
 
@@ -205,22 +217,26 @@ def _count(value: OptInt, plus: int = 0) -> int:
 
 
 def _part(
-    conn: Reader, a_id: str, b_id: str, start: int
-) -> tuple[int, EventRow | None, EventRow | None, Iterator[EventRow], Iterator[EventRow]]:
-    """Walk both logs from seq ``start`` until they differ: the common length, each side's
-    first event after it, and the rest of each side."""
+    conn: Reader, a_id: str, b_id: str, start: int, max_compare: int | None
+) -> tuple[int, EventRow | None, EventRow | None, Iterator[EventRow], Iterator[EventRow], bool]:
+    """Walk both logs from seq ``start`` until they differ (or for ``max_compare`` events): the
+    common length, each side's first event after it, the rest of each side, and whether the
+    walk found where they differ (or an end)."""
     events_a = iter_events(conn, a_id, after=start - 1)
     events_b = iter_events(conn, b_id, after=start - 1)
     common = start
     while True:
         first_a, first_b = next(events_a, None), next(events_b, None)
-        if (
-            first_a is None
-            or first_b is None
-            or (first_a.type, first_a.payload) != (first_b.type, first_b.payload)
-        ):
-            return common, first_a, first_b, events_a, events_b
+        if first_a is None or first_b is None or _event(first_a) != _event(first_b):
+            return common, first_a, first_b, events_a, events_b, True
         common += 1
+        if max_compare is not None and common - start >= max_compare:
+            return common, next(events_a, None), next(events_b, None), events_a, events_b, False
+
+
+def _event(row: EventRow) -> tuple[str, str]:
+    """What two logs must have alike at a seq: the type and the payload."""
+    return row.type, row.payload
 
 
 def _side(

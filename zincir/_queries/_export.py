@@ -56,7 +56,7 @@ def run_to_json(run: RunDetail | RunSummary) -> dict[str, Any]:
         data["children"] = [child.id for child in run.children]
         data["forked_from"] = run.forked_from
         data["fork_seq"] = plain(run.fork_seq)
-        data["forks"] = [fork.id for fork in run.forks]
+        data["forks"] = [{"fork_seq": plain(f.fork_seq), "id": f.run.id} for f in run.forks]
     return data
 
 

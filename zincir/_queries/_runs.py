@@ -36,6 +36,7 @@ __all__ = [
     "CHILD_COUNT_CAP",
     "STATUS_COUNT_CAP",
     "FamilyNode",
+    "Fork",
     "RunDetail",
     "RunPage",
     "RunSummary",
@@ -130,6 +131,14 @@ class RunPage:
         return sum(self.counts.values())
 
 
+@attrs.frozen
+class Fork:
+    """A fork of a run (docs/forks.md): the fork, and the last seq of the run it copied."""
+
+    run: RunSummary
+    fork_seq: OptInt
+
+
 @attrs.frozen(kw_only=True)
 class RunDetail(RunSummary):
     """One run with its lease, resume-worker bookkeeping and family links: its summary's
@@ -161,7 +170,7 @@ class RunDetail(RunSummary):
     """The run this one is a fork of (docs/forks.md), or None."""
     fork_seq: OptInt = None
     """The last seq of ``forked_from`` that the fork copied."""
-    forks: tuple[RunSummary, ...] = ()
+    forks: tuple[Fork, ...] = ()
     """The first of its forks, by creation (``forks_more``: it has others)."""
     forks_more: bool = False
 
@@ -352,14 +361,15 @@ def get_run(
     )
 
 
-def _forks(conn: Reader, run_id: str, limit: int) -> tuple[tuple[RunSummary, ...], bool]:
+def _forks(conn: Reader, run_id: str, limit: int) -> tuple[tuple[Fork, ...], bool]:
     # idx_agent_runs_forks (forked_from, created_at, id) serves both the filter and the order.
+    d = conn.dialect
     rows = conn.execute(
-        f"SELECT {_summary_columns(conn.dialect)} FROM agent_runs WHERE forked_from = ?"
+        f"SELECT {_summary_columns(d)}, {d.int_column('fork_seq')} FROM agent_runs WHERE forked_from = ?"
         " ORDER BY created_at, id LIMIT ?",
         (run_id, limit + 1),
     )
-    found = [_summary(row) for row in rows]
+    found = [Fork(_summary(row), as_opt_int(row[-1])) for row in rows]
     return tuple(found[:limit]), len(found) > limit
 
 
