@@ -77,10 +77,8 @@ async def test_fork_here_forks_at_the_event_as_the_person_logged_in(db: zincir.D
         assert inside.status == 400 and "recorded together" in html.unescape(inside.body)
         assert dump(db) == before
 
-        answer = await post(
-            server, f"/runs/{source}/actions/fork", {**found[at], "config": '{"prompt": "v2"}', "reason": "try"},
-            **good,
-        )  # fmt: skip
+        form = {**found[at], "config": '{"prompt": "v2"}', "reason": "try"}
+        answer = await post(server, f"/runs/{source}/actions/fork", form, **good)
         assert answer.status == 303, answer.body
         location = urllib.parse.urlsplit(answer.headers["location"])
         fork = location.path.removeprefix("/runs/")
