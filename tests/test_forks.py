@@ -226,6 +226,8 @@ async def test_a_fork_shares_the_children_its_prefix_spawned(db: zincir.Database
         with trio.fail_after(20):  # woken by the shared child's end, in this process
             joined = await run.join(child)
         assert joined.result == {"summary": "short"} and joined.parent_run_id == source
+        with pytest.raises(zincir.InvalidArgument, match="shared with this fork"):  # the source's to cancel
+            await run.cancel_child(child, "not the fork's")
         await run.cancel_child(other, "not needed")
         await run.complete()
     # The child is the source's still; the fork's own child is the fork's.

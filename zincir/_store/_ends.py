@@ -299,7 +299,12 @@ def cancel_child(tx: Tx, lease: Lease, child_id: str, reason: str) -> CancelOutc
     tx.fence(lease)
     parent = tx.one("SELECT parent_run_id FROM agent_runs WHERE id = ?", (child_id,))
     if parent is None or parent[0] != lease.run_id:
-        raise InvalidArgument(f"run {lease.run_id}: {child_id} is not a child of this run")
+        where = f"run {lease.run_id}: {child_id} is not a child of this run"
+        if tx.one(
+            "SELECT 1 FROM shared_children WHERE run_id = ? AND child_id = ?", (lease.run_id, child_id)
+        ):
+            raise InvalidArgument(f"{where}: it is its source's, shared with this fork (docs/forks.md)")
+        raise InvalidArgument(where)
     return cancel_run(tx, child_id, reason)
 
 
