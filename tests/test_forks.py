@@ -436,3 +436,29 @@ async def test_a_sigkill_during_fork_run_leaves_no_fork_or_a_whole_one(db: zinci
     assert [e.seq for e in events] == list(range(at + 3))  # the prefix, forked, the inherited result
     async with zincir.open_run(db, fork) as run:
         assert [p.call.id for p in await run.pending_tools()] == ["mail"]
+
+
+async def test_approvals_come_as_the_prefix_logged_them(db: zincir.Database) -> None:
+    calls = [{"id": "a", "name": "refund", "args": {"n": 1}}, {"id": "b", "name": "refund", "args": {"n": 2}}]
+    async with zincir.open_run(db) as run:
+        source = run.id
+        await run.record_response("two refunds", calls, "tool_use")
+        for call_id in ("a", "b"):
+            with trio.move_on_after(0.05):
+                await run.wait_for_approval(call_id)  # requested; stop waiting
+        await zincir.decide_approval(db, source, "a", approved=True, by="ada")
+        assert (await run.wait_for_approval("a")).approved is True  # logged: approval_decided
+        at = len(await db.events(source)) - 1
+        await zincir.decide_approval(db, source, "b", approved=False, by="bob")  # after the fork point
+    fork = await zincir.fork_run(db, source, at)
+    async with zincir.open_run(db, fork) as run:
+        decided = await run.wait_for_approval("a")
+        assert (decided.approved, decided.by) == (True, "ada")
+        with trio.move_on_after(0.2) as waited:  # b's request is open again in the fork
+            await run.wait_for_approval("b")
+        assert waited.cancelled_caught
+    decision = await zincir.decide_approval(db, fork, "b", approved=True, by="carol")
+    assert (decision.approved, decision.by) == (True, "carol")
+    assert rows(
+        db, "SELECT approved, decided_by FROM approvals WHERE run_id = ? AND call_id = 'b'", (source,)
+    ) == [(0, "bob")]

@@ -9,6 +9,7 @@ from typing import Any
 def render(results: dict[str, Any], chart_name: str = "") -> str:
     """The report's Markdown (it has no chart)."""
     argv: list[str] = results.get("argv", [])
+    dbos: dict[str, Any] = results.get("dbos", {})
     lines = [
         "# What a fork costs as the copied log grows (issue 33)",
         "",
@@ -16,34 +17,54 @@ def render(results: dict[str, Any], chart_name: str = "") -> str:
         "",
         f"`zincir.fork_run` at the last seq of a run's log, {results['reps']} times per length after a",
         "warm-up fork: the time of one fork (median, with the range), what the database grew by per",
-        "fork, and `pending_tools()` on the fork beside the source (median of 7 calls). The log is"
-        " model responses, each",
-        "with one tool call and its result (about 260, 110 and 110 bytes of JSON).",
+        "fork, and `pending_tools()` on the fork beside the source (median of 7 calls). The log is",
+        "model responses, each with one tool call and its result (about 260, 110 and 110 bytes of JSON).",
+        "Beside it, `DBOS.fork_workflow` of a workflow with as many recorded steps (each step's output",
+        "a string of 160 characters), at its last step, on the same backend.",
         "",
-        "| backend | events copied | fork: ms | grown per fork | per event"
-        " | pending_tools(): source / fork |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| backend | events copied | zincir: one fork, ms | grown per fork | per event"
+        " | pending_tools(): source / fork | DBOS fork_workflow, ms | grown per fork |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for backend, sizes in results["backends"].items():
         for events, data in sizes.items():
             ms, grown = data["ms"], data["bytes"]
             per_fork = statistics.median(grown)
             pending = data["pending_ms"]
-            time = f"{statistics.median(ms):.1f} ({min(ms):.1f} to {max(ms):.1f})"
-            lines.append(
-                f"| {backend} | {int(events):,} | {time} | {_bytes(per_fork)}"
-                f" | {per_fork / int(events):.0f} B"
-                f" | {pending['source']:.2f} ms / {pending['fork']:.2f} ms |"
+            peer = dbos.get(backend, {}).get(events)
+            peer_cells = (
+                "not measured | —"
+                if peer is None
+                else f"{_ms(peer['ms'])} | {_bytes(statistics.median(peer['bytes']))}"
             )
+            lines.append(
+                f"| {backend} | {int(events):,} | {_ms(ms)} | {_bytes(per_fork)}"
+                f" | {per_fork / int(events):.0f} B | {pending['source']:.2f} ms / {pending['fork']:.2f} ms"
+                f" | {peer_cells} |"
+            )
+    versions = {v["version"] for v in dbos.values() if isinstance(v, dict) and "version" in v}
+    lines += [""]
+    if versions:
+        lines.append(
+            f"DBOS: {', '.join(sorted(versions))}, its SQLite system database as shipped (rollback journal)."
+        )
+    elif "dbos_missing" in results:
+        lines.append(f"DBOS: {results['dbos_missing']}.")
     lines += [
         "",
-        "A fork copies its prefix (events, intents, and the rows the log projects) in its one",
-        "transaction, on the database's side (`INSERT ... SELECT`): its time and its storage grow",
-        "with the prefix, and in exchange a fork is a run like any other, whose reads cost what",
-        "they return. docs/forks.md says why a copy was chosen over sharing the prefix.",
+        "Both copy their prefix in one transaction, on the database's side (`INSERT ... SELECT`):",
+        "the time and the storage of a fork grow with the prefix, and in exchange a fork is a run",
+        "like any other, whose reads cost what they return. docs/forks.md says why zincir copies",
+        "rather than shares the prefix. zincir's first event was written by `open_run`, the rest in",
+        "bulk; DBOS's workflow ran its first 100 steps, and the rest are copies of their recorded",
+        "outputs: what a fork copies is the same either way.",
         "",
     ]
     return "\n".join(lines)
+
+
+def _ms(values: list[float]) -> str:
+    return f"{statistics.median(values):.1f} ({min(values):.1f} to {max(values):.1f})"
 
 
 def _bytes(count: float) -> str:

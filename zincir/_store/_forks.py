@@ -51,9 +51,15 @@ class ForkOutcome:
     inherited: int
 
 
-# An event found by its key: the terms of the partial index on keys (idx_events_idempotency),
-# so that both planners use it.
-_KEYED = "{e}.idempotency_key IS NOT NULL AND {e}.type NOT IN ('tool_call', 'tool_result')"
+def _logged(run: str, key: str) -> str:
+    """SQL for the seq of the event of run ``run`` whose key is ``key`` (SQL expressions): a
+    subquery per row of the (small) table it is asked for, by the partial index on keys
+    (idx_events_idempotency, whose terms it repeats so that both planners use it), so that no
+    statement here walks the prefix's events."""
+    return (
+        f"(SELECT e.seq FROM events AS e WHERE e.run_id = {run} AND e.idempotency_key = {key}"
+        " AND e.idempotency_key IS NOT NULL AND e.type NOT IN ('tool_call', 'tool_result'))"
+    )
 
 
 def fork_run(
@@ -220,12 +226,11 @@ def _copy_steps_and_sleeps(tx: Tx, source_id: str, fork_id: str, forked_at: int)
 def _copy_waits(tx: Tx, source_id: str, fork_id: str, at: int) -> None:
     """Named waits the prefix decided (a signal received, or a timeout), each with its signal
     copied into the fork's inbox as consumed. A wait still open at ``at`` starts again."""
+    decided = _logged("w.run_id", "'wait:' || w.name")
     rows = tx.all(
         "SELECT w.name, w.kind, w.topic, w.deadline, w.created_at, w.completed_at, w.timed_out,"
         " s.topic, s.payload, s.key, s.created_at, s.consumed_at FROM waits AS w"
-        " JOIN events AS e ON e.run_id = w.run_id AND e.idempotency_key = 'wait:' || w.name"
-        f" AND {_KEYED.format(e='e')} LEFT JOIN signals AS s ON s.id = w.signal_id"
-        " WHERE w.run_id = ? AND e.seq <= ?",
+        f" LEFT JOIN signals AS s ON s.id = w.signal_id WHERE w.run_id = ? AND {decided} <= ?",
         (source_id, at),
     )
     for name, kind, topic, deadline, created_at, completed_at, timed_out, *signal in rows:
@@ -247,16 +252,15 @@ def _copy_waits(tx: Tx, source_id: str, fork_id: str, at: int) -> None:
 def _copy_approvals(tx: Tx, source_id: str, fork_id: str, at: int) -> None:
     """Approvals requested in the prefix, as the prefix left them: decided if their decision
     was logged by ``at``, timed out if that was, else open (decided again for the fork)."""
-    logged = (
-        " LEFT JOIN events AS {e} ON {e}.run_id = a.run_id AND {e}.idempotency_key ="
-        " 'approval:' || a.call_id || ':{what}' AND {keyed} AND {e}.seq <= ?"
+    requested, decided, timed_out = (
+        _logged("a.run_id", f"'approval:' || a.call_id || ':{what}'")
+        for what in ("requested", "decided", "timed_out")
     )
     rows = tx.all(
         "SELECT a.call_id, a.tool_name, a.args_hash, a.requested_at, a.deadline, a.approved,"
-        " a.decided_by, a.reason, a.decided_at, a.logged_at, d.seq, x.seq FROM approvals AS a"
-        + "".join(logged.format(e=e, what=what, keyed=_KEYED.format(e=e)) for e, what in _APPROVAL_EVENTS)
-        + " WHERE a.run_id = ? AND r.seq IS NOT NULL",
-        (at, at, at, source_id),
+        f" a.decided_by, a.reason, a.decided_at, a.logged_at, {decided}, {timed_out} FROM approvals AS a"
+        f" WHERE a.run_id = ? AND {requested} <= ?",
+        (source_id, at),
     )
     for (
         call_id,
@@ -272,6 +276,8 @@ def _copy_approvals(tx: Tx, source_id: str, fork_id: str, at: int) -> None:
         d,
         x,
     ) in rows:
+        d = d if d is not None and d <= at else None
+        x = x if x is not None and x <= at else None
         if d is None:
             approved = by = reason = decided_at = logged_at = None
         tx.execute(
@@ -283,28 +289,24 @@ def _copy_approvals(tx: Tx, source_id: str, fork_id: str, at: int) -> None:
         )  # fmt: skip
 
 
-_APPROVAL_EVENTS = (("r", "requested"), ("d", "decided"), ("x", "timed_out"))
-
-
 def _share_children(tx: Tx, source_id: str, fork_id: str, at: int) -> None:
     """The children spawned in the prefix (the source's own, and those it shares itself) are
     the fork's too; the joins the prefix ended are copied (one still open starts again)."""
-    keyed = _KEYED.format(e="e")
+    own = _logged("c.parent_run_id", "'spawn:' || c.spawn_name")
+    shared = _logged("s.run_id", "'spawn:' || s.spawn_name")
+    joined = _logged("j.run_id", "'join:' || j.child_id")
     tx.execute(
         "INSERT INTO shared_children (run_id, spawn_name, child_id)"
-        " SELECT ?, c.spawn_name, c.id FROM agent_runs AS c JOIN events AS e ON e.run_id = c.parent_run_id"
-        f" AND e.idempotency_key = 'spawn:' || c.spawn_name AND {keyed}"
-        " WHERE c.parent_run_id = ? AND c.spawn_name IS NOT NULL AND e.seq <= ?"
-        " UNION ALL SELECT ?, s.spawn_name, s.child_id FROM shared_children AS s JOIN events AS e"
-        f" ON e.run_id = s.run_id AND e.idempotency_key = 'spawn:' || s.spawn_name AND {keyed}"
-        " WHERE s.run_id = ? AND e.seq <= ?",
+        " SELECT ?, c.spawn_name, c.id FROM agent_runs AS c WHERE c.parent_run_id = ?"
+        f" AND c.spawn_name IS NOT NULL AND {own} <= ?"
+        " UNION ALL SELECT ?, s.spawn_name, s.child_id FROM shared_children AS s"
+        f" WHERE s.run_id = ? AND {shared} <= ?",
         (fork_id, source_id, at, fork_id, source_id, at),
     )
     tx.execute(
         "INSERT INTO joins (run_id, child_id, deadline, created_at, completed_at, timed_out)"
         " SELECT ?, j.child_id, j.deadline, j.created_at, j.completed_at, j.timed_out FROM joins AS j"
-        f" JOIN events AS e ON e.run_id = j.run_id AND e.idempotency_key = 'join:' || j.child_id AND {keyed}"
-        " WHERE j.run_id = ? AND e.seq <= ?",
+        f" WHERE j.run_id = ? AND {joined} <= ?",
         (fork_id, source_id, at),
     )
 
