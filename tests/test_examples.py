@@ -67,3 +67,14 @@ def test_automatic_resume_recovers_a_killed_process(tmp_path: Path, database: st
     assert "hello from epoch 2" in out
     assert "'to': 'completed'" in out
     assert status_of_runs(database) == ["completed"]
+
+
+def test_fork_and_compare_fixes_a_wrong_answer_without_searching_again(tmp_path: Path, database: str) -> None:
+    out = run_example("fork_and_compare.py", tmp_path, ZINCIR_DATABASE_PATH=database)
+    assert "original" in out and ": The capital of Australia is Sydney." in out
+    assert ": The capital of Australia is Canberra." in out
+    # The fork inherited the search's result: the search ran once for both runs.
+    assert "the search ran 1 time(s)" in out
+    assert "common prefix: 3 events (seq 0..2)" in out
+    assert "search-1 (inherited)" in out
+    assert status_of_runs(database) == ["completed", "completed"]

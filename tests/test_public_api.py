@@ -12,14 +12,15 @@ PUBLIC = {
     "Backoff", "Budget", "BudgetExceeded", "Checkpoint", "CheckpointNotPending", "CheckpointState",
     "Children", "Clock", "ConflictingResult",
     "Database", "DatabaseBusy", "DatabaseClosed", "DatabaseUnavailable", "Done", "DuplicateToolCall",
-    "DurableState", "Event", "EventType", "Handler", "InvalidArgument", "LeaseLost", "LoopDetected",
+    "DurableState", "Event", "EventType", "Handler", "InvalidArgument", "InvalidForkPoint", "LeaseLost",
+    "LoopDetected",
     "MIN_LEASE_TTL", "NoDurableIntent", "NoProgress",
     "PendingToolCall", "ResumeWorker", "Run", "RunCancelled", "RunLeased", "RunNotFound", "RunRecord",
     "RunStatus", "RunTerminal", "RunWaiting", "SUBMIT_CHECKPOINT", "SchemaError", "Spend",
     "StepAlreadyRunning", "StorageError", "ToolCall", "UnfinishedWork", "Usage", "Verification", "Verifier",
     "WaitTimeout", "ZincirError", "__version__",
-    "artifacts", "cancel_run", "decide_approval", "open_database", "open_run", "raise_budget", "retry_now",
-    "send_signal", "wait_for_end", "wall_clock_ms",
+    "artifacts", "cancel_run", "decide_approval", "fork_run", "open_database", "open_run", "raise_budget",
+    "retry_now", "send_signal", "wait_for_end", "wall_clock_ms",
 }  # fmt: skip
 
 
@@ -33,10 +34,11 @@ def test_all_is_pinned() -> None:
 def test_every_error_is_a_zincir_error() -> None:
     errors = [getattr(zincir, n) for n in zincir.__all__ if isinstance(getattr(zincir, n), type)]
     errors = [e for e in errors if issubclass(e, Exception)]
-    assert len(errors) == 27
+    assert len(errors) == 28
     assert all(issubclass(e, zincir.ZincirError) for e in errors)
     assert issubclass(zincir.InvalidArgument, ValueError)
     assert issubclass(zincir.DuplicateToolCall, zincir.InvalidArgument)
+    assert issubclass(zincir.InvalidForkPoint, zincir.InvalidArgument)
     assert issubclass(zincir.DatabaseBusy, zincir.StorageError)
     assert issubclass(zincir.DatabaseUnavailable, zincir.StorageError)
     assert issubclass(zincir.WaitTimeout, TimeoutError)

@@ -23,6 +23,7 @@ from ._errors import (
     DatabaseUnavailable,
     DuplicateToolCall,
     InvalidArgument,
+    InvalidForkPoint,
     LeaseLost,
     LoopDetected,
     NoDurableIntent,
@@ -39,6 +40,7 @@ from ._errors import (
     WaitTimeout,
     ZincirError,
 )
+from ._forks import fork_run
 from ._inbox import cancel_run, decide_approval, raise_budget, retry_now, send_signal
 from ._run import Children, Run, open_run
 from ._store import SUBMIT_CHECKPOINT
@@ -89,6 +91,7 @@ __all__ = [
     "EventType",
     "Handler",
     "InvalidArgument",
+    "InvalidForkPoint",
     "LeaseLost",
     "LoopDetected",
     "NoDurableIntent",
@@ -118,6 +121,7 @@ __all__ = [
     "artifacts",
     "cancel_run",
     "decide_approval",
+    "fork_run",
     "open_database",
     "open_run",
     "raise_budget",

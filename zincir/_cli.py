@@ -16,11 +16,13 @@ import click
 import trio
 
 from . import _queries as q
+from ._cli_diff import diff_command
 from ._cli_inspect import cell, readonly_database, register, require_file
 from ._cli_inspect import clean_errors as _clean_errors
 from ._cli_options import database_option, os_user
 from ._database import Database, open_database, wall_clock_ms
 from ._errors import ZincirError
+from ._forks import fork_run
 from ._inbox import cancel_run, decide_approval, raise_budget, retry_now, send_signal
 from ._json import MAX_DEPTH
 from ._types import Approval
@@ -442,3 +444,67 @@ def budget_command(run_id: str, by: str | None, database_path: str, **limits: fl
     for name, value, limit, left in q.budget_lines(usage):
         limit_text, left_text = ("—", "—") if limit is None else (limit, left)
         click.echo(f"  {name:<31} {value:>12}  limit {limit_text:>12}  left {left_text}")
+
+
+@main.command("fork")
+@click.argument("run_id")
+@click.option(
+    "--at", "at_seq", type=click.IntRange(min=0), default=None, help="The last seq of RUN_ID to copy."
+)
+@click.option(
+    "--at-checkpoint",
+    "at_checkpoint",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="ROUND",
+    help="Fork after the checkpoint RUN_ID accepted in this round instead.",
+)
+@click.option("--config", "config_json", default=None, help="The fork's config, as JSON (default: RUN_ID's).")
+@click.option("--reason", default=None, help="Why, recorded with the fork.")
+@_by_option
+@database_option
+def fork_command(
+    run_id: str,
+    at_seq: int | None,
+    at_checkpoint: int | None,
+    config_json: str | None,
+    reason: str | None,
+    by: str | None,
+    database_path: str,
+) -> None:
+    """Fork run RUN_ID after a seq (or a checkpoint); prints the new run's id.
+
+    The fork begins with a copy of RUN_ID's events up to that point and is pending: a worker
+    claims it. Nothing RUN_ID did is done again: a tool call it answered keeps its answer, and
+    one it started without an answer is probed first. See docs/forks.md.
+    """
+    if (at_seq is None) == (at_checkpoint is None):
+        raise click.UsageError("give --at SEQ or --at-checkpoint ROUND (one of them)")
+    run_id = _run_id(run_id, database_path)
+    config = None
+    if config_json is not None:
+        try:
+            config = json.loads(config_json)
+        except ValueError as exc:
+            raise click.BadParameter(f"not JSON: {exc}", param_hint="--config") from None
+        except RecursionError:
+            raise click.BadParameter(
+                f"it nests lists and objects deeper than {MAX_DEPTH} levels", param_hint="--config"
+            ) from None
+
+    async def fork() -> str:
+        async with _existing_database(database_path) as db:
+            return await fork_run(
+                db,
+                run_id,
+                at_seq,
+                at_checkpoint=at_checkpoint,
+                config=config,
+                by=by or os_user(),
+                reason=reason,
+            )
+
+    click.echo(_run_cli(fork))
+
+
+main.add_command(diff_command)

@@ -377,6 +377,19 @@ def _next_attempt_text(next_attempt: object, status: str) -> str:
     return "any time" if type(next_attempt) is int and next_attempt <= 0 else _time(next_attempt)
 
 
+def _fork_fields(run: q.RunDetail) -> list[tuple[str, str]]:
+    """Where a fork came from, and the forks of a run (docs/forks.md): only when there are."""
+    fields = []
+    if run.forked_from is not None:
+        fields.append(("forked from", f"{cell(run.forked_from)} at seq {cell(run.fork_seq)}"))
+    if run.forks:
+        listed = ", ".join(
+            f"{cell(f.run.id)} at seq {cell(f.fork_seq)} ({cell(f.run.status)})" for f in run.forks
+        )
+        fields.append((f"forks ({len(run.forks)}{'+' if run.forks_more else ''})", listed))
+    return fields
+
+
 def _print_run(run: q.RunDetail, now: int, reason: str | None) -> None:
     children = ", ".join(f"{cell(c.id)} ({cell(c.status)})" for c in run.children) or "none"
     if run.children_total > len(run.children):
@@ -390,6 +403,7 @@ def _print_run(run: q.RunDetail, now: int, reason: str | None) -> None:
         ("provider", cell(run.provider) or "—"),
         ("parent", cell(run.parent_run_id)),
         ("children", children),
+        *_fork_fields(run),
         ("created", _time(run.created_at)),
         ("activity", _time(run.updated_at)),
         ("events", cell(run.event_count)),

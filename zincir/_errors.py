@@ -4,7 +4,8 @@
 
     ZincirError
     ├── InvalidArgument           (also a ValueError) the caller passed something unusable
-    │   └── DuplicateToolCall     a tool call id is repeated in a response or reused in a run
+    │   ├── DuplicateToolCall     a tool call id is repeated in a response or reused in a run
+    │   └── InvalidForkPoint      a fork's seq or checkpoint is not in the run, or splits a write
     ├── RunNotFound               no run has that id
     ├── RunTerminal               the run is completed or failed; it can never be written again
     ├── RunLeased                 another owner holds an active lease on the run
@@ -46,6 +47,7 @@ __all__ = [
     "DatabaseUnavailable",
     "DuplicateToolCall",
     "InvalidArgument",
+    "InvalidForkPoint",
     "LeaseLost",
     "NoDurableIntent",
     "RunLeased",
@@ -72,6 +74,12 @@ class InvalidArgument(ZincirError, ValueError):
 
 class DuplicateToolCall(InvalidArgument):
     """A tool call id is empty, repeated within one response, or already used in the run."""
+
+
+class InvalidForkPoint(InvalidArgument):
+    """A fork's point is not in the source run (a seq past its end or below 0, a checkpoint round
+    it never accepted), or falls inside what one write of it recorded together (a model response
+    and its tool calls, a checkpoint's decision and its tool result)."""
 
 
 class RunNotFound(ZincirError, LookupError):

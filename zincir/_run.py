@@ -430,16 +430,18 @@ class Run:
             raise exceeded_error(self.id, reached)
 
     async def pending_tools(self) -> list[PendingToolCall]:
-        """The tool intents that have no result yet, oldest first: run them (again)."""
+        """The tool intents that have no result yet, oldest first: run them (again). In a
+        fork, an intent copied from its source keeps the source's ``effect_key`` (the run where
+        its effect belongs: docs/forks.md)."""
         rows = await self._read(self._store.pending_tools)
         pending = []
-        for payload_json, count, started, last_started_at in rows:
+        for payload_json, count, started, last_started_at, effect_run in rows:
             payload = decode(payload_json)
             call = ToolCall(payload["call_id"], payload["name"], payload["args"])
             key = f"tool_call:{call.id}"
             pending.append(
                 PendingToolCall(
-                    call, count, key, self.fencing_token, started, last_started_at, f"{self.id}:{key}"
+                    call, count, key, self.fencing_token, started, last_started_at, f"{effect_run}:{key}"
                 )
             )
         return pending

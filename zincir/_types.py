@@ -72,6 +72,7 @@ class EventType(enum.StrEnum):
     TOOL_STARTED = "tool_started"
     LEASE_TAKEN_OVER = "lease_taken_over"
     ATTEMPT_LOST = "attempt_lost"
+    FORKED = "forked"
 
 
 @attrs.frozen
@@ -120,7 +121,10 @@ class PendingToolCall:
         )
     )
     """``<run id>:tool_call:<call id>``: the key of the call's effect in the world, unique across
-    runs (hand it to a service shared by several runs, or to :func:`zincir.testing.effect_ledger`)."""
+    runs (hand it to a service shared by several runs, or to :func:`zincir.testing.effect_ledger`).
+    The run is the one where the effect belongs: in a fork, the source's (its source's, for a
+    fork of a fork) for an intent the fork copied, so a keyed tool never repeats the source's
+    effect."""
 
 
 def _check_data(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -255,6 +259,10 @@ class RunRecord:
     created_at: int
     updated_at: int
     result: JSONValue = None
+    forked_from: str | None = None
+    """The run this one was forked from (:func:`zincir.fork_run`); None for a run that is no fork."""
+    fork_seq: int | None = None
+    """The last seq of ``forked_from`` that the fork copied (its events ``0..fork_seq``)."""
 
 
 @attrs.frozen

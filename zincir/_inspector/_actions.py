@@ -12,14 +12,16 @@ signal    :func:`zincir.send_signal` with a JSON payload (and an optional key)
 cancel    :func:`zincir.cancel_run` with a reason
 retry     :func:`zincir.retry_now` of a run backing off after a failure
 budget    :func:`zincir.raise_budget` with the limits given
+fork      :func:`zincir.fork_run` at an event of the log (with an optional config)
 ========  =====================================================================
 
 A write is a ``POST /runs/<id>/actions/<action>`` that passes :class:`~._auth.Guard`'s checks
 (Host, Origin, the session cookie) and carries the form's CSRF token; then it is made, and the
-answer is a 303 back to the run page, whose panel says what was done (a fixed sentence chosen by
-the action's name: nothing from the request is echoed). A refused write is a styled 403 (421 for
-a foreign Host) and writes nothing; a write zincir refuses (say, the approval was decided the
-other way) is a 409 with zincir's message, a malformed one a 400.
+answer is a 303 back to the run page (after a fork: the new run's page), whose panel says what
+was done (a fixed sentence chosen by the action's name: nothing from the request is echoed). A
+refused write is a styled 403 (421 for a foreign Host) and writes nothing; a write zincir
+refuses (say, the approval was decided the other way) is a 409 with zincir's message, a
+malformed one (a fork point inside a model response, say) a 400.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from werkzeug.exceptions import Conflict, Forbidden, MethodNotAllowed, Misdirect
 from .. import _queries as q
 from .._database import Database, open_database
 from .._errors import InvalidArgument, RunNotFound, StorageError, ZincirError
+from .._forks import fork_run
 from .._inbox import cancel_run, decide_approval, raise_budget, retry_now, send_signal
 from .._json import MAX_DEPTH
 from .._validation import check_text
@@ -53,7 +56,7 @@ from ._serve import serve
 
 __all__ = ["ACTIONS", "BUDGET_FIELDS", "Actions", "Panel", "serve_with_actions"]
 
-ACTIONS: Final = ("approve", "deny", "signal", "cancel", "retry", "budget")
+ACTIONS: Final = ("approve", "deny", "signal", "cancel", "retry", "budget", "fork")
 
 # The confirmation the run page shows after a write, by the ``done`` parameter: fixed text only.
 _DONE: Final = {
@@ -64,6 +67,8 @@ _DONE: Final = {
     "retry": "Retried now: the run is due, and the workers were woken to claim it.",
     "retry-due": "Nothing to cut short: the run was due already.",
     "budget": "Budget limits set. A run suspended for its budget resumes if it is within them now.",
+    "fork": "Forked: this is the new run. It holds the source's events up to the fork point and is"
+    " pending until a worker claims it.",
 }
 
 _BAD_CSRF: Final = (
@@ -229,7 +234,7 @@ class Actions:
         if write is None:
             raise Forbidden(f"There is no action {action[:40]!r}.")
         form = await request.form
-        target = form.get("call_id", "") if action in ("approve", "deny") else ""
+        target = form.get(_TARGETS[action], "") if action in _TARGETS else ""
         if not self.guard.csrf_ok(session, action, run_id, target, form.get("csrf")):
             raise Forbidden(_BAD_CSRF)
         run_id = q.parse_run_id(run_id)
@@ -239,6 +244,8 @@ class Actions:
             raise  # 400, 404, 5xx pages
         except ZincirError as error:
             raise Conflict(str(error)) from None
+        if isinstance(done, tuple):  # the write made another run: show it
+            done, run_id = done
         return _see_other(f"/runs/{run_id}?refresh=off&done={done}#actions")
 
     async def _approve(self, run_id: str, form: MultiDict[str, str], approved: bool = True) -> str:
@@ -288,14 +295,37 @@ class Actions:
         await raise_budget(self.db, run_id, by=self.actor, **limits)
         return "budget"
 
+    async def _fork(self, run_id: str, form: MultiDict[str, str]) -> tuple[str, str]:
+        at = form.get("at_seq", "")
+        if not re.fullmatch(r"[0-9]{1,19}", at):
+            raise InvalidArgument(f"run {run_id}: the seq to fork at must be a whole number, not {at[:40]!r}")
+        text = form.get("config", "").strip()
+        config = None
+        if text:
+            try:
+                config = json.loads(text)
+            except ValueError as error:
+                raise InvalidArgument(f"run {run_id}: the fork's config is not JSON ({error})") from None
+            except RecursionError:
+                raise InvalidArgument(
+                    f"run {run_id}: the fork's config nests lists and objects deeper than {MAX_DEPTH} levels"
+                ) from None
+        reason = form.get("reason", "").strip() or None
+        fork = await fork_run(self.db, run_id, int(at), config=config, by=self.actor, reason=reason)
+        return "fork", fork
 
-_WRITES: Final[dict[str, Callable[[Actions, str, MultiDict[str, str]], Awaitable[str]]]] = {
+
+# The form field a write's CSRF token is bound to besides the run: the call decided, the seq forked at.
+_TARGETS: Final = {"approve": "call_id", "deny": "call_id", "fork": "at_seq"}
+
+_WRITES: Final[dict[str, Callable[[Actions, str, MultiDict[str, str]], Awaitable[str | tuple[str, str]]]]] = {
     "approve": Actions._approve,
     "deny": Actions._deny,
     "signal": Actions._signal,
     "cancel": Actions._cancel,
     "retry": Actions._retry,
     "budget": Actions._budget,
+    "fork": Actions._fork,
 }
 
 

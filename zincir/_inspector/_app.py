@@ -39,7 +39,7 @@ from werkzeug.exceptions import HTTPException
 from .._errors import ZincirError
 from ._api import api_checkpoint, api_event, api_events, api_run, api_runs, api_step
 from ._http import http_error, unexpected_error, zincir_error
-from ._pages import checkpoint_page, run_page, runs_page, stylesheet
+from ._pages import checkpoint_page, diff_page, run_page, runs_page, stylesheet
 from ._pool import ReadPool
 from ._security import SECURITY_HEADERS, InspectorApp
 
@@ -80,6 +80,7 @@ def _add_routes(app: InspectorApp) -> None:
         ("/", "runs", functools.partial(runs_page, app)),
         ("/runs/<run_id>", "run", functools.partial(run_page, app)),
         ("/runs/<run_id>/checkpoints/<round>", "checkpoint", functools.partial(checkpoint_page, app)),
+        ("/diff", "diff", functools.partial(diff_page, app)),
         ("/static/inspector.css", "css", stylesheet),
         ("/api/runs", "api_runs", functools.partial(api_runs, app)),
         ("/api/runs/<run_id>", "api_run", functools.partial(api_run, app)),

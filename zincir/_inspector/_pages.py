@@ -7,11 +7,12 @@ so the Trio loop never waits on the database or on a template.
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Mapping
 from typing import Any
 
 import attrs
-from quart import Response
+from quart import Response, request
 
 from .. import _queries as q
 from .._errors import RunNotFound
@@ -25,11 +26,15 @@ from ._runpage import PAYLOAD_PREVIEW_CHARS, REFRESH_SECONDS, RunPageData, run_c
 from ._security import InspectorApp
 from ._views import BLOCK_CHARS
 
-__all__ = ["checkpoint_page", "run_page", "runs_page", "stylesheet"]
+__all__ = ["checkpoint_page", "diff_page", "run_page", "runs_page", "stylesheet"]
 
 
 #: The runs page's chart counts the most recently active this many runs.
 CHART_SAMPLE = 2000
+#: A diff page lists this many events per side, reads at most DIFF_EVENTS of each side after
+#: the common prefix, and compares at most DIFF_EVENTS beyond what the lineage shares.
+DIFF_ITEMS = 100
+DIFF_EVENTS = 20_000
 
 
 async def stylesheet() -> Response:
@@ -95,6 +100,26 @@ async def checkpoint_page(app: InspectorApp, run_id: str, round: str) -> Respons
         }
         title = f"Checkpoint round {q.encode_key(row.round)} of run {run_id}"
         return render_page(app, "checkpoint.html", title, {**context, **extra})
+
+    return html_response(await run_read(app, render))
+
+
+async def diff_page(app: InspectorApp) -> Response:
+    """Two runs side by side (``?a=RUN&b=RUN``): their common prefix, the first divergence, each
+    side's events after it, and what each spent (bounded reads)."""
+    a = q.parse_run_id(request.args.get("a", ""))
+    b = q.parse_run_id(request.args.get("b", ""))
+    extra = extra_context(app)
+
+    def render(conn: Any) -> str:
+        diff = q.diff_runs(conn, a, b, limit=DIFF_ITEMS, max_events=DIFF_EVENTS, max_compare=DIFF_EVENTS)
+        sides = [
+            ("A", diff.a, v.run_ref(a, diff.a.run.status)),
+            ("B", diff.b, v.run_ref(b, diff.b.run.status)),
+        ]
+        rows = list(itertools.zip_longest(diff.a.items, diff.b.items))
+        context = {"diff": diff, "sides": sides, "rows": rows, "max_events": DIFF_EVENTS}
+        return render_page(app, "diff.html", f"Runs {a[:8]} and {b[:8]} compared", {**context, **extra})
 
     return html_response(await run_read(app, render))
 

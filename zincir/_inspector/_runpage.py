@@ -232,14 +232,27 @@ class Spend:
 
 
 @attrs.frozen
+class ForkLine:
+    """A run a fork came from, or a fork of the run: where the fork point is, and the diff."""
+
+    ref: v.RunRef
+    at: v.SeqRef | None  # the fork point, an event of the source
+    diff_url: str
+
+
+@attrs.frozen
 class Family:
-    """The run's ancestors, its parent, and one page of its children with their subtrees."""
+    """The run's ancestors, its parent, and one page of its children with their subtrees; the
+    run it was forked from and its own first forks (docs/forks.md)."""
 
     ancestors: list[v.RunRef]
     parent: v.RunRef | None
     children: list[v.TreeNode]
     nav: list[v.Link]
     first_url: str | None  # paged past the last child: the way back to the first
+    source: ForkLine | None = None
+    forks: list[ForkLine] = attrs.Factory(list)
+    forks_more: bool = False
 
 
 @attrs.frozen
@@ -437,13 +450,33 @@ def _family(view: RunPageData, query: EventsQuery) -> Family:
             nav.append(v.Link("More children →", v.fragment(more, "family")))
     elif query.children_after is not None:
         first_url = v.fragment(query.url(run.id), "family")
+    source = None
+    if run.forked_from is not None:
+        ref = v.run_ref(run.forked_from)
+        source = ForkLine(ref, v.seq_ref(ref.id, run.fork_seq), diff_url(run.forked_from, run.id))
+    forks = [
+        ForkLine(
+            v.run_ref(f.run.id, f.run.status, f.run.role),
+            v.seq_ref(run.id, f.fork_seq),
+            diff_url(run.id, f.run.id),
+        )
+        for f in run.forks
+    ]
     return Family(
         ancestors=[v.run_ref(a.id, a.status, a.role) for a in view.ancestors],
         parent=v.run_ref(run.parent_run_id) if run.parent_run_id else None,
         children=children,
         nav=nav,
         first_url=first_url,
+        source=source,
+        forks=forks,
+        forks_more=run.forks_more,
     )
+
+
+def diff_url(a: str, b: str) -> str:
+    """The diff page of two runs."""
+    return v.url(v.path("diff"), {"a": a, "b": b})
 
 
 def _more(node: q.FamilyNode | None) -> int:

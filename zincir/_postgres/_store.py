@@ -15,7 +15,7 @@ from .._json import dump_trusted as _dump
 from .._rows import RUN_COLUMNS
 from .._store import Reply, Store, Tx
 from .._store._budgets import insert_budget
-from .._store._children import await_child, join_children
+from .._store._children import SHARED_CHILD, SHARES, await_child, join_children
 from .._store._types import Lease, NewChild
 from .._types import EventType
 
@@ -34,18 +34,21 @@ def spawn_children(tx: Tx, lease: Lease, children: Sequence[NewChild]) -> list[s
             " spawned AS (INSERT INTO agent_runs (id, parent_run_id, role, provider, status, config,"
             " created_at, updated_at, next_attempt_at, spawn_name)"
             " SELECT ?, ?, ?, ?, 'pending', ?, now.ms, now.ms, now.ms, ? FROM now"
+            f" WHERE NOT EXISTS ({SHARED_CHILD})"
             " ON CONFLICT (parent_run_id, spawn_name) WHERE spawn_name IS NOT NULL DO NOTHING RETURNING id),"
             " allocated AS (UPDATE agent_runs SET last_seq = last_seq + 1, updated_at = (SELECT ms FROM now)"
             " WHERE id = ? AND EXISTS (SELECT 1 FROM spawned) RETURNING last_seq),"
             " logged AS (INSERT INTO events (run_id, seq, type, payload, idempotency_key, created_at)"
             " SELECT ?, last_seq, ?, ?, ?, now.ms FROM allocated, now)"
             " SELECT (SELECT id FROM spawned),"
-            " (SELECT id FROM agent_runs WHERE parent_run_id = ? AND spawn_name = ?)",
+            " coalesce((SELECT id FROM agent_runs WHERE parent_run_id = ? AND spawn_name = ?),"
+            f" ({SHARED_CHILD}))",
             (
                 *(child.child_id, parent_id, child.role, child.provider, child.config_json, child.name),
+                *(parent_id, child.name),
                 parent_id,
                 *(parent_id, EventType.CHILD_SPAWNED.value, _spawned_event(child), f"spawn:{child.name}"),
-                *(parent_id, child.name),
+                *(parent_id, child.name, parent_id, child.name),
             ),
         )
         for child in children
@@ -69,16 +72,16 @@ def _spawned_event(child: NewChild) -> str:
 
 def _look(tx: Tx, parent_id: str, child_id: str, timeout_ms: int | None) -> Reply:
     """The join's record (stored by the first call, read by later ones) and the child, in one
-    statement: the join of a run that is not a child stores nothing."""
+    statement: the join of a run that is not a child (nor shared by a fork) stores nothing."""
     return tx.send(
-        f"WITH child AS (SELECT {RUN_COLUMNS} FROM agent_runs WHERE id = ?),"
+        f"WITH child AS (SELECT {RUN_COLUMNS}, EXISTS ({SHARES}) AS shared FROM agent_runs WHERE id = ?),"
         " recorded AS (INSERT INTO joins (run_id, child_id, deadline, created_at)"
         " SELECT ?, child.id, now.ms + ?, now.ms FROM child, (SELECT CAST(:now AS BIGINT) AS ms) AS now"
-        " WHERE child.parent_run_id = ?"
+        " WHERE child.parent_run_id = ? OR child.shared"
         " ON CONFLICT (run_id, child_id) DO UPDATE SET run_id = joins.run_id"
         " RETURNING deadline, completed_at, timed_out)"
         " SELECT child.*, recorded.* FROM child LEFT JOIN recorded ON true",
-        (child_id, parent_id, timeout_ms, parent_id),
+        (parent_id, child_id, child_id, parent_id, timeout_ms, parent_id),
     )
 
 

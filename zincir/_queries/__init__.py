@@ -23,6 +23,7 @@ One module holds each concern:
 ``_progress``       checkpoints, durable steps, tool calls
 ``_waits``          what runs wait for: waits, approvals, children, sleeps, budgets
 ``_budgets``        spend against limits, and that spend in words
+``_diff``           two runs' trajectories compared (a run and its fork)
 ``_outsiders``      the audit trail of outsiders' writes
 ``_export``         the JSON views of all these records
 ==================  ==========================================================================
@@ -35,6 +36,7 @@ from .._sql import KEY_CHARS, Cursor, Dialect, ReadOnly
 from .._target import display_target
 from ._budgets import budget_lines, budgets_of, spend_text
 from ._connect import REQUIRED_TABLES, Reader, open_readonly, read_snapshot
+from ._diff import DiffItem, DiffSide, RunDiff, SpendSum, diff_runs, side_by_side
 from ._events import SCAN_WINDOW, EventPage, EventRow, event_types, get_event, iter_events, list_events
 from ._export import (
     awaiting_to_json,
@@ -77,6 +79,7 @@ from ._runs import (
     CHILD_COUNT_CAP,
     STATUS_COUNT_CAP,
     FamilyNode,
+    Fork,
     RunDetail,
     RunPage,
     RunSummary,
@@ -114,9 +117,12 @@ __all__ = [
     "CheckpointRow",
     "Cursor",
     "Dialect",
+    "DiffItem",
+    "DiffSide",
     "EventPage",
     "EventRow",
     "FamilyNode",
+    "Fork",
     "Int",
     "IntentRow",
     "Malformed",
@@ -126,8 +132,10 @@ __all__ = [
     "Reader",
     "RunCursor",
     "RunDetail",
+    "RunDiff",
     "RunPage",
     "RunSummary",
+    "SpendSum",
     "StepRow",
     "TimerRow",
     "Usage",
@@ -138,6 +146,7 @@ __all__ = [
     "checkpoint_to_json",
     "count_runs",
     "decode_key",
+    "diff_runs",
     "display_target",
     "encode_key",
     "end_reason",
@@ -172,6 +181,7 @@ __all__ = [
     "reconciled_results",
     "resolve_run_id",
     "run_to_json",
+    "side_by_side",
     "spend_text",
     "step_to_json",
     "timer_to_json",

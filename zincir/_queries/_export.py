@@ -54,6 +54,9 @@ def run_to_json(run: RunDetail | RunSummary) -> dict[str, Any]:
         data["lease_epoch"] = plain(run.lease_epoch)
         data["next_attempt_at"] = plain(run.next_attempt_at)
         data["children"] = [child.id for child in run.children]
+        data["forked_from"] = run.forked_from
+        data["fork_seq"] = plain(run.fork_seq)
+        data["forks"] = [{"fork_seq": plain(f.fork_seq), "id": f.run.id} for f in run.forks]
     return data
 
 

@@ -38,6 +38,7 @@ __all__ = [
     "CHILD_COUNT_CAP",
     "STATUS_COUNT_CAP",
     "FamilyNode",
+    "Fork",
     "RunDetail",
     "RunPage",
     "RunSummary",
@@ -133,6 +134,14 @@ class RunPage:
         return sum(self.counts.values())
 
 
+@attrs.frozen
+class Fork:
+    """A fork of a run (docs/forks.md): the fork, and the last seq of the run it copied."""
+
+    run: RunSummary
+    fork_seq: OptInt
+
+
 @attrs.frozen(kw_only=True)
 class RunDetail(RunSummary):
     """One run with its lease, resume-worker bookkeeping and family links: its summary's
@@ -160,6 +169,13 @@ class RunDetail(RunSummary):
     result: str | None = None
     result_size: int = 0
     result_truncated: bool = False
+    forked_from: str | None = None
+    """The run this one is a fork of (docs/forks.md), or None."""
+    fork_seq: OptInt = None
+    """The last seq of ``forked_from`` that the fork copied."""
+    forks: tuple[Fork, ...] = ()
+    """The first of its forks, by creation (``forks_more``: it has others)."""
+    forks_more: bool = False
 
 
 def _filters(status: str | None, role: str | None) -> tuple[list[str], list[Any]]:
@@ -293,13 +309,14 @@ def get_run(
     children_after: RunCursor | None = None,
     max_config_chars: int | None = None,
     max_result_chars: int | None = None,
+    forks_limit: int = 20,
 ) -> RunDetail:
     """One run with its lease fields and one keyset page of its children (by creation).
 
     ``children_after`` continues the children after a :attr:`RunSummary.child_cursor`.
     ``children_limit=0`` skips the family (``children_total`` is then 0).
     ``max_config_chars`` and ``max_result_chars`` cut the stored configuration and result to
-    a prefix. Raises
+    a prefix. ``forks_limit`` forks are listed (0: none). Raises
     :class:`InvalidArgument` for a malformed id, :class:`RunNotFound` for an unknown one.
     """
     run_id = parse_run_id(run_id)
@@ -307,10 +324,12 @@ def get_run(
     d = conn.dialect
     stored = conn.has_column("agent_runs", "result")  # schema version 4 and later
     result_columns = json_columns("result", max_result_chars) if stored else "NULL, 0"
+    forked = conn.has_column("agent_runs", "forked_from")  # schema version 11 and later
+    fork_columns = f"{name_column('forked_from')}, {d.int_column('fork_seq')}" if forked else "NULL, NULL"
     row = conn.execute(
         f"SELECT {_summary_columns(d)}, {json_columns('config', max_config_chars)},"
-        f" {d.int_column('lease_epoch')}, {d.int_column('next_attempt_at')}, {result_columns}"
-        " FROM agent_runs WHERE id = ?",
+        f" {d.int_column('lease_epoch')}, {d.int_column('next_attempt_at')}, {result_columns},"
+        f" {fork_columns} FROM agent_runs WHERE id = ?",
         (run_id,),
     ).fetchone()
     if row is None:
@@ -322,7 +341,8 @@ def get_run(
     if more or children_after is not None:
         counted = _count_children(conn, run_id, CHILD_COUNT_CAP + 1)
         total, capped = min(counted, CHILD_COUNT_CAP), counted > CHILD_COUNT_CAP
-    config, config_size, lease_epoch, next_attempt_at, result, result_size = row[11:]
+    config, config_size, lease_epoch, next_attempt_at, result, result_size, forked_from, fork_seq = row[11:]
+    forks, forks_more = _forks(conn, run_id, forks_limit) if forked and forks_limit > 0 else ((), False)
     return RunDetail(
         **attrs.asdict(_summary(row), recurse=False),
         config=as_text(config),
@@ -337,6 +357,10 @@ def get_run(
         result=as_opt_text(result),
         result_size=as_size(result_size),
         result_truncated=result is not None and was_cut(max_result_chars, as_size(result_size)),
+        forked_from=as_opt_text(forked_from),
+        fork_seq=as_opt_int(fork_seq),
+        forks=forks,
+        forks_more=forks_more,
     )
 
 
@@ -357,6 +381,18 @@ def end_reason(conn: Reader, run_id: str, status: str) -> str | None:
         return None
     reason = transition.get("reason")
     return reason if isinstance(reason, str) else None
+
+
+def _forks(conn: Reader, run_id: str, limit: int) -> tuple[tuple[Fork, ...], bool]:
+    # idx_agent_runs_forks (forked_from, created_at, id) serves both the filter and the order.
+    d = conn.dialect
+    rows = conn.execute(
+        f"SELECT {_summary_columns(d)}, {d.int_column('fork_seq')} FROM agent_runs WHERE forked_from = ?"
+        " ORDER BY created_at, id LIMIT ?",
+        (run_id, limit + 1),
+    )
+    found = [Fork(_summary(row), as_opt_int(row[-1])) for row in rows]
+    return tuple(found[:limit]), len(found) > limit
 
 
 def _children(

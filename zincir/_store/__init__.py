@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from . import _budgets, _children, _ends, _leases, _log, _reads, _waits
+from . import _budgets, _children, _ends, _forks, _leases, _log, _reads, _waits
+from ._forks import ForkOutcome
 from ._tx import LIVE, Dialect, Reply, Tx, judge_lease
 from ._types import *  # noqa: F403
 from ._types import __all__ as _types
 
-__all__ = ["LIVE", "Dialect", "Reply", "Store", "Tx", "judge_lease", *_types]
+__all__ = ["LIVE", "Dialect", "ForkOutcome", "Reply", "Store", "Tx", "judge_lease", *_types]
 
 
 class Store:
@@ -82,3 +83,7 @@ class Store:
     join_children = staticmethod(_children.join_children)
     ended_children = staticmethod(_children.ended_children)
     child_ready = staticmethod(_children.child_ready)
+
+    # -- forks (_forks) ----------------------------------------------------------------------------
+
+    fork_run = staticmethod(_forks.fork_run)

@@ -19,16 +19,27 @@ from ._types import JoinOutcome, Lease, NewChild
 
 def spawn_children(tx: Tx, lease: Lease, children: Sequence[NewChild]) -> list[str]:
     """Create each child, in order, as a pending, unleased run, once per name: a repeat (after
-    a restart) returns the first child's id. Logs ``child_spawned`` for each new one. One lease
+    a restart) returns the first child's id, and so does a name a fork shares with its source
+    (``shared_children``: docs/forks.md). Logs ``child_spawned`` for each new one. One lease
     check for the lot. Fenced."""
     tx.fence(lease)
     parent_id = lease.run_id
     inserts = [
         tx.send(
             "INSERT INTO agent_runs (id, parent_run_id, role, provider, status, config, created_at,"
-            " updated_at, next_attempt_at, spawn_name) VALUES (?, ?, ?, ?, 'pending', ?, :now, :now, :now, ?)"
+            " updated_at, next_attempt_at, spawn_name) SELECT ?, ?, ?, ?, 'pending', ?, :now, :now, :now, ?"
+            f" WHERE NOT EXISTS ({SHARED_CHILD})"
             " ON CONFLICT (parent_run_id, spawn_name) WHERE spawn_name IS NOT NULL DO NOTHING",
-            (child.child_id, parent_id, child.role, child.provider, child.config_json, child.name),
+            (
+                child.child_id,
+                parent_id,
+                child.role,
+                child.provider,
+                child.config_json,
+                child.name,
+                parent_id,
+                child.name,
+            ),
         )
         for child in children
     ]
@@ -46,15 +57,22 @@ def spawn_children(tx: Tx, lease: Lease, children: Sequence[NewChild]) -> list[s
     for names in tx.dialect.chunks(repeated):  # spawned before, under these names
         among, params = tx.dialect.any_of("spawn_name", names)
         found = tx.all(
-            f"SELECT spawn_name, id FROM agent_runs WHERE parent_run_id = ? AND {among}", (parent_id, *params)
+            f"SELECT spawn_name, id FROM agent_runs WHERE parent_run_id = ? AND {among} UNION ALL"
+            f" SELECT spawn_name, child_id FROM shared_children WHERE run_id = ? AND {among}",
+            (parent_id, *params, parent_id, *params),
         )
         ids.update(found)
     return [ids[child.name] for child in children]
 
 
+SHARED_CHILD = "SELECT child_id FROM shared_children WHERE run_id = ? AND spawn_name = ?"
+"""The child a fork shares with its source under a spawn name (params: the fork, the name)."""
+
+
 Look = Callable[[Tx, str, str, "int | None"], Reply]
-"""Record a join and read it with the child (:func:`look`): the child's RUN_COLUMNS, then the
-join's deadline, completed_at and timed_out (None: no such child of this run)."""
+"""Record a join and read it with the child (:func:`look`): the child's RUN_COLUMNS, whether
+the run shares it with its source (a fork: docs/forks.md), then the join's deadline,
+completed_at and timed_out (None: no such run)."""
 Mark = Callable[[Tx, str, str, EventType, str, bool], None]
 """Record that a join ended (:func:`mark`): the parent, the child, the event, its payload,
 and whether it timed out."""
@@ -96,25 +114,30 @@ CHILD_COLUMNS = ", ".join(f"c.{column.strip()}" for column in RUN_COLUMNS.split(
 
 
 def _look(tx: Tx, parent_id: str, child_id: str, timeout_ms: int | None) -> Reply:
-    """Record the join (of a child of the run only: another run's gets no record) and read the
-    child with it."""
+    """Record the join (of a child of the run, or one it shares, only: another run's gets no
+    record) and read the child with it."""
     tx.execute(
         "INSERT INTO joins (run_id, child_id, deadline, created_at) SELECT ?, id, :now + ?, :now"
-        " FROM agent_runs WHERE id = ? AND parent_run_id = ? ON CONFLICT (run_id, child_id) DO NOTHING",
-        (parent_id, timeout_ms, child_id, parent_id),
+        f" FROM agent_runs WHERE id = ? AND (parent_run_id = ? OR EXISTS ({SHARES}))"
+        " ON CONFLICT (run_id, child_id) DO NOTHING",
+        (parent_id, timeout_ms, child_id, parent_id, parent_id, child_id),
     )
     return tx.send(
-        f"SELECT {CHILD_COLUMNS}, j.deadline, j.completed_at, j.timed_out FROM agent_runs AS c"
-        " LEFT JOIN joins AS j ON j.run_id = ? AND j.child_id = c.id WHERE c.id = ?",
-        (parent_id, child_id),
+        f"SELECT {CHILD_COLUMNS}, EXISTS ({SHARES}), j.deadline, j.completed_at, j.timed_out"
+        " FROM agent_runs AS c LEFT JOIN joins AS j ON j.run_id = ? AND j.child_id = c.id WHERE c.id = ?",
+        (parent_id, child_id, parent_id, child_id),
     )
+
+
+SHARES = "SELECT 1 FROM shared_children WHERE run_id = ? AND child_id = ?"
+"""Whether a fork shares a child with its source (params: the fork, the child)."""
 
 
 def _judge(tx: Tx, parent_id: str, child_id: str, look: Reply, mark: Mark) -> JoinOutcome:
     """What the look found: log the end (or the timeout) the first time it is seen."""
     found = look.one()
-    child = None if found is None else to_run(found[:-3])
-    if child is None or child.parent_run_id != parent_id:
+    child = None if found is None else to_run(found[:-4])
+    if child is None or (child.parent_run_id != parent_id and not found[-4]):
         raise InvalidArgument(f"run {parent_id}: {child_id} is not a child of this run")
     deadline, completed_at, timed_out = found[-3:]
     if timed_out:

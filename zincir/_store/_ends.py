@@ -68,7 +68,16 @@ _MAKE_PARENT_DUE = (
     " AS w WHERE w.run_id = p.id AND w.kind = 'child' AND w.wake_key = ?){lock})"
 )
 
-_Closing = tuple[Reply, Reply, Reply | None]
+# A fork that shares the closing run with its source (docs/forks.md) and is suspended on it
+# becomes due, as its parent does (above).
+_MAKE_SHARER_DUE = (
+    "UPDATE agent_runs SET next_attempt_at = :now WHERE id = (SELECT p.id FROM agent_runs AS p"
+    " WHERE p.id = ? AND p.status = 'waiting' AND (p.next_attempt_at IS NULL OR p.next_attempt_at > :now)"
+    " AND EXISTS (SELECT 1 FROM run_waits AS w WHERE w.run_id = p.id AND w.kind = 'child'"
+    " AND w.wake_key = ?){lock})"
+)
+
+_Closing = tuple[Reply, Reply, Reply | None, Reply]
 
 
 def _send_close(
@@ -97,17 +106,21 @@ def _send_close(
     waited = None
     if tx.dialect.end_waiters:  # somebody waits for this end (wait_for_end): they are told
         waited = tx.send("DELETE FROM run_waiters WHERE run_id = ?", (run_id,))
-    return closed, parent_due, waited
+    sharers = tx.send("SELECT run_id FROM shared_children WHERE child_id = ?", (run_id,))
+    return closed, parent_due, waited, sharers
 
 
 def _closed(tx: Tx, run_id: str, closing: _Closing) -> None:
     """Read what :func:`_send_close` did, and note whom it wakes."""
-    closed, parent_due, waited = closing
+    closed, parent_due, waited, sharers = closing
     (_, parent) = closed.one()
     if parent is not None:  # it may be joining this run (or suspended on it: then it is due)
         tx.wake(waits=parent, claimable=parent_due.count() > 0)
     if waited is not None and waited.count():
         tx.wake(ended=run_id)
+    for (fork,) in sharers.all():  # rare: a round trip more on PostgreSQL only then
+        made_due = tx.count(_MAKE_SHARER_DUE.format(lock=tx.dialect.lock_nowait), (fork, run_id))
+        tx.wake(waits=fork, claimable=made_due > 0)
 
 
 def _send_open_work(tx: Tx, run_id: str) -> tuple[Reply, Reply, Reply]:
@@ -286,7 +299,12 @@ def cancel_child(tx: Tx, lease: Lease, child_id: str, reason: str) -> CancelOutc
     tx.fence(lease)
     parent = tx.one("SELECT parent_run_id FROM agent_runs WHERE id = ?", (child_id,))
     if parent is None or parent[0] != lease.run_id:
-        raise InvalidArgument(f"run {lease.run_id}: {child_id} is not a child of this run")
+        where = f"run {lease.run_id}: {child_id} is not a child of this run"
+        if tx.one(
+            "SELECT 1 FROM shared_children WHERE run_id = ? AND child_id = ?", (lease.run_id, child_id)
+        ):
+            raise InvalidArgument(f"{where}: it is its source's, shared with this fork (docs/forks.md)")
+        raise InvalidArgument(where)
     return cancel_run(tx, child_id, reason)
 
 

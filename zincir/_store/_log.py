@@ -208,6 +208,16 @@ def decide_checkpoint(
     return get_checkpoint(tx, lease.run_id, checkpoint_id)
 
 
+def _inherited_as(stored_json: str, payload_json: str) -> bool:
+    """Whether a result a fork inherited (docs/forks.md) is this one, but for its mark."""
+    stored = decode(stored_json)
+    return (
+        isinstance(stored, dict)
+        and "inherited" in stored
+        and ({k: v for k, v in stored.items() if k != "inherited"} == decode(payload_json))
+    )
+
+
 # -- model responses and tools ----------------------------------------------------------------
 
 
@@ -240,17 +250,21 @@ def record_response(
     return seq, _budgets.debit_budget(tx, lease.run_id, debit)
 
 
-def pending_tools(tx: Tx, lease: Lease) -> list[tuple[str, int, int, int | None]]:
-    """(tool_call payload, response_tool_count, starts, last start) of each intent without a
-    result, in order. Fenced (a read: the reader judges the lease from its snapshot)."""
+def pending_tools(tx: Tx, lease: Lease) -> list[tuple[str, int, int, int | None, str]]:
+    """(tool_call payload, response_tool_count, starts, last start, the run its effect belongs
+    to) of each intent without a result, in order. Fenced (a read: the reader judges the lease
+    from its snapshot)."""
     tx.fence(lease)
     rows = tx.all(
-        "SELECT e.payload, t.response_tool_count, t.started, t.last_started_at FROM tool_intents AS t"
-        " JOIN events AS e ON e.run_id = t.run_id AND e.seq = t.intent_seq"
+        "SELECT e.payload, t.response_tool_count, t.started, t.last_started_at, t.effect_run_id"
+        " FROM tool_intents AS t JOIN events AS e ON e.run_id = t.run_id AND e.seq = t.intent_seq"
         " WHERE t.run_id = ? AND t.result_seq IS NULL ORDER BY t.intent_seq",
         (lease.run_id,),
     )
-    return [(payload, int(count), int(started), last) for payload, count, started, last in rows]
+    return [
+        (payload, int(count), int(started), last, effect_run or lease.run_id)
+        for payload, count, started, last, effect_run in rows
+    ]
 
 
 def start_tool(tx: Tx, lease: Lease, call_id: str) -> int:
@@ -290,7 +304,7 @@ def record_tool_result(tx: Tx, lease: Lease, call_id: str, payload_json: str) ->
         (stored,) = tx.one(
             "SELECT payload FROM events WHERE run_id = ? AND seq = ?", (lease.run_id, result_seq)
         )
-        if stored != payload_json:
+        if stored != payload_json and not _inherited_as(stored, payload_json):
             raise ConflictingResult(
                 f"run {lease.run_id}: tool call {call_id!r} already has a different result"
             )

@@ -1,0 +1,25 @@
+"""Smoke test of ``python -m bench.forks`` (issue 33): tiny sizes, both backends, the report's shape."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench.forks.runner import main
+
+from .postgres_server import fresh_database
+
+
+def test_the_forks_bench_reports_both_backends(tmp_path: Path, postgres_admin_url: str) -> None:
+    out = tmp_path / "forks.md"
+    with fresh_database(postgres_admin_url) as url:
+        assert main(["--quick", "--url", url, "--dir", str(tmp_path), "--out", str(out), "-q"]) == 0
+    report = out.read_text()
+    assert "| SQLite | 100 |" in report and "| PostgreSQL | 100 |" in report
+    results = json.loads(out.with_suffix(".json").read_text())
+    for sizes in results["backends"].values():
+        assert set(sizes) == {"10", "100"}
+        for data in sizes.values():
+            assert len(data["ms"]) == 2 and all(ms > 0 for ms in data["ms"])
+            assert all(grown >= 0 for grown in data["bytes"])  # a small fork may fit in free pages
+        assert sum(sizes["100"]["bytes"]) > 0
