@@ -147,8 +147,18 @@ async def worker_runs(db: zincir.Database) -> list[str]:
     return [waiting.id, failing.id]
 
 
+async def fork_run(db: zincir.Database, source_id: str) -> str:
+    """A fork of the agent run taken after its first tool started, before any result: the
+    results recorded after that seq are inherited."""
+    events = await db.events(source_id)
+    started = next(e.seq for e in events if e.type == zincir.EventType.TOOL_STARTED)
+    return await zincir.fork_run(db, source_id, started, by="dev", reason="try again")
+
+
 async def every_event(db: zincir.Database) -> list[zincir.Event]:
     """The events of all the runs above, in order."""
-    run_ids = [await agent_run(db), *await budget_runs(db), await takeover_run(db), *await worker_runs(db)]
+    source = await agent_run(db)
+    run_ids = [source, await fork_run(db, source), *await budget_runs(db), await takeover_run(db)]
+    run_ids += await worker_runs(db)
     runs = await db.runs(limit=1000)
     return [event for record in runs for event in await db.events(record.id)] if run_ids else []
