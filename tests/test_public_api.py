@@ -16,10 +16,10 @@ PUBLIC = {
     "MIN_LEASE_TTL", "NoDurableIntent", "NoProgress",
     "PendingToolCall", "ResumeWorker", "Run", "RunCancelled", "RunLeased", "RunNotFound", "RunRecord",
     "RunStatus", "RunTerminal", "RunWaiting", "SUBMIT_CHECKPOINT", "SchemaError", "Spend",
-    "StepAlreadyRunning", "StorageError", "ToolCall", "UnfinishedWork", "Usage", "Verification", "Verifier",
+    "StepAlreadyRunning", "StorageError", "Stream", "StreamChunk", "ToolCall", "UnfinishedWork", "Usage", "Verification", "Verifier",
     "WaitTimeout", "ZincirError", "__version__",
-    "artifacts", "cancel_run", "decide_approval", "open_database", "open_run", "raise_budget", "retry_now",
-    "send_signal", "wait_for_end", "wall_clock_ms",
+    "artifacts", "cancel_run", "decide_approval", "open_database", "open_run", "raise_budget", "read_stream",
+    "retry_now", "send_signal", "wait_for_end", "wall_clock_ms",
 }  # fmt: skip
 
 

@@ -42,6 +42,7 @@ from ._errors import (
 from ._inbox import cancel_run, decide_approval, raise_budget, retry_now, send_signal
 from ._run import Children, Run, open_run
 from ._store import SUBMIT_CHECKPOINT
+from ._streams import Stream, StreamChunk, read_stream
 from ._types import (
     Approval,
     Checkpoint,
@@ -107,6 +108,8 @@ __all__ = [
     "Spend",
     "StepAlreadyRunning",
     "StorageError",
+    "Stream",
+    "StreamChunk",
     "ToolCall",
     "UnfinishedWork",
     "Usage",
@@ -121,6 +124,7 @@ __all__ = [
     "open_database",
     "open_run",
     "raise_budget",
+    "read_stream",
     "retry_now",
     "send_signal",
     "wait_for_end",

@@ -52,9 +52,7 @@ class Wakes:
         self.streams |= other.streams
 
     def copy(self) -> Wakes:
-        return Wakes(
-            self.claimable, set(self.inbox), set(self.waits), set(self.ended), set(self.streams)
-        )
+        return Wakes(self.claimable, set(self.inbox), set(self.waits), set(self.ended), set(self.streams))
 
 
 Hear = Callable[[str | None, str | None], None]

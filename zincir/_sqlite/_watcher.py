@@ -22,6 +22,7 @@ from ._connection import BUSY_TIMEOUT_MS
 logger = logging.getLogger("zincir")
 
 _LOOK_EVERY_S: Final = 0.005
+_MOST_SEEN: Final = 100_000  # streams whose last offset the watcher remembers
 
 
 class Watcher(Hearing[sqlite3.Connection]):
@@ -116,23 +117,27 @@ def _ended(conn: sqlite3.Connection, run_ids: frozenset[str]) -> list[str]:
     return ended
 
 
-def _streams_grown(conn: sqlite3.Connection, run_ids: frozenset[str], seen: dict[tuple[str, str], int]) -> set[str]:
+def _streams_grown(
+    conn: sqlite3.Connection, run_ids: frozenset[str], seen: dict[tuple[str, str], int]
+) -> set[str]:
     """Those of ``run_ids`` with a stream whose next offset is not the one ``seen`` last time
-    (a run newly awaited counts: its follower may have read before this look); ``seen`` is
-    brought up to date."""
+    (a stream not seen before counts: its follower may have read before this look); ``seen``
+    is brought up to date. A follower is awaited only while it waits, so ``seen`` keeps the
+    streams of runs no longer awaited too (within bounds): one awaited again is not new."""
+    if len(seen) > _MOST_SEEN:
+        seen.clear()
     ids, grown = sorted(run_ids), set()
     for first in range(0, len(ids), 500):
         chunk = ids[first : first + 500]
+        among = ",".join("?" * len(chunk))
         for run_id, name, next_offset in conn.execute(
-            f"SELECT run_id, name, max(next_offset) FROM streams WHERE run_id IN ({','.join('?' * len(chunk))})"
+            f"SELECT run_id, name, max(next_offset) FROM streams WHERE run_id IN ({among})"
             " GROUP BY run_id, name",
             chunk,
         ):
             if seen.get((run_id, name)) != next_offset:
                 seen[(run_id, name)] = next_offset
                 grown.add(run_id)
-    for key in [key for key in seen if key[0] not in run_ids]:
-        del seen[key]
     return grown
 
 
