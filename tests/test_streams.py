@@ -20,12 +20,19 @@ from zincir import _streams
 from .helpers import hearing_others, reap, rows, start_python, trace_operations, until
 from .test_suspension import working
 
-# Follows a stream and prints each chunk as a JSON line, then "end" once the iteration stops.
-# Only a wake-up can bring a chunk or the run's end in time: the fallback read is a minute apart.
+# Follows a stream and prints each chunk as a JSON line, "idle" whenever it found nothing new
+# and waits (for a wake-up: the fallback read is a minute apart), and "end" once it stops.
 FOLLOWER = """
     import json, sys, trio, zincir
     from zincir import _streams
     _streams._POLL_S = 60.0
+    read_page = _streams._Reader._page
+    async def page(self):
+        found = await read_page(self)
+        if not found.chunks and not zincir.RunStatus(found.status).is_terminal:
+            print("idle", flush=True)
+        return found
+    _streams._Reader._page = page
     async def main():
         async with zincir.open_database(sys.argv[1]) as db:
             chunks = zincir.read_stream(db, sys.argv[2], sys.argv[3], after=int(sys.argv[4]), follow=True)
@@ -70,10 +77,21 @@ def follower(db: zincir.Database, run_id: str, name: str, after: int = -1) -> su
     return start_python(FOLLOWER, db.path, run_id, name, str(after))
 
 
-async def line_of(proc: subprocess.Popen[str]) -> str:
+async def line_of(proc: subprocess.Popen[str], *, idle: bool = False) -> str:
+    """The process's next line; a follower's next chunk or end, unless ``idle`` (then the
+    next line, "idle" included)."""
     assert proc.stdout is not None
     with trio.fail_after(30):  # far less than the follower's fallback read (a minute)
-        return await trio.to_thread.run_sync(proc.stdout.readline)
+        while True:
+            line = await trio.to_thread.run_sync(proc.stdout.readline, abandon_on_cancel=True)
+            if idle or line != "idle\n":
+                return line
+
+
+async def idle(proc: subprocess.Popen[str]) -> None:
+    """Until the follower has found nothing new and waits: what comes now must wake it."""
+    while await line_of(proc, idle=True) != "idle\n":
+        pass
 
 
 def as_chunk(line: str) -> zincir.StreamChunk:
@@ -294,8 +312,9 @@ async def test_a_reader_in_another_process_sees_every_chunk_once_in_order_while_
                     await out.send({"i": i})
                     # Each chunk reaches the other process before the next is sent: it follows live.
                     assert as_chunk(await line_of(reader)) == zincir.StreamChunk(i, 1, {"i": i}, False)
+            await idle(reader)
             await run.complete()
-        assert await line_of(reader) == "end\n"  # the run's end stops the follower
+        assert await line_of(reader) == "end\n"  # the run's end wakes the follower, and stops it
         assert await trio.to_thread.run_sync(reader.wait) == 0
     finally:
         reap(reader)
