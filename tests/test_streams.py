@@ -5,19 +5,23 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
+from click.testing import CliRunner
 
 import zincir
 from zincir import _streams
+from zincir._cli import main
 
-from .helpers import hearing_others, reap, rows, start_python, trace_operations, until
+from .helpers import ZINCIR_CLI, hearing_others, reap, rows, start_python, trace_operations, until
 from .test_suspension import working
 
 # Follows a stream and prints each chunk as a JSON line, "idle" whenever it found nothing new
@@ -25,6 +29,7 @@ from .test_suspension import working
 FOLLOWER = """
     import json, sys, trio, zincir
     from zincir import _streams
+from zincir._cli import main
     _streams._POLL_S = 60.0
     read_page = _streams._Reader._page
     async def page(self):
@@ -473,3 +478,94 @@ async def test_follow_on_an_ended_run_gives_what_is_stored_and_stops(db: zincir.
             pass
     if db.backend == "postgresql":
         assert rows(db, "SELECT * FROM run_waiters") == []
+
+
+# -- the command line --------------------------------------------------------------------------
+
+
+def _stream_command(*args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(
+        [*ZINCIR_CLI, "stream", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+
+
+async def test_zincir_stream_follow_prints_each_chunk_as_it_is_stored_and_stops_at_the_end(
+    db: zincir.Database,
+) -> None:
+    run_id = await released_run(db)
+    command = _stream_command(run_id[:8], "answer", "--follow", "--db", db.path)
+    try:
+        async with zincir.open_run(db, run_id) as run:
+            async with run.stream("answer", flush_interval=0.01) as out:
+                for i, text in enumerate(["Hel", "lo"]):
+                    await out.send(text)
+                    line = json.loads(await line_of(command))
+                    assert line == {"offset": i, "attempt": 1, "restarted": False, "data": text}
+            await run.complete()
+        with trio.fail_after(30):
+            out, err = await trio.to_thread.run_sync(command.communicate)
+    finally:
+        reap(command)
+    assert (command.returncode, out, err) == (0, "", "")
+    # Resumed after an offset; Ctrl+C stops a follower of a run that has not ended.
+    resumed = await trio.to_thread.run_sync(
+        lambda: subprocess.run(
+            [*ZINCIR_CLI, "stream", run_id, "answer", "--after", "0", "--db", db.path],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    )
+    assert [json.loads(line)["data"] for line in resumed.stdout.splitlines()] == ["lo"]
+    async with zincir.open_run(db) as going_on, going_on.stream("answer") as out:
+        await out.send("so far")
+    command = _stream_command(going_on.id, "answer", "--follow", "--db", db.path)
+    try:
+        assert json.loads(await line_of(command))["data"] == "so far"  # it follows now
+        command.send_signal(signal.SIGINT)
+        with trio.fail_after(30):
+            out, err = await trio.to_thread.run_sync(command.communicate)
+    finally:
+        reap(command)
+    assert command.returncode == 130 and "Traceback" not in err, err
+
+
+def test_zincir_stream_text_and_export(tmp_path: Path) -> None:
+    path = str(tmp_path / "s.db")
+
+    async def write() -> str:
+        async with zincir.open_database(path) as db:
+            with pytest.raises(zincir.LeaseLost):
+                async with zincir.open_run(db) as run, run.stream("answer") as out:
+                    await out.send("Hel")
+                    await out.flush()
+                    async with zincir.open_run(db, run.id, force=True):
+                        pass
+            async with zincir.open_run(db, run.id) as again:
+                async with again.stream("answer") as out:
+                    for chunk in ["Hello,\n", "w\x1b[2Jorld", {"done": True}]:
+                        await out.send(chunk)
+                await again.complete()
+            return run.id
+
+    run_id = trio.run(write)
+    text = CliRunner().invoke(main, ["stream", "--db", path, run_id, "answer", "--text"])
+    assert text.exit_code == 0, text.output
+    # The restart is said, the model's control characters are escaped, the answer is text.
+    assert text.output == (
+        'Hel\n--- attempt 2 starts over at offset 1 ---\nHello,\nw\\x1b[2Jorld\n{"done": true}\n'
+    )
+    exported = CliRunner().invoke(main, ["export", "--db", path, run_id])
+    assert exported.exit_code == 0, exported.output
+    chunks = [
+        line for line in map(json.loads, exported.output.splitlines()) if line["kind"] == "stream_chunk"
+    ]
+    assert [(c["stream"], c["offset"], c["attempt"], c["restarted"], c["data"]) for c in chunks] == [
+        ("answer", 0, 1, False, "Hel"),
+        ("answer", 1, 2, True, "Hello,\n"),
+        ("answer", 2, 2, False, "w\x1b[2Jorld"),
+        ("answer", 3, 2, False, {"done": True}),
+    ]
+    unknown = CliRunner().invoke(main, ["stream", "--db", path, "ffffffff", "answer"])
+    assert unknown.exit_code != 0 and "ffffffff" in unknown.output

@@ -24,6 +24,7 @@ One module holds each concern:
 ``_waits``          what runs wait for: waits, approvals, children, sleeps, budgets
 ``_budgets``        spend against limits, and that spend in words
 ``_outsiders``      the audit trail of outsiders' writes
+``_streams``        a run's durable streams and their chunks
 ``_export``         the JSON views of all these records
 ==================  ==========================================================================
 """
@@ -44,6 +45,7 @@ from ._export import (
     outsider_action_to_json,
     run_to_json,
     step_to_json,
+    stream_chunk_to_json,
     timer_to_json,
 )
 from ._keys import (
@@ -85,6 +87,15 @@ from ._runs import (
     get_run,
     list_runs,
 )
+from ._streams import (
+    STREAMS_SHOWN,
+    StreamAttemptRow,
+    StreamChunkRow,
+    StreamRow,
+    iter_stream_chunks,
+    list_stream_chunks,
+    list_streams,
+)
 from ._values import MAX_INT, MAX_JSON_DEPTH, Int, Malformed, OptInt, json_value, parse_json, raw_value
 from ._waits import (
     ApprovalRequest,
@@ -108,6 +119,7 @@ __all__ = [
     "RUN_STATUSES",
     "SCAN_WINDOW",
     "STATUS_COUNT_CAP",
+    "STREAMS_SHOWN",
     "ApprovalRequest",
     "Awaiting",
     "CheckpointRow",
@@ -128,6 +140,9 @@ __all__ = [
     "RunPage",
     "RunSummary",
     "StepRow",
+    "StreamAttemptRow",
+    "StreamChunkRow",
+    "StreamRow",
     "TimerRow",
     "Usage",
     "awaiting_to_json",
@@ -149,6 +164,7 @@ __all__ = [
     "get_step",
     "intent_to_json",
     "iter_events",
+    "iter_stream_chunks",
     "json_value",
     "key_json",
     "list_awaiting",
@@ -159,6 +175,8 @@ __all__ = [
     "list_outsider_actions",
     "list_runs",
     "list_steps",
+    "list_stream_chunks",
+    "list_streams",
     "list_timers",
     "open_readonly",
     "outsider_action_to_json",
@@ -172,6 +190,7 @@ __all__ = [
     "run_to_json",
     "spend_text",
     "step_to_json",
+    "stream_chunk_to_json",
     "timer_to_json",
     "verification_interrupted",
 ]
