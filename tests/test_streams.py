@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 from collections.abc import AsyncIterator
@@ -22,6 +23,7 @@ from zincir import _streams
 from zincir._cli import main
 
 from .helpers import ZINCIR_CLI, hearing_others, reap, rows, start_python, trace_operations, until
+from .test_inspector import fetch
 from .test_suspension import working
 
 # Follows a stream and prints each chunk as a JSON line, "idle" whenever it found nothing new
@@ -569,3 +571,44 @@ def test_zincir_stream_text_and_export(tmp_path: Path) -> None:
     ]
     unknown = CliRunner().invoke(main, ["stream", "--db", path, "ffffffff", "answer"])
     assert unknown.exit_code != 0 and "ffffffff" in unknown.output
+
+
+# -- the inspector -------------------------------------------------------------------------------
+
+
+async def test_the_run_page_shows_each_stream_its_attempts_and_its_latest_text(tmp_path: Path) -> None:
+    path = tmp_path / "page.db"
+    async with zincir.open_database(path) as db:
+        with pytest.raises(zincir.LeaseLost):
+            async with zincir.open_run(db) as run, run.stream("answer") as out:
+                await out.send("The first try")
+                await out.flush()
+                async with zincir.open_run(db, run.id, force=True):
+                    pass
+        async with zincir.open_run(db, run.id) as again:
+            async with again.stream("answer") as out:
+                for chunk in ["Hello <script>alert(1)</script>", " \u202eworld\n", {"tool": "search"}]:
+                    await out.send(chunk)
+            async with again.stream("progress") as progress:
+                await progress.send({"step": 1})
+                await progress.flush()
+                page = await fetch(path, f"/runs/{run.id}")  # while its writer still holds the run
+    assert page.status == 200
+    [section] = re.findall(r'<section id="streams">.*?</section>', page.text, re.S)
+    assert re.findall(r"<h3><code>(\w+)</code> <span class=\"muted\">\((\d+) chunks\)", section) == [
+        ("answer", "4"),
+        ("progress", "1"),
+    ]
+    assert re.findall(r'<span class="stream-(\w+)">', section) == ["interrupted", "closed", "open"]
+    # The latest attempt's text, escaped (markup and a right-to-left override shown, not obeyed).
+    assert (
+        "Hello &lt;script&gt;alert(1)&lt;/script&gt; \\u202eworld\n{&#34;tool&#34;: &#34;search&#34;}\n"
+        in section
+    )
+    assert "The first try" not in section
+    assert f"zincir stream {run.id} answer" in section
+    # A run without streams says so.
+    async with zincir.open_database(path) as db, zincir.open_run(db) as quiet:
+        pass
+    empty = await fetch(path, f"/runs/{quiet.id}")
+    assert "No streams" in empty.text
