@@ -9,7 +9,13 @@ from ..harness.charts import Bar, Chart, Group, Mark, Panel
 from ..harness.reports import generated, machine_lines, met
 
 NAMES = {"sqlite": "SQLite", "postgresql": "PostgreSQL"}
-COLORS = {"sqlite": "#1f77b4", "postgresql": "#9467bd"}
+COLORS = {"zincir": "#1f77b4", "dbos": "#d62728"}
+
+
+def label(key: str) -> str:
+    """``zincir-sqlite`` as "zincir, SQLite"."""
+    system, _, backend = key.partition("-")
+    return f"{system}, {NAMES.get(backend, backend)}"
 
 
 def _ms(value: float) -> str:
@@ -18,24 +24,29 @@ def _ms(value: float) -> str:
 
 def conclusions(res: dict[str, Any]) -> list[str]:
     lines = []
-    for backend, lat in res["latency"].items():
-        lines.append(
-            f"- **Latency, {NAMES[backend]}**, send in one process → the chunk read by a follower in"
-            f" another: p50 **{_ms(lat['p50_ms'])} ms**, p99 {_ms(lat['p99_ms'])} ms, against the target"
-            f" p50 ≤ {lat['target_ms']:g} ms (the flush interval + 15 ms):"
-            f" {met(lat['p50_ms'] <= lat['target_ms'])}."
+    for key, lat in res["latency"].items():
+        text = (
+            f"- **Latency, {label(key)}**, send in one process → the chunk read by a follower in"
+            f" another: p50 **{_ms(lat['p50_ms'])} ms**, p99 {_ms(lat['p99_ms'])} ms"
         )
-    for backend, tp in res["throughput"].items():
+        if lat.get("target_ms") is not None:
+            text += (
+                f", against the target p50 ≤ {lat['target_ms']:g} ms (the flush interval + 15 ms):"
+                f" {met(lat['p50_ms'] <= lat['target_ms'])}"
+            )
+        lines.append(text + ".")
+    for key, tp in res["throughput"].items():
         one, many = tp["one"], tp["many"]
+        commits = "" if many.get("commits") is None else f", {many['commits']:,} commits"
         lines.append(
-            f"- **Throughput, {NAMES[backend]}**: one stream {one['chunks_per_s']:,.0f} chunks/s"
+            f"- **Throughput, {label(key)}**: one stream {one['chunks_per_s']:,.0f} chunks/s"
             f" ({one['chunks']:,} chunks in {one['flushes']:,} flushes);"
             f" {many['streams']} streams at once {many['chunks_per_s']:,.0f} chunks/s in all"
-            f" ({many['chunks']:,} chunks in {many['flushes']:,} flushes, {many['commits']:,} commits)."
+            f" ({many['chunks']:,} chunks in {many['flushes']:,} flushes{commits})."
         )
     for backend, paced in res["commits"].items():
         lines.append(
-            f"- **Commits, {NAMES[backend]}**: {paced['streams']} streams offering"
+            f"- **Commits, zincir, {NAMES[backend]}**: {paced['streams']} streams offering"
             f" {paced['chunks_per_s']:,.0f} chunks/s cost {paced['flushes_per_s']:,.0f} flushes/s and"
             f" {paced['commits_per_s']:,.0f} commits/s (the flush interval bounds the flushes at"
             f" {paced['bound_per_s']:,.0f}/s: one per stream per interval), a commit per"
@@ -70,20 +81,26 @@ def render(res: dict[str, Any], chart_name: str) -> str:
         f" arrives. The first {sizes['warmup_chunks']} chunks are a warm-up, discarded."
     )
     add("")
-    add("| backend | samples | p50 | p90 | p99 | min | max | target p50 | |")
+    add("| system, backend | samples | p50 | p90 | p99 | min | max | target p50 | |")
     add("|---|---:|---:|---:|---:|---:|---:|---:|---|")
-    for backend, lat in res["latency"].items():
+    for key, lat in res["latency"].items():
+        target = lat.get("target_ms")
+        verdict = "" if target is None else met(lat["p50_ms"] <= target)
         add(
-            f"| {NAMES[backend]} | {len(lat['samples_ms']):,} | {_ms(lat['p50_ms'])} | {_ms(lat['p90_ms'])}"
-            f" | {_ms(lat['p99_ms'])} | {_ms(lat['min_ms'])} | {_ms(lat['max_ms'])} | ≤ {lat['target_ms']:g}"
-            f" | {met(lat['p50_ms'] <= lat['target_ms'])} |"
+            f"| {label(key)} | {len(lat['samples_ms']):,} | {_ms(lat['p50_ms'])} | {_ms(lat['p90_ms'])}"
+            f" | {_ms(lat['p99_ms'])} | {_ms(lat['min_ms'])} | {_ms(lat['max_ms'])}"
+            f" | {'-' if target is None else f'≤ {target:g}'} | {verdict} |"
         )
     add("")
     add(
         "A chunk waits in the writer's buffer until the next flush: at most one per flush interval,"
         " so with chunks arriving steadily, half an interval on average; then a commit, then the"
         " wake-up (PostgreSQL: NOTIFY sent with the commit; SQLite: the follower's watcher thread,"
-        " which looks at the file's change counter every 5 ms), then the follower's read."
+        " which looks at the file's change counter every 5 ms), then the follower's read. DBOS (where"
+        " installed) runs the same gaps in a workflow calling `DBOS.write_stream('tokens', value)`"
+        " (a transaction each, no buffer) and reads with `DBOS.read_stream(workflow_id, 'tokens')`,"
+        " as shipped: on SQLite its reader polls every second"
+        " (`notification_listener_polling_interval_sec`), on PostgreSQL a trigger sends NOTIFY."
     )
     add("")
     add("## Throughput and commits")
@@ -95,16 +112,19 @@ def render(res: dict[str, Any], chart_name: str) -> str:
         f" ({sizes['many_stream_chunks']:,} chunks each). Timed from the first `send` until the last"
         " stream's block ended (its last chunk stored). Flushes: `flush_stream` writes, each one"
         " fenced transaction's worth of chunks of one stream; commits: the database's group commits"
-        " (several flushes of different streams share one), the runs' ends included."
+        " (several flushes of different streams share one), the runs' ends included. DBOS sends"
+        f" {sizes['dbos_share']:.0%} as many chunks (each is a transaction of its own), through the same"
+        " number of streams (workflows started at once)."
     )
     add("")
-    add("| backend | streams | chunks | seconds | chunks/s | flushes | commits |")
+    add("| system, backend | streams | chunks | seconds | chunks/s | flushes | commits |")
     add("|---|---:|---:|---:|---:|---:|---:|")
-    for backend, tp in res["throughput"].items():
+    for key, tp in res["throughput"].items():
         for part in (tp["one"], tp["many"]):
+            commits = "-" if part.get("commits") is None else f"{part['commits']:,}"
             add(
-                f"| {NAMES[backend]} | {part['streams']} | {part['chunks']:,} | {part['seconds']:.2f}"
-                f" | {part['chunks_per_s']:,.0f} | {part['flushes']:,} | {part['commits']:,} |"
+                f"| {label(key)} | {part['streams']} | {part['chunks']:,} | {part['seconds']:.2f}"
+                f" | {part['chunks_per_s']:,.0f} | {part['flushes']:,} | {commits} |"
             )
     add("")
     add(
@@ -112,7 +132,7 @@ def render(res: dict[str, Any], chart_name: str) -> str:
         f" {sizes['paced_seconds']:g} s with `flush_interval={sizes['flush_interval']:g}`."
     )
     add("")
-    add("| backend | chunks/s offered | flushes/s | bound on flushes/s | commits/s | chunks per commit |")
+    add("| zincir on | chunks/s offered | flushes/s | bound on flushes/s | commits/s | chunks per commit |")
     add("|---|---:|---:|---:|---:|---:|")
     for backend, paced in res["commits"].items():
         add(
@@ -124,6 +144,13 @@ def render(res: dict[str, Any], chart_name: str) -> str:
     add("## Machine and server")
     add("")
     lines += machine_lines(res["machine"])
+    if res.get("missing_peers"):
+        add(f"- Not installed, so not measured: {', '.join(res['missing_peers'])}")
+    versions = sorted(
+        {entry["writer"]["version"] for part in ("throughput", "latency") for entry in res[part].values()}
+    )
+    if versions:
+        add(f"- Versions: {'; '.join(versions)}")
     server = res.get("server")
     if server:
         where = (
@@ -142,40 +169,29 @@ def render(res: dict[str, Any], chart_name: str) -> str:
 
 
 def chart(res: dict[str, Any]) -> Chart:
-    """Latency per backend (p50 solid, p99 behind) with the target; throughput per backend."""
+    """Latency per system and backend (p50 solid, p99 behind) with the target; throughput."""
     latency = [
-        Bar(
-            NAMES[b],
-            lat["p50_ms"],
-            COLORS[b],
-            behind=lat["p99_ms"],
-            text=f"{_ms(lat['p50_ms'])} / {_ms(lat['p99_ms'])}",
-        )
-        for b, lat in res["latency"].items()
-    ]
-    target = [
-        Mark(lat["target_ms"], f"{lat['target_ms']:g} ms", "#444")
-        for lat in list(res["latency"].values())[:1]
-    ]
+        Bar(label(key), lat["p50_ms"], COLORS.get(lat.get("system", "zincir"), "#888"), behind=lat["p99_ms"],
+            text=f"{_ms(lat['p50_ms'])} / {_ms(lat['p99_ms'])}")
+        for key, lat in res["latency"].items()
+    ]  # fmt: skip
+    targets = {lat["target_ms"] for lat in res["latency"].values() if lat.get("target_ms") is not None}
     panels = []
     if latency:
         panels.append(
-            Panel(
-                [Group(latency)],
-                title="send → follower (ms)",
-                note="p50 solid, p99 pale",
-                marks=target,
-                width=260,
-            )
-        )
+            Panel([Group(latency)], title="send → follower (ms, log scale)", note="p50 solid, p99 pale",
+                  marks=[Mark(t, f"{t:g} ms", "#444") for t in sorted(targets)], log=True, width=260)
+        )  # fmt: skip
     throughput = [
-        Bar(f"{NAMES[b]}, {part['streams']} stream{'s' if part['streams'] > 1 else ''}", part["chunks_per_s"],
-            COLORS[b], text=f"{part['chunks_per_s']:,.0f}")
-        for b, tp in res["throughput"].items()
+        Bar(f"{label(key)}, {part['streams']} stream{'s' if part['streams'] > 1 else ''}",
+            part["chunks_per_s"], COLORS.get(tp.get("system", "zincir"), "#888"),
+            text=f"{part['chunks_per_s']:,.0f}")
+        for key, tp in res["throughput"].items()
         for part in (tp["one"], tp["many"])
     ]  # fmt: skip
     if throughput:
         panels.append(
-            Panel([Group(throughput)], title="Throughput", note="chunks/s, higher is better", width=260)
-        )
+            Panel([Group(throughput)], title="Throughput (log scale)", note="chunks/s, higher is better",
+                  log=True, width=260)
+        )  # fmt: skip
     return Chart("Durable streams: how fast, how live", panels)

@@ -13,6 +13,10 @@ On SQLite and on PostgreSQL, each configuration in child processes of its own:
   another process (``zincir.read_stream(..., follow=True)``) notes when each arrives. p50 and
   p99 against the target p50 ≤ flush interval + 15 ms.
 
+Side by side, where DBOS Transact is installed (``--systems``): its ``DBOS.write_stream`` in a
+workflow and ``DBOS.read_stream`` in another process, on the same backends, for throughput and
+latency (a DBOS stream stores each value in a transaction of its own: its commits are its chunks).
+
 Writes ``bench/reports/streams.md``, its figures as JSON and a chart beside it.
 """
 
@@ -35,6 +39,7 @@ from ..signals.report import summarize
 from .report import chart, render
 
 BACKENDS = ("sqlite", "postgresql")
+SYSTEMS = ("zincir", "dbos")
 PARTS = ("throughput", "commits", "latency")
 TARGET_MARGIN_MS = 15.0  # the target: p50 <= flush interval + this
 
@@ -52,6 +57,7 @@ class StreamSizes:
     latency_gap_ms: float = 20.0  # gaps uniform in [0, this]: about 100 chunks/s
     warmup_chunks: int = 20  # the first latencies of a follower, discarded
     writers: int | None = None  # zincir's PostgreSQL writer connections (None: zincir's default)
+    dbos_share: float = 0.02  # DBOS's throughput trials send this share of the chunks (a commit each)
 
     @classmethod
     def quick(cls) -> StreamSizes:
@@ -65,33 +71,36 @@ class StreamSizes:
         )
 
 
-def start(role: str, target: str, log_path: Path, options: dict[str, Any]) -> ChildProcess:
+def start(system: str, role: str, target: str, log_path: Path, options: dict[str, Any]) -> ChildProcess:
     args = {"role": role, "target": target, "options": options}
-    return ChildProcess("bench.streams.zincir:child", args, log_path, f"zincir {role}")
+    return ChildProcess(f"bench.streams.{system}:child", args, log_path, f"{system} {role}")
 
 
-def throughput(target: str, sizes: StreamSizes, workdir: Path, name: str, log: study.Log) -> dict[str, Any]:
-    writer = start("writer", target, workdir / f"{name}.log", {"writers": sizes.writers})
+def throughput(
+    system: str, target: str, sizes: StreamSizes, workdir: Path, name: str, log: study.Log
+) -> dict[str, Any]:
+    writer = start(system, "writer", target, workdir / f"{name}.log", {"writers": sizes.writers})
+    share = 1.0 if system == "zincir" else sizes.dbos_share
     try:
         writer.ready()
         info = writer.call("open")
         common = {"flush_interval": sizes.flush_interval, "chunk_text": sizes.chunk_text}
-        one = writer.call("throughput", streams=1, chunks=sizes.one_stream_chunks, timeout=900, **common)
+        chunks = max(1, round(sizes.one_stream_chunks * share))
+        one = writer.call("throughput", streams=1, chunks=chunks, timeout=900, **common)
         log(f"   {name}: one stream: {one['chunks_per_s']:,.0f} chunks/s, {one['flushes']} flushes")
-        many = writer.call(
-            "throughput", streams=sizes.many_streams, chunks=sizes.many_stream_chunks, timeout=900, **common
-        )
+        chunks = max(1, round(sizes.many_stream_chunks * share))
+        many = writer.call("throughput", streams=sizes.many_streams, chunks=chunks, timeout=900, **common)
         log(
             f"   {name}: {many['streams']} streams: {many['chunks_per_s']:,.0f} chunks/s,"
             f" {many['flushes']} flushes"
         )
     finally:
         writer.close()
-    return {"one": one, "many": many, "writer": info}
+    return {"system": system, "one": one, "many": many, "writer": info}
 
 
 def commits(target: str, sizes: StreamSizes, workdir: Path, name: str, log: study.Log) -> dict[str, Any]:
-    writer = start("writer", target, workdir / f"{name}.log", {"writers": sizes.writers})
+    writer = start("zincir", "writer", target, workdir / f"{name}.log", {"writers": sizes.writers})
     try:
         writer.ready()
         writer.call("open")
@@ -117,11 +126,11 @@ def commits(target: str, sizes: StreamSizes, workdir: Path, name: str, log: stud
 
 
 def latency(
-    target: str, sizes: StreamSizes, workdir: Path, name: str, rng: random.Random, log: study.Log
+    system: str, target: str, sizes: StreamSizes, workdir: Path, name: str, rng: random.Random, log: study.Log
 ) -> dict[str, Any]:
     log_path = workdir / f"{name}.log"
-    writer = start("writer", target, log_path, {"writers": sizes.writers})
-    follower = start("follower", target, log_path, {"writers": sizes.writers})
+    writer = start(system, "writer", target, log_path, {"writers": sizes.writers})
+    follower = start(system, "follower", target, log_path, {"writers": sizes.writers})
     try:
         writer.ready()
         follower.ready()
@@ -148,9 +157,10 @@ def latency(
         f" (target p50 ≤ {target_ms:g} ms)"
     )
     return {
+        "system": system,
         "samples_ms": samples,
         **stats,
-        "target_ms": target_ms,
+        "target_ms": target_ms if system == "zincir" else None,
         "seconds": time.perf_counter() - started,
         "writer": info,
     }
@@ -159,12 +169,13 @@ def latency(
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = study.parser("python -m bench.streams", __doc__, "streams.md", server=True)
     add = parser.add_argument
+    add("--systems", default=",".join(SYSTEMS), help="comma-separated subset of zincir,dbos")
     add("--backends", default=",".join(BACKENDS), help="comma-separated subset of sqlite,postgresql")
     add("--only", default=",".join(PARTS), help="comma-separated subset of throughput,commits,latency")
     add("--flush-interval", type=float, help="run.stream(flush_interval=...) (0.05)")
     add("--chunks", type=int, help="latency samples per backend (2,000)")
     add("--writers", type=int, help="zincir's PostgreSQL writer connections (default: zincir's)")
-    add("--seed", type=int, default=36, help="seed of the gaps between chunks")
+    add("--seed", type=int, default=36, help="seed of the gaps between chunks (the same for every system)")
     return parser.parse_args(argv)
 
 
@@ -176,8 +187,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     sizes = StreamSizes.quick() if args.quick else StreamSizes()
     study.override(sizes, args, flush_interval="flush_interval", chunks="latency_chunks", writers="writers")
     backends = study.choices(args.backends, BACKENDS, "backends")
+    systems = study.choices(args.systems, SYSTEMS, "systems")
+    missing = [system for system in systems if not study.installed(system)]
+    systems = [system for system in systems if system not in missing]
     parts = study.choices(args.only, PARTS, "parts")
-    rng = random.Random(args.seed)
     started = time.perf_counter()
     log = study.progress(args.quiet)
     tag = uuid.uuid4().hex[:8]
@@ -190,6 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             sizes=asdict(sizes),
             seed=args.seed,
             external_server=bool(args.url),
+            missing_peers=missing,
             throughput={},
             commits={},
             latency={},
@@ -213,13 +227,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                     yield url
 
             for backend in backends:
-                if "throughput" in parts:
-                    log(f"throughput, {backend}: one stream, then {sizes.many_streams} at once")
-                    with database(f"throughput-{backend}", backend) as target:
-                        results["throughput"][backend] = throughput(
-                            target, sizes, workdir, f"throughput-{backend}", log
+                for system in systems if "throughput" in parts else ():
+                    key = f"{system}-{backend}"
+                    log(f"throughput, {key}: one stream, then {sizes.many_streams} at once")
+                    with database(f"throughput-{key}", backend) as target:
+                        results["throughput"][key] = throughput(
+                            system, target, sizes, workdir, f"throughput-{key}", log
                         )
-                if "commits" in parts:
+                if "commits" in parts and "zincir" in systems:
                     log(
                         f"commits, {backend}: {sizes.many_streams} streams at {sizes.paced_rate:g} chunks/s"
                         f" each for {sizes.paced_seconds:g} s"
@@ -228,11 +243,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                         results["commits"][backend] = commits(
                             target, sizes, workdir, f"commits-{backend}", log
                         )
-                if "latency" in parts:
-                    log(f"latency, {backend}: {sizes.latency_chunks} chunks, a writer and a follower process")
-                    with database(f"latency-{backend}", backend) as target:
-                        results["latency"][backend] = latency(
-                            target, sizes, workdir, f"latency-{backend}", rng, log
+                for system in systems if "latency" in parts else ():
+                    key = f"{system}-{backend}"
+                    log(f"latency, {key}: {sizes.latency_chunks} chunks, a writer and a follower process")
+                    with database(f"latency-{key}", backend) as target:
+                        results["latency"][key] = latency(
+                            system,
+                            target,
+                            sizes,
+                            workdir,
+                            f"latency-{key}",
+                            random.Random(f"{args.seed}-{backend}"),
+                            log,
                         )
     study.finish(out, results, render, chart, started=started, log=log)
     return 0
