@@ -23,6 +23,7 @@ from ._database import Database, open_database, wall_clock_ms
 from ._errors import ZincirError
 from ._inbox import cancel_run, decide_approval, raise_budget, retry_now, send_signal
 from ._json import MAX_DEPTH
+from ._queries._values import plain
 from ._streams import StreamChunk, read_stream
 from ._types import Approval
 from ._version import __version__
@@ -369,37 +370,42 @@ def stream_command(run_id: str, name: str, follow: bool, after: int, text: bool,
     """Print stream NAME of run RUN_ID, one JSON line per chunk: offset, attempt, restarted,
     data.
 
-    --follow prints each chunk as it is stored (woken at once by the writer's commit) until the
-    run has ended and every chunk is printed, or Ctrl+C. Resume with --after and the last offset
-    printed. See docs/streams.md.
+    Read-only. --follow prints each chunk as it is stored, woken at once by the writer's commit,
+    until the run has ended and every chunk is printed, or Ctrl+C; it opens the database as a
+    zincir program does. Resume with --after and the last offset printed. See docs/streams.md.
     """
     run_id = _run_id(run_id, database_path, "reading a stream never creates one")
     printer = _TextPrinter() if text else None
 
-    async def read() -> None:
-        async with _existing_database(database_path) as db:
-            async for chunk in read_stream(db, run_id, name, after=after, follow=follow):
-                if printer is None:
-                    click.echo(_chunk_line(chunk))
-                else:
-                    printer.print(chunk)
-        if printer is not None:
-            printer.end()
+    def show(chunk: StreamChunk | q.StreamChunkRow) -> None:
+        data = q.json_value(chunk.data) if isinstance(chunk, q.StreamChunkRow) else chunk.data
+        if printer is None:
+            click.echo(_chunk_line(chunk.offset, chunk.attempt, chunk.restarted, data))
+        else:
+            printer.print(chunk.offset, chunk.attempt, chunk.restarted, data)
 
-    try:
-        _run_cli(read)
-    except KeyboardInterrupt:
-        sys.exit(130)
+    if not follow:
+        with _clean_errors(), readonly_database(database_path) as conn, q.read_snapshot(conn):
+            for row in q.iter_chunks_of(conn, run_id, name, after=after):
+                show(row)
+    else:
+
+        async def read() -> None:
+            async with _existing_database(database_path) as db:
+                async for chunk in read_stream(db, run_id, name, after=after, follow=True):
+                    show(chunk)
+
+        try:
+            _run_cli(read)
+        except KeyboardInterrupt:
+            sys.exit(130)
+    if printer is not None:
+        printer.end()
 
 
-def _chunk_line(chunk: StreamChunk) -> str:
+def _chunk_line(offset: object, attempt: object, restarted: bool, data: Any) -> str:
     # ensure_ascii: a chunk is the model's words, and no control sequence reaches the terminal.
-    fields = {
-        "offset": chunk.offset,
-        "attempt": chunk.attempt,
-        "restarted": chunk.restarted,
-        "data": chunk.data,
-    }
+    fields = {"offset": plain(offset), "attempt": plain(attempt), "restarted": restarted, "data": data}
     return json.dumps(fields, separators=(",", ":"))
 
 
@@ -409,16 +415,16 @@ class _TextPrinter:
     def __init__(self) -> None:
         self._mid_line = False
 
-    def print(self, chunk: StreamChunk) -> None:
-        if chunk.restarted:
-            self._line(f"--- attempt {chunk.attempt} starts over at offset {chunk.offset} ---")
-        if isinstance(chunk.data, str):
-            shown = terminal_text(chunk.data)
+    def print(self, offset: object, attempt: object, restarted: bool, data: Any) -> None:
+        if restarted:
+            self._line(f"--- attempt {cell(attempt)} starts over at offset {cell(offset)} ---")
+        if isinstance(data, str):
+            shown = terminal_text(data)
             click.echo(shown, nl=False)
             if shown:
                 self._mid_line = not shown.endswith("\n")
         else:
-            self._line(json.dumps(chunk.data, sort_keys=True))
+            self._line(json.dumps(data, sort_keys=True))
 
     def _line(self, line: str) -> None:
         if self._mid_line:

@@ -12,9 +12,11 @@ from ._keys import check_limit
 from ._values import Int, as_int, as_size, as_text, json_columns, name_column, was_cut
 
 __all__ = [
+    "STREAMS_SHOWN",
     "StreamAttemptRow",
     "StreamChunkRow",
     "StreamRow",
+    "iter_chunks_of",
     "iter_stream_chunks",
     "list_stream_chunks",
     "list_streams",
@@ -145,10 +147,16 @@ def list_stream_chunks(
 def iter_stream_chunks(conn: Reader, run_id: str, *, page: int = 500) -> Iterator[StreamChunkRow]:
     """Every chunk of every stream of the run, stream by stream, fetched page by page."""
     for stream in list_streams(conn, run_id, limit=None):
-        after = -1
-        while True:
-            batch = list_stream_chunks(conn, run_id, stream.name, after=after, limit=page)
-            yield from batch
-            if len(batch) < page or type(batch[-1].offset) is not int:
-                break
-            after = batch[-1].offset
+        yield from iter_chunks_of(conn, run_id, stream.name, page=page)
+
+
+def iter_chunks_of(
+    conn: Reader, run_id: str, name: str, *, after: int = -1, page: int = 500
+) -> Iterator[StreamChunkRow]:
+    """Every chunk of one stream with an offset past ``after``, fetched page by page."""
+    while True:
+        batch = list_stream_chunks(conn, run_id, name, after=after, limit=page)
+        yield from batch
+        if len(batch) < page or type(batch[-1].offset) is not int:
+            return
+        after = batch[-1].offset
