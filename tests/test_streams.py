@@ -31,7 +31,6 @@ from .test_suspension import working
 FOLLOWER = """
     import json, sys, trio, zincir
     from zincir import _streams
-from zincir._cli import main
     _streams._POLL_S = 60.0
     read_page = _streams._Reader._page
     async def page(self):

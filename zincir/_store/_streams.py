@@ -21,7 +21,8 @@ from ._types import Lease
 
 __all__ = ["StreamAttempt", "StreamPage", "flush_stream", "stream_page"]
 
-# Chunks per INSERT: 6 values each, far below either backend's limit of parameters per statement.
+# Chunks per INSERT where there are no array parameters (SQLite): 5 values each, far below its
+# limit of parameters per statement.
 _ROWS_PER_INSERT: Final = 200
 
 
@@ -97,6 +98,16 @@ def flush_stream(
 
 
 def _insert_chunks(tx: Tx, run_id: str, name: str, attempt: int, offset: int, chunks: Sequence[str]) -> None:
+    if tx.dialect.chunk is None:
+        # One array parameter (PostgreSQL): one statement, prepared once, for any number of
+        # chunks; rows of VALUES would make a new statement text, parsed anew, per flush size.
+        tx.execute(
+            "INSERT INTO stream_chunks (run_id, name, chunk_offset, attempt, data, created_at)"
+            " SELECT ?, ?, ? + c.n - 1, ?, c.data, :now"
+            " FROM unnest(CAST(? AS text[])) WITH ORDINALITY AS c (data, n)",
+            (run_id, name, offset, attempt, list(chunks)),
+        )
+        return
     for start in range(0, len(chunks), _ROWS_PER_INSERT):
         part = chunks[start : start + _ROWS_PER_INSERT]
         params: list[Any] = []
