@@ -299,6 +299,52 @@ async def test_a_suspended_run_writes_its_stream_again_as_a_restart(
     assert await attempts(db, run_id, "progress") == [(1, 0, 1, "closed"), (2, 1, 3, "closed")]
 
 
+async def test_a_stream_open_when_its_run_is_suspended_is_interrupted_and_written_again(
+    db: zincir.Database,
+) -> None:
+    run_id = await released_run(db)
+
+    async def handler(run: zincir.Run) -> None:
+        async with run.stream("progress", flush_interval=60.0) as out:
+            await out.send("before")
+            await out.flush()
+            go = await run.wait_for_signal("w", "go")  # suspends with the stream open; replayed after
+            await out.send(f"told {go}")
+        await run.complete()
+
+    async with working(db, handler, suspend_after=0):
+        await until(lambda: _status_is(db, run_id, zincir.RunStatus.WAITING))
+        # Its writer is gone: the open attempt is shown interrupted before anyone writes again.
+        assert await attempts(db, run_id, "progress") == [(1, 0, 1, "open")]
+        await zincir.send_signal(db, run_id, "go", "now")
+        with trio.fail_after(30):
+            await zincir.wait_for_end(db, run_id)
+    chunks = await stored(db, run_id, "progress")
+    assert [(c.offset, c.attempt, c.data, c.restarted) for c in chunks] == [
+        (0, 1, "before", False),
+        (1, 2, "before", True),
+        (2, 2, "told now", False),
+    ]
+    assert await attempts(db, run_id, "progress") == [(1, 0, 1, "interrupted"), (2, 1, 3, "closed")]
+
+
+async def test_a_block_that_raises_stores_what_it_sent_and_raises_its_own_error(db: zincir.Database) -> None:
+    async with zincir.open_run(db) as run:
+        with pytest.raises(KeyError, match="the model failed"):  # not wrapped in an ExceptionGroup
+            async with run.stream("answer", flush_interval=60.0) as out:
+                await out.send("partial")
+                raise KeyError("the model failed")
+        with trio.move_on_after(0.01):  # a Trio cancellation of the block stores it too
+            async with run.stream("other", flush_interval=60.0) as out:
+                await out.send("cut short")
+                await trio.sleep_forever()
+        await run.complete()
+    assert [c.data for c in await stored(db, run.id, "answer")] == ["partial"]
+    assert await attempts(db, run.id, "answer") == [(1, 0, 1, "closed")]
+    assert [c.data for c in await stored(db, run.id, "other")] == ["cut short"]
+    assert await attempts(db, run.id, "other") == [(1, 0, 1, "closed")]
+
+
 async def _status_is(db: zincir.Database, run_id: str, status: zincir.RunStatus) -> bool:
     return (await db.state(run_id)).run.status is status
 

@@ -94,6 +94,7 @@ class Stream:
     _stored: bool  # whether a flush stored chunks: the end must then close the attempt
     _unsure: tuple[str, list[str]] | None  # a flush stopped by Trio before its outcome was known
     _error: Exception | None  # what a flush raised: every later call raises it
+    _flusher: trio.CancelScope  # the background task's: cancelled when the block ends
 
     def __init__(self, *_: object, **__: object) -> None:
         raise TypeError("streams come from run.stream()")
@@ -115,6 +116,7 @@ class Stream:
         self._stored = False
         self._unsure = None
         self._error = None
+        self._flusher = trio.CancelScope()
         return self
 
     def __repr__(self) -> str:
@@ -187,15 +189,16 @@ class Stream:
     async def _flush_in_background(self) -> None:
         """Store what is sent, at most once per interval: a chunk sent after a quiet interval
         is stored at once, chunks sent in a burst every interval."""
-        while True:
-            await self._pending.wait()
-            due = self._flushed_at + self._interval
-            if trio.current_time() < due:
-                await trio.sleep_until(due)
-            try:
-                await self._flush()
-            except Exception:
-                return  # kept in _error: the next send and the block's end raise it
+        with self._flusher:
+            while True:
+                await self._pending.wait()
+                due = self._flushed_at + self._interval
+                if trio.current_time() < due:
+                    await trio.sleep_until(due)
+                try:
+                    await self._flush()
+                except Exception:
+                    return  # kept in _error: the next send and the block's end raise it
 
     async def _end(self, body_error: BaseException | None) -> None:
         """The block ended (``body_error``: what it raised): store what is left and close the
@@ -230,7 +233,7 @@ async def open_stream(run: Run, name: str, flush_interval: float, flush_bytes: i
         raise InvalidArgument(f"run {run.id}: stream {name!r} is already open (one writer per stream)")
     stream = Stream._create(run, name, interval, flush_bytes)
     run._streams[name] = stream
-    body_error: BaseException | None = None
+    body_error = end_error = None
     try:
         async with trio.open_nursery() as background:
             background.start_soon(stream._flush_in_background)
@@ -238,12 +241,19 @@ async def open_stream(run: Run, name: str, flush_interval: float, flush_bytes: i
                 yield stream
             except BaseException as exc:  # raised below: never wrapped in an ExceptionGroup
                 body_error = exc
-            background.cancel_scope.cancel()
-        await stream._end(body_error)
+            stream._flusher.cancel()
+            # Inside the nursery: once a cancelled scope stopped the block, the nursery's own
+            # exit raises that cancellation, and nothing after it would run.
+            try:
+                await stream._end(body_error)
+            except BaseException as exc:
+                end_error = exc
     finally:
         del run._streams[name]
     if body_error is not None:
         raise body_error
+    if end_error is not None:
+        raise end_error
 
 
 def read_stream(
