@@ -657,3 +657,25 @@ async def test_the_run_page_shows_each_stream_its_attempts_and_its_latest_text(t
         pass
     empty = await fetch(path, f"/runs/{quiet.id}")
     assert "No streams" in empty.text
+
+
+async def test_flushes_are_no_crash_test_boundaries(db: zincir.Database, tmp_path: Path) -> None:
+    """How many flushes a stream makes depends on timing; a crash test's boundaries must be the
+    same in every copy of a run (docs/crash-testing.md), so only the run's other writes count."""
+    from zincir import _faults
+
+    noted = tmp_path / "boundaries.jsonl"
+    _faults.arm(f"count:{noted}")
+    try:
+        async with zincir.open_run(db) as run:
+            async with run.stream("answer", flush_interval=0) as out:
+                for i in range(5):
+                    await out.send(i)
+                    await out.flush()
+            await run.complete()
+    finally:
+        _faults.arm(None)
+    operations = [json.loads(line)["operation"] for line in noted.read_text().splitlines()]
+    # Before and after the end: the only write counted.
+    assert operations == ["finish completed", "finish completed"]
+    assert [c.data for c in await stored(db, run.id, "answer")] == list(range(5))
