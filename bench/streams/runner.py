@@ -5,7 +5,7 @@ On SQLite and on PostgreSQL, each configuration in child processes of its own:
 * **throughput**: chunks per second through one stream and through 100 streams at once (one
   writer process, 100 runs, each with ``run.stream("tokens")``), every chunk sent as fast as the
   writer can; with the flushes (fenced writes) and commits that took;
-* **commits**: 100 streams each sending 100 chunks per second (10,000 chunks/s offered) for a
+* **commits**: 100 streams each sending 100 chunks per second (10,000 chunks/s asked) for a
   few seconds: the writes and commits per second that streaming costs, which the flush interval
   bounds (at most one flush per stream per interval), not the chunks;
 * **latency**: a writer process sends chunks (at random gaps, about 100 per second: an LLM's
@@ -119,7 +119,7 @@ def commits(target: str, sizes: StreamSizes, workdir: Path, name: str, log: stud
     paced["commits_per_s"] = paced["commits"] / paced["seconds"]
     paced["bound_per_s"] = sizes.many_streams / sizes.flush_interval
     log(
-        f"   {name}: {paced['chunks_per_s']:,.0f} chunks/s offered by {sizes.many_streams} streams:"
+        f"   {name}: {paced['chunks_per_s']:,.0f} chunks/s sent by {sizes.many_streams} streams:"
         f" {paced['flushes_per_s']:,.0f} flushes/s, {paced['commits_per_s']:,.0f} commits/s"
     )
     return paced
