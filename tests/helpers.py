@@ -269,6 +269,7 @@ async def listening(db: zincir.Database, monkeypatch: Any) -> Words:
             ("inbox", woken.inbox),
             ("child_ended", woken.waits),
             ("run_ended", woken.ended),
+            ("stream", woken.streams),
         ):
             for run_id in sorted(runs):
                 words.note(channel, run_id)

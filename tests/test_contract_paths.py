@@ -373,6 +373,11 @@ async def _spawn_in_a_nursery(run: zincir.Run) -> None:
         await nursery.spawn("kid")
 
 
+async def _send_on_a_stream(run: zincir.Run) -> None:
+    async with run.stream("answer") as out:
+        await out.send("after the loss")
+
+
 METHODS: dict[str, Callable[[zincir.Run, zincir.Checkpoint], Awaitable[object]]] = {
     "record_response": lambda r, c: r.record_response("x", [{"id": "new", "name": "t"}], "tool_use"),
     "pending_tools": lambda r, c: r.pending_tools(),
@@ -390,6 +395,7 @@ METHODS: dict[str, Callable[[zincir.Run, zincir.Checkpoint], Awaitable[object]]]
     "join": lambda r, c: r.join(_SOME_RUN),
     "cancel_child": lambda r, c: r.cancel_child(_SOME_RUN, "after the loss"),
     "children": lambda r, c: _spawn_in_a_nursery(r),
+    "stream": lambda r, c: _send_on_a_stream(r),
     "complete": lambda r, c: r.complete(),
     "fail": lambda r, c: r.fail("after the loss"),
 }

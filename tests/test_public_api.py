@@ -17,9 +17,10 @@ PUBLIC = {
     "MIN_LEASE_TTL", "NoDurableIntent", "NoProgress",
     "PendingToolCall", "ResumeWorker", "Run", "RunCancelled", "RunLeased", "RunNotFound", "RunRecord",
     "RunStatus", "RunTerminal", "RunWaiting", "SUBMIT_CHECKPOINT", "SchemaError", "Spend",
-    "StepAlreadyRunning", "StorageError", "ToolCall", "UnfinishedWork", "Usage", "Verification", "Verifier",
-    "WaitTimeout", "ZincirError", "__version__",
+    "StepAlreadyRunning", "StorageError", "Stream", "StreamChunk", "ToolCall", "UnfinishedWork", "Usage",
+    "Verification", "Verifier", "WaitTimeout", "ZincirError", "__version__",
     "artifacts", "cancel_run", "decide_approval", "fork_run", "open_database", "open_run", "raise_budget",
+    "read_stream",
     "retry_now", "send_signal", "wait_for_end", "wall_clock_ms",
 }  # fmt: skip
 
@@ -67,6 +68,7 @@ def _instances() -> dict[type, object]:
         zincir.Usage: zincir.Usage(zincir.Spend(), zincir.Budget()),
         zincir.Approval: zincir.Approval("c1", True, "ada", "ok", "0" * 64, 1, 2),
         zincir.artifacts.Artifact: zincir.artifacts.Artifact("file", "a.txt", "0" * 64),
+        zincir.StreamChunk: zincir.StreamChunk(0, 1, {"text": "Hel"}, False),
     }
 
 

@@ -132,3 +132,24 @@ async def test_looking_for_dead_owners_of_this_host_reads_only_the_leases_held(d
         plans = await plans_of(db, _take_from_the_dead, "probe", 1000, None, 8, Claims())
     assert_indexed(plans)
     assert any("idx_agent_runs_leased" in " ".join(plan) for _, plan in plans), plans
+
+
+@pytest.mark.sqlite_only
+async def test_streams_read_and_write_by_key(db: zincir.Database) -> None:
+    with pytest.raises(zincir.LeaseLost, match="gone"):  # the probe did end the run
+        async with zincir.open_run(db) as run:
+            for name in ("answer", "progress"):
+                async with run.stream(name, flush_interval=60.0) as out:
+                    for i in range(50):
+                        await out.send(i)
+            flush = await plans_of(db, db._store.flush_stream, run._lease, "answer", "probe", ["1"], False)
+            page = await plans_of(db, db._store.stream_page, run.id, "answer", 10, 20)
+            ended = await plans_of(db, db._store.finish, run._lease, zincir.RunStatus.COMPLETED, "{}", None)
+    for plans in (flush, page, ended):
+        assert_indexed([(sql, plan) for sql, plan in plans if sql.lstrip().startswith("SELECT")])
+    # The latest attempt is the last entry of the stream's key, not a sort of its attempts; the
+    # chunks after an offset are a range of the chunks' key.
+    assert any("PRIMARY KEY (run_id=? AND name=?)" in " ".join(p) for s, p in flush if "FROM streams" in s)
+    [chunks] = [p for s, p in page if "FROM stream_chunks" in s]
+    assert any("run_id=? AND name=? AND chunk_offset>?" in step for step in chunks), chunks
+    assert any("FROM streams" in sql for sql, _ in ended)  # the end looks for followers to wake

@@ -504,3 +504,41 @@ async def test_suspending_spawning_joining_and_cascading_read_by_index(populated
     assert all(uses_index(p, "idx_agent_runs_claimable") for p in due), due
     walks = [p for p in cascade if "parent_run_id = ANY" in p.sql]  # one statement per level
     assert walks and all(uses_index(p, "idx_agent_runs_parent") for p in walks), walks
+
+
+async def test_streams_are_written_and_read_by_their_keys(populated: Populated) -> None:
+    async with zincir.open_database(populated.url) as db:
+        with pytest.raises(zincir.LeaseLost, match="gone"):  # the probe did end the run
+            async with zincir.open_run(db) as run:
+                for k in range(30):  # 60,000 chunks: a scan of them would show
+                    async with run.stream(f"s{k}", flush_interval=60.0, flush_bytes=10**9) as out:
+                        for i in range(2_000):
+                            await out.send(i)
+                with psycopg.connect(populated.url, autocommit=True) as conn:
+                    # A finished stream of each of the 5,000 other runs: the attempts are many too.
+                    conn.execute(
+                        "INSERT INTO streams SELECT id, 'answer', 1, 1, 0, 1, 'closed', 'x', 0, 0"
+                        " FROM agent_runs WHERE id <> %s",
+                        (run.id,),
+                    )
+                    conn.execute("ANALYZE streams")
+                    conn.execute("ANALYZE stream_chunks")
+                _, flush = await plans_of(
+                    db, db._store.flush_stream, run._lease, "s7", "probe", ["1"], False, write=True
+                )
+                page, read = await plans_of(db, db._store.stream_page, run.id, "s7", 1_000, 20)
+                _, ended = await plans_of(
+                    db, db._store.finish, run._lease, zincir.RunStatus.COMPLETED, "{}", None, write=True
+                )
+    assert [at for at, _, _ in page.chunks] == list(range(1_001, 1_021))
+    assert_indexed(flush + read + ended)
+    for plan in flush + read + ended:
+        for node in _both(plan):
+            assert not (node["Node Type"] == "Seq Scan" and "stream" in node.get("Relation Name", "")), plan
+    # The chunks after an offset are a range of their key, not the stream's 2,000 or all 60,000.
+    chunks = the(read, "FROM stream_chunks")
+    assert uses_index(chunks, "stream_chunks_pkey"), chunks
+    [scan] = [node for node in _nodes(chunks.plan) if node.get("Index Name") == "stream_chunks_pkey"]
+    assert "chunk_offset >" in scan["Index Cond"], chunks
+    assert uses_index(the(flush, "FROM streams"), "streams_pkey")
+    assert uses_index(the(ended, "FROM streams"), "streams_pkey")

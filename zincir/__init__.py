@@ -44,6 +44,7 @@ from ._forks import fork_run
 from ._inbox import cancel_run, decide_approval, raise_budget, retry_now, send_signal
 from ._run import Children, Run, open_run
 from ._store import SUBMIT_CHECKPOINT
+from ._streams import Stream, StreamChunk, read_stream
 from ._types import (
     Approval,
     Checkpoint,
@@ -110,6 +111,8 @@ __all__ = [
     "Spend",
     "StepAlreadyRunning",
     "StorageError",
+    "Stream",
+    "StreamChunk",
     "ToolCall",
     "UnfinishedWork",
     "Usage",
@@ -125,6 +128,7 @@ __all__ = [
     "open_database",
     "open_run",
     "raise_budget",
+    "read_stream",
     "retry_now",
     "send_signal",
     "wait_for_end",

@@ -17,7 +17,7 @@ import trio
 
 from . import _queries as q
 from ._cli_diff import diff_command
-from ._cli_inspect import cell, readonly_database, register, require_file
+from ._cli_inspect import cell, readonly_database, register, require_file, terminal_text
 from ._cli_inspect import clean_errors as _clean_errors
 from ._cli_options import database_option, os_user
 from ._database import Database, open_database, wall_clock_ms
@@ -25,6 +25,8 @@ from ._errors import ZincirError
 from ._forks import fork_run
 from ._inbox import cancel_run, decide_approval, raise_budget, retry_now, send_signal
 from ._json import MAX_DEPTH
+from ._queries._values import plain
+from ._streams import StreamChunk, read_stream
 from ._types import Approval
 from ._version import __version__
 from ._worker import Handler, ResumeWorker
@@ -350,6 +352,92 @@ def _run_cli(fn: Callable[[], Awaitable[T]]) -> T:
 
 
 register(main)
+
+
+@main.command("stream")
+@click.argument("run_id")
+@click.argument("name")
+@click.option("--follow", is_flag=True, help="Keep printing new chunks until the run has ended.")
+@click.option(
+    "--after", type=click.IntRange(-1), default=-1, show_default=True, help="Start after this offset."
+)
+@click.option(
+    "--text",
+    is_flag=True,
+    help="Print string chunks as they are, joined (other chunks as JSON lines), and a line where"
+    " an attempt restarts the stream.",
+)
+@database_option
+def stream_command(run_id: str, name: str, follow: bool, after: int, text: bool, database_path: str) -> None:
+    """Print stream NAME of run RUN_ID, one JSON line per chunk: offset, attempt, restarted,
+    data.
+
+    Read-only. --follow prints each chunk as it is stored, woken at once by the writer's commit,
+    until the run has ended and every chunk is printed, or Ctrl+C; it opens the database as a
+    zincir program does. Resume with --after and the last offset printed. See docs/streams.md.
+    """
+    run_id = _run_id(run_id, database_path, "reading a stream never creates one")
+    printer = _TextPrinter() if text else None
+
+    def show(chunk: StreamChunk | q.StreamChunkRow) -> None:
+        data = q.json_value(chunk.data) if isinstance(chunk, q.StreamChunkRow) else chunk.data
+        if printer is None:
+            click.echo(_chunk_line(chunk.offset, chunk.attempt, chunk.restarted, data))
+        else:
+            printer.print(chunk.offset, chunk.attempt, chunk.restarted, data)
+
+    if not follow:
+        with _clean_errors(), readonly_database(database_path) as conn, q.read_snapshot(conn):
+            for row in q.iter_chunks_of(conn, run_id, name, after=after):
+                show(row)
+    else:
+
+        async def read() -> None:
+            async with _existing_database(database_path) as db:
+                async for chunk in read_stream(db, run_id, name, after=after, follow=True):
+                    show(chunk)
+
+        try:
+            _run_cli(read)
+        except KeyboardInterrupt:
+            sys.exit(130)
+    if printer is not None:
+        printer.end()
+
+
+def _chunk_line(offset: object, attempt: object, restarted: bool, data: Any) -> str:
+    # ensure_ascii: a chunk is the model's words, and no control sequence reaches the terminal.
+    fields = {"offset": plain(offset), "attempt": plain(attempt), "restarted": restarted, "data": data}
+    return json.dumps(fields, separators=(",", ":"))
+
+
+class _TextPrinter:
+    """``zincir stream --text``: the chunks as the reader of an answer wants them."""
+
+    def __init__(self) -> None:
+        self._mid_line = False
+
+    def print(self, offset: object, attempt: object, restarted: bool, data: Any) -> None:
+        if restarted:
+            self._line(f"--- attempt {cell(attempt)} starts over at offset {cell(offset)} ---")
+        if isinstance(data, str):
+            shown = terminal_text(data)
+            click.echo(shown, nl=False)
+            if shown:
+                self._mid_line = not shown.endswith("\n")
+        else:
+            self._line(json.dumps(data, sort_keys=True))
+
+    def _line(self, line: str) -> None:
+        if self._mid_line:
+            click.echo()
+        click.echo(line)
+        self._mid_line = False
+
+    def end(self) -> None:
+        if self._mid_line:
+            click.echo()
+            self._mid_line = False
 
 
 @main.command("cancel")

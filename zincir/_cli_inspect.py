@@ -42,6 +42,7 @@ __all__ = [
     "require_file",
     "runs",
     "show",
+    "terminal_text",
     "ui",
 ]
 
@@ -111,6 +112,14 @@ def _terminal_safe(text: str) -> str:
         else:
             out.append(char.encode("unicode_escape").decode("ascii"))
     return "".join(out)
+
+
+def terminal_text(text: str) -> str:
+    """A stored text to print as text (a streamed answer): its line breaks and tabs kept, every
+    other control, format or separator character escaped."""
+    return "\n".join(
+        "\t".join(_terminal_safe(part) for part in line.split("\t")) for line in text.split("\n")
+    )
 
 
 def cell(value: object, width: int | None = None) -> str:
@@ -608,11 +617,11 @@ def _print_event(run_id: str, event: q.EventRow, *, as_json: bool, full: bool) -
 @database_option
 @click.argument("run_id")
 def export(database_path: str, run_id: str) -> None:
-    """Write one run as JSON Lines: the run, then its events, checkpoints, steps, timers and
-    outsiders' actions.
+    """Write one run as JSON Lines: the run, then its events, checkpoints, steps, timers,
+    outsiders' actions and its streams' chunks.
 
-    Every line has a "kind" (run, event, checkpoint, step, timer, outsider_action); all are
-    read from one consistent snapshot, events page by page.
+    Every line has a "kind" (run, event, checkpoint, step, timer, outsider_action,
+    stream_chunk); all are read from one consistent snapshot, events and chunks page by page.
     """
     with clean_errors(), readonly_database(database_path) as conn, q.read_snapshot(conn):
         run = q.get_run(conn, q.resolve_run_id(conn, run_id), children_limit=1000)
@@ -627,6 +636,8 @@ def export(database_path: str, run_id: str) -> None:
             _emit("timer", q.timer_to_json(run.id, timer))
         for action in reversed(q.list_outsider_actions(conn, run.id, max_chars=None)):
             _emit("outsider_action", q.outsider_action_to_json(action))
+        for chunk in q.iter_stream_chunks(conn, run.id):
+            _emit("stream_chunk", q.stream_chunk_to_json(run.id, chunk))
 
 
 def _emit(kind: str, data: dict[str, Any]) -> None:

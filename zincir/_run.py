@@ -8,7 +8,7 @@ import math
 import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from typing import Any, Final, TypeVar, cast, final
 
 import attrs
@@ -47,6 +47,7 @@ from ._store import (
     WaitKind,
     args_hash,
 )
+from ._streams import DEFAULT_FLUSH_BYTES, DEFAULT_FLUSH_INTERVAL, Stream, open_stream
 from ._threads import Flight, current_flight, flying
 from ._types import (
     Approval,
@@ -143,6 +144,7 @@ class Run:
     _in_worker: bool
     _started_calls: set[str]
     _nurseries: set[Children]
+    _streams: dict[str, Stream]
     _config: JSONValue
 
     def __init__(self, *_: object, **__: object) -> None:
@@ -175,6 +177,7 @@ class Run:
         self._running_steps = set()
         self._started_calls = set()  # tools started through this Run (a PendingToolCall is a snapshot)
         self._nurseries = set()  # open durable nurseries (complete() refuses while one has spawns to send)
+        self._streams = {}  # open streams by name (complete() and fail() store and close them first)
         self._completed_steps = None  # loaded by the first step()
         self._release_delay_ms = 0  # how long after release the run may be claimed again
         self._refund_attempt = False  # set by a worker whose handler was cancelled
@@ -261,6 +264,15 @@ class Run:
             if _faults.armed:  # a crash test's fault point (docs/crash-testing.md); off: this check
                 return await _faults.around_commit(self, fn, args, lambda: self._as_owner(submit, fn, *args))
             return await self._as_owner(submit, fn, *args)
+        finally:
+            self._end_activity(counted)
+
+    async def _write_unnumbered(self, fn: Any, *args: Any) -> Any:
+        """A write that is no crash test's boundary: a stream's flush, whose number depends on
+        timing, so that the boundaries of a run are the same in every copy of a crash test."""
+        counted = self._begin_activity()
+        try:
+            return await self._as_owner(functools.partial(self._storage.write, route=self.id), fn, *args)
         finally:
             self._end_activity(counted)
 
@@ -770,6 +782,22 @@ class Run:
         reason = check_text(reason, f"run {self.id}: the reason", max_chars=4000, allow_empty=True)
         await self._write(self._store.cancel_child, child_id, reason)
 
+    def stream(
+        self,
+        name: str,
+        *,
+        flush_interval: float = DEFAULT_FLUSH_INTERVAL,
+        flush_bytes: int = DEFAULT_FLUSH_BYTES,
+    ) -> AbstractAsyncContextManager[Stream]:
+        """A named stream of this run's output: ``async with run.stream("answer") as out:``,
+        then ``await out.send(chunk)`` for each JSON chunk, read live by
+        :func:`zincir.read_stream` in any process. Chunks are stored in one fenced write per
+        ``flush_interval`` (seconds) at most, at once when ``flush_bytes`` of JSON are waiting,
+        and when the block ends, which closes the stream. A later owner of the run (after a
+        crash, a lost lease, a suspension) that writes the same stream starts its next attempt,
+        whose first chunk readers see flagged ``restarted`` (docs/streams.md)."""
+        return open_stream(self, name, flush_interval, flush_bytes)
+
     @asynccontextmanager
     async def children(self) -> AsyncIterator[Children]:
         """A durable nursery: ``async with run.children() as nursery:`` joins every child
@@ -974,6 +1002,8 @@ class Run:
         self, status: RunStatus, transition: dict[str, str], result_json: str | None = None
     ) -> None:
         payload = self._encode(transition, "the final transition")
+        for stream in list(self._streams.values()):  # what they were sent is stored before the end
+            await stream._flush(close=True)
         await self._end_ownership(self._store.finish, status, payload, result_json)
         self._finished = status
 

@@ -38,18 +38,21 @@ class Wakes:
     one wait of a run could complete when it meant to suspend)."""
     ended: set[str] = attrs.Factory(set)
     """Runs that ended while somebody waited for their end (``wait_for_end``)."""
+    streams: set[str] = attrs.Factory(set)
+    """Runs with new chunks in one of their streams: their followers should read."""
 
     def __bool__(self) -> bool:
-        return bool(self.claimable or self.inbox or self.waits or self.ended)
+        return bool(self.claimable or self.inbox or self.waits or self.ended or self.streams)
 
     def add(self, other: Wakes) -> None:
         self.claimable = self.claimable or other.claimable
         self.inbox |= other.inbox
         self.waits |= other.waits
         self.ended |= other.ended
+        self.streams |= other.streams
 
     def copy(self) -> Wakes:
-        return Wakes(self.claimable, set(self.inbox), set(self.waits), set(self.ended))
+        return Wakes(self.claimable, set(self.inbox), set(self.waits), set(self.ended), set(self.streams))
 
 
 Hear = Callable[[str | None, str | None], None]
@@ -124,14 +127,16 @@ class Hearing(abc.ABC, Generic[C]):
 
 Listen = Callable[[Hear, Callable[[], frozenset[str]]], Listening]
 """Start hearing other processes' writes (a thread): the first argument is called with
-("claimable", None), ("inbox", run id), ("child_ended", run id), ("run_ended", run id) (each
-channel name may carry a prefix), or (None, None) when anything may have been missed; the
-second says which runs this process waits to see end."""
+("claimable", None), ("inbox", run id), ("child_ended", run id), ("run_ended", run id), ("stream", run id)
+(each channel name may carry a prefix), or (None, None) when anything may have been missed; the
+second says which runs this process waits to see end, or follows a stream of (a follower waits
+for both)."""
 
 
 class WakeHub:
     """Who waits for what in this process, and their wake-ups: the workers' claims, a run's
-    waits, its owner's heartbeat, and ``wait_for_end``. Only used on the Trio thread."""
+    waits, its owner's heartbeat, ``wait_for_end``, and streams' followers. Only used on the
+    Trio thread."""
 
     def __init__(self, listen: Listen) -> None:
         self._listen = listen
@@ -141,6 +146,7 @@ class WakeHub:
         self._inbox_waiters: dict[str, set[trio.Event]] = {}  # a run's waits
         self._owner_waiters: dict[str, set[trio.Event]] = {}  # a run's owner's heartbeat
         self._end_waiters: dict[str, set[trio.Event]] = {}  # wait_for_end's, by the run awaited
+        self._stream_waiters: dict[str, set[trio.Event]] = {}  # streams' followers, by run
         # Their keys, for the listener's thread to read (replaced whole, never changed in place).
         self._awaited_ends: frozenset[str] = frozenset()
 
@@ -158,6 +164,8 @@ class WakeHub:
             self._set(self._inbox_waiters, run_id)
         for run_id in wakes.ended:
             self._set(self._end_waiters, run_id)
+        for run_id in wakes.streams:
+            self._set(self._stream_waiters, run_id)
 
     @staticmethod
     def _set(waiters: dict[str, set[trio.Event]], run_id: str) -> None:
@@ -176,7 +184,8 @@ class WakeHub:
         if channel is None:  # anything may have been missed: everyone looks again
             for listener in list(self._claim_listeners):
                 listener()
-            for waiters in (self._inbox_waiters, self._owner_waiters, self._end_waiters):
+            everyone = (self._inbox_waiters, self._owner_waiters, self._end_waiters, self._stream_waiters)
+            for waiters in everyone:
                 for events in waiters.values():
                     for event in events:
                         event.set()
@@ -189,6 +198,8 @@ class WakeHub:
                 wakes.waits.add(payload)
             elif channel.endswith("run_ended"):
                 wakes.ended.add(payload)
+            elif channel.endswith("stream"):
+                wakes.streams.add(payload)
         self.deliver(wakes)
 
     def close(self) -> Listening | None:
@@ -235,6 +246,18 @@ class WakeHub:
     def forget_end_event(self, run_id: str, event: trio.Event) -> None:
         if _forget(self._end_waiters, run_id, event):
             self._awaited_ends = frozenset(self._end_waiters)
+
+    def stream_event(self, run_id: str) -> trio.Event:
+        """An event set when a stream of run ``run_id`` may have new chunks, or the run may have
+        ended (here or in another process): a follower's. Forget it with
+        :meth:`forget_stream_event`. Starts listening to other processes' writes."""
+        event = self.end_event(run_id)
+        self._stream_waiters.setdefault(run_id, set()).add(event)
+        return event
+
+    def forget_stream_event(self, run_id: str, event: trio.Event) -> None:
+        _forget(self._stream_waiters, run_id, event)
+        self.forget_end_event(run_id, event)
 
 
 def _forget(waiters: dict[str, set[trio.Event]], run_id: str, event: trio.Event) -> bool:

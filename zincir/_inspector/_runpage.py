@@ -6,6 +6,8 @@ them into :class:`RunPageView`, plain data the templates print (see :mod:`._view
 
 from __future__ import annotations
 
+import json
+import shlex
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -44,6 +46,11 @@ TREE_WIDTH = 20
 REFRESH_SECONDS = 5
 #: The run page's timeline covers the latest this many events (the whole run when shorter).
 TIMELINE_EVENTS = 600
+#: Streams a run page shows, and of each, the latest attempt's last chunks, each cut to so many
+#: characters (``zincir stream`` prints them all).
+STREAMS_SHOWN = 20
+STREAM_TAIL = 200
+STREAM_CHUNK_CHARS = 2000
 
 
 class RunPageData:
@@ -67,6 +74,7 @@ class RunPageData:
         window_intents: tuple[Intent, ...],
         waits: tuple[WaitSpan, ...],
         outsider_actions: tuple[q.OutsiderAction, ...],
+        streams: tuple[tuple[q.StreamRow, tuple[q.StreamChunkRow, ...]], ...] = (),
     ) -> None:
         self.run, self.checkpoints, self.events, self.types = run, checkpoints, events, types
         self.steps, self.timers, self.awaiting, self.approvals = steps, timers, awaiting, approvals
@@ -75,6 +83,7 @@ class RunPageData:
         self.outcomes, (self.marks, self.earlier) = outcomes, marks
         self.window_intents, self.waits = window_intents, waits
         self.outsider_actions = outsider_actions
+        self.streams = streams  # each stream with its latest attempt's last chunks
         # What the conversation needs beyond the page (set by fetch in the conversation view).
         self.restarts = Restarts((), -1)
         self.reconciled: frozenset[object] = frozenset()
@@ -128,6 +137,7 @@ class RunPageData:
             window,
             waits,
             () if later else q.list_outsider_actions(conn, run_id, limit=LIST_LIMIT + 1),
+            () if later else _streams(conn, run_id),
         )
         if conversation:
             view._fetch_beyond_the_page(conn)
@@ -292,6 +302,58 @@ class RunPageView:
     timers: tuple[q.TimerRow, ...]
     intents: tuple[q.IntentRow, ...]
     outsider_actions: tuple[q.OutsiderAction, ...]
+    streams: list[StreamView]
+    more_streams: bool
+
+
+@attrs.frozen
+class StreamView:
+    """One stream of the run: its attempts, and its latest attempt's last chunks as text
+    (string chunks joined as they are, any other one as a JSON line)."""
+
+    name: str
+    chunks: int
+    attempts: tuple[q.StreamAttemptRow, ...]
+    text: str
+    shown: int  # how many chunks ``text`` holds
+    first_shown: object  # the offset of the first of them
+    cut: bool  # whether a chunk was cut (to STREAM_CHUNK_CHARS)
+    command: str  # the command that prints it all
+
+
+def _streams(conn: Any, run_id: str) -> tuple[tuple[q.StreamRow, tuple[q.StreamChunkRow, ...]], ...]:
+    """The run's first streams, each with the last chunks of its latest attempt (bounded)."""
+    found: list[tuple[q.StreamRow, tuple[q.StreamChunkRow, ...]]] = []
+    for stream in q.list_streams(conn, run_id, limit=STREAMS_SHOWN + 1):
+        last = stream.attempts[-1]
+        tail: tuple[q.StreamChunkRow, ...] = ()
+        if len(found) < STREAMS_SHOWN and type(last.first_offset) is int and type(last.next_offset) is int:
+            after = max(last.first_offset, last.next_offset - STREAM_TAIL) - 1
+            tail = q.list_stream_chunks(
+                conn, run_id, stream.name, after=after, limit=STREAM_TAIL, max_chars=STREAM_CHUNK_CHARS
+            )
+        found.append((stream, tail))
+    return tuple(found)
+
+
+def _stream_view(run_id: str, stream: q.StreamRow, tail: tuple[q.StreamChunkRow, ...]) -> StreamView:
+    parts = []
+    for chunk in tail:
+        if chunk.truncated:
+            parts.append(f"{chunk.data}… ({chunk.size:,} characters)\n")
+            continue
+        value = q.json_value(chunk.data)
+        parts.append(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False) + "\n")
+    return StreamView(
+        name=stream.name,
+        chunks=stream.chunks,
+        attempts=stream.attempts,
+        text="".join(parts),
+        shown=len(tail),
+        first_shown=tail[0].offset if tail else None,
+        cut=any(chunk.truncated for chunk in tail),
+        command=f"zincir stream {run_id} {shlex.quote(stream.name)}",
+    )
 
 
 def run_context(view: RunPageData, query: EventsQuery, now: int) -> dict[str, Any]:
@@ -338,6 +400,8 @@ def run_context(view: RunPageData, query: EventsQuery, now: int) -> dict[str, An
         timers=view.timers,
         intents=view.intents,
         outsider_actions=view.outsider_actions,
+        streams=[_stream_view(run.id, stream, tail) for stream, tail in view.streams[:STREAMS_SHOWN]],
+        more_streams=len(view.streams) > STREAMS_SHOWN,
     )
     return {"view": page, "now": now, "limit": LIST_LIMIT, "scan_window": q.SCAN_WINDOW}
 

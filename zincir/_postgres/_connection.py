@@ -66,6 +66,8 @@ INBOX_CHANNEL: Final = "zincir_inbox"
 CHILD_ENDED_CHANNEL: Final = "zincir_child_ended"
 # A run somebody waits for (zincir.wait_for_end: a row of run_waiters) ended; payload: its id.
 RUN_ENDED_CHANNEL: Final = "zincir_run_ended"
+# A run's stream has new chunks (docs/streams.md); payload: the run's id.
+STREAM_CHANNEL: Final = "zincir_stream"
 
 Clock = Callable[[], int]
 
@@ -363,6 +365,7 @@ class PostgresSession:
         # A run told of all news already needs no word for its waits alone.
         told += [(CHILD_ENDED_CHANNEL, run_id) for run_id in sorted(wakes.waits - wakes.inbox)]
         told += [(RUN_ENDED_CHANNEL, run_id) for run_id in sorted(wakes.ended)]
+        told += [(STREAM_CHANNEL, run_id) for run_id in sorted(wakes.streams)]
         for channel, payload in told:
             self.send("SELECT pg_notify(%s, %s)", (channel, payload))
 

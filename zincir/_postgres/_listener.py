@@ -15,6 +15,7 @@ from ._connection import (
     CLAIMABLE_CHANNEL,
     INBOX_CHANNEL,
     RUN_ENDED_CHANNEL,
+    STREAM_CHANNEL,
     Echo,
     connect,
     redact,
@@ -42,7 +43,8 @@ class Listener(Hearing[psycopg.Connection[Any]]):
         return connect(self._url, application_name="zincir listener")
 
     def _listen(self, conn: psycopg.Connection[Any]) -> None:
-        for channel in (CLAIMABLE_CHANNEL, INBOX_CHANNEL, CHILD_ENDED_CHANNEL, RUN_ENDED_CHANNEL):
+        channels = (CLAIMABLE_CHANNEL, INBOX_CHANNEL, CHILD_ENDED_CHANNEL, RUN_ENDED_CHANNEL, STREAM_CHANNEL)
+        for channel in channels:
             conn.execute(f"LISTEN {channel}")
         # Listen first, then look: whatever was released or signalled while this connection
         # was down is found by the look this wake-up causes.

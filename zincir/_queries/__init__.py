@@ -25,6 +25,7 @@ One module holds each concern:
 ``_budgets``        spend against limits, and that spend in words
 ``_diff``           two runs' trajectories compared (a run and its fork)
 ``_outsiders``      the audit trail of outsiders' writes
+``_streams``        a run's durable streams and their chunks
 ``_export``         the JSON views of all these records
 ==================  ==========================================================================
 """
@@ -46,6 +47,7 @@ from ._export import (
     outsider_action_to_json,
     run_to_json,
     step_to_json,
+    stream_chunk_to_json,
     timer_to_json,
 )
 from ._keys import (
@@ -89,6 +91,16 @@ from ._runs import (
     get_run,
     list_runs,
 )
+from ._streams import (
+    STREAMS_SHOWN,
+    StreamAttemptRow,
+    StreamChunkRow,
+    StreamRow,
+    iter_chunks_of,
+    iter_stream_chunks,
+    list_stream_chunks,
+    list_streams,
+)
 from ._values import MAX_INT, MAX_JSON_DEPTH, Int, Malformed, OptInt, json_value, parse_json, raw_value
 from ._waits import (
     ApprovalRequest,
@@ -112,6 +124,7 @@ __all__ = [
     "RUN_STATUSES",
     "SCAN_WINDOW",
     "STATUS_COUNT_CAP",
+    "STREAMS_SHOWN",
     "ApprovalRequest",
     "Awaiting",
     "CheckpointRow",
@@ -137,6 +150,9 @@ __all__ = [
     "RunSummary",
     "SpendSum",
     "StepRow",
+    "StreamAttemptRow",
+    "StreamChunkRow",
+    "StreamRow",
     "TimerRow",
     "Usage",
     "awaiting_to_json",
@@ -159,7 +175,9 @@ __all__ = [
     "get_run",
     "get_step",
     "intent_to_json",
+    "iter_chunks_of",
     "iter_events",
+    "iter_stream_chunks",
     "json_value",
     "key_json",
     "list_awaiting",
@@ -170,6 +188,8 @@ __all__ = [
     "list_outsider_actions",
     "list_runs",
     "list_steps",
+    "list_stream_chunks",
+    "list_streams",
     "list_timers",
     "open_readonly",
     "outsider_action_to_json",
@@ -184,6 +204,7 @@ __all__ = [
     "side_by_side",
     "spend_text",
     "step_to_json",
+    "stream_chunk_to_json",
     "timer_to_json",
     "verification_interrupted",
 ]

@@ -14,6 +14,7 @@ from ._events import EventRow
 from ._outsiders import OutsiderAction
 from ._progress import CheckpointRow, IntentRow, StepRow
 from ._runs import RunDetail, RunSummary
+from ._streams import StreamChunkRow
 from ._values import json_field, json_value, plain
 from ._waits import Awaiting, TimerRow
 
@@ -25,6 +26,7 @@ __all__ = [
     "outsider_action_to_json",
     "run_to_json",
     "step_to_json",
+    "stream_chunk_to_json",
     "timer_to_json",
 ]
 
@@ -111,6 +113,22 @@ def step_to_json(run_id: str, step: StepRow) -> dict[str, Any]:
     }
     if step.truncated:
         data["truncated"] = {"result": step.result_size}
+    return data
+
+
+def stream_chunk_to_json(run_id: str, chunk: StreamChunkRow) -> dict[str, Any]:
+    """A JSON-ready dict of a stream's chunk; a cut value is its prefix, listed in ``truncated``."""
+    data: dict[str, Any] = {
+        "stream": chunk.name,
+        "offset": plain(chunk.offset),
+        "attempt": plain(chunk.attempt),
+        "restarted": chunk.restarted,
+        "data": json_field(chunk.data, chunk.truncated),
+        "created_at": plain(chunk.created_at),
+        "run_id": run_id,
+    }
+    if chunk.truncated:
+        data["truncated"] = {"data": chunk.size}
     return data
 
 

@@ -22,12 +22,14 @@ from ._connection import BUSY_TIMEOUT_MS
 logger = logging.getLogger("zincir")
 
 _LOOK_EVERY_S: Final = 0.005
+_MOST_SEEN: Final = 100_000  # streams whose last offset the watcher remembers
 
 
 class Watcher(Hearing[sqlite3.Connection]):
     """Hears ``("inbox", run_id)`` for each new signal and each run whose cancellation is
-    requested, ``("claimable", None)`` when a run is due, and ``("run_ended", run_id)`` for each
-    run of ``awaited_ends()`` (the runs this process waits to see end) that has ended. This
+    requested, ``("claimable", None)`` when a run is due, and, for each run of ``awaited()``
+    (the runs this process waits to see end, or follows a stream of), ``("run_ended", run_id)``
+    once it has ended and ``("stream", run_id)`` when one of its streams has new chunks. This
     process's own commits are seen too: the watcher's connection is another connection."""
 
     def __init__(
@@ -36,11 +38,11 @@ class Watcher(Hearing[sqlite3.Connection]):
         clock: Clock,
         token: trio.lowlevel.TrioToken,
         hear: Hear,
-        awaited_ends: Callable[[], frozenset[str]],
+        awaited: Callable[[], frozenset[str]],
     ) -> None:
         self._path = path
         self._clock = clock
-        self._awaited_ends = awaited_ends
+        self._awaited = awaited
         super().__init__(f"zincir-watcher:{path}", token, hear)
 
     errors = (sqlite3.Error,)
@@ -58,6 +60,7 @@ class Watcher(Hearing[sqlite3.Connection]):
     def _listen(self, conn: sqlite3.Connection) -> None:
         version = _data_version(conn)
         (last_signal,) = conn.execute("SELECT coalesce(max(id), 0) FROM signals").fetchone()
+        streamed: dict[tuple[str, str], int] = {}  # the next offset of each stream of awaited runs
         self._announce(None, None)
         while not self._stopping.wait(_LOOK_EVERY_S):
             current = _data_version(conn)
@@ -75,7 +78,9 @@ class Watcher(Hearing[sqlite3.Connection]):
                     " WHERE cancel_requested_at IS NOT NULL"
                 ).fetchall()
                 due = _anything_due(conn, self._clock())
-                ended = _ended(conn, self._awaited_ends())
+                awaited = self._awaited()
+                ended = _ended(conn, awaited)
+                grown = _streams_grown(conn, awaited, streamed)
             finally:
                 conn.execute("COMMIT")
             for signal_id, run_id in signalled:
@@ -87,6 +92,8 @@ class Watcher(Hearing[sqlite3.Connection]):
                 self._announce("claimable", None)
             for run_id in ended:
                 self._announce("run_ended", run_id)
+            for run_id in grown:
+                self._announce("stream", run_id)
 
 
 def _data_version(conn: sqlite3.Connection) -> int:
@@ -108,6 +115,30 @@ def _ended(conn: sqlite3.Connection, run_ids: frozenset[str]) -> list[str]:
             )
         ]
     return ended
+
+
+def _streams_grown(
+    conn: sqlite3.Connection, run_ids: frozenset[str], seen: dict[tuple[str, str], int]
+) -> set[str]:
+    """Those of ``run_ids`` with a stream whose next offset is not the one ``seen`` last time
+    (a stream not seen before counts: its follower may have read before this look); ``seen``
+    is brought up to date. A follower is awaited only while it waits, so ``seen`` keeps the
+    streams of runs no longer awaited too (within bounds): one awaited again is not new."""
+    if len(seen) > _MOST_SEEN:
+        seen.clear()
+    ids, grown = sorted(run_ids), set()
+    for first in range(0, len(ids), 500):
+        chunk = ids[first : first + 500]
+        among = ",".join("?" * len(chunk))
+        for run_id, name, next_offset in conn.execute(
+            f"SELECT run_id, name, max(next_offset) FROM streams WHERE run_id IN ({among})"
+            " GROUP BY run_id, name",
+            chunk,
+        ):
+            if seen.get((run_id, name)) != next_offset:
+                seen[(run_id, name)] = next_offset
+                grown.add(run_id)
+    return grown
 
 
 def _anything_due(conn: sqlite3.Connection, now: int) -> bool:

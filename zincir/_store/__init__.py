@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import _budgets, _children, _ends, _forks, _leases, _log, _reads, _waits
+from . import _budgets, _children, _ends, _forks, _leases, _log, _reads, _streams, _waits
 from ._forks import ForkOutcome
 from ._tx import LIVE, Dialect, Reply, Tx, judge_lease
 from ._types import *  # noqa: F403
@@ -75,6 +75,12 @@ class Store:
     durable_state = staticmethod(_reads.durable_state)
     completed_step_names = staticmethod(_reads.completed_step_names)
     step_result = staticmethod(_reads.step_result)
+
+    # -- streams (_streams) -----------------------------------------------------------------------
+
+    flush_stream = staticmethod(_streams.flush_stream)
+    stream_page = staticmethod(_streams.stream_page)
+    stream_attempts = staticmethod(_streams.stream_attempts)
 
     # -- child runs (_children) --------------------------------------------------------------------
 

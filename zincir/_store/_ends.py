@@ -77,7 +77,7 @@ _MAKE_SHARER_DUE = (
     " AND w.wake_key = ?){lock})"
 )
 
-_Closing = tuple[Reply, Reply, Reply | None, Reply]
+_Closing = tuple[Reply, Reply, Reply | None, Reply, Reply]
 
 
 def _send_close(
@@ -90,7 +90,8 @@ def _send_close(
     new_epoch: bool = False,
 ) -> _Closing:
     """Send a run's end without reading it (see :func:`_closed`): its final transition, the row
-    terminal and ownerless, a parent suspended on it made due, its end's waiters' rows gone."""
+    terminal and ownerless, a parent suspended on it made due, its end's waiters' rows gone,
+    and whether it has streams."""
     ending = (
         ", status = ?, lease_owner = NULL, lease_expires_at = NULL, wait_kind = NULL, wait_target = NULL,"
         " result = ?, cancel_requested_at = NULL"
@@ -107,12 +108,14 @@ def _send_close(
     if tx.dialect.end_waiters:  # somebody waits for this end (wait_for_end): they are told
         waited = tx.send("DELETE FROM run_waiters WHERE run_id = ?", (run_id,))
     sharers = tx.send("SELECT run_id FROM shared_children WHERE child_id = ?", (run_id,))
-    return closed, parent_due, waited, sharers
+    # A run that has streams may have followers, who stop once it ends (docs/streams.md).
+    streamed = tx.send("SELECT 1 FROM streams WHERE run_id = ? LIMIT 1", (run_id,))
+    return closed, parent_due, waited, sharers, streamed
 
 
 def _closed(tx: Tx, run_id: str, closing: _Closing) -> None:
     """Read what :func:`_send_close` did, and note whom it wakes."""
-    closed, parent_due, waited, sharers = closing
+    closed, parent_due, waited, sharers, streamed = closing
     (_, parent) = closed.one()
     if parent is not None:  # it may be joining this run (or suspended on it: then it is due)
         tx.wake(waits=parent, claimable=parent_due.count() > 0)
@@ -121,6 +124,8 @@ def _closed(tx: Tx, run_id: str, closing: _Closing) -> None:
     for (fork,) in sharers.all():  # rare: a round trip more on PostgreSQL only then
         made_due = tx.count(_MAKE_SHARER_DUE.format(lock=tx.dialect.lock_nowait), (fork, run_id))
         tx.wake(waits=fork, claimable=made_due > 0)
+    if streamed.one() is not None:
+        tx.wake(streams=run_id)
 
 
 def _send_open_work(tx: Tx, run_id: str) -> tuple[Reply, Reply, Reply]:

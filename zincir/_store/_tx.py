@@ -178,6 +178,7 @@ class Tx(Protocol):
         inbox: str | None = None,
         waits: str | None = None,
         ended: str | None = None,
+        streams: str | None = None,
     ) -> None:
         """Note what this operation's writes may wake (see :class:`~zincir._wakes.Wakes`);
         delivered once the transaction commits, forgotten if the operation raises."""
@@ -185,7 +186,8 @@ class Tx(Protocol):
         if wakes is None:
             wakes = self.wakes = Wakes()
         wakes.claimable = wakes.claimable or claimable
-        for run_id, woken in ((inbox, wakes.inbox), (waits, wakes.waits), (ended, wakes.ended)):
+        noted = ((inbox, wakes.inbox), (waits, wakes.waits), (ended, wakes.ended), (streams, wakes.streams))
+        for run_id, woken in noted:
             if run_id is not None:
                 woken.add(run_id)
 
