@@ -634,6 +634,18 @@ async def test_until_idle_returns_once_nothing_is_left_and_not_while_a_run_will_
     }
 
 
+async def test_a_run_that_came_due_since_the_last_claim_is_not_left_for_a_poll(
+    db: zincir.Database,
+) -> None:
+    # An idle worker sleeps for as long as next_due_in says. A run that became due between the
+    # worker's claim and that read (a backoff ending just then) must make it look again at
+    # once, not after a whole poll interval: it was missed when only future wake times counted.
+    assert await db._read(db._store.next_due_in) is None
+    async with zincir.open_run(db):  # left without an end: released, claimable now
+        assert await db._read(db._store.next_due_in) is None  # leased: not claimable
+    assert await db._read(db._store.next_due_in) == 0
+
+
 async def test_until_idle_waits_for_a_run_another_owner_holds(
     db: zincir.Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:

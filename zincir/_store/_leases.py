@@ -271,12 +271,14 @@ def renew(tx: Tx, lease: Lease) -> tuple[Lease, str | None]:
 
 def next_due_in(tx: Tx) -> int | None:
     """Milliseconds until the next run becomes due by itself (a backoff, a deadline, a wake
-    time); None if none will: an idle worker sleeps until then rather than a poll late."""
+    time); None if none will: an idle worker sleeps until then rather than a poll late. 0 when
+    one is claimable already: it became due after the worker's last claim looked."""
     (due,) = tx.one(
         f"SELECT min(next_attempt_at) - :now FROM agent_runs{tx.dialect.indexed('idx_agent_runs_claimable')}"
-        " WHERE status IN ('pending', 'running', 'waiting') AND next_attempt_at > :now",
+        " WHERE status IN ('pending', 'running', 'waiting')"
+        " AND (next_attempt_at > :now OR lease_owner IS NULL OR lease_expires_at <= :now)",
     )
-    return None if due is None else int(due)
+    return None if due is None else max(int(due), 0)
 
 
 def work_ahead(tx: Tx) -> bool:
