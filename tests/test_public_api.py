@@ -17,9 +17,9 @@ PUBLIC = {
     "PendingToolCall", "ResumeWorker", "Run", "RunCancelled", "RunLeased", "RunNotFound", "RunRecord",
     "RunStatus", "RunTerminal", "RunWaiting", "SUBMIT_CHECKPOINT", "SchemaError", "Spend",
     "StepAlreadyRunning", "StorageError", "ToolCall", "UnfinishedWork", "Usage", "Verification", "Verifier",
-    "WaitTimeout", "ZincirError", "__version__",
+    "VersionMismatch", "WaitTimeout", "ZincirError", "__version__",
     "artifacts", "cancel_run", "decide_approval", "open_database", "open_run", "raise_budget", "retry_now",
-    "send_signal", "wait_for_end", "wall_clock_ms",
+    "send_signal", "set_version", "wait_for_end", "wall_clock_ms",
 }  # fmt: skip
 
 
@@ -33,7 +33,7 @@ def test_all_is_pinned() -> None:
 def test_every_error_is_a_zincir_error() -> None:
     errors = [getattr(zincir, n) for n in zincir.__all__ if isinstance(getattr(zincir, n), type)]
     errors = [e for e in errors if issubclass(e, Exception)]
-    assert len(errors) == 27
+    assert len(errors) == 28
     assert all(issubclass(e, zincir.ZincirError) for e in errors)
     assert issubclass(zincir.InvalidArgument, ValueError)
     assert issubclass(zincir.DuplicateToolCall, zincir.InvalidArgument)

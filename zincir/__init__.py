@@ -36,10 +36,11 @@ from ._errors import (
     StepAlreadyRunning,
     StorageError,
     UnfinishedWork,
+    VersionMismatch,
     WaitTimeout,
     ZincirError,
 )
-from ._inbox import cancel_run, decide_approval, raise_budget, retry_now, send_signal
+from ._inbox import cancel_run, decide_approval, raise_budget, retry_now, send_signal, set_version
 from ._run import Children, Run, open_run
 from ._store import SUBMIT_CHECKPOINT
 from ._types import (
@@ -112,6 +113,7 @@ __all__ = [
     "Usage",
     "Verification",
     "Verifier",
+    "VersionMismatch",
     "WaitTimeout",
     "ZincirError",
     "__version__",
@@ -123,6 +125,7 @@ __all__ = [
     "raise_budget",
     "retry_now",
     "send_signal",
+    "set_version",
     "wait_for_end",
     "wall_clock_ms",
 ]

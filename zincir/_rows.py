@@ -7,7 +7,9 @@ from typing import Any
 from ._json import decode
 from ._types import Checkpoint, CheckpointState, Event, EventType, RunRecord, RunStatus, Verification
 
-RUN_COLUMNS = "id, parent_run_id, role, provider, status, config, created_at, updated_at, result"
+RUN_COLUMNS = (
+    "id, parent_run_id, role, provider, status, config, created_at, updated_at, result, version, fingerprints"
+)
 CHECKPOINT_COLUMNS = (
     "id, run_id, round, tool_call_id, based_on_event_seq, decision_event_seq, status, state,"
     " verification, created_at, decided_at"
@@ -16,10 +18,11 @@ EVENT_COLUMNS = "seq, type, payload, idempotency_key, created_at"
 
 
 def to_run(row: Any) -> RunRecord:
-    id, parent, role, provider, status, config, created_at, updated_at, result = row
+    id, parent, role, provider, status, config, created_at, updated_at, result, version, fingerprints = row
     return RunRecord(
         id, parent, role, provider, RunStatus(status), decode(config), created_at, updated_at,
-        None if result is None else decode(result),
+        None if result is None else decode(result), version,
+        {} if fingerprints is None else decode(fingerprints),
     )  # fmt: skip
 
 

@@ -71,6 +71,7 @@ class EventType(enum.StrEnum):
     TOOL_STARTED = "tool_started"
     LEASE_TAKEN_OVER = "lease_taken_over"
     ATTEMPT_LOST = "attempt_lost"
+    VERSION_CHANGED = "version_changed"
 
 
 @attrs.frozen
@@ -208,7 +209,9 @@ class Event:
 @attrs.frozen
 class RunRecord:
     """A run as stored. ``updated_at`` is its last event or status change (not heartbeats);
-    ``result`` is what it completed with (:meth:`Run.complete`), None until then."""
+    ``result`` is what it completed with (:meth:`Run.complete`), None until then. ``version``
+    is the version of the agent the run belongs to (None: none), ``fingerprints`` what shaped
+    it, as its creator named them ({} if none; docs/versions.md)."""
 
     id: str
     parent_run_id: str | None
@@ -219,6 +222,8 @@ class RunRecord:
     created_at: int
     updated_at: int
     result: JSONValue = None
+    version: str | None = None
+    fingerprints: dict[str, str] = attrs.field(factory=dict)
 
 
 @attrs.frozen

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import _budgets, _children, _ends, _leases, _log, _reads, _waits
+from . import _budgets, _children, _ends, _leases, _log, _reads, _versions, _waits
 from ._tx import LIVE, Dialect, Reply, Tx, judge_lease
 from ._types import *  # noqa: F403
 from ._types import __all__ as _types
@@ -65,6 +65,11 @@ class Store:
     renew = staticmethod(_leases.renew)
     suspend = staticmethod(_leases.suspend)
     retry_now = staticmethod(_leases.retry_now)
+
+    # -- versions (_versions) ----------------------------------------------------------------------
+
+    set_version = staticmethod(_versions.set_version)
+    skipped_for_version = staticmethod(_versions.skipped_for_version)
 
     # -- reading ---------------------------------------------------------------------------------
 

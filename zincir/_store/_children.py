@@ -26,9 +26,13 @@ def spawn_children(tx: Tx, lease: Lease, children: Sequence[NewChild]) -> list[s
     inserts = [
         tx.send(
             "INSERT INTO agent_runs (id, parent_run_id, role, provider, status, config, created_at,"
-            " updated_at, next_attempt_at, spawn_name) VALUES (?, ?, ?, ?, 'pending', ?, :now, :now, :now, ?)"
+            " updated_at, next_attempt_at, spawn_name, version, fingerprints)"
+            f" VALUES (?, ?, ?, ?, 'pending', ?, :now, :now, :now, ?, {INHERITED})"
             " ON CONFLICT (parent_run_id, spawn_name) WHERE spawn_name IS NOT NULL DO NOTHING",
-            (child.child_id, parent_id, child.role, child.provider, child.config_json, child.name),
+            (
+                *(child.child_id, parent_id, child.role, child.provider, child.config_json, child.name),
+                *inherited_params(child, parent_id),
+            ),
         )
         for child in children
     ]
@@ -50,6 +54,19 @@ def spawn_children(tx: Tx, lease: Lease, children: Sequence[NewChild]) -> list[s
         )
         ids.update(found)
     return [ids[child.name] for child in children]
+
+
+INHERITED = (
+    "coalesce(?, (SELECT version FROM agent_runs WHERE id = ?)),"
+    " coalesce(?, (SELECT fingerprints FROM agent_runs WHERE id = ?))"
+)
+"""A child's version and fingerprints: its own if given, else its parent's (as the parent's
+row has them now: the parent's lease holds, so nobody moves it meanwhile)."""
+
+
+def inherited_params(child: NewChild, parent_id: str) -> tuple[str | None, ...]:
+    """:data:`INHERITED`'s parameters."""
+    return (child.version, parent_id, child.fingerprints_json, parent_id)
 
 
 Look = Callable[[Tx, str, str, "int | None"], Reply]
