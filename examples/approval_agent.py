@@ -24,6 +24,7 @@ from pathlib import Path
 import trio
 
 import zincir
+from zincir.testing import effect_ledger
 
 ROLE = "refund-agent"
 REFUND = {"order": "A-17", "amount": 120}
@@ -33,13 +34,18 @@ def _ledger() -> Path:
     return Path(os.environ.get("ZINCIR_LEDGER", "refunds.jsonl"))
 
 
-def pay_refund(idempotency_key: str, args: dict[str, object]) -> dict[str, object]:
-    """The tool with the side effect: pays once per idempotency key, however often it runs."""
+def pay_refund(
+    idempotency_key: str, args: dict[str, object], effect_key: str | None = None
+) -> dict[str, object]:
+    """The tool with the side effect: pays once per idempotency key, however often it runs (a
+    crash test's ledger counts each payment by ``effect_key``; a no-op outside a crash test)."""
     ledger = _ledger()
     paid = ledger.read_text().splitlines() if ledger.exists() else []
     if not any(json.loads(line)["key"] == idempotency_key for line in paid):
         with ledger.open("a") as out:
             out.write(json.dumps({"key": idempotency_key, **args}) + "\n")
+        if effect_key is not None:
+            effect_ledger().record_sync(effect_key)
     return {"refunded": args["amount"]}
 
 
@@ -51,7 +57,7 @@ async def handler(run: zincir.Run) -> None:
     for pending in await run.pending_tools():
         approval = await run.wait_for_approval(pending.call.id)
         if approval.approved:
-            result = pay_refund(pending.idempotency_key, pending.call.args)
+            result = pay_refund(pending.idempotency_key, pending.call.args, pending.effect_key)
         else:
             result = {"denied": approval.reason, "by": approval.by}
         await run.record_tool_result(pending.call.id, result)

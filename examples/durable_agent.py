@@ -2,6 +2,7 @@
 
 Run it:                      .venv/bin/python examples/durable_agent.py
 Resume after a crash:        ZINCIR_RESUME=1 .venv/bin/python examples/durable_agent.py
+Crash-test it:               .venv/bin/zincir crash-test examples.durable_agent:handler
 
 The "model" is scripted so the demo runs offline; a real one (see openai_agent.py) plugs
 into the same loop. Every model response, tool intent and tool result is recorded by zincir;
@@ -33,6 +34,7 @@ import trio
 
 import zincir
 from zincir import CheckpointState, Verification, artifacts
+from zincir.testing import effect_ledger
 
 GOAL = "Write hello to the file."
 ROLE = "example-agent"
@@ -48,9 +50,10 @@ async def pause(boundary: str) -> None:
 # -- the tool ------------------------------------------------------------------------------------
 
 
-def publish_once(out: Path, call_id: str, content: Any) -> dict[str, Any]:
+def publish_once(out: Path, call_id: str, content: Any, effect_key: str | None = None) -> dict[str, Any]:
     """Write ``<out>/<call_id>.json`` exactly once: temp file, fsync, then a hard link, which
-    fails if another attempt published first (then that attempt's content wins)."""
+    fails if another attempt published first (then that attempt's content wins). The link is the
+    effect: a crash test's ledger counts it (``effect_key``; a no-op outside a crash test)."""
     final = out / f"{call_id}.json"
     temp = out / f".{call_id}.{uuid.uuid4().hex}.tmp"
     with temp.open("w") as f:
@@ -59,6 +62,8 @@ def publish_once(out: Path, call_id: str, content: Any) -> dict[str, Any]:
         os.fsync(f.fileno())
     try:
         os.link(temp, final)
+        if effect_key is not None:
+            effect_ledger().record_sync(effect_key)
         directory = os.open(out, os.O_RDONLY)
         try:
             os.fsync(directory)  # the new name itself must survive power loss
@@ -85,7 +90,9 @@ def read_published(out: Path, call_id: str) -> dict[str, Any] | None:
     return result
 
 
-async def write_file(out: Path, call_id: str, args: dict[str, Any]) -> dict[str, Any]:
+async def write_file(
+    out: Path, call_id: str, args: dict[str, Any], effect_key: str | None = None
+) -> dict[str, Any]:
     """The idempotent tool: its idempotency key is the call id, which names the file."""
     existing = await trio.to_thread.run_sync(read_published, out, call_id)
     if existing is not None:
@@ -94,7 +101,7 @@ async def write_file(out: Path, call_id: str, args: dict[str, Any]) -> dict[str,
     # Only the lease holder runs this call id, so any leftover is a dead attempt's.
     await trio.to_thread.run_sync(remove_leftovers, out, call_id)
     await pause("BEFORE_TOOL")
-    result = await trio.to_thread.run_sync(publish_once, out, call_id, args.get("content"))
+    result = await trio.to_thread.run_sync(publish_once, out, call_id, args.get("content"), effect_key)
     await pause("AFTER_TOOL")
     return result
 
@@ -174,7 +181,8 @@ async def drive(run: zincir.Run, out: Path) -> None:
         for pending in await run.pending_tools():  # intents whose results never got recorded
             call = pending.call
             if call.name == "write_file":
-                await run.record_tool_result(call.id, await write_file(out, call.id, call.args))
+                result = await write_file(out, call.id, call.args, pending.effect_key)
+                await run.record_tool_result(call.id, result)
             elif call.name == zincir.SUBMIT_CHECKPOINT and pending.response_tool_count == 1:
                 await run.sleep("cool-down", float(os.environ.get("ZINCIR_SLEEP_S", "0")))
                 events = (await run.state()).events
@@ -184,6 +192,14 @@ async def drive(run: zincir.Run, out: Path) -> None:
         content, calls = next_response((await run.state()).events)
         await run.record_response(content, calls, "tool_use", usage={"input_tokens": 0, "output_tokens": 0})
     await run.fail("no accepted checkpoint after 10 model rounds")
+
+
+async def handler(run: zincir.Run) -> None:
+    """The same loop as a worker handler (``zincir worker``, ``zincir crash-test``); it writes to
+    ZINCIR_OUTPUT_DIR (default: output, in the working directory)."""
+    out = await trio.Path(os.environ.get("ZINCIR_OUTPUT_DIR", "output")).absolute()
+    await out.mkdir(parents=True, exist_ok=True)
+    await drive(run, Path(out))
 
 
 def print_run(state: zincir.DurableState, all_events: list[zincir.Event]) -> None:

@@ -12,6 +12,10 @@ from .postgres_server import fresh_database, postgres_admin_url
 
 __all__ = ["ManualClock", "postgres_admin_url"]
 
+# zincir's own pytest plugin (docs/crash-testing.md), as a user's conftest loads it: its fixtures
+# (zincir_db, zincir_clock, scripted_model) are tested in tests/test_testing_plugin.py.
+pytest_plugins = ["pytester", "zincir.testing"]
+
 BACKENDS = ("sqlite", "postgresql")
 
 
@@ -65,6 +69,13 @@ def db_target(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> I
 
 
 @pytest.fixture
+def pg_url(postgres_admin_url: str) -> Iterator[str]:
+    """A new PostgreSQL database, for a test about that backend alone."""
+    with fresh_database(postgres_admin_url) as url:
+        yield url
+
+
+@pytest.fixture
 def db_path(tmp_path: Path) -> Path:
     return tmp_path / "zincir.db"
 
@@ -73,6 +84,12 @@ def db_path(tmp_path: Path) -> Path:
 async def db(db_target: str) -> AsyncIterator[zincir.Database]:
     async with zincir.open_database(db_target) as database:
         yield database
+
+
+@pytest.fixture(scope="session")
+def zincir_postgres_url(postgres_admin_url: str) -> str:
+    """The plugin's PostgreSQL server is the suite's (instead of one more embedded server)."""
+    return postgres_admin_url
 
 
 @pytest.fixture

@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import sqlite3
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+import threading
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import trio
+import trio.testing
 
 import zincir
 from zincir._database import storage
+from zincir._wakes import Wakes
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -91,6 +95,28 @@ def scalar(target: Path | zincir.Database, sql: str, params: tuple[object, ...] 
         conn.close()
 
 
+# A shell starts what it runs in the background (`cmd &`, nohup) with SIGINT ignored, its
+# children inherit that, and Python installs its KeyboardInterrupt handler only where SIGINT is
+# not ignored. A test that interrupts a Python child starts it through this, so that the child
+# takes SIGINT as it would from a terminal however the suite itself was started.
+INTERRUPTIBLE = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+
+ZINCIR_CLI = (
+    sys.executable,
+    "-c",
+    INTERRUPTIBLE + "import sys; from zincir._cli import main; sys.exit(main())",
+)
+"""The ``zincir`` command, run by this interpreter (and interruptible, see INTERRUPTIBLE)."""
+
+
+def reap(proc: subprocess.Popen[str]) -> None:
+    """Kill the process (if it still runs) and wait for it, closing its pipes: for a
+    ``finally``, so that a failed test neither leaves it running nor lets its unclosed pipes
+    warn (an error, under this suite's filterwarnings) in whichever test runs next."""
+    proc.kill()
+    proc.communicate()
+
+
 @contextlib.contextmanager
 def running_python(code: str, *args: str) -> Iterator[subprocess.Popen[str]]:
     """``start_python`` for a block: the process is killed and reaped when the block ends,
@@ -99,8 +125,7 @@ def running_python(code: str, *args: str) -> Iterator[subprocess.Popen[str]]:
     try:
         yield proc
     finally:
-        proc.kill()
-        proc.communicate()
+        reap(proc)
 
 
 def start_python(code: str, *args: str, **kwargs: object) -> subprocess.Popen[str]:
@@ -118,6 +143,23 @@ def start_python(code: str, *args: str, **kwargs: object) -> subprocess.Popen[st
 async def read_state(db: zincir.Database, run_id: str) -> zincir.DurableState:
     """A run's durable state, read without owning the run."""
     return await db.state(run_id)
+
+
+async def status_of(db: zincir.Database, run_id: str) -> zincir.RunStatus:
+    return (await db.state(run_id)).run.status
+
+
+async def has_status(db: zincir.Database, run_id: str, status: zincir.RunStatus) -> bool:
+    return await status_of(db, run_id) is status
+
+
+async def until(predicate: Callable[[], Awaitable[bool]], within: float = 15, every: float = 0.01) -> None:
+    """Await a condition that another task, thread or process brings about, looked at every
+    ``every`` seconds: for a state in the database (or another process), which has no event
+    of its own to await. Fails after ``within`` seconds."""
+    with trio.fail_after(within):
+        while not await predicate():
+            await trio.sleep(every)
 
 
 def trace_operations(monkeypatch: Any, store: Any, *names: str) -> list[tuple[str, str | None]]:
@@ -141,19 +183,104 @@ def trace_operations(monkeypatch: Any, store: Any, *names: str) -> list[tuple[st
     return order
 
 
-async def hearing_others(db: zincir.Database, monkeypatch: Any) -> None:
-    """Start ``db`` listening to other processes' writes and wait for the listener's first word
-    (the "anything may have been missed" wake-up after it connects), so that it cannot arrive
-    later, in the middle of a race a test sets up."""
-    heard = trio.Event()
+def counting_renewals(monkeypatch: Any, store: Any) -> threading.Semaphore:
+    """Wrap ``store.renew`` (as it is now) to release the returned semaphore after each lease
+    renewal, made or failed, on whichever thread ran it."""
+    renew = store.renew
+    made = threading.Semaphore(0)
+
+    def counted(*args: Any) -> Any:
+        try:
+            return renew(*args)
+        finally:
+            made.release()
+
+    monkeypatch.setattr(store, "renew", counted)
+    return made
+
+
+async def next_renewal(
+    db: zincir.Database, run_id: str, renewals: threading.Semaphore, trio_clock: Any, db_clock: Any
+) -> float:
+    """With both clocks standing still (pytest-trio's ``mock_clock`` and a ``ManualClock`` that
+    ``db`` was opened with), move them together to the run's heartbeat's next wake-up; return
+    once the renewal it makes (counted by ``counting_renewals``) has been answered, with how far
+    time moved. For tests about *when* the heartbeat renews: no busy machine can make it late."""
+    await trio.testing.wait_all_tasks_blocked()  # the heartbeat sleeps until its next renewal
+    wait: float = trio.lowlevel.current_statistics().seconds_to_next_deadline
+    assert wait < math.inf, "nothing is scheduled: the heartbeat stopped"
+    trio_clock.jump(wait)
+    db_clock.advance(wait)
+    assert await trio.to_thread.run_sync(renewals.acquire, True, 10), "the heartbeat did not renew"
+    await db._write(_nothing, route=run_id)  # behind the renewal, on its writer: its answer is in
+    return wait
+
+
+def _nothing(tx: Any) -> None:
+    pass
+
+
+class Words:
+    """The words delivered to this process, in the order it acted on them: what its listener
+    heard of other processes' writes (PostgreSQL notifications, or what SQLite's watcher saw
+    other connections commit), and what its own writes woke, after their COMMIT."""
+
+    def __init__(self) -> None:
+        self.heard: list[tuple[str | None, str | None]] = []
+        self._news = trio.Event()
+
+    def note(self, channel: str | None, payload: str | None) -> None:
+        self.heard.append((channel, payload))
+        self._news.set()
+        self._news = trio.Event()
+
+    async def word(self, channel: str | None, payload: str | None = None) -> None:
+        """Wait until a word on a channel whose name ends with ``channel`` (None: the "anything
+        may have been missed" word) and with this payload was delivered, and acted on."""
+        while not any(self._matches(heard, channel, payload) for heard in self.heard):
+            await self._news.wait()  # no deadline of its own: tests on a mock clock use this too
+
+    @staticmethod
+    def _matches(heard: tuple[str | None, str | None], channel: str | None, payload: str | None) -> bool:
+        if channel is None:
+            return heard[0] is None
+        return heard[0] is not None and heard[0].endswith(channel) and heard[1] == payload
+
+
+async def listening(db: zincir.Database, monkeypatch: Any) -> Words:
+    """Start ``db`` listening to other processes' writes, noting each word it hears after the
+    database has acted on it, and wait for the listener's first word (the "anything may have
+    been missed" wake-up after it connects), so that it cannot arrive later, in the middle of a
+    race a test sets up."""
+    words = Words()
     wakes = storage(db).wakes
     hear = wakes.hear
 
     def noting(channel: str | None, payload: str | None) -> None:
-        if channel is None:
-            heard.set()
         hear(channel, payload)
+        words.note(channel, payload)
+
+    def noting_own(woken: Wakes) -> None:
+        wakes.deliver(woken)
+        # As the listener would say it (it skips this process's own PostgreSQL notifications).
+        if woken.claimable:
+            words.note("claimable", None)
+        for channel, runs in (
+            ("inbox", woken.inbox),
+            ("child_ended", woken.waits),
+            ("run_ended", woken.ended),
+        ):
+            for run_id in sorted(runs):
+                words.note(channel, run_id)
 
     monkeypatch.setattr(wakes, "hear", noting)
+    for thread in (*storage(db).writers, storage(db).reader):
+        monkeypatch.setattr(thread, "deliver", noting_own)
     wakes.hear_others()
-    await heard.wait()  # no deadline of its own: tests on a mock clock use this too
+    await words.word(None)
+    return words
+
+
+async def hearing_others(db: zincir.Database, monkeypatch: Any) -> None:
+    """``listening``, for a test that needs only its first word to have come."""
+    await listening(db, monkeypatch)

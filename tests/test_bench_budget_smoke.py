@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.budget import main
+from bench.budget.runner import main
 
 from .postgres_server import fresh_database
 

@@ -14,7 +14,7 @@ import math
 import sys
 from pathlib import Path
 
-from bench.fanout import main
+from bench.fanout.runner import main
 
 ZINCIR_CONFIGS = ("zincir", "zincir-explicit", "zincir-concurrent")
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench._horizon_agent import (
+from bench.horizon.agent import (
     Context,
     ModelParams,
     check,
@@ -21,7 +21,7 @@ from bench._horizon_agent import (
     respond,
     task_file,
 )
-from bench.horizon import kill_plan, main
+from bench.horizon.runner import kill_plan, main
 
 N = 8
 

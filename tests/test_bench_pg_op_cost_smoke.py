@@ -7,7 +7,7 @@ from pathlib import Path
 
 import psycopg
 
-from bench import pg_op_cost
+from bench.pg_op_cost import runner as pg_op_cost
 
 
 def test_every_variant_writes_and_the_report_says_so(postgres_admin_url: str, tmp_path: Path) -> None:
@@ -28,7 +28,7 @@ def test_every_variant_writes_and_the_report_says_so(postgres_admin_url: str, tm
 
 
 def test_each_variant_commits_its_write(postgres_admin_url: str) -> None:
-    from bench._pg_server import create_database, drop_database
+    from bench.harness.server import create_database, drop_database
 
     url = create_database(postgres_admin_url, "bench_op_cost_check")
     try:

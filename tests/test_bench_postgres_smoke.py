@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from bench.postgres import main
+from bench.postgres.runner import main
 
 
 def test_zincirs_part_of_every_postgres_comparison_runs_and_reports(

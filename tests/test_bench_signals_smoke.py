@@ -13,7 +13,7 @@ import math
 import sys
 from pathlib import Path
 
-from bench.signals import main
+from bench.signals.runner import main
 
 
 def test_zincirs_signal_latency_and_throughput_run_on_both_backends(

@@ -9,8 +9,9 @@ import trio
 
 import zincir
 
-from .helpers import dump, running_python, scalar
-from .test_suspension import until, working
+from .helpers import dump, running_python, scalar, until
+from .helpers import has_status as _is
+from .test_suspension import working
 
 
 def kinds(events: list[zincir.Event], kind: zincir.EventType) -> list[zincir.Event]:
@@ -121,10 +122,6 @@ async def test_budget_exceeded_in_parallel_branches_suspends_too(db: zincir.Data
 
 async def _waits_for_budget(db: zincir.Database, run_id: str) -> bool:
     return scalar(db, "SELECT wait_kind FROM agent_runs WHERE id = ?", (run_id,)) == "budget"
-
-
-async def _is(db: zincir.Database, run_id: str, status: zincir.RunStatus) -> bool:
-    return (await db.state(run_id)).run.status is status
 
 
 async def test_a_loop_is_the_same_tool_with_the_same_canonical_arguments(db: zincir.Database) -> None:

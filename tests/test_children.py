@@ -17,20 +17,13 @@ import zincir
 from zincir._store import NewChild
 from zincir._threads import DatabaseThread
 
-from .helpers import dump, rows, running_python, scalar
-from .test_suspension import until, working
+from .helpers import dump, listening, rows, running_python, scalar, status_of, until
+from .helpers import has_status as _is
+from .test_suspension import working
 
 
 def types_of(events: list[zincir.Event]) -> list[zincir.EventType]:
     return [e.type for e in events]
-
-
-async def status_of(db: zincir.Database, run_id: str) -> zincir.RunStatus:
-    return (await db.state(run_id)).run.status
-
-
-async def _is(db: zincir.Database, run_id: str, status: zincir.RunStatus) -> bool:
-    return await status_of(db, run_id) is status
 
 
 async def test_spawn_creates_a_pending_unleased_child_once_per_name(db: zincir.Database) -> None:
@@ -114,17 +107,25 @@ async def test_a_child_ending_wakes_its_parents_join_not_its_heartbeat(
         return owner_news(tx, run_id)
 
     monkeypatch.setattr(db._store, "owner_news", counted)
-    async with zincir.open_run(db) as parent:
+    words = await listening(db, monkeypatch)  # before the parent: that first word wakes everyone
+    async with zincir.open_run(db) as marker, zincir.open_run(db) as parent:
         for i in range(4):
             child = await parent.spawn(f"kid-{i}")
             async with zincir.open_run(db, child) as run:
                 await run.complete(result=1)
             assert (await parent.join(child)).result == 1
-            await trio.sleep(0.1)  # time for the notifications to come back
-            if i == 0:  # the first join started listening to other processes: a look, once
-                looked.clear()
+            # The listener delivers words in commit order: once a later signal's has come, so
+            # has whatever word of the child's end comes back to this process ...
+            await zincir.send_signal(db, marker.id, "flush", i)
+            with trio.fail_after(10):
+                await words.word("inbox", marker.id)
+            # ... and what it woke has run, up to a read it queued (the heartbeat's look),
+            # which the reader thread answers before this one.
+            await trio.testing.wait_all_tasks_blocked()
+            await db.state(parent.id)
         await parent.complete()
     assert parent.id not in looked
+    assert marker.id in looked  # the marker's signal did make its heartbeat look
 
 
 async def test_only_a_runs_own_children_can_be_joined_or_cancelled(db: zincir.Database) -> None:

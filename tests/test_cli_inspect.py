@@ -21,6 +21,7 @@ import trio
 from click.testing import CliRunner, Result
 
 import zincir as zc
+from tests.helpers import ZINCIR_CLI, reap
 from tests.inspect_fixtures import Sample, add_event, add_run, build_sample, create_database, file_digests
 from zincir._cli import main
 
@@ -184,7 +185,7 @@ def test_events_follow_stops_on_sigint(ids: Sample) -> None:
         process.send_signal(signal.SIGINT)
         _, err = process.communicate(timeout=10)
     finally:
-        process.kill()
+        reap(process)
     assert process.returncode == 0, err
     assert "Traceback" not in err
 
@@ -270,7 +271,7 @@ def test_commands_never_write(sample: tuple[sqlite3.Connection, Sample]) -> None
 
 
 def _zincir_command() -> list[str]:
-    return [sys.executable, "-c", "import sys; from zincir._cli import main; sys.exit(main())"]
+    return list(ZINCIR_CLI)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
@@ -289,7 +290,7 @@ def test_ui_serves_and_exits_cleanly_on_signal(ids: Sample, signum: int) -> None
         process.send_signal(signum)
         out, err = process.communicate(timeout=10)
     finally:
-        process.kill()
+        reap(process)
     assert process.returncode == 0, err
     assert "stopped" in out
     assert "Traceback" not in err

@@ -8,7 +8,8 @@ import trio
 
 import zincir
 
-from .test_suspension import until, working
+from .helpers import scalar, until
+from .test_suspension import working
 from .test_waiting_views import cli, page
 
 
@@ -16,6 +17,12 @@ async def three_generations(db: zincir.Database) -> tuple[str, list[str], str]:
     """A root with two children (one completed); the other has a pending grandchild."""
     async with zincir.open_run(db, role="root") as root:
         first = await root.spawn("first", role="researcher")
+        # Children are listed oldest first, and two made in the same millisecond by id: let the
+        # database's clock pass the first one's creation, so that the second is listed second.
+        created = scalar(db, "SELECT created_at FROM agent_runs WHERE id = ?", (first,))
+        assert isinstance(created, int)
+        while db.clock() <= created:
+            await trio.sleep(0.001)
         second = await root.spawn("second", role="coder")
     async with zincir.open_run(db, first) as run:
         await run.complete(result="ok")

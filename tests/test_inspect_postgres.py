@@ -16,7 +16,6 @@ import subprocess
 import types
 import urllib.request
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,15 +27,15 @@ import trio.testing
 
 import zincir
 from tests.conftest import ManualClock
-from tests.helpers import _dump_postgres
+from tests.helpers import _dump_postgres, reap
 from tests.inspect_fixtures import XSS_ALL, XSS_NAV
-from tests.postgres_server import fresh_database
 from zincir import _queries as q
 from zincir import _run
 from zincir._cli import main
 from zincir._errors import InvalidArgument, RunNotFound, SchemaError, StorageError
 from zincir._inspector import create_app, serve
 from zincir._postgres._readonly import PostgresReadOnly
+from zincir._queries import _runs
 
 from .test_cli_inspect import _zincir_command, assert_clean_failure
 from .test_cli_inspect import zincir as cli
@@ -108,12 +107,6 @@ async def populate(target: str, monkeypatch: pytest.MonkeyPatch) -> Runs:
             pending_id = run.id  # left running, unowned: the block ends without complete() or fail()
     monkeypatch.undo()
     return Runs(main_id, child_id, failed_id, pending_id)
-
-
-@pytest.fixture
-def pg_url(postgres_admin_url: str) -> Iterator[str]:
-    with fresh_database(postgres_admin_url) as url:
-        yield url
 
 
 @pytest.fixture
@@ -418,7 +411,7 @@ def test_ui_command_serves_postgres_and_hides_the_password(pg_url: str) -> None:
         process.send_signal(signal.SIGTERM)
         out, err = process.communicate(timeout=10)
     finally:
-        process.kill()
+        reap(process)
     assert process.returncode == 0, err
     assert "stopped" in out
 
@@ -570,7 +563,7 @@ async def test_capped_status_counts_are_the_same_on_both_backends(
             conn.close()
 
     exact, _ = await trio.to_thread.run_sync(counts, url)
-    monkeypatch.setattr(q, "STATUS_COUNT_CAP", 1)
+    monkeypatch.setattr(_runs, "STATUS_COUNT_CAP", 1)
     capped = await trio.to_thread.run_sync(counts, url)
     assert capped == await trio.to_thread.run_sync(counts, path)
     assert capped[0] == {status: min(n, 1) for status, n in exact.items()}

@@ -39,6 +39,7 @@ from zincir import _queries as q
 from zincir._cli import main as cli
 from zincir._errors import InvalidArgument, RunNotFound, SchemaError, StorageError
 from zincir._inspector import CONTENT_SECURITY_POLICY, create_app, format_host, parse_address, serve
+from zincir._queries import _runs
 from zincir._sqlite._readonly import SQLiteReadOnly
 
 HOST = "127.0.0.1:8787"
@@ -759,7 +760,7 @@ async def test_status_counts_stop_at_the_cap_and_say_so(
     sample: tuple[sqlite3.Connection, Sample], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     writer, ids = sample
-    monkeypatch.setattr(q, "STATUS_COUNT_CAP", 5)
+    monkeypatch.setattr(_runs, "STATUS_COUNT_CAP", 5)
     # A hostile writer can store statuses zincir never writes, of any type, length or encoding:
     # they count as "other", and none hides or miscounts a real status.
     writer.execute("PRAGMA ignore_check_constraints = ON")

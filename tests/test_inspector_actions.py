@@ -29,7 +29,7 @@ from zincir._inspector import serve
 from zincir._inspector._actions import ACTIONS, MAX_FORM_BYTES, serve_with_actions
 
 from . import cdp
-from .helpers import dump, rows
+from .helpers import dump, reap, rows
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 
@@ -474,9 +474,9 @@ async def test_allow_actions_refuses_a_missing_or_foreign_database(tmp_path: Pat
 
 @pytest.mark.sqlite_only  # the HTTP tests above cover both backends; one browser run is enough
 @pytest.mark.skipif(not cdp.CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium")
-async def test_a_browser_logs_in_once_and_approves_a_tool_call(db: zincir.Database, tmp_path: Path) -> None:
+async def test_a_browser_logs_in_once_and_approves_a_tool_call(db: zincir.Database) -> None:
     scene = await build_scene(db)
-    async with actions_server(db.path, actor="ada") as server, cdp.chromium(tmp_path / "profile") as browser:
+    async with actions_server(db.path, actor="ada") as server, cdp.session() as browser:
         page = await browser.new_page()
         await page.goto(server.login_url)  # a page with a button: opening the link spends nothing
         await page.evaluate("document.querySelector('form.login button').click()")  # 303 to the runs page
@@ -499,8 +499,8 @@ async def test_a_browser_logs_in_once_and_approves_a_tool_call(db: zincir.Databa
         shot = await page.send("Page.captureScreenshot", format="png", captureBeyondViewport=True)
         ARTIFACTS.mkdir(exist_ok=True)  # for a human to look at the panel after an approval
         (ARTIFACTS / "inspector-actions.png").write_bytes(base64.b64decode(shot["data"]))
-        # The login URL was for one browser, once: a second profile gets a refusal.
-        async with cdp.chromium(tmp_path / "second") as second_browser:
+        # The login URL was for one browser, once: another (a context of its own) gets a refusal.
+        async with cdp.session() as second_browser:
             second = await second_browser.new_page()
             await second.send("Page.navigate", url=server.login_url)
             await second.wait_for("document.body && document.body.textContent.includes('used already')")
@@ -546,7 +546,7 @@ def test_zincir_ui_allow_actions_prints_a_one_time_login_url_and_stops_cleanly(t
         process.send_signal(signal.SIGTERM)
         out, err = process.communicate(timeout=10)
     finally:
-        process.kill()
+        reap(process)
     assert process.returncode == 0, err
     assert "stopped" in out and "Traceback" not in err
 

@@ -16,6 +16,7 @@ from tests.test_postgres_faults import terminate
 from zincir import _queries as q
 from zincir._errors import RunNotFound, StorageError
 from zincir._inspector import _pool, serve
+from zincir._target import parse_target
 
 
 class Opened:
@@ -58,7 +59,7 @@ def status_of(run_id: str) -> Any:
 
 
 def kept(target: str) -> bool:
-    return q.is_url(target)
+    return parse_target(target).backend == "postgresql"
 
 
 async def test_a_kept_connection_serves_the_next_reads(db_target: str, run_id: str, opened: Opened) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -13,14 +12,7 @@ import zincir
 from zincir import _schema
 
 from .helpers import dump
-from .postgres_server import fresh_database
 from .test_database import open_from_processes_at_once
-
-
-@pytest.fixture
-def pg_url(postgres_admin_url: str) -> Iterator[str]:
-    with fresh_database(postgres_admin_url) as url:
-        yield url
 
 
 def tables(url: str) -> list[str]:

@@ -9,8 +9,9 @@ from __future__ import annotations
 import functools
 import os
 import socket
+import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
@@ -21,14 +22,8 @@ import trio.testing
 import zincir
 from zincir._threads import submit
 
-from .postgres_server import fresh_database, restartable_server
+from .postgres_server import restartable_server
 from .test_database import Gate
-
-
-@pytest.fixture
-def pg_url(postgres_admin_url: str) -> Iterator[str]:
-    with fresh_database(postgres_admin_url) as url:
-        yield url
 
 
 @pytest.fixture
@@ -247,19 +242,23 @@ async def test_a_deadlock_fails_only_its_victim_and_keeps_the_connections(pg_url
     # Two writers' batches lock two runs in opposite order: PostgreSQL aborts one statement.
     # The victim gets DatabaseBusy; its batch neighbour still commits in the same transaction,
     # and neither writer's connection is thrown away (a deadlock is not a lost connection).
+    # Each holds its first lock before either asks for its second: a deadlock, every time
+    # (on a first try: an operation run again would find no partner at the barrier).
+    both_hold_one = threading.Barrier(2, timeout=10)
+    tried: set[str] = set()
+
     def lock_both(tx: Any, first: str, second: str) -> None:
         # zincir's own operations never wait for a row (the writers' lock_timeout is short);
         # this one waits, long enough for the server to find the deadlock.
         tx.execute("SET LOCAL lock_timeout = '10s'")
         tx.one("SELECT 1 FROM agent_runs WHERE id = %s FOR NO KEY UPDATE", (first,))
-        time.sleep(0.2)
+        if first not in tried:
+            tried.add(first)
+            both_hold_one.wait()
         tx.one("SELECT 1 FROM agent_runs WHERE id = %s FOR NO KEY UPDATE", (second,))
 
     def backend_pid(tx: Any) -> int:
         return int(tx.one("SELECT pg_backend_pid()")[0])
-
-    def pause(tx: Any) -> None:
-        time.sleep(0.3)  # lets the next operations queue up into one batch behind it
 
     async with zincir.open_database(pg_url, writers=2) as db:
         first, second = db._writers
@@ -277,15 +276,19 @@ async def test_a_deadlock_fails_only_its_victim_and_keeps_the_connections(pg_url
                 except zincir.ZincirError as exc:
                     outcomes[name] = exc
 
+            gates = {first: Gate(), second: Gate()}
             async with trio.open_nursery() as nursery:
-                for thread in (first, second):
-                    nursery.start_soon(put, "pause", thread, pause)
-                await trio.sleep(0.05)
+                for thread, gate in gates.items():  # hold both threads ...
+                    nursery.start_soon(put, "pause", thread, gate.pause)
+                    await gate.wait_entered()
                 nursery.start_soon(
                     put, "step", first, db._store.complete_step, neighbour._lease, "s", '"x"', 0
                 )
                 nursery.start_soon(put, "a", first, lock_both, ids[0], ids[1])
                 nursery.start_soon(put, "b", second, lock_both, ids[1], ids[0])
+                await trio.testing.wait_all_tasks_blocked()  # ... until all three are queued:
+                for gate in gates.values():  # the step and "a" are then one batch
+                    gate.opened.set()
             victims = [name for name in ("a", "b") if isinstance(outcomes[name], zincir.DatabaseBusy)]
             assert len(victims) == 1 and "deadlock" in str(outcomes[victims[0]])
             assert outcomes["step"] == '"x"'

@@ -18,17 +18,15 @@ import pytest
 from zincir import DatabaseBusy, StorageError
 from zincir._postgres._connection import PostgresSession
 
-from .postgres_server import fresh_database
-
 
 @pytest.fixture
-def pg_url(postgres_admin_url: str) -> Iterator[str]:
-    with fresh_database(postgres_admin_url) as url:
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute("CREATE TABLE items (id int PRIMARY KEY)")
-            conn.execute("CREATE TABLE runs (id int PRIMARY KEY)")
-            conn.execute("INSERT INTO runs VALUES (0)")
-        yield url
+def pg_url(pg_url: str) -> str:
+    """The shared fixture's new database, with the two tables these tests write."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE items (id int PRIMARY KEY)")
+        conn.execute("CREATE TABLE runs (id int PRIMARY KEY)")
+        conn.execute("INSERT INTO runs VALUES (0)")
+    return pg_url
 
 
 @pytest.fixture

@@ -98,3 +98,33 @@ def test_public_classes_say_they_live_in_zincir() -> None:
     assert zincir.Run.__module__ == "zincir"
     assert zincir.LeaseLost.__module__ == "zincir"
     assert repr(zincir.RunStatus.COMPLETED) == "<RunStatus.COMPLETED: 'completed'>"
+
+
+TESTING = {
+    "Boundary", "CrashReport", "CrashTestError", "EffectLedger", "ScriptExhausted", "ScriptedModel",
+    "ScriptedResponse", "crash_test", "database_clock", "effect_ledger", "skipping_clock", "workdir",
+}  # fmt: skip
+
+
+def test_the_test_kit_is_pinned_too_and_needs_no_pytest() -> None:
+    import subprocess
+    import sys
+
+    import zincir.testing
+
+    assert set(zincir.testing.__all__) == TESTING
+    assert zincir.testing.Boundary.__module__ == "zincir.testing"
+    assert issubclass(zincir.testing.CrashTestError, zincir.ZincirError)
+    assert issubclass(zincir.testing.ScriptExhausted, zincir.ZincirError)
+    for cls in (zincir.testing.Boundary, zincir.testing.CrashReport, zincir.testing.ScriptedResponse):
+        assert attrs.has(cls) and attrs.fields(cls)
+        with pytest.raises(attrs.exceptions.FrozenInstanceError):
+            object.__new__(cls).__setattr__("seconds", 1)
+    # Importing it never imports pytest (only `pytest -p zincir.testing` loads the plugin's module).
+    code = (
+        "import sys, zincir.testing; print('pytest' in sys.modules, 'zincir.testing._pytest' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.split() == ["False", "False"]

@@ -1,4 +1,4 @@
-"""The README and the guides in docs/ say commands that must run as written.
+"""The README, the guides in docs/ and bench/README.md say commands that must run as written.
 
 Every command a reader may copy is checked against what it names: the files, modules and
 handlers exist; each `zincir` subcommand exists and knows every option given to it (and its
@@ -33,7 +33,7 @@ from zincir._cli import main as zincir_main
 
 from .helpers import REPO
 
-DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "bench" / "README.md"]
 VENV_BIN = Path(sys.executable).parent
 TOP_LEVEL = ("examples", "scripts", "bench", "tests", "zincir", "docs", "migrations")
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)

@@ -17,7 +17,16 @@ from zincir._budget import Debit
 from zincir._store import Lease, NewChild
 
 from .conftest import ManualClock
-from .helpers import dump, read_state, rows, scalar, start_python, trace_operations
+from .helpers import (
+    counting_renewals,
+    dump,
+    next_renewal,
+    read_state,
+    rows,
+    scalar,
+    start_python,
+    trace_operations,
+)
 from .test_database import Gate, writes_on_the_thread
 
 
@@ -229,8 +238,17 @@ async def test_an_expired_lease_is_taken_without_force(
             await new.record_response("mine now", [], "end")
 
 
-async def test_force_fences_an_active_owner_and_cancels_its_body(db: zincir.Database) -> None:
-    ttl = 0.3
+async def test_force_fences_an_active_owner_and_cancels_its_body(
+    clocked_db: zincir.Database,
+    clock: ManualClock,
+    mock_clock: trio.testing.MockClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Both clocks stand still until the test moves them to the next heartbeat: when the old
+    # owner notices the fence is what is checked, and no loaded machine can delay a renewal
+    # of either owner past its expiry.
+    db, ttl = clocked_db, 0.3
+    renewals = counting_renewals(monkeypatch, db._store)
     body_exited = trio.Event()
     outcome: list[BaseException] = []
     async with trio.open_nursery() as nursery:
@@ -249,8 +267,13 @@ async def test_force_fences_an_active_owner_and_cancels_its_body(db: zincir.Data
         fenced = await nursery.start(owner)
         async with zincir.open_run(db, fenced.id, force=True, lease_ttl=ttl) as new:
             forced_at = trio.current_time()
-            await body_exited.wait()
+            for _ in range(3):  # a heartbeat of either owner, each every ttl / 3
+                await trio.testing.wait_all_tasks_blocked()
+                if body_exited.is_set():
+                    break
+                await next_renewal(db, new.id, renewals, mock_clock, clock)
             # Detected by the old owner's next heartbeat: within one TTL.
+            assert body_exited.is_set()
             assert trio.current_time() - forced_at < ttl
             assert new.epoch == 2
             await new.record_response("the new owner writes", [], "end")
@@ -360,17 +383,27 @@ async def test_a_renewal_delayed_past_expiry_cannot_resurrect_the_lease(
     assert "expired" in str(block_error.value)
 
 
-async def test_the_heartbeat_keeps_a_short_lease_alive(db: zincir.Database, db_path: Path) -> None:
-    ttl = 0.12
+async def test_the_heartbeat_keeps_a_short_lease_alive(
+    clocked_db: zincir.Database,
+    clock: ManualClock,
+    mock_clock: trio.testing.MockClock,
+    monkeypatch: pytest.MonkeyPatch,
+    db_path: Path,
+) -> None:
+    # A 0.12 s lease, for four of its lifetimes. Both clocks stand still until the test moves
+    # them to the heartbeat's next wake-up: a loaded machine cannot make a renewal late here.
+    db, ttl = clocked_db, 0.12
+    renewals = counting_renewals(monkeypatch, db._store)
     async with zincir.open_run(db, lease_ttl=ttl) as run:
-        start = trio.current_time()
-        while trio.current_time() - start < 4 * ttl:
+        waits = []
+        while sum(waits) < 4 * ttl:
+            waits.append(await next_renewal(db, run.id, renewals, mock_clock, clock))
             with pytest.raises(zincir.RunLeased):
                 async with zincir.open_run(db, run.id):
                     pass
-            await trio.sleep(ttl / 2)
         await run.record_response("alive", [], "end")
         assert lease_row(db_path, run.id)[2] == 1
+    assert max(waits) < ttl  # renewed before each expiry
 
 
 async def test_releasing_and_reacquiring_increments_the_epoch(db: zincir.Database) -> None:
@@ -507,8 +540,15 @@ def test_runs_have_no_public_constructor() -> None:
 
 
 async def test_transient_renewal_errors_are_retried_not_a_loss(
-    db: zincir.Database, monkeypatch: pytest.MonkeyPatch
+    clocked_db: zincir.Database,
+    clock: ManualClock,
+    mock_clock: trio.testing.MockClock,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # When the heartbeat retries is what this is about, so time is the subject here: both the
+    # database's clock and Trio's stand still until the test moves them together, to the
+    # heartbeat's next wake-up, and each renewal is awaited before time moves on.
+    db = clocked_db
     renew = db._store.renew
     calls: list[str] = []
 
@@ -519,10 +559,15 @@ async def test_transient_renewal_errors_are_retried_not_a_loss(
         return renew(tx, lease)
 
     monkeypatch.setattr(db._store, "renew", flaky_renew)
-    async with zincir.open_run(db, lease_ttl=0.6) as run:
-        await trio.sleep(1.2)  # two TTLs: three failed renewals, then successful ones
+    renewals = counting_renewals(monkeypatch, db._store)
+    async with zincir.open_run(db, lease_ttl=30) as run:  # renews every 10 s
+        waits = [await next_renewal(db, run.id, renewals, mock_clock, clock) for _ in range(5)]
         await run.record_response("still the owner", [], "end")
-    assert len(calls) >= 5
+    assert len(calls) == 5  # three failed, then two succeeded
+    interval, *retries, after = waits
+    assert interval == pytest.approx(10) and after == pytest.approx(10)  # ttl / 3 (renewed)
+    assert interval > retries[0] > retries[1] > retries[2]  # sooner as the expiry nears ...
+    assert interval + sum(retries) < 30  # ... and the one that succeeded came before it
 
 
 @pytest.mark.parametrize("end", ["complete", "fail"])

@@ -8,7 +8,7 @@ import contextlib
 import os
 import signal as signals
 import subprocess
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -18,18 +18,18 @@ import trio
 import zincir
 
 from .conftest import ManualClock
-from .helpers import REPO, dump, rows, running_python, scalar, start_python, trace_operations
-
-
-async def until(predicate: Callable[[], Awaitable[bool]], within: float = 15, every: float = 0.01) -> None:
-    """Await a condition another task or process brings about (looked at ``every`` seconds)."""
-    with trio.fail_after(within):
-        while not await predicate():
-            await trio.sleep(every)
-
-
-async def status_of(db: zincir.Database, run_id: str) -> zincir.RunStatus:
-    return (await db.state(run_id)).run.status
+from .helpers import (
+    REPO,
+    dump,
+    rows,
+    running_python,
+    scalar,
+    start_python,
+    status_of,
+    trace_operations,
+    until,
+)
+from .helpers import has_status as _is
 
 
 @asynccontextmanager
@@ -107,10 +107,6 @@ async def test_a_wait_outlasting_suspend_after_suspends_and_a_signal_resumes_fro
     assert suspended.payload["waiting_for"] == {"kind": "signal", "name": "approval", "signal": "approved"}
     assert suspended.payload["until"] is None
     assert not [e for e in events if e.type is zincir.EventType.ATTEMPT_FAILED]
-
-
-async def _is(db: zincir.Database, run_id: str, status: zincir.RunStatus) -> bool:
-    return await status_of(db, run_id) is status
 
 
 async def test_a_signal_of_another_topic_does_not_wake_a_suspended_run(db: zincir.Database) -> None:

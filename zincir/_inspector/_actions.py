@@ -45,9 +45,11 @@ from .._errors import InvalidArgument, RunNotFound, StorageError, ZincirError
 from .._inbox import cancel_run, decide_approval, raise_budget, retry_now, send_signal
 from .._json import MAX_DEPTH
 from .._validation import check_text
-from ._app import InspectorApp, _extra_context, _html, _render_page, parse_address, serve
 from ._auth import Guard, Refusal
-from ._plain import random_loopback_ip
+from ._http import extra_context, html_response, render_page
+from ._plain import parse_address, random_loopback_ip
+from ._security import InspectorApp
+from ._serve import serve
 
 __all__ = ["ACTIONS", "BUDGET_FIELDS", "Actions", "Panel", "serve_with_actions"]
 
@@ -184,8 +186,8 @@ class Actions:
         except Refusal as refusal:
             raise Forbidden(refusal.message) from None
         app = self._app
-        context = {**_extra_context(app), "token": token}
-        return _html(_render_page(app, "login.html", "Log in", context))
+        context = {**extra_context(app), "token": token}
+        return html_response(render_page(app, "login.html", "Log in", context))
 
     async def _log_in(self) -> Response:
         try:

@@ -13,6 +13,9 @@ import attrs
 
 from .. import _queries as q
 from .._queries import Int, OptInt, Reader
+from .._queries._events import event_row, event_sql
+from .._queries._progress import open_state, start_marks
+from .._queries._values import as_int, as_opt_int, as_opt_text, as_text, name_column
 
 #: Event types whose payload the timeline reads (restarts, verdicts, limits, timeouts).
 MARKED_TYPES = (
@@ -48,13 +51,11 @@ def call_outcomes(
     if not ids:
         return {}
     d = conn.dialect
-    marks = conn.has_column("tool_intents", "started")
-    started = f"{d.int_column('started')}, {d.int_column('last_started_at')}" if marks else "NULL, NULL"
     rows = list(
         conn.execute(
-            f"SELECT {q._name('call_id')}, {q._name('name')}, {d.int_column('intent_seq')},"
-            f" {d.int_column('response_seq')}, {d.int_column('result_seq')}, {started} FROM tool_intents"
-            f" WHERE run_id = ? AND call_id IN ({', '.join('?' * len(ids))})",
+            f"SELECT {name_column('call_id')}, {name_column('name')}, {d.int_column('intent_seq')},"
+            f" {d.int_column('response_seq')}, {d.int_column('result_seq')}, {start_marks(conn)}"
+            f" FROM tool_intents WHERE run_id = ? AND call_id IN ({', '.join('?' * len(ids))})",
             [run_id, *ids],
         )
     )
@@ -62,30 +63,24 @@ def call_outcomes(
     results: dict[object, q.EventRow] = {}
     if result_seqs:
         found = conn.execute(
-            q._event_sql(d, max_chars)
-            + f" WHERE run_id = ? AND seq IN ({', '.join('?' * len(result_seqs))})",
+            event_sql(d, max_chars) + f" WHERE run_id = ? AND seq IN ({', '.join('?' * len(result_seqs))})",
             [run_id, *result_seqs],
         )
         for row in found:
-            event = q._event(row, max_chars)
+            event = event_row(row, max_chars)
             results[event.seq] = event
     outcomes = {}
     for call_id, name, intent_seq, response_seq, result_seq, count, last in rows:
-        if result_seq is not None:
-            state = "done"
-        elif count is None:
-            state = "pending"
-        else:
-            state = "started, outcome unknown" if count else "never started"
-        outcomes[q._text(call_id)] = CallOutcome(
-            q._text(call_id),
-            q._text(name),
+        state = "done" if result_seq is not None else open_state(count)
+        outcomes[as_text(call_id)] = CallOutcome(
+            as_text(call_id),
+            as_text(name),
             state,
             count if type(count) is int else None,
-            q._opt_int(last),
-            q._int(intent_seq),
-            q._int(response_seq),
-            None if result_seq is None else results.get(q._int(result_seq)),
+            as_opt_int(last),
+            as_int(intent_seq),
+            as_int(response_seq),
+            None if result_seq is None else results.get(as_int(result_seq)),
         )
     return outcomes
 
@@ -117,7 +112,7 @@ def restarts_after(conn: Reader, run_id: str, after: int, upto: int, window: int
     d = conn.dialect
     rows = list(
         conn.execute(
-            f"SELECT {d.int_column('seq')}, {q._name('type')} FROM events WHERE run_id = ? AND seq > ?"
+            f"SELECT {d.int_column('seq')}, {name_column('type')} FROM events WHERE run_id = ? AND seq > ?"
             " AND seq <= ? ORDER BY seq LIMIT ?",
             (run_id, after, upto, window),
         )
@@ -144,13 +139,13 @@ def latest_events(conn: Reader, run_id: str, limit: int) -> tuple[tuple[Mark, ..
     kinds = ", ".join(f"'{t}'" for t in MARKED_TYPES)
     rows = list(
         conn.execute(
-            f"SELECT {d.int_column('seq')}, {q._name('type')}, {d.int_column('created_at')},"
+            f"SELECT {d.int_column('seq')}, {name_column('type')}, {d.int_column('created_at')},"
             f" CASE WHEN type IN ({kinds}) THEN substr(payload, 1, {MARK_PAYLOAD_CHARS}) END"
             " FROM events WHERE run_id = ? ORDER BY seq DESC LIMIT ?",
             (run_id, limit + 1),
         )
     )
-    marks = [Mark(q._int(r[0]), q._text(r[1]), q._int(r[2]), q._opt_text(r[3])) for r in rows[:limit]]
+    marks = [Mark(as_int(r[0]), as_text(r[1]), as_int(r[2]), as_opt_text(r[3])) for r in rows[:limit]]
     return tuple(reversed(marks)), len(rows) > limit
 
 
@@ -168,13 +163,13 @@ def intents_since(conn: Reader, run_id: str, seq: object, limit: int) -> tuple[I
     d = conn.dialect
     last = d.int_column("last_started_at") if conn.has_column("tool_intents", "started") else "NULL"
     rows = conn.execute(
-        f"SELECT {q._name('call_id')}, {q._name('name')}, {d.int_column('intent_seq')},"
+        f"SELECT {name_column('call_id')}, {name_column('name')}, {d.int_column('intent_seq')},"
         f" {d.int_column('result_seq')}, {last} FROM tool_intents WHERE run_id = ? AND intent_seq >= ?"
         " ORDER BY intent_seq LIMIT ?",
         (run_id, seq if type(seq) is int else 0, limit),
     )
     return tuple(
-        Intent(q._text(c), q._text(n), q._int(i), q._opt_int(r), q._opt_int(s)) for c, n, i, r, s in rows
+        Intent(as_text(c), as_text(n), as_int(i), as_opt_int(r), as_opt_int(s)) for c, n, i, r, s in rows
     )
 
 
@@ -197,18 +192,18 @@ def wait_spans(conn: Reader, run_id: str, limit: int) -> tuple[WaitSpan, ...]:
     parts: list[str] = []
     if conn.has_table("waits"):
         parts.append(
-            f"SELECT 'signal', {q._name('name')}, {q._name('topic')}, {d.int_column('created_at')},"
+            f"SELECT 'signal', {name_column('name')}, {name_column('topic')}, {d.int_column('created_at')},"
             f" {d.int_column('deadline')}, {d.int_column('completed_at')}, timed_out"
             " FROM waits WHERE run_id = ?"
         )
         parts.append(
-            f"SELECT 'approval', {q._name('call_id')}, {q._name('tool_name')},"
+            f"SELECT 'approval', {name_column('call_id')}, {name_column('tool_name')},"
             f" {d.int_column('requested_at')}, {d.int_column('deadline')}, {d.int_column('decided_at')},"
             " timed_out FROM approvals WHERE run_id = ?"
         )
     if conn.has_table("joins"):
         parts.append(
-            f"SELECT 'child', {q._name('child_id')}, '', {d.int_column('created_at')},"
+            f"SELECT 'child', {name_column('child_id')}, '', {d.int_column('created_at')},"
             f" {d.int_column('deadline')}, {d.int_column('completed_at')}, timed_out"
             " FROM joins WHERE run_id = ?"
         )
@@ -220,11 +215,11 @@ def wait_spans(conn: Reader, run_id: str, limit: int) -> tuple[WaitSpan, ...]:
             spans.append(
                 WaitSpan(
                     kind,
-                    q._text(name),
-                    q._text(target),
-                    q._int(since),
-                    q._opt_int(until),
-                    q._opt_int(ended),
+                    as_text(name),
+                    as_text(target),
+                    as_int(since),
+                    as_opt_int(until),
+                    as_opt_int(ended),
                     bool(timed_out),
                 )
             )
@@ -269,7 +264,7 @@ def activity(conn: Reader, limit: int, buckets: int) -> Activity | None:
         f" WHERE status IN ({statuses}) AND updated_at >= ? AND {numeric} GROUP BY 1, 2",
         (oldest, buckets, span, oldest),
     )
-    counts = tuple((q._text(st), min(int(b), buckets - 1), int(n)) for st, b, n in rows)
+    counts = tuple((as_text(st), min(int(b), buckets - 1), int(n)) for st, b, n in rows)
     return Activity(oldest, oldest + span - 1, buckets, counts)
 
 
@@ -288,7 +283,7 @@ def neighbour_rounds(conn: Reader, run_id: str, round: object) -> tuple[object, 
     before = conn.execute(f"{column} AND round < ? ORDER BY round DESC LIMIT 1", (run_id, round)).fetchone()
     after = conn.execute(f"{column} AND round > ? ORDER BY round LIMIT 1", (run_id, round)).fetchone()
     return (
-        None if builds is None else q._int(builds[0]),
-        None if before is None else q._int(before[0]),
-        None if after is None else q._int(after[0]),
+        None if builds is None else as_int(builds[0]),
+        None if before is None else as_int(before[0]),
+        None if after is None else as_int(after[0]),
     )

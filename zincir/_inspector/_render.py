@@ -21,6 +21,7 @@ import functools
 import json
 import re
 import unicodedata
+import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from typing import Any
 import jinja2
 
 from .. import _queries as q
+from .._version import __version__
 from ._plain import human_delta
 
 TEMPLATES = Path(__file__).with_name("templates")
@@ -239,3 +241,21 @@ def environment() -> jinja2.Environment:
 def render(name: str, context: Mapping[str, Any]) -> str:
     """Render template ``name`` with ``context`` (everything in it is escaped on output)."""
     return environment().get_template(name).render(context)
+
+
+#: The stylesheet's URL names zincir's version, so that a browser never keeps an older one.
+STYLESHEET_URL = "/static/inspector.css?" + urllib.parse.urlencode(
+    {"v": __version__}, quote_via=urllib.parse.quote
+)
+
+
+def page_context(title: str, mode: str, refresh: int | None) -> dict[str, Any]:
+    """What ``base.html`` needs beside a page's own names: its title, the mode label (read-only,
+    or the actions allowed), and whether it refreshes itself."""
+    return {"title": title, "mode": mode, "refresh": refresh, "stylesheet": STYLESHEET_URL}
+
+
+def error_page(status: int, name: str, message: str, mode: str = "read-only") -> str:
+    """The styled page of an error answer."""
+    context = {**page_context(f"{status} {name}", mode, None), "status": status}
+    return render("error.html", {**context, "name": name, "message": message})

@@ -20,6 +20,14 @@ from ._render import pretty_value
 
 #: Checkpoints, steps, timers and tool calls listed at most on a run page.
 LIST_LIMIT = 500
+#: Characters of a run's configuration and result, and of a checkpoint's state on its own
+#: page, shown before cutting (the JSON API gives them whole).
+BLOCK_CHARS = 256 * 1024
+#: Characters of each checkpoint state or verification and each step result in a list (page
+#: and JSON API alike); the per-item JSON endpoints give the whole value.
+ITEM_PREVIEW_CHARS = 8 * 1024
+#: Children listed per page of the family section (and of the JSON API).
+CHILDREN_PAGE = 100
 LIVE = ("pending", "running", "waiting")
 TERMINAL = ("completed", "failed", "cancelled")
 
@@ -258,6 +266,13 @@ def checkpoint_view(run_id: str, c: q.CheckpointRow, builds_on: object) -> Check
         evidence,
         passed,
     )
+
+
+def with_interruption(run: q.RunDetail, card: CheckpointView, now: int) -> CheckpointView:
+    """A candidate's card says whether its verification was interrupted."""
+    if card.row.status != "candidate":
+        return card
+    return attrs.evolve(card, interrupted=q.verification_interrupted(run, card.row, now))
 
 
 def verdict(verification: str | None, truncated: bool) -> tuple[bool | None, tuple[str, ...]]:

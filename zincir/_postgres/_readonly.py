@@ -21,7 +21,7 @@ from typing import Any, Final
 import psycopg
 
 from .._errors import SchemaError, StorageError
-from .._queries import Cursor, Dialect, ReadOnly
+from .._sql import Cursor, Dialect, ReadOnly
 from ._connection import connect, redact, storage_error
 from ._migrations import VERSION_TABLE, applied_version
 

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Final
 
 from .._errors import DatabaseBusy, SchemaError, StorageError
-from .._queries import KEY_CHARS, Cursor, Dialect, ReadOnly
+from .._sql import KEY_CHARS, Cursor, Dialect, ReadOnly
 from ._migrations import APPLICATION_ID, load_migrations
 
 __all__ = ["SQLiteDialect", "SQLiteReadOnly", "open_sqlite_readonly"]

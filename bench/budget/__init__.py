@@ -1,0 +1,1 @@
+"""``python -m bench.budget``: what a budget's debit costs ``record_response`` (issue 17)."""

