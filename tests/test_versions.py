@@ -1,0 +1,299 @@
+"""Versions of an agent in flight: pinned to their runs, routed to their workers, moved on purpose."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable
+
+import pytest
+import trio
+
+import zincir
+
+from .helpers import dump, rows, scalar
+
+
+async def released(db: zincir.Database, version: str | None = None, **kwargs: object) -> str:
+    """A new run of ``version``, created and let go at once: pending, due, free."""
+    async with zincir.open_run(db, version=version, **kwargs) as run:  # type: ignore[arg-type]
+        return run.id
+
+
+class Handled:
+    """Every run a worker's handler got: (run id, run.version, the versions the worker serves)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str | None, frozenset[str | None] | None]] = []
+
+    def handler(self, served: Iterable[str | None] | None) -> zincir.Handler:
+        versions = None if served is None else frozenset(served)
+
+        async def handle(run: zincir.Run) -> None:
+            self.seen.append((run.id, run.version, versions))
+            await run.complete()
+
+        return handle
+
+    def by(self, served: Iterable[str | None] | None) -> list[str]:
+        versions = None if served is None else frozenset(served)
+        return [run_id for run_id, _, worker in self.seen if worker == versions]
+
+
+async def drain(
+    db: zincir.Database, handler: zincir.Handler, versions: Iterable[str | None] | None, **kwargs: object
+) -> None:
+    """Run a worker serving ``versions`` until nothing of theirs is or will become due by itself."""
+    worker = zincir.ResumeWorker(
+        db,
+        handler,
+        versions=versions,
+        until_idle=True,
+        poll_interval=0.02,
+        **kwargs,  # type: ignore[arg-type]
+    )
+    with trio.fail_after(30):
+        await worker.run()
+
+
+async def attempts(db: zincir.Database, run_id: str) -> int:
+    return int(scalar(db, "SELECT attempts FROM agent_runs WHERE id = ?", (run_id,)))  # type: ignore[call-overload]
+
+
+# -- a run's version and fingerprints ------------------------------------------------------------
+
+
+async def test_a_run_keeps_its_version_and_fingerprints_and_children_take_their_parents(
+    db: zincir.Database,
+) -> None:
+    marks = {"tools": "t" * 64, "prompt": "p" * 64}
+    async with zincir.open_run(db, version="2026-12-03.1", fingerprints=marks) as parent:
+        assert parent.version == "2026-12-03.1"
+        same = await parent.spawn("same")
+        other = await parent.spawn("other", version="v2", fingerprints={"prompt": "q"})
+        unmarked = await parent.spawn("unmarked", fingerprints={})  # none: not its parent's
+        await parent.fail("its children are not run here")  # (which cancels them)
+    async with zincir.open_run(db, parent_run_id=parent.id) as opened_child:
+        assert opened_child.version == "2026-12-03.1"
+        await opened_child.complete()
+    async with zincir.open_run(db) as plain:
+        assert plain.version is None
+        await plain.complete()
+
+    record = (await db.state(parent.id)).run
+    assert record.version == "2026-12-03.1"
+    assert record.fingerprints == marks and list(record.fingerprints) == ["prompt", "tools"]
+    found = {r.id: r for r in await db.runs(limit=100)}
+    assert (found[same].version, found[same].fingerprints) == ("2026-12-03.1", marks)
+    assert (found[other].version, found[other].fingerprints) == ("v2", {"prompt": "q"})
+    assert found[opened_child.id].fingerprints == marks
+    assert (found[plain.id].version, found[plain.id].fingerprints) == (None, {})
+    assert (found[unmarked].version, found[unmarked].fingerprints) == ("2026-12-03.1", {})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"version": ""}, "version must be a string of 1 to 255"),
+        ({"version": 3}, "version must be a string"),
+        ({"fingerprints": ["sha"]}, "fingerprints must be a mapping"),
+        ({"fingerprints": {"prompt": 1}}, r"fingerprints\['prompt'\] must be a string"),
+        ({"fingerprints": {"": "x"}}, "fingerprints: a name must be a string"),
+        ({"fingerprints": {str(i): "x" for i in range(65)}}, "at most 64"),
+    ],
+)
+async def test_bad_versions_and_fingerprints_are_refused_before_anything_is_written(
+    db: zincir.Database, kwargs: dict[str, object], match: str
+) -> None:
+    before = dump(db)
+    with pytest.raises(zincir.InvalidArgument, match=match):
+        async with zincir.open_run(db, **kwargs):  # type: ignore[arg-type]
+            pass
+    assert dump(db) == before
+
+
+# -- resuming under a version ------------------------------------------------------------------
+
+
+async def test_resuming_under_another_version_is_refused_and_writes_nothing(db: zincir.Database) -> None:
+    v1 = await released(db, "v1")
+    unversioned = await released(db)
+    cancelled_meanwhile = await released(db, "v1")
+    # A cancellation its owner never acted on (it died): the next acquisition would end the run.
+    rows(
+        db,
+        "UPDATE agent_runs SET cancel_reason = 'stop', cancel_requested_at = 1 WHERE id = ?",
+        (cancelled_meanwhile,),
+    )
+    before = dump(db)
+    for run_id, shown in [(v1, "'v1'"), (unversioned, r"\(none\)"), (cancelled_meanwhile, "'v1'")]:
+        with pytest.raises(
+            zincir.VersionMismatch, match=f"run {run_id} belongs to version {shown}, not 'v2'"
+        ):
+            async with zincir.open_run(db, run_id, version="v2", force=True):
+                pytest.fail("the block must not run")
+        assert dump(db) == before
+    async with zincir.open_run(db, v1, version="v1") as same:  # its own version resumes it
+        assert same.version == "v1"
+        await same.complete()
+    async with zincir.open_run(db, unversioned) as anyone:  # no version asked: any run
+        await anyone.complete()
+
+
+# -- routing: a worker claims only its versions' runs -------------------------------------------
+
+
+async def test_a_worker_claims_only_runs_of_the_versions_it_serves(db: zincir.Database) -> None:
+    # The other versions' runs are the most overdue: a worker that ignored versions would take them first.
+    v1 = [await released(db, "v1") for _ in range(3)]
+    none = [await released(db) for _ in range(2)]
+    v2 = [await released(db, "v2") for _ in range(3)]
+    handled = Handled()
+
+    await drain(db, handled.handler({"v2"}), {"v2"})
+    assert sorted(handled.by({"v2"})) == sorted(v2)
+    assert [await attempts(db, run_id) for run_id in v1 + none] == [0] * 5
+
+    await drain(db, handled.handler({"v1", None}), {"v1", None}, max_concurrency=1)
+    assert sorted(handled.by({"v1", None})) == sorted(v1 + none)
+    assert all(version in served for _, version, served in handled.seen if served is not None)
+    assert scalar(db, "SELECT count(*) FROM agent_runs WHERE status = 'completed'") == 8
+
+
+async def test_runs_woken_by_a_signal_and_children_of_a_v1_parent_stay_with_v1(db: zincir.Database) -> None:
+    log: list[tuple[str, str | None, str]] = []
+
+    def handler(served: str) -> zincir.Handler:
+        async def handle(run: zincir.Run) -> None:
+            log.append((run.id, run.version, served))
+            if run.config == {"kind": "waits"}:
+                await run.wait_for_signal("w", "go")
+            elif run.config == {"kind": "parent"}:
+                async with run.children() as nursery:
+                    nursery.spawn_soon("child", config={"kind": "child"})
+                await run.join(await run.spawn("moved", config={"kind": "child"}, version="v2"))
+            await run.complete()
+
+        return handle
+
+    waits = await released(db, "v1", config={"kind": "waits"})
+    parent = await released(db, "v1", config={"kind": "parent"})
+    # v1's worker: the waiting run suspends on its signal; the parent's child is v1's, so this
+    # worker runs it too, and the parent goes on to wait for the child spawned as v2.
+    await drain(db, handler("v1"), {"v1"}, suspend_after=0)
+    [(child, child_version)] = rows(db, "SELECT id, version FROM agent_runs WHERE spawn_name = 'child'")
+    [(moved, moved_version)] = rows(db, "SELECT id, version FROM agent_runs WHERE spawn_name = 'moved'")
+    assert (child_version, moved_version) == ("v1", "v2")
+    assert {run_id for run_id, _, served in log} == {waits, parent, child}
+    await zincir.send_signal(db, waits, "go")  # due now, and workers are told
+
+    await drain(db, handler("v2"), {"v2"}, suspend_after=0)
+    assert [entry for entry in log if entry[2] == "v2"] == [(moved, "v2", "v2")]
+    assert (await db.state(waits)).run.status is zincir.RunStatus.WAITING  # due, but v1's
+
+    await drain(db, handler("v1"), {"v1"}, suspend_after=0)  # the signal's run, then the parent
+    for run_id in (waits, child, moved, parent):
+        assert (await db.state(run_id)).run.status is zincir.RunStatus.COMPLETED
+    assert all(version == served for _, version, served in log), log
+
+
+async def test_an_idle_worker_says_how_many_due_runs_it_left_for_other_versions(
+    db: zincir.Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="zincir.worker")
+    for version in ("v1", "v1", None):
+        await released(db, version)
+    await drain(db, Handled().handler({"v2"}), {"v2", "v3"})
+    skipped = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert skipped == ["worker serving version(s) 'v2', 'v3': skipped 3 due run(s) of other versions"]
+
+
+@pytest.mark.parametrize(
+    ("versions", "match"),
+    [
+        (set(), "versions is empty"),
+        ("v1", "versions must be a set of versions"),
+        ({"v1", ""}, "a version in versions must be a string of 1 to 255"),
+        ({1}, "a version in versions must be a string"),
+    ],
+)
+async def test_bad_worker_versions_are_refused(db: zincir.Database, versions: object, match: str) -> None:
+    with pytest.raises(zincir.InvalidArgument, match=match):
+        zincir.ResumeWorker(db, Handled().handler(None), versions=versions)  # type: ignore[arg-type]
+
+
+# -- moving a run on purpose ---------------------------------------------------------------------
+
+
+async def test_set_version_moves_a_free_run_logs_it_audits_it_and_routes_it(db: zincir.Database) -> None:
+    run_id = await released(db, "v1")
+    assert await zincir.set_version(db, run_id, "v2", by="deployer") is True
+    assert await zincir.set_version(db, run_id, "v2", by="deployer") is False  # already: nothing written
+    state = await db.state(run_id)
+    assert state.run.version == "v2"
+    [moved] = [e for e in state.events if e.type is zincir.EventType.VERSION_CHANGED]
+    assert moved.payload == {"by": "deployer", "from": "v1", "to": "v2"}
+    [(action, by, detail)] = rows(
+        db, "SELECT action, done_by, detail FROM outsider_actions WHERE run_id = ?", (run_id,)
+    )
+    assert (action, by, json.loads(detail)) == ("set_version", "deployer", {"from": "v1", "to": "v2"})
+
+    before = dump(db)
+    with pytest.raises(zincir.VersionMismatch):
+        async with zincir.open_run(db, run_id, version="v1"):
+            pytest.fail("the block must not run")
+    assert dump(db) == before
+    handled = Handled()
+    await drain(db, handled.handler({"v1"}), {"v1"})
+    await drain(db, handled.handler({"v2"}), {"v2"})
+    assert handled.seen == [(run_id, "v2", frozenset({"v2"}))]
+
+    other = await released(db, "v1")
+    assert await zincir.set_version(db, other, None) is True  # to no version
+    assert (await db.state(other)).run.version is None
+
+
+async def test_set_version_refuses_a_leased_run_and_an_ended_one_and_writes_nothing(
+    db: zincir.Database,
+) -> None:
+    async with zincir.open_run(db, version="v1") as run:
+        before = dump(db)
+        with pytest.raises(zincir.RunLeased, match=f"run {run.id} is leased by .* running version 'v1'"):
+            await zincir.set_version(db, run.id, "v2", by="deployer")
+        assert dump(db) == before
+        await run.record_response("still v1's", [], "end")  # its owner is untouched
+        await run.complete()
+    before = dump(db)
+    with pytest.raises(zincir.RunTerminal, match="keeps the version it ran under"):
+        await zincir.set_version(db, run.id, "v2")
+    with pytest.raises(zincir.RunNotFound):
+        await zincir.set_version(db, "00000000-0000-4000-8000-000000000000", "v2")
+    with pytest.raises(zincir.InvalidArgument, match="version must be a string"):
+        await zincir.set_version(db, run.id, "")
+    assert dump(db) == before
+
+
+async def test_set_version_once_the_owner_lets_go_moves_the_next_claim(db: zincir.Database) -> None:
+    """The rule for a leased run: refused while the lease holds, and once its owner lets it go
+    (here it backs off) the move takes effect at the next claim."""
+    run_id = await released(db, "v1")
+    gate = trio.Event()
+
+    async def v1_then_back_off(run: zincir.Run) -> None:
+        with pytest.raises(zincir.RunLeased):
+            await zincir.set_version(db, run.id, "v2")
+        gate.set()
+        raise RuntimeError("let it go; it is retried after the backoff")
+
+    worker = zincir.ResumeWorker(db, v1_then_back_off, versions={"v1"}, backoff=zincir.Backoff(initial=60))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        await gate.wait()
+        worker.stop()  # returns once the handler's failure is recorded and the run let go
+    assert await zincir.set_version(db, run_id, "v2", by="deployer")
+    await zincir.retry_now(db, run_id)  # not a minute later
+    handled = Handled()
+    await drain(db, handled.handler({"v2"}), {"v2"})
+    assert handled.seen == [(run_id, "v2", frozenset({"v2"}))]
+    types = [e.type for e in (await db.state(run_id)).events]
+    assert types.index(zincir.EventType.VERSION_CHANGED) > types.index(zincir.EventType.ATTEMPT_FAILED)
