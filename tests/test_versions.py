@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import re
+import signal
+import subprocess
+import sys
 from collections.abc import Iterable
+from pathlib import Path
 
 import pytest
 import trio
 
 import zincir
 
-from .helpers import dump, rows, scalar
+from .helpers import REPO, dump, rows, scalar, until
 
 
 async def released(db: zincir.Database, version: str | None = None, **kwargs: object) -> str:
@@ -297,3 +303,101 @@ async def test_set_version_once_the_owner_lets_go_moves_the_next_claim(db: zinci
     assert handled.seen == [(run_id, "v2", frozenset({"v2"}))]
     types = [e.type for e in (await db.state(run_id)).events]
     assert types.index(zincir.EventType.VERSION_CHANGED) > types.index(zincir.EventType.ATTEMPT_FAILED)
+
+
+# -- two worker processes of different versions, SIGKILLed -------------------------------------
+
+
+class WorkerProcess:
+    """A real ``zincir worker --version V`` process, its log kept (every line, until it dies)."""
+
+    def __init__(self, db: zincir.Database, version: str, ledger: Path) -> None:
+        self.version = version
+        env = {**os.environ, "LEDGER": str(ledger), "SERVES": version, "PYTHONPATH": str(REPO)}
+        command = [
+            sys.executable, "-m", "zincir", "worker", "tests.worker_handlers:note_version_then_complete",
+            "--db", db.path, "--version", version, "--poll-interval", "0.05", "--max-concurrency", "4",
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(
+            command, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        self.log: list[str] = []
+
+    async def started(self) -> None:
+        assert self.proc.stderr is not None
+        while not self.log or "worker started" not in self.log[-1]:
+            line = await trio.to_thread.run_sync(self.proc.stderr.readline)
+            assert line, f"worker exited early: {self.log}"
+            self.log.append(line)
+
+    async def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        await self._rest()
+
+    async def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        await self._rest()
+        assert self.proc.returncode == 0, self.log
+
+    async def _rest(self) -> None:
+        _, err = await trio.to_thread.run_sync(lambda: self.proc.communicate(timeout=60))
+        self.log += err.splitlines(keepends=True)
+
+    def claimed_versions(self) -> set[str]:
+        """The version of every run this worker's log says it claimed."""
+        claims = [re.search(r"claimed run \S+ \(.*version '([^']*)'\)", line) for line in self.log]
+        return {found.group(1) for found in claims if found is not None}
+
+
+def ledger_lines(ledger: Path) -> list[list[str]]:
+    return [line.split() for line in ledger.read_text().splitlines()] if ledger.exists() else []
+
+
+async def test_two_worker_processes_of_two_versions_each_run_completes_on_its_own_version_through_sigkills(
+    db: zincir.Database, tmp_path: Path
+) -> None:
+    ledger = tmp_path / "ledger.txt"
+    # Two runs of each version hang until a worker of theirs is killed; they are the most overdue,
+    # so each worker holds them when it is killed. Then 196 more, v1 and v2 interleaved (200 in all).
+    hanging = {
+        version: [await released(db, version, config={"hang": True}) for _ in range(2)]
+        for version in ("v1", "v2")
+    }
+    ids = [await released(db, "v1" if i % 2 else "v2") for i in range(196)]
+    ids += [run_id for runs in hanging.values() for run_id in runs]
+    workers = {version: WorkerProcess(db, version, ledger) for version in ("v1", "v2")}
+    everyone = list(workers.values())
+    try:
+        for worker in everyone:
+            await worker.started()
+        for version in ("v1", "v2"):  # kill each once it holds its hanging runs; a new one takes over
+
+            async def holds(version: str = version) -> bool:
+                return {line[0] for line in ledger_lines(ledger)} >= set(hanging[version])
+
+            await until(holds, within=60)
+            await workers[version].kill()
+            workers[version] = WorkerProcess(db, version, ledger)
+            everyone.append(workers[version])
+            await workers[version].started()
+
+        async def all_completed() -> bool:
+            done = await trio.to_thread.run_sync(
+                scalar, db, "SELECT count(*) FROM agent_runs WHERE status = 'completed'"
+            )
+            return done == len(ids)
+
+        await until(all_completed, within=120, every=0.05)
+    finally:
+        for worker in everyone:
+            if worker.proc.returncode is None:
+                await worker.stop()
+    for run_id, run_version, served, _ in ledger_lines(ledger):
+        assert run_version == served, f"run {run_id} of {run_version} was handled by a worker of {served}"
+    assert {line[0] for line in ledger_lines(ledger)} == set(ids)
+    for worker in everyone:
+        assert worker.claimed_versions() == {worker.version}, worker.log
+    # Each hanging run (and any other the kill caught in flight) was taken over from its killed
+    # worker by the new worker of its version, on this host at once.
+    lost = rows(db, "SELECT run_id FROM events WHERE type = 'attempt_lost'")
+    assert {run_id for (run_id,) in lost} >= {r for runs in hanging.values() for r in runs}
