@@ -9,15 +9,18 @@ import re
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
 import trio
+from click.testing import CliRunner, Result
 
 import zincir
+from zincir._cli import main as cli_main
 
-from .helpers import REPO, dump, rows, scalar, until
+from .helpers import REPO, dump, insert_started_run, rows, scalar, until
 
 
 async def released(db: zincir.Database, version: str | None = None, **kwargs: object) -> str:
@@ -401,3 +404,106 @@ async def test_two_worker_processes_of_two_versions_each_run_completes_on_its_ow
     # worker by the new worker of its version, on this host at once.
     lost = rows(db, "SELECT run_id FROM events WHERE type = 'attempt_lost'")
     assert {run_id for (run_id,) in lost} >= {r for runs in hanging.values() for r in runs}
+
+
+# -- the shell ------------------------------------------------------------------------------------
+
+
+def shell(*args: str) -> Result:
+    env = {"ZINCIR_DATABASE_PATH": None, "ZINCIR_UI_ADDRESS": None}
+    return CliRunner().invoke(cli_main, list(args), env=env, catch_exceptions=False)
+
+
+async def test_zincir_runs_by_version_versions_and_show_from_the_shell(db: zincir.Database) -> None:
+    async with zincir.open_run(db, version="v1", fingerprints={"prompt": "abc"}) as done:
+        await done.complete()
+    pending_v1, pending_none = await released(db, "v1"), await released(db)
+
+    def cli(*args: str) -> Result:
+        return shell(*args, "--db", db.path)
+
+    listed = await trio.to_thread.run_sync(cli, "runs", "--version", "v1")
+    assert listed.exit_code == 0, listed.output
+    lines = listed.stdout.splitlines()
+    assert lines[0].split()[:4] == ["RUN", "STATUS", "ROLE", "VERSION"]
+    assert {line.split()[0] for line in lines[1:3]} == {done.id, pending_v1} and lines[3] == ""
+    assert "2 shown; 2 in all (pending 0, running 1, waiting 0, completed 1" in listed.stdout
+    unversioned = await trio.to_thread.run_sync(cli, "runs", "--version", "")
+    assert unversioned.stdout.splitlines()[0].split()[3] == "PROVIDER"  # no version on the page
+    assert unversioned.stdout.splitlines()[1].split()[0] == pending_none
+
+    counted = await trio.to_thread.run_sync(cli, "versions")
+    assert counted.exit_code == 0, counted.output
+    assert [line.split() for line in counted.stdout.splitlines()] == [
+        ["VERSION", "PENDING", "RUNNING", "WAITING", "COMPLETED", "FAILED", "CANCELLED", "STATE"],
+        ["(none)", "0", "1", "0", "0", "0", "0", "draining", "(1", "left)"],
+        ["v1", "0", "1", "0", "1", "0", "0", "draining", "(1", "left)"],
+    ]
+    shown = await trio.to_thread.run_sync(cli, "show", done.id)
+    assert "version      v1" in shown.stdout and '"prompt": "abc"' in shown.stdout
+    exported = json.loads((await trio.to_thread.run_sync(cli, "show", done.id, "--json")).stdout)
+    assert (exported["run"]["version"], exported["run"]["fingerprints"]) == ("v1", {"prompt": "abc"})
+
+
+async def test_zincir_set_version_from_the_shell(db: zincir.Database) -> None:
+    run_id = await released(db, "v1")
+
+    def cli(*args: str) -> Result:
+        return shell(*args, "--db", db.path)
+
+    moved = await trio.to_thread.run_sync(cli, "set-version", run_id[:8], "v2", "--by", "ada")
+    assert moved.exit_code == 0, moved.output
+    assert moved.stdout.strip() == f"moved {run_id} to version 'v2'; workers serving it claim it from now on"
+    again = await trio.to_thread.run_sync(cli, "set-version", run_id, "v2")
+    assert again.stdout.strip() == f"{run_id} has version 'v2' already; nothing changed"
+    assert rows(db, "SELECT done_by FROM outsider_actions WHERE run_id = ?", (run_id,)) == [("ada",)]
+    async with zincir.open_run(db, run_id, version="v2") as run:
+        before = dump(db)
+        refused = await trio.to_thread.run_sync(cli, "set-version", run_id, "v3")
+        assert refused.exit_code == 1 and "is leased by" in refused.stderr, refused.output
+        assert dump(db) == before
+        await run.complete()
+    drained = await trio.to_thread.run_sync(cli, "versions")
+    assert [line.split() for line in drained.stdout.splitlines()][1] == [
+        "v2",
+        "0",
+        "0",
+        "0",
+        "1",
+        "0",
+        "0",
+        "drained",
+    ]
+
+
+async def test_the_shell_reads_versions_of_a_database_from_before_versions(
+    db_target: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from zincir import _schema
+
+    every = _schema.load
+    with monkeypatch.context() as patch:
+        patch.setattr(
+            _schema, "load", lambda backend: [m for m in every(backend) if not m.name.endswith("_versions")]
+        )
+        async with zincir.open_database(db_target) as old:
+            run_id = str(uuid.uuid4())
+            insert_started_run(old, run_id)  # (this code writes the columns the old schema lacks)
+            columns = _COLUMNS[old.backend]
+            assert "version" not in {column for (column,) in rows(old, columns)}
+
+        def cli(*args: str) -> Result:
+            return shell(*args, "--db", db_target)
+
+        assert (await trio.to_thread.run_sync(cli, "runs", "--version", "v1")).stdout.startswith("No runs.")
+        unversioned = await trio.to_thread.run_sync(cli, "runs", "--version", "")
+        assert unversioned.stdout.splitlines()[1].split()[0] == run_id
+        counted = await trio.to_thread.run_sync(cli, "versions")
+        assert counted.stdout.splitlines()[1].split()[:3] == ["(none)", "0", "1"]
+        assert "version      —" in (await trio.to_thread.run_sync(cli, "show", run_id)).stdout
+
+
+_COLUMNS = {
+    "sqlite": "SELECT name FROM pragma_table_info('agent_runs')",
+    "postgresql": "SELECT column_name FROM information_schema.columns WHERE table_name = 'agent_runs'",
+}

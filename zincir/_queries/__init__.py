@@ -75,6 +75,7 @@ from ._progress import (
 )
 from ._runs import (
     CHILD_COUNT_CAP,
+    NO_VERSION,
     STATUS_COUNT_CAP,
     FamilyNode,
     RunDetail,
@@ -86,6 +87,7 @@ from ._runs import (
     list_runs,
 )
 from ._values import MAX_INT, MAX_JSON_DEPTH, Int, Malformed, OptInt, json_value, parse_json, raw_value
+from ._versions import LIVE_STATUSES, MAX_VERSIONS, VersionCounts, count_versions
 from ._waits import (
     ApprovalRequest,
     Awaiting,
@@ -101,9 +103,12 @@ __all__ = [
     "DEFAULT_PAGE",
     "KEY_CHARS",
     "LATEST",
+    "LIVE_STATUSES",
     "MAX_INT",
     "MAX_JSON_DEPTH",
     "MAX_PAGE",
+    "MAX_VERSIONS",
+    "NO_VERSION",
     "REQUIRED_TABLES",
     "RUN_STATUSES",
     "SCAN_WINDOW",
@@ -130,12 +135,14 @@ __all__ = [
     "StepRow",
     "TimerRow",
     "Usage",
+    "VersionCounts",
     "awaiting_to_json",
     "budget_lines",
     "budgets_of",
     "candidate_checkpoint",
     "checkpoint_to_json",
     "count_runs",
+    "count_versions",
     "decode_key",
     "display_target",
     "encode_key",

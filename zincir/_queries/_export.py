@@ -43,6 +43,7 @@ def run_to_json(run: RunDetail | RunSummary) -> dict[str, Any]:
         "lease_owner": run.lease_owner,
         "lease_expires_at": plain(run.lease_expires_at),
         "attempts": plain(run.attempts),
+        "version": run.version,
     }
     if isinstance(run, RunDetail):
         data["config"] = json_field(run.config, run.config_truncated)
@@ -54,6 +55,7 @@ def run_to_json(run: RunDetail | RunSummary) -> dict[str, Any]:
         data["lease_epoch"] = plain(run.lease_epoch)
         data["next_attempt_at"] = plain(run.next_attempt_at)
         data["children"] = [child.id for child in run.children]
+        data["fingerprints"] = None if run.fingerprints is None else json_value(run.fingerprints)
     return data
 
 
