@@ -20,6 +20,7 @@ import trio
 import trio.testing
 
 import zincir
+from zincir._errors import TransientConflict
 from zincir._threads import submit
 
 from .postgres_server import restartable_server
@@ -416,3 +417,65 @@ async def test_connections_notice_a_dead_peer_by_keepalives_and_a_user_timeout(p
     async with zincir.open_database(pg_url + "?keepalives_idle=42&tcp_user_timeout=9000") as db:
         own = await submit(db._writers[0], tcp_settings, ())
     assert own == {**expected, "idle": 42, "user_timeout_ms": 9000}
+
+
+def lock_timeout_lifted(tx: Any, operation: Any, *args: Any) -> Any:
+    """``operation``, in a transaction without the writers' lock_timeout: it must stop waiting
+    for a row by itself (NOWAIT), not by that bound, which holds up its whole batch meanwhile."""
+    tx.execute("SET LOCAL lock_timeout = 0")
+    return operation(tx, *args)
+
+
+async def while_the_approval_row_is_held(url: str, run_id: str, write: Any) -> object:
+    """What ``write()`` returns or raises while another session holds the approval row of
+    ``run_id``'s call "c1"; a write still waiting after 10 s has the row let go, and then ends."""
+    outcome: list[object] = []
+    ended = trio.Event()
+
+    async def attempt() -> None:
+        try:
+            outcome.append(await write())
+        except zincir.ZincirError as exc:
+            outcome.append(exc)
+        ended.set()
+
+    with psycopg.connect(url) as holder:
+        holder.execute("SELECT 1 FROM approvals WHERE run_id = %s AND call_id = 'c1' FOR UPDATE", (run_id,))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(attempt)
+            # 10 s only bounds a write that waits for the row (the test's failure); one that
+            # refuses to wait ends within milliseconds.
+            with trio.move_on_after(10):
+                await ended.wait()
+            holder.rollback()
+    return outcome[0]
+
+
+async def test_an_approval_row_held_elsewhere_is_a_transient_conflict_at_once(
+    pg_db: zincir.Database, pg_url: str
+) -> None:
+    # The owner's look at its approval and an outsider's decision lock the approval row; like
+    # every row lock of a writer, that lock must not wait for another session (it would hold up
+    # the writer's group commit, the renewals of other runs in it included): it fails at once,
+    # TransientConflict, which both callers try again, and nothing is written.
+    store = pg_db._store
+    async with zincir.open_run(pg_db) as run:
+        await run.record_response(
+            "Refund?", [zincir.ToolCall("c1", "send_refund", {"amount": 1})], "tool_use"
+        )
+        requested = await pg_db._write(store.await_approval, run._lease, "c1", None, route=run.id)
+        assert requested.state == "pending"
+        before = await pg_db.events(run.id)
+        writes = {
+            "decide_approval": (store.decide_approval, run.id, "c1", True, "ada", "ok", None),
+            "await_approval": (store.await_approval, run._lease, "c1", None),
+        }
+        for name, operation in writes.items():
+            write = functools.partial(pg_db._write, lock_timeout_lifted, *operation, route=run.id)
+            outcome = await while_the_approval_row_is_held(pg_url, run.id, write)
+            assert isinstance(outcome, TransientConflict), (name, outcome)
+        assert await pg_db.events(run.id) == before
+        # With the row free again, the decision goes through, and the owner sees it.
+        await zincir.decide_approval(pg_db, run.id, "c1", approved=True, by="ada")
+        decided = await pg_db._write(store.await_approval, run._lease, "c1", None, route=run.id)
+        assert decided.state == "decided" and decided.approval.approved is True

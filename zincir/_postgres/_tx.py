@@ -32,7 +32,7 @@ POSTGRES: Final = Dialect(
     row_locks=True,
     lock_nowait=" FOR NO KEY UPDATE NOWAIT",
     skip_locked=" FOR NO KEY UPDATE SKIP LOCKED",
-    for_update=" FOR UPDATE",
+    for_update_nowait=" FOR UPDATE NOWAIT",
     wide="::numeric",
     end_waiters=True,
 )

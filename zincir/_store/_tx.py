@@ -72,8 +72,9 @@ class Dialect:
     row while its group commit holds others."""
     skip_locked: str = ""
     """After a claim's SELECT: hold the rows, and pass over those another claim holds."""
-    for_update: str = ""
-    """After a SELECT of one row: hold it until the transaction ends."""
+    for_update_nowait: str = ""
+    """After a SELECT of one row of another table: hold it until the transaction ends, failing
+    at once (TransientConflict, retried) if another transaction holds it, as ``lock_nowait``."""
     least: str = "LEAST"
     """The name of the smaller-of-two function."""
     greatest: str = "GREATEST"

@@ -199,9 +199,11 @@ def await_approval(tx: Tx, lease: Lease, call_id: str, timeout_ms: int | None) -
 
 
 def _approval_row(tx: Tx, run_id: str, call_id: str, *, lock: bool) -> Any:
+    # ``lock``: held against the other side's write until the transaction ends; NOWAIT, as every
+    # row lock of a writer (see _tx.py), so a row held elsewhere is a conflict retried, not a wait.
     return tx.one(
         f"SELECT {_APPROVAL_COLUMNS}, deadline, timed_out, logged_at FROM approvals"
-        f" WHERE run_id = ? AND call_id = ?{tx.dialect.for_update if lock else ''}",
+        f" WHERE run_id = ? AND call_id = ?{tx.dialect.for_update_nowait if lock else ''}",
         (run_id, call_id),
     )
 
