@@ -19,6 +19,7 @@ from click.testing import CliRunner, Result
 
 import zincir
 from zincir._cli import main as cli_main
+from zincir._inspector import create_app
 
 from .helpers import REPO, dump, insert_started_run, rows, scalar, until
 
@@ -507,3 +508,43 @@ _COLUMNS = {
     "sqlite": "SELECT name FROM pragma_table_info('agent_runs')",
     "postgresql": "SELECT column_name FROM information_schema.columns WHERE table_name = 'agent_runs'",
 }
+
+
+# -- the inspector --------------------------------------------------------------------------------
+
+
+async def inspect(db: zincir.Database, url: str) -> tuple[int, str]:
+    client = create_app(db.path, "127.0.0.1:8787").test_client()
+    response = await client.get(url, headers={"Host": "127.0.0.1:8787"})
+    return response.status_code, await response.get_data(as_text=True)
+
+
+async def test_the_inspector_filters_runs_by_version_and_shows_what_is_draining(db: zincir.Database) -> None:
+    status, page = await inspect(db, "/")
+    assert status == 200 and "Versions still draining" not in page  # no versions: no panel
+    v1 = [await released(db, "v1") for _ in range(2)]
+    async with zincir.open_run(db, version="v1") as done:
+        await done.complete()
+    v2, none = await released(db, "v2"), await released(db)
+
+    status, page = await inspect(db, "/")
+    assert status == 200 and "<th>Version</th>" in page
+    panel = page[
+        page.index("Versions still draining") : page.index("</nav>", page.index("Versions still draining"))
+    ]
+    tabs = re.findall(r'href="([^"]*)">([^<]*) <span class="count">([^<]*)</span>', panel)
+    assert [(label.strip(), count) for _, label, count in tabs] == [("(none)", "1"), ("v1", "2"), ("v2", "1")]
+    assert [url for url, *_ in tabs] == ["/?unversioned=1", "/?version=v1", "/?version=v2"]
+
+    def listed(page: str) -> set[str]:
+        return set(re.findall(r'<a href="/runs/([0-9a-f-]{36})"', page))
+
+    assert listed((await inspect(db, "/?version=v1"))[1]) == {*v1, done.id}
+    assert listed((await inspect(db, "/?unversioned=1"))[1]) == {none}
+    status, answer = await inspect(db, "/api/runs?version=v2")
+    assert status == 200 and [(r["id"], r["version"]) for r in json.loads(answer)["runs"]] == [(v2, "v2")]
+    assert (await inspect(db, "/?version=v1&unversioned=1"))[0] == 400
+
+    await zincir.set_version(db, v1[0], "v2", by="ada")
+    status, page = await inspect(db, f"/runs/{v1[0]}")
+    assert status == 200 and "Moved from version v1 to v2 by ada" in page

@@ -87,7 +87,15 @@ from ._runs import (
     list_runs,
 )
 from ._values import MAX_INT, MAX_JSON_DEPTH, Int, Malformed, OptInt, json_value, parse_json, raw_value
-from ._versions import LIVE_STATUSES, MAX_VERSIONS, VersionCounts, count_versions
+from ._versions import (
+    LIVE_COUNT_CAP,
+    LIVE_STATUSES,
+    MAX_VERSIONS,
+    Draining,
+    VersionCounts,
+    count_versions,
+    draining_versions,
+)
 from ._waits import (
     ApprovalRequest,
     Awaiting,
@@ -103,6 +111,7 @@ __all__ = [
     "DEFAULT_PAGE",
     "KEY_CHARS",
     "LATEST",
+    "LIVE_COUNT_CAP",
     "LIVE_STATUSES",
     "MAX_INT",
     "MAX_JSON_DEPTH",
@@ -118,6 +127,7 @@ __all__ = [
     "CheckpointRow",
     "Cursor",
     "Dialect",
+    "Draining",
     "EventPage",
     "EventRow",
     "FamilyNode",
@@ -145,6 +155,7 @@ __all__ = [
     "count_versions",
     "decode_key",
     "display_target",
+    "draining_versions",
     "encode_key",
     "event_to_json",
     "event_types",

@@ -11,7 +11,16 @@ from ._keys import RUN_STATUSES
 from ._runs import NAMED_STATUS, has_versions
 from ._values import as_opt_text, as_size, name_column
 
-__all__ = ["LIVE_STATUSES", "MAX_VERSIONS", "VersionCounts", "count_versions"]
+__all__ = [
+    "LIVE_COUNT_CAP",
+    "LIVE_STATUSES",
+    "MAX_VERSIONS",
+    "PANEL_VERSIONS",
+    "Draining",
+    "VersionCounts",
+    "count_versions",
+    "draining_versions",
+]
 
 #: The statuses of a run that has not ended: a version with runs in them is still draining.
 LIVE_STATUSES: Final = ("pending", "running", "waiting")
@@ -56,3 +65,52 @@ def count_versions(conn: Reader) -> tuple[list[VersionCounts], bool]:
     ordered = sorted(found, key=lambda version: (version is not None, version or ""))
     listed = [VersionCounts(version, found[version]) for version in ordered[:MAX_VERSIONS]]
     return listed, len(ordered) > MAX_VERSIONS
+
+
+#: Live runs counted per version up to this many, as the runs page counts them per status.
+LIVE_COUNT_CAP: Final = 10_000
+#: Versions the runs page shows at most (by name).
+PANEL_VERSIONS: Final = 50
+
+
+@attrs.frozen
+class Draining:
+    """A version with runs that have not ended (None: the runs without a version); ``capped``:
+    there are more than ``live``."""
+
+    version: str | None
+    live: int
+    capped: bool = False
+
+
+def draining_versions(conn: Reader) -> list[Draining]:
+    """The versions that have runs not ended, the runs without a version first, then by name
+    (at most :data:`PANEL_VERSIONS`), each with its live runs counted up to
+    :data:`LIVE_COUNT_CAP`. Bounded whatever the table holds: the versions are found one index
+    probe each (``idx_agent_runs_version_claimable`` holds the live runs by version) and each
+    count walks its version's range of that index."""
+    if not has_versions(conn):
+        return []
+    live = "status IN ('pending', 'running', 'waiting')"
+    found = list(
+        conn.execute(
+            "WITH RECURSIVE versions (version) AS ("
+            f" SELECT min(version) FROM agent_runs WHERE {live} AND version IS NOT NULL"
+            " UNION ALL SELECT (SELECT min(r.version) FROM agent_runs AS r"
+            f" WHERE r.{live} AND r.version > versions.version)"
+            " FROM versions WHERE versions.version IS NOT NULL)"
+            " SELECT version FROM versions WHERE version IS NOT NULL LIMIT ?",
+            (PANEL_VERSIONS,),
+        )
+    )
+    drained: list[Draining] = []
+    for version in [None, *(row[0] for row in found)]:
+        where = "version IS NULL" if version is None else "version = ?"
+        (count,) = conn.execute(
+            f"SELECT count(*) FROM (SELECT 1 FROM agent_runs WHERE {where} AND {live} LIMIT ?) AS found",
+            (*(() if version is None else (version,)), LIVE_COUNT_CAP + 1),
+        ).fetchone()
+        count = as_size(count)
+        if count:
+            drained.append(Draining(as_opt_text(version), min(count, LIVE_COUNT_CAP), count > LIVE_COUNT_CAP))
+    return drained
