@@ -91,7 +91,8 @@ def draining_versions(conn: Reader) -> list[Draining]:
     count walks its version's range of that index."""
     if not has_versions(conn):
         return []
-    live = "status IN ('pending', 'running', 'waiting')"
+    # As idx_agent_runs_version_claimable's predicate says it (see its migration): its index.
+    live = "status NOT IN ('completed', 'failed', 'cancelled')"
     found = list(
         conn.execute(
             "WITH RECURSIVE versions (version) AS ("

@@ -36,7 +36,7 @@ from ._types import (
     lost_attempt,
     suspension_payload,
 )
-from ._versions import VERSION_INDEX, Versions, inherited, one_version, served, shown
+from ._versions import NOT_ENDED, VERSION_INDEX, Versions, inherited, one_version, served, shown
 from ._waits import signal_ready
 
 # -- taking a lease ---------------------------------------------------------------------------
@@ -185,9 +185,14 @@ def _claim_from(
     PostgreSQL reads the range in order for ``IS NULL`` too)."""
     d = tx.dialect
     if version is None:
-        index, where, params, order = "idx_agent_runs_claimable", "", (), ""
+        index, live, params, order = (
+            "idx_agent_runs_claimable",
+            "status IN ('pending', 'running', 'waiting')",
+            (),
+            "",
+        )
     else:
-        index, (where, params), order = VERSION_INDEX, (f"{version[0]} AND ", version[1]), "version, "
+        index, live, params, order = VERSION_INDEX, f"{version[0]} AND {NOT_ENDED}", version[1], "version, "
     postponed: list[str] = []  # runs whose end has to wait for a busy descendant
     while len(claims.leased) < limit:
         # Now as a value (read first, on PostgreSQL a round trip): the index's bound, where the
@@ -196,7 +201,7 @@ def _claim_from(
         others, skipped = d.any_of("id", postponed) if postponed else ("", ())
         rows = tx.all(
             f"SELECT {_CLAIM_COLUMNS} FROM agent_runs{d.indexed(index)}"
-            f" WHERE {where}status IN ('pending', 'running', 'waiting') AND next_attempt_at <= ?"
+            f" WHERE {live} AND next_attempt_at <= ?"
             f" AND (lease_owner IS NULL OR lease_expires_at <= ?){f' AND NOT ({others})' if others else ''}"
             f" ORDER BY {order}next_attempt_at, created_at LIMIT ?{d.skip_locked}",
             (*params, now, now, *skipped, wanted),
@@ -330,16 +335,21 @@ def next_due_in(tx: Tx, versions: Versions | None = None) -> int | None:
     """Milliseconds until the next run (of ``versions``, if given) becomes due by itself (a
     backoff, a deadline, a wake time); None if none will: an idle worker sleeps until then
     rather than a poll late."""
-    sources = [("", ())] if versions is None else [one_version(v) for v in dict.fromkeys(versions)]
+    if versions is None:
+        sources = [("status IN ('pending', 'running', 'waiting')", ())]
+    else:
+        sources = [
+            (f"{where} AND {NOT_ENDED}", params)
+            for where, params in map(one_version, dict.fromkeys(versions))
+        ]
     index = "idx_agent_runs_claimable" if versions is None else VERSION_INDEX
     replies = [  # sent together: one round trip on PostgreSQL
         tx.send(
             f"SELECT min(next_attempt_at) - :now FROM agent_runs{tx.dialect.indexed(index)}"
-            f" WHERE {f'{where} AND ' if where else ''}status IN ('pending', 'running', 'waiting')"
-            " AND next_attempt_at > :now",
+            f" WHERE {live} AND next_attempt_at > :now",
             params,
         )
-        for where, params in sources
+        for live, params in sources
     ]
     dues = [row[0] for row in (reply.one() for reply in replies) if row is not None and row[0] is not None]
     return min((int(due) for due in dues), default=None)

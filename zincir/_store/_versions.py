@@ -18,6 +18,7 @@ from .._types import EventType
 from ._tx import LIVE, Tx
 
 __all__ = [
+    "NOT_ENDED",
     "SKIPPED_CAP",
     "VERSION_INDEX",
     "Move",
@@ -36,6 +37,10 @@ Versions = tuple[str | None, ...]
 version passes None instead of a tuple."""
 
 VERSION_INDEX: Final = "idx_agent_runs_version_claimable"
+NOT_ENDED: Final = "status NOT IN ('completed', 'failed', 'cancelled')"
+"""A run is live, as :data:`VERSION_INDEX`'s predicate says it: a read of one version's live runs
+says it so, to read that index (the claimable index names the live statuses instead; see the
+migration that made them)."""
 
 SKIPPED_CAP: Final = 10_000
 """:func:`skipped_for_version` counts up to this many: a worker says "at least" past it, rather
