@@ -67,3 +67,17 @@ def test_automatic_resume_recovers_a_killed_process(tmp_path: Path, database: st
     assert "hello from epoch 2" in out
     assert "'to': 'completed'" in out
     assert status_of_runs(database) == ["completed"]
+
+
+def test_the_blue_green_example_drains_the_old_version_on_its_own_worker(
+    tmp_path: Path, database: str
+) -> None:
+    out = run_example("blue_green.py", tmp_path, ZINCIR_DATABASE_PATH=database)
+    assert out.splitlines() == [
+        "old run {'handled_by': '2026-12-01'}",
+        "new run {'handled_by': '2026-12-08'}",
+        "2026-12-01 still draining: 1 live run(s)",
+        "old run that waited {'handled_by': '2026-12-01'}",
+        "2026-12-01 drained: 0 live run(s); stopping its worker",
+    ]
+    assert status_of_runs(database) == ["completed"] * 3
