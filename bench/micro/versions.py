@@ -10,7 +10,12 @@ completes them all, either with ``versions={its version}`` (filtered: its claims
 version's range of ``idx_agent_runs_version_claimable``) or with ``versions=None`` (unfiltered:
 every worker claims any due run through ``idx_agent_runs_claimable``). The two modes alternate,
 in rotated order, so that drift hits both alike. Reported: claims + completions per second, the
-median of the repetitions, and filtered ÷ unfiltered (docs/versions.md).
+median of the repetitions, and filtered ÷ unfiltered (docs/versions.md), twice: while every
+worker has runs of its own (over the first two thirds of the runs: the claims' own cost), and
+to the last run (which adds the tail: a filtered worker whose version is done idles while the
+others finish theirs, where an unfiltered one helps them). On a machine that other work shares,
+wall-clock rates move with its load; the CPU seconds the whole drain took (this process's, and
+the PostgreSQL server's when it runs here) move far less, so runs per CPU second are given too.
 """
 
 from __future__ import annotations
@@ -28,7 +33,14 @@ import trio
 
 import zincir
 
-from ..harness.server import create_database, drop_database, postgres_server, with_database
+from ..harness.server import (
+    create_database,
+    drop_database,
+    postgres_server,
+    postmaster_pid,
+    server_cpu,
+    with_database,
+)
 
 MODES = ("filtered", "unfiltered")
 
@@ -51,16 +63,30 @@ async def seed(target: str, runs: int, versions: int) -> None:
                 nursery.start_soon(one, i)
 
 
-async def drain(target: str, runs: int, versions: int, concurrency: int, filtered: bool) -> float:
-    """Claims + completions per second of one worker per version until every run is completed."""
+Rates = tuple[float, float, float]
+"""Runs per second over the first two thirds, runs per second to the last, runs per CPU second."""
+
+
+async def drain(
+    target: str, runs: int, versions: int, concurrency: int, filtered: bool, postmaster: int | None
+) -> Rates:
+    """Claims + completions per second of one worker per version, over the first two thirds of
+    the runs and until every run is completed, and per CPU second (this process and the server)."""
+
+    def cpu() -> float:
+        return time.process_time() + (0.0 if postmaster is None else server_cpu(postmaster))
+
     async with zincir.open_database(target) as db:
         done = 0
+        steady_at = 0.0
         all_done = trio.Event()
 
         async def handler(run: zincir.Run) -> None:
-            nonlocal done
+            nonlocal done, steady_at
             await run.complete()
             done += 1
+            if done == runs * 2 // 3:
+                steady_at = time.perf_counter()
             if done == runs:
                 all_done.set()
 
@@ -68,21 +94,20 @@ async def drain(target: str, runs: int, versions: int, concurrency: int, filtere
             zincir.ResumeWorker(
                 db,
                 handler,
-                poll_interval=0.05,
-                max_concurrency=concurrency,
+                max_concurrency=concurrency,  # and the default poll interval, as deployed
                 versions={version_name(i)} if filtered else None,
             )
             for i in range(versions)
         ]
         async with trio.open_nursery() as nursery:
-            start = time.perf_counter()
+            cpu_at_start, start = cpu(), time.perf_counter()
             for worker in workers:
                 await nursery.start(worker.run)
             await all_done.wait()
-            elapsed = time.perf_counter() - start
+            elapsed, cpu_used = time.perf_counter() - start, cpu() - cpu_at_start
             for worker in workers:
                 worker.stop()
-    return runs / elapsed
+    return (runs * 2 // 3) / (steady_at - start), runs / elapsed, runs / cpu_used
 
 
 class Copies:
@@ -134,16 +159,29 @@ class Copies:
             drop_database(self.admin_url, name)
 
 
-def measure(copies: Copies, args: argparse.Namespace) -> dict[str, list[float]]:
+def measure(copies: Copies, args: argparse.Namespace) -> dict[str, list[Rates]]:
     print(f"{copies.backend}: seeding {args.runs:,} due runs of {args.versions} versions", flush=True)
-    trio.run(seed, copies.create_template(), args.runs, args.versions)
-    rates: dict[str, list[float]] = {mode: [] for mode in MODES}
+    template = copies.create_template()
+    trio.run(seed, template, args.runs, args.versions)
+    postmaster = None if copies.backend == "sqlite" else postmaster_pid(template)
+    if copies.backend == "postgresql":  # statistics, as autovacuum keeps them (each copy has them)
+        import psycopg
+
+        with psycopg.connect(template, autocommit=True) as conn:
+            conn.execute("VACUUM ANALYZE")
+    rates: dict[str, list[Rates]] = {mode: [] for mode in MODES}
     for rep in range(args.reps):
         for mode in MODES if rep % 2 == 0 else reversed(MODES):
             with copies.copy() as target:
-                rate = trio.run(drain, target, args.runs, args.versions, args.concurrency, mode == "filtered")
+                rate = trio.run(
+                    drain, target, args.runs, args.versions, args.concurrency, mode == "filtered", postmaster
+                )
             rates[mode].append(rate)
-            print(f"  rep {rep + 1} {mode:<10} {rate:8,.0f} runs/s", flush=True)
+            print(
+                f"  rep {rep + 1} {mode:<10} {rate[0]:6,.0f} runs/s steady, {rate[1]:6,.0f} to the last,"
+                f" {rate[2]:6,.0f} per CPU second",
+                flush=True,
+            )
     return rates
 
 
@@ -174,11 +212,12 @@ def main() -> None:
     print(f"\n{args.runs:,} due runs of {args.versions} versions, one worker per version (max_concurrency"
           f" {args.concurrency} each), median of {args.reps}: claims + completions per second")  # fmt: skip
     for backend, rates in results.items():
-        filtered, unfiltered = (statistics.median(rates[mode]) for mode in MODES)
-        print(
-            f"  {backend:<11} filtered {filtered:8,.0f}   unfiltered {unfiltered:8,.0f}"
-            f"   filtered / unfiltered {filtered / unfiltered:.2f}"
-        )
+        for which, phase in enumerate(("steady", "to the last run", "per CPU second")):
+            filtered, unfiltered = (statistics.median(rate[which] for rate in rates[mode]) for mode in MODES)
+            print(
+                f"  {backend:<11} {phase:<16} filtered {filtered:8,.0f}   unfiltered {unfiltered:8,.0f}"
+                f"   filtered / unfiltered {filtered / unfiltered:.2f}"
+            )
 
 
 if __name__ == "__main__":

@@ -42,9 +42,10 @@ NOT_ENDED: Final = "status NOT IN ('completed', 'failed', 'cancelled')"
 says it so, to read that index (the claimable index names the live statuses instead; see the
 migration that made them)."""
 
-SKIPPED_CAP: Final = 10_000
+SKIPPED_CAP: Final = 1_000
 """:func:`skipped_for_version` counts up to this many: a worker says "at least" past it, rather
-than walk every due run of other versions at every poll."""
+than walk every due run of other versions at every poll (a worker whose version has drained
+polls while the others' workers are busiest)."""
 
 
 def one_version(version: str | None) -> tuple[str, tuple[Any, ...]]:
