@@ -1,33 +1,36 @@
-"""The durable agent of durable_agent.py, driven by the official OpenAI SDK under Trio.
+"""A durable agent on the official OpenAI SDK under Trio: it saves a word with a file tool and has
+its work verified, through zincir.adapters.openai.
 
 Run it offline (a local stub plays the model):   .venv/bin/python examples/openai_agent.py
 Against the real API:                            OPENAI_API_KEY=... .venv/bin/python examples/openai_agent.py
 Resume after a crash:                            ZINCIR_RESUME=1 .venv/bin/python examples/openai_agent.py
+Crash-test it:   .venv/bin/zincir crash-test examples.openai_agent:handler --config '{"goal": "Save hello."}'
 
 Needs the extra: pip install 'zincir[openai]'. The SDK's ``AsyncOpenAI`` runs under
 ``trio.run`` as it is: its HTTP stack (httpx2 / httpcore2) and its retry sleeps (anyio) detect
 Trio through sniffio.
 
-What makes it durable:
+What makes it durable (docs/adapters.md):
 
-- Each model response is recorded (content, tool calls, finish reason and token usage) with
-  a durable intent for each tool call, in one transaction.
-- The prompt of every model call is rebuilt from the log: the system prompt, the goal from
-  the run's config, the latest *accepted* checkpoint, and the responses and tool results
-  recorded after it. After a crash the recorded responses are reused as they are; pending
-  tool intents are executed from the log. The model is only called when the log has no
-  unanswered intent, so a response that reached the log is never paid for twice. (A call
+- ``zo.create`` checks the budget, calls the model, and records the completion as the SDK
+  returned it (the message with its tool calls' arguments exactly as the model wrote them, the
+  finish reason, the usage) with a durable intent for each tool call, in one transaction.
+- ``zo.messages`` rebuilds the prompt of every model call from the log alone: the system prompt,
+  the goal from the run's config, the latest *accepted* checkpoint, and the responses and tool
+  results recorded after it. After a crash the recorded responses are reused as they are;
+  ``run_tools`` executes the pending intents from the log. The model is only called when the log
+  has no unanswered intent, so a response that reached the log is never paid for twice. (A call
   that was in flight when the process died is repeated: its answer never reached the log.)
-- The file tool is idempotent (the call id names the file), so a tool re-run after a crash
-  never writes twice.
+- The file tool writes ``<run id>/<call id>.json``, whole or not at all; a call that a crash left
+  unrecorded is probed first, and the file it published is its result: it never writes twice.
 - The run has a budget (tokens, model calls, and three identical tool calls at most), debited
-  with each recorded response, so a restart keeps counting instead of spending from zero. The
-  loop checks it before every model call; once it is spent the run stops, unfinished, until
-  the budget is raised (``zincir budget RUN_ID --tokens N``) and the run resumed.
+  with each recorded response, so a restart keeps counting instead of spending from zero; once
+  it is spent the run stops, unfinished, until the budget is raised (``zincir budget RUN_ID
+  --tokens N``) and the run resumed.
 - The model's checkpoint names its artifacts with labels; the agent replaces them with the
-  measured content identities of what the tool wrote (``zincir.artifacts``), keeps the labels
-  in the checkpoint's ``data``, and a verifier accepts the checkpoint only if those files exist
-  with exactly that content (a label left among the artifacts is never accepted).
+  measured content identities of the files the run wrote (``zincir.artifacts``), keeps the
+  labels in the checkpoint's ``data``, and a verifier accepts the checkpoint only if those files
+  exist with exactly that content (a label left among the artifacts is never accepted).
 
 Environment:
   OPENAI_API_KEY         use the real API (otherwise the offline stub); OPENAI_BASE_URL works too
@@ -40,17 +43,18 @@ Environment:
                          owner (force=True): only do it once you know that process is dead,
                          or two processes will run the same tools.
   ZINCIR_STUB_CALL_LOG   the stub appends one line per model call it answers to this file
-  ZINCIR_PAUSE_BEFORE_TOOL_MS, ZINCIR_PAUSE_AFTER_TOOL_MS, ZINCIR_PAUSE_IN_VERIFY_MS,
-  ZINCIR_PAUSE_AFTER_CHECKPOINT_MS
-                         pauses at crash boundaries, for tests that kill the process there
+  ZINCIR_PAUSE_AFTER_TOOL_MS
+                         a pause after the tool's effect, before its result is recorded, for
+                         tests that kill the process there
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
 import time
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -58,25 +62,18 @@ from typing import Any
 
 import httpx2
 import trio
-
-# The demo beside this file (examples/ is on sys.path when this file runs as a script).
-from durable_agent import in_flight, pause, print_run
-from durable_agent import write_file as write_file_once
 from openai import AsyncOpenAI
-from openai.types.chat import (
-    ChatCompletionMessageParam,
-    ChatCompletionMessageToolCall,
-    ChatCompletionMessageToolCallUnion,
-    ChatCompletionToolParam,
-)
+from openai.types.chat import ChatCompletionToolParam
 
 import zincir
-from zincir import CheckpointState, Verification, artifacts
+from zincir import CheckpointState, PendingToolCall, Verification, artifacts
+from zincir.adapters import openai as zo
+from zincir.testing import effect_ledger
 
 GOAL = "Save the word hello with the write_file tool, then submit a checkpoint of your progress."
 ROLE = "openai-agent"
 MAX_ROUNDS = 10  # model calls per process: any real loop needs a bound
-CHECKPOINT_HEADER = "Latest accepted checkpoint (verified; continue from here):"
+CHECKPOINT_HEADER = "Latest accepted checkpoint"  # how zo.messages introduces it (the stub looks)
 NUDGE = "The run is not finished: keep working toward the goal and call submit_checkpoint when it is met."
 
 SYSTEM_PROMPT = """You are a careful agent working toward a goal with tools.
@@ -86,55 +83,75 @@ SYSTEM_PROMPT = """You are a careful agent working toward a goal with tools.
   unfinished part of the goal in remaining (leave remaining empty only when the goal is met).
 Work in small steps and call submit_checkpoint once the goal is met."""
 
-TOOLS: list[ChatCompletionToolParam] = [
-    {
+
+def function(name: str, description: str, properties: dict[str, Any]) -> ChatCompletionToolParam:
+    """A strict function tool whose every property is required."""
+    schema: dict[str, object] = {"type": "object", "properties": properties, "required": list(properties)}
+    schema["additionalProperties"] = False
+    return {
         "type": "function",
-        "function": {
-            "name": "write_file",
-            "description": "Save content to a new file; returns what was saved.",
-            "parameters": {
-                "type": "object",
-                "properties": {"content": {"type": "string", "description": "What to save."}},
-                "required": ["content"],
-                "additionalProperties": False,
-            },
-            "strict": True,
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": zincir.SUBMIT_CHECKPOINT,
-            "description": "Report verified progress toward the goal.",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    name: {"type": "array", "items": {"type": "string"}, "description": description}
-                    for name, description in [
-                        ("completed", "What is done."),
-                        ("remaining", "What is still to do; empty when the goal is met."),
-                        ("artifacts", "The files you produced."),
-                        ("failed_attempts", "What you tried that did not work."),
-                        ("evidence", "Why you believe the completed items are done."),
-                    ]
-                },
-                "required": ["completed", "remaining", "artifacts", "failed_attempts", "evidence"],
-                "additionalProperties": False,
-            },
-            "strict": True,
-        },
-    },
-]
+        "function": {"name": name, "description": description, "parameters": schema, "strict": True},
+    }
 
 
-# -- the tool: the demo's idempotent file tool, fed the model's (unchecked) arguments -------------
+def strings(description: str) -> dict[str, Any]:
+    return {"type": "array", "items": {"type": "string"}, "description": description}
 
 
-async def write_file(out: Path, call_id: str, args: Any) -> dict[str, Any]:
-    content = args.get("content") if isinstance(args, dict) else None
+CLAIM = {
+    "completed": strings("What is done."),
+    "remaining": strings("What is still to do; empty when the goal is met."),
+    "artifacts": strings("The files you produced."),
+    "failed_attempts": strings("What you tried that did not work."),
+    "evidence": strings("Why you believe the completed items are done."),
+}
+TOOLS = [
+    function("write_file", "Save content to a new file; returns what was saved.",
+             {"content": {"type": "string", "description": "What to save."}}),
+]  # fmt: skip
+TOOLS.append(function(zincir.SUBMIT_CHECKPOINT, "Report verified progress toward the goal.", CLAIM))
+
+
+async def pause(boundary: str) -> None:
+    milliseconds = int(os.environ.get(f"ZINCIR_PAUSE_{boundary}_MS", "0"))
+    if milliseconds:
+        print(f"pausing {milliseconds} ms at {boundary.lower()}", flush=True)
+        await trio.sleep(milliseconds / 1000)
+
+
+# -- the tool: a file written whole, once per call ------------------------------------------------
+
+
+def publish(path: Path, content: dict[str, Any]) -> None:
+    """Write ``path`` whole or not at all: a temporary file, flushed to disk, renamed over it."""
+    temp = path.with_name(f".{path.name}.tmp")
+    with temp.open("w") as f:
+        json.dump(content, f)
+        f.flush()
+        os.fsync(f.fileno())
+    temp.rename(path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)  # the new name itself must survive power loss
+    finally:
+        os.close(directory)
+
+
+async def write_file(out: Path, pending: PendingToolCall) -> dict[str, Any]:
+    content = pending.call.args.get("content") if isinstance(pending.call.args, dict) else None
     if not isinstance(content, str):
         return {"ok": False, "error": "write_file needs a string argument 'content'"}
-    return await write_file_once(out, call_id, {"content": content})
+    result = {"content": content, "ok": True}
+    await trio.to_thread.run_sync(publish, out / f"{pending.call.id}.json", result)
+    await effect_ledger().record(pending.effect_key)  # for zincir crash-test; a no-op elsewhere
+    await pause("AFTER_TOOL")
+    return result
+
+
+async def published(out: Path, pending: PendingToolCall) -> Any:
+    """The probe of a call that a crash left unrecorded: the file it published, if any."""
+    path = trio.Path(out, f"{pending.call.id}.json")
+    return json.loads(await path.read_text()) if await path.exists() else None
 
 
 # -- checkpoints: measured artifacts and the verifier --------------------------------------------
@@ -142,165 +159,56 @@ async def write_file(out: Path, call_id: str, args: Any) -> dict[str, Any]:
 
 async def verify(state: CheckpointState) -> Verification:
     """Accept only measured artifacts that exist and still have the content that was measured."""
-    await pause("IN_VERIFY")
     unverified = await artifacts.mismatches(state.artifacts)  # changed, missing, or only a label
-    passed = bool(state.artifacts) and not unverified
-    return Verification(passed, {"unverified": [f"{a.kind}: {a.path}" for a in unverified]})
+    evidence = {"unverified": [f"{a.kind}: {a.path}" for a in unverified]}
+    return Verification(bool(state.artifacts) and not unverified, evidence)
 
 
-def written_files(events: list[zincir.Event], out: Path) -> list[Path]:
-    """The files that write_file calls in ``events`` reported as written."""
-    writes = {
-        e.payload["call_id"]
-        for e in events
-        if e.type == zincir.EventType.TOOL_CALL and e.payload["name"] == "write_file"
-    }
-    return [
-        out / f"{e.payload['call_id']}.json"
-        for e in events
-        if e.type == zincir.EventType.TOOL_RESULT
-        and e.payload["call_id"] in writes
-        and isinstance(e.payload["content"], dict)
-        and e.payload["content"].get("ok") is True
-    ]
-
-
-def strings(args: Any, field: str) -> list[str]:
+def texts(args: Any, field: str) -> list[str]:
     value = args.get(field) if isinstance(args, dict) else None
     return [str(item) for item in value] if isinstance(value, list) else []
 
 
-async def checkpoint_state(state: zincir.DurableState, args: Any, out: Path) -> CheckpointState:
-    """The model's claim, with its artifact labels replaced by measured identities: those of
-    the previous accepted checkpoint (kept as measured then) and of every file written since.
-    The labels themselves stay in ``data``, beside the claim, for the next context to read."""
-    previous = state.checkpoint.state.artifacts if state.checkpoint is not None else []
-    measured = [(await artifacts.identify(path)).to_json() for path in written_files(state.events, out)]
-    return CheckpointState(
-        completed=strings(args, "completed"),
-        remaining=strings(args, "remaining"),
-        artifacts=[*previous, *measured],
-        failed_attempts=strings(args, "failed_attempts"),
-        evidence=strings(args, "evidence"),
-        data={"artifact_labels": strings(args, "artifacts")},
-    )
-
-
-# -- the model: prompts rebuilt from the log, responses recorded with their usage ----------------
-
-
-def goal_of(config: Any) -> str:
-    """The goal in a run's config (``{"goal": ...}``), or the example's own."""
-    goal = config.get("goal") if isinstance(config, dict) else None
-    return goal if isinstance(goal, str) else GOAL
-
-
-def build_messages(goal: str, state: zincir.DurableState) -> list[ChatCompletionMessageParam]:
-    """The prompt for the next model call, from the run's goal and the durable log alone:
-    system prompt, goal, latest accepted checkpoint, then the responses and tool results
-    recorded after it."""
-    messages: list[ChatCompletionMessageParam] = [
-        {"role": "system", "content": SYSTEM_PROMPT},
-        {"role": "user", "content": f"Goal: {goal}"},
-    ]
-    if state.checkpoint is not None:
-        checkpoint = json.dumps(state.checkpoint.state.to_json(), sort_keys=True)
-        messages.append({"role": "user", "content": f"{CHECKPOINT_HEADER}\n{checkpoint}"})
-    for event in state.events:
-        payload = event.payload
-        if event.type == zincir.EventType.LLM_CALL:
-            calls = payload["tool_calls"]
-            if calls:
-                messages.append(
-                    {
-                        "role": "assistant",
-                        "content": payload["content"],
-                        "tool_calls": [
-                            {
-                                "id": call["id"],
-                                "type": "function",
-                                "function": {"name": call["name"], "arguments": json.dumps(call["args"])},
-                            }
-                            for call in calls
-                        ],
-                    }
-                )
-            else:  # the model stopped, yet the run went on: say why
-                messages.append({"role": "assistant", "content": payload["content"] or ""})
-                messages.append({"role": "user", "content": NUDGE})
-        elif event.type == zincir.EventType.TOOL_RESULT:
-            messages.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": payload["call_id"],
-                    "content": json.dumps(payload["content"]),
-                }
-            )
-    return messages
-
-
-def tool_call_from_sdk(call: ChatCompletionMessageToolCallUnion) -> zincir.ToolCall:
-    """A zincir ToolCall from the SDK's type: id, function name, and the parsed arguments."""
-    if isinstance(call, ChatCompletionMessageToolCall):
-        try:
-            args = json.loads(call.function.arguments)
-        except json.JSONDecodeError:  # recorded as it came; the tool answers with an error
-            args = {"unparsed_arguments": call.function.arguments}
-        return zincir.ToolCall(call.id, call.function.name, args)
-    return zincir.ToolCall(call.id, call.custom.name, {"input": call.custom.input})
-
-
-async def ask_model(run: zincir.Run, client: AsyncOpenAI, model: str, state: zincir.DurableState) -> None:
-    """One paid model call; its response is in the log before anything acts on it."""
-    completion = await client.chat.completions.create(
-        model=model, messages=build_messages(goal_of(run.config), state), tools=TOOLS
-    )
-    choice = completion.choices[0]
-    await run.record_response(
-        choice.message.content,
-        [tool_call_from_sdk(call) for call in choice.message.tool_calls or []],
-        choice.finish_reason,
-        usage=completion.usage.model_dump() if completion.usage is not None else None,
-    )
+async def claim(out: Path, pending: PendingToolCall) -> CheckpointState:
+    """The model's claim, with its artifact labels replaced by the measured identities of the
+    files this run wrote; the labels stay in ``data``, for the next context to read."""
+    claimed = {field: texts(pending.call.args, field) for field in CLAIM}
+    files = sorted(await trio.Path(out).glob("*.json"))
+    measured = [(await artifacts.identify(path)).to_json() for path in files]
+    return CheckpointState(claimed["completed"], claimed["remaining"], measured, claimed["failed_attempts"],
+                           claimed["evidence"], data={"artifact_labels": claimed["artifacts"]})  # fmt: skip
 
 
 # -- the durable loop ----------------------------------------------------------------------------
 
 
-async def run_pending_tools(run: zincir.Run, out: Path) -> None:
-    """Execute the intents that have no result, from the log (never by asking the model again)."""
-    pending = await run.pending_tools()
-    # A submit_checkpoint is decided once its sibling calls have results: run those first.
-    for item in sorted(pending, key=lambda p: p.call.name == zincir.SUBMIT_CHECKPOINT):
-        call = item.call
-        if call.name == "write_file":
-            await run.record_tool_result(call.id, await write_file(out, call.id, call.args))
-        elif call.name == zincir.SUBMIT_CHECKPOINT:
-            claimed = await checkpoint_state(await run.state(), call.args, out)
-            await run.checkpoint(call.id, claimed, verify)
-        else:
-            await run.record_tool_result(call.id, {"ok": False, "error": f"there is no tool {call.name!r}"})
-
-
-async def drive(run: zincir.Run, client: AsyncOpenAI, model: str, out: Path) -> None:
+async def drive(run: zincir.Run, client: AsyncOpenAI, model: str, output: Path) -> None:
     """Continue the run from whatever its log says, until it completes."""
-    candidate = await run.pending_checkpoint()
-    if candidate is not None:  # a crash interrupted a verification: decide the stored candidate
-        await run.verify_checkpoint(candidate, verify)
+    out = output / run.id  # the run's own files
+    await trio.Path(out).mkdir(parents=True, exist_ok=True)
+    tools = {"write_file": functools.partial(write_file, out)}
+    probes = {"write_file": functools.partial(published, out)}
     for _ in range(MAX_ROUNDS):
-        await run_pending_tools(run, out)
+        await zo.run_tools(run, tools, reconcile=probes, claim=functools.partial(claim, out), verify=verify)
         state = await run.state()
         if state.checkpoint is not None and not state.checkpoint.state.remaining:
-            await pause("AFTER_CHECKPOINT")
             await run.complete()
             return
         try:
-            await run.check_budget()  # before paying for the next call
-            await ask_model(run, client, model, state)
-        except zincir.BudgetExceeded as exc:  # the response that reached it is recorded
-            print(f"stopped: {exc}. Raise it (zincir budget {run.id} --tokens N), then resume", flush=True)
+            messages = zo.messages(state, system=SYSTEM_PROMPT, nudge=NUDGE)
+            await zo.create(run, client, model=model, messages=messages, tools=TOOLS)
+        except zincir.BudgetExceeded as exc:  # before the call, or after recording the one that spent it
+            print(f"stopped: {exc}. Raise it (zincir budget RUN_ID --tokens N), then resume", flush=True)
             return
     await run.fail(f"no accepted checkpoint without remaining work after {MAX_ROUNDS} model calls")
+
+
+async def handler(run: zincir.Run) -> None:
+    """The same loop as a worker handler (``zincir worker``, ``zincir crash-test``); it writes
+    under ZINCIR_OUTPUT_DIR (default: output, in the working directory)."""
+    output = await trio.Path(os.environ.get("ZINCIR_OUTPUT_DIR", "output")).absolute()
+    async with open_model() as (client, model, _):
+        await drive(run, client, model, Path(output))
 
 
 # -- the offline stub: a scripted model behind the SDK's own HTTP stack --------------------------
@@ -333,7 +241,7 @@ class StubModel:
         return httpx2.Response(
             200,
             json={
-                "id": f"chatcmpl-{uuid.uuid4().hex}",
+                "id": f"chatcmpl-{hashlib.sha256(request.content).hexdigest()[:29]}",
                 "object": "chat.completion",
                 "created": int(time.time()),
                 "model": body["model"],
@@ -355,12 +263,14 @@ class StubModel:
             (names.get(m["tool_call_id"]), m["tool_call_id"]) for m in messages if m["role"] == "tool"
         ]
         resumed = any(m["role"] == "user" and CHECKPOINT_HEADER in m["content"] for m in messages)
-        call_id = f"call_{uuid.uuid4().hex[:24]}"
-        if resumed or any(name == zincir.SUBMIT_CHECKPOINT for name, _ in answered):
+        # The same conversation gets the same call id (so a crash test can compare checkpoints),
+        # and every request of a run is a new conversation (so ids are never reused).
+        call_id = f"call_{hashlib.sha256(json.dumps(messages).encode()).hexdigest()[:24]}"
+        if resumed or any(name == "submit_checkpoint" for name, _ in answered):
             return {"role": "assistant", "content": "done"}, "stop"
         written = [f"{id_}.json" for name, id_ in answered if name == "write_file"]
         if written:
-            name = zincir.SUBMIT_CHECKPOINT
+            name = "submit_checkpoint"
             args: dict[str, Any] = {
                 "completed": ["Saved hello with write_file"],
                 "remaining": [],
@@ -392,43 +302,32 @@ async def open_model() -> AsyncIterator[tuple[AsyncOpenAI, str, str]]:
         yield client, "stub-model", "openai-stub"
 
 
-def budget() -> zincir.Budget:
-    tokens = int(os.environ.get("ZINCIR_TOKEN_BUDGET", "50000"))
-    return zincir.Budget(tokens=tokens, model_calls=MAX_ROUNDS, max_identical_tool_calls=3)
-
-
-async def main(db_path: str, out: Path) -> list[str]:
-    """Start a run (or, with ZINCIR_RESUME=1, resume every in-flight one); return the run ids."""
-    done: list[str] = []
+async def main(db_path: str, output: Path) -> None:
+    """Start a run (or, with ZINCIR_RESUME=1, resume every in-flight one)."""
+    tokens = int(os.environ.get("ZINCIR_TOKEN_BUDGET", "50000"))  # a new run's; a resumed one keeps its own
+    budget = zincir.Budget(tokens=tokens, model_calls=MAX_ROUNDS, max_identical_tool_calls=3)
     async with open_model() as (client, model, provider), zincir.open_database(db_path) as db:
         run_ids: list[str | None] = [None]  # None: start a new run
-        if os.environ.get("ZINCIR_RESUME"):
-            run_ids = list(await in_flight(db, ROLE))
+        if os.environ.get("ZINCIR_RESUME"):  # this example's unfinished runs (others may share the database)
+            statuses = ("running", "pending", "waiting")
+            run_ids = [r.id for s in statuses for r in await db.runs(status=s, role=ROLE, limit=10_000)]
             print(f"resuming {len(run_ids)} run(s)", flush=True)
         for run_id in run_ids:
+            # Resuming fences the previous owner (force=True): it must be known to be dead.
+            config, force = {"goal": GOAL, "model": model}, run_id is not None
             async with zincir.open_run(
-                db,
-                run_id,
-                role=ROLE,
-                provider=provider,
-                config={"goal": GOAL, "model": model},
-                force=run_id is not None,  # resuming: the previous owner is known to be dead
-                budget=budget(),  # a new run's; a resumed one keeps its own
+                db, run_id, role=ROLE, provider=provider, config=config, force=force, budget=budget
             ) as run:
-                print(f"run {run.id} (epoch {run.epoch}, model {model})", flush=True)
-                await drive(run, client, model, out)
+                await drive(run, client, model, output)
                 usage = await run.usage()
-                if usage is not None:
-                    print(
-                        f"spent: {usage.spent.tokens} tokens in {usage.spent.model_calls} model calls",
-                        flush=True,
-                    )
-            print_run(await db.state(run.id), await db.events(run.id))
-            done.append(run.id)
-    return done
+            if usage is not None:  # (every run of this example has a budget)
+                print(f"spent: {usage.spent.tokens} tokens in {usage.spent.model_calls} model calls")
+            print(f"run {run.id}  status={(await db.state(run.id)).run.status.value}", flush=True)
 
 
 if __name__ == "__main__":
-    output = Path(os.environ.get("ZINCIR_OUTPUT_DIR", "output"))
-    output.mkdir(parents=True, exist_ok=True)
-    trio.run(main, os.environ.get("ZINCIR_DATABASE_PATH", "zincir.db"), output)
+    trio.run(
+        main,
+        os.environ.get("ZINCIR_DATABASE_PATH", "zincir.db"),
+        Path(os.environ.get("ZINCIR_OUTPUT_DIR", "output")).absolute(),
+    )

@@ -290,6 +290,23 @@ async def test_a_verifier_that_outlives_the_lease_decides_nothing(db: zincir.Dat
     assert scalar(db, "SELECT status FROM checkpoints") == "candidate"
 
 
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({1: "x"}, "keys are strings: data has the key 1 (int)"),
+        ({"files": [{"a.py": 1, None: 2}]}, "data['files'][0] has the key None (NoneType)"),
+        ({"score": float("nan")}, "CheckpointState.data is not a JSON value: Out of range float"),
+        ({"seen": {"a.py"}}, "not a JSON value: Object of type set is not JSON serializable"),
+    ],
+)
+def test_checkpoint_data_that_json_cannot_keep_is_refused_at_once(data: object, message: str) -> None:
+    # Before, these were accepted here, and JSON turned 1 into "1" when the checkpoint was stored
+    # (the state read back differed from the one proposed) or refused them only then.
+    with pytest.raises(zincir.InvalidArgument) as info:
+        CheckpointState(data=data)  # type: ignore[arg-type]
+    assert message in str(info.value)
+
+
 async def test_checkpoint_data_round_trips_and_an_old_checkpoint_reads_as_empty(db: zincir.Database) -> None:
     state = CheckpointState(
         completed=["committed"], data={"commit": "4f2a9c1", "files": ["a.py"], "tries": 3}

@@ -108,6 +108,45 @@ def test_show(ids: Sample) -> None:
     assert data["steps"][0]["result"] == {"rows": 1200}
 
 
+async def test_show_says_why_a_run_failed_or_was_cancelled(db_target: str) -> None:
+    async def broken(run: zc.Run) -> None:
+        raise RuntimeError("the model endpoint returned 500\ntwice")
+
+    async with zc.open_database(db_target) as db:
+        async with zc.open_run(db) as run:
+            await run.fail("the tests still fail after three tries")
+        failed = run.id
+        async with zc.open_run(db, role="exhausting") as run:
+            pass  # released: the worker below claims it and its one attempt fails
+        exhausted = run.id
+        async with zc.open_run(db) as run:
+            pass
+        cancelled = run.id
+        await zc.cancel_run(db, cancelled, "not needed any more")
+        worker = zc.ResumeWorker(db, broken, max_attempts=1, poll_interval=0.05, until_idle=True)
+        with trio.fail_after(30):
+            await worker.run()
+        async with zc.open_run(db) as run:
+            await run.complete()
+        completed = run.id
+    reasons = {}
+    for run_id in (failed, exhausted, cancelled, completed):
+        shown = zincir("show", "--db", db_target, run_id)
+        assert shown.exit_code == 0, shown.output
+        lines = [line for line in shown.stdout.splitlines() if line.startswith("reason ")]
+        as_json = json.loads(zincir("show", "--db", db_target, run_id, "--json").stdout)["run"]["reason"]
+        reasons[run_id] = (lines, as_json)
+    assert reasons[failed] == (
+        ["reason       the tests still fail after three tries"],
+        "the tests still fail after three tries",
+    )
+    [line], as_json = reasons[exhausted]
+    assert as_json.startswith("attempts exhausted") and "the model endpoint returned 500\ntwice" in as_json
+    assert line == f"reason       {as_json}".replace("\n", "\\n")  # one line: the newline escaped
+    assert reasons[cancelled] == (["reason       not needed any more"], "not needed any more")
+    assert reasons[completed] == ([], None)
+
+
 def test_show_escapes_terminal_control_characters(sample: tuple[sqlite3.Connection, Sample]) -> None:
     writer, ids = sample
     run = add_run(

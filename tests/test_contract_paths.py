@@ -665,10 +665,14 @@ async def test_the_minimum_lease_ttl_is_accepted_and_anything_shorter_refused(
         assert await run.record_response("on a 30 ms lease", [], "end") == 1
     zincir.ResumeWorker(clocked_db, _must_not_run, lease_ttl=0.030)
     before = dump(db_path)
-    for too_short in (0.029, 0.0299):
-        with pytest.raises(zincir.InvalidArgument, match="lease_ttl"):
+    for too_short in (0.029, 0.0299, 0.0, -1):
+        # The message says why: an owner stops with a fifth of its TTL left.
+        with pytest.raises(zincir.InvalidArgument) as info:
             async with zincir.open_run(clocked_db, lease_ttl=too_short):
                 raise AssertionError("the block must not run")
+        assert f"lease_ttl must be at least 0.03 s, not {too_short!r}" in str(info.value)
+        assert "shorter than about 1 s are for tests only" in str(info.value)
+        assert "docs/leases.md" in str(info.value)
         with pytest.raises(zincir.InvalidArgument, match="lease_ttl"):
             async with zincir.open_run(clocked_db, run.id, lease_ttl=too_short):
                 raise AssertionError("the block must not run")

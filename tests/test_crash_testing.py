@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import trio
 
 import zincir
 from zincir.testing import CrashReport, CrashTestError, EffectLedger, crash_test, effect_ledger, workdir
@@ -108,6 +109,19 @@ async def _paid_once(db: zincir.Database, run_id: str) -> None:
     assert [json.loads(line)["amount"] for line in lines] == [120]
 
 
+async def _committed_once(db: zincir.Database, run_id: str) -> None:
+    """anthropic_agent's: the fix is committed once, on top of the project's first commit."""
+    git_log = ["git", "-C", str(Path(workdir()) / "workspace"), "log", "--format=%s"]
+    log = await trio.run_process(git_log, capture_stdout=True)
+    assert log.stdout.decode().splitlines() == ["Fix calc.add", "Start"]
+
+
+async def _saved_once(db: zincir.Database, run_id: str) -> None:
+    """openai_agent's: one file, with the word asked for, in the run's own directory."""
+    [saved] = (Path(workdir()) / "output" / run_id).glob("*.json")
+    assert json.loads(saved.read_text()) == {"content": "hello", "ok": True}
+
+
 # A sample of each example's boundaries keeps the suite fast (each costs a fifth of a second or
 # more); `zincir crash-test` runs every one of them, and docs/crash-testing.md has the figures.
 EXAMPLES = {
@@ -122,6 +136,9 @@ EXAMPLES = {
     # Killed before the model's request was recorded, the example used to end its run unpaid.
     "examples.reconcile_payment:handler": (None, "payer", ["before:1:root", "after:3:root"], _paid_once, 8),
     "examples.fan_out:handler": (TOPICS, "lead", 2, None, None),  # how often the lead joins varies
+    # The adapter examples, each against its model's stand-in behind the official SDK.
+    "examples.anthropic_agent:handler": ({"goal": "Fix calc.add."}, "agent", 3, _committed_once, 32),
+    "examples.openai_agent:handler": ({"goal": "Save hello."}, "agent", 3, _saved_once, 14),
 }
 
 

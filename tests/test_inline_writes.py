@@ -152,7 +152,13 @@ async def test_slow_transactions_send_writes_to_the_thread_until_they_are_fast_a
 async def test_a_large_value_is_written_on_the_thread(sqlite_db: zincir.Database, db_path: Path) -> None:
     large = "x" * (INLINE_ARGUMENT_CHARS + 1)
     assert await sqlite_db._write(insert, large) == f"zincir-writer:{db_path}"
-    assert await sqlite_db._write(insert, "small") == ON_TRIO
+    # The size sent that one write to the thread, not the route: small writes come back inline.
+    # (Not necessarily the very next one: on a loaded machine the large write's time, measured
+    # on the thread, can lift the average above the inline limit for a few writes.)
+    small = [await sqlite_db._write(insert, "small 0")]
+    while len(small) < 200 and small[-1] != ON_TRIO:
+        small.append(await sqlite_db._write(insert, f"small {len(small)}"))
+    assert small[-1] == ON_TRIO
 
 
 class Interrupt(BaseException):

@@ -12,10 +12,13 @@ import json
 import re
 from html.parser import HTMLParser
 
+import pytest
+
 import zincir
 from zincir._inspector import create_app
 
 from .agent_scenarios import conversation_run, family, long_run, over_budget_run
+from .helpers import rows
 from .inspect_fixtures import XSS_HREF, XSS_META
 from .test_waiting_views import suspended_and_blocked
 
@@ -216,6 +219,27 @@ async def test_the_runs_page_charts_runs_by_status_over_time(db: zincir.Database
     segments = {a["class"] for a in dom.having(cls="seg")}
     assert {"seg s-completed", "seg s-pending", "seg s-running"} <= segments
     assert "all 4 runs, by status" in text
+
+
+@pytest.mark.parametrize("far", [2**63 - 1, -(2**63)])
+async def test_a_last_activity_no_date_can_show_is_left_out_of_the_chart(
+    db: zincir.Database, far: int
+) -> None:
+    # A row written with a huge timestamp: before, the runs page answered 500 (OverflowError on
+    # SQLite, "bigint out of range" on PostgreSQL) computing where the runs fall on the chart.
+    ids = []
+    for _ in range(3):
+        async with zincir.open_run(db) as run:
+            ids.append(run.id)
+    rows(db, "UPDATE agent_runs SET updated_at = ? WHERE id = ?", (far, ids[0]))
+    rows(db, "UPDATE agent_runs SET updated_at = 0 WHERE id = ?", (ids[1],))  # 1970: a date still
+    text = await page(db, "/")
+    assert Elements(text).having(id="status-chart")  # the others are charted
+    assert "since 1970-01-01T00:00:00.000Z" in text  # from the oldest that is a date
+    assert ids[0] in text  # and the run is listed, as every run is
+    await page(db, f"/runs/{ids[0]}")
+    listed = json.loads(await page(db, "/api/runs"))["runs"]
+    assert {r["id"]: r["updated_at"] for r in listed}[ids[0]] == far
 
 
 async def test_the_json_api_is_unchanged_by_the_agent_view(db: zincir.Database) -> None:

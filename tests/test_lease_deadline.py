@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import sqlite3
@@ -29,7 +30,7 @@ import trio
 import zincir
 from zincir._threads import submit
 
-from .helpers import running_python
+from .helpers import hearing_others, running_python, scalar, until
 from .postgres_server import fresh_database
 
 OWNER = """
@@ -274,12 +275,17 @@ async def test_a_workers_handler_stops_in_time_and_frees_its_slot_while_the_back
     ticks: list[int] = []
     started: dict[str, trio.Event] = {}
 
+    first_ended = trio.Event()
+
     async def handler(run: zincir.Run) -> None:
         started[run.id].set()
         if run.id == first:
-            while True:  # acts until it is stopped
-                ticks.append(now_ms())
-                await trio.sleep(0.02)
+            try:
+                while True:  # acts until it is stopped
+                    ticks.append(now_ms())
+                    await trio.sleep(0.02)
+            finally:
+                first_ended.set()
 
     async with zincir.open_database(pg_url, writers=2) as db:
         ids = []
@@ -294,16 +300,169 @@ async def test_a_workers_handler_stops_in_time_and_frees_its_slot_while_the_back
             await nursery.start(worker.run)
             with trio.fail_after(10):
                 await started[first].wait()
-            # The first run's writer (runs are routed to writers by id); the worker's next claim
-            # goes to the other one, the less busy.
+            # The first run's writer (runs are routed to writers by id).
             writer = db._writers[hash(first) % len(db._writers)]
             with stopped(pg_url, await submit(writer, backend_pid, ())):
                 _, expires_at = lease_expiry(pg_url, first)
                 with trio.fail_after(2 * ttl):
-                    await started[second].wait()
+                    await first_ended.wait()
+                await until(lambda: no_handlers(worker), within=ttl)  # its slot is free
                 assert now_ms() < expires_at
+                # A writer does not answer: the worker claims nothing until it does (see below).
+                assert not started[second].is_set()
+            with trio.fail_after(30):  # the stopped writer answers: claiming goes on
+                await started[second].wait()
             worker.stop()
     assert ticks and max(ticks) < expires_at
+
+
+async def no_handlers(worker: zincir.ResumeWorker) -> bool:
+    return worker.running_handlers == 0
+
+
+async def test_a_worker_claims_nothing_while_a_writer_does_not_answer(
+    pg_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # One of two writers' backends is stopped while a worker holds three runs. Before, each run
+    # lost to the stall freed a slot that the worker filled at once with another claim, through
+    # the writer that still answered; a claimed run's operations are routed to either writer by
+    # its id, so the next runs lost their leases (and attempts) the same way. Now the worker
+    # claims nothing while a writer does not answer, and claims again once it does.
+    caplog.set_level(logging.INFO, logger="zincir.worker")
+    ttl = 2.0
+    held = 3
+    starts: list[str] = []
+    changed = trio.Event()
+    lost: set[str] = set()
+
+    async def handler(run: zincir.Run) -> None:
+        nonlocal changed
+        starts.append(run.id)
+        changed.set()
+        changed = trio.Event()
+        try:
+            await trio.sleep_forever()  # holds the run until its lease is lost or the worker stops
+        finally:
+            lost.add(run.id)
+            changed.set()
+            changed = trio.Event()
+
+    async def until_seen(what: Any) -> None:
+        while not what():
+            await changed.wait()
+
+    async with zincir.open_database(pg_url, writers=2) as db:
+        for _ in range(3 * held):
+            async with zincir.open_run(db):
+                pass  # released on leaving: claimable
+        worker = zincir.ResumeWorker(
+            db, handler, lease_ttl=ttl, max_concurrency=held, poll_interval=600, grace_period=0
+        )
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            with trio.fail_after(10):
+                await until_seen(lambda: len(starts) == held)
+            victim = starts[0]  # one held run's writer (runs are routed to writers by id)
+            writer = db._writers[hash(victim) % len(db._writers)]
+            with stopped(pg_url, await submit(writer, backend_pid, ())):
+                with trio.fail_after(2 * ttl):
+                    await until_seen(lambda: victim in lost)  # its slot is free
+                # Time is the thing tested: the writer stays silent for two more TTLs, in which
+                # the worker had claimed (and lost) runs before.
+                await trio.sleep(2 * ttl)
+                assert starts[held:] == []
+            with trio.fail_after(30):  # the writer answers again: the worker claims again
+                await until_seen(lambda: len(starts) > held)
+            worker.stop()
+    said = [r.getMessage() for r in caplog.records if r.name == "zincir.worker"]
+    assert any("has not answered for" in m and "claiming no run until it answers" in m for m in said)
+    assert any("answers again" in m for m in said)
+
+
+async def test_a_worker_waiting_for_a_silent_writer_stops_at_once(
+    pg_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The wait for the writer's answer is a write that does nothing, and a write is not given up
+    # when its caller is cancelled: stop() must end the wait without it.
+    ttl = 2.0
+    lost = trio.Event()
+
+    async def handler(run: zincir.Run) -> None:
+        try:
+            await trio.sleep_forever()
+        finally:
+            lost.set()
+
+    async def pausing() -> bool:
+        return any("claiming no run until it answers" in r.getMessage() for r in caplog.records)
+
+    async with zincir.open_database(pg_url, writers=2) as db:
+        async with zincir.open_run(db) as run:
+            pass  # released on leaving: claimable
+        # One slot, held: no claim is in flight when the writer stops (a claim waits for its answer).
+        worker = zincir.ResumeWorker(
+            db, handler, lease_ttl=ttl, max_concurrency=1, poll_interval=600, grace_period=0
+        )
+        stopped_worker = trio.Event()
+
+        async def work(task_status: trio.TaskStatus[None]) -> None:
+            await worker.run(task_status=task_status)
+            stopped_worker.set()
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(work)
+            await until(lambda: has_handlers(worker), within=10)
+            writer = db._writers[hash(run.id) % len(db._writers)]
+            with stopped(pg_url, await submit(writer, backend_pid, ())):
+                with trio.fail_after(2 * ttl):
+                    await lost.wait()
+                await until(pausing, within=ttl)
+                worker.stop()
+                with trio.fail_after(ttl):  # while the writer is still stopped
+                    await stopped_worker.wait()
+
+
+async def test_a_claim_answered_too_late_gives_its_runs_back_with_their_attempts(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The worker's only writer is stopped while its claim is in flight. Before, the claim's leases
+    # reached a handler past their deadline: given up at once, each cost its run an attempt, and
+    # the run waited for its lease to expire. Now they are released with the attempt given back,
+    # and claimed again at once.
+    ttl = 1.0
+    seen: list[tuple[str, object]] = []  # (run id, attempts as stored) at each handler start
+    handled = trio.Event()
+
+    async def handler(run: zincir.Run) -> None:
+        seen.append((run.id, scalar(db, "SELECT attempts FROM agent_runs WHERE id = ?", (run.id,))))
+        await run.complete()
+        handled.set()
+
+    async with zincir.open_database(pg_url, writers=1) as db, zincir.open_database(pg_url) as other:
+        worker = zincir.ResumeWorker(db, handler, lease_ttl=ttl, poll_interval=0.2)
+        await hearing_others(db, monkeypatch)  # a run made elsewhere wakes the worker at once
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            writer = db._writers[0]
+            with stopped(pg_url, await submit(writer, backend_pid, ())):
+                async with zincir.open_run(other) as run:
+                    pass  # released on leaving: claimable, and the worker is told at once
+                # Time is the thing tested: the claim stays unanswered past its leases' deadline.
+                await until(lambda: unanswered_longer_than(writer, ttl), within=30)
+            with trio.fail_after(30):
+                await handled.wait()
+            worker.stop()
+        events = [e.type for e in await db.events(run.id)]
+    assert seen == [(run.id, 1)]  # claimed once more, and the late claim's attempt given back
+    assert "attempt_lost" not in events
+
+
+async def unanswered_longer_than(writer: Any, seconds: float) -> bool:
+    return bool(writer.unanswered_for() > seconds)
+
+
+async def has_handlers(worker: zincir.ResumeWorker) -> bool:
+    return worker.running_handlers > 0
 
 
 async def test_a_release_that_cannot_be_confirmed_is_given_up_by_the_deadline(
@@ -327,7 +486,9 @@ async def test_a_release_that_cannot_be_confirmed_is_given_up_by_the_deadline(
             locker.rollback()
             locker.close()
     assert left_at < expires_at
-    assert [r.getMessage() for r in caplog.records if "releasing the lease failed" in r.getMessage()]
+    [failed] = [r.getMessage() for r in caplog.records if "releasing the lease failed" in r.getMessage()]
+    # The heartbeat had stopped (the body was done): it was not late, and the loop not blocked.
+    assert "did not answer" in failed and "event loop was blocked" not in failed
 
 
 BLOCKING = """

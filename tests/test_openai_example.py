@@ -71,7 +71,8 @@ def stub_calls(tmp_path: Path) -> list[dict[str, Any]]:
 
 
 def effect_files(out: Path) -> list[Path]:
-    return sorted(out.glob("*.json"))
+    """The files the tool published, each run's in a directory named by its id."""
+    return sorted(out.glob("*/*.json"))
 
 
 async def test_a_run_completes_with_one_accepted_checkpoint_and_usage_recorded(
@@ -85,9 +86,10 @@ async def test_a_run_completes_with_one_accepted_checkpoint_and_usage_recorded(
     out = tmp_path / "output"
     out.mkdir()
 
-    [run_id] = await example.main(str(tmp_path / "zincir.db"), out)
+    await example.main(str(tmp_path / "zincir.db"), out)
 
     async with zincir.open_database(tmp_path / "zincir.db") as db:
+        [run_id] = [r.id for r in await db.runs()]
         state = await db.state(run_id)
         events = await db.events(run_id)
     assert state.run.status == zincir.RunStatus.COMPLETED
@@ -95,6 +97,7 @@ async def test_a_run_completes_with_one_accepted_checkpoint_and_usage_recorded(
     types = [e.type.value for e in events]
     assert types.count("checkpoint_accepted") == 1 and "checkpoint_rejected" not in types
     [effect] = effect_files(out)
+    assert effect.parent == out / run_id
     assert json.loads(effect.read_text()) == {"content": "hello", "ok": True}
     # The accepted checkpoint carries the measured identity of that file, not the model's label.
     assert state.checkpoint is not None
@@ -130,7 +133,7 @@ def test_a_killed_run_resumes_without_paying_for_a_recorded_response_again(tmp_p
     try:
         # The effect is published (and its temp file gone); its result is not yet recorded.
         deadline = time.monotonic() + 20
-        while not (effect_files(out) and not list(out.glob(".*.tmp"))):
+        while not (effect_files(out) and not list(out.glob("*/.*.tmp"))):
             assert first.poll() is None, first.communicate()[1]
             assert time.monotonic() < deadline, "the example never reached its tool's effect"
             time.sleep(0.02)
@@ -161,15 +164,19 @@ def test_a_killed_run_resumes_without_paying_for_a_recorded_response_again(tmp_p
         assert conn.execute("SELECT status FROM agent_runs").fetchall() == [("completed",)]
         types = [t for (t,) in conn.execute("SELECT type FROM events ORDER BY seq")]
         llm_calls = types.count("llm_call")
+        [(first_result,)] = conn.execute(
+            "SELECT payload FROM events WHERE type = 'tool_result' ORDER BY seq LIMIT 1"
+        ).fetchall()
     finally:
         conn.close()
     assert types == [
         "state_transition",
         "llm_call",
         "tool_call",
+        "tool_started",  # run_tools records the start before the tool runs
         "attempt_lost",  # the resume took the killed process's lease: its attempt left no record
         "lease_taken_over",
-        "tool_result",
+        "tool_result",  # found by the probe: the file the killed process published
         "llm_call",
         "tool_call",
         "checkpoint_proposed",
@@ -177,6 +184,11 @@ def test_a_killed_run_resumes_without_paying_for_a_recorded_response_again(tmp_p
         "tool_result",
         "state_transition",
     ]
+    assert json.loads(first_result) == {
+        "call_id": effect.stem,
+        "content": {"content": "hello", "ok": True},
+        "reconciled": True,
+    }
     # Exactly one effect: the resumed tool found the published file instead of writing again.
     assert effect_files(out) == [effect] and effect.stat().st_ino == inode
     # No response was paid for twice: every stub call across both processes is one llm_call.

@@ -386,6 +386,9 @@ async def test_a_row_held_by_another_session_costs_no_other_run_its_lease(pg_url
     assert stored_steps(pg_url, held_short) == ["under the lock"]
     lost = outcomes[held_long]
     assert isinstance(lost, zincir.LeaseLost) and "no renewal was confirmed" in str(lost)
+    # Said as it was: the server answered every renewal, with a refusal for the lock held.
+    assert "another transaction held a lock on the run's row" in str(lost)
+    assert "did not answer" not in str(lost)
     assert stored_steps(pg_url, held_long) == []
 
 

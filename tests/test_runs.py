@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import math
 import sqlite3
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -185,6 +186,81 @@ async def test_body_exceptions_leave_unchanged_and_release_the_lease(
     assert type(info.value) is BodyError
     status, owner, epoch, expires = lease_row(db_path, run.id)
     assert (status, owner, expires, epoch) == ("running", None, None, 1)
+
+
+async def _noop() -> None:
+    return None
+
+
+class Takeover:
+    """Another owner forcing its way in once the first one holds the run (and its nursery runs)."""
+
+    def __init__(self) -> None:
+        self.owning = trio.Event()
+        self.done = trio.Event()
+
+    async def steal(self, db: zincir.Database, run_id: str) -> None:
+        await self.owning.wait()
+        async with zincir.open_run(db, run_id, force=True):
+            pass
+        self.done.set()
+
+
+async def _own_with_a_nursery(
+    db: zincir.Database, run_id: str, takeover: Takeover, where: str, *, on_cancel: Exception | None = None
+) -> None:
+    """Own ``run_id`` with a body that opens a nursery of sleeping tasks; once another owner
+    took the run over, write (from the body, or from a task of the nursery): the write is
+    fenced, the lease is lost, and the nursery ends in a group. ``on_cancel``: a sleeping task
+    raises it when it is cancelled (a real error beside the loss)."""
+
+    async def sleeper() -> None:
+        try:
+            await trio.sleep_forever()
+        finally:
+            if on_cancel is not None:
+                raise on_cancel
+
+    async def write(run: zincir.Run) -> None:
+        await takeover.done.wait()
+        await run.step("after the takeover", _noop)
+
+    async with zincir.open_run(db, run_id) as run, trio.open_nursery() as nursery:
+        nursery.start_soon(sleeper)
+        nursery.start_soon(trio.sleep_forever)
+        takeover.owning.set()
+        if where == "task":
+            nursery.start_soon(write, run)
+            await trio.sleep_forever()
+        else:
+            await write(run)
+
+
+@pytest.mark.parametrize("where", ["body", "task"])
+async def test_a_body_with_its_own_nursery_ends_in_a_plain_lease_lost(
+    db: zincir.Database, where: str
+) -> None:
+    # Before, the block raised ExceptionGroup([LeaseLost]): the nursery's group, with the
+    # cancelled sleepers taken out of it.
+    run_id = await new_released_run(db)
+    takeover = Takeover()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(takeover.steal, db, run_id)
+        with pytest.raises(zincir.LeaseLost) as info:
+            await _own_with_a_nursery(db, run_id, takeover, where)
+    assert type(info.value) is zincir.LeaseLost
+    assert f"run {run_id}: the lease of epoch 2" in str(info.value)
+
+
+async def test_a_real_error_beside_a_lost_lease_is_not_hidden(db: zincir.Database) -> None:
+    run_id = await new_released_run(db)
+    takeover = Takeover()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(takeover.steal, db, run_id)
+        with pytest.raises(ExceptionGroup) as info:
+            await _own_with_a_nursery(db, run_id, takeover, "body", on_cancel=BodyError("cleanup"))
+    assert info.group_contains(BodyError, match="cleanup")
+    assert info.group_contains(zincir.LeaseLost)
 
 
 async def test_leaving_normally_or_by_cancellation_releases(db: zincir.Database, db_path: Path) -> None:
@@ -568,6 +644,101 @@ async def test_transient_renewal_errors_are_retried_not_a_loss(
     assert interval == pytest.approx(10) and after == pytest.approx(10)  # ttl / 3 (renewed)
     assert interval > retries[0] > retries[1] > retries[2]  # sooner as the expiry nears ...
     assert interval + sum(retries) < 30  # ... and the one that succeeded came before it
+
+
+async def test_renewals_are_spaced_from_when_each_was_sent_not_when_it_was_answered(
+    clocked_db: zincir.Database,
+    clock: ManualClock,
+    mock_clock: trio.testing.MockClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # When the heartbeat renews is what this is about: both clocks stand still but when the test
+    # moves them. The first renewal (10 s in, on a 30 s lease) takes 4 s to be answered; the next
+    # is sent 10 s after the first was sent, 6 s after its answer. Before, it was sent 10 s after
+    # the answer: every slow answer pushed all later renewals back, towards the deadline.
+    db = clocked_db
+    renew = db._store.renew
+    entered, answer = threading.Event(), threading.Event()
+
+    def slow_first_renew(tx: Any, lease: Lease) -> Any:
+        if not entered.is_set():
+            entered.set()
+            assert answer.wait(10), "the test never let the renewal answer"
+        return renew(tx, lease)
+
+    monkeypatch.setattr(db._store, "renew", slow_first_renew)
+    renewals = counting_renewals(monkeypatch, db._store)
+    writes_on_the_thread(db)  # SQLite would run the renewal on the loop, which the test holds
+    async with zincir.open_run(db, lease_ttl=30) as run:
+        await trio.testing.wait_all_tasks_blocked()  # the heartbeat sleeps until its first renewal
+        first = trio.lowlevel.current_statistics().seconds_to_next_deadline
+        mock_clock.jump(first)
+        clock.advance(first)
+        assert await trio.to_thread.run_sync(entered.wait, 10)  # sent, and not answered yet
+        mock_clock.jump(4)
+        clock.advance(4)
+        answer.set()
+        assert await trio.to_thread.run_sync(renewals.acquire, True, 10)
+        await db._write(_noop_tx, route=run.id)  # behind the renewal, on its writer: answered
+        after_the_answer = await next_renewal(db, run.id, renewals, mock_clock, clock)
+        await run.record_response("still the owner", [], "end")
+    assert first == pytest.approx(10)
+    assert after_the_answer == pytest.approx(6)
+
+
+def _noop_tx(tx: Any) -> None:
+    pass
+
+
+async def _jump_to_the_heartbeat(mock_clock: trio.testing.MockClock, clock: ManualClock) -> None:
+    """Move both clocks to the next timer due (the heartbeat's or the owner's deadline)."""
+    await trio.testing.wait_all_tasks_blocked()
+    wait = trio.lowlevel.current_statistics().seconds_to_next_deadline
+    mock_clock.jump(wait)
+    clock.advance(wait)
+
+
+async def test_renewals_refused_for_a_lock_held_elsewhere_say_so(
+    db_path: Path, clock: ManualClock, mock_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Another connection holds SQLite's write lock: each renewal waits out the busy timeout (a
+    # short one here, in real time, on the writer thread) and fails with DatabaseBusy. The
+    # owner's deadline, on Trio's clock that only the test moves, then says the lock was held,
+    # not that nothing answered.
+    async with zincir.open_database(db_path, clock=clock) as db:
+        session = db._writers[0]._session
+        session.busy_timeout_ms = 100  # a short real wait for the lock, on the writer thread
+        tried = threading.Semaphore(0)  # released after each BEGIN of the writer, taken or refused
+        begin = session.begin
+
+        def counted_begin() -> None:
+            try:
+                begin()
+            finally:
+                tried.release()
+
+        monkeypatch.setattr(session, "begin", counted_begin)
+        locker = sqlite3.connect(db_path, isolation_level=None)
+        try:
+            with pytest.raises(zincir.LeaseLost) as info:
+                async with zincir.open_run(db, lease_ttl=30) as run:
+                    locker.execute("BEGIN IMMEDIATE")
+                    await _jump_to_the_heartbeat(mock_clock, clock)  # the first renewal, sent
+                    assert await trio.to_thread.run_sync(tried.acquire, True, 10)  # refused
+                    while run._renewal_sent_at is not None:  # its answer is on its way to the loop
+                        await trio.lowlevel.checkpoint()
+                    await _jump_to_the_heartbeat(mock_clock, clock)  # its retry, sent ...
+                    while run._renewal_sent_at is None:
+                        await trio.lowlevel.checkpoint()
+                    await _jump_to_the_heartbeat(mock_clock, clock)  # the deadline: unanswered still
+                    await trio.sleep_forever()
+        finally:
+            locker.rollback()
+            locker.close()
+    message = str(info.value)
+    assert f"run {run.id}: the lease of epoch 1 was given up: no renewal was confirmed" in message
+    assert "another connection held the database's write lock, so the renewals failed" in message
+    assert "is unanswered" in message
 
 
 @pytest.mark.parametrize("end", ["complete", "fail"])

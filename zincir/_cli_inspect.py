@@ -313,8 +313,8 @@ def _print_runs(
 @click.argument("run_id")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead.")
 def show(database_path: str, run_id: str, as_json: bool) -> None:
-    """Show one run: lease, attempts, family, configuration, result, waits, tool calls,
-    outsiders' actions, checkpoints, steps, timers."""
+    """Show one run: lease, attempts, why it failed or was cancelled, family, configuration,
+    result, waits, tool calls, outsiders' actions, checkpoints, steps, timers."""
     with clean_errors(), readonly_database(database_path) as conn, q.read_snapshot(conn):
         run = q.get_run(conn, q.resolve_run_id(conn, run_id))
         checkpoints = q.list_checkpoints(conn, run.id)
@@ -324,13 +324,15 @@ def show(database_path: str, run_id: str, as_json: bool) -> None:
         budget = q.budgets_of(conn, [run.id], time.time_ns() // 1_000_000).get(run.id)
         intents = q.list_intents(conn, run.id)
         actions = q.list_outsider_actions(conn, run.id, max_chars=None)
+        reason = q.end_reason(conn, run.id, run.status)
         if as_json:
             data = _show_json(run, checkpoints, steps, timers, awaiting)
+            data["run"]["reason"] = reason
             data["tool_calls"] = [q.intent_to_json(i) for i in intents]
             data["outsider_actions"] = [q.outsider_action_to_json(a) for a in actions]
             click.echo(_json_line(data))
         else:
-            _print_run(run, time.time_ns() // 1_000_000)
+            _print_run(run, time.time_ns() // 1_000_000, reason)
             click.echo(f"{'budget':<13}{cell(q.spend_text(budget)) if budget else 'none'}")
             _print_awaiting(run, awaiting)
             _print_intents(intents)
@@ -387,7 +389,7 @@ def _next_attempt_text(next_attempt: object, status: str) -> str:
     return "any time" if type(next_attempt) is int and next_attempt <= 0 else _time(next_attempt)
 
 
-def _print_run(run: q.RunDetail, now: int) -> None:
+def _print_run(run: q.RunDetail, now: int, reason: str | None) -> None:
     children = ", ".join(f"{cell(c.id)} ({cell(c.status)})" for c in run.children) or "none"
     if run.children_total > len(run.children):
         more = run.children_total - len(run.children)
@@ -408,6 +410,8 @@ def _print_run(run: q.RunDetail, now: int) -> None:
         ("attempts", cell(run.attempts)),
         ("next attempt", _next_attempt_text(next_attempt, run.status)),
     ]
+    if reason is not None:  # why it failed, or was cancelled
+        fields.append(("reason", cell(reason)))
     for name, value in fields:
         click.echo(f"{name:<13}{value}")
     _print_json_block("config", run.config)

@@ -118,6 +118,7 @@ class Run:
     _confirmed_at: float
     _deadline_timer: trio.CancelScope | None
     _renewal_sent_at: float | None
+    _renewal_refused: DatabaseBusy | None
     _heartbeat_due_at: float | None
     _lost: str | None
     _finished: RunStatus | None
@@ -164,6 +165,8 @@ class Run:
         self._confirmed_at = submitted_at
         self._deadline_timer = None  # the deadline's sleep, moved on by each confirmed renewal
         self._renewal_sent_at = None  # while a renewal is in flight, when it was submitted
+        # The last renewal's failure, while it was refused for a lock another transaction held.
+        self._renewal_refused = None
         # While the heartbeat sleeps, when it means to wake (from the start: it may not get to run).
         self._heartbeat_due_at = submitted_at + lease.ttl_ms / 3000
         self._lost = None
@@ -1009,16 +1012,18 @@ class Run:
     # -- the lease ------------------------------------------------------------------------
 
     async def _keep_lease(self) -> None:
-        """Renew every ttl/3. Transient database errors are retried, sooner as the deadline
-        nears (see :meth:`_stop_at`); a definitive loss cancels the body at once. Each renewal
-        also reads whether a cancellation was requested; news in the run's inbox (a request made
-        in this process, or heard from another) has that read at once."""
+        """Renew every ttl/3, counted from when the previous renewal (at first, the write that
+        took the lease) was sent: a slow answer does not push every later renewal back.
+        Transient database errors are retried, sooner as the deadline nears (see
+        :meth:`_stop_at`); a definitive loss cancels the body at once. Each renewal also reads
+        whether a cancellation was requested; news in the run's inbox (a request made in this
+        process, or heard from another) has that read at once."""
         interval = self._lease.ttl_ms / 3000
-        delay = interval
+        renew_at = self._confirmed_at + interval
         with self._heartbeat_scope:
             try:
                 while not self._past_deadline():  # (a late start too: the loop was held)
-                    renew_at = self._heartbeat_due_at = trio.current_time() + delay
+                    self._heartbeat_due_at = renew_at
                     while trio.current_time() < renew_at:
                         if await self._poked_until(min(renew_at, self._out_of_time_at())):
                             await self._look_at_news()
@@ -1029,25 +1034,28 @@ class Run:
                     if self._past_deadline():
                         return
                     self._heartbeat_due_at = None
-                    next_delay = await self._renew(interval)
-                    if next_delay is None:
+                    next_at = await self._renew(interval)
+                    if next_at is None:
                         return
-                    delay = next_delay
+                    renew_at = next_at
             except LeaseLost:
                 return  # a read of the heartbeat's, abandoned with the lease: it is lost already
+            finally:
+                self._heartbeat_due_at = None  # stopped: not due, so never late (_deadline_message)
 
     async def _renew(self, interval: float) -> float | None:
-        """Renew the lease once; the seconds until the next renewal, None to stop renewing."""
+        """Renew the lease once; the Trio time of the next renewal, None to stop renewing."""
         sent_at = self._renewal_sent_at = trio.current_time()
         try:
             self._lease, cancel_reason = await self._storage.write(
                 self._store.renew, self._lease, route=self.id
             )  # the renewed lease says when the run's wall time ends, too
             self._confirmed_at = sent_at
+            self._renewal_refused = None
             if self._deadline_timer is not None:
                 self._deadline_timer.deadline = self._stop_at()
             self._stop_if_cancelled(cancel_reason)
-            return interval
+            return sent_at + interval
         except RunTerminal:
             return None  # this owner ended the run (another task of the body did)
         except LeaseLost as exc:
@@ -1055,6 +1063,7 @@ class Run:
                 self._lose(str(exc))
             return None
         except StorageError as exc:
+            self._renewal_refused = exc if isinstance(exc, DatabaseBusy) else None
             # The database decides; this local view (its clock, as this process reads it) only
             # says how long retrying is worth it, and the deadline stops the owner before expiry.
             if self._lease.expires_at - self._db.clock() <= 0:
@@ -1062,7 +1071,7 @@ class Run:
                 return None
             delay = min(interval, max(0.005, (self._stop_at() - trio.current_time()) / 3))
             logger.warning("run %s: lease renewal failed, retrying in %.3f s: %s", self.id, delay, exc)
-            return delay
+            return trio.current_time() + delay
         except Exception as exc:  # a bug must stop the body, not escape as a group
             self._lose(f"run {self.id}: renewing the lease failed unexpectedly: {exc!r}")
             return None
@@ -1121,9 +1130,25 @@ class Run:
         )
         return (
             f"{where}: no renewal was confirmed for {silent_ms} ms of a {ttl_ms} ms lease{unanswered}:"
-            f" the database or the network did not answer, and {expiry}, so the body was stopped"
+            f" {self._why_unconfirmed()}, and {expiry}, so the body was stopped"
             " (the writes in flight have an unknown outcome)"
         )
+
+    def _why_unconfirmed(self) -> str:
+        """Why renewals were not confirmed: refused while another transaction held a lock the
+        run needs (its row on PostgreSQL, the file's write lock on SQLite), or no answer."""
+        refused = self._renewal_refused
+        if isinstance(refused, TransientConflict):
+            return (
+                "another transaction held a lock on the run's row, so each renewal was refused"
+                f" (the last one: {refused})"
+            )
+        if refused is not None:
+            return (
+                "another connection held the database's write lock, so the renewals failed"
+                f" (the last one: {refused})"
+            )
+        return "the database or the network did not answer"
 
     async def _watch_deadline(self) -> None:
         """Stop the owner when its deadline passes (see :meth:`_stop_at`), whatever its calls
@@ -1491,7 +1516,9 @@ async def owned_run(
 
     What the body raised leaves unchanged: never wrapped in an ExceptionGroup by the internal
     nursery, never replaced by a cancellation of an outer scope. A body stopped by lease loss,
-    or one whose lease was gone by the time it left, ends in :class:`LeaseLost`.
+    or one whose lease was gone by the time it left, ends in :class:`LeaseLost`; so does one
+    whose own nurseries raised a group of nothing but LeaseLost and cancellations then (a group
+    with any other error is raised as it is).
     """
     run = Run._create(db, lease, submitted_at)
     run._suspend_after = suspend_after
@@ -1522,6 +1549,9 @@ async def owned_run(
                 finally:
                     run._watch_scope.cancel()
     if body_error is not None:
+        if run._lost is not None and _lease_loss_only(body_error):
+            # The body's own nurseries gathered the loss into a group: it means no more than that.
+            raise LeaseLost(run._lost) from body_error
         if run._lost is not None and not isinstance(body_error, LeaseLost):
             logger.warning("%s (the block raised %r instead)", run._lost, body_error)
         raise body_error
@@ -1534,6 +1564,16 @@ async def owned_run(
         raise LeaseLost(run._lost)
     if not released:
         raise LeaseLost(f"run {run.id}: the lease of epoch {run.epoch} was gone when the block ended")
+
+
+def _lease_loss_only(error: BaseException) -> bool:
+    """Whether ``error`` is a group (a nursery's, nested or not) holding LeaseLost and nothing
+    but LeaseLost and cancellations: what a body with nurseries of its own ends in when the lease
+    is lost. A group with any other error is not: that error must surface."""
+    if not isinstance(error, BaseExceptionGroup):
+        return False
+    _, other = error.split((LeaseLost, trio.Cancelled))
+    return other is None and error.subgroup(LeaseLost) is not None
 
 
 @asynccontextmanager

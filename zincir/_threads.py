@@ -251,6 +251,8 @@ class DatabaseThread:
         # transaction (both only touched on the Trio thread), and how long transactions took
         # lately, on either side (a slow disk is slow for both; they never run at once).
         self._in_thread = 0
+        # While it holds requests: since when (Trio time) the thread has answered none of them.
+        self._unanswered_since: float | None = None
         self._gathering: list[Request] | None = None
         self._gathered_for_the_thread = False  # a request joined that the loop should not run
         self._transaction_seconds = 0.0
@@ -273,6 +275,8 @@ class DatabaseThread:
         with self._lock:
             if self._death is not None:
                 raise StorageError(self._death)
+            if self._in_thread == 0:
+                self._unanswered_since = trio.current_time()
             self._in_thread += len(requests)
             for request in requests:
                 if request.fn is None:
@@ -384,6 +388,13 @@ class DatabaseThread:
     def join(self) -> None:
         self._thread.join()
 
+    def unanswered_for(self) -> float:
+        """Seconds the thread has held requests without answering any of them (0 while it holds
+        none): how long its connection has not answered, as far as the loop can tell. On the
+        Trio thread; a write run inline is not counted (it holds the loop, not the thread)."""
+        since = self._unanswered_since
+        return 0.0 if since is None else trio.current_time() - since
+
     @property
     def backlog(self) -> int:
         """Requests taken or waiting and not answered yet: how busy the thread is, a moment ago."""
@@ -452,6 +463,8 @@ class DatabaseThread:
             for request in batch:
                 assert request.result is not None
                 _answer(request, request.result)
+            # It answered just now: what it still holds has waited since then, at most.
+            self._unanswered_since = trio.current_time() if self._in_thread else None
 
         # Closing waits for this thread's last reply and joins it: the Trio run is still there.
         self._token.run_sync_soon(wake)

@@ -6,13 +6,14 @@ Timestamps are integer Unix milliseconds; run ids are canonical lowercase UUID s
 from __future__ import annotations
 
 import enum
+import sys
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import attrs
 
 from ._errors import InvalidArgument
-from ._json import JSONValue
+from ._json import MAX_DEPTH, JSONValue, encode
 
 __all__ = [
     "Approval",
@@ -124,8 +125,35 @@ class PendingToolCall:
 
 
 def _check_data(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    """Refuse at once what could not be stored as a JSON object and read back the same: a key
+    that is not a string (JSON would turn ``1`` into ``"1"``), NaN, a value of another type."""
     if not isinstance(value, dict):
         raise InvalidArgument(f"CheckpointState.data must be a dict (a JSON object), not {value!r}")
+    found = _non_text_key(value)
+    if found is not None:
+        where, key = found
+        raise InvalidArgument(
+            f"CheckpointState.data must be a JSON object, whose keys are strings: {where} has the"
+            f" key {key!r} ({type(key).__name__})"
+        )
+    encode(value, what="CheckpointState.data", limit=sys.maxsize)  # NaN, sets, objects, depth
+
+
+def _non_text_key(value: dict[Any, Any]) -> tuple[str, object] | None:
+    """Where the first key that is not a string is (``data['a'][0]``), and that key."""
+    stack: list[tuple[object, str, int]] = [(value, "data", 0)]
+    while stack:
+        item, where, depth = stack.pop()
+        if depth > MAX_DEPTH:  # too deep (or a cycle): encode() says so
+            continue
+        if isinstance(item, dict):
+            for key, child in item.items():
+                if not isinstance(key, str):
+                    return where, key
+                stack.append((child, f"{where}[{key!r}]", depth + 1))
+        elif isinstance(item, list | tuple):
+            stack.extend((child, f"{where}[{i}]", depth + 1) for i, child in enumerate(item))
+    return None
 
 
 @attrs.frozen

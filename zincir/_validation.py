@@ -12,7 +12,9 @@ from typing import Any, Final
 from ._errors import InvalidArgument
 
 MIN_LEASE_TTL: Final = 0.030
-"""The shortest lease, in seconds; production leases should leave room for contention."""
+"""The shortest lease, in seconds. Leases shorter than about 1 s are for tests only (with a
+clock the test moves): an owner stops with a fifth of its TTL left, and a loaded machine cannot
+promise to renew within a few ms (docs/leases.md)."""
 MAX_SECONDS: Final = 10 * 365 * 24 * 3600.0
 """The longest duration zincir accepts (ten years): anything longer is a mistake."""
 
@@ -39,7 +41,14 @@ def check_seconds(value: object, what: str, *, minimum: float = 0.0, exclusive: 
 
 def lease_ttl_ms(lease_ttl: object) -> int:
     """Validate a TTL in seconds and round it up to whole milliseconds."""
-    return math.ceil(check_seconds(lease_ttl, "lease_ttl", minimum=MIN_LEASE_TTL) * 1000)
+    seconds = check_seconds(lease_ttl, "lease_ttl", minimum=-math.inf)
+    if seconds < MIN_LEASE_TTL:
+        raise InvalidArgument(
+            f"lease_ttl must be at least {MIN_LEASE_TTL} s, not {lease_ttl!r}; leases shorter than"
+            " about 1 s are for tests only: an owner stops with a fifth of its TTL left, which a"
+            " loaded machine cannot keep to (docs/leases.md, 'Choosing lease_ttl')"
+        )
+    return math.ceil(seconds * 1000)
 
 
 def canonical_run_id(value: object, what: str = "run_id") -> str:

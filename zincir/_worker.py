@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import math
@@ -14,6 +15,7 @@ from typing import Any, Final, TypeVar, final, overload
 import attrs
 import trio
 
+from . import _threads
 from ._database import Database, Storage, storage
 from ._errors import (
     BudgetExceeded,
@@ -23,7 +25,7 @@ from ._errors import (
     StorageError,
     only_budget_exceeded,
 )
-from ._run import Run, owned_run
+from ._run import STOP_MARGIN, Run, owned_run
 from ._store import Claims, Lease, exhausted_reason
 from ._store._versions import SKIPPED_CAP, Versions, shown
 from ._types import RunStatus
@@ -40,6 +42,12 @@ R = TypeVar("R")
 
 _MAX_ERROR_MESSAGE: Final = 2000
 _MAX_CONCURRENCY: Final = 10_000
+
+# A writer that has held requests unanswered for this fraction of the lease TTL is taken as not
+# answering: the worker claims nothing until it answers again (docs/worker.md). Well before a
+# stalled renewal costs a run its lease (0.8 of the TTL); a pause it causes by mistake (a slow
+# commit) ends with the writer's next answer.
+_SILENT_WRITER_FRACTION: Final = 0.25
 
 
 def _served(versions: object) -> Versions | None:
@@ -97,7 +105,8 @@ class ResumeWorker:
     returns without ending the run releases it until the backoff has passed. :meth:`stop`
     stops claiming at once and gives running handlers ``grace_period`` seconds before
     cancelling them; cancelled handlers release their runs, so another worker can claim them
-    straight away.
+    straight away. While a database writer does not answer (for a quarter of ``lease_ttl``),
+    the worker claims nothing: a run claimed then could not renew its lease (docs/worker.md).
 
     A handler whose wait (:meth:`Run.wait_for_signal`, :meth:`Run.wait_for_approval`,
     :meth:`Run.join`) is not satisfied within ``suspend_after`` seconds, or that sleeps longer
@@ -204,6 +213,10 @@ class ResumeWorker:
         self._turn = 0  # which of several versions claims first, turned at each claim
         self._skips_counted_at = -math.inf  # when (Trio time) the last idle poll counted skipped runs
         self._ttl_ms = lease_ttl_ms(lease_ttl)
+        self._silent_writer_s = self._ttl_ms / 1000 * _SILENT_WRITER_FRACTION
+        # A claim answered this long after it was sent leases nothing its owner could hold: an
+        # owner stops at this deadline when no renewal was confirmed (docs/leases.md).
+        self._claim_useless_after_s = self._ttl_ms / 1000 * (1 - STOP_MARGIN)
         self._poll_interval = check_seconds(poll_interval, "poll_interval", exclusive=True)
         self._limiter = trio.CapacityLimiter(max_concurrency)
         self._max_attempts = max_attempts
@@ -279,6 +292,11 @@ class ResumeWorker:
         failures = 0
         while True:
             slots = await self._free_slots()
+            silent = [w for w in self._storage.writers if w.unanswered_for() > self._silent_writer_s]
+            if silent:
+                self._release_slots(slots)
+                await self._until_answered(silent)
+                continue
             # A fresh event before each claim: a run released while we claim wakes the wait below.
             self._wakeup = trio.Event()
             submitted_at = trio.current_time()  # each claimed lease expires after this + its TTL
@@ -302,6 +320,9 @@ class ResumeWorker:
                 await trio.sleep(delay)
                 continue
             failures = 0
+            if claimed.leased and trio.current_time() >= submitted_at + self._claim_useless_after_s:
+                self._give_back(claimed, handlers)  # the writer answered too late to hold them
+                claimed = attrs.evolve(claimed, leased=[])
             self._log_claims(claimed)
             for (lease, attempt), slot in zip(claimed.leased, slots, strict=False):
                 handlers.start_soon(self._handle, lease, attempt, slot, submitted_at)
@@ -313,6 +334,39 @@ class ResumeWorker:
                     return
                 with trio.move_on_after(await self._idle_time()):
                     await self._wakeup.wait()
+
+    async def _until_answered(self, writers: list[_threads.DatabaseThread]) -> None:
+        """Claim nothing while a writer does not answer (a stopped server process, a network
+        partition on its connection): a run claimed now would be routed to it as likely as to any
+        other, its renewals would not be confirmed, and it would lose its lease and an attempt
+        for nothing. Return once each has answered something sent behind what it holds."""
+        silent_s = max(writer.unanswered_for() for writer in writers)
+        logger.warning(
+            "worker: a database writer has not answered for %.1f s; claiming no run until it answers",
+            silent_s,
+        )
+        for writer in writers:
+            await _answered(writer)
+        logger.info("worker: the database writer answers again; claiming runs again")
+
+    def _give_back(self, claims: Claims, handlers: trio.Nursery) -> None:
+        """Release the runs of a claim answered past its leases' deadline, with the attempts
+        it counted given back: handed to a handler, each would be given up at once."""
+        logger.warning(
+            "worker: a claim was answered too late to hold its leases (the database writer did not"
+            " answer); giving %d run(s) back with their attempts",
+            len(claims.leased),
+        )
+        for lease, _ in claims.leased:
+            handlers.start_soon(self._release_unheld, lease)
+
+    async def _release_unheld(self, lease: Lease) -> None:
+        try:
+            await self._storage.write(self._storage.store.release, lease, 0, True, route=lease.run_id)
+        except (StorageError, LeaseLost) as exc:
+            logger.warning("run %s: giving the run back failed; its lease will expire: %s", lease.run_id, exc)
+        else:
+            self._wake()  # claimable at once: claim it again, unless the writer is silent still
 
     def _log_claims(self, claims: Claims) -> None:
         """Say what a claim did: each run claimed, after which attempt was lost (a crash leaves
@@ -485,3 +539,26 @@ class ResumeWorker:
             logger.error("run %s failed: %s", run.id, reason)
         else:
             logger.warning("run %s: attempt %d failed (%r); retry %s", run.id, attempt, exc, _when(delay_ms))
+
+
+async def _answered(writer: _threads.DatabaseThread) -> None:
+    """Return once ``writer`` has answered a no-op queued behind what it holds (or failed it:
+    an answer too). A cancellation ends the wait at once, without waiting for the writer."""
+    flight = _threads.Flight()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_abandon_when_cancelled, flight)
+        with _threads.flying(flight), contextlib.suppress(StorageError):
+            await _threads.submit(writer, _no_op, ())
+        nursery.cancel_scope.cancel()
+
+
+async def _abandon_when_cancelled(flight: _threads.Flight) -> None:
+    try:
+        await trio.sleep_forever()
+    finally:
+        # A submitted call waits for its answer even when cancelled; abandoning it does not.
+        flight.abandon(lambda: StorageError("the wait for a database writer was given up"))
+
+
+def _no_op(tx: object) -> None:
+    """An operation that writes nothing: its answer says the writer answers."""

@@ -237,12 +237,20 @@ class Activity:
     counts: tuple[tuple[str, int, int], ...]  # status, bucket (0 = oldest), runs
 
 
+# The last activity the chart places: from 1970 to the last millisecond of year 9999 (what a
+# date can show). A run outside it (a corrupt or hand-written row, such as the largest int64)
+# is left out: placing it would stretch the chart over millennia, and its distance from the
+# others overflows 64-bit arithmetic.
+_ACTIVITY_RANGE = "updated_at BETWEEN 0 AND 253402300799999"
+
+
 def activity(conn: Reader, limit: int, buckets: int) -> Activity | None:
     """Three indexed reads on ``updated_at``: the newest, the ``limit``-th newest, and the
     runs since then grouped in SQL over the (status, updated_at) index, so the cost is the
-    same with a million runs. (A TEXT or BLOB in ``updated_at``, which SQLite orders after
-    every number, is left out by the ``<= MAX_INT`` bound.)"""
-    numeric = f"updated_at <= {q.MAX_INT}"
+    same with a million runs. Only runs whose last activity a date can show count (see
+    _ACTIVITY_RANGE; a TEXT or BLOB in ``updated_at``, which SQLite orders after every
+    number, is left out by the same bound)."""
+    numeric = _ACTIVITY_RANGE
     newest = conn.execute(
         f"SELECT updated_at FROM agent_runs WHERE {numeric} ORDER BY updated_at DESC LIMIT 1"
     ).fetchone()

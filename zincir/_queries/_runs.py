@@ -15,6 +15,7 @@ import attrs
 
 from .._errors import InvalidArgument, RunNotFound
 from .._sql import Dialect
+from .._types import EventType
 from ._connect import Reader
 from ._keys import RUN_STATUSES, RunCursor, check_cursor, check_limit, check_status, parse_run_id
 from ._values import (
@@ -26,6 +27,7 @@ from ._values import (
     as_size,
     as_text,
     json_columns,
+    json_value,
     name_column,
     raw_value,
     was_cut,
@@ -40,6 +42,7 @@ __all__ = [
     "RunPage",
     "RunSummary",
     "count_runs",
+    "end_reason",
     "family_tree",
     "get_run",
     "list_runs",
@@ -382,6 +385,25 @@ def get_run(
         result_truncated=result is not None and was_cut(max_result_chars, as_size(result_size)),
         fingerprints=as_opt_text(marks),
     )
+
+
+def end_reason(conn: Reader, run_id: str, status: str) -> str | None:
+    """Why a failed or cancelled run ended, as its final state transition records it (the
+    reason given to ``fail()``, the last error when its attempts ran out, a cancellation's
+    reason); None for a run in any other status, or a log without one."""
+    if status not in ("failed", "cancelled"):
+        return None
+    # Its last state transition, found walking its log back from the newest event (an ended
+    # run's log ends with it): one row of the (run_id, seq) index, whatever the log's length.
+    row = conn.execute(
+        "SELECT payload FROM events WHERE run_id = ? AND type = ? ORDER BY seq DESC LIMIT 1",
+        (run_id, EventType.STATE_TRANSITION.value),
+    ).fetchone()
+    transition = None if row is None else json_value(as_opt_text(row[0]))
+    if not isinstance(transition, dict) or transition.get("to") != status:
+        return None
+    reason = transition.get("reason")
+    return reason if isinstance(reason, str) else None
 
 
 def _children(

@@ -1,0 +1,1 @@
+"""``python -m bench.adapters``: what zincir.adapters add to ``record_response`` (issue 38)."""

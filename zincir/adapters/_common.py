@@ -1,0 +1,201 @@
+"""What both adapters share: prices, the place before a model call, and the walk from a run's
+durable state to a conversation (which the adapters then write in their SDK's shapes).
+
+Nothing here imports a model SDK. docs/adapters.md describes the behaviour.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any, Final
+
+import attrs
+
+from .. import Checkpoint, DurableState, EventType, InvalidArgument, Run
+
+JSONValue = Any
+"""What ``json.dumps(value, allow_nan=False)`` accepts (as everywhere in zincir)."""
+
+__all__ = [
+    "DEFAULT_NUDGE",
+    "Conversation",
+    "JSONValue",
+    "Price",
+    "Turn",
+    "before_model_call",
+    "checkpoint_text",
+    "conversation_of",
+    "goal_of",
+    "price_of",
+    "result_text",
+]
+
+DEFAULT_NUDGE: Final = "Continue toward the goal; call your tools when you need them."
+"""What a rebuilt conversation says after a response that asked for no tool, when the run goes
+on all the same: the next request must end with the user's turn."""
+
+CHECKPOINT_HEADER: Final = "Latest accepted checkpoint (verified; continue from here):"
+
+
+def _rate(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is None and attribute.name.startswith("cache_"):
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise InvalidArgument(f"Price.{attribute.name} must be a finite number of at least 0, not {value!r}")
+
+
+@attrs.frozen
+class Price:
+    """What a model costs per million tokens, in the currency of your budget's ``cost``.
+
+    ``cache_write`` prices Anthropic's ``cache_creation_input_tokens``; ``cache_read`` prices
+    Anthropic's ``cache_read_input_tokens`` and OpenAI's cached prompt tokens
+    (``prompt_tokens_details.cached_tokens``). Either defaults to ``input`` when not given.
+    """
+
+    input: float = attrs.field(validator=_rate)
+    output: float = attrs.field(validator=_rate)
+    cache_write: float | None = attrs.field(default=None, validator=_rate)
+    cache_read: float | None = attrs.field(default=None, validator=_rate)
+
+    def cost(self, *, input: int, output: int, cache_write: int = 0, cache_read: int = 0) -> float:
+        """The cost of a response with these token counts (uncached input, output, input
+        written to and read from the prompt cache)."""
+        write = self.input if self.cache_write is None else self.cache_write
+        read = self.input if self.cache_read is None else self.cache_read
+        return (input * self.input + output * self.output + cache_write * write + cache_read * read) / 1e6
+
+
+Prices = Price | Mapping[str, Price]
+"""A price for every model, or a table by model name (see :func:`price_of`)."""
+
+
+def price_of(prices: Prices | None, model: str, where: str) -> Price | None:
+    """The price of ``model``: ``prices`` itself, or the entry of the table whose key is the
+    longest prefix of the model name (``"gpt-4o-mini"`` prices ``"gpt-4o-mini-2024-07-18"``, as
+    the API names the model it ran). No table: None. A table without the model: InvalidArgument,
+    before anything is written (a cost silently left out would let a budget overspend)."""
+    if prices is None or isinstance(prices, Price):
+        return prices
+    if not isinstance(prices, Mapping):
+        raise InvalidArgument(f"{where}: prices must be a Price or a mapping of model names to Price")
+    key = max((k for k in prices if isinstance(k, str) and model.startswith(k)), key=len, default=None)
+    if key is None:
+        raise InvalidArgument(
+            f"{where}: the price table has no entry for model {model!r} (it prices {sorted(prices)!r})"
+        )
+    price = prices[key]
+    if not isinstance(price, Price):
+        raise InvalidArgument(f"{where}: the price of {key!r} must be a Price, not {price!r}")
+    return price
+
+
+def tokens(usage: Mapping[str, Any], key: str) -> int:
+    """A token count of an SDK's usage (missing or null: 0)."""
+    value = usage.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+async def before_model_call(run: Run, request: Mapping[str, Any]) -> None:
+    """Everything zincir does before a paid model call, in one place for both adapters.
+
+    It refuses the call when the run's budget is spent (:meth:`Run.check_budget`), so a spent
+    budget costs no further request. The durable mark that a call is in flight (so that a reply
+    lost with its process shows, and is charged) belongs here too, before the request leaves;
+    ``request``, the SDK call's keyword arguments, is what such a mark would size.
+    """
+    await run.check_budget()
+
+
+# -- from a durable state to a conversation -----------------------------------------------------
+
+
+@attrs.define
+class Turn:
+    """A recorded response (its ``llm_call`` payload), the results recorded for its tool calls
+    (in log order), and the results of calls it does not own recorded after it (``orphans``:
+    calls asked for before the latest accepted checkpoint)."""
+
+    response: dict[str, Any]
+    results: list[tuple[str, JSONValue]] = attrs.field(factory=list)
+    orphans: list[tuple[str, JSONValue]] = attrs.field(factory=list)
+
+    @property
+    def call_ids(self) -> list[str]:
+        return [call["id"] for call in self.response.get("tool_calls") or []]
+
+
+@attrs.define
+class Conversation:
+    """The material of a prompt, in order: the goal, the latest accepted checkpoint, the
+    results recorded before the first response of the state (``orphans``), then its turns."""
+
+    goal: str
+    checkpoint: Checkpoint | None
+    orphans: list[tuple[str, JSONValue]]
+    turns: list[Turn]
+
+
+def conversation_of(state: DurableState, goal: str | None) -> Conversation:
+    """Walk ``state`` (from :meth:`Run.state`) into turns: each ``llm_call`` opens one, and each
+    ``tool_result`` joins the turn that asked for its call, wherever it stands in the log (a
+    result recorded after a restart, or after a later response, still answers its own call).
+    Other events (starts, checkpoints, waits, transitions) are not part of the conversation.
+    Raises InvalidArgument if a tool call has no result yet: the model cannot be asked again
+    before every call it made is answered."""
+    where = f"run {state.run.id}"
+    goal = goal_of(state, goal)
+    turns: list[Turn] = []
+    orphans: list[tuple[str, JSONValue]] = []
+    owner: dict[str, Turn] = {}
+    for event in state.events:
+        if event.type == EventType.LLM_CALL:
+            turn = Turn(event.payload)
+            turns.append(turn)
+            owner.update((call_id, turn) for call_id in turn.call_ids)
+        elif event.type == EventType.TOOL_RESULT:
+            call_id, content = event.payload["call_id"], event.payload["content"]
+            if call_id in owner:
+                owner[call_id].results.append((call_id, content))
+            else:
+                (turns[-1].orphans if turns else orphans).append((call_id, content))
+    unanswered = [c for turn in turns for c in turn.call_ids if c not in {r for r, _ in turn.results}]
+    if unanswered:
+        raise InvalidArgument(
+            f"{where}: tool calls {unanswered!r} have no result yet: run the pending tools"
+            " (run_tools) before asking the model again"
+        )
+    return Conversation(goal, state.checkpoint, orphans, turns)
+
+
+def goal_of(state: DurableState, goal: str | None) -> str:
+    """``goal`` if given, else the run's config ``{"goal": ...}`` (a string)."""
+    if goal is None:
+        config = state.run.config
+        goal = config.get("goal") if isinstance(config, dict) else None
+        if goal is None:
+            raise InvalidArgument(
+                f"run {state.run.id}: its config has no 'goal' (a string) and no goal= was given"
+            )
+    if not isinstance(goal, str) or not goal:
+        raise InvalidArgument(f"run {state.run.id}: the goal must be a non-empty string, not {goal!r}")
+    return goal
+
+
+def checkpoint_text(checkpoint: Checkpoint) -> str:
+    """The latest accepted checkpoint as a fresh context reads it: its round and its state."""
+    body = json.dumps(checkpoint.state.to_json(), sort_keys=True, ensure_ascii=False)
+    return f"{CHECKPOINT_HEADER} round {checkpoint.round}\n{body}"
+
+
+def result_text(content: JSONValue) -> str:
+    """A tool result as the model reads it: a string as it is, anything else as JSON. The same
+    text whether it comes from the log or straight from the tool, so a prompt rebuilt after a
+    restart is the prompt the model saw (and its prompt cache still applies)."""
+    return content if isinstance(content, str) else json.dumps(content, sort_keys=True, ensure_ascii=False)
+
+
+def orphan_text(call_id: str, content: JSONValue) -> str:
+    return f"Result of the earlier tool call {call_id}:\n{result_text(content)}"
