@@ -155,10 +155,18 @@ async def fork_run(db: zincir.Database, source_id: str) -> str:
     return await zincir.fork_run(db, source_id, started, by="dev", reason="try again")
 
 
+async def moved_run(db: zincir.Database) -> str:
+    """A run of one version moved to another on purpose."""
+    async with zincir.open_run(db, version="v1") as run:
+        pass
+    await zincir.set_version(db, run.id, "v2", by="ada")
+    return run.id
+
+
 async def every_event(db: zincir.Database) -> list[zincir.Event]:
     """The events of all the runs above, in order."""
     source = await agent_run(db)
     run_ids = [source, await fork_run(db, source), *await budget_runs(db), await takeover_run(db)]
-    run_ids += await worker_runs(db)
+    run_ids += [*await worker_runs(db), await moved_run(db)]
     runs = await db.runs(limit=1000)
     return [event for record in runs for event in await db.events(record.id)] if run_ids else []

@@ -285,3 +285,21 @@ async def listening(db: zincir.Database, monkeypatch: Any) -> Words:
 async def hearing_others(db: zincir.Database, monkeypatch: Any) -> None:
     """``listening``, for a test that needs only its first word to have come."""
     await listening(db, monkeypatch)
+
+
+def insert_started_run(target: zincir.Database, run_id: str, *, role: str = "agent") -> None:
+    """A run as every schema version stores one, written with SQL (for a database of an old
+    schema, which lacks columns this code writes): started, then let go, due at once."""
+    now = zincir.wall_clock_ms()
+    rows(
+        target,
+        "INSERT INTO agent_runs (id, role, provider, status, config, created_at, updated_at, last_seq,"
+        " next_attempt_at) VALUES (?, ?, '', 'running', '{}', ?, ?, 0, ?)",
+        (run_id, role, now, now, now),
+    )
+    rows(
+        target,
+        "INSERT INTO events (run_id, seq, type, payload, created_at)"
+        ' VALUES (?, 0, \'state_transition\', \'{"from":"pending","to":"running"}\', ?)',
+        (run_id, now),
+    )

@@ -403,7 +403,7 @@ METHODS: dict[str, Callable[[zincir.Run, zincir.Checkpoint], Awaitable[object]]]
 
 def test_every_public_run_method_is_checked_after_a_loss() -> None:
     public = {name for name in dir(zincir.Run) if not name.startswith("_")}
-    properties = {"epoch", "fencing_token", "database", "config"}  # and the attribute id
+    properties = {"epoch", "fencing_token", "database", "config", "version"}  # and the attribute id
     plain_reads = {"state", "usage", "check_budget"}  # they work after the lease is gone, too
     assert public == {*METHODS, *plain_reads, *properties}
 

@@ -78,3 +78,17 @@ def test_fork_and_compare_fixes_a_wrong_answer_without_searching_again(tmp_path:
     assert "common prefix: 3 events (seq 0..2)" in out
     assert "search-1 (inherited)" in out
     assert status_of_runs(database) == ["completed", "completed"]
+
+
+def test_the_blue_green_example_drains_the_old_version_on_its_own_worker(
+    tmp_path: Path, database: str
+) -> None:
+    out = run_example("blue_green.py", tmp_path, ZINCIR_DATABASE_PATH=database)
+    assert out.splitlines() == [
+        "old run {'handled_by': '2026-12-01'}",
+        "new run {'handled_by': '2026-12-08'}",
+        "2026-12-01 still draining: 1 live run(s)",
+        "old run that waited {'handled_by': '2026-12-01'}",
+        "2026-12-01 drained: 0 live run(s); stopping its worker",
+    ]
+    assert status_of_runs(database) == ["completed"] * 3

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
 import pytest
@@ -13,7 +14,7 @@ from click.testing import CliRunner
 import zincir
 from zincir._cli import main
 
-from .helpers import dump, rows
+from .helpers import dump, insert_started_run, rows
 
 
 async def new_run(db: zincir.Database, **kwargs: Any) -> str:
@@ -157,7 +158,8 @@ async def test_a_version_6_database_gains_the_audit_trail_and_keeps_its_runs(
     with monkeypatch.context() as patch:
         patch.setattr(_schema, "load", lambda backend: every(backend)[:6])
         async with zincir.open_database(db_target) as old:
-            run_id = await new_run(old, role="old")
+            run_id = str(uuid.uuid4())
+            insert_started_run(old, run_id, role="old")  # (this code writes columns v6 lacks)
             before = rows(old, "SELECT id, role, status, last_seq FROM agent_runs")
     async with zincir.open_database(db_target) as new:
         [(version,)] = rows(new, "SELECT max(version) FROM zincir_schema_migrations")

@@ -18,10 +18,9 @@ PUBLIC = {
     "PendingToolCall", "ResumeWorker", "Run", "RunCancelled", "RunLeased", "RunNotFound", "RunRecord",
     "RunStatus", "RunTerminal", "RunWaiting", "SUBMIT_CHECKPOINT", "SchemaError", "Spend",
     "StepAlreadyRunning", "StorageError", "Stream", "StreamChunk", "ToolCall", "UnfinishedWork", "Usage",
-    "Verification", "Verifier", "WaitTimeout", "ZincirError", "__version__",
+    "Verification", "Verifier", "VersionMismatch", "WaitTimeout", "ZincirError", "__version__",
     "artifacts", "cancel_run", "decide_approval", "fork_run", "open_database", "open_run", "raise_budget",
-    "read_stream",
-    "retry_now", "send_signal", "wait_for_end", "wall_clock_ms",
+    "read_stream", "retry_now", "send_signal", "set_version", "wait_for_end", "wall_clock_ms",
 }  # fmt: skip
 
 

@@ -153,3 +153,23 @@ async def test_streams_read_and_write_by_key(db: zincir.Database) -> None:
     [chunks] = [p for s, p in page if "FROM stream_chunks" in s]
     assert any("run_id=? AND name=? AND chunk_offset>?" in step for step in chunks), chunks
     assert any("FROM streams" in sql for sql, _ in ended)  # the end looks for followers to wake
+
+
+async def test_claiming_by_version_reads_each_versions_range_of_its_index(db: zincir.Database) -> None:
+    for i in range(40):  # due runs of three versions and of none, interleaved
+        async with zincir.open_run(db, version=(None, "v1", "v2", "v3")[i % 4]):
+            pass
+    for versions in (("v2",), (None, "v1")):
+        plans = await plans_of(db, db._store.claim_due, "probe", 1000, None, 30, versions)
+        claims = [plan for sql, plan in plans if "idx_agent_runs_version_claimable" in sql]
+        assert len(claims) == len(versions), plans
+        for plan in claims:  # one range per version, in the order claimed (then the wall end's lookup)
+            range_of_one_version = (
+                "USING INDEX idx_agent_runs_version_claimable (version=? AND next_attempt_at<?)"
+            )
+            assert plan[0] == f"SEARCH agent_runs {range_of_one_version}", plan
+        assert_indexed([(sql, plan) for sql, plan in plans if sql.lstrip().startswith("SELECT")])
+    due = await plans_of(db, db._store.next_due_in, (None, "v1"))
+    assert len(due) == 2 and all("idx_agent_runs_version_claimable" in " ".join(plan) for _, plan in due), due
+    skipped = await plans_of(db, db._store.skipped_for_version, ("v1",))
+    assert all("USING INDEX idx_agent_runs_claimable" in " ".join(plan) for _, plan in skipped), skipped

@@ -542,3 +542,59 @@ async def test_streams_are_written_and_read_by_their_keys(populated: Populated) 
     assert "chunk_offset >" in scan["Index Cond"], chunks
     assert uses_index(the(flush, "FROM streams"), "streams_pkey")
     assert uses_index(the(ended, "FROM streams"), "streams_pkey")
+
+
+class _RolledBack(Exception):
+    pass
+
+
+async def rolled_back_plans_of(db: zincir.Database, fn: Any, *args: Any) -> tuple[Any, list[Plan]]:
+    """:func:`plans_of` for a write whose effects are undone after: its result and plans."""
+    found: list[tuple[Any, list[Plan]]] = []
+
+    def run(tx: Tx) -> None:
+        plans: list[Plan] = []
+        with psycopg.connect(db.path, autocommit=True) as generic:
+            result = fn(PlanTx(tx, plans, generic), *args)
+        found.append((result, plans))
+        raise _RolledBack
+
+    with pytest.raises(_RolledBack):
+        await db._write(run)
+    return found[0]
+
+
+async def test_claiming_by_version_reads_each_versions_range_of_its_index(populated: Populated) -> None:
+    with psycopg.connect(populated.url, autocommit=True) as admin:  # the bulk runs in 3 versions and none
+        admin.execute(
+            "UPDATE agent_runs SET version = (ARRAY['v1', 'v2', 'v3'])[1 + abs(hashtext(id)) % 4]"
+            " WHERE role = 'bulk' AND version IS NULL"
+        )
+        admin.execute("ANALYZE agent_runs")
+    async with zincir.open_database(populated.url) as db:
+        # A worker's claim (as many as it has room for) of its version, or of the first of its
+        # versions that has due runs after one that has none (v9): each a range of the index.
+        for versions in (("v2",), ("v9", None), ("v9", "v1")):
+            claimed, plans = await rolled_back_plans_of(
+                db, db._store.claim_due, "probe", 30_000, None, 8, versions
+            )
+            assert [lease.version for lease, _ in claimed.leased] == [versions[-1]] * 8
+            assert_indexed(plans)
+            claims = [plan for plan in plans if "SKIP LOCKED" in plan.sql and "next_attempt_at" in plan.sql]
+            assert len(claims) == len(versions)
+            for claim in claims:  # each one version's range, in order, bounded by now
+                assert uses_index(claim, "idx_agent_runs_version_claimable"), f"{claim}"
+                for top in (claim.plan, claim.generic):
+                    [scan] = [
+                        n for n in _nodes(top) if n.get("Index Name") == "idx_agent_runs_version_claimable"
+                    ]
+                    assert "version" in scan["Index Cond"] and "next_attempt_at <=" in scan["Index Cond"], (
+                        claim
+                    )
+        _, looked = await plans_of(db, db._store.next_due_in, (None, "v1"))
+        assert_indexed(looked)
+        assert len(looked) == 2 and all(uses_index(p, "idx_agent_runs_version_claimable") for p in looked)
+        skipped, counted = await plans_of(db, db._store.skipped_for_version, ("v1",))
+        assert skipped > 0
+        assert_indexed(counted)
+        assert uses_index(the(counted, "count(*)"), "idx_agent_runs_claimable")

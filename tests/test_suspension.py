@@ -8,6 +8,7 @@ import contextlib
 import os
 import signal as signals
 import subprocess
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -21,6 +22,7 @@ from .conftest import ManualClock
 from .helpers import (
     REPO,
     dump,
+    insert_started_run,
     rows,
     running_python,
     scalar,
@@ -707,11 +709,17 @@ async def test_a_run_suspended_before_wait_sets_existed_is_still_woken_after_the
     with monkeypatch.context() as patch:
         patch.setattr(_schema, "load", lambda backend: every(backend)[:8])
         async with zincir.open_database(db_target) as old:
-            [run_id] = await new_runs(old, 1)
-            async with zincir.open_run(old, run_id) as run:
-                with trio.move_on_after(0.05):  # the wait is recorded and pending
-                    await run.wait_for_signal("w", "go")
-            # Suspended as version 8 recorded it: one wait, in the run's row.
+            run_id = str(uuid.uuid4())
+            # Written with SQL (this code writes columns version 8 lacks): a run whose wait for
+            # signal "go" is recorded and pending, suspended as version 8 recorded it: one wait,
+            # in the run's row.
+            insert_started_run(old, run_id)
+            rows(
+                old,
+                "INSERT INTO waits (run_id, name, kind, topic, created_at)"
+                " VALUES (?, 'w', 'signal', 'go', 1)",
+                (run_id,),
+            )
             rows(
                 old,
                 "UPDATE agent_runs SET status = 'waiting', wait_kind = 'signal', wait_target = 'go',"

@@ -55,3 +55,16 @@ async def record_with_client(run: zincir.Run, client: str) -> None:
     with open(os.environ["LEDGER"], "a") as ledger:  # noqa: ASYNC230 - a tiny append
         ledger.write(f"{run.id} {client}\n")
     await run.complete()
+
+
+async def note_version_then_complete(run: zincir.Run) -> None:
+    """Note (run, its version, the version this worker serves, pid) in the ledger, then complete;
+    a run whose config says "hang" hangs instead until an attempt of it was lost (its worker
+    killed), so that a SIGKILL always finds it in flight."""
+    with open(os.environ["LEDGER"], "a") as ledger:  # noqa: ASYNC230 - a tiny append
+        ledger.write(f"{run.id} {run.version} {os.environ['SERVES']} {os.getpid()}\n")
+    if run.config == {"hang": True}:
+        events = (await run.state()).events
+        if not any(event.type is zincir.EventType.ATTEMPT_LOST for event in events):
+            await trio.sleep_forever()
+    await run.complete()

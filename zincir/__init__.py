@@ -37,11 +37,12 @@ from ._errors import (
     StepAlreadyRunning,
     StorageError,
     UnfinishedWork,
+    VersionMismatch,
     WaitTimeout,
     ZincirError,
 )
 from ._forks import fork_run
-from ._inbox import cancel_run, decide_approval, raise_budget, retry_now, send_signal
+from ._inbox import cancel_run, decide_approval, raise_budget, retry_now, send_signal, set_version
 from ._run import Children, Run, open_run
 from ._store import SUBMIT_CHECKPOINT
 from ._streams import Stream, StreamChunk, read_stream
@@ -118,6 +119,7 @@ __all__ = [
     "Usage",
     "Verification",
     "Verifier",
+    "VersionMismatch",
     "WaitTimeout",
     "ZincirError",
     "__version__",
@@ -131,6 +133,7 @@ __all__ = [
     "read_stream",
     "retry_now",
     "send_signal",
+    "set_version",
     "wait_for_end",
     "wall_clock_ms",
 ]

@@ -23,7 +23,7 @@ from ._cli_options import database_option, os_user
 from ._database import Database, open_database, wall_clock_ms
 from ._errors import ZincirError
 from ._forks import fork_run
-from ._inbox import cancel_run, decide_approval, raise_budget, retry_now, send_signal
+from ._inbox import cancel_run, decide_approval, raise_budget, retry_now, send_signal, set_version
 from ._json import MAX_DEPTH
 from ._queries._values import plain
 from ._streams import StreamChunk, read_stream
@@ -90,6 +90,14 @@ def _load_callable(spec: str, what: str) -> Callable[..., object]:
     help="Exit once no run is due and none will become due by itself (runs suspended on a"
     " signal, an approval, a child or a budget do not keep it running).",
 )
+@click.option(
+    "--version",
+    "versions",
+    multiple=True,
+    metavar="VERSION",
+    help="Claim only runs of this version of the agent; repeatable; '' for runs without a version"
+    " (default: runs of any version).",
+)
 def worker(
     handler_spec: str,
     database_path: str,
@@ -101,11 +109,13 @@ def worker(
     suspend_after: str,
     resources_spec: str | None,
     until_idle: bool,
+    versions: tuple[str, ...],
 ) -> None:
     """Resume runs nobody is working on by calling MODULE:HANDLER(run) for each.
 
     A run whose wait for a signal or approval lasts --suspend-after seconds (or that sleeps
     longer) is suspended: status waiting, no lease, no process, until what it awaits arrives.
+    With --version, only runs of those versions are claimed (see docs/versions.md).
     Stops cleanly on SIGINT or SIGTERM: no new claims, running handlers get the grace period.
     """
     suspend = _suspend_seconds(suspend_after)
@@ -123,6 +133,7 @@ def worker(
                 "grace_period": grace_period,
                 "suspend_after": suspend,
                 "until_idle": until_idle,
+                "versions": [version or None for version in versions] if versions else None,
             }
             if resources is None:
                 resume = ResumeWorker(db, handler, **options)
@@ -143,7 +154,8 @@ def worker(
 
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(stop_on_signal, nursery)
-                    log.info("worker started on %s", database_path)
+                    served = "" if not versions else f" for version(s) {', '.join(map(repr, versions))}"
+                    log.info("worker started on %s%s", database_path, served)
                     await resume.run()  # returns once stopped and the handlers are done
                     nursery.cancel_scope.cancel()
 
@@ -486,6 +498,31 @@ def retry_command(run_id: str, by: str | None, database_path: str) -> None:
         click.echo(f"{run_id} is due now; a worker will claim it")
     else:
         click.echo(f"{run_id} was due already; nothing changed")
+
+
+@main.command("set-version")
+@click.argument("run_id")
+@click.argument("version")
+@_by_option
+@database_option
+def set_version_command(run_id: str, version: str, by: str | None, database_path: str) -> None:
+    """Move run RUN_ID to VERSION of the agent ('' for no version): only workers serving VERSION
+    claim it from now on. Logs version_changed (from, to, by), audited.
+
+    A run an owner holds is refused, and nothing is written: its owner runs the old version's
+    code until it lets the run go (it ends, suspends or backs off). See docs/versions.md.
+    """
+    run_id = _run_id(run_id, database_path)
+
+    async def move() -> bool:
+        async with _existing_database(database_path) as db:
+            return await set_version(db, run_id, version or None, by=by or os_user())
+
+    shown = f"version {version!r}" if version else "no version"
+    if _run_cli(move):
+        click.echo(f"moved {run_id} to {shown}; workers serving it claim it from now on")
+    else:
+        click.echo(f"{run_id} has {shown} already; nothing changed")
 
 
 _LIMIT_OPTIONS = (

@@ -252,13 +252,21 @@ async def _serve_ui_with_actions(database_path: str, address: str | None, actor:
 @database_option
 @click.option("--status", type=click.Choice(q.RUN_STATUSES), help="Only runs with this status.")
 @click.option("--role", help="Only runs with this role.")
+@click.option("--version", help="Only runs of this version of the agent ('' for runs without one).")
 @click.option("--limit", type=click.IntRange(1, q.MAX_PAGE), default=20, show_default=True)
 @click.option("--before", "cursor", metavar="CURSOR", help="Continue after this cursor (printed below).")
-def runs(database_path: str, status: str | None, role: str | None, limit: int, cursor: str | None) -> None:
+def runs(
+    database_path: str,
+    status: str | None,
+    role: str | None,
+    version: str | None,
+    limit: int,
+    cursor: str | None,
+) -> None:
     """List runs, most recent activity first, with counts per status."""
     with clean_errors(), readonly_database(database_path) as conn, q.read_snapshot(conn):
         before = None if cursor is None else q.parse_cursor(cursor)
-        page = q.list_runs(conn, status=status, role=role, limit=limit, before=before)
+        page = q.list_runs(conn, status=status, role=role, limit=limit, before=before, version=version)
         awaiting = q.list_awaiting(conn, [r.id for r in page.runs if r.status in ("running", "waiting")])
         budgets = q.budgets_of(conn, [r.id for r in page.runs], time.time_ns() // 1_000_000)
         _print_runs(page, awaiting, budgets)
@@ -295,7 +303,11 @@ def _print_runs(
         for run in page.runs
     ]
     headers = ["RUN", "STATUS", "ROLE", "PROVIDER", "EVENTS", "ATTEMPTS", "LAST ACTIVITY", "BUDGET", "AWAITS"]
-    click.echo(_table(headers, rows, frozenset({4, 5})))
+    if any(run.version is not None for run in page.runs):  # a column only where versions are used
+        headers.insert(3, "VERSION")
+        for row, run in zip(rows, page.runs, strict=True):
+            row.insert(3, cell(run.version, 24))
+    click.echo(_table(headers, rows, frozenset({5, 6} if "VERSION" in headers else {4, 5})))
     total = f"{page.total}+" if page.capped else f"{page.total}"
     click.echo(f"\n{len(page.runs)} shown; {total} in all ({counts})")
     if page.has_older:
@@ -410,6 +422,7 @@ def _print_run(run: q.RunDetail, now: int, reason: str | None) -> None:
         ("status", cell(run.status)),
         ("role", cell(run.role)),
         ("provider", cell(run.provider) or "—"),
+        ("version", cell(run.version)),
         ("parent", cell(run.parent_run_id)),
         ("children", children),
         *_fork_fields(run),
@@ -425,6 +438,8 @@ def _print_run(run: q.RunDetail, now: int, reason: str | None) -> None:
     for name, value in fields:
         click.echo(f"{name:<13}{value}")
     _print_json_block("config", run.config)
+    if run.fingerprints is not None:
+        _print_json_block("fingerprints", run.fingerprints)
     if run.result is not None:
         _print_json_block("result", run.result)
     elif run.status == "completed":
@@ -682,7 +697,35 @@ def _tree_lines(node: q.FamilyNode, indent: str) -> Iterator[str]:
         yield from lines
 
 
+# --------------------------------------------------------------------------- versions
+
+
+@click.command("versions")
+@database_option
+def versions(database_path: str) -> None:
+    """How many runs each version of the agent has, per status: a version with pending, running
+    or waiting runs is still draining (a worker serving it must stay up). See docs/versions.md."""
+    with clean_errors(), readonly_database(database_path) as conn, q.read_snapshot(conn):
+        found, more = q.count_versions(conn)
+    if not found:
+        click.echo("No runs.")
+        return
+    statuses = [*q.RUN_STATUSES, *(["other"] if any("other" in v.counts for v in found) else [])]
+    rows = [
+        [
+            "(none)" if v.version is None else cell(v.version, 40),
+            *(str(v.counts.get(status, 0)) for status in statuses),
+            f"draining ({v.live} left)" if v.live else "drained",
+        ]
+        for v in found
+    ]
+    headers = ["VERSION", *(status.upper() for status in statuses), "STATE"]
+    click.echo(_table(headers, rows, frozenset(range(1, len(statuses) + 1))))
+    if more:
+        click.echo(f"\n(the first {q.MAX_VERSIONS} versions by name are shown)")
+
+
 def register(group: click.Group) -> None:
     """Add the inspection commands to the ``zincir`` group."""
-    for command in (ui, runs, show, tree, checkpoints, events, export):
+    for command in (ui, runs, show, tree, checkpoints, events, export, versions):
         group.add_command(command)

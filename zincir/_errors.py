@@ -10,6 +10,7 @@
     ├── RunTerminal               the run is completed or failed; it can never be written again
     ├── RunLeased                 another owner holds an active lease on the run
     ├── RunWaiting                the run is suspended on a wait: only what it awaits moves it
+    ├── VersionMismatch           the run belongs to another version of the agent
     ├── LeaseLost                 this owner was fenced, or its lease expired
     ├── NoDurableIntent           a tool result names a call that has no recorded intent
     ├── ConflictingResult         a tool call already has a different result
@@ -59,6 +60,7 @@ __all__ = [
     "StepAlreadyRunning",
     "StorageError",
     "UnfinishedWork",
+    "VersionMismatch",
     "WaitTimeout",
     "ZincirError",
 ]
@@ -103,6 +105,11 @@ class RunWaiting(ZincirError):
     """The run is suspended (``waiting``) for a signal, an approval, a child, a sleep or its budget:
     it is not backing off, so :func:`zincir.retry_now` cannot make it due; what it awaits, or
     :func:`zincir.cancel_run`, can."""
+
+
+class VersionMismatch(ZincirError):
+    """The run belongs to another version of the agent than the code that asked to resume it;
+    :func:`zincir.set_version` moves a run to another version on purpose (docs/versions.md)."""
 
 
 class LeaseLost(ZincirError):

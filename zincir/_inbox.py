@@ -2,7 +2,9 @@
 
 Only the lease holder writes a run's log: a signal sent here lands in the ``signals`` table and
 enters the log (``signal_received``) when the run's owner consumes it, in the owner's own fenced
-transaction. So nothing an outsider does can interleave with the owner's sequence.
+transaction. So nothing an outsider does can interleave with the owner's sequence. The few
+writes that log an event themselves (a cancellation ending a run, a move to another version) do
+so only while nobody holds the run, with its row held against the next owner's claim.
 
 Every write here also leaves a row in the audit trail (``outsider_actions``), in the same
 transaction: what was done, to which run, when, and by whom (``by``, as the caller names them;
@@ -24,9 +26,9 @@ from ._errors import InvalidArgument, RunTerminal, TransientConflict
 from ._json import JSONValue, dump_trusted, encode
 from ._store import CancelOutcome, DecideOutcome, SendOutcome
 from ._types import Approval
-from ._validation import canonical_run_id, check_call_id, check_name, check_text
+from ._validation import canonical_run_id, check_call_id, check_name, check_text, check_version
 
-__all__ = ["cancel_run", "decide_approval", "raise_budget", "retry_now", "send_signal"]
+__all__ = ["cancel_run", "decide_approval", "raise_budget", "retry_now", "send_signal", "set_version"]
 
 T = TypeVar("T")
 
@@ -182,6 +184,28 @@ async def retry_now(db: Database, run_id: str, *, by: str | None = None) -> bool
     write = _audited(db, storage(db).store.retry_now, audit, by)
     was_due_at: int | None = await _as_outsider(db, run_id, write)
     return was_due_at is not None
+
+
+async def set_version(db: Database, run_id: str, version: str | None, *, by: str | None = None) -> bool:
+    """Move a run to another version of the agent on purpose (None: to no version): from now on
+    only workers serving ``version`` claim it, and ``open_run(db, run_id, version=...)`` resumes
+    it under that version alone. Logs ``version_changed`` (from, to, by) and leaves a row in the
+    audit trail (action ``set_version``). Returns True; False if the run is of that version
+    already (nothing is written). A run an owner holds is :class:`RunLeased`: its owner runs the
+    old version's code until it lets the run go (it ends, suspends or backs off), so move it
+    then (docs/versions.md). :class:`RunNotFound`; :class:`RunTerminal` for an ended run."""
+    if not isinstance(db, Database):
+        raise InvalidArgument(f"set_version() needs a Database, not {db!r}")
+    run_id = canonical_run_id(run_id)
+    version = check_version(version, f"run {run_id}: version")
+    by = _check_by(by, run_id)
+
+    def audit(moved: tuple[str | None, str | None] | None) -> _Entry | None:
+        return None if moved is None else ("set_version", {"from": moved[0], "to": moved[1]})
+
+    write = _audited(db, storage(db).store.set_version, audit, by)
+    moved: tuple[str | None, str | None] | None = await _as_outsider(db, run_id, write, version, by)
+    return moved is not None
 
 
 _Entry = tuple[str, dict[str, Any]]

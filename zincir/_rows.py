@@ -8,7 +8,8 @@ from ._json import decode
 from ._types import Checkpoint, CheckpointState, Event, EventType, RunRecord, RunStatus, Verification
 
 RUN_COLUMNS = (
-    "id, parent_run_id, role, provider, status, config, created_at, updated_at, result, forked_from, fork_seq"
+    "id, parent_run_id, role, provider, status, config, created_at, updated_at, result,"
+    " forked_from, fork_seq, version, fingerprints"
 )
 CHECKPOINT_COLUMNS = (
     "id, run_id, round, tool_call_id, based_on_event_seq, decision_event_seq, status, state,"
@@ -18,10 +19,25 @@ EVENT_COLUMNS = "seq, type, payload, idempotency_key, created_at"
 
 
 def to_run(row: Any) -> RunRecord:
-    id, parent, role, provider, status, config, created_at, updated_at, result, forked_from, fork_seq = row
+    (
+        id,
+        parent,
+        role,
+        provider,
+        status,
+        config,
+        created_at,
+        updated_at,
+        result,
+        forked_from,
+        fork_seq,
+        version,
+        prints,
+    ) = row
     return RunRecord(
         id, parent, role, provider, RunStatus(status), decode(config), created_at, updated_at,
-        None if result is None else decode(result), forked_from, fork_seq,
+        None if result is None else decode(result), forked_from, fork_seq, version,
+        {} if prints is None else decode(prints),
     )  # fmt: skip
 
 

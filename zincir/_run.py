@@ -66,9 +66,11 @@ from ._validation import (
     canonical_run_id,
     check_async_callable,
     check_call_id,
+    check_fingerprints,
     check_name,
     check_seconds,
     check_text,
+    check_version,
     lease_ttl_ms,
 )
 
@@ -233,6 +235,13 @@ class Run:
         if self._config is _UNREAD:
             self._config = decode(self._lease.config_json)
         return self._config
+
+    @property
+    def version(self) -> str | None:
+        """The version of the agent the run belongs to (None: none), as it was when the lease
+        was taken: nobody moves a run to another version while its lease holds
+        (docs/versions.md)."""
+        return self._lease.version
 
     # -- guards ---------------------------------------------------------------------------
 
@@ -727,20 +736,31 @@ class Run:
         provider: str = "",
         config: JSONValue = None,
         budget: Budget | None = None,
+        version: str | None = None,
+        fingerprints: Mapping[str, str] | None = None,
     ) -> str:
         """Create the child run ``name`` of this run, once: a repeat (after a restart, say)
         returns the same child's id. The child is ``pending`` and unleased: any worker may claim
         it. A ``child_spawned`` event enters this run's log. ``budget`` is the child's own: what
-        it spends is not its parent's."""
-        child = self._new_child(name, role, provider, config, budget)
+        it spends is not its parent's. ``version`` and ``fingerprints``: this run's unless
+        given (docs/versions.md)."""
+        child = self._new_child(name, role, provider, config, budget, version, fingerprints)
         ids: list[str] = await self._write(self._store.spawn_children, [child])
         return ids[0]
 
     def _new_child(
-        self, name: str, role: str, provider: str, config: JSONValue, budget: Budget | None
+        self,
+        name: str,
+        role: str,
+        provider: str,
+        config: JSONValue,
+        budget: Budget | None,
+        version: object,
+        fingerprints: object,
     ) -> NewChild:
         check_name(name, f"run {self.id}: child name")
         limits = _budget_row(budget)
+        marks = check_fingerprints(fingerprints, f"run {self.id}: the fingerprints of child {name!r}")
         return NewChild(
             name,
             str(uuid.uuid4()),
@@ -748,6 +768,8 @@ class Run:
             _check_provider(provider),
             self._encode({} if config is None else config, f"the config of child {name!r}"),
             limits,
+            check_version(version, f"run {self.id}: the version of child {name!r}"),
+            None if marks is None else self._encode(marks, f"the fingerprints of child {name!r}"),
         )
 
     async def join(
@@ -1320,9 +1342,19 @@ class Children:
         provider: str = "",
         config: JSONValue = None,
         budget: Budget | None = None,
+        version: str | None = None,
+        fingerprints: Mapping[str, str] | None = None,
     ) -> str:
         """:meth:`Run.spawn`, with the child joined (or cancelled) when the block ends."""
-        child_id = await self._run.spawn(name, role=role, provider=provider, config=config, budget=budget)
+        child_id = await self._run.spawn(
+            name,
+            role=role,
+            provider=provider,
+            config=config,
+            budget=budget,
+            version=version,
+            fingerprints=fingerprints,
+        )
         self._add(child_id, name)
         return child_id
 
@@ -1334,6 +1366,8 @@ class Children:
         provider: str = "",
         config: JSONValue = None,
         budget: Budget | None = None,
+        version: str | None = None,
+        fingerprints: Mapping[str, str] | None = None,
     ) -> None:
         """Spawn the child ``name`` in the background, as :meth:`spawn` would, and return at
         once: the children queued together are created in one transaction (a fan-out of many
@@ -1346,7 +1380,7 @@ class Children:
         self._run._check_usable()  # a run that has ended (or was lost) spawns nothing
         if self._error is not None:
             raise self._error
-        self._queued.append(self._run._new_child(name, role, provider, config, budget))
+        self._queued.append(self._run._new_child(name, role, provider, config, budget, version, fingerprints))
         if self._sender is None:
             self._sender = trio.CancelScope()
             self._sent = trio.Event()
@@ -1586,38 +1620,48 @@ async def open_run(
     lease_ttl: float = 30.0,
     force: bool = False,
     budget: Budget | None = None,
+    version: str | None = None,
+    fingerprints: Mapping[str, str] | None = None,
 ) -> AsyncIterator[Run]:
     """Own a run for the duration of the block: a new one (``run_id=None``) or an existing one.
 
     A new run is created, leased and started in one transaction (``role``, ``provider``,
-    ``config`` and ``parent_run_id`` describe it; they are ignored for an existing run).
+    ``config``, ``parent_run_id``, ``budget``, ``version`` and ``fingerprints`` describe it;
+    a child takes its parent's version and fingerprints unless given its own).
     An existing run's lease is taken if it is free or expired; an active one raises
     :class:`RunLeased` unless ``force=True``, which fences the owner (only do that once the
-    owner is known to be dead). Leaving the block without :meth:`Run.complete` or
-    :meth:`Run.fail` releases the lease at once; the run stays claimable.
+    owner is known to be dead). With ``version``, an existing run of another version raises
+    :class:`VersionMismatch` and nothing is written (docs/versions.md). Leaving the block
+    without :meth:`Run.complete` or :meth:`Run.fail` releases the lease at once; the run stays
+    claimable.
     """
     if not isinstance(db, Database):
         async with open_database(db) as opened, open_run(
             opened, run_id, role=role, provider=provider, config=config,
             parent_run_id=parent_run_id, lease_ttl=lease_ttl, force=force, budget=budget,
+            version=version, fingerprints=fingerprints,
         ) as run:  # fmt: skip
             yield run
         return
     ttl_ms = lease_ttl_ms(lease_ttl)
     owner = str(uuid.uuid4())
+    version = check_version(version, "version")
     if run_id is None:
         config_json = encode({} if config is None else config, what="run config", limit=db.max_payload_bytes)
+        marks = check_fingerprints(fingerprints, "fingerprints")
+        marks_json = None if marks is None else encode(marks, what="fingerprints", limit=db.max_payload_bytes)
         parent = None if parent_run_id is None else canonical_run_id(parent_run_id, "parent_run_id")
         new_id = str(uuid.uuid4())
         description = (check_name(role, "role"), _check_provider(provider), config_json)
         limits = _budget_row(budget)
         lease, submitted_at = await _take_lease(
-            db, storage(db).store.create_run, new_id, parent, *description, owner, ttl_ms, limits
-        )
+            db, storage(db).store.create_run, new_id, parent, *description, owner, ttl_ms, limits,
+            version, marks_json,
+        )  # fmt: skip
     else:
         run_id = canonical_run_id(run_id)
         lease, submitted_at = await _take_lease(
-            db, storage(db).store.acquire_run, run_id, owner, ttl_ms, bool(force)
+            db, storage(db).store.acquire_run, run_id, owner, ttl_ms, bool(force), version
         )
     if lease is None:
         raise RunCancelled(f"run {run_id} was cancelled (its cancellation was requested before)")

@@ -73,6 +73,7 @@ class EventType(enum.StrEnum):
     LEASE_TAKEN_OVER = "lease_taken_over"
     ATTEMPT_LOST = "attempt_lost"
     FORKED = "forked"
+    VERSION_CHANGED = "version_changed"
 
 
 @attrs.frozen
@@ -248,7 +249,9 @@ class Event:
 @attrs.frozen
 class RunRecord:
     """A run as stored. ``updated_at`` is its last event or status change (not heartbeats);
-    ``result`` is what it completed with (:meth:`Run.complete`), None until then."""
+    ``result`` is what it completed with (:meth:`Run.complete`), None until then. ``version``
+    is the version of the agent the run belongs to (None: none), ``fingerprints`` what shaped
+    it, as its creator named them ({} if none; docs/versions.md)."""
 
     id: str
     parent_run_id: str | None
@@ -263,6 +266,8 @@ class RunRecord:
     """The run this one was forked from (:func:`zincir.fork_run`); None for a run that is no fork."""
     fork_seq: int | None = None
     """The last seq of ``forked_from`` that the fork copied (its events ``0..fork_seq``)."""
+    version: str | None = None
+    fingerprints: dict[str, str] = attrs.field(factory=dict)
 
 
 @attrs.frozen

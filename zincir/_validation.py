@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import math
 import uuid
+from collections.abc import Mapping
 from types import FunctionType
 from typing import Any, Final
 
@@ -104,3 +105,29 @@ def check_async_callable(value: object, what: str) -> Any:
     if inspect.iscoroutinefunction(value) or inspect.iscoroutinefunction(type(value).__call__):
         return value
     raise InvalidArgument(f"{what} must be an async function (async def), not the plain callable {value!r}")
+
+
+MAX_VERSION_CHARS: Final = 255
+"""A version names a deploy of an agent ("2026-12-03.1", a git sha): short."""
+MAX_FINGERPRINTS: Final = 64
+"""Fingerprints name what shaped a run (a prompt, tool schemas, a model): a few, each a hash."""
+
+
+def check_version(value: object, what: str) -> str | None:
+    """A version of an agent: None, or 1 to 255 characters of valid Unicode."""
+    return None if value is None else check_text(value, what, max_chars=MAX_VERSION_CHARS)
+
+
+def check_fingerprints(value: object, what: str) -> dict[str, str] | None:
+    """None, or a mapping of up to 64 names (as :func:`check_name`) to fingerprints (1 to 1024
+    characters, a hash say), as a plain dict in name order."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise InvalidArgument(f"{what} must be a mapping of names to strings, not {value!r}")
+    if len(value) > MAX_FINGERPRINTS:
+        raise InvalidArgument(f"{what} hold {len(value)} entries; at most {MAX_FINGERPRINTS} are allowed")
+    return {
+        check_name(name, f"{what}: a name"): check_text(value[name], f"{what}[{name!r}]", max_chars=1024)
+        for name in sorted(value, key=lambda name: str(name))
+    }

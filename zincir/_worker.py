@@ -8,7 +8,7 @@ import logging
 import math
 import random
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, Final, TypeVar, final, overload
 
@@ -27,8 +27,9 @@ from ._errors import (
 )
 from ._run import STOP_MARGIN, Run, owned_run
 from ._store import Claims, Lease, exhausted_reason
+from ._store._versions import SKIPPED_CAP, Versions, shown
 from ._types import RunStatus
-from ._validation import check_int, check_seconds, lease_ttl_ms
+from ._validation import check_int, check_seconds, check_version, lease_ttl_ms
 
 __all__ = ["Backoff", "Handler", "ResumeWorker"]
 
@@ -47,6 +48,18 @@ _MAX_CONCURRENCY: Final = 10_000
 # stalled renewal costs a run its lease (0.8 of the TTL); a pause it causes by mistake (a slow
 # commit) ends with the writer's next answer.
 _SILENT_WRITER_FRACTION: Final = 0.25
+
+
+def _served(versions: object) -> Versions | None:
+    """A worker's ``versions``, checked: None (any), or a tuple (None first, then by name)."""
+    if versions is None:
+        return None
+    if isinstance(versions, str) or not isinstance(versions, Iterable):
+        raise InvalidArgument(f"versions must be a set of versions (str, or None for none), not {versions!r}")
+    served = {check_version(version, "a version in versions") for version in versions}
+    if not served:
+        raise InvalidArgument("versions is empty: the worker would claim nothing (None claims every version)")
+    return tuple(sorted(served, key=lambda version: (version is not None, version or "")))
 
 
 def _when(delay_ms: int) -> str:
@@ -117,6 +130,11 @@ class ResumeWorker:
     one another owner holds (its lease comes free when that owner lets go or dies) keep the
     worker going; runs suspended on a signal, an approval, a child or a budget do not, even with
     a deadline: a later worker resumes them.
+
+    ``versions``: claim only runs of these versions of the agent (``None`` in it: runs without
+    a version); None, the default, claims runs of any version. A due run of another version is
+    left for a worker of its own, and an idle worker says once per poll how many it left
+    (docs/versions.md). The handler reads :attr:`Run.version`.
     """
 
     @overload
@@ -133,6 +151,7 @@ class ResumeWorker:
         grace_period: float = 10.0,
         suspend_after: float | None = 30.0,
         until_idle: bool = False,
+        versions: Iterable[str | None] | None = None,
     ) -> None: ...
 
     @overload
@@ -150,6 +169,7 @@ class ResumeWorker:
         grace_period: float = 10.0,
         suspend_after: float | None = 30.0,
         until_idle: bool = False,
+        versions: Iterable[str | None] | None = None,
     ) -> None: ...
 
     def __init__(
@@ -166,6 +186,7 @@ class ResumeWorker:
         grace_period: float = 10.0,
         suspend_after: float | None = 30.0,
         until_idle: bool = False,
+        versions: Iterable[str | None] | None = None,
     ) -> None:
         if not isinstance(db, Database):
             raise InvalidArgument(f"ResumeWorker needs a Database, not {db!r}")
@@ -188,6 +209,9 @@ class ResumeWorker:
         self._resource_factory = resources
         self._resources: Any = None  # the factory's value, while the worker runs
         self._until_idle = until_idle
+        self._versions = _served(versions)
+        self._turn = 0  # which of several versions claims first, turned at each claim
+        self._skips_counted_at = -math.inf  # when (Trio time) the last idle poll counted skipped runs
         self._ttl_ms = lease_ttl_ms(lease_ttl)
         self._silent_writer_s = self._ttl_ms / 1000 * _SILENT_WRITER_FRACTION
         # A claim answered this long after it was sent leases nothing its owner could hold: an
@@ -283,6 +307,7 @@ class ResumeWorker:
                     self._ttl_ms,
                     self._max_attempts,
                     len(slots),
+                    self._claim_order(),
                     route=None,  # any writer: the least busy
                 )
             except BaseException as exc:
@@ -303,6 +328,7 @@ class ResumeWorker:
                 handlers.start_soon(self._handle, lease, attempt, slot, submitted_at)
             self._release_slots(slots[len(claimed.leased) :])
             if len(claimed.leased) < len(slots):  # nothing more is due: wait for a wake-up
+                await self._note_skipped()
                 if self._until_idle and self.running_handlers == 0 and not await self._work_ahead():
                     logger.info("worker idle: no run is due or will become due by itself; stopping")
                     return
@@ -348,17 +374,24 @@ class ResumeWorker:
         limit = "" if self._max_attempts is None else f" of {self._max_attempts}"
         for lease, attempt in claims.leased:
             lost = claims.lost.get(lease.run_id)
+            version = "" if lease.version is None else f", version {lease.version!r}"
             if lost is None:
                 logger.info(
-                    "claimed run %s (attempt %d%s, epoch %d)", lease.run_id, attempt, limit, lease.epoch
-                )
-            else:
-                logger.warning(
-                    "claimed run %s (attempt %d%s, epoch %d) after an attempt %s",
+                    "claimed run %s (attempt %d%s, epoch %d%s)",
                     lease.run_id,
                     attempt,
                     limit,
                     lease.epoch,
+                    version,
+                )
+            else:
+                logger.warning(
+                    "claimed run %s (attempt %d%s, epoch %d%s) after an attempt %s",
+                    lease.run_id,
+                    attempt,
+                    limit,
+                    lease.epoch,
+                    version,
                     lost.summary(),
                 )
         for run_id, status, reason in claims.ended:
@@ -370,7 +403,7 @@ class ResumeWorker:
     async def _work_ahead(self) -> bool:
         """Whether a run will become claimable by itself (with ``until_idle``, when idle)."""
         try:
-            ahead: bool = await self._storage.read(self._storage.store.work_ahead)
+            ahead: bool = await self._storage.read(self._storage.store.work_ahead, self._versions)
         except StorageError as exc:  # an outage is no reason to stop: look again after a poll
             logger.warning("worker: looking for work ahead failed (%s); looking again", exc)
             return True
@@ -380,10 +413,38 @@ class ResumeWorker:
         """Seconds until the next poll: the poll interval, or less if a run (a deadline, a wake
         time, a backoff) becomes due sooner, so that it is resumed then, not a poll late."""
         try:
-            due_in = await self._storage.read(self._storage.store.next_due_in)
+            due_in = await self._storage.read(self._storage.store.next_due_in, self._versions)
         except StorageError:
             return self._poll_interval
         return self._poll_interval if due_in is None else min(self._poll_interval, due_in / 1000)
+
+    def _claim_order(self) -> Versions | None:
+        """The versions this claim reads, in order: with several, each claim starts with the
+        next one, so that a version with many due runs never starves the others."""
+        versions = self._versions
+        if versions is None or len(versions) == 1:
+            return versions
+        self._turn = (self._turn + 1) % len(versions)
+        return versions[self._turn :] + versions[: self._turn]
+
+    async def _note_skipped(self) -> None:
+        """When idle, at most once per poll: say how many due runs this worker leaves alone for
+        their version (a version nobody serves shows here, and nowhere else)."""
+        if self._versions is None or trio.current_time() < self._skips_counted_at + self._poll_interval:
+            return
+        self._skips_counted_at = trio.current_time()
+        try:
+            skipped: int = await self._storage.read(self._storage.store.skipped_for_version, self._versions)
+        except StorageError as exc:
+            logger.warning("worker: counting the runs due for other versions failed (%s)", exc)
+            return
+        if skipped:
+            logger.info(
+                "worker serving version(s) %s: skipped %s%d due run(s) of other versions",
+                ", ".join(shown(version) for version in self._versions),
+                "at least " if skipped >= SKIPPED_CAP else "",
+                skipped,
+            )
 
     async def _free_slots(self) -> list[object]:
         """Wait for one free handler slot, then take every other free one too, so that one

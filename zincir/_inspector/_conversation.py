@@ -334,6 +334,11 @@ def _entry(ctx: Context, event: q.EventRow, shown_calls: Mapping[str, object]) -
             kind, "Lease taken over"
         )
         return _base(ctx, event, "restart", title, **_body(_text_of(value)))
+    if kind == "version_changed":  # an outsider moved the run (zincir.set_version)
+        moved = [_str(_field(value, end)) or "(none)" for end in ("from", "to")]
+        by = _str(_field(value, "by"))
+        title = f"Moved from version {moved[0]} to {moved[1]}{f' by {by}' if by else ''}"
+        return _base(ctx, event, "transition", title)
     if kind == "wait_timed_out":
         return _base(ctx, event, "timeout", "Wait timed out", **_body(_text_of(value)), marks=("timed-out",))
     if kind == "state_transition":

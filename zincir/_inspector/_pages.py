@@ -55,7 +55,10 @@ async def runs_page(app: InspectorApp) -> Response:
         budgets = q.budgets_of(conn, [r.id for r in page.runs], now)
         chart = status_chart(activity(conn, CHART_SAMPLE, CHART_BUCKETS), q.RUN_STATUSES, page.total)
         context = _runs_context(query, page, awaiting, budgets, q.display_target(app.database_path), now)
-        return render_page(app, "runs.html", "Runs", {**context, "chart": chart, **extra})
+        versions = _versions_panel(query, q.draining_versions(conn))
+        return render_page(
+            app, "runs.html", "Runs", {**context, "chart": chart, "versions": versions, **extra}
+        )
 
     return html_response(await run_read(app, render))
 
@@ -142,6 +145,24 @@ def _stylesheet_bytes() -> bytes:
     return (STATIC / "inspector.css").read_bytes()
 
 
+def _versions_panel(query: RunsQuery, draining: list[q.Draining]) -> list[v.Tab] | None:
+    """The versions still draining, each a link to its runs; None (no panel) unless a live run
+    has a version or the page is filtered by one."""
+    if query.version is None and all(found.version is None for found in draining):
+        return None
+    return [
+        v.Tab(
+            "(none)" if found.version is None else found.version,
+            "running",
+            found.live,
+            found.capped,
+            query.url(version=q.NO_VERSION if found.version is None else found.version),
+            (q.NO_VERSION if found.version is None else found.version) == query.version,
+        )
+        for found in draining
+    ]
+
+
 def _runs_context(
     query: RunsQuery,
     page: q.RunPage,
@@ -167,8 +188,10 @@ def _runs_context(
         "statuses": q.RUN_STATUSES,
         "query": query,
         "rows": v.run_rows(page.runs, awaiting, budgets, now),
-        "empty_database": page.total == 0 and query.role is None,
+        "empty_database": page.total == 0 and query.role is None and query.version is None,
+        "show_version": any(run.version is not None for run in page.runs),
         "nav": nav,
         "now": now,
         "chart": None,
+        "versions": None,
     }

@@ -95,9 +95,13 @@ class RunsQuery:
         limit: int,
         before: q.RunCursor | None,
         after: q.RunCursor | None,
+        version: str | None = None,
     ) -> None:
         self.status, self.role, self.limit = status, role, limit
         self.before, self.after = before, after
+        #: Only runs of this version; :data:`q.NO_VERSION` for those without one (the URL says
+        #: ``unversioned=1``: an empty parameter is an absent one).
+        self.version = version
 
     @classmethod
     def from_request(cls) -> RunsQuery:
@@ -105,7 +109,12 @@ class RunsQuery:
         before, after = cursor_arg("before"), cursor_arg("after")
         if before is not None and after is not None:
             raise InvalidArgument("give at most one of before= and after=")
-        return cls(status_arg(), arg("role"), limit, before, after)
+        version = arg("version")
+        if arg("unversioned") is not None:
+            if version is not None:
+                raise InvalidArgument("give at most one of version= and unversioned=")
+            version = q.NO_VERSION
+        return cls(status_arg(), arg("role"), limit, before, after, version)
 
     def fetch(self, conn: Any) -> q.RunPage:
         return q.list_runs(
@@ -115,14 +124,23 @@ class RunsQuery:
             limit=self.limit,
             before=self.before,
             after=self.after,
+            version=self.version,
         )
 
     def url(self, **changes: Any) -> str:
-        params = {"status": self.status, "role": self.role, "limit": self.limit}
+        params = {"status": self.status, "role": self.role, "limit": self.limit, **self._version_params()}
         if params["limit"] == RUNS_PAGE:
             params["limit"] = None
+        if "version" in changes:  # a change of version: one of the two parameters, or neither
+            params.update(self._version_params(changes.pop("version")))
         params.update(changes)
         return v.url("/", params)
+
+    def _version_params(self, version: object = ...) -> dict[str, Any]:
+        version = self.version if version is ... else version
+        if version == q.NO_VERSION:
+            return {"version": None, "unversioned": 1}
+        return {"version": version, "unversioned": None}
 
 
 class EventsQuery:

@@ -15,7 +15,7 @@ from .._json import dump_trusted as _dump
 from .._rows import RUN_COLUMNS
 from .._store import Reply, Store, Tx
 from .._store._budgets import insert_budget
-from .._store._children import SHARED_CHILD, SHARES, await_child, join_children
+from .._store._children import INHERITED, SHARED_CHILD, SHARES, await_child, inherited_params, join_children
 from .._store._types import Lease, NewChild
 from .._types import EventType
 
@@ -32,8 +32,8 @@ def spawn_children(tx: Tx, lease: Lease, children: Sequence[NewChild]) -> list[s
         tx.send(
             "WITH now AS MATERIALIZED (SELECT CAST(:now AS BIGINT) AS ms),"
             " spawned AS (INSERT INTO agent_runs (id, parent_run_id, role, provider, status, config,"
-            " created_at, updated_at, next_attempt_at, spawn_name)"
-            " SELECT ?, ?, ?, ?, 'pending', ?, now.ms, now.ms, now.ms, ? FROM now"
+            " created_at, updated_at, next_attempt_at, spawn_name, version, fingerprints)"
+            f" SELECT ?, ?, ?, ?, 'pending', ?, now.ms, now.ms, now.ms, ?, {INHERITED} FROM now"
             f" WHERE NOT EXISTS ({SHARED_CHILD})"
             " ON CONFLICT (parent_run_id, spawn_name) WHERE spawn_name IS NOT NULL DO NOTHING RETURNING id),"
             " allocated AS (UPDATE agent_runs SET last_seq = last_seq + 1, updated_at = (SELECT ms FROM now)"
@@ -45,6 +45,7 @@ def spawn_children(tx: Tx, lease: Lease, children: Sequence[NewChild]) -> list[s
             f" ({SHARED_CHILD}))",
             (
                 *(child.child_id, parent_id, child.role, child.provider, child.config_json, child.name),
+                *inherited_params(child, parent_id),
                 *(parent_id, child.name),
                 parent_id,
                 *(parent_id, EventType.CHILD_SPAWNED.value, _spawned_event(child), f"spawn:{child.name}"),

@@ -45,6 +45,7 @@ def run_to_json(run: RunDetail | RunSummary) -> dict[str, Any]:
         "lease_owner": run.lease_owner,
         "lease_expires_at": plain(run.lease_expires_at),
         "attempts": plain(run.attempts),
+        "version": run.version,
     }
     if isinstance(run, RunDetail):
         data["config"] = json_field(run.config, run.config_truncated)
@@ -59,6 +60,7 @@ def run_to_json(run: RunDetail | RunSummary) -> dict[str, Any]:
         data["forked_from"] = run.forked_from
         data["fork_seq"] = plain(run.fork_seq)
         data["forks"] = [{"fork_seq": plain(f.fork_seq), "id": f.run.id} for f in run.forks]
+        data["fingerprints"] = None if run.fingerprints is None else json_value(run.fingerprints)
     return data
 
 

@@ -72,6 +72,9 @@ class RunSummary:
     lease_owner: str | None
     lease_expires_at: OptInt
     attempts: Int
+    version: str | None = None
+    """The version of the agent the run belongs to (None: none, or a database from before
+    versions were stored)."""
     raw_id: object = attrs.field(default=None, eq=False, repr=False)
 
     @property
@@ -85,14 +88,28 @@ class RunSummary:
         return RunCursor(raw_value(self.created_at), self.raw_id)
 
 
+def _summary_columns(conn: Reader) -> str:
+    return _summary_sql(conn.dialect, has_versions(conn))
+
+
+def has_versions(conn: Reader) -> bool:
+    """Whether runs have versions here (schema version 13 and later)."""
+    return conn.has_column("agent_runs", "version")
+
+
 @functools.cache
-def _summary_columns(d: Dialect) -> str:
+def _summary_sql(d: Dialect, versions: bool) -> str:
     return (
         f"{name_column('id')}, {name_column('parent_run_id')}, {name_column('role')},"
         f" {name_column('provider')}, {name_column('status')},"
         f" {d.int_column('created_at')}, {d.int_column('updated_at')}, {d.event_count()},"
-        f" {name_column('lease_owner')}, {d.int_column('lease_expires_at')}, {d.int_column('attempts')}"
+        f" {name_column('lease_owner')}, {d.int_column('lease_expires_at')}, {d.int_column('attempts')},"
+        f" {name_column('version') if versions else 'NULL'}"
     )
+
+
+_SUMMARY_WIDTH: Final = 12
+"""How many columns :func:`_summary_columns` reads."""
 
 
 def _summary(row: Sequence[Any]) -> RunSummary:
@@ -109,6 +126,7 @@ def _summary(row: Sequence[Any]) -> RunSummary:
         lease_owner=as_opt_text(row[8]),
         lease_expires_at=as_opt_int(row[9]),
         attempts=as_int(row[10]),
+        version=as_opt_text(row[11]),
         raw_id=row[0],
     )
 
@@ -176,9 +194,17 @@ class RunDetail(RunSummary):
     forks: tuple[Fork, ...] = ()
     """The first of its forks, by creation (``forks_more``: it has others)."""
     forks_more: bool = False
+    fingerprints: str | None = None
+    """The stored JSON of what shaped the run ({"prompt": "<sha>", ...}), or None."""
 
 
-def _filters(status: str | None, role: str | None) -> tuple[list[str], list[Any]]:
+NO_VERSION: Final = ""
+"""The ``version`` filter that selects the runs without a version (no version is empty)."""
+
+
+def _filters(
+    conn: Reader, status: str | None, role: str | None, version: str | None
+) -> tuple[list[str], list[Any]]:
     clauses: list[str] = []
     params: list[Any] = []
     if status is not None:
@@ -187,6 +213,14 @@ def _filters(status: str | None, role: str | None) -> tuple[list[str], list[Any]
     if role is not None:
         clauses.append("role = ?")
         params.append(role)
+    if version is not None:
+        if not has_versions(conn):  # before versions were stored: every run had none
+            clauses.append("1 = 1" if version == NO_VERSION else "1 = 0")
+        elif version == NO_VERSION:
+            clauses.append("version IS NULL")
+        else:
+            clauses.append("version = ?")
+            params.append(version)
     return clauses, params
 
 
@@ -198,19 +232,23 @@ def list_runs(
     limit: int = 50,
     before: RunCursor | None = None,
     after: RunCursor | None = None,
+    version: str | None = None,
 ) -> RunPage:
     """Runs by newest activity (``updated_at`` desc, then id desc), one keyset page.
 
     ``before`` continues to older runs, ``after`` goes back to newer ones; at most one of
-    them. Counts per status honour the role filter only, so the status tabs stay useful.
+    them. ``version`` keeps the runs of one version (:data:`NO_VERSION`: those without one).
+    Counts per status honour the role and version filters only, so the status tabs stay useful.
     """
     check_status(status)
     check_limit(limit)
+    if version is not None and not isinstance(version, str):
+        raise InvalidArgument(f"version must be a string, not {version!r}")
     if before is not None and after is not None:
         raise InvalidArgument("give at most one of before= and after= to page through runs")
     check_cursor(conn, before)
     check_cursor(conn, after)
-    clauses, params = _filters(status, role)
+    clauses, params = _filters(conn, status, role, version)
     if after is not None:
         rows = _runs_page(conn, clauses, params, after, ">", "ASC", limit + 1)
         has_newer = len(rows) > limit
@@ -223,7 +261,7 @@ def list_runs(
         has_newer = (
             before is not None and bool(runs) and _runs_exist(conn, clauses, params, runs[0].cursor, ">")
         )
-    counts, capped = count_runs(conn, role=role)
+    counts, capped = count_runs(conn, role=role, version=version)
     return RunPage(runs, counts, capped, has_newer, has_older)
 
 
@@ -241,7 +279,7 @@ def _runs_page(
         clauses.append(f"(updated_at, id) {op} (?, ?)")
         params += [cursor.key, cursor.id]
     sql = (
-        f"SELECT {_summary_columns(conn.dialect)} FROM agent_runs {where_sql(clauses)}"
+        f"SELECT {_summary_columns(conn)} FROM agent_runs {where_sql(clauses)}"
         f" ORDER BY updated_at {order}, id {order} LIMIT ?"
     )
     return [_summary(row) for row in conn.execute(sql, [*params, limit])]
@@ -254,20 +292,27 @@ def _runs_exist(conn: Reader, clauses: list[str], params: list[Any], cursor: Run
     return conn.execute(sql, [*params, cursor.key, cursor.id]).fetchone() is not None
 
 
-def count_runs(conn: Reader, *, role: str | None = None) -> tuple[dict[str, int], frozenset[str]]:
+_KNOWN_STATUSES: Final = ", ".join(f"'{status}'" for status in RUN_STATUSES)
+NAMED_STATUS: Final = f"CASE WHEN status IN ({_KNOWN_STATUSES}) THEN status END AS named"
+"""A run's status if zincir writes it, else NULL (``other``), told apart in SQL."""
+
+
+def count_runs(
+    conn: Reader, *, role: str | None = None, version: str | None = None
+) -> tuple[dict[str, int], frozenset[str]]:
     """Runs per status (every status present, zero included; ``other`` if any), and the
-    statuses whose count stopped at :data:`STATUS_COUNT_CAP` (none with a role filter)."""
+    statuses whose count stopped at :data:`STATUS_COUNT_CAP` (none with a role or version
+    filter)."""
     counts = dict.fromkeys(RUN_STATUSES, 0)
-    if role is not None:
-        # No index covers the role, and walking the status index with a row lookup per entry
-        # is ~10x slower than one table scan: count them all in that scan.
-        # Statuses are told apart in SQL (exact comparison: no stored value is read back).
-        known = ", ".join(f"'{status}'" for status in RUN_STATUSES)
-        sql = (
-            f"SELECT CASE WHEN status IN ({known}) THEN status END AS named, count(*)"
-            f" FROM {conn.dialect.runs_by_role} WHERE role = ? GROUP BY named"
-        )
-        for status, count in conn.execute(sql, (role,)):
+    if role is not None or version is not None:
+        # No index covers the role (nor the version of an ended run), and walking the status
+        # index with a row lookup per entry is ~10x slower than one table scan: count them all
+        # in that scan. Statuses are told apart in SQL (exact comparison: no stored value is
+        # read back).
+        clauses, values = _filters(conn, None, role, version)
+        table = conn.dialect.runs_by_role
+        sql = f"SELECT {NAMED_STATUS}, count(*) FROM {table} {where_sql(clauses)} GROUP BY named"
+        for status, count in conn.execute(sql, values):
             name = "other" if status is None else as_text(status)
             counts[name] = counts.get(name, 0) + as_size(count)
         return counts, frozenset()
@@ -326,9 +371,10 @@ def get_run(
     result_columns = json_columns("result", max_result_chars) if stored else "NULL, 0"
     forked = conn.has_column("agent_runs", "forked_from")  # schema version 11 and later
     fork_columns = f"{name_column('forked_from')}, {d.int_column('fork_seq')}" if forked else "NULL, NULL"
+    marks_sql = json_columns("fingerprints", None) if has_versions(conn) else "NULL, 0"  # a few hashes
     row = conn.execute(
-        f"SELECT {_summary_columns(d)}, {json_columns('config', max_config_chars)},"
-        f" {d.int_column('lease_epoch')}, {d.int_column('next_attempt_at')}, {result_columns},"
+        f"SELECT {_summary_columns(conn)}, {json_columns('config', max_config_chars)},"
+        f" {d.int_column('lease_epoch')}, {d.int_column('next_attempt_at')}, {result_columns}, {marks_sql},"
         f" {fork_columns} FROM agent_runs WHERE id = ?",
         (run_id,),
     ).fetchone()
@@ -341,7 +387,18 @@ def get_run(
     if more or children_after is not None:
         counted = _count_children(conn, run_id, CHILD_COUNT_CAP + 1)
         total, capped = min(counted, CHILD_COUNT_CAP), counted > CHILD_COUNT_CAP
-    config, config_size, lease_epoch, next_attempt_at, result, result_size, forked_from, fork_seq = row[11:]
+    (
+        config,
+        config_size,
+        lease_epoch,
+        next_attempt_at,
+        result,
+        result_size,
+        marks,
+        _,
+        forked_from,
+        fork_seq,
+    ) = row[_SUMMARY_WIDTH:]
     forks, forks_more = _forks(conn, run_id, forks_limit) if forked and forks_limit > 0 else ((), False)
     return RunDetail(
         **attrs.asdict(_summary(row), recurse=False),
@@ -361,6 +418,7 @@ def get_run(
         fork_seq=as_opt_int(fork_seq),
         forks=forks,
         forks_more=forks_more,
+        fingerprints=as_opt_text(marks),
     )
 
 
@@ -387,7 +445,7 @@ def _forks(conn: Reader, run_id: str, limit: int) -> tuple[tuple[Fork, ...], boo
     # idx_agent_runs_forks (forked_from, created_at, id) serves both the filter and the order.
     d = conn.dialect
     rows = conn.execute(
-        f"SELECT {_summary_columns(d)}, {d.int_column('fork_seq')} FROM agent_runs WHERE forked_from = ?"
+        f"SELECT {_summary_columns(conn)}, {d.int_column('fork_seq')} FROM agent_runs WHERE forked_from = ?"
         " ORDER BY created_at, id LIMIT ?",
         (run_id, limit + 1),
     )
@@ -399,7 +457,7 @@ def _children(
     conn: Reader, run_id: str, limit: int, after: RunCursor | None
 ) -> tuple[tuple[RunSummary, ...], bool]:
     # idx_agent_runs_parent (parent_run_id, created_at, id) serves both the filter and the order.
-    sql = f"SELECT {_summary_columns(conn.dialect)} FROM agent_runs WHERE parent_run_id = ?"
+    sql = f"SELECT {_summary_columns(conn)} FROM agent_runs WHERE parent_run_id = ?"
     params: list[Any] = [run_id]
     if after is not None:
         sql += " AND (created_at, id) > (?, ?)"
@@ -424,8 +482,7 @@ def family_tree(
     """The run's ancestors (root first) and the tree of its descendants, ``depth`` levels deep
     and ``per_node`` children wide at most: each level is one indexed read per run shown."""
     run_id = parse_run_id(run_id)
-    d = conn.dialect
-    columns = _summary_columns(d)
+    columns = _summary_columns(conn)
     row = conn.execute(f"SELECT {columns} FROM agent_runs WHERE id = ?", (run_id,)).fetchone()
     if row is None:
         raise RunNotFound(f"run {run_id} not found")

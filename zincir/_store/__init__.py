@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import _budgets, _children, _ends, _forks, _leases, _log, _reads, _streams, _waits
+from . import _budgets, _children, _ends, _forks, _leases, _log, _reads, _streams, _versions, _waits
 from ._forks import ForkOutcome
 from ._tx import LIVE, Dialect, Reply, Tx, judge_lease
 from ._types import *  # noqa: F403
@@ -66,6 +66,11 @@ class Store:
     renew = staticmethod(_leases.renew)
     suspend = staticmethod(_leases.suspend)
     retry_now = staticmethod(_leases.retry_now)
+
+    # -- versions (_versions) ----------------------------------------------------------------------
+
+    set_version = staticmethod(_versions.set_version)
+    skipped_for_version = staticmethod(_versions.skipped_for_version)
 
     # -- reading ---------------------------------------------------------------------------------
 

@@ -27,18 +27,14 @@ def spawn_children(tx: Tx, lease: Lease, children: Sequence[NewChild]) -> list[s
     inserts = [
         tx.send(
             "INSERT INTO agent_runs (id, parent_run_id, role, provider, status, config, created_at,"
-            " updated_at, next_attempt_at, spawn_name) SELECT ?, ?, ?, ?, 'pending', ?, :now, :now, :now, ?"
+            " updated_at, next_attempt_at, spawn_name, version, fingerprints)"
+            f" SELECT ?, ?, ?, ?, 'pending', ?, :now, :now, :now, ?, {INHERITED}"
             f" WHERE NOT EXISTS ({SHARED_CHILD})"
             " ON CONFLICT (parent_run_id, spawn_name) WHERE spawn_name IS NOT NULL DO NOTHING",
             (
-                child.child_id,
-                parent_id,
-                child.role,
-                child.provider,
-                child.config_json,
-                child.name,
-                parent_id,
-                child.name,
+                *(child.child_id, parent_id, child.role, child.provider, child.config_json, child.name),
+                *inherited_params(child, parent_id),
+                *(parent_id, child.name),
             ),
         )
         for child in children
@@ -67,6 +63,19 @@ def spawn_children(tx: Tx, lease: Lease, children: Sequence[NewChild]) -> list[s
 
 SHARED_CHILD = "SELECT child_id FROM shared_children WHERE run_id = ? AND spawn_name = ?"
 """The child a fork shares with its source under a spawn name (params: the fork, the name)."""
+
+
+INHERITED = (
+    "coalesce(?, (SELECT version FROM agent_runs WHERE id = ?)),"
+    " coalesce(?, (SELECT fingerprints FROM agent_runs WHERE id = ?))"
+)
+"""A child's version and fingerprints: its own if given, else its parent's (as the parent's
+row has them now: the parent's lease holds, so nobody moves it meanwhile)."""
+
+
+def inherited_params(child: NewChild, parent_id: str) -> tuple[str | None, ...]:
+    """:data:`INHERITED`'s parameters."""
+    return (child.version, parent_id, child.fingerprints_json, parent_id)
 
 
 Look = Callable[[Tx, str, str, "int | None"], Reply]

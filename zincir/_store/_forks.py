@@ -75,10 +75,10 @@ def fork_run(
     """Create run ``fork_id``, pending and claimable, from ``source_id``'s log up to
     ``at_seq`` (or to the tool result that answered the checkpoint accepted in round
     ``at_checkpoint``); ``config_json`` replaces the config. RunNotFound, InvalidForkPoint."""
-    source = tx.lock_run(source_id, "last_seq, role, provider, config")
+    source = tx.lock_run(source_id, "last_seq, role, provider, config, version, fingerprints")
     if source is None:
         raise RunNotFound(f"run {source_id} does not exist")
-    last_seq, role, provider, stored_config = source
+    last_seq, role, provider, stored_config, version, fingerprints = source
     at, forked_at = _fork_point(tx, source_id, int(last_seq), at_seq, at_checkpoint)
     inherited = tx.all(
         "SELECT t.call_id, e.seq, e.payload FROM tool_intents AS t"
@@ -89,8 +89,12 @@ def fork_run(
     )
     tx.execute(
         "INSERT INTO agent_runs (id, role, provider, status, config, created_at, updated_at, last_seq,"
-        " next_attempt_at, forked_from, fork_seq) VALUES (?, ?, ?, 'pending', ?, :now, :now, ?, :now, ?, ?)",
-        (fork_id, role, provider, config_json or stored_config, at + 1 + len(inherited), source_id, at),
+        " next_attempt_at, forked_from, fork_seq, version, fingerprints)"
+        " VALUES (?, ?, ?, 'pending', ?, :now, :now, ?, :now, ?, ?, ?, ?)",
+        (
+            *(fork_id, role, provider, config_json or stored_config, at + 1 + len(inherited), source_id, at),
+            *(version, fingerprints),  # the fork runs on its source's version (docs/versions.md)
+        ),
     )
     tx.execute(
         "INSERT INTO events (run_id, seq, type, payload, idempotency_key, created_at)"

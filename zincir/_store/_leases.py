@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 
 from .._budget import judge
-from .._errors import RunLeased, RunNotFound, RunTerminal, RunWaiting
+from .._errors import RunLeased, RunNotFound, RunTerminal, RunWaiting, VersionMismatch
 from .._json import dump_trusted as _dump
 from .._owner import Owner, Verdict, gone_holders, this_process
 from .._owner import judge as judge_holder
@@ -36,6 +36,7 @@ from ._types import (
     lost_attempt,
     suspension_payload,
 )
+from ._versions import NOT_ENDED, VERSION_INDEX, Versions, inherited, one_version, served, shown
 from ._waits import signal_ready
 
 # -- taking a lease ---------------------------------------------------------------------------
@@ -51,33 +52,41 @@ def create_run(
     owner: str,
     ttl_ms: int,
     budget: tuple[Any, ...] | None = None,
+    version: str | None = None,
+    fingerprints_json: str | None = None,
 ) -> Lease:
     """Insert a run already leased and running, with its first event and its budget's limits
-    (in LIMIT_COLUMNS order). RunNotFound (parent)."""
-    if (
-        parent_run_id is not None
-        and tx.one("SELECT 1 FROM agent_runs WHERE id = ?", (parent_run_id,)) is None
-    ):
-        raise RunNotFound(f"parent run {parent_run_id} does not exist")
+    (in LIMIT_COLUMNS order). ``version`` and ``fingerprints_json`` (None: the parent's, if it
+    has a parent) are the run's for good, unless moved (set_version). RunNotFound (parent)."""
+    if parent_run_id is not None:
+        parents = inherited(tx, parent_run_id)
+        if parents is None:
+            raise RunNotFound(f"parent run {parent_run_id} does not exist")
+        version = parents[0] if version is None else version
+        fingerprints_json = parents[1] if fingerprints_json is None else fingerprints_json
     expires_at = tx.now + ttl_ms
     tx.execute(
         "INSERT INTO agent_runs (id, parent_run_id, role, provider, status, config, created_at,"
         " updated_at, last_seq, lease_owner, lease_epoch, lease_expires_at, next_attempt_at, lease_host,"
-        " lease_pid, lease_process_start)"
-        " VALUES (?, ?, ?, ?, 'running', ?, :now, :now, 0, ?, 1, ?, :now, ?, ?, ?)",
-        (run_id, parent_run_id, role, provider, config_json, owner, expires_at, *this_process().as_row()),
+        " lease_pid, lease_process_start, version, fingerprints)"
+        " VALUES (?, ?, ?, ?, 'running', ?, :now, :now, 0, ?, 1, ?, :now, ?, ?, ?, ?, ?)",
+        (
+            *(run_id, parent_run_id, role, provider, config_json, owner, expires_at),
+            *(*this_process().as_row(), version, fingerprints_json),
+        ),
     )
     insert_event(tx, run_id, 0, EventType.STATE_TRANSITION, '{"from":"pending","to":"running"}')
-    if budget is None:
-        return Lease(run_id, owner, 1, ttl_ms, expires_at, config_json=config_json)
-    insert_budget(tx, run_id, budget)
-    return Lease(run_id, owner, 1, ttl_ms, expires_at, wall_end(tx, run_id), config_json=config_json)
+    ends_at = None
+    if budget is not None:
+        insert_budget(tx, run_id, budget)
+        ends_at = wall_end(tx, run_id)
+    return Lease(run_id, owner, 1, ttl_ms, expires_at, ends_at, config_json=config_json, version=version)
 
 
 _LEASE_ROW = "lease_owner, lease_epoch, lease_expires_at, lease_host, lease_pid, lease_process_start"
 """The columns that say who held a lease, for :func:`lost_attempt`."""
 
-_CLAIM_COLUMNS = f"id, status, attempts, cancel_reason, {WALL_END}, config, {_LEASE_ROW}"
+_CLAIM_COLUMNS = f"id, status, attempts, cancel_reason, {WALL_END}, config, version, {_LEASE_ROW}"
 """What taking a run needs to know of it, read by the statement that finds it."""
 
 
@@ -91,22 +100,26 @@ class _Claim:
     cancel_reason: str | None
     wall_end: int | None
     config_json: str
+    version: str | None
     lease_row: Sequence[Any]
 
     @classmethod
     def of(cls, row: Sequence[Any]) -> _Claim:
-        run_id, status, attempts, cancel_reason, wall_end, config_json, *lease_row = row
-        return cls(run_id, status, attempts, cancel_reason, wall_end, config_json, lease_row)
+        run_id, status, attempts, cancel_reason, wall_end, config_json, version, *lease_row = row
+        return cls(run_id, status, attempts, cancel_reason, wall_end, config_json, version, lease_row)
 
     @property
     def epoch(self) -> int:
         return int(self.lease_row[1])
 
 
-def acquire_run(tx: Tx, run_id: str, owner: str, ttl_ms: int, force: bool) -> Lease | None:
+def acquire_run(
+    tx: Tx, run_id: str, owner: str, ttl_ms: int, force: bool, version: str | None = None
+) -> Lease | None:
     """Take a free or expired lease (any, with ``force``); start a pending run. None: the run
-    had a cancellation request nobody acted on, and it was cancelled now.
-    RunNotFound, RunTerminal, RunLeased."""
+    had a cancellation request nobody acted on, and it was cancelled now. ``version``: the
+    version of the code that asks (None: any); a run of another is VersionMismatch, before
+    anything is written. RunNotFound, RunTerminal, RunLeased."""
     row = tx.lock_run(run_id, _CLAIM_COLUMNS)
     if row is None:
         raise RunNotFound(f"run {run_id} does not exist")
@@ -114,6 +127,11 @@ def acquire_run(tx: Tx, run_id: str, owner: str, ttl_ms: int, force: bool) -> Le
     lease_owner, epoch, expires_at, *holder = claim.lease_row
     if claim.status not in LIVE:
         raise RunTerminal(f"run {run_id} is {claim.status}; a terminal run cannot be leased")
+    if version is not None and claim.version != version:
+        raise VersionMismatch(
+            f"run {run_id} belongs to version {shown(claim.version)}, not {version!r}: resume it with"
+            " code of its version, or move it on purpose with zincir.set_version()"
+        )
     if lease_owner is not None and expires_at is not None and expires_at > tx.now and not force:
         verdict = judge_holder(Owner(*holder))
         if not verdict.at_once:
@@ -132,14 +150,49 @@ def _still_leased(run_id: str, epoch: int, remaining_ms: int, verdict: Verdict) 
     return f"{held}; pass force=True only once that owner is known to be dead"
 
 
-def claim_due(tx: Tx, owner: str, ttl_ms: int, max_attempts: int | None, limit: int) -> Claims:
+def claim_due(
+    tx: Tx, owner: str, ttl_ms: int, max_attempts: int | None, limit: int, versions: Versions | None = None
+) -> Claims:
     """Lease up to ``limit`` due runs, most overdue first, after those of dead owners of this
     host with nothing they started alive; log ``attempt_lost`` for a lease nobody released.
     A run past ``max_attempts`` is failed instead, and one with a cancellation requested is
-    cancelled."""
+    cancelled. ``versions``: only runs of these (None: of any version), each version's most
+    overdue first, in the order given (a worker serving several turns it from claim to claim)."""
     claims = Claims()
-    _take_from_the_dead(tx, owner, ttl_ms, max_attempts, limit, claims)
+    _take_from_the_dead(tx, owner, ttl_ms, max_attempts, limit, claims, versions)
+    if versions is None:
+        _claim_from(tx, claims, owner, ttl_ms, max_attempts, limit, None)
+        return claims
+    for version in dict.fromkeys(versions):
+        if len(claims.leased) >= limit:
+            break
+        _claim_from(tx, claims, owner, ttl_ms, max_attempts, limit, one_version(version))
+    return claims
+
+
+def _claim_from(
+    tx: Tx,
+    claims: Claims,
+    owner: str,
+    ttl_ms: int,
+    max_attempts: int | None,
+    limit: int,
+    version: tuple[str, tuple[Any, ...]] | None,
+) -> None:
+    """Claim due runs, most overdue first, until ``claims`` holds ``limit``: any run
+    (``version`` None: the claimable index), or one version's (``version``: its SQL, read as one
+    range of the version index; ORDER BY starts with the version, constant in the range, so
+    PostgreSQL reads the range in order for ``IS NULL`` too)."""
     d = tx.dialect
+    if version is None:
+        index, live, params, order = (
+            "idx_agent_runs_claimable",
+            "status IN ('pending', 'running', 'waiting')",
+            (),
+            "",
+        )
+    else:
+        index, live, params, order = VERSION_INDEX, f"{version[0]} AND {NOT_ENDED}", version[1], "version, "
     postponed: list[str] = []  # runs whose end has to wait for a busy descendant
     while len(claims.leased) < limit:
         # Now as a value (read first, on PostgreSQL a round trip): the index's bound, where the
@@ -147,11 +200,11 @@ def claim_due(tx: Tx, owner: str, ttl_ms: int, max_attempts: int | None, limit: 
         now, wanted = tx.now, limit - len(claims.leased)
         others, skipped = d.any_of("id", postponed) if postponed else ("", ())
         rows = tx.all(
-            f"SELECT {_CLAIM_COLUMNS} FROM agent_runs{d.indexed('idx_agent_runs_claimable')}"
-            " WHERE status IN ('pending', 'running', 'waiting') AND next_attempt_at <= ?"
+            f"SELECT {_CLAIM_COLUMNS} FROM agent_runs{d.indexed(index)}"
+            f" WHERE {live} AND next_attempt_at <= ?"
             f" AND (lease_owner IS NULL OR lease_expires_at <= ?){f' AND NOT ({others})' if others else ''}"
-            f" ORDER BY next_attempt_at, created_at LIMIT ?{d.skip_locked}",
-            (now, now, *skipped, wanted),
+            f" ORDER BY {order}next_attempt_at, created_at LIMIT ?{d.skip_locked}",
+            (*params, now, now, *skipped, wanted),
         )
         for row in rows:
             claim = _Claim.of(row)
@@ -159,7 +212,6 @@ def claim_due(tx: Tx, owner: str, ttl_ms: int, max_attempts: int | None, limit: 
                 postponed.append(claim.run_id)
         if len(rows) < wanted:
             break  # no more are due (a run another claim holds is skipped again)
-    return claims
 
 
 def _claim_one(tx: Tx, claims: Claims, c: _Claim, owner: str, ttl_ms: int, max_attempts: int | None) -> bool:
@@ -185,18 +237,26 @@ def _claim_one(tx: Tx, claims: Claims, c: _Claim, owner: str, ttl_ms: int, max_a
 
 
 def _take_from_the_dead(
-    tx: Tx, owner: str, ttl_ms: int, max_attempts: int | None, limit: int, claims: Claims
+    tx: Tx,
+    owner: str,
+    ttl_ms: int,
+    max_attempts: int | None,
+    limit: int,
+    claims: Claims,
+    versions: Versions | None = None,
 ) -> None:
     """Lease the runs whose unexpired leases belong to processes of this host that are gone,
     with nothing they started alive, as claim_due leases due ones: a run with a cancellation
     requested ends cancelled, and one out of attempts ends failed, instead of being handed out.
-    A dead owner whose tools still run keeps its leases until they expire."""
+    A dead owner whose tools still run keeps its leases until they expire. Of ``versions``
+    only, if given: a dead worker's runs of other versions wait for their own workers."""
+    ours, ours_params = ("", ()) if versions is None else served(tx, versions)
     for pid, started in _dead_owners_here(tx):
         rows = tx.all(
             f"SELECT {_CLAIM_COLUMNS} FROM agent_runs WHERE lease_host = ? AND lease_owner IS NOT NULL"
             " AND lease_expires_at > :now AND status = 'running' AND lease_pid = ?"
-            f" AND lease_process_start = ? LIMIT ?{tx.dialect.skip_locked}",
-            (this_process().host, pid, started, limit - len(claims.leased)),
+            f" AND lease_process_start = ?{f' AND {ours}' if ours else ''} LIMIT ?{tx.dialect.skip_locked}",
+            (this_process().host, pid, started, *ours_params, limit - len(claims.leased)),
         )
         for row in rows:
             _claim_one(tx, claims, _Claim.of(row), owner, ttl_ms, max_attempts)
@@ -249,7 +309,9 @@ def _take(
             tx.log(c.run_id, type, payload)
         else:
             tx.log(c.run_id, type, payload, run_set=lease_change, run_params=params)
-    return Lease(c.run_id, owner, epoch, ttl_ms, expires_at, c.wall_end, config_json=c.config_json)
+    return Lease(
+        c.run_id, owner, epoch, ttl_ms, expires_at, c.wall_end, config_json=c.config_json, version=c.version
+    )
 
 
 # -- keeping it -------------------------------------------------------------------------------
@@ -269,28 +331,44 @@ def renew(tx: Tx, lease: Lease) -> tuple[Lease, str | None]:
     return attrs.evolve(lease, expires_at=int(expires_at), wall_time_ends_at=ends_at), cancel_reason
 
 
-def next_due_in(tx: Tx) -> int | None:
-    """Milliseconds until the next run becomes due by itself (a backoff, a deadline, a wake
-    time); None if none will: an idle worker sleeps until then rather than a poll late. 0 when
-    one is claimable already: it became due after the worker's last claim looked."""
-    (due,) = tx.one(
-        f"SELECT min(next_attempt_at) - :now FROM agent_runs{tx.dialect.indexed('idx_agent_runs_claimable')}"
-        " WHERE status IN ('pending', 'running', 'waiting')"
-        " AND (next_attempt_at > :now OR lease_owner IS NULL OR lease_expires_at <= :now)",
-    )
-    return None if due is None else max(int(due), 0)
+def next_due_in(tx: Tx, versions: Versions | None = None) -> int | None:
+    """Milliseconds until the next run (of ``versions``, if given) becomes due by itself (a
+    backoff, a deadline, a wake time); None if none will: an idle worker sleeps until then
+    rather than a poll late. 0 when one is claimable already: it became due after the worker's
+    last claim looked."""
+    if versions is None:
+        sources = [("status IN ('pending', 'running', 'waiting')", ())]
+    else:
+        sources = [
+            (f"{where} AND {NOT_ENDED}", params)
+            for where, params in map(one_version, dict.fromkeys(versions))
+        ]
+    index = "idx_agent_runs_claimable" if versions is None else VERSION_INDEX
+    replies = [  # sent together: one round trip on PostgreSQL
+        tx.send(
+            f"SELECT min(next_attempt_at) - :now FROM agent_runs{tx.dialect.indexed(index)}"
+            f" WHERE {live} AND (next_attempt_at > :now OR lease_owner IS NULL OR lease_expires_at <= :now)",
+            params,
+        )
+        for live, params in sources
+    ]
+    dues = [row[0] for row in (reply.one() for reply in replies) if row is not None and row[0] is not None]
+    return min((max(int(due), 0) for due in dues), default=None)
 
 
-def work_ahead(tx: Tx) -> bool:
+def work_ahead(tx: Tx, versions: Versions | None = None) -> bool:
     """Whether a live run is, or will become, claimable without anyone's write from outside:
     one pending or running (due, backing off, or leased: a lease comes free when its owner lets
     go or dies), or one suspended in a durable sleep or already woken. A run suspended on a
-    signal, an approval, a child or its budget is not, whatever its deadline. Read when a
-    worker with ``until_idle`` is idle, so a scan past many suspended runs is rare."""
+    signal, an approval, a child or its budget is not, whatever its deadline. Of ``versions``
+    only, if given. Read when a worker with ``until_idle`` is idle, so a scan past many
+    suspended runs is rare."""
+    ours, params = ("", ()) if versions is None else served(tx, versions)
     row = tx.one(
-        "SELECT 1 FROM agent_runs WHERE status IN ('pending', 'running')"
+        "SELECT 1 FROM agent_runs WHERE (status IN ('pending', 'running')"
         " OR (status = 'waiting' AND (next_attempt_at <= :now OR EXISTS (SELECT 1 FROM run_waits AS w"
-        " WHERE w.run_id = agent_runs.id AND w.kind = 'sleep'))) LIMIT 1",
+        f" WHERE w.run_id = agent_runs.id AND w.kind = 'sleep')))){f' AND {ours}' if ours else ''} LIMIT 1",
+        params,
     )
     return row is not None
 

@@ -118,6 +118,9 @@ class Lease:
     config_json: str = attrs.field(default="{}", kw_only=True)
     """The run's config as stored, read by the acquisition that made the lease (it never
     changes): :attr:`Run.config` without a read of its own."""
+    version: str | None = attrs.field(default=None, kw_only=True)
+    """The run's version when the lease was taken: while the lease holds, nobody moves the run
+    to another (:func:`~zincir._store._versions.set_version` refuses a leased run)."""
 
     @property
     def fencing_token(self) -> str:
@@ -294,6 +297,8 @@ class NewChild(NamedTuple):
     provider: str
     config_json: str
     budget: tuple[Any, ...] | None = None
+    version: str | None = None  # None: the parent's
+    fingerprints_json: str | None = None  # None: the parent's
 
 
 @attrs.frozen
