@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ from click.testing import CliRunner, Result
 import zincir
 from zincir._cli import main
 
-from .helpers import dump, rows
+from .helpers import dump, insert_started_run, rows
 from .test_forks import research_run, trail
 
 
@@ -120,15 +121,16 @@ async def test_a_version_10_database_gains_forks_and_keeps_its_runs(
     with monkeypatch.context() as patch:
         patch.setattr(_schema, "load", lambda backend: every(backend)[:10])
         async with zincir.open_database(db_target) as old:
-            async with zincir.open_run(old) as run:
-                await run.record_response("old", [{"id": "c", "name": "t", "args": {}}], "tool_use")
-                source = run.id
+            source = str(uuid.uuid4())
+            insert_started_run(old, source)  # with SQL: this code writes columns schema 10 lacks
             before = rows(old, "SELECT id, status, last_seq FROM agent_runs")
         shown = await cli(db_target, "show", source, "--json")  # read by this code before it migrates
         assert shown.exit_code == 0 and json.loads(shown.stdout)["run"]["forked_from"] is None
     async with zincir.open_database(db_target) as new:
         assert rows(new, "SELECT id, status, last_seq FROM agent_runs") == before
-        fork = await zincir.fork_run(new, source, 2)
-        async with zincir.open_run(new, fork) as run:
-            [pending] = await run.pending_tools()
-            assert pending.effect_key == f"{source}:tool_call:c"
+        fork = await zincir.fork_run(new, source, 0)
+        [record] = [r for r in await new.runs() if r.id == fork]
+        assert (record.forked_from, record.fork_seq) == (source, 0)
+        async with zincir.open_run(new, fork) as run:  # the fork of an old run runs
+            assert [e.type for e in await new.events(fork)][:2] == ["state_transition", "forked"]
+            await run.complete()

@@ -34,7 +34,7 @@ def test_all_is_pinned() -> None:
 def test_every_error_is_a_zincir_error() -> None:
     errors = [getattr(zincir, n) for n in zincir.__all__ if isinstance(getattr(zincir, n), type)]
     errors = [e for e in errors if issubclass(e, Exception)]
-    assert len(errors) == 28
+    assert len(errors) == 29
     assert all(issubclass(e, zincir.ZincirError) for e in errors)
     assert issubclass(zincir.InvalidArgument, ValueError)
     assert issubclass(zincir.DuplicateToolCall, zincir.InvalidArgument)

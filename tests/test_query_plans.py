@@ -155,6 +155,7 @@ async def test_streams_read_and_write_by_key(db: zincir.Database) -> None:
     assert any("FROM streams" in sql for sql, _ in ended)  # the end looks for followers to wake
 
 
+@pytest.mark.sqlite_only
 async def test_claiming_by_version_reads_each_versions_range_of_its_index(db: zincir.Database) -> None:
     for i in range(40):  # due runs of three versions and of none, interleaved
         async with zincir.open_run(db, version=(None, "v1", "v2", "v3")[i % 4]):
