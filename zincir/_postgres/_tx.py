@@ -17,7 +17,8 @@ from typing import Any, Final, Protocol, final
 from psycopg import errors as pg_errors
 
 from .. import _store
-from .._store._tx import PLACEHOLDERS, Dialect, judge_lease
+from .._sql import Dialect
+from .._store._tx import PLACEHOLDERS, judge_lease
 from .._store._types import Lease
 from .._types import EventType
 from .._wakes import Wakes

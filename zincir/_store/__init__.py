@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from . import _budgets, _children, _ends, _leases, _log, _reads, _waits
-from ._tx import LIVE, Dialect, Reply, Tx, judge_lease
+from ._tx import LIVE, Reply, Tx, judge_lease
 from ._types import *  # noqa: F403
 from ._types import __all__ as _types
 
-__all__ = ["LIVE", "Dialect", "Reply", "Store", "Tx", "judge_lease", *_types]
+__all__ = ["LIVE", "Reply", "Store", "Tx", "judge_lease", *_types]
 
 
 class Store:
