@@ -598,3 +598,32 @@ async def test_claiming_by_version_reads_each_versions_range_of_its_index(popula
         assert skipped > 0
         assert_indexed(counted)
         assert uses_index(the(counted, "count(*)"), "idx_agent_runs_claimable")
+
+
+async def test_ending_a_run_reads_by_index(populated: Populated) -> None:
+    parent_id, child_id = str(uuid.uuid4()), str(uuid.uuid4())
+    async with zincir.open_database(populated.url) as db:
+        parent = await db._write(db._store.create_run, parent_id, None, "agent", "", "{}", "probe", 30_000)
+        child = await db._write(db._store.create_run, child_id, parent_id, "agent", "", "{}", "probe", 30_000)
+        completed = '{"from":"running","to":"completed"}'
+        _, completing = await plans_of(
+            db, db._store.finish, child, zincir.RunStatus.COMPLETED, completed, "1", write=True
+        )
+        failed = '{"from":"running","to":"failed"}'
+        _, failing = await plans_of(
+            db, db._store.finish, parent, zincir.RunStatus.FAILED, failed, None, write=True
+        )
+    assert_indexed(completing + failing)
+    # The lease and the open work, read in one statement: by the run's key, the one-candidate
+    # index, the pending intents and the parent index, among ~5,000 runs and ~29,000 events.
+    [fence] = [plan for plan in completing if "FOR NO KEY UPDATE NOWAIT" in plan.sql and "ARRAY" in plan.sql]
+    for index in (
+        "agent_runs_pkey",
+        "idx_checkpoints_one_candidate",
+        "idx_tool_intents_pending",
+        "idx_agent_runs_parent",
+    ):
+        assert uses_index(fence, index), (index, fence)
+    # The end: the run and its parent by their key.
+    [end] = [plan for plan in completing if "run_waiters" in plan.sql]
+    assert uses_index(end, "agent_runs_pkey"), end

@@ -1,9 +1,10 @@
-"""What the read queries and each backend's read-only connection agree on.
+"""What the SQL written once for both backends and each backend's connections agree on.
 
-The read queries (:mod:`zincir._queries`) are written once, in qmark-style SQL of the subset
-SQLite and PostgreSQL share. Each backend brings a :class:`ReadOnly` connection that runs them
-and a :class:`Dialect` that supplies the few fragments where the two differ
-(:mod:`zincir._sqlite._readonly`, :mod:`zincir._postgres._readonly`). Both sides import this
+The storage operations (:mod:`zincir._store`) and the read queries (:mod:`zincir._queries`) are
+written once, in qmark-style SQL of the subset SQLite and PostgreSQL share; a :class:`Dialect`
+supplies the few fragments where the two differ. Each backend also brings a :class:`ReadOnly`
+connection that runs the read queries (:mod:`zincir._sqlite._readonly`,
+:mod:`zincir._postgres._readonly`). Both sides import this
 module and nothing of each other, so the queries can open a backend's connection without an
 import inside a function.
 """
@@ -14,6 +15,8 @@ import abc
 import contextlib
 from collections.abc import Iterator, Sequence
 from typing import Any, Final, Protocol
+
+import attrs
 
 __all__ = ["KEY_CHARS", "Cursor", "Dialect", "ReadOnly"]
 
@@ -31,25 +34,82 @@ class Cursor(Protocol):
     def close(self) -> None: ...
 
 
-class Dialect(abc.ABC):
-    """How one backend's SQL differs from the common subset the read queries are written in."""
+@attrs.frozen(kw_only=True)
+class Dialect:
+    """Where one backend's SQL differs from the subset the operations and the read queries are
+    written in. The defaults are a database whose one writer holds it whole (no row locks) and
+    whose every column holds its declared type. Each backend has one (``zincir._sqlite``'s
+    ``SQLITE``, ``zincir._postgres``'s ``POSTGRES``)."""
 
-    name: str
-    loose_types: bool
+    name: str = attrs.field(kw_only=False)
+    row_locks: bool = False
+    """Whether a transaction locks rows (PostgreSQL, whose writers run side by side); without,
+    every fragment below that locks is empty."""
+    lock_nowait: str = ""
+    """After a SELECT of ``agent_runs``: hold the rows against their owners' writes, failing at
+    once (TransientConflict, retried) if one is held elsewhere, so no writer ever waits for a
+    row while its group commit holds others."""
+    skip_locked: str = ""
+    """After a claim's SELECT: hold the rows, and pass over those another claim holds."""
+    for_update_nowait: str = ""
+    """After a SELECT of one row of another table: hold it until the transaction ends, failing
+    at once (TransientConflict, retried) if another transaction holds it, as ``lock_nowait``."""
+    least: str = "LEAST"
+    """The name of the smaller-of-two function."""
+    greatest: str = "GREATEST"
+    wide: str = ""
+    """A cast that lets a BIGINT sum overflow without an error (it is capped after)."""
+    unlimited: int | None = None
+    """The LIMIT parameter that means no limit."""
+    chunk: int | None = None
+    """How many values one ``IN`` list takes at most (None: one array parameter, any size)."""
+    end_waiters: bool = False
+    """Whether ``wait_for_end``'s waiters are rows (``run_waiters``) that a run's end notifies."""
+    index_hints: bool = False
+    """Whether the planner takes (and sometimes needs) a hint of the index to read by, or of none."""
+    loose_types: bool = False
     """Whether any column may hold any type (SQLite without ``STRICT``): then a key of any type
-    can name a row, and INTEGER columns are read through :meth:`int_column`."""
-    unlimited: int | None
-    """The ``LIMIT`` parameter that means "no limit"."""
-    runs_by_role: str
-    """The table expression to count runs by role from (no index covers the role)."""
+    can name a row, and the read queries read INTEGER columns through :meth:`int_column`."""
 
-    @abc.abstractmethod
+    def indexed(self, index: str) -> str:
+        """After a table's name: read it through ``index`` (SQLite's planner may not see that
+        a partial index or a range is best; PostgreSQL's does)."""
+        return f" INDEXED BY {index}" if self.index_hints else ""
+
+    def unindexed(self, table: str) -> str:
+        """``table``, read by a scan of its rows (SQLite may walk an index where a scan is faster)."""
+        return f"{table} NOT INDEXED" if self.index_hints else table
+
+    def share_nowait(self, alias: str) -> str:
+        """After a SELECT: hold ``alias``'s row against being written, failing at once if it is."""
+        return f" FOR SHARE OF {alias} NOWAIT" if self.row_locks else ""
+
+    def any_of(self, column: str, values: Sequence[Any]) -> tuple[str, tuple[Any, ...]]:
+        """SQL that ``column`` is one of ``values`` (at most :attr:`chunk`), and its parameters."""
+        if self.chunk is None:
+            return f"{column} = ANY(?)", (list(values),)
+        return f"{column} IN ({', '.join('?' * len(values))})", tuple(values)
+
+    def chunks(self, values: Sequence[Any]) -> list[Sequence[Any]]:
+        """``values`` in pieces that :meth:`any_of` takes."""
+        if self.chunk is None:
+            return [values]
+        return [values[i : i + self.chunk] for i in range(0, len(values), self.chunk)]
+
     def int_column(self, column: str) -> str:
         """SQL for an INTEGER column, bounded when something else was stored there."""
+        if not self.loose_types:
+            return column
+        cut = f"substr({column}, 1, {KEY_CHARS})"
+        return f"CASE WHEN typeof({column}) IN ('text', 'blob') THEN {cut} ELSE {column} END"
 
-    @abc.abstractmethod
     def event_count(self) -> str:
         """SQL for a run's ``last_seq + 1`` (a malformed ``last_seq`` is read as it is)."""
+        if not self.loose_types:
+            return "last_seq + 1"
+        return (
+            f"CASE typeof(last_seq) WHEN 'integer' THEN last_seq + 1 ELSE {self.int_column('last_seq')} END"
+        )
 
 
 class ReadOnly(abc.ABC):

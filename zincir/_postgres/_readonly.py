@@ -1,7 +1,7 @@
 """A read-only PostgreSQL connection for the inspector and the read-only CLI commands.
 
 It drives the queries of :mod:`zincir._queries` (qmark-style SQL in the common subset of
-SQLite and PostgreSQL, plus the fragments :class:`PostgresDialect` supplies) over one psycopg
+SQLite and PostgreSQL, plus the fragments its dialect, ``POSTGRES``, supplies) over one psycopg
 connection:
 
 - the session is ``default_transaction_read_only`` and every snapshot is a ``REPEATABLE READ
@@ -21,11 +21,12 @@ from typing import Any, Final
 import psycopg
 
 from .._errors import SchemaError, StorageError
-from .._sql import Cursor, Dialect, ReadOnly
+from .._sql import Cursor, ReadOnly
 from ._connection import connect, redact, storage_error
 from ._migrations import VERSION_TABLE, applied_version
+from ._tx import POSTGRES
 
-__all__ = ["PostgresDialect", "PostgresReadOnly", "open_postgres_readonly"]
+__all__ = ["PostgresReadOnly", "open_postgres_readonly"]
 
 _BEGIN: Final = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 
@@ -41,23 +42,10 @@ def _translate(sql: str) -> str:
     return sql.replace("%", "%%").replace("?", "%s")
 
 
-class PostgresDialect(Dialect):
-    name = "postgresql"
-    loose_types = False  # every column holds its declared type
-    unlimited = None
-    runs_by_role = "agent_runs"
-
-    def int_column(self, column: str) -> str:
-        return column
-
-    def event_count(self) -> str:
-        return "last_seq + 1"
-
-
 class PostgresReadOnly(ReadOnly):
     """One read-only psycopg connection (autocommit, explicit read-only transactions)."""
 
-    dialect = PostgresDialect()
+    dialect = POSTGRES
     worth_keeping = True  # a new server connection costs ~10 ms; results are fetched whole
 
     def __init__(self, conn: psycopg.Connection[Any], target: str) -> None:

@@ -17,7 +17,8 @@ from typing import Any, Final, Protocol, final
 from psycopg import errors as pg_errors
 
 from .. import _store
-from .._store._tx import PLACEHOLDERS, Dialect, judge_lease
+from .._sql import Dialect
+from .._store._tx import PLACEHOLDERS, judge_lease
 from .._store._types import Lease
 from .._types import EventType
 from .._wakes import Wakes
@@ -53,6 +54,7 @@ class Session(Protocol):
 
 
 _LEASE_COLUMNS: Final = "status, lease_owner, lease_epoch, lease_expires_at"
+_LEASE_WIDTH: Final = 4  # the fence's row: these columns, then its reads (then the clock)
 # A statement as psycopg takes it (``%s``), and where the operation's now goes among its
 # parameters (None: nowhere, or computed by the statement itself).
 _Rendered = tuple[str, tuple[int, ...] | None]
@@ -117,6 +119,25 @@ class Sent:
         return int(tag.rsplit(" ", 1)[-1]) if tag[-1:].isdigit() else 0
 
 
+@final
+class Fence:
+    """A fence on its way (:meth:`Tx.fence_reading`): what was read with the lease, once the
+    fence is judged."""
+
+    __slots__ = ("_tx", "lease", "lock", "reads")
+
+    def __init__(self, tx: Tx, lease: Lease, lock: Sent) -> None:
+        self._tx = tx
+        self.lease = lease
+        self.lock = lock
+        self.reads: Sequence[Any] = ()
+
+    def one(self) -> Sequence[Any]:
+        """The values of the fence's reads; raises as the fence does unless the lease holds."""
+        self._tx._judge()
+        return self.reads
+
+
 class Tx(_store.Tx):
     """An operation's view of its transaction on one pipelined connection."""
 
@@ -126,7 +147,7 @@ class Tx(_store.Tx):
         self._session = session
         self._read_only = read_only
         self._now: int | None = None
-        self._fence: tuple[Lease, Sent] | None = None
+        self._fence: Fence | None = None
 
     # -- statements ----------------------------------------------------------------------------
 
@@ -169,17 +190,19 @@ class Tx(_store.Tx):
         assert self._now is not None
         return self._now
 
-    def _send_lock(self, run_id: str, columns: str) -> Sent:
+    def _send_lock(self, run_id: str, columns: str, reads: str = "", params: Sequence[Any] = ()) -> Sent:
+        """The row's ``columns``, then ``reads`` (``, <expressions>``, with ``params``), then the
+        clock, all read once the row is locked."""
         # The clock is read after the lock is held: in the lock statement's own target list it
         # would be computed before a wait on a holder that did not change the row.
         if self._read_only:  # the reader locks nothing: the same answer from its snapshot
-            sql = f"SELECT {columns}, zincir_now_ms() FROM agent_runs WHERE id = %s"
+            sql = f"SELECT {columns}{reads}, zincir_now_ms() FROM agent_runs WHERE id = ?"
         else:
             sql = (
-                f"WITH locked AS (SELECT {columns} FROM agent_runs WHERE id = %s{POSTGRES.lock_nowait})"
-                " SELECT locked.*, zincir_now_ms() FROM locked"
+                f"WITH locked AS (SELECT {columns} FROM agent_runs WHERE id = ?{POSTGRES.lock_nowait})"
+                f" SELECT locked.*{reads}, zincir_now_ms() FROM locked"
             )
-        return Sent(self._session.send(sql, (run_id,)), self, fenced=False)
+        return Sent(self._send(sql, (run_id, *params)), self, fenced=False)
 
     def _locked(self, lock: Sent) -> Any:
         """The lock's row without its clock, which becomes the operation's now."""
@@ -191,16 +214,23 @@ class Tx(_store.Tx):
         return row[:-1]
 
     def fence(self, lease: Lease) -> None:
+        self.fence_reading(lease, "")
+
+    def fence_reading(self, lease: Lease, reads: str, params: Sequence[Any] = ()) -> Fence:
+        """:meth:`fence`, reading ``reads`` (``, <expressions>``, with ``params``) in the same
+        statement once the row is locked: an operation's checks share the fence's round trip."""
         self._judge()
-        self._fence = (lease, self._send_lock(lease.run_id, _LEASE_COLUMNS))
+        self._fence = Fence(self, lease, self._send_lock(lease.run_id, _LEASE_COLUMNS, reads, params))
+        return self._fence
 
     def _judge(self) -> None:
         """Read the fence's answer, if it has not been read, and raise unless it holds."""
         if self._fence is not None:
-            lease, lock = self._fence
-            self._fence = None
-            row = self._locked(lock)
-            judge_lease(lease, row, self._now if self._now is not None else 0)
+            fence, self._fence = self._fence, None
+            row = self._locked(fence.lock)
+            lease_row = None if row is None else row[:_LEASE_WIDTH]
+            judge_lease(fence.lease, lease_row, self._now if self._now is not None else 0)
+            fence.reads = row[_LEASE_WIDTH:]
 
     def lock_run(self, run_id: str, columns: str) -> Any:
         self._judge()

@@ -310,7 +310,7 @@ def count_runs(
         # in that scan. Statuses are told apart in SQL (exact comparison: no stored value is
         # read back).
         clauses, values = _filters(conn, None, role, version)
-        table = conn.dialect.runs_by_role
+        table = conn.dialect.unindexed("agent_runs")
         sql = f"SELECT {NAMED_STATUS}, count(*) FROM {table} {where_sql(clauses)} GROUP BY named"
         for status, count in conn.execute(sql, values):
             name = "other" if status is None else as_text(status)

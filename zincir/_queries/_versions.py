@@ -55,7 +55,7 @@ def count_versions(conn: Reader) -> tuple[list[VersionCounts], bool]:
     else:
         sql = (
             f"SELECT {name_column('version')} AS shown, {NAMED_STATUS}, count(*)"
-            f" FROM {conn.dialect.runs_by_role} GROUP BY shown, named"
+            f" FROM {conn.dialect.unindexed('agent_runs')} GROUP BY shown, named"
         )
     found: dict[str | None, dict[str, int]] = {}
     for version, status, count in conn.execute(sql, ()):

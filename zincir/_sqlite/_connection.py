@@ -11,7 +11,8 @@ from typing import Any, Final, final
 
 from .. import _store
 from .._errors import DatabaseBusy, StorageError
-from .._store._tx import PLACEHOLDERS, Dialect, judge_lease
+from .._sql import Dialect
+from .._store._tx import PLACEHOLDERS, judge_lease
 from .._store._types import Lease
 from .._types import EventType
 from .._wakes import Wakes
@@ -29,8 +30,11 @@ _SQLITE_BUSY_CODES: Final = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
 
 
 # One writer holds the whole database from BEGIN: no row locks. A LIMIT of -1 is none, an IN
-# list takes up to 500 values, and the planner takes an index hint where it needs one.
-SQLITE: Final = Dialect("sqlite", least="min", greatest="max", unlimited=-1, chunk=500, index_hints=True)
+# list takes up to 500 values, the planner takes an index hint where it needs one, and a column
+# holds whatever was stored in it (the tables are not STRICT).
+SQLITE: Final = Dialect(
+    "sqlite", least="min", greatest="max", unlimited=-1, chunk=500, index_hints=True, loose_types=True
+)
 
 # ``?`` as SQLite's ``?NNN`` (so one value may serve several places) and ``:now`` as the last one.
 _RENDERED: dict[str, tuple[str, bool]] = {}

@@ -2,7 +2,7 @@
 
 It drives the queries of :mod:`zincir._queries` over one ``mode=ro`` connection, so that SQLite
 itself refuses any write and never creates a missing file. Columns are not typed here (the
-tables are not ``STRICT``): :class:`SQLiteDialect` reads INTEGER columns through ``typeof()``,
+tables are not ``STRICT``): its dialect (``SQLITE``) reads INTEGER columns through ``typeof()``,
 so a TEXT or BLOB that someone stored there is read bounded instead of whole.
 """
 
@@ -16,34 +16,19 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Final
 
 from .._errors import DatabaseBusy, SchemaError, StorageError
-from .._sql import KEY_CHARS, Cursor, Dialect, ReadOnly
+from .._sql import Cursor, ReadOnly
+from ._connection import SQLITE
 from ._migrations import APPLICATION_ID, load_migrations
 
-__all__ = ["SQLiteDialect", "SQLiteReadOnly", "open_sqlite_readonly"]
+__all__ = ["SQLiteReadOnly", "open_sqlite_readonly"]
 
 _BUSY_TIMEOUT: Final = 5.0
-
-
-class SQLiteDialect(Dialect):
-    name = "sqlite"
-    loose_types = True
-    unlimited = -1
-    # Walking the status index with a row lookup per entry is ~10x slower than one table scan.
-    runs_by_role = "agent_runs NOT INDEXED"
-
-    def int_column(self, column: str) -> str:
-        cut = f"substr({column}, 1, {KEY_CHARS})"
-        return f"CASE WHEN typeof({column}) IN ('text', 'blob') THEN {cut} ELSE {column} END"
-
-    def event_count(self) -> str:
-        otherwise = self.int_column("last_seq")
-        return f"CASE typeof(last_seq) WHEN 'integer' THEN last_seq + 1 ELSE {otherwise} END"
 
 
 class SQLiteReadOnly(ReadOnly):
     """One ``mode=ro`` connection in autocommit mode; :meth:`snapshot` is a read transaction."""
 
-    dialect = SQLiteDialect()
+    dialect = SQLITE
     # Opening costs under a millisecond; and a statement left open by one read (a cursor kept
     # alive by a traceback) would hold its snapshot into the next read on this connection.
     worth_keeping = False

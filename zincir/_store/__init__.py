@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from . import _budgets, _children, _ends, _forks, _leases, _log, _reads, _streams, _versions, _waits
 from ._forks import ForkOutcome
-from ._tx import LIVE, Dialect, Reply, Tx, judge_lease
+from ._tx import LIVE, Reply, Tx, judge_lease
 from ._types import *  # noqa: F403
 from ._types import __all__ as _types
 
-__all__ = ["LIVE", "Dialect", "ForkOutcome", "Reply", "Store", "Tx", "judge_lease", *_types]
+__all__ = ["LIVE", "ForkOutcome", "Reply", "Store", "Tx", "judge_lease", *_types]
 
 
 class Store:

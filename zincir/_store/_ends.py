@@ -10,6 +10,7 @@ cancellation request their owners act on.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from .._errors import InvalidArgument, RunNotFound, UnfinishedWork
@@ -29,12 +30,18 @@ def finish(tx: Tx, lease: Lease, status: RunStatus, payload_json: str, result_js
     (completing with open work or a live child)."""
     tx.fence(lease)
     completing = status is RunStatus.COMPLETED
-    open_work = _send_open_work(tx, lease.run_id) if completing else None
+    open_work = [tx.send(sql, (lease.run_id,)) for sql in OPEN_WORK] if completing else None
     # Sent before the checks are read (on PostgreSQL in the same round trip as the fence and
     # the checks): if the lease or the open work refuses, the raise rolls the end back.
     closing = _send_close(tx, lease.run_id, payload_json, status, result_json)
     if open_work is not None:
-        _require_no_open_work(lease.run_id, *open_work)
+        candidate, open_calls, live = open_work
+        require_no_open_work(
+            lease.run_id,
+            candidate.one() is not None,
+            [row[0] for row in open_calls.all()],
+            [row[0] for row in live.all()],
+        )
     _closed(tx, lease.run_id, closing)
     if not completing:
         cancel_descendants(tx, lease.run_id, f"its ancestor {lease.run_id} ended {status.value}")
@@ -61,21 +68,33 @@ def end_run(
 # statement sees: a suspension of the parent that commits later must have locked this run's
 # row (_awaited reads it FOR SHARE), which whoever ends the run holds already, so it either
 # committed before and is seen here, or waits for this end and finds the run ended.
-_MAKE_PARENT_DUE = (
+MAKE_PARENT_DUE = (
     "UPDATE agent_runs SET next_attempt_at = :now WHERE id = (SELECT p.id FROM agent_runs AS p"
     " WHERE p.id = (SELECT parent_run_id FROM agent_runs WHERE id = ?) AND p.status = 'waiting'"
     " AND (p.next_attempt_at IS NULL OR p.next_attempt_at > :now) AND EXISTS (SELECT 1 FROM run_waits"
     " AS w WHERE w.run_id = p.id AND w.kind = 'child' AND w.wake_key = ?){lock})"
 )
 
+ENDING = (
+    ", status = ?, lease_owner = NULL, lease_expires_at = NULL, wait_kind = NULL, wait_target = NULL,"
+    " result = ?, cancel_requested_at = NULL"
+)
+"""What a run's row becomes when it ends (``, column = ...`` assignments: its status, its result)."""
+
 # A fork that shares the closing run with its source (docs/forks.md) and is suspended on it
 # becomes due, as its parent does (above).
-_MAKE_SHARER_DUE = (
+MAKE_SHARER_DUE = (
     "UPDATE agent_runs SET next_attempt_at = :now WHERE id = (SELECT p.id FROM agent_runs AS p"
     " WHERE p.id = ? AND p.status = 'waiting' AND (p.next_attempt_at IS NULL OR p.next_attempt_at > :now)"
     " AND EXISTS (SELECT 1 FROM run_waits AS w WHERE w.run_id = p.id AND w.kind = 'child'"
     " AND w.wake_key = ?){lock})"
 )
+
+SHARERS = "SELECT run_id FROM shared_children WHERE child_id = ?"
+"""The forks that share a run with its source (its id)."""
+
+STREAMED = "SELECT 1 FROM streams WHERE run_id = ? LIMIT 1"
+"""Whether a run has streams (its id): their followers stop once it ends (docs/streams.md)."""
 
 _Closing = tuple[Reply, Reply, Reply | None, Reply, Reply]
 
@@ -91,25 +110,20 @@ def _send_close(
 ) -> _Closing:
     """Send a run's end without reading it (see :func:`_closed`): its final transition, the row
     terminal and ownerless, a parent suspended on it made due, its end's waiters' rows gone,
-    and whether it has streams."""
-    ending = (
-        ", status = ?, lease_owner = NULL, lease_expires_at = NULL, wait_kind = NULL, wait_target = NULL,"
-        " result = ?, cancel_requested_at = NULL"
-    )
+    the forks that share it, and whether it has streams."""
     closed = tx.log(
         run_id,
         EventType.STATE_TRANSITION,
         transition_json,
-        run_set=ending + (", lease_epoch = lease_epoch + 1" if new_epoch else ""),
+        run_set=ENDING + (", lease_epoch = lease_epoch + 1" if new_epoch else ""),
         run_params=(status.value, result_json),
     )
-    parent_due = tx.send(_MAKE_PARENT_DUE.format(lock=tx.dialect.lock_nowait), (run_id, run_id))
+    parent_due = tx.send(MAKE_PARENT_DUE.format(lock=tx.dialect.lock_nowait), (run_id, run_id))
     waited = None
     if tx.dialect.end_waiters:  # somebody waits for this end (wait_for_end): they are told
         waited = tx.send("DELETE FROM run_waiters WHERE run_id = ?", (run_id,))
-    sharers = tx.send("SELECT run_id FROM shared_children WHERE child_id = ?", (run_id,))
-    # A run that has streams may have followers, who stop once it ends (docs/streams.md).
-    streamed = tx.send("SELECT 1 FROM streams WHERE run_id = ? LIMIT 1", (run_id,))
+    sharers = tx.send(SHARERS, (run_id,))
+    streamed = tx.send(STREAMED, (run_id,))
     return closed, parent_due, waited, sharers, streamed
 
 
@@ -117,42 +131,52 @@ def _closed(tx: Tx, run_id: str, closing: _Closing) -> None:
     """Read what :func:`_send_close` did, and note whom it wakes."""
     closed, parent_due, waited, sharers, streamed = closing
     (_, parent) = closed.one()
-    if parent is not None:  # it may be joining this run (or suspended on it: then it is due)
-        tx.wake(waits=parent, claimable=parent_due.count() > 0)
-    if waited is not None and waited.count():
+    made_due = parent is not None and parent_due.count() > 0
+    note_end(tx, run_id, parent, made_due=made_due, told=waited is not None and waited.count() > 0)
+    wake_sharers_and_followers(tx, run_id, [row[0] for row in sharers.all()], streamed.one() is not None)
+
+
+def note_end(tx: Tx, run_id: str, parent: str | None, *, made_due: bool, told: bool) -> None:
+    """Note whom a run's end wakes: its parent (it may be joining this run; ``made_due``: it was
+    suspended on it), and, ``told``, whoever waits for the end (``wait_for_end``)."""
+    if parent is not None:
+        tx.wake(waits=parent, claimable=made_due)
+    if told:
         tx.wake(ended=run_id)
-    for (fork,) in sharers.all():  # rare: a round trip more on PostgreSQL only then
-        made_due = tx.count(_MAKE_SHARER_DUE.format(lock=tx.dialect.lock_nowait), (fork, run_id))
+
+
+def wake_sharers_and_followers(tx: Tx, run_id: str, sharers: Sequence[str], streamed: bool) -> None:
+    """Make the forks suspended on a run they share with its source due, and wake them; wake
+    the followers of its streams (``streamed``)."""
+    for fork in sharers:  # rare: a statement more only then
+        made_due = tx.count(MAKE_SHARER_DUE.format(lock=tx.dialect.lock_nowait), (fork, run_id))
         tx.wake(waits=fork, claimable=made_due > 0)
-    if streamed.one() is not None:
+    if streamed:
         tx.wake(streams=run_id)
 
 
-def _send_open_work(tx: Tx, run_id: str) -> tuple[Reply, Reply, Reply]:
-    """What a run must not leave open when it completes: three reads, sent together."""
-    return (
-        tx.send("SELECT 1 FROM checkpoints WHERE run_id = ? AND status = 'candidate'", (run_id,)),
-        tx.send(
-            "SELECT call_id FROM tool_intents WHERE run_id = ? AND result_seq IS NULL"
-            " ORDER BY intent_seq LIMIT 5",
-            (run_id,),
-        ),
-        tx.send(
-            "SELECT id FROM agent_runs WHERE parent_run_id = ?"
-            " AND status IN ('pending', 'running', 'waiting') LIMIT 5",
-            (run_id,),
-        ),
-    )
+OPEN_WORK = (
+    "SELECT 1 FROM checkpoints WHERE run_id = ? AND status = 'candidate'",
+    "SELECT call_id FROM tool_intents WHERE run_id = ? AND result_seq IS NULL ORDER BY intent_seq LIMIT 5",
+    "SELECT id FROM agent_runs WHERE parent_run_id = ?"
+    " AND status IN ('pending', 'running', 'waiting') LIMIT 5",
+)
+"""What a run must not leave open when it completes, each a read of the run's id: an undecided
+checkpoint candidate, tool calls without a result, live children (see
+:func:`require_no_open_work`)."""
 
 
-def _require_no_open_work(run_id: str, candidate: Reply, open_calls: Reply, live: Reply) -> None:
-    if candidate.one():
+def require_no_open_work(
+    run_id: str, candidate: bool, open_calls: Sequence[str], live: Sequence[str]
+) -> None:
+    """UnfinishedWork unless the :data:`OPEN_WORK` reads found nothing."""
+    if candidate:
         raise UnfinishedWork(f"run {run_id} cannot complete: a checkpoint candidate is undecided")
-    if calls := open_calls.all():
-        ids = ", ".join(repr(r[0]) for r in calls)
+    if open_calls:
+        ids = ", ".join(repr(call_id) for call_id in open_calls)
         raise UnfinishedWork(f"run {run_id} cannot complete: tool calls {ids} have no result yet")
-    if children := live.all():
-        ids = ", ".join(r[0] for r in children)
+    if live:
+        ids = ", ".join(live)
         raise UnfinishedWork(
             f"run {run_id} cannot complete: child runs {ids} have not ended (join or cancel them)"
         )

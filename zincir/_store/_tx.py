@@ -28,14 +28,13 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-import attrs
-
 from .._errors import LeaseLost, RunNotFound, RunTerminal
+from .._sql import Dialect
 from .._types import EventType, RunStatus
 from .._wakes import Wakes
 from ._types import Lease
 
-__all__ = ["LIVE", "PLACEHOLDERS", "Dialect", "Reply", "Tx", "judge_lease"]
+__all__ = ["LIVE", "PLACEHOLDERS", "Reply", "Tx", "judge_lease"]
 
 PLACEHOLDERS = re.compile(r"\?|(?<![:\w]):now\b")
 """What a backend renders in the operations' SQL: ``?``, and ``:now`` (never part of a ``::`` cast)."""
@@ -55,59 +54,6 @@ class Reply(Protocol):
 
     def count(self) -> int:
         """The rows a write changed (or a read returned)."""
-
-
-@attrs.frozen(kw_only=True)
-class Dialect:
-    """Where one backend's SQL differs from the subset the operations are written in. The
-    defaults are a database whose one writer holds it whole (no row locks)."""
-
-    name: str = attrs.field(kw_only=False)
-    row_locks: bool = False
-    """Whether a transaction locks rows (PostgreSQL, whose writers run side by side); without,
-    every fragment below that locks is empty."""
-    lock_nowait: str = ""
-    """After a SELECT of ``agent_runs``: hold the rows against their owners' writes, failing at
-    once (TransientConflict, retried) if one is held elsewhere, so no writer ever waits for a
-    row while its group commit holds others."""
-    skip_locked: str = ""
-    """After a claim's SELECT: hold the rows, and pass over those another claim holds."""
-    for_update_nowait: str = ""
-    """After a SELECT of one row of another table: hold it until the transaction ends, failing
-    at once (TransientConflict, retried) if another transaction holds it, as ``lock_nowait``."""
-    least: str = "LEAST"
-    """The name of the smaller-of-two function."""
-    greatest: str = "GREATEST"
-    wide: str = ""
-    """A cast that lets a BIGINT sum overflow without an error (it is capped after)."""
-    unlimited: int | None = None
-    """The LIMIT parameter that means no limit."""
-    chunk: int | None = None
-    """How many values one ``IN`` list takes at most (None: one array parameter, any size)."""
-    end_waiters: bool = False
-    """Whether ``wait_for_end``'s waiters are rows (``run_waiters``) that a run's end notifies."""
-    index_hints: bool = False
-
-    def indexed(self, index: str) -> str:
-        """After a table's name: read it through ``index`` (SQLite's planner may not see that
-        a partial index or a range is best; PostgreSQL's does)."""
-        return f" INDEXED BY {index}" if self.index_hints else ""
-
-    def share_nowait(self, alias: str) -> str:
-        """After a SELECT: hold ``alias``'s row against being written, failing at once if it is."""
-        return f" FOR SHARE OF {alias} NOWAIT" if self.row_locks else ""
-
-    def any_of(self, column: str, values: Sequence[Any]) -> tuple[str, tuple[Any, ...]]:
-        """SQL that ``column`` is one of ``values`` (at most :attr:`chunk`), and its parameters."""
-        if self.chunk is None:
-            return f"{column} = ANY(?)", (list(values),)
-        return f"{column} IN ({', '.join('?' * len(values))})", tuple(values)
-
-    def chunks(self, values: Sequence[Any]) -> list[Sequence[Any]]:
-        """``values`` in pieces that :meth:`any_of` takes."""
-        if self.chunk is None:
-            return [values]
-        return [values[i : i + self.chunk] for i in range(0, len(values), self.chunk)]
 
 
 class Tx(Protocol):
