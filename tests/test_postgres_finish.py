@@ -203,9 +203,10 @@ async def test_the_postgresql_finish_does_what_the_shared_one_does(
     assert own_rows == shared_rows
     expected = None if scenario.expected_error is None else scenario.expected_error.__name__
     assert (own.error or (None,))[0] == expected, own.error
-    # The open work is read with the fence, and the end is one statement (the shared form: three),
-    # whatever follows (descendants are cancelled by the shared code).
-    saved = 5 if scenario.status is RunStatus.COMPLETED else 2
+    # The open work is read with the fence, and the end is one statement (the shared form: five,
+    # with the forks sharing the run and its streams), whatever follows (descendants are
+    # cancelled by the shared code).
+    saved = 7 if scenario.status is RunStatus.COMPLETED else 4
     assert shared.statements - own.statements == saved, (shared, own)
 
 
