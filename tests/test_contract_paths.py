@@ -259,18 +259,21 @@ async def test_the_heartbeat_under_a_held_lock_retries_and_gives_up_at_its_deadl
 async def test_the_heartbeat_recovers_when_the_lock_is_released_before_its_deadline(
     busy_db: zincir.Database, clock: ManualClock, db_path: Path, renewal_failures: RenewalFailures
 ) -> None:
-    async with zincir.open_run(busy_db, lease_ttl=3) as run:  # renews every 1 s, stops at 2.4 s
+    # Real time: renews every 2 s and stops at 4.8 s, so after the first renewal (at 2 s) and its
+    # first retry fail, a loaded machine has more than a second left for the retry that gets
+    # through (with a 3 s lease it once had too little, at a load of 7 on 2 cores).
+    async with zincir.open_run(busy_db, lease_ttl=6) as run:
         _, _, _, expires_at, _ = lease_row(db_path, run.id)
         with write_locked(db_path):
-            await renewal_failures.wait_for(2)  # at about 1.2 s and 1.8 s: retried sooner and sooner
+            await renewal_failures.wait_for(2)  # retried sooner and sooner
             clock.advance(0.2)
         # The next retry gets through (the writer thread commits it; the frozen clock cannot
         # expire the lease meanwhile).
         with trio.fail_after(10):
             while lease_row(db_path, run.id)[3] == expires_at:
                 await trio.sleep(0.005)
-        assert lease_row(db_path, run.id)[3] == clock() + 3000
-        clock.advance(2.9)  # past the original expiry, within the renewed one
+        assert lease_row(db_path, run.id)[3] == clock() + 6000
+        clock.advance(5.9)  # past the original expiry, within the renewed one
         assert await run.record_response("still the owner", [], "end") == 1
         await run.complete()
     assert (await read_state(busy_db, run.id)).run.status is zincir.RunStatus.COMPLETED
