@@ -321,26 +321,24 @@ def _read_bytes(path: str, *, strict: bool = False) -> bytes | None:
     ``strict``: a PermissionError is raised, not taken for None."""
     try:
         fd = os.open(path, os.O_RDONLY)
+        try:
+            return _read_all(fd)
+        finally:
+            os.close(fd)
     except PermissionError:
         if strict:
             raise
         return None
     except OSError:
         return None
-    try:
-        # /proc hands out as much as asked in one read: one more only for a longer file.
-        chunks = [os.read(fd, _READ_SIZE)]
-        while len(chunks[-1]) == _READ_SIZE:
-            chunks.append(os.read(fd, _READ_SIZE))
-        return b"".join(chunks)
-    except PermissionError:
-        if strict:
-            raise
-        return None
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
+
+
+def _read_all(fd: int) -> bytes:
+    # /proc hands out as much as asked in one read: one more only for a longer file.
+    chunks = [os.read(fd, _READ_SIZE)]
+    while len(chunks[-1]) == _READ_SIZE:
+        chunks.append(os.read(fd, _READ_SIZE))
+    return b"".join(chunks)
 
 
 def _real_uid(pid: int) -> int | None:

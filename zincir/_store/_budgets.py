@@ -19,13 +19,12 @@ from .._budget import (
     loop_of,
     usage_of,
 )
-from .._errors import RunNotFound, RunTerminal
 from .._json import decode
 from .._json import dump_trusted as _dump
 from .._types import EventType, ToolCall
 from .._validation import MAX_INT
 from ._reads import get_run
-from ._tx import LIVE, Tx
+from ._tx import Tx, lock_live_run
 from ._types import Lease
 from ._waits import make_due
 
@@ -157,11 +156,7 @@ def set_budget(tx: Tx, run_id: str, changes: dict[str, Any]) -> None:
     """An outsider's change of limit columns (a run without a budget gets one, spending from
     now); a run suspended for its budget becomes due if it is within every limit again.
     RunNotFound, RunTerminal."""
-    row = tx.lock_run(run_id, "status")
-    if row is None:
-        raise RunNotFound(f"run {run_id} does not exist")
-    if row[0] not in LIVE:
-        raise RunTerminal(f"run {run_id} is {row[0]}; its budget can no longer change")
+    lock_live_run(tx, run_id, "status", "its budget can no longer change")
     if tx.one("SELECT 1 FROM budgets WHERE run_id = ?", (run_id,)) is None:
         insert_budget(tx, run_id, (None,) * len(LIMIT_COLUMNS))
     assignments = ", ".join(f"{column} = ?" for column in changes)

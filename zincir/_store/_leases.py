@@ -23,7 +23,7 @@ from .._types import EventType, RunStatus
 from ._budgets import WALL_END, budget_usage, insert_budget, wall_end
 from ._ends import cancel_requested, cancel_unowned, fail_exhausted
 from ._log import insert_event
-from ._tx import LIVE, Tx
+from ._tx import LIVE, Tx, lock_live_run
 from ._types import (
     Awaited,
     Claims,
@@ -458,12 +458,9 @@ def retry_now(tx: Tx, run_id: str) -> int | None:
     """An outsider's cut of a backoff: a live run nobody holds, not waiting, whose next attempt
     is in the future becomes due now (workers are told). Returns the due time it had; None if it
     was due already (nothing written). RunNotFound, RunTerminal, RunLeased, RunWaiting."""
-    row = tx.lock_run(run_id, "status, lease_owner, lease_expires_at, next_attempt_at")
-    if row is None:
-        raise RunNotFound(f"run {run_id} does not exist")
-    status, owner, expires_at, due_at = row
-    if status not in LIVE:
-        raise RunTerminal(f"run {run_id} is {status}; there is nothing left to retry")
+    status, owner, expires_at, due_at = lock_live_run(
+        tx, run_id, "status, lease_owner, lease_expires_at, next_attempt_at", "there is nothing left to retry"
+    )
     if owner is not None and expires_at is not None and expires_at > tx.now:
         raise RunLeased(f"run {run_id} is leased by {owner} for {expires_at - tx.now} ms more: it is running")
     if status == RunStatus.WAITING.value:

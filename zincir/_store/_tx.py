@@ -34,7 +34,7 @@ from .._types import EventType, RunStatus
 from .._wakes import Wakes
 from ._types import Lease
 
-__all__ = ["LIVE", "PLACEHOLDERS", "Reply", "Tx", "judge_lease"]
+__all__ = ["LIVE", "PLACEHOLDERS", "Reply", "Tx", "judge_lease", "lock_live_run"]
 
 PLACEHOLDERS = re.compile(r"\?|(?<![:\w]):now\b")
 """What a backend renders in the operations' SQL: ``?``, and ``:now`` (never part of a ``::`` cast)."""
@@ -159,3 +159,15 @@ def judge_lease(lease: Lease, row: Sequence[Any] | None, now: int) -> None:
         raise LeaseLost(f"{where} was released")
     if expires_at <= now:
         raise LeaseLost(f"{where} expired {now - expires_at} ms ago")
+
+
+def lock_live_run(tx: Tx, run_id: str, columns: str, ended: str) -> Any:
+    """``columns`` of a run that has not ended, locked (:meth:`Tx.lock_run`); ``columns`` starts
+    with ``status``. RunNotFound; RunTerminal for an ended run, its message ending with
+    ``ended`` (why that run is left alone)."""
+    row = tx.lock_run(run_id, columns)
+    if row is None:
+        raise RunNotFound(f"run {run_id} does not exist")
+    if row[0] not in LIVE:
+        raise RunTerminal(f"run {run_id} is {row[0]}; {ended}")
+    return row

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from .._errors import RunLeased, RunNotFound, RunTerminal
+from .._errors import RunLeased
 from .._json import dump_trusted as _dump
 from .._types import EventType
-from ._tx import LIVE, Tx
+from ._tx import Tx, lock_live_run
 
 __all__ = [
     "NOT_ENDED",
@@ -112,12 +112,12 @@ def set_version(tx: Tx, run_id: str, version: str | None, by: str | None) -> Mov
     version already (nothing written). RunNotFound, RunTerminal; RunLeased while an owner
     holds it: only the lease holder writes a running run's log, and the owner's code is of the
     old version until it lets the run go (docs/versions.md)."""
-    row = tx.lock_run(run_id, "status, lease_owner, lease_expires_at, version")
-    if row is None:
-        raise RunNotFound(f"run {run_id} does not exist")
-    status, owner, expires_at, current = row
-    if status not in LIVE:
-        raise RunTerminal(f"run {run_id} is {status}; an ended run keeps the version it ran under")
+    _, owner, expires_at, current = lock_live_run(
+        tx,
+        run_id,
+        "status, lease_owner, lease_expires_at, version",
+        "an ended run keeps the version it ran under",
+    )
     if owner is not None and expires_at is not None and expires_at > tx.now:
         raise RunLeased(
             f"run {run_id} is leased by {owner} for {expires_at - tx.now} ms more, running version"

@@ -21,13 +21,11 @@ from .._errors import (
     ApprovalNotRequested,
     InvalidArgument,
     NoDurableIntent,
-    RunNotFound,
-    RunTerminal,
 )
 from .._json import decode
 from .._json import dump_trusted as _dump
 from .._types import EventType
-from ._tx import LIVE, Tx
+from ._tx import Tx, lock_live_run
 from ._types import (
     SUBMIT_CHECKPOINT,
     ApprovalOutcome,
@@ -53,11 +51,7 @@ def send_signal(tx: Tx, run_id: str, topic: str, payload_json: str, key: str | N
         if existing is not None:
             return SendOutcome(int(existing[0]), stored=False)
     # Read before the insert: SQLite would refuse a signal of an unknown run with its own error.
-    row = tx.lock_run(run_id, "status")
-    if row is None:
-        raise RunNotFound(f"run {run_id} does not exist")
-    if row[0] not in LIVE:
-        raise RunTerminal(f"run {run_id} is {row[0]}; a terminal run takes no signals")
+    lock_live_run(tx, run_id, "status", "a terminal run takes no signals")
     # ON CONFLICT: a send with the same key committed after the look above (PostgreSQL).
     inserted = tx.send(
         "INSERT INTO signals (run_id, topic, payload, key, created_at) VALUES (?, ?, ?, ?, :now)"
@@ -243,11 +237,7 @@ def decide_approval(
     """An outsider's decision, no lease needed; deciding the same way again is a no-op. A
     run suspended on the approval becomes due. RunNotFound, RunTerminal, NoDurableIntent,
     ApprovalNotRequested, ApprovalConflict, ApprovalHashMismatch."""
-    status = tx.lock_run(run_id, "status")
-    if status is None:
-        raise RunNotFound(f"run {run_id} does not exist")
-    if status[0] not in LIVE:
-        raise RunTerminal(f"run {run_id} is {status[0]}; its approvals can no longer be decided")
+    lock_live_run(tx, run_id, "status", "its approvals can no longer be decided")
     row = _approval_row(tx, run_id, call_id, lock=True)
     where = f"run {run_id}: tool call {call_id!r}"
     if row is None:

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 import attrs
 
-from .. import Checkpoint, DurableState, EventType, InvalidArgument, Run
+from .. import Checkpoint, DurableState, EventType, InvalidArgument, PendingToolCall, Run
 
 JSONValue = Any
 """What ``json.dumps(value, allow_nan=False)`` accepts (as everywhere in zincir)."""
@@ -30,6 +30,7 @@ __all__ = [
     "goal_of",
     "price_of",
     "result_text",
+    "results_in_order",
 ]
 
 DEFAULT_NUDGE: Final = "Continue toward the goal; call your tools when you need them."
@@ -199,3 +200,16 @@ def result_text(content: JSONValue) -> str:
 
 def orphan_text(call_id: str, content: JSONValue) -> str:
     return f"Result of the earlier tool call {call_id}:\n{result_text(content)}"
+
+
+def results_in_order(
+    pending: Iterable[PendingToolCall], results: Mapping[str, JSONValue]
+) -> list[tuple[str, JSONValue]]:
+    """(call id, result) for each of ``pending``, in order, from ``results`` by call id;
+    InvalidArgument for a call without one."""
+    found = []
+    for item in pending:
+        if item.call.id not in results:
+            raise InvalidArgument(f"tool call {item.call.id!r} ({item.call.name}) has no result in results")
+        found.append((item.call.id, results[item.call.id]))
+    return found

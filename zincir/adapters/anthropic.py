@@ -44,6 +44,7 @@ from ._common import (
     orphan_text,
     price_of,
     result_text,
+    results_in_order,
     tokens,
 )
 from ._tools import run_tools
@@ -136,11 +137,7 @@ def tool_results(
     """A ``tool_result`` block for each of ``pending`` (in order), from ``results`` by call id
     (as :func:`run_tools` returns them): the content of the user turn that answers them. A
     result that is not a string is sent as JSON."""
-    blocks = []
-    for item in pending:
-        if item.call.id not in results:
-            raise InvalidArgument(f"tool call {item.call.id!r} ({item.call.name}) has no result in results")
-        blocks.append(_result(item.call.id, results[item.call.id]))
+    blocks = [_result(call_id, content) for call_id, content in results_in_order(pending, results)]
     return cast("list[ToolResultBlockParam]", blocks)
 
 

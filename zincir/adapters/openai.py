@@ -48,6 +48,7 @@ from ._common import (
     orphan_text,
     price_of,
     result_text,
+    results_in_order,
     tokens,
 )
 from ._tools import run_tools
@@ -180,11 +181,7 @@ def tool_results(
 ) -> list[ChatCompletionToolMessageParam]:
     """A ``tool`` message for each of ``pending`` (in order), from ``results`` by call id (as
     :func:`run_tools` returns them). A result that is not a string is sent as JSON."""
-    out = []
-    for item in pending:
-        if item.call.id not in results:
-            raise InvalidArgument(f"tool call {item.call.id!r} ({item.call.name}) has no result in results")
-        out.append(_tool(item.call.id, results[item.call.id]))
+    out = [_tool(call_id, content) for call_id, content in results_in_order(pending, results)]
     return cast("list[ChatCompletionToolMessageParam]", out)
 
 
