@@ -15,7 +15,7 @@ import attrs
 import trio
 
 from . import _faults
-from ._budget import Budget, CountedCall, Usage, debit_of, exceeded_error, judge
+from ._budget import MAX_COST, Budget, CountedCall, Usage, debit_of, exceeded_error, judge
 from ._database import Database, Storage, open_database, storage
 from ._errors import (
     BudgetExceeded,
@@ -35,7 +35,7 @@ from ._errors import (
     ZincirError,
     only_budget_exceeded,
 )
-from ._json import JSONValue, decode, encode
+from ._json import JSONValue, decode, dump_trusted, encode
 from ._store import (
     ApprovalOutcome,
     IntentRow,
@@ -65,6 +65,7 @@ from ._validation import (
     canonical_run_id,
     check_async_callable,
     check_call_id,
+    check_int,
     check_name,
     check_seconds,
     check_text,
@@ -406,6 +407,38 @@ class Run:
         debit = debit_of(usage, counted, f"run {self.id}")
         seq, reached = await self._write(self._store.record_response, llm_payload, intents, debit)
         if reached is not None:  # recorded and debited all the same: it was paid for
+            raise exceeded_error(self.id, reached)
+        return int(seq)
+
+    async def start_model_call(
+        self, request_tokens: int | None = None, *, model: str | None = None, cost: float | None = None
+    ) -> int:
+        """Mark durably that a model call is about to be sent; returns the seq of the mark
+        (its ``model_call_started`` event). Call it right before the request leaves; the
+        :meth:`record_response` of its reply closes it. The adapters place it for you.
+
+        ``request_tokens`` is the request's size in tokens (an estimate will do), ``model`` the
+        model asked, ``cost`` what the request's input would cost: if the reply is never
+        recorded (the process dies while the call is in flight, or the call fails and the next
+        one is placed), the call is charged to the run's budget by these, once, and a
+        ``model_call_lost`` event says so: at this owner's next mark, or when the next owner
+        takes the run (docs/adapters.md). Raises :class:`BudgetExceeded` (and places no mark)
+        while a limit of the run's budget is reached, so a spent budget costs no further call.
+        """
+        where = f"run {self.id}"
+        if request_tokens is not None:
+            check_int(request_tokens, f"{where}: request_tokens", minimum=0)
+        if model is not None:
+            check_text(model, f"{where}: the model")
+        if cost is not None and (
+            isinstance(cost, bool) or not isinstance(cost, int | float) or not 0 <= cost <= MAX_COST
+        ):
+            raise InvalidArgument(f"{where}: cost must be a number from 0 to {MAX_COST:g}, not {cost!r}")
+        mark = dump_trusted(
+            {"cost": cost, "epoch": self.epoch, "model": model, "request_tokens": request_tokens}
+        )
+        seq, reached = await self._write(self._store.start_model_call, mark)
+        if reached is not None:
             raise exceeded_error(self.id, reached)
         return int(seq)
 

@@ -71,6 +71,8 @@ class EventType(enum.StrEnum):
     TOOL_STARTED = "tool_started"
     LEASE_TAKEN_OVER = "lease_taken_over"
     ATTEMPT_LOST = "attempt_lost"
+    MODEL_CALL_STARTED = "model_call_started"
+    MODEL_CALL_LOST = "model_call_lost"
 
 
 @attrs.frozen

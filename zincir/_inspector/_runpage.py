@@ -79,6 +79,7 @@ class RunPageData:
         self.restarts = Restarts((), -1)
         self.reconciled: frozenset[object] = frozenset()
         self.candidate: q.CheckpointRow | None = None
+        self.model_calls = q.ModelCalls(None, ())  # set by fetch
 
     @classmethod
     def fetch(cls, run_id: str, query: EventsQuery, conn: Any) -> RunPageData:
@@ -129,6 +130,7 @@ class RunPageData:
             waits,
             () if later else q.list_outsider_actions(conn, run_id, limit=LIST_LIMIT + 1),
         )
+        view.model_calls = q.model_calls(conn, run_id, limit=LIST_LIMIT)
         if conversation:
             view._fetch_beyond_the_page(conn)
         return view
@@ -279,6 +281,7 @@ class RunPageView:
     timers: tuple[q.TimerRow, ...]
     intents: tuple[q.IntentRow, ...]
     outsider_actions: tuple[q.OutsiderAction, ...]
+    model_calls: q.ModelCalls
 
 
 def run_context(view: RunPageData, query: EventsQuery, now: int) -> dict[str, Any]:
@@ -325,6 +328,7 @@ def run_context(view: RunPageData, query: EventsQuery, now: int) -> dict[str, An
         timers=view.timers,
         intents=view.intents,
         outsider_actions=view.outsider_actions,
+        model_calls=view.model_calls,
     )
     return {"view": page, "now": now, "limit": LIST_LIMIT, "scan_window": q.SCAN_WINDOW}
 
@@ -394,6 +398,7 @@ def _conversation(view: RunPageData, mode: str, now: int, cards: list[v.Checkpoi
         view.restarts,
         view.reconciled,
         candidate,
+        None if view.model_calls.open is None else view.model_calls.open.mark_seq,
     )
     return Conversation(entries(ctx, view.events.events), not view.events.has_after)
 

@@ -21,6 +21,7 @@ from .._owner import Owner, Verdict, gone_holders, this_process
 from .._owner import judge as judge_holder
 from .._types import EventType, RunStatus
 from ._budgets import WALL_END, budget_usage, insert_budget, wall_end
+from ._calls import close_unanswered
 from ._ends import cancel_requested, cancel_unowned, fail_exhausted
 from ._log import insert_event
 from ._tx import LIVE, Tx
@@ -77,7 +78,7 @@ def create_run(
 _LEASE_ROW = "lease_owner, lease_epoch, lease_expires_at, lease_host, lease_pid, lease_process_start"
 """The columns that say who held a lease, for :func:`lost_attempt`."""
 
-_CLAIM_COLUMNS = f"id, status, attempts, cancel_reason, {WALL_END}, config, {_LEASE_ROW}"
+_CLAIM_COLUMNS = f"id, status, attempts, cancel_reason, {WALL_END}, config, model_call_seq, {_LEASE_ROW}"
 """What taking a run needs to know of it, read by the statement that finds it."""
 
 
@@ -91,12 +92,14 @@ class _Claim:
     cancel_reason: str | None
     wall_end: int | None
     config_json: str
+    model_call_seq: int | None
+    """The run's open model-call mark: the call an earlier attempt left in flight."""
     lease_row: Sequence[Any]
 
     @classmethod
     def of(cls, row: Sequence[Any]) -> _Claim:
-        run_id, status, attempts, cancel_reason, wall_end, config_json, *lease_row = row
-        return cls(run_id, status, attempts, cancel_reason, wall_end, config_json, lease_row)
+        run_id, status, attempts, cancel_reason, wall_end, config_json, mark, *lease_row = row
+        return cls(run_id, status, attempts, cancel_reason, wall_end, config_json, mark, lease_row)
 
     @property
     def epoch(self) -> int:
@@ -224,8 +227,9 @@ def _take(
 ) -> Lease:
     """Lease the run to ``owner`` (this process: its identity is stored with the lease); a
     pending or suspended run starts running; a lease its owner never released is taken over:
-    ``attempt_lost``, then ``lease_taken_over`` (at once, or after it expired).
-    ``count_attempt``: a worker's claim, which counts an attempt.
+    ``attempt_lost``, then ``lease_taken_over`` (at once, or after it expired); a model call an
+    earlier attempt left in flight is closed and charged (``model_call_lost``: see
+    :mod:`zincir._store._calls`). ``count_attempt``: a worker's claim, which counts an attempt.
 
     The lease, the attempt and the last event go into the row in one UPDATE: one statement and
     one new version of the row per run taken, where three UPDATEs made three."""
@@ -249,6 +253,8 @@ def _take(
             tx.log(c.run_id, type, payload)
         else:
             tx.log(c.run_id, type, payload, run_set=lease_change, run_params=params)
+    if c.model_call_seq is not None:
+        close_unanswered(tx, c.run_id, int(c.model_call_seq), "next_owner")
     return Lease(c.run_id, owner, epoch, ttl_ms, expires_at, c.wall_end, config_json=c.config_json)
 
 
