@@ -32,8 +32,8 @@ def spawn_children(tx: Tx, lease: Lease, children: Sequence[NewChild]) -> list[s
         tx.send(
             "WITH now AS MATERIALIZED (SELECT CAST(:now AS BIGINT) AS ms),"
             " spawned AS (INSERT INTO agent_runs (id, parent_run_id, role, provider, status, config,"
-            " created_at, updated_at, next_attempt_at, spawn_name)"
-            " SELECT ?, ?, ?, ?, 'pending', ?, now.ms, now.ms, now.ms, ? FROM now"
+            " created_at, updated_at, next_attempt_at, spawn_name, traceparent)"
+            " SELECT ?, ?, ?, ?, 'pending', ?, now.ms, now.ms, now.ms, ?, ? FROM now"
             " ON CONFLICT (parent_run_id, spawn_name) WHERE spawn_name IS NOT NULL DO NOTHING RETURNING id),"
             " allocated AS (UPDATE agent_runs SET last_seq = last_seq + 1, updated_at = (SELECT ms FROM now)"
             " WHERE id = ? AND EXISTS (SELECT 1 FROM spawned) RETURNING last_seq),"
@@ -43,6 +43,7 @@ def spawn_children(tx: Tx, lease: Lease, children: Sequence[NewChild]) -> list[s
             " (SELECT id FROM agent_runs WHERE parent_run_id = ? AND spawn_name = ?)",
             (
                 *(child.child_id, parent_id, child.role, child.provider, child.config_json, child.name),
+                child.traceparent,
                 parent_id,
                 *(parent_id, EventType.CHILD_SPAWNED.value, _spawned_event(child), f"spawn:{child.name}"),
                 *(parent_id, child.name),

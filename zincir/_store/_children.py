@@ -26,9 +26,18 @@ def spawn_children(tx: Tx, lease: Lease, children: Sequence[NewChild]) -> list[s
     inserts = [
         tx.send(
             "INSERT INTO agent_runs (id, parent_run_id, role, provider, status, config, created_at,"
-            " updated_at, next_attempt_at, spawn_name) VALUES (?, ?, ?, ?, 'pending', ?, :now, :now, :now, ?)"
+            " updated_at, next_attempt_at, spawn_name, traceparent)"
+            " VALUES (?, ?, ?, ?, 'pending', ?, :now, :now, :now, ?, ?)"
             " ON CONFLICT (parent_run_id, spawn_name) WHERE spawn_name IS NOT NULL DO NOTHING",
-            (child.child_id, parent_id, child.role, child.provider, child.config_json, child.name),
+            (
+                child.child_id,
+                parent_id,
+                child.role,
+                child.provider,
+                child.config_json,
+                child.name,
+                child.traceparent,
+            ),
         )
         for child in children
     ]

@@ -52,9 +52,10 @@ def create_run(
     owner: str,
     ttl_ms: int,
     budget: tuple[Any, ...] | None = None,
+    traceparent: str | None = None,
 ) -> Lease:
-    """Insert a run already leased and running, with its first event and its budget's limits
-    (in LIMIT_COLUMNS order). RunNotFound (parent)."""
+    """Insert a run already leased and running, with its first event, its budget's limits (in
+    LIMIT_COLUMNS order) and the trace context its spans continue. RunNotFound (parent)."""
     if (
         parent_run_id is not None
         and tx.one("SELECT 1 FROM agent_runs WHERE id = ?", (parent_run_id,)) is None
@@ -64,21 +65,31 @@ def create_run(
     tx.execute(
         "INSERT INTO agent_runs (id, parent_run_id, role, provider, status, config, created_at,"
         " updated_at, last_seq, lease_owner, lease_epoch, lease_expires_at, next_attempt_at, lease_host,"
-        " lease_pid, lease_process_start)"
-        " VALUES (?, ?, ?, ?, 'running', ?, :now, :now, 0, ?, 1, ?, :now, ?, ?, ?)",
-        (run_id, parent_run_id, role, provider, config_json, owner, expires_at, *this_process().as_row()),
-    )
+        " lease_pid, lease_process_start, traceparent)"
+        " VALUES (?, ?, ?, ?, 'running', ?, :now, :now, 0, ?, 1, ?, :now, ?, ?, ?, ?)",
+        (
+            run_id, parent_run_id, role, provider, config_json, owner, expires_at,
+            *this_process().as_row(), traceparent,
+        ),
+    )  # fmt: skip
     insert_event(tx, run_id, 0, EventType.STATE_TRANSITION, '{"from":"pending","to":"running"}')
-    if budget is None:
-        return Lease(run_id, owner, 1, ttl_ms, expires_at, config_json=config_json)
-    insert_budget(tx, run_id, budget)
-    return Lease(run_id, owner, 1, ttl_ms, expires_at, wall_end(tx, run_id), config_json=config_json)
+    ends_at = None
+    if budget is not None:
+        insert_budget(tx, run_id, budget)
+        ends_at = wall_end(tx, run_id)
+    return Lease(
+        run_id, owner, 1, ttl_ms, expires_at, ends_at,
+        config_json=config_json, role=role, provider=provider, traceparent=traceparent,
+    )  # fmt: skip
 
 
 _LEASE_ROW = "lease_owner, lease_epoch, lease_expires_at, lease_host, lease_pid, lease_process_start"
 """The columns that say who held a lease, for :func:`lost_attempt`."""
 
-_CLAIM_COLUMNS = f"id, status, attempts, cancel_reason, {WALL_END}, config, model_call_seq, {_LEASE_ROW}"
+_CLAIM_COLUMNS = (
+    f"id, status, attempts, cancel_reason, {WALL_END}, config, role, provider, traceparent, model_call_seq,"
+    f" {_LEASE_ROW}"
+)
 """What taking a run needs to know of it, read by the statement that finds it."""
 
 
@@ -92,14 +103,16 @@ class _Claim:
     cancel_reason: str | None
     wall_end: int | None
     config_json: str
+    role: str
+    provider: str
+    traceparent: str | None
     model_call_seq: int | None
     """The run's open model-call mark: the call an earlier attempt left in flight."""
     lease_row: Sequence[Any]
 
     @classmethod
     def of(cls, row: Sequence[Any]) -> _Claim:
-        run_id, status, attempts, cancel_reason, wall_end, config_json, mark, *lease_row = row
-        return cls(run_id, status, attempts, cancel_reason, wall_end, config_json, mark, lease_row)
+        return cls(*row[:10], lease_row=row[10:])  # type: ignore[misc]
 
     @property
     def epoch(self) -> int:
@@ -255,7 +268,10 @@ def _take(
             tx.log(c.run_id, type, payload, run_set=lease_change, run_params=params)
     if c.model_call_seq is not None:
         close_unanswered(tx, c.run_id, int(c.model_call_seq), "next_owner")
-    return Lease(c.run_id, owner, epoch, ttl_ms, expires_at, c.wall_end, config_json=c.config_json)
+    return Lease(
+        c.run_id, owner, epoch, ttl_ms, expires_at, c.wall_end,
+        config_json=c.config_json, role=c.role, provider=c.provider, traceparent=c.traceparent,
+    )  # fmt: skip
 
 
 # -- keeping it -------------------------------------------------------------------------------

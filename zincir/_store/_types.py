@@ -118,6 +118,11 @@ class Lease:
     config_json: str = attrs.field(default="{}", kw_only=True)
     """The run's config as stored, read by the acquisition that made the lease (it never
     changes): :attr:`Run.config` without a read of its own."""
+    role: str = attrs.field(default="agent", kw_only=True)
+    provider: str = attrs.field(default="", kw_only=True)
+    traceparent: str | None = attrs.field(default=None, kw_only=True)
+    """The W3C trace context the run's spans continue (docs/tracing.md); read, like the role
+    and provider, by the acquisition that made the lease."""
 
     @property
     def fencing_token(self) -> str:
@@ -294,6 +299,8 @@ class NewChild(NamedTuple):
     provider: str
     config_json: str
     budget: tuple[Any, ...] | None = None
+    traceparent: str | None = None
+    """The trace context the child's spans continue: the span that spawned it (docs/tracing.md)."""
 
 
 @attrs.frozen

@@ -93,7 +93,7 @@ async def create(run: Run, client: AsyncAnthropic, *, prices: Prices | None = No
             " with record()"
         )
     await before_model_call(run, params, prices)
-    with run._active():  # a call in flight is work: the run does not suspend under it
+    with run._in_model_call():  # work (no suspension under it), traced as the call's span
         message: Message = await client.messages.create(**params)
     await record(run, message, prices=prices)
     return message

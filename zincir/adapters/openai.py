@@ -134,7 +134,7 @@ async def create(
     if params.get("stream"):
         raise InvalidArgument(f"run {run.id}: create() makes one non-streaming call, not a stream")
     await before_model_call(run, params, prices)
-    with run._active():  # a call in flight is work: the run does not suspend under it
+    with run._in_model_call():  # work (no suspension under it), traced as the call's span
         completion: ChatCompletion = await client.chat.completions.create(**params)
     await record(run, completion, prices=prices)
     return completion
