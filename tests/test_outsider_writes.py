@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import time
+import uuid
 from typing import Any
 
 import pytest
@@ -157,7 +159,22 @@ async def test_a_version_6_database_gains_the_audit_trail_and_keeps_its_runs(
     with monkeypatch.context() as patch:
         patch.setattr(_schema, "load", lambda backend: every(backend)[:6])
         async with zincir.open_database(db_target) as old:
-            run_id = await new_run(old, role="old")
+            # A run released unfinished, as version 6 wrote it (by hand: today's code writes
+            # columns a version-6 database lacks).
+            run_id = str(uuid.uuid4())
+            rows(
+                old,
+                "INSERT INTO agent_runs (id, role, provider, status, config, created_at, updated_at,"
+                " last_seq, lease_epoch, next_attempt_at)"
+                " VALUES (?, 'old', '', 'running', '{}', ?, ?, 0, 1, ?)",
+                (run_id, *[time.time_ns() // 1_000_000] * 3),
+            )
+            rows(
+                old,
+                "INSERT INTO events (run_id, seq, type, payload, created_at)"
+                ' VALUES (?, 0, \'state_transition\', \'{"from":"pending","to":"running"}\', 1)',
+                (run_id,),
+            )
             before = rows(old, "SELECT id, role, status, last_seq FROM agent_runs")
     async with zincir.open_database(db_target) as new:
         [(version,)] = rows(new, "SELECT max(version) FROM zincir_schema_migrations")

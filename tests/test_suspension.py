@@ -8,6 +8,7 @@ import contextlib
 import os
 import signal as signals
 import subprocess
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -704,18 +705,29 @@ async def test_a_run_suspended_before_wait_sets_existed_is_still_woken_after_the
     from zincir import _schema
 
     every = _schema.load
+    run_id = str(uuid.uuid4())
     with monkeypatch.context() as patch:
         patch.setattr(_schema, "load", lambda backend: every(backend)[:8])
         async with zincir.open_database(db_target) as old:
-            [run_id] = await new_runs(old, 1)
-            async with zincir.open_run(old, run_id) as run:
-                with trio.move_on_after(0.05):  # the wait is recorded and pending
-                    await run.wait_for_signal("w", "go")
-            # Suspended as version 8 recorded it: one wait, in the run's row.
+            # Suspended as version 8 recorded it: its pending wait, and that one wait in the run's
+            # row. Written by hand: today's code writes columns a version-8 database lacks.
             rows(
                 old,
-                "UPDATE agent_runs SET status = 'waiting', wait_kind = 'signal', wait_target = 'go',"
-                " next_attempt_at = NULL WHERE id = ?",
+                "INSERT INTO agent_runs (id, role, provider, status, config, created_at, updated_at,"
+                " last_seq, lease_epoch, next_attempt_at, wait_kind, wait_target)"
+                " VALUES (?, 'agent', '', 'waiting', '{}', 1, 1, 0, 1, NULL, 'signal', 'go')",
+                (run_id,),
+            )
+            rows(
+                old,
+                "INSERT INTO events (run_id, seq, type, payload, created_at)"
+                ' VALUES (?, 0, \'state_transition\', \'{"from":"pending","to":"running"}\', 1)',
+                (run_id,),
+            )
+            rows(
+                old,
+                "INSERT INTO waits (run_id, name, kind, topic, created_at)"
+                " VALUES (?, 'w', 'signal', 'go', 1)",
                 (run_id,),
             )
     async with zincir.open_database(db_target) as new:

@@ -167,11 +167,10 @@ async def test_an_attempt_traces_its_work_in_the_runs_one_trace(db_target: str, 
     for name in inside:
         span = spans.one(name)
         assert parent_of(span) == attempt.context.span_id, name
-        assert attrs_of(span)["zincir.run.id"] == run_id and attrs_of(span)["zincir.epoch"] == 1
+        assert attrs_of(span)["zincir.run.id"] == run_id
     chat = attrs_of(spans.one("chat claude-x"))
     assert chat == {
         "zincir.run.id": run_id,
-        "zincir.epoch": 1,
         "gen_ai.operation.name": "chat",
         "gen_ai.request.model": "claude-x",
         "gen_ai.provider.name": "anthropic",
@@ -394,7 +393,9 @@ async def test_a_run_resumed_after_a_sigkill_continues_its_trace_in_a_new_proces
     assert attempt["attributes"]["zincir.outcome"] == "completed"
     [step_b] = [s for s in second if s["name"] == "step b"]
     assert step_b["parent"] == attempt["span"]
-    assert first[0]["attributes"]["zincir.epoch"] == 2 and first[0]["parent"] != attempt["span"]
+    # Step a ran in the killed attempt: under that attempt's span (which never reached the file).
+    assert first[0]["attributes"] == {"zincir.run.id": run.id, "zincir.step.name": "a"}
+    assert first[0]["parent"] not in {None, attempt["span"], created.context.span_id}
     assert scalar_status(db_target, run.id) == "completed"
 
 

@@ -55,19 +55,37 @@ __all__ = ["RunTrace", "Tracing", "context_of", "new_run_context", "traceparent_
 _TRACEPARENT: Final = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 
 _UNSET: Final = object()
-_api_module: Any = _UNSET
+_otel: Any = _UNSET
+
+
+class _OpenTelemetry:
+    """The parts of ``opentelemetry-api`` zincir uses, imported once."""
+
+    def __init__(self) -> None:
+        from opentelemetry import context, trace
+        from opentelemetry.trace import Status, StatusCode
+
+        self.context = context
+        self.trace = trace
+        self.error = StatusCode.ERROR
+        self.Status = Status
+
+
+def _loaded() -> _OpenTelemetry | None:
+    """``opentelemetry-api``, or None when it is not installed (looked for once)."""
+    global _otel
+    if _otel is _UNSET:
+        try:
+            _otel = _OpenTelemetry()
+        except ImportError:
+            _otel = None
+    return _otel  # type: ignore[no-any-return]
 
 
 def _api() -> Any:
-    """The ``opentelemetry.trace`` module, or None when it is not installed (looked for once)."""
-    global _api_module
-    if _api_module is _UNSET:
-        try:
-            from opentelemetry import trace
-        except ImportError:
-            trace = None  # type: ignore[assignment]
-        _api_module = trace
-    return _api_module
+    """The ``opentelemetry.trace`` module, or None when it is not installed."""
+    otel = _loaded()
+    return None if otel is None else otel.trace
 
 
 def traceparent_of(span_context: SpanContext) -> str | None:
@@ -183,20 +201,19 @@ def creating_run(tracing: Tracing, run_id: str, role: str, provider: str) -> Ite
 def _failed(span: Span, exc: BaseException, content: bool) -> None:
     """Mark ``span`` with what ended it: an error (its type; its message and traceback only with
     content), or a cancellation, which is no error (a suspension, a stop, a lost lease)."""
-    if not span.is_recording():
+    otel = _loaded()
+    if otel is None or not span.is_recording():
         return
     if isinstance(exc, trio.Cancelled):
         span.set_attribute("zincir.cancelled", True)
         return
-    from opentelemetry.trace import Status, StatusCode
-
     kind = f"{type(exc).__module__}.{type(exc).__qualname__}"
     span.set_attribute("error.type", kind)
     if content:
         span.record_exception(exc)
-        span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+        span.set_status(otel.Status(otel.error, f"{type(exc).__name__}: {exc}"))
     else:
-        span.set_status(Status(StatusCode.ERROR, kind))
+        span.set_status(otel.Status(otel.error, kind))
 
 
 def _json(value: Any) -> str:
@@ -209,11 +226,16 @@ class RunTrace:
     on (a Run without a tracer has none of this)."""
 
     def __init__(self, tracer: Tracer, content: bool, lease: Lease, attempt: int | None) -> None:
+        otel = _loaded()
+        assert otel is not None, "a tracer comes from opentelemetry-api"
+        self._otel = otel
         self._tracer = tracer
         self.content = content
         self._lease = lease
         self._attempt = attempt
-        self._base: dict[str, Any] = {"zincir.run.id": lease.run_id, "zincir.epoch": lease.epoch}
+        # On every span: the run (a child run's spans share its parent's trace). The epoch and
+        # the attempt are the attempt span's: each attribute costs the SDK time on every span.
+        self._base: dict[str, Any] = {"zincir.run.id": lease.run_id}
         self._attempt_span: Span | None = None
         self._token: Any = None
         self._model_span: Span | None = None
@@ -224,11 +246,12 @@ class RunTrace:
         """Start the attempt's span, under the run's stored context (linked to the caller's
         span, when it is in another trace), and make it the current one until
         :meth:`end_attempt`: the body's spans are its children."""
-        from opentelemetry import context, trace
+        trace = self._otel.trace
 
         lease = self._lease
         attributes: dict[str, Any] = {
             **self._base,
+            "zincir.epoch": lease.epoch,
             "gen_ai.operation.name": "invoke_agent",
             "gen_ai.agent.name": lease.role,
             "gen_ai.conversation.id": lease.run_id,
@@ -249,19 +272,17 @@ class RunTrace:
             f"invoke_agent {lease.role}", context=parent, attributes=attributes, links=links
         )
         self._attempt_span = span
-        self._token = context.attach(trace.set_span_in_context(span, parent))
+        self._token = self._otel.context.attach(trace.set_span_in_context(span, parent))
 
     def end_attempt(self, outcome: str, error: BaseException | None) -> None:
         """End the attempt's span (the current one again what it was before): ``outcome`` says
         how the block ended; a model call still in flight ends with it, unanswered."""
-        from opentelemetry import context
-
         self.unanswered("the attempt ended before its reply was recorded")
         span = self._attempt_span
         if span is None:
             return
         self._attempt_span = None
-        context.detach(self._token)
+        self._otel.context.detach(self._token)
         span.set_attribute("zincir.outcome", outcome)
         if error is not None:
             _failed(span, error, self.content)
@@ -269,33 +290,16 @@ class RunTrace:
 
     # -- spans inside it -----------------------------------------------------------------------
 
-    @contextmanager
-    def span(self, name: str, attributes: Mapping[str, Any], *, current: bool = True) -> Iterator[Span]:
+    def span(self, name: str, attributes: Mapping[str, Any]) -> _Scope:
         """A span of the current context (the attempt's, or one the body made current), ended
-        with the block; ``current``: the block's own work (a tool, a step's function, a
-        verifier) runs inside it, so that its spans are children of it."""
-        span = self._tracer.start_span(name, attributes={**self._base, **attributes})
-        token = None
-        if current:
-            from opentelemetry import context, trace
+        with the ``with`` block it is given to; the block's own work (a tool, a step's function,
+        a verifier) runs inside it, so that its spans are children of it."""
+        return _Scope(self, self._tracer.start_span(name, attributes={**self._base, **attributes}))
 
-            token = context.attach(trace.set_span_in_context(span))
-        try:
-            yield span
-        except BaseException as exc:
-            _failed(span, exc, self.content)
-            raise
-        finally:
-            if token is not None:
-                from opentelemetry import context
-
-                context.detach(token)
-            span.end()
-
-    def step(self, name: str) -> Any:
+    def step(self, name: str) -> _Scope:
         return self.span(f"step {name}", {"zincir.step.name": name})
 
-    def tool(self, call_id: str, name: str, args: Any) -> Any:
+    def tool(self, call_id: str, name: str, args: Any) -> _Scope:
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "execute_tool",
             "gen_ai.tool.name": name,
@@ -306,7 +310,7 @@ class RunTrace:
             attributes["gen_ai.tool.call.arguments"] = _json(args)
         return self.span(f"execute_tool {name}", attributes)
 
-    def checkpoint(self, checkpoint_id: int, round: int, state: Any) -> Any:
+    def checkpoint(self, checkpoint_id: int, round: int, state: Any) -> _Scope:
         attributes: dict[str, Any] = {"zincir.checkpoint.id": checkpoint_id, "zincir.checkpoint.round": round}
         if self.content:
             attributes["zincir.checkpoint.state"] = _json(state)
@@ -360,9 +364,8 @@ class RunTrace:
         if span is None:
             yield
             return
-        from opentelemetry import context, trace
-
-        token = context.attach(trace.set_span_in_context(span))
+        context = self._otel.context
+        token = context.attach(self._otel.trace.set_span_in_context(span))
         try:
             yield
         finally:
@@ -421,11 +424,36 @@ class RunTrace:
         if span is None:
             return
         self._model_span = None
-        from opentelemetry.trace import Status, StatusCode
-
         span.set_attribute("error.type", "zincir.unanswered")
-        span.set_status(Status(StatusCode.ERROR, f"no reply recorded: {why}"))
+        span.set_status(self._otel.Status(self._otel.error, f"no reply recorded: {why}"))
         span.end()
+
+
+@final
+class _Scope:
+    """A span and the block it covers: the current span inside the block (unless it records
+    nothing: a span sampled out has no children worth a context), marked with what ended it."""
+
+    __slots__ = ("_span", "_token", "_trace")
+
+    def __init__(self, trace: RunTrace, span: Span) -> None:
+        self._trace = trace
+        self._span = span
+        self._token: Any = None
+
+    def __enter__(self) -> Span:
+        span = self._span
+        if span.is_recording():
+            otel = self._trace._otel
+            self._token = otel.context.attach(otel.trace.set_span_in_context(span))
+        return span
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        if self._token is not None:
+            self._trace._otel.context.detach(self._token)
+        if exc is not None:
+            _failed(self._span, exc, self._trace.content)
+        self._span.end()
 
 
 def _output_message(response: Mapping[str, Any]) -> dict[str, Any]:
