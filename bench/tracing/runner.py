@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
+from opentelemetry import context, trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import NoOpTracerProvider
@@ -91,6 +92,21 @@ async def one_rep(target: str, steps: int, provider: TracerProvider) -> dict[str
     return timed
 
 
+def span_alone(provider: TracerProvider, spans: int) -> float:
+    """µs of the SDK's own span as a step's is made (two attributes, made current, ended), alone
+    in a loop: the median of ``spans``."""
+    tracer = provider.get_tracer("bench")
+    timed = []
+    for i in range(spans):
+        started = time.perf_counter_ns()
+        span = tracer.start_span("step s", attributes={"zincir.run.id": "r", "zincir.step.name": f"s{i}"})
+        token = context.attach(trace.set_span_in_context(span))
+        context.detach(token)
+        span.end()
+        timed.append(time.perf_counter_ns() - started)
+    return statistics.median(timed) / 1000
+
+
 async def measure(target: str, steps: int, reps: int, log: study.Log) -> dict[str, Any]:
     """Per series: the median µs of every step, how many steps, and each rep's median."""
     exporter = DropEverything()
@@ -105,13 +121,14 @@ async def measure(target: str, steps: int, reps: int, log: study.Log) -> dict[st
                 every[name] += timed
                 medians[name].append(statistics.median(timed))
             log(f"  rep {rep + 1}/{reps}: " + ", ".join(f"{k} {v[-1]:.0f} µs" for k, v in medians.items()))
+        alone = span_alone(provider, 3 * steps)
     finally:
         provider.shutdown()  # exports what is queued
     series = {
         name: {"median": statistics.median(every[name]), "steps": len(every[name]), "reps": medians[name]}
         for name in SERIES
     }
-    return {"series": series, "exported_spans": exporter.spans}
+    return {"series": series, "exported_spans": exporter.spans, "sdk_span_alone": alone}
 
 
 @contextlib.contextmanager
