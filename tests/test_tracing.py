@@ -312,6 +312,37 @@ async def test_the_adapter_makes_its_call_inside_the_calls_span(db_target: str, 
     assert attrs_of(chat)["gen_ai.usage.input_tokens"] == 1200
 
 
+async def test_a_suspended_attempt_ends_its_wait_cancelled_and_the_resumed_one_serves_it(
+    db_target: str, spans: Spans
+) -> None:
+    from .test_suspension import working
+
+    async def handler(run: zincir.Run) -> None:
+        await run.wait_for_signal("w", "go")
+        await run.complete()
+
+    async with traced(db_target, spans) as db:
+        async with zincir.open_run(db) as run:
+            pass  # left for the worker
+        async with working(db, handler, suspend_after=0):
+            await until(lambda: _status_is(db, run.id, zincir.RunStatus.WAITING))
+            await zincir.send_signal(db, run.id, "go")
+            await until(lambda: _status_is(db, run.id, zincir.RunStatus.COMPLETED))
+    first, second = sorted(spans.named("invoke_agent"), key=lambda s: attrs_of(s)["zincir.epoch"])[1:]
+    assert (attrs_of(first)["zincir.outcome"], attrs_of(second)["zincir.outcome"]) == (
+        "suspended",
+        "completed",
+    )
+    assert attrs_of(first)["zincir.attempt"] == attrs_of(second)["zincir.attempt"] == 1  # given back
+    [wait] = spans.named("wait")  # the first attempt's; the second found the signal at its first look
+    assert parent_of(wait) == first.context.span_id and attrs_of(wait)["zincir.cancelled"] is True
+    assert wait.status.status_code is StatusCode.UNSET and first.status.status_code is StatusCode.UNSET
+
+
+async def _status_is(db: zincir.Database, run_id: str, status: zincir.RunStatus) -> bool:
+    return (await db.state(run_id)).run.status is status
+
+
 # -- across processes --------------------------------------------------------------------------------
 
 
