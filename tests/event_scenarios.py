@@ -39,11 +39,13 @@ async def _decide(db: zincir.Database, run_id: str, call_id: str) -> None:
 
 
 async def agent_run(db: zincir.Database) -> str:
-    """Responses, tool calls started and answered (one found by a probe), checkpoints rejected
-    and accepted, signals received and timed out, approvals decided and timed out, a child
-    spawned, joined and timed out, a step and a sleep; completed."""
+    """Model calls marked (one failing), responses, tool calls started and answered (one found
+    by a probe), checkpoints rejected and accepted, signals received and timed out, approvals
+    decided and timed out, a child spawned, joined and timed out, a step and a sleep; completed."""
     async with zincir.open_run(db, config={"goal": "every event"}) as run:
         calls = [zincir.ToolCall("t1", "search", {"q": "a"}), zincir.ToolCall("t2", "search", {"q": "b"})]
+        await run.start_model_call(40, model="m-1", cost=0.01)  # failed: the next mark finds it
+        await run.start_model_call()
         await run.record_response("text", calls, "tool_use", usage={"input_tokens": 10, "output_tokens": 2})
         first, second = await run.pending_tools()
         await run.execute(first, ok)
@@ -105,13 +107,15 @@ async def budget_runs(db: zincir.Database) -> list[str]:
 
 
 async def takeover_run(db: zincir.Database) -> str:
-    """An owner fenced by a forced takeover: its attempt is lost, its lease taken over."""
+    """An owner fenced by a forced takeover with a model call in flight: its attempt is lost, its
+    lease taken over, its call charged."""
     first_holds = trio.Event()
 
     async def first_owner(task_status: Any) -> None:
         with contextlib.suppress(zincir.LeaseLost):
             # A short lease: its heartbeat finds the loss soon (a renewal every lease_ttl / 3).
             async with zincir.open_run(db, lease_ttl=0.3) as run:
+                await run.start_model_call(12)  # in flight when it is fenced: the next owner finds it
                 task_status.started(run.id)
                 first_holds.set()
                 await trio.sleep_forever()

@@ -118,9 +118,10 @@ def test_killed_between_its_commit_and_the_result_a_worker_resumes_it_without_a_
         "ZINCIR_DATABASE_PATH": str(tmp_path / "zincir.db"),
         "ZINCIR_WORKSPACE": str(tmp_path / "workspace"),
     }
-    # The 12th write is the commit's result: the commit is made, its result never recorded.
+    # The 16th write is the commit's result (after four model calls, each with its mark): the
+    # commit is made, its result never recorded.
     killed = subprocess.run(
-        [sys.executable, str(EXAMPLE)], cwd=tmp_path, env={**env, "ZINCIR_CRASH_AT": "before:12:root"},
+        [sys.executable, str(EXAMPLE)], cwd=tmp_path, env={**env, "ZINCIR_CRASH_AT": "before:16:root"},
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert killed.returncode == -signal.SIGKILL, killed.stderr

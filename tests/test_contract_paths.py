@@ -393,6 +393,7 @@ METHODS: dict[str, Callable[[zincir.Run, zincir.Checkpoint], Awaitable[object]]]
     "wait_for_signal": lambda r, c: r.wait_for_signal("w", "go", timeout=0),
     "wait_for_approval": lambda r, c: r.wait_for_approval("t1", timeout=0),
     "start_tool": lambda r, c: r.start_tool("t1"),
+    "start_model_call": lambda r, c: r.start_model_call(10, model="m"),
     "execute": lambda r, c: r.execute(_PENDING, _must_not_run),
     "spawn": lambda r, c: r.spawn("kid"),
     "join": lambda r, c: r.join(_SOME_RUN),

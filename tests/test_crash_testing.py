@@ -136,9 +136,10 @@ EXAMPLES = {
     # Killed before the model's request was recorded, the example used to end its run unpaid.
     "examples.reconcile_payment:handler": (None, "payer", ["before:1:root", "after:3:root"], _paid_once, 8),
     "examples.fan_out:handler": (TOPICS, "lead", 2, None, None),  # how often the lead joins varies
-    # The adapter examples, each against its model's stand-in behind the official SDK.
-    "examples.anthropic_agent:handler": ({"goal": "Fix calc.add."}, "agent", 3, _committed_once, 32),
-    "examples.openai_agent:handler": ({"goal": "Save hello."}, "agent", 3, _saved_once, 14),
+    # The adapter examples, each against its model's stand-in behind the official SDK (each model
+    # call is two writes: its mark and its response).
+    "examples.anthropic_agent:handler": ({"goal": "Fix calc.add."}, "agent", 3, _committed_once, 42),
+    "examples.openai_agent:handler": ({"goal": "Save hello."}, "agent", 3, _saved_once, 18),
 }
 
 

@@ -171,12 +171,14 @@ def test_a_killed_run_resumes_without_paying_for_a_recorded_response_again(tmp_p
         conn.close()
     assert types == [
         "state_transition",
-        "llm_call",
+        "model_call_started",  # the call's mark, before the request left
+        "llm_call",  # its response, which closes the mark
         "tool_call",
         "tool_started",  # run_tools records the start before the tool runs
         "attempt_lost",  # the resume took the killed process's lease: its attempt left no record
         "lease_taken_over",
         "tool_result",  # found by the probe: the file the killed process published
+        "model_call_started",
         "llm_call",
         "tool_call",
         "checkpoint_proposed",

@@ -27,6 +27,7 @@ __all__ = [
     "exceeded_error",
     "exceeded_event",
     "judge",
+    "judge_charge",
     "judge_debit",
     "loop_of",
     "usage_of",
@@ -308,6 +309,19 @@ def judge_debit(
         row[_SPENT_AT] - debit.input_tokens, row[_SPENT_AT + 1] - debit.output_tokens,
         row[_SPENT_AT + 2] - debit.cost, row[_SPENT_AT + 3] - 1, row[_SPENT_AT + 4] - len(debit.calls),
         0, row[_WITHOUT_PROGRESS_AT] - 1,
+    ]  # fmt: skip
+    return reached, reached is not None and judge(usage_of(before, 0)) is None
+
+
+def judge_charge(row: Any, input_tokens: int, cost: float) -> tuple[Exceeded | None, bool]:
+    """Judge the charge of a model call whose reply was never recorded (its request's tokens
+    and estimated cost, one model call) from the budget row it left (BUDGET_COLUMNS): the limit
+    reached, if any, and whether to log it (the charge crossed it). The loop and progress
+    counters are the responses', and a lost call changes neither."""
+    reached = judge(usage_of(row, 0))
+    before = list(row)
+    before[_SPENT_AT : _SPENT_AT + 4] = [
+        row[_SPENT_AT] - input_tokens, row[_SPENT_AT + 1], row[_SPENT_AT + 2] - cost, row[_SPENT_AT + 3] - 1,
     ]  # fmt: skip
     return reached, reached is not None and judge(usage_of(before, 0)) is None
 

@@ -332,11 +332,16 @@ def show(database_path: str, run_id: str, as_json: bool) -> None:
         awaiting = q.list_awaiting(conn, [run.id]).get(run.id, ())
         budget = q.budgets_of(conn, [run.id], time.time_ns() // 1_000_000).get(run.id)
         intents = q.list_intents(conn, run.id)
+        calls = q.model_calls(conn, run.id)
         actions = q.list_outsider_actions(conn, run.id, max_chars=None)
         reason = q.end_reason(conn, run.id, run.status)
         if as_json:
             data = _show_json(run, checkpoints, steps, timers, awaiting)
             data["run"]["reason"] = reason
+            data["model_calls"] = {
+                "in_flight": None if calls.open is None else q.model_call_to_json(calls.open),
+                "lost": [q.model_call_to_json(c) for c in calls.lost],
+            }
             data["tool_calls"] = [q.intent_to_json(i) for i in intents]
             data["outsider_actions"] = [q.outsider_action_to_json(a) for a in actions]
             click.echo(_json_line(data))
@@ -344,6 +349,7 @@ def show(database_path: str, run_id: str, as_json: bool) -> None:
             _print_run(run, time.time_ns() // 1_000_000, reason)
             click.echo(f"{'budget':<13}{cell(q.spend_text(budget)) if budget else 'none'}")
             _print_awaiting(run, awaiting)
+            _print_model_calls(run, calls, time.time_ns() // 1_000_000)
             _print_intents(intents)
             _print_outsider_actions(actions)
             _print_lineage(checkpoints)
@@ -472,6 +478,36 @@ def _print_awaiting(run: q.RunDetail, awaiting: Sequence[q.Awaiting]) -> None:
         first = "when the first of the waits that wake it arrives"
         when = first if due is None else f"at {_time(due)}, or sooner {first}"
         click.echo(f"  suspended: no process holds it; a worker resumes it {when}")
+
+
+def _print_model_calls(run: q.RunDetail, calls: q.ModelCalls, now: int) -> None:
+    """The call in flight (a mark no reply closed yet) and the calls lost, newest first."""
+    rows = []
+    if calls.open is not None:
+        rows.append([*_call_cells(calls.open), _open_call_state(run, now), _time(calls.open.at)])
+    for c in calls.lost:
+        state = f"lost, charged at seq {cell(c.lost_seq)} (found by the {cell(c.found_by).replace('_', ' ')})"
+        rows.append([*_call_cells(c), state, _time(c.at)])
+    headers = ["MARK", "MODEL", "REQUEST TOKENS", "COST", "EPOCH", "STATE", "SINCE"]
+    _print_section("model calls without a recorded reply", headers, rows, frozenset({0, 2, 3, 4}))
+
+
+def _call_cells(call: q.ModelCall) -> list[str]:
+    return [
+        cell(call.mark_seq),
+        cell(call.model, 40),
+        cell(call.request_tokens),
+        cell(call.cost),
+        cell(call.epoch),
+    ]
+
+
+def _open_call_state(run: q.RunDetail, now: int) -> str:
+    if run.status in ("completed", "failed", "cancelled"):
+        return "never answered (the run ended)"
+    if run.lease_owner is not None and type(run.lease_expires_at) is int and run.lease_expires_at > now:
+        return "in flight (or lost with its owner: charged when the run is taken again)"
+    return "lost in flight: charged when the run is taken again"
 
 
 def _print_intents(intents: Sequence[q.IntentRow]) -> None:

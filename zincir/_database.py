@@ -11,7 +11,7 @@ import os
 import random
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Final, Literal, TypeVar, final
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, final
 
 import trio
 
@@ -22,9 +22,13 @@ from ._owner import mark_this_process
 from ._store import Store
 from ._target import parse_target
 from ._threads import DatabaseThread, submit
+from ._tracing import Tracing
 from ._types import DurableState, Event, RunRecord, RunStatus
 from ._validation import canonical_run_id, check_int, check_text
 from ._wakes import WakeHub
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
 
 __all__ = ["Clock", "Database", "Storage", "open_database", "storage", "wall_clock_ms"]
 
@@ -115,13 +119,15 @@ class Database:
     max_payload_bytes: int
     """The largest JSON payload, in bytes of UTF-8, that one value may take."""
     _storage: Storage
+    _tracing: Tracing
 
     def __init__(self, *_: object, **__: object) -> None:
         raise TypeError("use zincir.open_database() to open a Database")
 
     @classmethod
-    def _create(cls, backend: Backend, max_payload_bytes: int) -> Database:
+    def _create(cls, backend: Backend, max_payload_bytes: int, tracing: Tracing | None = None) -> Database:
         self = object.__new__(cls)
+        self._tracing = Tracing() if tracing is None else tracing
         self.backend = backend.name
         self.path = backend.target
         self.clock = backend.clock
@@ -195,6 +201,8 @@ async def open_database(
     clock: Clock | None = None,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     writers: int | None = None,
+    tracing: bool | TracerProvider | None = None,
+    trace_content: bool = False,
 ) -> AsyncIterator[Database]:
     """Open (creating if needed) a zincir database and apply its migrations.
 
@@ -207,6 +215,13 @@ async def open_database(
     timers with; on PostgreSQL the server's clock decides, and ``clock`` fakes it (for tests).
     ``writers`` (PostgreSQL): how many writer connections, each with its own group commit
     (default 2; SQLite always has one writer).
+
+    ``tracing`` (OpenTelemetry, ``pip install 'zincir[otel]'``; docs/tracing.md): None (the
+    default) traces runs when a global tracer provider is set; True through the global
+    provider whatever it is; False never; or a ``TracerProvider`` to trace through.
+    ``trace_content=True`` puts content (responses, tool arguments and results, step results,
+    signal payloads, checkpoint states, error messages) on the spans; by default they carry
+    names, ids, counts and times only.
 
     Raises :class:`SchemaError` for a database that is not zincir's or is newer than this code
     (it is left unchanged), and :class:`StorageError` when it cannot be opened.
@@ -224,6 +239,7 @@ async def open_database(
         check_int(writers, "writers", minimum=1, maximum=64)
     if synchronous not in ("full", "normal"):
         raise InvalidArgument(f"synchronous must be 'full' or 'normal', not {synchronous!r}")
+    traced = Tracing(tracing, trace_content)
     # Before this process can own a lease: every process it starts from now on carries its mark,
     # so that a takeover after its death can see whether one still runs (docs/crashes.md).
     mark_this_process()
@@ -239,7 +255,7 @@ async def open_database(
         backend = await _sqlite.open_backend(
             where.location, token=token, clock=clock, synchronous=synchronous
         )
-    db = Database._create(backend, max_payload_bytes)
+    db = Database._create(backend, max_payload_bytes, traced)
     try:
         yield db
     finally:

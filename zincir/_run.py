@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -15,7 +16,7 @@ import attrs
 import trio
 
 from . import _faults
-from ._budget import Budget, CountedCall, Usage, debit_of, exceeded_error, judge
+from ._budget import MAX_COST, Budget, CountedCall, Usage, debit_of, exceeded_error, judge
 from ._database import Database, Storage, open_database, storage
 from ._errors import (
     BudgetExceeded,
@@ -35,7 +36,7 @@ from ._errors import (
     ZincirError,
     only_budget_exceeded,
 )
-from ._json import JSONValue, decode, encode
+from ._json import JSONValue, decode, dump_trusted, encode
 from ._store import (
     ApprovalOutcome,
     IntentRow,
@@ -49,6 +50,7 @@ from ._store import (
 )
 from ._streams import DEFAULT_FLUSH_BYTES, DEFAULT_FLUSH_INTERVAL, Stream, open_stream
 from ._threads import Flight, current_flight, flying
+from ._tracing import RunTrace, creating_run, new_run_context, now_ns
 from ._types import (
     Approval,
     Checkpoint,
@@ -67,6 +69,7 @@ from ._validation import (
     check_async_callable,
     check_call_id,
     check_fingerprints,
+    check_int,
     check_name,
     check_seconds,
     check_text,
@@ -148,6 +151,7 @@ class Run:
     _nurseries: set[Children]
     _streams: dict[str, Stream]
     _config: JSONValue
+    _trace: RunTrace | None
 
     def __init__(self, *_: object, **__: object) -> None:
         raise TypeError("runs come from zincir.open_run() or a ResumeWorker")
@@ -207,6 +211,7 @@ class Run:
         self._budget_stop = None  # the wall time the heartbeat found spent
         self._in_worker = False  # a worker suspends a run over budget instead of raising
         self._config = _UNREAD  # decoded from the lease at the first read of run.config
+        self._trace = None  # this attempt's spans, while tracing is on (docs/tracing.md)
         return self
 
     def __repr__(self) -> str:
@@ -428,10 +433,69 @@ class Run:
         ]
         counted = tuple(CountedCall(c, args_hash(c.name, c.args)) for c in calls)
         debit = debit_of(usage, counted, f"run {self.id}")
-        seq, reached = await self._write(self._store.record_response, llm_payload, intents, debit)
+        trace = self._trace
+        if trace is None:
+            seq, reached = await self._write(self._store.record_response, llm_payload, intents, debit)
+        else:
+            span, unnamed = trace.reply_span()
+            try:
+                seq, reached = await self._write(self._store.record_response, llm_payload, intents, debit)
+            except BaseException as exc:
+                trace.replied(span, unnamed, None, response, (0, 0), 0.0, exc)
+                raise
+            tokens = (debit.input_tokens, debit.output_tokens)
+            trace.replied(span, unnamed, int(seq), response, tokens, debit.cost, None)
         if reached is not None:  # recorded and debited all the same: it was paid for
             raise exceeded_error(self.id, reached)
         return int(seq)
+
+    async def start_model_call(
+        self, request_tokens: int | None = None, *, model: str | None = None, cost: float | None = None
+    ) -> int:
+        """Mark durably that a model call is about to be sent; returns the seq of the mark
+        (its ``model_call_started`` event). Call it right before the request leaves; the
+        :meth:`record_response` of its reply closes it. The adapters place it for you.
+
+        ``request_tokens`` is the request's size in tokens (an estimate will do), ``model`` the
+        model asked, ``cost`` what the request's input would cost: if the reply is never
+        recorded (the process dies while the call is in flight, or the call fails and the next
+        one is placed), the call is charged to the run's budget by these, once, and a
+        ``model_call_lost`` event says so: at this owner's next mark, or when the next owner
+        takes the run (docs/adapters.md). Raises :class:`BudgetExceeded` (and places no mark)
+        while a limit of the run's budget is reached, so a spent budget costs no further call.
+        """
+        where = f"run {self.id}"
+        if request_tokens is not None:
+            check_int(request_tokens, f"{where}: request_tokens", minimum=0)
+        if model is not None:
+            check_text(model, f"{where}: the model")
+        if cost is not None and (
+            isinstance(cost, bool) or not isinstance(cost, int | float) or not 0 <= cost <= MAX_COST
+        ):
+            raise InvalidArgument(f"{where}: cost must be a number from 0 to {MAX_COST:g}, not {cost!r}")
+        mark = dump_trusted(
+            {"cost": cost, "epoch": self.epoch, "model": model, "request_tokens": request_tokens}
+        )
+        if self._trace is not None:  # the call in flight before (if any) is over, answered or not
+            self._trace.unanswered("another call was placed before its reply was recorded")
+        seq, reached = await self._write(self._store.start_model_call, mark)
+        if reached is not None:
+            raise exceeded_error(self.id, reached)
+        if self._trace is not None:
+            self._trace.model_call_started(int(seq), model, request_tokens, cost)
+        return int(seq)
+
+    @contextmanager
+    def _in_model_call(self) -> Iterator[None]:
+        """Around a model call after its mark: no suspension meanwhile (it is work), and with
+        tracing on, the call's span is the current one (an instrumented HTTP client's spans nest
+        in it). The adapters' ``create`` uses it."""
+        with self._active():
+            if self._trace is None:
+                yield
+            else:
+                with self._trace.model_call():
+                    yield
 
     # -- budgets --------------------------------------------------------------------------
 
@@ -506,30 +570,55 @@ class Run:
         check_async_callable(fn, f"run {self.id}: the tool of {pending.call.id!r}")
         if reconcile is not None:
             check_async_callable(reconcile, f"run {self.id}: the reconciler of {pending.call.id!r}")
+        if self._trace is None:
+            return await self._execute(pending, fn, reconcile, None)
+        with self._trace.tool(pending.call.id, pending.call.name, pending.call.args) as span:
+            return await self._execute(pending, fn, reconcile, span)
+
+    async def _execute(
+        self,
+        pending: PendingToolCall,
+        fn: Callable[[PendingToolCall], Awaitable[JSONValue]],
+        reconcile: Callable[[PendingToolCall], Awaitable[JSONValue | Done | None]] | None,
+        span: Any,
+    ) -> JSONValue:
         # Started before this snapshot was taken, or since (an earlier execute that failed).
         started_before = pending.started > 0 or pending.call.id in self._started_calls
         if started_before and reconcile is not None:
             found = await reconcile(pending)
             if found is not None:
                 result = found.value if isinstance(found, Done) else found
-                await self._record_result(pending.call.id, result, reconciled=True)
+                seq = await self._record_result(pending.call.id, result, reconciled=True)
+                if span is not None:
+                    self._traced_result(span, seq, result, reconciled=True)
                 return result
-        await self.start_tool(pending.call.id)
+        attempt = await self.start_tool(pending.call.id)
+        if span is not None:
+            span.set_attribute("zincir.tool.attempt", attempt)
         result = await fn(pending)
-        await self.record_tool_result(pending.call.id, result)
+        seq = await self._record_result(pending.call.id, result, reconciled=False)
+        if span is not None:
+            self._traced_result(span, seq, result, reconciled=False)
         return result
+
+    def _traced_result(self, span: Any, seq: int, result: JSONValue, *, reconciled: bool) -> None:
+        assert self._trace is not None
+        span.set_attribute("zincir.seq", seq)
+        span.set_attribute("zincir.reconciled", reconciled)
+        self._trace.set_result(span, "gen_ai.tool.call.result", result)
 
     async def record_tool_result(self, call_id: str, content: JSONValue) -> None:
         """Record a tool's result. Repeating the identical result is a no-op."""
         await self._record_result(call_id, content, reconciled=False)
 
-    async def _record_result(self, call_id: str, content: JSONValue, *, reconciled: bool) -> None:
+    async def _record_result(self, call_id: str, content: JSONValue, *, reconciled: bool) -> int:
         check_call_id(call_id, f"run {self.id}: call_id")
         result: dict[str, JSONValue] = {"call_id": call_id, "content": content}
         if reconciled:  # found by a probe, not returned by the tool: the log says so
             result["reconciled"] = True
         payload = self._encode(result, f"the result of {call_id!r}")
-        await self._write(self._store.record_tool_result, call_id, payload)
+        seq: int = await self._write(self._store.record_tool_result, call_id, payload)
+        return seq
 
     # -- checkpoints ----------------------------------------------------------------------
 
@@ -570,6 +659,15 @@ class Run:
         return await self._decide(stored, verify)
 
     async def _decide(self, candidate: Checkpoint, verify: Verifier) -> Checkpoint:
+        if self._trace is None:
+            return await self._verify_and_decide(candidate, verify)
+        with self._trace.checkpoint(candidate.id, candidate.round, candidate.state.to_json()) as span:
+            decided = await self._verify_and_decide(candidate, verify)
+            span.set_attribute("zincir.checkpoint.passed", decided.status == "accepted")
+            span.set_attribute("zincir.seq", decided.decision_event_seq)
+            return decided
+
+    async def _verify_and_decide(self, candidate: Checkpoint, verify: Verifier) -> Checkpoint:
         verification = await verify(candidate.state)
         if not isinstance(verification, Verification) or not isinstance(verification.passed, bool):
             raise InvalidArgument(
@@ -611,11 +709,13 @@ class Run:
         self._running_steps.add(name)
         counted = self._begin_activity()  # a run does not suspend while a step's function runs
         try:
-            started = trio.current_time()
-            value = await fn(*args)
-            result = self._encode(value, f"the result of step {name!r}")
-            elapsed_ms = math.floor((trio.current_time() - started) * 1000)
-            stored = await self._write(self._store.complete_step, name, result, elapsed_ms)
+            if self._trace is None:
+                value, result, stored = await self._run_step(name, fn, args)
+            else:
+                with self._trace.step(name) as span:
+                    value, result, stored = await self._run_step(name, fn, args)
+                    if self._trace.content:
+                        self._trace.set_result(span, "zincir.step.result", decode(stored))
         finally:
             self._end_activity(counted)
             self._running_steps.discard(name)
@@ -623,6 +723,15 @@ class Run:
         if stored == result and type(value) in _OWN_JSON:
             return value  # what decoding the stored JSON would give back, without decoding it
         return cast(T, decode(stored))
+
+    async def _run_step(self, name: str, fn: Callable[..., Awaitable[T]], args: Any) -> tuple[T, str, str]:
+        """Run a step's function and store its result: (its value, its JSON, the stored JSON)."""
+        started = trio.current_time()
+        value = await fn(*args)
+        result = self._encode(value, f"the result of step {name!r}")
+        elapsed_ms = math.floor((trio.current_time() - started) * 1000)
+        stored: str = await self._write(self._store.complete_step, name, result, elapsed_ms)
+        return value, result, stored
 
     async def sleep(self, name: str, seconds: float) -> None:
         """Sleep durably: the wake time is stored first (the first call with ``name`` wins),
@@ -632,6 +741,7 @@ class Run:
         (see docs/waits.md)."""
         check_name(name, f"run {self.id}: sleep name")
         duration = check_seconds(seconds, f"run {self.id}: the duration of sleep {name!r}")
+        began_ns = now_ns()
         with self._waiting_on("sleep", name):
             remaining_ms, completed = await self._write(
                 self._store.schedule_timer, name, math.ceil(duration * 1000)
@@ -639,7 +749,11 @@ class Run:
             if completed:
                 return
             if remaining_ms > 0:
-                await self._sleep_or_suspend(name, trio.current_time() + remaining_ms / 1000)
+                with self._traced_wait("sleep", name, began_ns) as traced:
+                    await self._sleep_or_suspend(name, trio.current_time() + remaining_ms / 1000)
+                    await self._write(self._store.complete_timer, name)
+                    traced.value = None
+                return
             await self._write(self._store.complete_timer, name)
 
     async def _sleep_or_suspend(self, name: str, wake_at: float) -> None:
@@ -770,6 +884,7 @@ class Run:
             limits,
             check_version(version, f"run {self.id}: the version of child {name!r}"),
             None if marks is None else self._encode(marks, f"the fingerprints of child {name!r}"),
+            None if self._trace is None else new_run_context(self._db._tracing),
         )
 
     async def join(
@@ -892,7 +1007,8 @@ class Run:
         may hold news, the deadline, or ``suspend_after`` (then, under a worker, suspend once
         the body is quiet)."""
         suspend_at = self._suspend_time()
-        with self._waiting_on(kind, name):
+        began_ns, traced = now_ns(), None
+        with self._waiting_on(kind, name), contextlib.ExitStack() as spanned:
             while True:
                 # Register before looking: news arriving between the look and the sleep still wakes us.
                 woken = self._storage.wakes.inbox_event(self.id)
@@ -903,7 +1019,11 @@ class Run:
                         await _after_transient(self.id, "deciding a wait", exc)  # twice is safe: it replays
                         continue
                     if done:
+                        if traced is not None:
+                            traced.value = value
                         return value
+                    if traced is None:  # it did not end at its first look: the run waits
+                        traced = spanned.enter_context(self._traced_wait(kind, name, began_ns))
                     deadline = None if remaining_ms is None else trio.current_time() + remaining_ms / 1000
                     while not await _until_ready(woken, ready, deadline, suspend_at):
                         suspend_at = self._quiet_at()
@@ -914,6 +1034,23 @@ class Run:
                             break
                 finally:
                     self._storage.wakes.forget_inbox_event(self.id, woken)
+
+    @contextmanager
+    def _traced_wait(self, kind: WaitKind, name: str, began_ns: int) -> Iterator[_Waited]:
+        """The span of a wait that did not end at its first look (none while tracing is off);
+        set the block's value to what it returns."""
+        waited = _Waited()
+        trace = self._trace
+        if trace is None:
+            yield waited
+            return
+        span = trace.start_wait(kind, name, began_ns)
+        try:
+            yield waited
+        except BaseException as exc:
+            trace.end_wait(span, exc)
+            raise
+        trace.end_wait(span, None, waited.value)
 
     @contextmanager
     def _waiting_on(self, kind: WaitKind, name: str) -> Iterator[None]:
@@ -1473,6 +1610,13 @@ class Children:
                     await _after_transient(self._run.id, what, exc)
 
 
+@attrs.define
+class _Waited:
+    """What a traced wait returned (for its span, with content)."""
+
+    value: Any = None
+
+
 def _cancels_children(error: Exception) -> bool:
     """Whether a nursery's block that raised ``error`` cancels its children. Not when the run
     waits for its budget (it will go on, and so do they), nor when the lease is gone (the new
@@ -1538,6 +1682,7 @@ async def owned_run(
     submitted_at: float,
     suspend_after: float | None = None,
     in_worker: bool = False,
+    attempt: int | None = None,
 ) -> AsyncIterator[Run]:
     """Run the body beside a heartbeat; release the lease on the way out.
 
@@ -1551,10 +1696,46 @@ async def owned_run(
     or one whose lease was gone by the time it left, ends in :class:`LeaseLost`; so does one
     whose own nurseries raised a group of nothing but LeaseLost and cancellations then (a group
     with any other error is raised as it is).
+
+    With tracing on, the block is the attempt's span (``attempt``: the worker's count of it).
     """
     run = Run._create(db, lease, submitted_at)
     run._suspend_after = suspend_after
     run._in_worker = in_worker
+    tracer = db._tracing.tracer()
+    if tracer is None:
+        async with _owned(run) as owned:
+            yield owned
+        return
+    run._trace = trace = RunTrace(tracer, db._tracing.content, lease, attempt)
+    trace.start_attempt()
+    error: BaseException | None = None
+    try:
+        async with _owned(run) as owned:
+            yield owned
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        trace.end_attempt(_outcome_of(run, error), error)
+
+
+def _outcome_of(run: Run, error: BaseException | None) -> str:
+    """How an attempt ended, for its span."""
+    if run._finished is not None:
+        return run._finished.value
+    if run._suspended:
+        return "suspended"
+    if run._lost is not None or isinstance(error, LeaseLost):
+        return "lease_lost"
+    if error is not None:
+        return "raised"
+    return "released"
+
+
+@asynccontextmanager
+async def _owned(run: Run) -> AsyncIterator[Run]:
+    """:func:`owned_run`'s block for a Run made: the body beside the heartbeat."""
     body_error: BaseException | None = None
     # The heartbeat's and the deadline's scopes are shielded and stopped only by us, so an outer
     # cancellation reaches the body alone and the nursery exits with nothing of its own to report.
@@ -1654,10 +1835,11 @@ async def open_run(
         new_id = str(uuid.uuid4())
         description = (check_name(role, "role"), _check_provider(provider), config_json)
         limits = _budget_row(budget)
-        lease, submitted_at = await _take_lease(
-            db, storage(db).store.create_run, new_id, parent, *description, owner, ttl_ms, limits,
-            version, marks_json,
-        )  # fmt: skip
+        with creating_run(db._tracing, new_id, role, provider) as traceparent:
+            lease, submitted_at = await _take_lease(
+                db, storage(db).store.create_run, new_id, parent, *description, owner, ttl_ms, limits,
+                version, marks_json, traceparent,
+            )  # fmt: skip
     else:
         run_id = canonical_run_id(run_id)
         lease, submitted_at = await _take_lease(

@@ -74,6 +74,8 @@ class EventType(enum.StrEnum):
     ATTEMPT_LOST = "attempt_lost"
     FORKED = "forked"
     VERSION_CHANGED = "version_changed"
+    MODEL_CALL_STARTED = "model_call_started"
+    MODEL_CALL_LOST = "model_call_lost"
 
 
 @attrs.frozen

@@ -466,7 +466,12 @@ class ResumeWorker:
     async def _handle(self, lease: Lease, attempt: int, slot: object, submitted_at: float) -> None:
         try:
             async with owned_run(
-                self._db, lease, submitted_at=submitted_at, suspend_after=self._suspend_after, in_worker=True
+                self._db,
+                lease,
+                submitted_at=submitted_at,
+                suspend_after=self._suspend_after,
+                in_worker=True,
+                attempt=attempt,
             ) as run:
                 try:
                     if self._resource_factory is None:

@@ -1,4 +1,4 @@
--- zincir schema, version 11, for PostgreSQL: durable streams (see the SQLite file for the
+-- zincir schema, version 12, for PostgreSQL: durable streams (see the SQLite file for the
 -- columns, and docs/streams.md).
 
 CREATE TABLE streams (

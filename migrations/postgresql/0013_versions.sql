@@ -1,4 +1,4 @@
--- zincir schema, version 11, for PostgreSQL: versions of an agent, in flight (see the SQLite
+-- zincir schema, version 13, for PostgreSQL: versions of an agent, in flight (see the SQLite
 -- file and docs/versions.md).
 
 ALTER TABLE agent_runs ADD COLUMN version TEXT COLLATE "C", ADD COLUMN fingerprints TEXT;

@@ -1,4 +1,4 @@
--- zincir schema, version 11: durable streams (docs/streams.md).
+-- zincir schema, version 12: durable streams (docs/streams.md).
 --   streams        one row per attempt of a named stream of a run: a writer of a new lease
 --                  epoch starts the next attempt (attempt + 1) where the last one's offsets
 --                  ended, and marks that one interrupted if its writer never closed it.

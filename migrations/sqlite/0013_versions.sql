@@ -1,4 +1,4 @@
--- zincir schema, version 11: versions of an agent, in flight (docs/versions.md).
+-- zincir schema, version 13: versions of an agent, in flight (docs/versions.md).
 --   agent_runs.version       the version of the code a run belongs to (NULL: none). A worker
 --                            serving some versions claims only their runs
 --   agent_runs.fingerprints  what shaped the run ({"prompt": "<sha>", ...}, compact JSON), or NULL

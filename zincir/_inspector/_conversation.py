@@ -134,6 +134,7 @@ class Context:
     restarts: Restarts = attrs.field(factory=lambda: Restarts((), -1))  # from the page's first event on
     reconciled: frozenset[object] = frozenset()  # seqs of results a reconcile probe found
     candidate: Candidate | None = None
+    open_model_call: object = None  # the seq of the run's open model-call mark (a call in flight)
 
     def folds(self, call_seq: object, result_seq: object) -> bool:
         """Whether a call's result is shown with its call: no restart came between them."""
@@ -269,6 +270,16 @@ def _entry(ctx: Context, event: q.EventRow, shown_calls: Mapping[str, object]) -
         return _base(ctx, event, "result", title, **_body(_text_of(_field(value, "content"))), marks=marks)
     if kind == "tool_started":
         return None  # folded into its call's state; the raw list has it
+    if kind == "model_call_started":
+        if event.seq != ctx.open_model_call:
+            return None  # answered by the response after it (or lost: its model_call_lost says so)
+        title = f"Model call in flight{_call_size(value)}"
+        return _base(ctx, event, "model-call", title, marks=("in-flight",))
+    if kind == "model_call_lost":
+        finder = "the owner's next call" if _field(value, "found_by") == "next_call" else "the next owner"
+        title = f"Model call lost in flight{_call_size(value)}"
+        text = f"Its reply was never recorded; found by {finder}, and charged to the budget by its request."
+        return _base(ctx, event, "model-call", title, text=text, marks=("lost",))
     if kind == "signal_received":
         title = f"Signal {_str(_field(value, 'signal'))} received (wait {_str(_field(value, 'name'))})"
         return _base(ctx, event, "signal", title, **_body(_text_of(_field(value, "payload"))))
@@ -345,6 +356,17 @@ def _entry(ctx: Context, event: q.EventRow, shown_calls: Mapping[str, object]) -
         title = f"{_str(_field(value, 'from'))} → {_str(_field(value, 'to'))}" if value is not None else kind
         return _base(ctx, event, "transition", title)
     return _base(ctx, event, "other", kind, **_body(_text_of(value)))
+
+
+def _call_size(mark: Any) -> str:
+    """`` (claude-x, ~1,200 tokens, cost 0.004)``: what a model-call mark says of its request."""
+    parts = [_str(_field(mark, "model"))] if isinstance(_field(mark, "model"), str) else []
+    tokens = _field(mark, "request_tokens")
+    if type(tokens) is int:
+        parts.append(f"~{tokens:,} tokens")
+    if _field(mark, "cost") is not None:
+        parts.append(f"cost {pretty_value(_field(mark, 'cost'))}")
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def _approval_marks(calls: Sequence[CallView]) -> set[str]:

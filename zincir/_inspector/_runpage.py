@@ -88,6 +88,7 @@ class RunPageData:
         self.restarts = Restarts((), -1)
         self.reconciled: frozenset[object] = frozenset()
         self.candidate: q.CheckpointRow | None = None
+        self.model_calls = q.ModelCalls(None, ())  # set by fetch
 
     @classmethod
     def fetch(cls, run_id: str, query: EventsQuery, conn: Any) -> RunPageData:
@@ -139,6 +140,7 @@ class RunPageData:
             () if later else q.list_outsider_actions(conn, run_id, limit=LIST_LIMIT + 1),
             () if later else _streams(conn, run_id),
         )
+        view.model_calls = q.model_calls(conn, run_id, limit=LIST_LIMIT)
         if conversation:
             view._fetch_beyond_the_page(conn)
         return view
@@ -304,6 +306,7 @@ class RunPageView:
     outsider_actions: tuple[q.OutsiderAction, ...]
     streams: list[StreamView]
     more_streams: bool
+    model_calls: q.ModelCalls
 
 
 @attrs.frozen
@@ -402,6 +405,7 @@ def run_context(view: RunPageData, query: EventsQuery, now: int) -> dict[str, An
         outsider_actions=view.outsider_actions,
         streams=[_stream_view(run.id, stream, tail) for stream, tail in view.streams[:STREAMS_SHOWN]],
         more_streams=len(view.streams) > STREAMS_SHOWN,
+        model_calls=view.model_calls,
     )
     return {"view": page, "now": now, "limit": LIST_LIMIT, "scan_window": q.SCAN_WINDOW}
 
@@ -471,6 +475,7 @@ def _conversation(view: RunPageData, mode: str, now: int, cards: list[v.Checkpoi
         view.restarts,
         view.reconciled,
         candidate,
+        None if view.model_calls.open is None else view.model_calls.open.mark_seq,
     )
     return Conversation(entries(ctx, view.events.events), not view.events.has_after)
 

@@ -38,8 +38,8 @@ def spawn_children(tx: Tx, lease: Lease, children: Sequence[NewChild]) -> list[s
         tx.send(
             "WITH now AS MATERIALIZED (SELECT CAST(:now AS BIGINT) AS ms),"
             " spawned AS (INSERT INTO agent_runs (id, parent_run_id, role, provider, status, config,"
-            " created_at, updated_at, next_attempt_at, spawn_name, version, fingerprints)"
-            f" SELECT ?, ?, ?, ?, 'pending', ?, now.ms, now.ms, now.ms, ?, {INHERITED} FROM now"
+            " created_at, updated_at, next_attempt_at, spawn_name, version, fingerprints, traceparent)"
+            f" SELECT ?, ?, ?, ?, 'pending', ?, now.ms, now.ms, now.ms, ?, {INHERITED}, ? FROM now"
             f" WHERE NOT EXISTS ({SHARED_CHILD})"
             " ON CONFLICT (parent_run_id, spawn_name) WHERE spawn_name IS NOT NULL DO NOTHING RETURNING id),"
             " allocated AS (UPDATE agent_runs SET last_seq = last_seq + 1, updated_at = (SELECT ms FROM now)"
@@ -52,6 +52,7 @@ def spawn_children(tx: Tx, lease: Lease, children: Sequence[NewChild]) -> list[s
             (
                 *(child.child_id, parent_id, child.role, child.provider, child.config_json, child.name),
                 *inherited_params(child, parent_id),
+                child.traceparent,
                 *(parent_id, child.name),
                 parent_id,
                 *(parent_id, EventType.CHILD_SPAWNED.value, _spawned_event(child), f"spawn:{child.name}"),

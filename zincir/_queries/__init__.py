@@ -21,6 +21,7 @@ One module holds each concern:
 ``_runs``           the runs list and its counts, one run in detail, a run's family
 ``_events``         the event log, one bounded page at a time
 ``_progress``       checkpoints, durable steps, tool calls
+``_calls``          model calls in flight, and those lost (their reply never recorded)
 ``_waits``          what runs wait for: waits, approvals, children, sleeps, budgets
 ``_budgets``        spend against limits, and that spend in words
 ``_diff``           two runs' trajectories compared (a run and its fork)
@@ -36,6 +37,7 @@ from .._budget import Usage
 from .._sql import KEY_CHARS, Cursor, Dialect, ReadOnly
 from .._target import display_target
 from ._budgets import budget_lines, budgets_of, spend_text
+from ._calls import ModelCall, ModelCalls, model_call_to_json, model_calls
 from ._connect import REQUIRED_TABLES, Reader, open_readonly, read_snapshot
 from ._diff import DiffItem, DiffSide, RunDiff, SpendSum, diff_runs, side_by_side
 from ._events import SCAN_WINDOW, EventPage, EventRow, event_types, get_event, iter_events, list_events
@@ -154,6 +156,8 @@ __all__ = [
     "Int",
     "IntentRow",
     "Malformed",
+    "ModelCall",
+    "ModelCalls",
     "OptInt",
     "OutsiderAction",
     "ReadOnly",
@@ -209,6 +213,8 @@ __all__ = [
     "list_stream_chunks",
     "list_streams",
     "list_timers",
+    "model_call_to_json",
+    "model_calls",
     "open_readonly",
     "outsider_action_to_json",
     "parse_cursor",

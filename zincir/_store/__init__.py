@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import _budgets, _children, _ends, _forks, _leases, _log, _reads, _streams, _versions, _waits
+from . import _budgets, _calls, _children, _ends, _forks, _leases, _log, _reads, _streams, _versions, _waits
 from ._forks import ForkOutcome
 from ._tx import LIVE, Reply, Tx, judge_lease
 from ._types import *  # noqa: F403
@@ -28,6 +28,10 @@ class Store:
     pending_tools = staticmethod(_log.pending_tools)
     start_tool = staticmethod(_log.start_tool)
     record_tool_result = staticmethod(_log.record_tool_result)
+
+    # -- model calls in flight (_calls) -------------------------------------------------------------
+
+    start_model_call = staticmethod(_calls.start_model_call)
 
     # -- how runs end (_ends) ----------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from .._budget import (
     Usage,
     exceeded_event,
     judge,
+    judge_charge,
     judge_debit,
     loop_of,
     usage_of,
@@ -74,6 +75,24 @@ def debit_budget(tx: Tx, run_id: str, debit: Debit) -> Exceeded | None:
                 (identical, repeated_id, run_id),
             )
     reached, log = judge_debit(spend, debit, identical, repeated)
+    if reached is not None and log:
+        log_exceeded(tx, run_id, reached)
+    return reached
+
+
+def charge_unanswered(tx: Tx, run_id: str, input_tokens: int, cost: float) -> Exceeded | None:
+    """Charge the run's budget for a model call whose reply was never recorded: its request's
+    tokens as input tokens, its estimated cost, one model call (see docs/adapters.md); log a
+    limit the charge reaches. The limit reached, if any (None too for a run without a budget)."""
+    d = tx.dialect
+    row = tx.one(
+        f"UPDATE budgets SET input_tokens = {d.least}(input_tokens{d.wide} + ?, ?), cost = cost + ?,"
+        f" model_calls = model_calls + 1, updated_at = :now WHERE run_id = ? RETURNING {BUDGET_COLUMNS}",
+        (input_tokens, MAX_INT, cost, run_id),
+    )
+    if row is None:
+        return None
+    reached, log = judge_charge(row, input_tokens, cost)
     if reached is not None and log:
         log_exceeded(tx, run_id, reached)
     return reached

@@ -27,13 +27,14 @@ def spawn_children(tx: Tx, lease: Lease, children: Sequence[NewChild]) -> list[s
     inserts = [
         tx.send(
             "INSERT INTO agent_runs (id, parent_run_id, role, provider, status, config, created_at,"
-            " updated_at, next_attempt_at, spawn_name, version, fingerprints)"
-            f" SELECT ?, ?, ?, ?, 'pending', ?, :now, :now, :now, ?, {INHERITED}"
+            " updated_at, next_attempt_at, spawn_name, version, fingerprints, traceparent)"
+            f" SELECT ?, ?, ?, ?, 'pending', ?, :now, :now, :now, ?, {INHERITED}, ?"
             f" WHERE NOT EXISTS ({SHARED_CHILD})"
             " ON CONFLICT (parent_run_id, spawn_name) WHERE spawn_name IS NOT NULL DO NOTHING",
             (
                 *(child.child_id, parent_id, child.role, child.provider, child.config_json, child.name),
                 *inherited_params(child, parent_id),
+                child.traceparent,
                 *(parent_id, child.name),
             ),
         )

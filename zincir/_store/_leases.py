@@ -21,6 +21,7 @@ from .._owner import Owner, Verdict, gone_holders, this_process
 from .._owner import judge as judge_holder
 from .._types import EventType, RunStatus
 from ._budgets import WALL_END, budget_usage, insert_budget, wall_end
+from ._calls import close_unanswered
 from ._ends import cancel_requested, cancel_unowned, fail_exhausted
 from ._log import insert_event
 from ._tx import LIVE, Tx, lock_live_run
@@ -54,10 +55,12 @@ def create_run(
     budget: tuple[Any, ...] | None = None,
     version: str | None = None,
     fingerprints_json: str | None = None,
+    traceparent: str | None = None,
 ) -> Lease:
-    """Insert a run already leased and running, with its first event and its budget's limits
-    (in LIMIT_COLUMNS order). ``version`` and ``fingerprints_json`` (None: the parent's, if it
-    has a parent) are the run's for good, unless moved (set_version). RunNotFound (parent)."""
+    """Insert a run already leased and running, with its first event, its budget's limits (in
+    LIMIT_COLUMNS order) and the trace context its spans continue. ``version`` and
+    ``fingerprints_json`` (None: the parent's, if it has a parent) are the run's for good,
+    unless moved (set_version). RunNotFound (parent)."""
     if parent_run_id is not None:
         parents = inherited(tx, parent_run_id)
         if parents is None:
@@ -68,11 +71,11 @@ def create_run(
     tx.execute(
         "INSERT INTO agent_runs (id, parent_run_id, role, provider, status, config, created_at,"
         " updated_at, last_seq, lease_owner, lease_epoch, lease_expires_at, next_attempt_at, lease_host,"
-        " lease_pid, lease_process_start, version, fingerprints)"
-        " VALUES (?, ?, ?, ?, 'running', ?, :now, :now, 0, ?, 1, ?, :now, ?, ?, ?, ?, ?)",
+        " lease_pid, lease_process_start, version, fingerprints, traceparent)"
+        " VALUES (?, ?, ?, ?, 'running', ?, :now, :now, 0, ?, 1, ?, :now, ?, ?, ?, ?, ?, ?)",
         (
             *(run_id, parent_run_id, role, provider, config_json, owner, expires_at),
-            *(*this_process().as_row(), version, fingerprints_json),
+            *(*this_process().as_row(), version, fingerprints_json, traceparent),
         ),
     )
     insert_event(tx, run_id, 0, EventType.STATE_TRANSITION, '{"from":"pending","to":"running"}')
@@ -80,13 +83,19 @@ def create_run(
     if budget is not None:
         insert_budget(tx, run_id, budget)
         ends_at = wall_end(tx, run_id)
-    return Lease(run_id, owner, 1, ttl_ms, expires_at, ends_at, config_json=config_json, version=version)
+    return Lease(
+        run_id, owner, 1, ttl_ms, expires_at, ends_at,
+        config_json=config_json, version=version, role=role, provider=provider, traceparent=traceparent,
+    )  # fmt: skip
 
 
 _LEASE_ROW = "lease_owner, lease_epoch, lease_expires_at, lease_host, lease_pid, lease_process_start"
 """The columns that say who held a lease, for :func:`lost_attempt`."""
 
-_CLAIM_COLUMNS = f"id, status, attempts, cancel_reason, {WALL_END}, config, version, {_LEASE_ROW}"
+_CLAIM_COLUMNS = (
+    f"id, status, attempts, cancel_reason, {WALL_END}, config, version, role, provider, traceparent,"
+    f" model_call_seq, {_LEASE_ROW}"
+)
 """What taking a run needs to know of it, read by the statement that finds it."""
 
 
@@ -101,12 +110,16 @@ class _Claim:
     wall_end: int | None
     config_json: str
     version: str | None
+    role: str
+    provider: str
+    traceparent: str | None
+    model_call_seq: int | None
+    """The run's open model-call mark: the call an earlier attempt left in flight."""
     lease_row: Sequence[Any]
 
     @classmethod
     def of(cls, row: Sequence[Any]) -> _Claim:
-        run_id, status, attempts, cancel_reason, wall_end, config_json, version, *lease_row = row
-        return cls(run_id, status, attempts, cancel_reason, wall_end, config_json, version, lease_row)
+        return cls(*row[:11], lease_row=row[11:])  # type: ignore[misc]
 
     @property
     def epoch(self) -> int:
@@ -284,8 +297,9 @@ def _take(
 ) -> Lease:
     """Lease the run to ``owner`` (this process: its identity is stored with the lease); a
     pending or suspended run starts running; a lease its owner never released is taken over:
-    ``attempt_lost``, then ``lease_taken_over`` (at once, or after it expired).
-    ``count_attempt``: a worker's claim, which counts an attempt.
+    ``attempt_lost``, then ``lease_taken_over`` (at once, or after it expired); a model call an
+    earlier attempt left in flight is closed and charged (``model_call_lost``: see
+    :mod:`zincir._store._calls`). ``count_attempt``: a worker's claim, which counts an attempt.
 
     The lease, the attempt and the last event go into the row in one UPDATE: one statement and
     one new version of the row per run taken, where three UPDATEs made three."""
@@ -309,9 +323,13 @@ def _take(
             tx.log(c.run_id, type, payload)
         else:
             tx.log(c.run_id, type, payload, run_set=lease_change, run_params=params)
+    if c.model_call_seq is not None:
+        close_unanswered(tx, c.run_id, int(c.model_call_seq), "next_owner")
     return Lease(
-        c.run_id, owner, epoch, ttl_ms, expires_at, c.wall_end, config_json=c.config_json, version=c.version
-    )
+        c.run_id, owner, epoch, ttl_ms, expires_at, c.wall_end,
+        config_json=c.config_json, version=c.version, role=c.role, provider=c.provider,
+        traceparent=c.traceparent,
+    )  # fmt: skip
 
 
 # -- keeping it -------------------------------------------------------------------------------

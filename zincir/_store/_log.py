@@ -28,10 +28,12 @@ from ._types import SUBMIT_CHECKPOINT, IntentRow, Lease
 # -- appending events -------------------------------------------------------------------------
 
 
-def allocate(tx: Tx, run_id: str, count: int) -> int:
-    """Reserve ``count`` consecutive seqs for the run; returns the first."""
+def allocate(tx: Tx, run_id: str, count: int, run_set: str = "") -> int:
+    """Reserve ``count`` consecutive seqs for the run; returns the first. ``run_set`` (``,
+    column = value`` assignments) changes more of the run's row in the same UPDATE."""
     (last,) = tx.one(
-        "UPDATE agent_runs SET last_seq = last_seq + ?, updated_at = :now WHERE id = ? RETURNING last_seq",
+        f"UPDATE agent_runs SET last_seq = last_seq + ?, updated_at = :now{run_set} WHERE id = ?"
+        " RETURNING last_seq",
         (count, run_id),
     )
     return int(last) - count + 1
@@ -226,7 +228,8 @@ def record_response(
 ) -> tuple[int, Exceeded | None]:
     """Append ``llm_call`` and one ``tool_call`` intent per call, and debit the run's budget
     (logging a limit the first time it is reached); the seq of ``llm_call``, and the limit the
-    run has reached, if any. Fenced; DuplicateToolCall."""
+    run has reached, if any. The reply closes the run's model-call mark, if one is open (see
+    :mod:`zincir._store._calls`). Fenced; DuplicateToolCall."""
     tx.fence(lease)
     if intents:
         among, params = tx.dialect.any_of("call_id", [i.call_id for i in intents])
@@ -237,7 +240,7 @@ def record_response(
         if reused:
             ids = ", ".join(repr(r[0]) for r in reused)
             raise DuplicateToolCall(f"run {lease.run_id}: tool call id {ids} was already used in this run")
-    seq = allocate(tx, lease.run_id, 1 + len(intents))
+    seq = allocate(tx, lease.run_id, 1 + len(intents), ", model_call_seq = NULL")
     insert_event(tx, lease.run_id, seq, EventType.LLM_CALL, llm_payload_json)
     for offset, intent in enumerate(intents, start=1):
         key = f"tool_call:{intent.call_id}"

@@ -121,6 +121,11 @@ class Lease:
     version: str | None = attrs.field(default=None, kw_only=True)
     """The run's version when the lease was taken: while the lease holds, nobody moves the run
     to another (:func:`~zincir._store._versions.set_version` refuses a leased run)."""
+    role: str = attrs.field(default="agent", kw_only=True)
+    provider: str = attrs.field(default="", kw_only=True)
+    traceparent: str | None = attrs.field(default=None, kw_only=True)
+    """The W3C trace context the run's spans continue (docs/tracing.md); read, like the role
+    and provider, by the acquisition that made the lease."""
 
     @property
     def fencing_token(self) -> str:
@@ -299,6 +304,8 @@ class NewChild(NamedTuple):
     budget: tuple[Any, ...] | None = None
     version: str | None = None  # None: the parent's
     fingerprints_json: str | None = None  # None: the parent's
+    traceparent: str | None = None
+    """The trace context the child's spans continue: the span that spawned it (docs/tracing.md)."""
 
 
 @attrs.frozen

@@ -1,4 +1,4 @@
-"""What both adapters share: prices, the place before a model call, and the walk from a run's
+"""What both adapters share: prices, the mark before a model call, and the walk from a run's
 durable state to a conversation (which the adapters then write in their SDK's shapes).
 
 Nothing here imports a model SDK. docs/adapters.md describes the behaviour.
@@ -29,6 +29,7 @@ __all__ = [
     "conversation_of",
     "goal_of",
     "price_of",
+    "request_tokens",
     "result_text",
     "results_in_order",
 ]
@@ -99,15 +100,34 @@ def tokens(usage: Mapping[str, Any], key: str) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
-async def before_model_call(run: Run, request: Mapping[str, Any]) -> None:
-    """Everything zincir does before a paid model call, in one place for both adapters.
+async def before_model_call(run: Run, request: Mapping[str, Any], prices: Prices | None) -> int:
+    """Everything zincir does before a paid model call, in one place for both adapters: the
+    durable mark that the call is in flight (:meth:`Run.start_model_call`), sized by
+    ``request`` (the SDK call's keyword arguments, see :func:`request_tokens`) and priced by
+    ``prices`` for the requested model, so that a reply lost with its process is charged. It
+    raises :class:`BudgetExceeded` while the run's budget is spent, so a spent budget costs no
+    further request. Returns the mark's seq."""
+    model = request.get("model")
+    model = model if isinstance(model, str) and 0 < len(model) <= 255 else None
+    size = request_tokens(request)
+    try:
+        price = None if model is None else price_of(prices, model, f"run {run.id}")
+    except InvalidArgument:  # the name the API reports may be priced where the alias asked is not
+        price = None  # (and record() judges the table by that name)
+    cost = None if price is None else price.cost(input=size, output=0)
+    return await run.start_model_call(size, model=model, cost=cost)
 
-    It refuses the call when the run's budget is spent (:meth:`Run.check_budget`), so a spent
-    budget costs no further request. The durable mark that a call is in flight (so that a reply
-    lost with its process shows, and is charged) belongs here too, before the request leaves;
-    ``request``, the SDK call's keyword arguments, is what such a mark would size.
-    """
-    await run.check_budget()
+
+CHARS_PER_TOKEN: Final = 4
+"""The rule of thumb a request's size in tokens is estimated by (no tokenizer is called)."""
+
+
+def request_tokens(request: Mapping[str, Any]) -> int:
+    """An estimate of a request's input tokens: its JSON (the messages, system prompt and tool
+    definitions; anything not JSON as its text) in characters, divided by
+    :data:`CHARS_PER_TOKEN`. Counting exactly would cost a call to the provider."""
+    text = json.dumps(request, default=str, ensure_ascii=False, separators=(",", ":"))
+    return -(-len(text) // CHARS_PER_TOKEN)
 
 
 # -- from a durable state to a conversation -----------------------------------------------------

@@ -85,7 +85,7 @@ async def record(run: Run, message: Message, *, prices: Prices | None = None) ->
 
 async def create(run: Run, client: AsyncAnthropic, *, prices: Prices | None = None, **params: Any) -> Message:
     """One durable model call: ``client.messages.create(**params)``, after what zincir does
-    before a paid call (the budget is checked; the model-call mark is placed there), and its
+    before a paid call (the durable model-call mark, refused while the budget is spent), and its
     response recorded (:func:`record`) before it is returned. Not for streaming: record a
     stream's final message with :func:`record`."""
     if params.get("stream"):
@@ -93,8 +93,9 @@ async def create(run: Run, client: AsyncAnthropic, *, prices: Prices | None = No
             f"run {run.id}: create() makes one non-streaming call; record a stream's final message"
             " with record()"
         )
-    await before_model_call(run, params)
-    message: Message = await client.messages.create(**params)
+    await before_model_call(run, params, prices)
+    with run._in_model_call():  # work (no suspension under it), traced as the call's span
+        message: Message = await client.messages.create(**params)
     await record(run, message, prices=prices)
     return message
 

@@ -130,12 +130,13 @@ async def create(
     run: Run, client: AsyncOpenAI, *, prices: Prices | None = None, **params: Any
 ) -> ChatCompletion:
     """One durable model call: ``client.chat.completions.create(**params)``, after what zincir
-    does before a paid call (the budget is checked; the model-call mark is placed there), and its
+    does before a paid call (the durable model-call mark, refused while the budget is spent), and its
     response recorded (:func:`record`) before it is returned. Not for streaming."""
     if params.get("stream"):
         raise InvalidArgument(f"run {run.id}: create() makes one non-streaming call, not a stream")
-    await before_model_call(run, params)
-    completion: ChatCompletion = await client.chat.completions.create(**params)
+    await before_model_call(run, params, prices)
+    with run._in_model_call():  # work (no suspension under it), traced as the call's span
+        completion: ChatCompletion = await client.chat.completions.create(**params)
     await record(run, completion, prices=prices)
     return completion
 

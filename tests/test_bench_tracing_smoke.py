@@ -1,0 +1,33 @@
+"""Smoke test of ``python -m bench.tracing`` (issue 38): tiny sizes, both backends, the report's shape."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from .postgres_server import fresh_database
+
+pytest.importorskip("opentelemetry.sdk")
+
+from bench.tracing.report import SERIES
+from bench.tracing.runner import main
+
+
+def test_the_tracing_bench_reports_both_backends(tmp_path: Path, postgres_admin_url: str) -> None:
+    out = tmp_path / "report-tracing.md"
+    with fresh_database(postgres_admin_url) as url:
+        assert main(["--quick", "--url", url, "--dir", str(tmp_path), "--out", str(out), "-q"]) == 0
+    report = out.read_text()
+    assert "| SQLite |" in report and "| PostgreSQL |" in report
+    results = json.loads(out.with_suffix(".json").read_text())
+    for data in results["backends"].values():
+        assert set(data["series"]) == set(SERIES)
+        for series in data["series"].values():
+            assert series["steps"] == 20 * 2 and len(series["reps"]) == 2  # 20 steps a rep, 2 reps
+            assert series["median"] > 0 and all(x > 0 for x in series["reps"])
+        # The traced series' spans reached the exporter: its attempts and steps (and the warm-up's).
+        assert data["exported_spans"] >= 2 * (20 + 2)
+    # The scratch databases are gone; only the report and its figures remain.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report-tracing.json", "report-tracing.md"]
