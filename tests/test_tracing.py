@@ -521,7 +521,8 @@ def test_zincir_runs_without_opentelemetry_and_says_what_tracing_needs(tmp_path:
 @pytest.mark.parametrize(
     "kwargs",
     [{"tracing": "yes"}, {"tracing": object()}, {"trace_content": 1}, {"trace_content": None}],
-    ids=str,
+    # Ids that are the same in every xdist worker (an object's repr is not).
+    ids=["tracing-text", "tracing-object", "trace_content-int", "trace_content-none"],
 )
 async def test_bad_tracing_settings_are_invalid(tmp_path: Path, kwargs: dict[str, Any]) -> None:
     with pytest.raises(zincir.InvalidArgument):
