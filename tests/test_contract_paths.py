@@ -29,7 +29,7 @@ from click.testing import CliRunner
 
 import zincir
 from zincir._cli import main
-from zincir._run import STOP_MARGIN
+from zincir._heartbeat import STOP_MARGIN
 
 from .conftest import ManualClock
 from .helpers import dump, read_state, scalar

@@ -29,8 +29,8 @@ import zincir
 from tests.conftest import ManualClock
 from tests.helpers import _dump_postgres, reap
 from tests.inspect_fixtures import XSS_ALL, XSS_NAV
+from zincir import _ownership, _run
 from zincir import _queries as q
-from zincir import _run
 from zincir._cli import main
 from zincir._errors import InvalidArgument, RunNotFound, SchemaError, StorageError
 from zincir._inspector import create_app, serve
@@ -69,7 +69,8 @@ async def populate(target: str, monkeypatch: pytest.MonkeyPatch) -> Runs:
     """Write a small family of runs through zincir's public API, deterministically."""
     counter = itertools.count(1)
     fake_uuid = types.SimpleNamespace(uuid4=lambda: uuid.UUID(int=next(counter), version=4))
-    monkeypatch.setattr(_run, "uuid", fake_uuid)
+    monkeypatch.setattr(_ownership, "uuid", fake_uuid)  # new runs and their owners
+    monkeypatch.setattr(_run, "uuid", fake_uuid)  # children
     clock = ManualClock()
     async with zincir.open_database(target, clock=clock) as db:
         async with zincir.open_run(

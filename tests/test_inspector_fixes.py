@@ -12,7 +12,7 @@ import trio
 from click.testing import CliRunner, Result
 
 import zincir
-from zincir import _run
+from zincir import _ownership
 from zincir._cli import main
 
 from .agent_scenarios import conversation_run, long_run
@@ -89,7 +89,7 @@ async def test_an_ambiguous_prefix_is_a_clear_error(
 ) -> None:
     counter = itertools.count(1)
     monkeypatch.setattr(
-        _run, "uuid", types.SimpleNamespace(uuid4=lambda: uuid.UUID(int=next(counter), version=4))
+        _ownership, "uuid", types.SimpleNamespace(uuid4=lambda: uuid.UUID(int=next(counter), version=4))
     )
     ids = []
     for _ in range(3):

@@ -8,6 +8,7 @@ checkpoint that an independent verifier accepted.
 
 from . import artifacts
 from ._budget import Budget, Spend, Usage
+from ._children import Children
 from ._database import Clock, Database, open_database, wall_clock_ms
 from ._ends import wait_for_end
 from ._errors import (
@@ -43,7 +44,8 @@ from ._errors import (
 )
 from ._forks import fork_run
 from ._inbox import cancel_run, decide_approval, raise_budget, retry_now, send_signal, set_version
-from ._run import Children, Run, open_run
+from ._ownership import open_run
+from ._run import Run
 from ._store import SUBMIT_CHECKPOINT
 from ._streams import Stream, StreamChunk, read_stream
 from ._types import (

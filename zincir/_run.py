@@ -1,4 +1,7 @@
-"""Runs: :func:`open_run`, the lease-keeping nursery around a run's body, and :class:`Run`."""
+"""Runs: :class:`Run`, what a run's body calls (the log, tools, checkpoints, steps, sleeps, waits,
+children). The heartbeat that keeps its lease is its base class, in :mod:`zincir._heartbeat`;
+taking the lease and the nursery around the body are in :mod:`zincir._ownership`; the durable
+nursery, in :mod:`zincir._children`."""
 
 from __future__ import annotations
 
@@ -6,7 +9,6 @@ import contextlib
 import functools
 import logging
 import math
-import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
@@ -17,7 +19,8 @@ import trio
 
 from . import _faults
 from ._budget import MAX_COST, Budget, CountedCall, Usage, debit_of, exceeded_error, judge
-from ._database import Database, Storage, open_database, storage
+from ._children import Children, _cancels_children
+from ._database import Database, storage
 from ._errors import (
     BudgetExceeded,
     CheckpointNotPending,
@@ -26,7 +29,6 @@ from ._errors import (
     DuplicateToolCall,
     InvalidArgument,
     LeaseLost,
-    RunCancelled,
     RunTerminal,
     StepAlreadyRunning,
     StorageError,
@@ -34,9 +36,10 @@ from ._errors import (
     UnfinishedWork,
     WaitTimeout,
     ZincirError,
-    only_budget_exceeded,
 )
+from ._heartbeat import _LeaseKeeping
 from ._json import JSONValue, decode, dump_trusted, encode
+from ._run_support import _INBOX_POLL_S, _after_transient, _budget_row, _check_provider
 from ._store import (
     ApprovalOutcome,
     IntentRow,
@@ -44,13 +47,12 @@ from ._store import (
     Lease,
     NewChild,
     OpenWait,
-    Store,
     WaitKind,
     args_hash,
 )
 from ._streams import DEFAULT_FLUSH_BYTES, DEFAULT_FLUSH_INTERVAL, Stream, open_stream
-from ._threads import Flight, current_flight, flying
-from ._tracing import RunTrace, creating_run, new_run_context, now_ns
+from ._threads import Flight, current_flight
+from ._tracing import RunTrace, new_run_context, now_ns
 from ._types import (
     Approval,
     Checkpoint,
@@ -74,10 +76,9 @@ from ._validation import (
     check_seconds,
     check_text,
     check_version,
-    lease_ttl_ms,
 )
 
-__all__ = ["Children", "Run", "open_run"]
+__all__ = ["Run"]
 
 logger = logging.getLogger("zincir")
 
@@ -90,22 +91,9 @@ _OWN_JSON: Final = frozenset({int, str, float, bool, type(None)})
 # Run.config before its first read (a config may itself be JSON null).
 _UNREAD: Final = object()
 
-# How often a waiting owner looks for a signal another process sent (a read), when nothing
-# wakes it sooner: a send in this process, or a PostgreSQL notification, wakes it at once.
-_INBOX_POLL_S = 0.25
-
-# A lease holder stops this fraction of its TTL before its lease could expire (docs/leases.md):
-# the time its body may take to reach a checkpoint and unwind once told, on a loop that lags a
-# little, and the drift between this machine's clock and the database's.
-STOP_MARGIN: Final = 0.2
-
-# How long taking a lease tries again while another transaction holds the run's row for a moment
-# (PostgreSQL does not wait for the row: see zincir/_store/_tx.py).
-_BUSY_FOR_S: Final = 10.0
-
 
 @final
-class Run:
+class Run(_LeaseKeeping):
     """A run this process owns, inside ``async with open_run(...)``. No public constructor.
 
     Every method but :meth:`state` checks, inside its own transaction, that this owner's lease
@@ -114,28 +102,8 @@ class Run:
 
     id: str
     """The run's id (a canonical lowercase UUID string)."""
-    _db: Database
-    _storage: Storage
-    _store: Store
-    _lease: Lease
-    _flight: Flight
-    _confirmed_at: float
-    _deadline_timer: trio.CancelScope | None
-    _renewal_sent_at: float | None
-    _renewal_refused: DatabaseBusy | None
-    _heartbeat_due_at: float | None
-    _lost: str | None
-    _finished: RunStatus | None
-    _body_scope: trio.CancelScope
-    _heartbeat_scope: trio.CancelScope
-    _watch_scope: trio.CancelScope
     _running_steps: set[str]
     _completed_steps: set[str] | None
-    _release_delay_ms: int
-    _refund_attempt: bool
-    _released: bool
-    _releasing: bool
-    _ending: bool
     _suspend_after: float | None
     _suspended: bool
     _suspending: tuple[trio.lowlevel.Task, trio.Event] | None
@@ -144,8 +112,6 @@ class Run:
     _busy: int
     _looking: int
     _quiet_since: float
-    _cancel_reason: str | None
-    _budget_stop: BudgetExceeded | None
     _in_worker: bool
     _started_calls: set[str]
     _nurseries: set[Children]
@@ -258,19 +224,6 @@ class Run:
         if self._finished is not None:
             raise RunTerminal(f"run {self.id} is already {self._finished.value}")
 
-    def _lose(self, message: str) -> None:
-        """The lease is gone for good: stop the body now, and stop waiting for the database
-        calls in flight (their outcome is unknown; the database fences the writes). Raised from
-        the block as LeaseLost (or logged there, if the body raised something else)."""
-        first = self._lost is None
-        if first:
-            self._lost = message
-            logger.debug("%s; stopping the body", message)
-        self._stop_heartbeat()
-        self._body_scope.cancel()
-        if first:
-            self._flight.abandon(functools.partial(LeaseLost, message))
-
     async def _write(self, fn: Any, *args: Any) -> Any:
         counted = self._begin_activity()  # not a context manager: this is every write's path
         try:
@@ -354,9 +307,6 @@ class Run:
             yield
         finally:
             self._end_activity(counted)
-
-    def _stop_heartbeat(self) -> None:
-        self._heartbeat_scope.cancel()
 
     def _encode(self, value: JSONValue, what: str) -> str:
         return encode(value, what=f"run {self.id}: {what}", limit=self._db.max_payload_bytes)
@@ -1178,477 +1128,12 @@ class Run:
         self._stop_heartbeat()
         return result
 
-    # -- the lease ------------------------------------------------------------------------
-
-    async def _keep_lease(self) -> None:
-        """Renew every ttl/3, counted from when the previous renewal (at first, the write that
-        took the lease) was sent: a slow answer does not push every later renewal back.
-        Transient database errors are retried, sooner as the deadline nears (see
-        :meth:`_stop_at`); a definitive loss cancels the body at once. Each renewal also reads
-        whether a cancellation was requested; news in the run's inbox (a request made in this
-        process, or heard from another) has that read at once."""
-        interval = self._lease.ttl_ms / 3000
-        renew_at = self._confirmed_at + interval
-        with self._heartbeat_scope:
-            try:
-                while not self._past_deadline():  # (a late start too: the loop was held)
-                    self._heartbeat_due_at = renew_at
-                    while trio.current_time() < renew_at:
-                        if await self._poked_until(min(renew_at, self._out_of_time_at())):
-                            await self._look_at_news()
-                        elif trio.current_time() >= self._out_of_time_at():
-                            await self._look_at_news()  # the budget may have been raised meanwhile
-                            if trio.current_time() >= self._out_of_time_at():
-                                await self._stop_out_of_time()
-                    if self._past_deadline():
-                        return
-                    self._heartbeat_due_at = None
-                    next_at = await self._renew(interval)
-                    if next_at is None:
-                        return
-                    renew_at = next_at
-            except LeaseLost:
-                return  # a read of the heartbeat's, abandoned with the lease: it is lost already
-            finally:
-                self._heartbeat_due_at = None  # stopped: not due, so never late (_deadline_message)
-
-    async def _renew(self, interval: float) -> float | None:
-        """Renew the lease once; the Trio time of the next renewal, None to stop renewing."""
-        sent_at = self._renewal_sent_at = trio.current_time()
-        try:
-            self._lease, cancel_reason = await self._storage.write(
-                self._store.renew, self._lease, route=self.id
-            )  # the renewed lease says when the run's wall time ends, too
-            self._confirmed_at = sent_at
-            self._renewal_refused = None
-            if self._deadline_timer is not None:
-                self._deadline_timer.deadline = self._stop_at()
-            self._stop_if_cancelled(cancel_reason)
-            return sent_at + interval
-        except RunTerminal:
-            return None  # this owner ended the run (another task of the body did)
-        except LeaseLost as exc:
-            if not self._ending:  # not the release this owner is making right now
-                self._lose(str(exc))
-            return None
-        except StorageError as exc:
-            self._renewal_refused = exc if isinstance(exc, DatabaseBusy) else None
-            # The database decides; this local view (its clock, as this process reads it) only
-            # says how long retrying is worth it, and the deadline stops the owner before expiry.
-            if self._lease.expires_at - self._db.clock() <= 0:
-                self._lose(f"run {self.id}: the lease of epoch {self.epoch} expired ({exc})")
-                return None
-            delay = min(interval, max(0.005, (self._stop_at() - trio.current_time()) / 3))
-            logger.warning("run %s: lease renewal failed, retrying in %.3f s: %s", self.id, delay, exc)
-            return trio.current_time() + delay
-        except Exception as exc:  # a bug must stop the body, not escape as a group
-            self._lose(f"run {self.id}: renewing the lease failed unexpectedly: {exc!r}")
-            return None
-        finally:
-            self._renewal_sent_at = None
-
-    def _stop_at(self) -> float:
-        """The Trio time by which this owner stops unless a newer renewal is confirmed: the
-        database set the expiry to its own now + TTL at some moment after the confirmed write
-        was submitted, so the lease cannot expire before that submission + TTL. The margin
-        (:data:`STOP_MARGIN` of the TTL) is for the body to stop in."""
-        return self._confirmed_at + self._lease.ttl_ms * (1 - STOP_MARGIN) / 1000
-
-    def _holds(self) -> bool:
-        """Whether this owner still holds the lease, as far as it knows."""
-        return self._lost is None and not self._released and self._finished is None
-
-    def _past_deadline(self) -> bool:
-        """Lose the lease if its deadline has passed while it is held; whether the owner is done
-        with it (lost now or before, or given up: ended, suspended, released)."""
-        if not self._holds():
-            return True
-        now = trio.current_time()
-        if now < self._stop_at():
-            return False
-        self._lose(self._deadline_message(now))
-        return True
-
-    def _deadline_message(self, now: float) -> str:
-        """Why no renewal was confirmed in time: the loop did not run the heartbeat, or the
-        database (or the network) did not answer."""
-        ttl_ms, margin_ms = self._lease.ttl_ms, math.ceil(self._lease.ttl_ms * STOP_MARGIN)
-        silent_ms = math.floor((now - self._confirmed_at) * 1000)
-        where = f"run {self.id}: the lease of epoch {self.epoch} was given up"
-        left_ms = ttl_ms - silent_ms  # at least this long before the database may expire it
-        expiry = (
-            f"it may have expired {-left_ms} ms ago"
-            if left_ms <= 0
-            else f"it could expire within {left_ms} ms"
-        )
-        # How late the first of the heartbeat and this deadline ran (they wait on timers).
-        due = min(self._stop_at(), math.inf if self._heartbeat_due_at is None else self._heartbeat_due_at)
-        late_ms = math.floor((now - due) * 1000)
-        if late_ms > margin_ms:
-            return (
-                f"{where}: the heartbeat could not run for {late_ms} ms because the Trio event loop"
-                " was blocked (by CPU-bound or blocking code in this process, or by a machine too"
-                f" busy to run it); with no renewal for"
-                f" {silent_ms} ms of a {ttl_ms} ms lease, {expiry}. Run such work in a thread"
-                " (await trio.to_thread.run_sync(fn)) so that the heartbeat can renew the lease"
-                f" every {ttl_ms // 3} ms"
-            )
-        sent = self._renewal_sent_at
-        unanswered = (
-            "" if sent is None else f" (the one sent {math.floor((now - sent) * 1000)} ms ago is unanswered)"
-        )
-        return (
-            f"{where}: no renewal was confirmed for {silent_ms} ms of a {ttl_ms} ms lease{unanswered}:"
-            f" {self._why_unconfirmed()}, and {expiry}, so the body was stopped"
-            " (the writes in flight have an unknown outcome)"
-        )
-
-    def _why_unconfirmed(self) -> str:
-        """Why renewals were not confirmed: refused while another transaction held a lock the
-        run needs (its row on PostgreSQL, the file's write lock on SQLite), or no answer."""
-        refused = self._renewal_refused
-        if isinstance(refused, TransientConflict):
-            return (
-                "another transaction held a lock on the run's row, so each renewal was refused"
-                f" (the last one: {refused})"
-            )
-        if refused is not None:
-            return (
-                "another connection held the database's write lock, so the renewals failed"
-                f" (the last one: {refused})"
-            )
-        return "the database or the network did not answer"
-
-    async def _watch_deadline(self) -> None:
-        """Stop the owner when its deadline passes (see :meth:`_stop_at`), whatever its calls
-        to the database wait for; on the way out, stop waiting for the release then."""
-        with self._watch_scope:
-            while self._holds():
-                now = trio.current_time()
-                if now < self._stop_at():
-                    # One timer, moved by every confirmed renewal: it wakes only at a deadline
-                    # that holds, never at one a renewal has since pushed on.
-                    with trio.CancelScope(deadline=self._stop_at()) as self._deadline_timer:
-                        await trio.sleep_forever()
-                    self._deadline_timer = None
-                elif self._releasing:  # the body is done: the lease will expire instead
-                    self._flight.abandon(functools.partial(LeaseLost, self._deadline_message(now)))
-                    return
-                else:
-                    self._past_deadline()
-                    return
-
-    def _out_of_time_at(self) -> float:
-        """The Trio time at which the run's wall time runs out (infinity: no limit, or stopped)."""
-        ends_at = self._lease.wall_time_ends_at
-        if ends_at is None or self._budget_stop is not None:
-            return math.inf
-        return trio.current_time() + (ends_at - self._db.clock()) / 1000
-
-    async def _stop_out_of_time(self) -> None:
-        limit = "wall_time"
-        message = "budget exceeded: its wall time has run out"
-        try:
-            await self._write(self._store.note_exceeded, limit, message)
-        except ZincirError as exc:
-            logger.warning("run %s: recording the wall time's end failed: %s", self.id, exc)
-        self._budget_stop = BudgetExceeded(f"run {self.id}: {message}", limit)
-        logger.info("%s; stopping", self._budget_stop)
-        self._body_scope.cancel()
-
-    async def _poked_until(self, deadline: float) -> bool:
-        """Whether news reached the run's inbox before ``deadline`` (Trio time)."""
-        poked = self._storage.wakes.inbox_event(self.id, hear_others=False, owner=True)
-        try:
-            with trio.move_on_at(deadline):
-                await poked.wait()
-                return True
-            return False
-        finally:
-            self._storage.wakes.forget_inbox_event(self.id, poked)
-
-    async def _look_at_news(self) -> None:
-        """Read what an outsider may have changed: a cancellation request, the wall time."""
-        try:
-            reason, wall_end = await self._storage.read(self._store.owner_news, self.id)
-        except StorageError:
-            return  # the next renewal reads both again
-        self._lease = attrs.evolve(self._lease, wall_time_ends_at=wall_end)
-        self._stop_if_cancelled(reason)
-
-    def _stop_if_cancelled(self, reason: str | None) -> None:
-        if reason is not None and self._cancel_reason is None:
-            self._cancel_reason = reason
-            logger.info("run %s: cancellation requested (%s); stopping", self.id, reason)
-            self._body_scope.cancel()
-
-    async def _end_cancelled(self) -> None:
-        """The body was stopped for a requested cancellation: end the run so, unless it ended
-        (or was lost) first."""
-        if self._finished is not None or self._lost is not None or self._released:
-            return
-        transition = {"from": "running", "reason": self._cancel_reason or "", "to": "cancelled"}
-        with trio.CancelScope(shield=True):
-            try:
-                await self._finish(RunStatus.CANCELLED, transition)
-            except ZincirError as exc:
-                logger.warning("run %s: recording the cancellation failed: %s", self.id, exc)
-
-    async def _release(self) -> bool:
-        """Give the lease up on leaving the block; False if it was no longer this owner's. A
-        lost lease is not released (its release would be refused, or wait for what lost it)."""
-        if self._finished is not None or self._lost is not None or self._released:
-            return True
-        self._releasing = True
-        with trio.CancelScope(shield=True):
-            try:
-                released = await self._release_now()
-            except (StorageError, LeaseLost) as exc:  # LeaseLost: not confirmed by the deadline
-                logger.warning("run %s: releasing the lease failed; it will expire instead: %s", self.id, exc)
-                return True
-            finally:
-                self._releasing = False
-        self._released = True
-        return released
-
-    async def _release_now(self) -> bool:
-        """The release's write; while another transaction holds the run's row, tried again
-        until the deadline (then the lease expires instead)."""
-        delay = 0.001
-        while True:
-            try:
-                released: bool = await self._storage.write(
-                    self._store.release,
-                    self._lease,
-                    self._release_delay_ms,
-                    self._refund_attempt,
-                    route=self.id,
-                )
-                return released
-            except TransientConflict:
-                if trio.current_time() + delay >= self._stop_at():
-                    raise
-            await trio.sleep(delay)
-            delay = min(2 * delay, 0.1)
-
-
-@final
-class Children:
-    """The durable nursery of :meth:`Run.children`: spawn through it, and its block joins the
-    children on a clean exit and cancels them when it raises. No public constructor."""
-
-    spawned: list[str]
-    """The ids of the children spawned through this nursery, in the order they were created."""
-    records: dict[str, RunRecord]
-    """The joined children's records by name, in :attr:`spawned`'s order, once the block has
-    ended cleanly (empty until then)."""
-    _run: Run
-    _background: trio.Nursery
-    _names: dict[str, str]  # child id -> name
-    _queued: list[NewChild]  # spawn_soon's, not created yet (the batch in flight included)
-    _sender: trio.CancelScope | None  # the task sending _queued, while there is one
-    _sent: trio.Event  # set while no task sends
-    _closed: bool
-    _error: Exception | None  # what sending a batch raised: the block's end raises it
-
-    def __init__(self, *_: object, **__: object) -> None:
-        raise TypeError("nurseries come from run.children()")
-
-    @classmethod
-    def _create(cls, run: Run, background: trio.Nursery) -> Children:
-        self = object.__new__(cls)
-        self._run = run
-        self._background = background
-        self.spawned = []
-        self.records = {}
-        self._names = {}
-        self._queued = []
-        self._sender = None
-        self._sent = trio.Event()
-        self._sent.set()
-        self._closed = False
-        self._error = None
-        run._nurseries.add(self)
-        return self
-
-    async def spawn(
-        self,
-        name: str,
-        *,
-        role: str = "agent",
-        provider: str = "",
-        config: JSONValue = None,
-        budget: Budget | None = None,
-        version: str | None = None,
-        fingerprints: Mapping[str, str] | None = None,
-    ) -> str:
-        """:meth:`Run.spawn`, with the child joined (or cancelled) when the block ends."""
-        child_id = await self._run.spawn(
-            name,
-            role=role,
-            provider=provider,
-            config=config,
-            budget=budget,
-            version=version,
-            fingerprints=fingerprints,
-        )
-        self._add(child_id, name)
-        return child_id
-
-    def spawn_soon(
-        self,
-        name: str,
-        *,
-        role: str = "agent",
-        provider: str = "",
-        config: JSONValue = None,
-        budget: Budget | None = None,
-        version: str | None = None,
-        fingerprints: Mapping[str, str] | None = None,
-    ) -> None:
-        """Spawn the child ``name`` in the background, as :meth:`spawn` would, and return at
-        once: the children queued together are created in one transaction (a fan-out of many
-        costs a few commits, not one each). It returns no id because none exists before that
-        commit; :attr:`spawned` lists the created ones and :attr:`records` the joined ones. Bad
-        arguments raise here; a failure to create raises from the block's end (and from here,
-        afterwards), which then cancels the children created."""
-        if self._closed:
-            raise InvalidArgument(f"run {self._run.id}: the nursery's block has ended; spawn_soon is closed")
-        self._run._check_usable()  # a run that has ended (or was lost) spawns nothing
-        if self._error is not None:
-            raise self._error
-        self._queued.append(self._run._new_child(name, role, provider, config, budget, version, fingerprints))
-        if self._sender is None:
-            self._sender = trio.CancelScope()
-            self._sent = trio.Event()
-            self._background.start_soon(self._send_queued, self._sender, self._sent)
-
-    async def _send_queued(self, scope: trio.CancelScope, sent: trio.Event) -> None:
-        try:
-            with scope:  # cancelled by _close
-                while self._queued:
-                    batch = self._queued[:_SPAWN_BATCH]
-                    ids = await self._ride_out(
-                        "spawning children", self._write_shielded, self._run._store.spawn_children, batch
-                    )
-                    del self._queued[: len(batch)]  # (already empty if _close dropped them)
-                    for child_id, child in zip(ids, batch, strict=True):
-                        self._add(child_id, child.name)
-                    await trio.lowlevel.checkpoint()
-        except trio.Cancelled:
-            # The block's surroundings are cancelled, so is the body, which raises it: what is
-            # still queued is not created. Raised here, it would reach the body in a group.
-            self._queued.clear()
-        except Exception as exc:
-            self._error = exc
-            self._queued.clear()
-        finally:
-            self._sender = None
-            sent.set()
-
-    async def _write_shielded(self, fn: Any, *args: Any) -> Any:
-        with trio.CancelScope(shield=True):  # a batch is stopped between batches, not inside one
-            return await self._run._write(fn, *args)
-
-    def _add(self, child_id: str, name: str) -> None:
-        if child_id not in self._names:
-            self._names[child_id] = name
-            self.spawned.append(child_id)
-
-    async def _close(self, error: BaseException | None) -> BaseException | None:
-        """The block has ended (with ``error``, if it raised): no more spawn_soon. Cleanly, wait
-        until what is queued is created; otherwise, or if that wait is cancelled, drop what is
-        queued and wait only for the batch in flight. Returns the block's error, or the wait's."""
-        self._closed = True
-        if error is None:
-            try:
-                await self._sent.wait()
-            except BaseException as exc:
-                error = exc
-        if error is not None:
-            self._queued.clear()
-            if self._sender is not None:
-                self._sender.cancel()
-            with trio.CancelScope(shield=True):
-                await self._sent.wait()
-        self._run._nurseries.discard(self)
-        return error
-
-    def _unsent(self) -> bool:
-        return bool(self._queued)
-
-    async def _join_all(self) -> None:
-        """Join every child, many per transaction. A read finds those that have ended, and only
-        those are joined (looking at a running child would write its join record again); the
-        nursery waits (suspends, in a worker) for the first that has not."""
-        store, read = self._run._store, self._run._storage.read
-        joined: dict[str, RunRecord] = {}
-        pending = list(self.spawned)
-        while pending:
-            window = pending[:_JOIN_BATCH]
-            ended = await self._ride_out("joining children", read, store.ended_children, window)
-            ready = [child_id for child_id in window if child_id in ended]
-            if not ready:  # wait for the first (a join of it that timed out before raises)
-                joined[window[0]] = await self._run.join(window[0])
-                pending.remove(window[0])
-                continue
-            found = await self._ride_out("joining children", self._run._write, store.join_children, ready)
-            for child_id, record in zip(ready, found, strict=True):
-                joined[child_id] = record if record is not None else await self._run.join(child_id)
-            pending = [child_id for child_id in pending if child_id not in joined]
-        self.records = {self._names[child_id]: joined[child_id] for child_id in self.spawned}
-
-    async def _ride_out(self, what: str, submit: Callable[..., Awaitable[Any]], fn: Any, *args: Any) -> Any:
-        """A nursery's read or write, tried again through an outage while the lease lasts (a
-        batch sent twice finds its children by name; a join twice, its record). Activity of the
-        body: the run does not suspend meanwhile, nor right after (see Run._quiet_at)."""
-        with self._run._active():
-            while True:
-                try:
-                    return await submit(fn, *args)
-                except (DatabaseBusy, DatabaseUnavailable) as exc:
-                    await _after_transient(self._run.id, what, exc)
-
 
 @attrs.define
 class _Waited:
     """What a traced wait returned (for its span, with content)."""
 
     value: Any = None
-
-
-def _cancels_children(error: Exception) -> bool:
-    """Whether a nursery's block that raised ``error`` cancels its children. Not when the run
-    waits for its budget (it will go on, and so do they), nor when the lease is gone (the new
-    owner's block decides; this one could not write)."""
-    return only_budget_exceeded(error) is None and not isinstance(error, LeaseLost | RunTerminal)
-
-
-# Children per transaction when a nursery spawns or joins in batches: large enough that a
-# fan-out costs few commits, small enough that the first children start while the rest queue.
-_SPAWN_BATCH: Final = 100
-_JOIN_BATCH: Final = 100
-
-
-async def _quietly(write: Awaitable[object]) -> None:
-    try:
-        await write
-    except ZincirError as exc:
-        logger.warning("%s", exc)
-
-
-def _budget_row(budget: object) -> tuple[Any, ...] | None:
-    if budget is None:
-        return None
-    if not isinstance(budget, Budget):
-        raise InvalidArgument(f"budget must be a zincir.Budget, not {budget!r}")
-    return budget.to_row()
-
-
-async def _after_transient(run_id: str, what: str, exc: Exception) -> None:
-    # While the lease lasts, a wait rides out an outage (the heartbeat gives up at expiry).
-    logger.warning("run %s: %s failed, retrying: %s", run_id, what, exc)
-    await trio.sleep(_INBOX_POLL_S)
 
 
 async def _until_ready(
@@ -1672,201 +1157,3 @@ async def _until_ready(
         except StorageError as exc:  # an outage: the heartbeat judges the lease, we keep waiting
             logger.warning("looking for a signal or decision failed, will look again: %s", exc)
     return True
-
-
-@asynccontextmanager
-async def owned_run(
-    db: Database,
-    lease: Lease,
-    *,
-    submitted_at: float,
-    suspend_after: float | None = None,
-    in_worker: bool = False,
-    attempt: int | None = None,
-) -> AsyncIterator[Run]:
-    """Run the body beside a heartbeat; release the lease on the way out.
-
-    ``submitted_at``: when (Trio time) the write that took ``lease`` was submitted; the owner
-    stops before the lease could have expired, counted from then (see :meth:`Run._stop_at`).
-    With ``suspend_after`` (a worker's), a wait or sleep longer than that suspends the run: the
-    body is cancelled and the block ends quietly, the run left ``waiting`` in the database.
-
-    What the body raised leaves unchanged: never wrapped in an ExceptionGroup by the internal
-    nursery, never replaced by a cancellation of an outer scope. A body stopped by lease loss,
-    or one whose lease was gone by the time it left, ends in :class:`LeaseLost`; so does one
-    whose own nurseries raised a group of nothing but LeaseLost and cancellations then (a group
-    with any other error is raised as it is).
-
-    With tracing on, the block is the attempt's span (``attempt``: the worker's count of it).
-    """
-    run = Run._create(db, lease, submitted_at)
-    run._suspend_after = suspend_after
-    run._in_worker = in_worker
-    tracer = db._tracing.tracer()
-    if tracer is None:
-        async with _owned(run) as owned:
-            yield owned
-        return
-    run._trace = trace = RunTrace(tracer, db._tracing.content, lease, attempt)
-    trace.start_attempt()
-    error: BaseException | None = None
-    try:
-        async with _owned(run) as owned:
-            yield owned
-    except BaseException as exc:
-        error = exc
-        raise
-    finally:
-        trace.end_attempt(_outcome_of(run, error), error)
-
-
-def _outcome_of(run: Run, error: BaseException | None) -> str:
-    """How an attempt ended, for its span."""
-    if run._finished is not None:
-        return run._finished.value
-    if run._suspended:
-        return "suspended"
-    if run._lost is not None or isinstance(error, LeaseLost):
-        return "lease_lost"
-    if error is not None:
-        return "raised"
-    return "released"
-
-
-@asynccontextmanager
-async def _owned(run: Run) -> AsyncIterator[Run]:
-    """:func:`owned_run`'s block for a Run made: the body beside the heartbeat."""
-    body_error: BaseException | None = None
-    # The heartbeat's and the deadline's scopes are shielded and stopped only by us, so an outer
-    # cancellation reaches the body alone and the nursery exits with nothing of its own to report.
-    with flying(run._flight):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(run._keep_lease)
-            nursery.start_soon(run._watch_deadline)
-            try:
-                try:
-                    with run._body_scope:
-                        yield run
-                except BaseException as exc:
-                    body_error = exc
-                finally:
-                    if run._cancel_reason is not None:
-                        await run._end_cancelled()
-                    elif run._budget_stop is not None and run._in_worker:
-                        with trio.CancelScope(shield=True):
-                            await _quietly(run._suspend_for_budget(run._budget_stop))
-                    run._stop_heartbeat()
-            finally:
-                try:
-                    released = await run._release()  # still watched: it may wait for the deadline
-                finally:
-                    run._watch_scope.cancel()
-    if body_error is not None:
-        if run._lost is not None and _lease_loss_only(body_error):
-            # The body's own nurseries gathered the loss into a group: it means no more than that.
-            raise LeaseLost(run._lost) from body_error
-        if run._lost is not None and not isinstance(body_error, LeaseLost):
-            logger.warning("%s (the block raised %r instead)", run._lost, body_error)
-        raise body_error
-    if run._cancel_reason is not None and run._finished in (None, RunStatus.CANCELLED):
-        # Its body was stopped; if ending it failed, its next owner (or claim) ends it.
-        raise RunCancelled(f"run {run.id} was cancelled: {run._cancel_reason}")
-    if run._budget_stop is not None and not run._suspended and run._finished is None:
-        raise run._budget_stop
-    if run._lost is not None:
-        raise LeaseLost(run._lost)
-    if not released:
-        raise LeaseLost(f"run {run.id}: the lease of epoch {run.epoch} was gone when the block ended")
-
-
-def _lease_loss_only(error: BaseException) -> bool:
-    """Whether ``error`` is a group (a nursery's, nested or not) holding LeaseLost and nothing
-    but LeaseLost and cancellations: what a body with nurseries of its own ends in when the lease
-    is lost. A group with any other error is not: that error must surface."""
-    if not isinstance(error, BaseExceptionGroup):
-        return False
-    _, other = error.split((LeaseLost, trio.Cancelled))
-    return other is None and error.subgroup(LeaseLost) is not None
-
-
-@asynccontextmanager
-async def open_run(
-    db: Database | str | os.PathLike[str],
-    run_id: str | None = None,
-    *,
-    role: str = "agent",
-    provider: str = "",
-    config: JSONValue = None,
-    parent_run_id: str | None = None,
-    lease_ttl: float = 30.0,
-    force: bool = False,
-    budget: Budget | None = None,
-    version: str | None = None,
-    fingerprints: Mapping[str, str] | None = None,
-) -> AsyncIterator[Run]:
-    """Own a run for the duration of the block: a new one (``run_id=None``) or an existing one.
-
-    A new run is created, leased and started in one transaction (``role``, ``provider``,
-    ``config``, ``parent_run_id``, ``budget``, ``version`` and ``fingerprints`` describe it;
-    a child takes its parent's version and fingerprints unless given its own).
-    An existing run's lease is taken if it is free or expired; an active one raises
-    :class:`RunLeased` unless ``force=True``, which fences the owner (only do that once the
-    owner is known to be dead). With ``version``, an existing run of another version raises
-    :class:`VersionMismatch` and nothing is written (docs/versions.md). Leaving the block
-    without :meth:`Run.complete` or :meth:`Run.fail` releases the lease at once; the run stays
-    claimable.
-    """
-    if not isinstance(db, Database):
-        async with open_database(db) as opened, open_run(
-            opened, run_id, role=role, provider=provider, config=config,
-            parent_run_id=parent_run_id, lease_ttl=lease_ttl, force=force, budget=budget,
-            version=version, fingerprints=fingerprints,
-        ) as run:  # fmt: skip
-            yield run
-        return
-    ttl_ms = lease_ttl_ms(lease_ttl)
-    owner = str(uuid.uuid4())
-    version = check_version(version, "version")
-    if run_id is None:
-        config_json = encode({} if config is None else config, what="run config", limit=db.max_payload_bytes)
-        marks = check_fingerprints(fingerprints, "fingerprints")
-        marks_json = None if marks is None else encode(marks, what="fingerprints", limit=db.max_payload_bytes)
-        parent = None if parent_run_id is None else canonical_run_id(parent_run_id, "parent_run_id")
-        new_id = str(uuid.uuid4())
-        description = (check_name(role, "role"), _check_provider(provider), config_json)
-        limits = _budget_row(budget)
-        with creating_run(db._tracing, new_id, role, provider) as traceparent:
-            lease, submitted_at = await _take_lease(
-                db, storage(db).store.create_run, new_id, parent, *description, owner, ttl_ms, limits,
-                version, marks_json, traceparent,
-            )  # fmt: skip
-    else:
-        run_id = canonical_run_id(run_id)
-        lease, submitted_at = await _take_lease(
-            db, storage(db).store.acquire_run, run_id, owner, ttl_ms, bool(force), version
-        )
-    if lease is None:
-        raise RunCancelled(f"run {run_id} was cancelled (its cancellation was requested before)")
-    async with owned_run(db, lease, submitted_at=submitted_at) as run:
-        yield run
-
-
-async def _take_lease(db: Database, fn: Any, run_id: str, *args: Any) -> tuple[Lease | None, float]:
-    """Create or acquire ``run_id`` (``fn(tx, run_id, *args)``); the lease, and when (Trio time)
-    the write that took it was submitted. While another transaction holds the run's row for a
-    moment (PostgreSQL refuses to wait for it), try again shortly; nothing was written then."""
-    delay, give_up_at = 0.001, trio.current_time() + _BUSY_FOR_S
-    while True:
-        submitted_at = trio.current_time()
-        try:
-            lease: Lease | None = await storage(db).write(fn, run_id, *args, route=run_id)
-            return lease, submitted_at
-        except TransientConflict:
-            if trio.current_time() + delay > give_up_at:
-                raise
-        await trio.sleep(delay)
-        delay = min(2 * delay, 0.05)
-
-
-def _check_provider(provider: object) -> str:
-    return check_text(provider, "provider", allow_empty=True)

@@ -25,7 +25,9 @@ from ._errors import (
     StorageError,
     only_budget_exceeded,
 )
-from ._run import STOP_MARGIN, Run, owned_run
+from ._heartbeat import STOP_MARGIN
+from ._ownership import owned_run
+from ._run import Run
 from ._store import Claims, Lease, exhausted_reason
 from ._store._versions import SKIPPED_CAP, Versions, shown
 from ._types import RunStatus

@@ -50,9 +50,9 @@ def make(role: str, target: str, options: dict[str, Any], emit: Emit) -> Any:
 def describe(db: zincir.Database) -> dict[str, Any]:
     facts: dict[str, Any] = {"version": f"zincir {version('zincir')}", "backend": db.backend}
     # How often a wait re-reads the inbox when nothing woke it (a private constant: for the report).
-    from zincir import _run
+    from zincir import _run_support
 
-    facts["inbox_poll_s"] = getattr(_run, "_INBOX_POLL_S", None)
+    facts["inbox_poll_s"] = getattr(_run_support, "_INBOX_POLL_S", None)
     if db.backend == "postgresql":
         facts["notes"] = "PostgreSQL: psycopg 3 in zincir's own threads; NOTIFY / LISTEN wake-ups"
     else:

@@ -26,7 +26,7 @@ import trio
 from .. import _faults
 from .._database import open_database
 from .._errors import CrashTestError
-from .._run import open_run
+from .._ownership import open_run
 from ._ledger import LEDGER_ENVIRONMENT, EffectLedger
 
 if TYPE_CHECKING:

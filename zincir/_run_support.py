@@ -1,0 +1,41 @@
+"""Small helpers shared by :class:`~zincir._run.Run`, its durable nurseries
+(:mod:`zincir._children`) and the ownership of its lease (:mod:`zincir._ownership`).
+
+They live apart so that those modules can use them without importing one another at import
+time: :mod:`zincir._run` imports :mod:`zincir._children`, never the other way round.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import trio
+
+from ._budget import Budget
+from ._errors import InvalidArgument
+from ._validation import check_text
+
+logger = logging.getLogger("zincir")
+
+# How often a waiting owner looks for a signal another process sent (a read), when nothing
+# wakes it sooner: a send in this process, or a PostgreSQL notification, wakes it at once.
+_INBOX_POLL_S = 0.25
+
+
+def _budget_row(budget: object) -> tuple[Any, ...] | None:
+    if budget is None:
+        return None
+    if not isinstance(budget, Budget):
+        raise InvalidArgument(f"budget must be a zincir.Budget, not {budget!r}")
+    return budget.to_row()
+
+
+async def _after_transient(run_id: str, what: str, exc: Exception) -> None:
+    # While the lease lasts, a wait rides out an outage (the heartbeat gives up at expiry).
+    logger.warning("run %s: %s failed, retrying: %s", run_id, what, exc)
+    await trio.sleep(_INBOX_POLL_S)
+
+
+def _check_provider(provider: object) -> str:
+    return check_text(provider, "provider", allow_empty=True)
