@@ -54,6 +54,22 @@ def parser(
     return command
 
 
+def subsets(command: argparse.ArgumentParser, **names: Sequence[str]) -> None:
+    """For each keyword, an option ``--<keyword>`` that picks a comma-separated subset of its
+    names (all of them by default); ``choices`` checks what was given."""
+    for option, allowed in names.items():
+        listed = ",".join(allowed)
+        command.add_argument(f"--{option}", default=listed, help=f"comma-separated subset of {listed}")
+
+
+def writers(command: argparse.ArgumentParser) -> None:
+    """``--writers N``: zincir's PostgreSQL writer connections, for a study that opens zincir
+    on PostgreSQL in its children."""
+    command.add_argument(
+        "--writers", type=int, help="zincir's PostgreSQL writer connections (default: zincir's)"
+    )
+
+
 def redraw(
     args: argparse.Namespace,
     render: Callable[[dict[str, Any], str], str],
