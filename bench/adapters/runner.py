@@ -178,8 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     add = parser.add_argument
     add("--responses", type=int, default=300, help="pairs of responses per run (300)")
     add("--reps", type=int, default=7, help="repetitions (7)")
-    add("--backends", default="sqlite,postgresql", help="sqlite, postgresql or both")
-    add("--url", help="a PostgreSQL database URL to use instead of a throwaway server")
+    study.database_options(parser)
     args = parser.parse_args(argv)
     if study.redraw(args, render):
         return 0

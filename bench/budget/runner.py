@@ -65,8 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     add = parser.add_argument
     add("--responses", type=int, default=500, help="responses per run (500)")
     add("--reps", type=int, default=7, help="repetitions (7)")
-    add("--backends", default="sqlite,postgresql", help="sqlite, postgresql or both")
-    add("--url", help="a PostgreSQL database URL to use instead of a throwaway server")
+    study.database_options(parser)
     args = parser.parse_args(argv)
     out = Path(args.out)
     if study.redraw(args, render):

@@ -62,6 +62,14 @@ def subsets(command: argparse.ArgumentParser, **names: Sequence[str]) -> None:
         command.add_argument(f"--{option}", default=listed, help=f"comma-separated subset of {listed}")
 
 
+def database_options(command: argparse.ArgumentParser) -> None:
+    """``--backends`` (sqlite, postgresql or both) and ``--url`` (a database to use instead of a
+    throwaway server), for a study that measures in one database per backend
+    (``server.backend_target``)."""
+    command.add_argument("--backends", default="sqlite,postgresql", help="sqlite, postgresql or both")
+    command.add_argument("--url", help="a PostgreSQL database URL to use instead of a throwaway server")
+
+
 def writers(command: argparse.ArgumentParser) -> None:
     """``--writers N``: zincir's PostgreSQL writer connections, for a study that opens zincir
     on PostgreSQL in its children."""

@@ -135,8 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     add = parser.add_argument
     add("--steps", type=int, default=1000, help="steps per series and rep (1000)")
     add("--reps", type=int, default=5, help="repetitions (5)")
-    add("--backends", default="sqlite,postgresql", help="sqlite, postgresql or both")
-    add("--url", help="a PostgreSQL database URL to use instead of a throwaway server")
+    study.database_options(parser)
     args = parser.parse_args(argv)
     if study.redraw(args, render):
         return 0
