@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import math
 import sqlite3
 import subprocess
@@ -20,6 +21,8 @@ import trio.testing
 import zincir
 from zincir._database import storage
 from zincir._wakes import Wakes
+
+from .postgres_server import fresh_database
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -303,3 +306,14 @@ def insert_started_run(target: zincir.Database, run_id: str, *, role: str = "age
         ' VALUES (?, 0, \'state_transition\', \'{"from":"pending","to":"running"}\', ?)',
         (run_id, now),
     )
+
+
+def run_bench_study(
+    main: Callable[[list[str]], int], tmp_path: Path, postgres_admin_url: str, out_name: str
+) -> tuple[str, dict[str, Any]]:
+    """Run a study's ``main`` at ``--quick`` sizes on SQLite and on a fresh database of the
+    suite's PostgreSQL server, quietly, writing into ``tmp_path``; its report and its figures."""
+    out = tmp_path / out_name
+    with fresh_database(postgres_admin_url) as url:
+        assert main(["--quick", "--url", url, "--dir", str(tmp_path), "--out", str(out), "-q"]) == 0
+    return out.read_text(), json.loads(out.with_suffix(".json").read_text())

@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from bench.budget.runner import main
 
-from .postgres_server import fresh_database
+from .helpers import run_bench_study
 
 
 def test_the_budget_bench_reports_both_backends(tmp_path: Path, postgres_admin_url: str) -> None:
-    out = tmp_path / "report-budget.md"
-    with fresh_database(postgres_admin_url) as url:
-        assert main(["--quick", "--url", url, "--dir", str(tmp_path), "--out", str(out), "-q"]) == 0
-    report = out.read_text()
+    report, results = run_bench_study(main, tmp_path, postgres_admin_url, "report-budget.md")
     assert "| SQLite |" in report and "| PostgreSQL |" in report
-    results = json.loads(out.with_suffix(".json").read_text())
     for data in results["backends"].values():
         assert {k: len(v) for k, v in data.items()} == {"without": 2, "with": 2, "with loop detection": 2}
         assert all(x > 0 for series in data.values() for x in series)

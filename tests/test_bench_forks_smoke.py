@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from bench.forks.runner import main
 
-from .postgres_server import fresh_database
+from .helpers import run_bench_study
 
 
 def test_the_forks_bench_reports_both_backends(tmp_path: Path, postgres_admin_url: str) -> None:
-    out = tmp_path / "forks.md"
-    with fresh_database(postgres_admin_url) as url:
-        assert main(["--quick", "--url", url, "--dir", str(tmp_path), "--out", str(out), "-q"]) == 0
-    report = out.read_text()
+    report, results = run_bench_study(main, tmp_path, postgres_admin_url, "forks.md")
     assert "| SQLite | 100 |" in report and "| PostgreSQL | 100 |" in report
-    results = json.loads(out.with_suffix(".json").read_text())
     for sizes in results["backends"].values():
         assert set(sizes) == {"10", "100"}
         for data in sizes.values():

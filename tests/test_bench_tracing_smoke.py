@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from .postgres_server import fresh_database
+from .helpers import run_bench_study
 
 pytest.importorskip("opentelemetry.sdk")
 
@@ -16,12 +15,8 @@ from bench.tracing.runner import main
 
 
 def test_the_tracing_bench_reports_both_backends(tmp_path: Path, postgres_admin_url: str) -> None:
-    out = tmp_path / "report-tracing.md"
-    with fresh_database(postgres_admin_url) as url:
-        assert main(["--quick", "--url", url, "--dir", str(tmp_path), "--out", str(out), "-q"]) == 0
-    report = out.read_text()
+    report, results = run_bench_study(main, tmp_path, postgres_admin_url, "report-tracing.md")
     assert "| SQLite |" in report and "| PostgreSQL |" in report
-    results = json.loads(out.with_suffix(".json").read_text())
     for data in results["backends"].values():
         assert set(data["series"]) == set(SERIES)
         for series in data["series"].values():

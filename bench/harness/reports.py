@@ -90,6 +90,25 @@ def machine_lines(machine: dict[str, Any]) -> list[str]:
     return lines
 
 
+def server_line(server: dict[str, Any], where: str) -> str:
+    """The PostgreSQL server a study ran on (``server_settings``), and ``where`` it was, as a
+    Markdown list item."""
+    settings = ", ".join(f"{k}={server[k]}" for k in server if k != "server_version")
+    return f"- PostgreSQL {server.get('server_version', '?')}: {where}; {settings}"
+
+
+def load_line(results: dict[str, Any], *, tails: bool = False) -> str:
+    """The load average at a run's start and end as a Markdown list item; with ``tails``, the
+    caveat that its p99s are noisy on a shared machine."""
+    start, end = results["loadavg_start"][0], results["loadavg_end"][0]
+    line = f"- Load average {start:.1f} at the start, {end:.1f} at the end"
+    if tails:
+        line += (
+            f" on {results['machine']['cpu_count']} cores: the machine is shared, so tails (p99) are noisy."
+        )
+    return line
+
+
 # -- numbers --------------------------------------------------------------------------------------
 
 

@@ -20,6 +20,7 @@ import socket
 import stat
 import subprocess
 import tempfile
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from typing import Any
 from .processes import cpu_seconds, proc_stat
 
 SUPERUSER = "postgres"
+BACKEND_NAMES = {"sqlite": "SQLite", "postgresql": "PostgreSQL"}
 _SYSTEM_USER = "embedded_postgres"
 _INITDB_OPTIONS = ("--auth=trust", "--encoding=UTF8", "--locale=C", "--no-instructions")
 SETTINGS = (
@@ -178,6 +180,25 @@ def scratch_database(admin_url: str, dbname: str) -> Iterator[str]:
         yield url
     finally:
         drop_database(admin_url, dbname)
+
+
+@contextlib.contextmanager
+def backend_target(
+    backend: str, url: str | None, workdir: Path, name: str, log: Callable[[str], None]
+) -> Iterator[str]:
+    """Where a study on one backend writes while the block runs: ``workdir/<name>.db`` for
+    ``sqlite``; for ``postgresql``, the database ``url`` names (``--url``) or a new database on a
+    throwaway server, dropped with the server afterwards."""
+    if backend == "sqlite":
+        yield str(workdir / f"{name}.db")
+    elif url is not None:
+        yield url
+    else:
+        with (
+            postgres_server(None, workdir, log) as admin,
+            scratch_database(admin, f"zincir_{name}_{uuid.uuid4().hex[:8]}") as db,
+        ):
+            yield db
 
 
 # -- what the server did, for the reports ------------------------------------------------------------

@@ -54,6 +54,30 @@ def parser(
     return command
 
 
+def subsets(command: argparse.ArgumentParser, **names: Sequence[str]) -> None:
+    """For each keyword, an option ``--<keyword>`` that picks a comma-separated subset of its
+    names (all of them by default); ``choices`` checks what was given."""
+    for option, allowed in names.items():
+        listed = ",".join(allowed)
+        command.add_argument(f"--{option}", default=listed, help=f"comma-separated subset of {listed}")
+
+
+def database_options(command: argparse.ArgumentParser) -> None:
+    """``--backends`` (sqlite, postgresql or both) and ``--url`` (a database to use instead of a
+    throwaway server), for a study that measures in one database per backend
+    (``server.backend_target``)."""
+    command.add_argument("--backends", default="sqlite,postgresql", help="sqlite, postgresql or both")
+    command.add_argument("--url", help="a PostgreSQL database URL to use instead of a throwaway server")
+
+
+def writers(command: argparse.ArgumentParser) -> None:
+    """``--writers N``: zincir's PostgreSQL writer connections, for a study that opens zincir
+    on PostgreSQL in its children."""
+    command.add_argument(
+        "--writers", type=int, help="zincir's PostgreSQL writer connections (default: zincir's)"
+    )
+
+
 def redraw(
     args: argparse.Namespace,
     render: Callable[[dict[str, Any], str], str],

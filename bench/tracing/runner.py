@@ -21,8 +21,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,7 @@ import zincir
 from zincir._tracing import Tracing
 
 from ..harness import study
-from ..harness.server import postgres_server, scratch_database
+from ..harness.server import BACKEND_NAMES, backend_target
 from .report import SERIES, render
 
 
@@ -131,26 +130,12 @@ async def measure(target: str, steps: int, reps: int, log: study.Log) -> dict[st
     return {"series": series, "exported_spans": exporter.spans, "sdk_span_alone": alone}
 
 
-@contextlib.contextmanager
-def postgres(url: str | None, workdir: Path, log: study.Log) -> Iterator[str]:
-    """The database given with ``--url``, or a new one on a throwaway server."""
-    if url is not None:
-        yield url
-        return
-    with (
-        postgres_server(None, workdir, log) as admin,
-        scratch_database(admin, f"zincir_tracing_{uuid.uuid4().hex[:8]}") as db,
-    ):
-        yield db
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = study.parser("python -m bench.tracing", __doc__.splitlines()[0], "tracing.md")
     add = parser.add_argument
     add("--steps", type=int, default=1000, help="steps per series and rep (1000)")
     add("--reps", type=int, default=5, help="repetitions (5)")
-    add("--backends", default="sqlite,postgresql", help="sqlite, postgresql or both")
-    add("--url", help="a PostgreSQL database URL to use instead of a throwaway server")
+    study.database_options(parser)
     args = parser.parse_args(argv)
     if study.redraw(args, render):
         return 0
@@ -166,11 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         )  # fmt: skip
         for backend in backends:
             log(f"{backend}: {args.reps} reps of {args.steps} steps per series")
-            if backend == "sqlite":
-                target = str(workdir / "tracing.db")
-                results["backends"]["SQLite"] = trio.run(measure, target, args.steps, args.reps, log)
-            else:
-                with postgres(args.url, workdir, log) as url:
-                    results["backends"]["PostgreSQL"] = trio.run(measure, url, args.steps, args.reps, log)
+            with backend_target(backend, args.url, workdir, "tracing", log) as target:
+                data = trio.run(measure, target, args.steps, args.reps, log)
+                results["backends"][BACKEND_NAMES[backend]] = data
     study.finish(Path(args.out), results, render, None, started=started, log=log)
     return 0
