@@ -11,24 +11,21 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import anthropic
+import httpx2
+import openai
+import pydantic
 import pytest
 import trio
+from anthropic.types import Message, MessageParam
+from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
 
 import zincir
 from zincir import adapters
+from zincir.adapters import anthropic as za
+from zincir.adapters import openai as zo
 
 from .helpers import dump
-
-anthropic = pytest.importorskip("anthropic")
-openai = pytest.importorskip("openai")
-httpx2 = pytest.importorskip("httpx2")
-pydantic = pytest.importorskip("pydantic")
-
-from anthropic.types import Message, MessageParam  # noqa: E402
-from openai.types.chat import ChatCompletion, ChatCompletionMessageParam  # noqa: E402
-
-from zincir.adapters import anthropic as za  # noqa: E402
-from zincir.adapters import openai as zo  # noqa: E402
 
 GOAL = "Fix the failing test in parser.py."
 

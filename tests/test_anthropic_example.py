@@ -14,15 +14,14 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import anthropic
+import httpx2
 import pytest
 import trio
 
 import zincir
 
 from .helpers import REPO
-
-anthropic = pytest.importorskip("anthropic")
-httpx2 = pytest.importorskip("httpx2")
 
 EXAMPLE = REPO / "examples" / "anthropic_agent.py"
 ZINCIR = str(Path(sys.executable).parent / "zincir")

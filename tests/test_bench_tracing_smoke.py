@@ -4,14 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
-from .helpers import run_bench_study
-
-pytest.importorskip("opentelemetry.sdk")
+import opentelemetry.sdk  # noqa: F401 - the test extra installs it: a missing one fails here
 
 from bench.tracing.report import SERIES
 from bench.tracing.runner import main
+
+from .helpers import run_bench_study
 
 
 def test_the_tracing_bench_reports_both_backends(tmp_path: Path, postgres_admin_url: str) -> None:

@@ -188,7 +188,6 @@ async def die_as_owner(db: zincir.Database, run_id: str, mode: str) -> list[str]
 async def test_a_call_in_flight_when_its_process_is_killed_shows_and_is_charged_once(
     db: zincir.Database,
 ) -> None:
-    pytest.importorskip("anthropic")
     async with zincir.open_run(db, config={"goal": "fix it"}, budget=zincir.Budget(tokens=100_000)) as run:
         pass
     printed = await die_as_owner(db, run.id, "call")

@@ -15,14 +15,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import httpx2  # noqa: F401 - the test extra installs it: a missing one fails here
+import openai  # noqa: F401 - the test extra installs it: a missing one fails here
 import pytest
 
 import zincir
 
 from .helpers import REPO
-
-pytest.importorskip("openai")
-pytest.importorskip("httpx2")
 
 EXAMPLE = REPO / "examples" / "openai_agent.py"
 
