@@ -621,8 +621,8 @@ def test_zincir_stream_text_and_export(tmp_path: Path) -> None:
 # -- the inspector -------------------------------------------------------------------------------
 
 
-async def test_the_run_page_shows_each_stream_its_attempts_and_its_latest_text(tmp_path: Path) -> None:
-    path = tmp_path / "page.db"
+async def test_the_run_page_shows_each_stream_its_attempts_and_its_latest_text(db_target: str) -> None:
+    path = db_target  # a SQLite file or a PostgreSQL database: the page reads both
     async with zincir.open_database(path) as db:
         with pytest.raises(zincir.LeaseLost):
             async with zincir.open_run(db) as run, run.stream("answer") as out:
