@@ -578,8 +578,8 @@ async def test_zincir_stream_follow_prints_each_chunk_as_it_is_stored_and_stops_
     assert command.returncode == 130 and "Traceback" not in err, err
 
 
-def test_zincir_stream_text_and_export(tmp_path: Path) -> None:
-    path = str(tmp_path / "s.db")
+def test_zincir_stream_text_and_export(db_target: str) -> None:
+    path = db_target
 
     async def write() -> str:
         async with zincir.open_database(path) as db:
