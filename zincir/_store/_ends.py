@@ -18,7 +18,7 @@ from .._json import dump_trusted as _dump
 from .._types import EventType, RunRecord, RunStatus
 from ._budgets import WALL_END
 from ._reads import get_run
-from ._tx import LIVE, Reply, Tx
+from ._tx import LIVE, Reply, Tx, lease_held
 from ._types import CancelOutcome, Lease, LostAttempt
 
 # -- the end of a run -------------------------------------------------------------------------
@@ -280,7 +280,7 @@ def cancel_descendants(tx: Tx, root: str, reason: str) -> tuple[list[str], list[
             )
             for run_id, status, owner, expires_at in rows:
                 below.append(run_id)
-                if owner is not None and expires_at is not None and expires_at > tx.now:
+                if lease_held(owner, expires_at, tx.now):
                     request_cancel(tx, run_id, reason)
                     requested.append(run_id)
                 else:
@@ -315,7 +315,7 @@ def cancel_run(tx: Tx, run_id: str, reason: str) -> CancelOutcome:
     status, owner, expires_at = row
     if status not in LIVE:
         return CancelOutcome((), (), already_terminal=status)
-    if owner is not None and expires_at is not None and expires_at > tx.now:
+    if lease_held(owner, expires_at, tx.now):
         request_cancel(tx, run_id, reason)
         cancelled, requested = cancel_descendants(tx, run_id, reason)
         return CancelOutcome(tuple(cancelled), (run_id, *requested))

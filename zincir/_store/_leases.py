@@ -24,7 +24,7 @@ from ._budgets import WALL_END, budget_usage, insert_budget, wall_end
 from ._calls import close_unanswered
 from ._ends import cancel_requested, cancel_unowned, fail_exhausted
 from ._log import insert_event
-from ._tx import LIVE, Tx, lock_live_run
+from ._tx import LIVE, Tx, lease_held, lock_live_run
 from ._types import (
     Awaited,
     Claims,
@@ -145,7 +145,7 @@ def acquire_run(
             f"run {run_id} belongs to version {shown(claim.version)}, not {version!r}: resume it with"
             " code of its version, or move it on purpose with zincir.set_version()"
         )
-    if lease_owner is not None and expires_at is not None and expires_at > tx.now and not force:
+    if lease_held(lease_owner, expires_at, tx.now) and not force:
         verdict = judge_holder(Owner(*holder))
         if not verdict.at_once:
             raise RunLeased(_still_leased(run_id, epoch, expires_at - tx.now, verdict))
@@ -479,7 +479,7 @@ def retry_now(tx: Tx, run_id: str) -> int | None:
     status, owner, expires_at, due_at = lock_live_run(
         tx, run_id, "status, lease_owner, lease_expires_at, next_attempt_at", "there is nothing left to retry"
     )
-    if owner is not None and expires_at is not None and expires_at > tx.now:
+    if lease_held(owner, expires_at, tx.now):
         raise RunLeased(f"run {run_id} is leased by {owner} for {expires_at - tx.now} ms more: it is running")
     if status == RunStatus.WAITING.value:
         raise RunWaiting(f"run {run_id} is waiting, not backing off: what it awaits makes it due")

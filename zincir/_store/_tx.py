@@ -34,7 +34,7 @@ from .._types import EventType, RunStatus
 from .._wakes import Wakes
 from ._types import Lease
 
-__all__ = ["LIVE", "PLACEHOLDERS", "Reply", "Tx", "judge_lease", "lock_live_run"]
+__all__ = ["LIVE", "PLACEHOLDERS", "Reply", "Tx", "judge_lease", "lease_held", "lock_live_run"]
 
 PLACEHOLDERS = re.compile(r"\?|(?<![:\w]):now\b")
 """What a backend renders in the operations' SQL: ``?``, and ``:now`` (never part of a ``::`` cast)."""
@@ -140,6 +140,12 @@ class Tx(Protocol):
     def close(self) -> Wakes | None:
         """After the operation returned: judge a fence not read yet (this raises as the fence
         would), and what the operation woke."""
+
+
+def lease_held(owner: str | None, expires_at: int | None, now: int) -> bool:
+    """Whether a run's row shows a lease someone holds at ``now`` (an owner whose lease has
+    not expired yet)."""
+    return owner is not None and expires_at is not None and expires_at > now
 
 
 def judge_lease(lease: Lease, row: Sequence[Any] | None, now: int) -> None:

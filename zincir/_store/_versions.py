@@ -15,7 +15,7 @@ from typing import Any, Final
 from .._errors import RunLeased
 from .._json import dump_trusted as _dump
 from .._types import EventType
-from ._tx import Tx, lock_live_run
+from ._tx import Tx, lease_held, lock_live_run
 
 __all__ = [
     "NOT_ENDED",
@@ -118,7 +118,7 @@ def set_version(tx: Tx, run_id: str, version: str | None, by: str | None) -> Mov
         "status, lease_owner, lease_expires_at, version",
         "an ended run keeps the version it ran under",
     )
-    if owner is not None and expires_at is not None and expires_at > tx.now:
+    if lease_held(owner, expires_at, tx.now):
         raise RunLeased(
             f"run {run_id} is leased by {owner} for {expires_at - tx.now} ms more, running version"
             f" {shown(current)}; move it once its owner lets it go (it ends, suspends or backs off)"
