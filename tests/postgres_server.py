@@ -98,17 +98,32 @@ def _own_server(listen_addresses: str) -> Iterator[tuple[str, _Cluster]]:
 
 
 @contextlib.contextmanager
-def fresh_database(admin_url: str) -> Iterator[str]:
-    """Create a uniquely named database on admin_url's server, yield its URL, drop it after."""
+def fresh_database(admin_url: str, template: str | None = None) -> Iterator[str]:
+    """Create a uniquely named database on admin_url's server, yield its URL, drop it after.
+
+    With ``template``, the new database is a copy of that one (which nobody may be connected to).
+    """
     name = f"zincir_test_{uuid.uuid4().hex[:16]}"
+    create = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+    if template is not None:
+        create += sql.SQL(" TEMPLATE {}").format(sql.Identifier(template))
     with psycopg.connect(admin_url, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        admin.execute(create)
     try:
         yield _with_path(admin_url, name)
     finally:
         with psycopg.connect(admin_url, autocommit=True) as admin:
             # FORCE: a test that failed may have left connections open.
             admin.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@contextlib.contextmanager
+def migrated_template(admin_url: str, migrate: Callable[[str], None]) -> Iterator[str]:
+    """A new database that ``migrate(url)`` prepared, to copy from (fresh_database's template);
+    yield its name, drop it after. Copying it costs what creating an empty one does."""
+    with fresh_database(admin_url) as url:
+        migrate(url)
+        yield urlsplit(url).path.removeprefix("/")
 
 
 @contextlib.contextmanager
