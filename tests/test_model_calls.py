@@ -146,7 +146,6 @@ async def test_bad_marks_are_invalid_and_write_nothing(
 # "take": the next owner takes the run over, then dies too, before anything else.
 OWNER = """
     import os, signal, sys, trio, zincir
-    from zincir.adapters import Price, anthropic as za
 
     def provider(request):
         print("request", len(request.content), flush=True)
@@ -154,6 +153,9 @@ OWNER = """
 
     async def main():
         target, run_id, mode = sys.argv[1:]
+        if mode == "call":  # before the lease (a blocking import); "take" needs none of it
+            import anthropic, httpx2
+            from zincir.adapters import Price, anthropic as za
         async with zincir.open_database(target) as db:
             while True:  # the dead owner's lease is taken at once, or after it expires
                 try:
@@ -163,7 +165,6 @@ OWNER = """
                 except zincir.RunLeased:
                     await trio.sleep(0.05)
             if mode == "call":
-                import anthropic, httpx2
                 async with httpx2.AsyncClient(transport=httpx2.MockTransport(provider)) as http:
                     url = "http://api.invalid"
                     client = anthropic.AsyncAnthropic(api_key="k", base_url=url, http_client=http)
