@@ -14,6 +14,7 @@ import zincir
 from .conftest import ManualClock
 from .helpers import REPO, dump, running_python
 from .postgres_server import restartable_server
+from .test_waiting_views import cli
 
 
 def received(events: list[zincir.Event]) -> list[dict[str, object]]:
@@ -206,11 +207,14 @@ async def test_the_signal_command_sends_once_per_key(db: zincir.Database) -> Non
             [*command, "--data", '{"by": "ada"}', "--key", "k"], capture_stdout=True
         )
         assert first.stdout == again.stdout and int(first.stdout) >= 1
-        bad = await trio.run_process([*command, "--data", "{not json"], capture_stderr=True, check=False)
-        assert bad.returncode == 2 and b"not JSON" in bad.stderr
+        # Usage errors, in this process (the same command; a process each would cost a second):
+        # catch_exceptions=False, so a traceback fails the test instead of being an exit code.
+        args = ["signal", run.id, "approved", "--db", db.path, "--data"]
+        bad = await trio.to_thread.run_sync(cli, *args, "{not json")
+        assert bad.exit_code == 2 and "not JSON" in bad.stderr
         deep = "[" * 5000 + "]" * 5000  # past the JSON parser's stack: a usage error, not a traceback
-        too_deep = await trio.run_process([*command, "--data", deep], capture_stderr=True, check=False)
-        assert too_deep.returncode == 2 and b"deeper than 100 levels" in too_deep.stderr
+        too_deep = await trio.to_thread.run_sync(cli, *args, deep)
+        assert too_deep.exit_code == 2 and "deeper than 100 levels" in too_deep.stderr
         assert await run.wait_for_signal("w", "approved") == {"by": "ada"}
 
 
