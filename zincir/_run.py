@@ -34,6 +34,7 @@ from ._errors import (
 )
 from ._heartbeat import _LeaseKeeping
 from ._json import JSONValue, decode, dump_trusted, encode
+from ._lifecycle import Event, Lifecycle
 from ._run_support import _budget_row, _check_provider
 from ._store import (
     ApprovalOutcome,
@@ -126,8 +127,7 @@ class Run(_LeaseKeeping, _Waiting):
         self._renewal_refused = None
         # While the heartbeat sleeps, when it means to wake (from the start: it may not get to run).
         self._heartbeat_due_at = submitted_at + lease.ttl_ms / 3000
-        self._lost = None
-        self._finished = None
+        self._lifecycle = Lifecycle()  # holding the lease, then how it was given up (or lost)
         self._body_scope = trio.CancelScope()
         self._heartbeat_scope = trio.CancelScope(shield=True)
         self._watch_scope = trio.CancelScope(shield=True)
@@ -138,14 +138,8 @@ class Run(_LeaseKeeping, _Waiting):
         self._completed_steps = None  # loaded by the first step()
         self._release_delay_ms = 0  # how long after release the run may be claimed again
         self._refund_attempt = False  # set by a worker whose handler was cancelled
-        self._released = False
-        self._releasing = False  # the release on the way out is in flight
-        # True while a write that ends this ownership (complete, fail, a worker's failure
-        # record) is in flight: a renewal racing it then fails without meaning a loss.
-        self._ending = False
         # Set by a worker: a wait longer than this many seconds suspends the run (see _suspend).
         self._suspend_after = None
-        self._suspended = False
         self._suspending = None  # the task writing a suspension, and when it is done
         # The waits the body's tasks are in right now, in the order they began: a suspension
         # records them all, and whichever completes first wakes the run (docs/waits.md).
@@ -204,10 +198,10 @@ class Run(_LeaseKeeping, _Waiting):
     def _check_usable(self) -> None:
         # After a stall of the loop, the body may get to run before the deadline's task does.
         self._past_deadline()
-        if self._lost is not None:
-            raise LeaseLost(self._lost)
-        if self._finished is not None:
-            raise RunTerminal(f"run {self.id} is already {self._finished.value}")
+        if (lost := self._lifecycle.lost) is not None:
+            raise LeaseLost(lost)
+        if (finished := self._lifecycle.finished) is not None:
+            raise RunTerminal(f"run {self.id} is already {finished.value}")
 
     async def _write(self, fn: Any, *args: Any) -> Any:
         counted = self._begin_activity()  # not a context manager: this is every write's path
@@ -250,7 +244,7 @@ class Run(_LeaseKeeping, _Waiting):
                 await self._unless_suspended_beside()
                 # Suspended beside a write shielded from the body's cancellation (a nursery's
                 # batch): the refusal is no loss of the lease.
-                if not self._suspended:
+                if not self._lifecycle.suspended:
                     self._lose(str(exc))
                 raise
             except TransientConflict:
@@ -833,7 +827,7 @@ class Run(_LeaseKeeping, _Waiting):
                 body_error = exc
             # Waited for here, so that the nursery's own exit has nothing left to wait for.
             body_error = await nursery._close(body_error)
-        if self._finished is not None:
+        if self._lifecycle.finished is not None:
             # Completed (no child was live: complete() saw to it) or failed (the store cancelled
             # the live ones with the run): nothing is left to join or cancel, and no write could.
             if nursery._error is not None and not isinstance(nursery._error, RunTerminal):
@@ -842,7 +836,7 @@ class Run(_LeaseKeeping, _Waiting):
                 raise body_error
             return
         error = body_error or nursery._error
-        if nursery._error is not None and error is not nursery._error and not self._suspended:
+        if nursery._error is not None and error is not nursery._error and not self._lifecycle.suspended:
             logger.warning("run %s: spawning children failed too: %s", self.id, nursery._error)
         # A Trio cancellation (a suspension, a stop) is no Exception: the children go on, and the
         # restarted block finds them again.
@@ -884,17 +878,20 @@ class Run(_LeaseKeeping, _Waiting):
         payload = self._encode(transition, "the final transition")
         for stream in list(self._streams.values()):  # what they were sent is stored before the end
             await stream._flush(close=True)
-        await self._end_ownership(self._store.finish, status, payload, result_json)
-        self._finished = status
+        await self._end_ownership(self._store.finish, status, payload, result_json, ends_run=status)
 
-    async def _end_ownership(self, fn: Any, *args: Any) -> Any:
-        """Run a write that gives up the lease, then stop renewing it."""
-        self._ending = True
+    async def _end_ownership(self, fn: Any, *args: Any, ends_run: RunStatus | None = None) -> Any:
+        """Run a write that gives up the lease (and ends the run in ``ends_run``, if given),
+        then stop renewing it."""
+        self._lifecycle.move(Event.BEGIN_ENDING)
         try:
             result = await self._write(fn, *args)
         except BaseException:
-            self._ending = False
+            self._lifecycle.move(Event.ENDING_FAILED)
             raise
-        self._released = True
+        if ends_run is None:
+            self._lifecycle.move(Event.ENDED_RELEASED)
+        else:
+            self._lifecycle.finish(ends_run)
         self._stop_heartbeat()
         return result

@@ -22,6 +22,7 @@ import trio
 
 from ._database import Storage
 from ._errors import BudgetExceeded, DatabaseBusy, DatabaseUnavailable, StorageError
+from ._lifecycle import Event, Lifecycle
 from ._run_support import _INBOX_POLL_S, _after_transient
 from ._store import OpenWait, Store, WaitKind
 from ._tracing import RunTrace, now_ns
@@ -39,15 +40,13 @@ class _Waiting:
     _store: Store
     _body_scope: trio.CancelScope
     _suspend_after: float | None
-    _suspended: bool
+    _lifecycle: Lifecycle
     _suspending: tuple[trio.lowlevel.Task, trio.Event] | None
     _open_waits: dict[object, OpenWait]
     _waiting_tasks: dict[trio.lowlevel.Task, int]
     _busy: int
     _looking: int
     _quiet_since: float
-    _released: bool
-    _ending: bool
     _trace: RunTrace | None
 
     if TYPE_CHECKING:  # the run's own, which these methods call
@@ -117,15 +116,14 @@ class _Waiting:
     async def _suspend_for_budget(self, exceeded: BudgetExceeded) -> bool:
         """Suspend the run until its budget is raised (a worker's answer to BudgetExceeded);
         False if it is within its limits again already."""
-        self._ending = True
+        self._lifecycle.move(Event.BEGIN_ENDING)
         try:
             suspended = bool(await self._write(self._store.suspend, [("budget", exceeded.limit)]))
         except BaseException:
-            self._ending = False
+            self._lifecycle.move(Event.ENDING_FAILED)
             raise
-        self._ending = suspended
+        self._lifecycle.move(Event.ENDED_SUSPENDED if suspended else Event.ENDING_FAILED)
         if suspended:
-            self._released = self._suspended = True
             self._stop_heartbeat()
             logger.info("run %s: suspended until its budget is raised (%s)", self.id, exceeded)
         return suspended
@@ -234,7 +232,7 @@ class _Waiting:
         suspending = self._suspending
         if suspending is not None and suspending[0] is not trio.lowlevel.current_task():
             await suspending[1].wait()
-        if self._suspended:
+        if self._lifecycle.suspended:
             await trio.lowlevel.checkpoint()  # the body is cancelled: this raises Cancelled
 
     async def _suspend(self, kind: WaitKind, name: str) -> None:
@@ -252,21 +250,21 @@ class _Waiting:
             done.set()
 
     async def _write_suspension(self, waits: list[OpenWait]) -> None:
-        self._ending = True  # a renewal racing the release below is not a loss of the lease
+        self._lifecycle.move(Event.BEGIN_ENDING)  # a renewal racing it is not a loss of the lease
         try:
             suspended = await self._write(self._store.suspend, waits)
         except (DatabaseBusy, DatabaseUnavailable) as exc:
-            self._ending = False
+            self._lifecycle.move(Event.ENDING_FAILED)
             logger.warning("run %s: suspending failed, waiting on in this process: %s", self.id, exc)
             return
         except BaseException:
-            self._ending = False
+            self._lifecycle.move(Event.ENDING_FAILED)
             raise
         if not suspended:  # the store woke the body's waits: one of them can complete
-            self._ending = False
+            self._lifecycle.move(Event.ENDING_FAILED)
             await self._look_at_news()  # a cancellation requested, perhaps: act on it now
             return
-        self._released = self._suspended = True
+        self._lifecycle.move(Event.ENDED_SUSPENDED)
         self._stop_heartbeat()
         described = ", ".join(f"{kind} {name!r}" for kind, name in dict.fromkeys(waits))
         logger.info("run %s: suspended, waiting for any of: %s", self.id, described)

@@ -489,7 +489,7 @@ class ResumeWorker:
                         logger.info("run %s: %s, but its budget was raised meanwhile", run.id, exceeded)
                     return
                 except LeaseLost as exc:
-                    if run._lost is not None:
+                    if run._lifecycle.lost is not None:
                         raise  # this run's own lease is gone: nothing to record, nobody to back off
                     # Another run's lease, lost inside the handler: an ordinary failure here.
                     await self._record_failure(run, attempt, exc)
@@ -502,7 +502,7 @@ class ResumeWorker:
                     # the attempt its claim counted is given back.
                     run._refund_attempt = True
                     raise
-                if run._finished is None:
+                if (finished := run._lifecycle.finished) is None:
                     run._release_delay_ms = self._backoff_ms(attempt)
                     logger.info(
                         "run %s: handler returned without ending the run; released, claimable again %s",
@@ -510,7 +510,7 @@ class ResumeWorker:
                         _when(run._release_delay_ms),
                     )
                 else:
-                    logger.info("run %s: %s", run.id, run._finished.value)
+                    logger.info("run %s: %s", run.id, finished.value)
         except RunCancelled as exc:
             logger.info("%s", exc)
         except LeaseLost as exc:
@@ -526,10 +526,8 @@ class ResumeWorker:
         return math.ceil(self._backoff.delay(attempt) * 1000)
 
     async def _record_failure(self, run: Run, attempt: int, exc: Exception) -> None:
-        if run._finished is not None:  # nothing to retry, and nothing more may be written
-            logger.warning(
-                "run %s: the handler raised after the run %s: %r", run.id, run._finished.value, exc
-            )
+        if (finished := run._lifecycle.finished) is not None:  # nothing to retry, nor to write
+            logger.warning("run %s: the handler raised after the run %s: %r", run.id, finished.value, exc)
             return
         give_up = self._max_attempts is not None and attempt >= self._max_attempts
         delay_ms = None if give_up else self._backoff_ms(attempt)
@@ -539,10 +537,13 @@ class ResumeWorker:
         failure = {"attempt": attempt, "error_type": error, "message": str(exc)[:_MAX_ERROR_MESSAGE]}
         reason = exhausted_reason(attempt, self._max_attempts or attempt, f"failed: {error}: {exc}")
         await run._end_ownership(
-            self._storage.store.record_attempt_failure, failure, delay_ms, reason[:_MAX_ERROR_MESSAGE]
+            self._storage.store.record_attempt_failure,
+            failure,
+            delay_ms,
+            reason[:_MAX_ERROR_MESSAGE],
+            ends_run=RunStatus.FAILED if delay_ms is None else None,
         )
         if delay_ms is None:
-            run._finished = RunStatus.FAILED
             logger.error("run %s failed: %s", run.id, reason)
         else:
             logger.warning("run %s: attempt %d failed (%r); retry %s", run.id, attempt, exc, _when(delay_ms))
