@@ -9,37 +9,17 @@ the attributes it uses, and the few methods of the run it calls, for type checki
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ._errors import CheckpointNotPending, InvalidArgument
-from ._json import JSONValue
-from ._store import Store
-from ._tracing import RunTrace
+from ._run_support import _RunCore
 from ._types import Checkpoint, CheckpointState, Verification, Verifier
 from ._validation import check_async_callable, check_call_id
 
 
-class _Checkpointing:
+class _Checkpointing(_RunCore):
     """What a run's checkpoints need: :class:`~zincir._run.Run` inherits it (see the module's
-    docstring)."""
-
-    id: str
-    _store: Store
-    _trace: RunTrace | None
-
-    if TYPE_CHECKING:  # the run's own, which these methods call
-
-        def _check_usable(self) -> None:
-            raise NotImplementedError
-
-        async def _write(self, fn: Any, *args: Any) -> Any:
-            raise NotImplementedError
-
-        async def _read(self, fn: Any, *args: Any) -> Any:
-            raise NotImplementedError
-
-        def _encode(self, value: JSONValue, what: str) -> str:
-            raise NotImplementedError
+    docstring and :class:`~zincir._run_support._RunCore`)."""
 
     async def checkpoint(
         self, call_id: str, state: CheckpointState | Mapping[str, Any], verify: Verifier

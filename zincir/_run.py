@@ -398,9 +398,9 @@ class Run(_ToolCalls, _Checkpointing, _LeaseKeeping, _Waiting):
 
         async def decide() -> tuple[bool, Approval | None, int | None]:
             outcome: ApprovalOutcome = await self._write(self._store.await_approval, call_id, timeout_ms)
-            if outcome.state == "timed_out":
-                raise WaitTimeout(f"run {self.id}: the approval of tool call {call_id!r} passed its deadline")
-            return outcome.state == "decided", outcome.approval, outcome.remaining_ms
+            return self._decision(
+                outcome, "decided", outcome.approval, f"the approval of tool call {call_id!r}"
+            )
 
         ready = functools.partial(self._storage.read, self._store.approval_ready, self.id, call_id)
         approval: Approval = await self._wait(decide, ready, "approval", call_id)
@@ -470,9 +470,7 @@ class Run(_ToolCalls, _Checkpointing, _LeaseKeeping, _Waiting):
 
         async def decide() -> tuple[bool, RunRecord | None, int | None]:
             outcome: JoinOutcome = await self._write(self._store.await_child, child_id, timeout_ms)
-            if outcome.state == "timed_out":
-                raise WaitTimeout(f"run {self.id}: the join of child {child_id} passed its deadline")
-            return outcome.state == "ended", outcome.child, outcome.remaining_ms
+            return self._decision(outcome, "ended", outcome.child, f"the join of child {child_id}")
 
         ready = functools.partial(self._storage.read, self._store.child_ready, self.id, child_id)
         child: RunRecord = await self._wait(decide, ready, "child", child_id)

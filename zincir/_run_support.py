@@ -8,12 +8,15 @@ time: :mod:`zincir._run` imports :mod:`zincir._children`, never the other way ro
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from ._budget import Budget
 from ._errors import InvalidArgument
+from ._json import JSONValue
+from ._store import Store
+from ._tracing import RunTrace
 from ._validation import check_text
 
 logger = logging.getLogger("zincir")
@@ -39,3 +42,28 @@ async def _after_transient(run_id: str, what: str, exc: Exception) -> None:
 
 def _check_provider(provider: object) -> str:
     return check_text(provider, "provider", allow_empty=True)
+
+
+class _RunCore:
+    """What every part of a :class:`~zincir._run.Run` calls: its id, store and trace, and its
+    guarded writes and reads. The run defines them; the base classes that hold its parts
+    (:mod:`zincir._tool_calls`, :mod:`zincir._checkpointing`) inherit these declarations, for
+    type checking, instead of each repeating them."""
+
+    id: str
+    _store: Store
+    _trace: RunTrace | None
+
+    if TYPE_CHECKING:
+
+        def _check_usable(self) -> None:
+            raise NotImplementedError
+
+        async def _write(self, fn: Any, *args: Any) -> Any:
+            raise NotImplementedError
+
+        async def _read(self, fn: Any, *args: Any) -> Any:
+            raise NotImplementedError
+
+        def _encode(self, value: JSONValue, what: str) -> str:
+            raise NotImplementedError

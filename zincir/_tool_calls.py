@@ -16,22 +16,19 @@ from typing import TYPE_CHECKING, Any
 from ._budget import MAX_COST, CountedCall, debit_of, exceeded_error
 from ._errors import DuplicateToolCall, InvalidArgument
 from ._json import JSONValue, decode, dump_trusted
-from ._store import IntentRow, Store, args_hash
-from ._tracing import RunTrace
+from ._run_support import _RunCore
+from ._store import IntentRow, args_hash
 from ._types import Done, PendingToolCall, ToolCall
 from ._validation import check_async_callable, check_call_id, check_int, check_name, check_text
 
 
-class _ToolCalls:
+class _ToolCalls(_RunCore):
     """What the model's responses and the tools' calls need: :class:`~zincir._run.Run` inherits
     it (see the module's docstring)."""
 
-    id: str
-    _store: Store
     _started_calls: set[str]
-    _trace: RunTrace | None
 
-    if TYPE_CHECKING:  # the run's own, which these methods call
+    if TYPE_CHECKING:  # the run's own, which these methods call too
 
         @property
         def epoch(self) -> int:
@@ -39,18 +36,6 @@ class _ToolCalls:
 
         @property
         def fencing_token(self) -> str:
-            raise NotImplementedError
-
-        def _check_usable(self) -> None:
-            raise NotImplementedError
-
-        async def _write(self, fn: Any, *args: Any) -> Any:
-            raise NotImplementedError
-
-        async def _read(self, fn: Any, *args: Any) -> Any:
-            raise NotImplementedError
-
-        def _encode(self, value: JSONValue, what: str) -> str:
             raise NotImplementedError
 
         @contextmanager

@@ -15,20 +15,22 @@ import logging
 import math
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 import trio
 
 from ._database import Storage
-from ._errors import BudgetExceeded, DatabaseBusy, DatabaseUnavailable, StorageError
+from ._errors import BudgetExceeded, DatabaseBusy, DatabaseUnavailable, StorageError, WaitTimeout
 from ._lifecycle import Event, Lifecycle
 from ._run_support import _INBOX_POLL_S, _after_transient
-from ._store import OpenWait, Store, WaitKind
+from ._store import ApprovalOutcome, JoinOutcome, OpenWait, Store, WaitKind
 from ._tracing import RunTrace, now_ns
 from ._validation import check_seconds
 
 logger = logging.getLogger("zincir")
+
+T = TypeVar("T")
 
 
 class _Waiting:
@@ -132,6 +134,16 @@ class _Waiting:
         if timeout is None:
             return None
         return math.ceil(check_seconds(timeout, f"run {self.id}: {what}") * 1000)
+
+    def _decision(
+        self, outcome: ApprovalOutcome | JoinOutcome, done: str, value: T, waited: str
+    ) -> tuple[bool, T, int | None]:
+        """What a wait's ``decide`` returns from the outcome of its store operation: whether it
+        is in state ``done``, ``value``, and the time left until its deadline; past the
+        deadline, WaitTimeout (``waited``: the wait, as its message names it)."""
+        if outcome.state == "timed_out":
+            raise WaitTimeout(f"run {self.id}: {waited} passed its deadline")
+        return outcome.state == done, value, outcome.remaining_ms
 
     async def _wait(
         self,
