@@ -12,9 +12,9 @@ import functools
 import logging
 import math
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, Final, TypeVar, cast, final
+from typing import Any, Final, TypeVar, Unpack, cast, final
 
 import trio
 
@@ -36,7 +36,7 @@ from ._errors import (
 from ._heartbeat import _LeaseKeeping
 from ._json import JSONValue, decode, encode
 from ._lifecycle import Event, Lifecycle
-from ._run_support import _budget_row, _check_provider
+from ._run_support import ChildOptions, _budget_row, _check_provider
 from ._store import ApprovalOutcome, JoinOutcome, Lease, NewChild
 from ._streams import DEFAULT_FLUSH_BYTES, DEFAULT_FLUSH_INTERVAL, Stream, open_stream
 from ._threads import Flight, current_flight
@@ -408,7 +408,18 @@ class Run(_ToolCalls, _Checkpointing, _LeaseKeeping, _Waiting):
 
     # -- child runs -----------------------------------------------------------------------
 
-    async def spawn(
+    async def spawn(self, name: str, **options: Unpack[ChildOptions]) -> str:
+        """Create the child run ``name`` of this run, once: a repeat (after a restart, say)
+        returns the same child's id. The child is ``pending`` and unleased: any worker may claim
+        it. A ``child_spawned`` event enters this run's log. ``budget`` is the child's own: what
+        it spends is not its parent's. ``version`` and ``fingerprints``: this run's unless
+        given (docs/versions.md). The options, and what each is when not given:
+        :class:`ChildOptions`."""
+        child = self._new_child(name, **options)
+        ids: list[str] = await self._write(self._store.spawn_children, [child])
+        return ids[0]
+
+    def _new_child(
         self,
         name: str,
         *,
@@ -416,28 +427,10 @@ class Run(_ToolCalls, _Checkpointing, _LeaseKeeping, _Waiting):
         provider: str = "",
         config: JSONValue = None,
         budget: Budget | None = None,
-        version: str | None = None,
-        fingerprints: Mapping[str, str] | None = None,
-    ) -> str:
-        """Create the child run ``name`` of this run, once: a repeat (after a restart, say)
-        returns the same child's id. The child is ``pending`` and unleased: any worker may claim
-        it. A ``child_spawned`` event enters this run's log. ``budget`` is the child's own: what
-        it spends is not its parent's. ``version`` and ``fingerprints``: this run's unless
-        given (docs/versions.md)."""
-        child = self._new_child(name, role, provider, config, budget, version, fingerprints)
-        ids: list[str] = await self._write(self._store.spawn_children, [child])
-        return ids[0]
-
-    def _new_child(
-        self,
-        name: str,
-        role: str,
-        provider: str,
-        config: JSONValue,
-        budget: Budget | None,
-        version: object,
-        fingerprints: object,
+        version: object = None,
+        fingerprints: object = None,
     ) -> NewChild:
+        """The child ``name`` to create, its options checked (their defaults are these)."""
         check_name(name, f"run {self.id}: child name")
         limits = _budget_row(budget)
         marks = check_fingerprints(fingerprints, f"run {self.id}: the fingerprints of child {name!r}")

@@ -8,7 +8,8 @@ time: :mod:`zincir._run` imports :mod:`zincir._children`, never the other way ro
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import trio
 
@@ -24,6 +25,24 @@ logger = logging.getLogger("zincir")
 # How often a waiting owner looks for a signal another process sent (a read), when nothing
 # wakes it sooner: a send in this process, or a PostgreSQL notification, wakes it at once.
 _INBOX_POLL_S = 0.25
+
+
+class ChildOptions(TypedDict, total=False):
+    """The options of a child run, as :meth:`Run.spawn <zincir._run.Run.spawn>` and a durable
+    nursery's spawns take them (keywords, each optional; left out, it is what is said here)."""
+
+    role: str
+    """What the child is (``"agent"``)."""
+    provider: str
+    """Whose model it calls (``""``)."""
+    config: JSONValue
+    """Its config, JSON (``{}``)."""
+    budget: Budget | None
+    """Its own budget: what it spends is not its parent's (none)."""
+    version: str | None
+    """The version of the agent it belongs to (its parent's: docs/versions.md)."""
+    fingerprints: Mapping[str, str] | None
+    """What its version is made of (its parent's)."""
 
 
 def _budget_row(budget: object) -> tuple[Any, ...] | None:
