@@ -10,7 +10,7 @@ import random
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, Final, TypeVar, final, overload
+from typing import Any, Final, TypedDict, TypeVar, Unpack, final, overload
 
 import attrs
 import trio
@@ -41,6 +41,22 @@ Handler = Callable[[Run], Awaitable[Any]]
 """An async callable that continues a run; it should end with ``complete()`` or ``fail()``."""
 
 R = TypeVar("R")
+
+
+class WorkerOptions(TypedDict, total=False):
+    """The options of a :class:`ResumeWorker` (keywords, each optional; left out, each is the
+    default :class:`ResumeWorker` shows and its docstring explains)."""
+
+    lease_ttl: float
+    poll_interval: float
+    max_concurrency: int
+    max_attempts: int | None
+    backoff: Backoff
+    grace_period: float
+    suspend_after: float | None
+    until_idle: bool
+    versions: Iterable[str | None] | None
+
 
 _MAX_ERROR_MESSAGE: Final = 2000
 _MAX_CONCURRENCY: Final = 10_000
@@ -139,22 +155,10 @@ class ResumeWorker:
     (docs/versions.md). The handler reads :attr:`Run.version`.
     """
 
+    # The two ways to call it (a handler with resources, or without), each with the options,
+    # whose defaults are the implementation's below.
     @overload
-    def __init__(
-        self,
-        db: Database,
-        handler: Handler,
-        *,
-        lease_ttl: float = 30.0,
-        poll_interval: float = 1.0,
-        max_concurrency: int = 4,
-        max_attempts: int | None = None,
-        backoff: Backoff = Backoff(),
-        grace_period: float = 10.0,
-        suspend_after: float | None = 30.0,
-        until_idle: bool = False,
-        versions: Iterable[str | None] | None = None,
-    ) -> None: ...
+    def __init__(self, db: Database, handler: Handler, **options: Unpack[WorkerOptions]) -> None: ...
 
     @overload
     def __init__(
@@ -163,15 +167,7 @@ class ResumeWorker:
         handler: Callable[[Run, R], Awaitable[Any]],
         *,
         resources: Callable[[], AbstractAsyncContextManager[R]],
-        lease_ttl: float = 30.0,
-        poll_interval: float = 1.0,
-        max_concurrency: int = 4,
-        max_attempts: int | None = None,
-        backoff: Backoff = Backoff(),
-        grace_period: float = 10.0,
-        suspend_after: float | None = 30.0,
-        until_idle: bool = False,
-        versions: Iterable[str | None] | None = None,
+        **options: Unpack[WorkerOptions],
     ) -> None: ...
 
     def __init__(
