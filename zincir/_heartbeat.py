@@ -27,7 +27,7 @@ from ._errors import (
     TransientConflict,
     ZincirError,
 )
-from ._lifecycle import Event, Lifecycle, Phase
+from ._lifecycle import Happened, Lifecycle, Phase
 from ._store import Lease, Store
 from ._threads import Flight
 from ._types import RunStatus
@@ -312,18 +312,18 @@ class _LeaseKeeping:
         lost lease is not released (its release would be refused, or wait for what lost it)."""
         if self._lifecycle.given_up():
             return True
-        self._lifecycle.move(Event.BEGIN_RELEASE)
+        self._lifecycle.note(Happened.RELEASE_BEGAN)
         with trio.CancelScope(shield=True):
             try:
                 released = await self._release_now()
             except (StorageError, LeaseLost) as exc:  # LeaseLost: not confirmed by the deadline
-                self._lifecycle.move(Event.RELEASE_FAILED)
+                self._lifecycle.note(Happened.RELEASE_FAILED)
                 logger.warning("run %s: releasing the lease failed; it will expire instead: %s", self.id, exc)
                 return True
             except BaseException:
-                self._lifecycle.move(Event.RELEASE_FAILED)
+                self._lifecycle.note(Happened.RELEASE_FAILED)
                 raise
-        self._lifecycle.move(Event.RELEASED)
+        self._lifecycle.note(Happened.RELEASED)
         return released
 
     async def _release_now(self) -> bool:

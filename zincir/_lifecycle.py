@@ -4,7 +4,7 @@ table (:data:`_MOVES`), so that no combination of "released", "suspended", "endi
 that cannot happen can be held either (docs/leases.md).
 
 The run, its heartbeat (:mod:`zincir._heartbeat`) and its waits (:mod:`zincir._waiting`) ask it
-questions (:meth:`Lifecycle.holds`, ...) and report what happened (:meth:`Lifecycle.move`).
+questions (:meth:`Lifecycle.holds`, ...) and note what happened (:meth:`Lifecycle.note`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Final, final
 
 from ._types import RunStatus
 
-__all__ = ["Lifecycle", "Phase"]
+__all__ = ["Happened", "Lifecycle", "Phase"]
 
 
 class Phase(enum.Enum):
@@ -39,15 +39,15 @@ class Phase(enum.Enum):
     write in flight then returns is of no more use than its outcome was known."""
 
 
-class Event(enum.Enum):
-    """What an owner reports to its lifecycle."""
+class Happened(enum.Enum):
+    """What an owner notes in its lifecycle."""
 
-    BEGIN_ENDING = "begin ending"
+    ENDING_BEGAN = "ending began"
     ENDING_FAILED = "ending failed"  # the write failed, or a suspension found a wait can complete
     ENDED_RELEASED = "ended, released"
     ENDED_SUSPENDED = "ended, suspended"
     ENDED_FINISHED = "ended, finished"
-    BEGIN_RELEASE = "begin release"
+    RELEASE_BEGAN = "release began"
     RELEASE_FAILED = "release failed"  # the lease will expire instead
     RELEASED = "released"
 
@@ -55,15 +55,15 @@ class Event(enum.Enum):
 # Every move there is. An event in a phase it has no move from leaves the phase as it is: another
 # task of the body ended the ownership first (its own ending write is then refused), or the lease
 # was lost meanwhile. Losing the lease is :meth:`Lifecycle.lose`, from any phase but LOST.
-_MOVES: Final[dict[tuple[Phase, Event], Phase]] = {
-    (Phase.HOLDING, Event.BEGIN_ENDING): Phase.ENDING,
-    (Phase.ENDING, Event.ENDING_FAILED): Phase.HOLDING,
-    (Phase.ENDING, Event.ENDED_RELEASED): Phase.RELEASED,
-    (Phase.ENDING, Event.ENDED_SUSPENDED): Phase.SUSPENDED,
-    (Phase.ENDING, Event.ENDED_FINISHED): Phase.FINISHED,
-    (Phase.HOLDING, Event.BEGIN_RELEASE): Phase.RELEASING,
-    (Phase.RELEASING, Event.RELEASE_FAILED): Phase.HOLDING,
-    (Phase.RELEASING, Event.RELEASED): Phase.RELEASED,
+_MOVES: Final[dict[tuple[Phase, Happened], Phase]] = {
+    (Phase.HOLDING, Happened.ENDING_BEGAN): Phase.ENDING,
+    (Phase.ENDING, Happened.ENDING_FAILED): Phase.HOLDING,
+    (Phase.ENDING, Happened.ENDED_RELEASED): Phase.RELEASED,
+    (Phase.ENDING, Happened.ENDED_SUSPENDED): Phase.SUSPENDED,
+    (Phase.ENDING, Happened.ENDED_FINISHED): Phase.FINISHED,
+    (Phase.HOLDING, Happened.RELEASE_BEGAN): Phase.RELEASING,
+    (Phase.RELEASING, Happened.RELEASE_FAILED): Phase.HOLDING,
+    (Phase.RELEASING, Happened.RELEASED): Phase.RELEASED,
 }
 
 # Where the lease is still this owner's, as far as it knows.
@@ -122,16 +122,16 @@ class Lifecycle:
 
     # -- moves ----------------------------------------------------------------------------
 
-    def move(self, event: Event) -> None:
-        """Report ``event``: the phase moves as :data:`_MOVES` says (if it says nothing, the
+    def note(self, event: Happened) -> None:
+        """Note ``event``: the phase moves as :data:`_MOVES` says (if it says nothing, the
         phase stays)."""
         self.phase = _MOVES.get((self.phase, event), self.phase)
 
     def finish(self, status: RunStatus) -> None:
         """The ending write in flight ended the run in ``status``."""
-        if (self.phase, Event.ENDED_FINISHED) in _MOVES:
+        if (self.phase, Happened.ENDED_FINISHED) in _MOVES:
             self._finished = status
-        self.move(Event.ENDED_FINISHED)
+        self.note(Happened.ENDED_FINISHED)
 
     def lose(self, message: str) -> bool:
         """The lease is gone for good, for the reason ``message``; whether this is the first

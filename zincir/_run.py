@@ -35,7 +35,7 @@ from ._errors import (
 )
 from ._heartbeat import _LeaseKeeping
 from ._json import JSONValue, decode, encode
-from ._lifecycle import Event, Lifecycle
+from ._lifecycle import Happened, Lifecycle
 from ._run_support import ChildOptions, _budget_row, _check_provider
 from ._store import ApprovalOutcome, JoinOutcome, Lease, NewChild
 from ._streams import DEFAULT_FLUSH_BYTES, DEFAULT_FLUSH_INTERVAL, Stream, open_stream
@@ -564,14 +564,14 @@ class Run(_ToolCalls, _Checkpointing, _LeaseKeeping, _Waiting):
     async def _end_ownership(self, fn: Any, *args: Any, ends_run: RunStatus | None = None) -> Any:
         """Run a write that gives up the lease (and ends the run in ``ends_run``, if given),
         then stop renewing it."""
-        self._lifecycle.move(Event.BEGIN_ENDING)
+        self._lifecycle.note(Happened.ENDING_BEGAN)
         try:
             result = await self._write(fn, *args)
         except BaseException:
-            self._lifecycle.move(Event.ENDING_FAILED)
+            self._lifecycle.note(Happened.ENDING_FAILED)
             raise
         if ends_run is None:
-            self._lifecycle.move(Event.ENDED_RELEASED)
+            self._lifecycle.note(Happened.ENDED_RELEASED)
         else:
             self._lifecycle.finish(ends_run)
         self._stop_heartbeat()

@@ -22,7 +22,7 @@ import trio
 
 from ._database import Storage
 from ._errors import BudgetExceeded, DatabaseBusy, DatabaseUnavailable, StorageError, WaitTimeout
-from ._lifecycle import Event, Lifecycle
+from ._lifecycle import Happened, Lifecycle
 from ._run_support import _INBOX_POLL_S, _after_transient
 from ._store import ApprovalOutcome, JoinOutcome, OpenWait, Store, WaitKind
 from ._tracing import RunTrace, now_ns
@@ -118,13 +118,13 @@ class _Waiting:
     async def _suspend_for_budget(self, exceeded: BudgetExceeded) -> bool:
         """Suspend the run until its budget is raised (a worker's answer to BudgetExceeded);
         False if it is within its limits again already."""
-        self._lifecycle.move(Event.BEGIN_ENDING)
+        self._lifecycle.note(Happened.ENDING_BEGAN)
         try:
             suspended = bool(await self._write(self._store.suspend, [("budget", exceeded.limit)]))
         except BaseException:
-            self._lifecycle.move(Event.ENDING_FAILED)
+            self._lifecycle.note(Happened.ENDING_FAILED)
             raise
-        self._lifecycle.move(Event.ENDED_SUSPENDED if suspended else Event.ENDING_FAILED)
+        self._lifecycle.note(Happened.ENDED_SUSPENDED if suspended else Happened.ENDING_FAILED)
         if suspended:
             self._stop_heartbeat()
             logger.info("run %s: suspended until its budget is raised (%s)", self.id, exceeded)
@@ -262,21 +262,21 @@ class _Waiting:
             done.set()
 
     async def _write_suspension(self, waits: list[OpenWait]) -> None:
-        self._lifecycle.move(Event.BEGIN_ENDING)  # a renewal racing it is not a loss of the lease
+        self._lifecycle.note(Happened.ENDING_BEGAN)  # a renewal racing it is not a loss of the lease
         try:
             suspended = await self._write(self._store.suspend, waits)
         except (DatabaseBusy, DatabaseUnavailable) as exc:
-            self._lifecycle.move(Event.ENDING_FAILED)
+            self._lifecycle.note(Happened.ENDING_FAILED)
             logger.warning("run %s: suspending failed, waiting on in this process: %s", self.id, exc)
             return
         except BaseException:
-            self._lifecycle.move(Event.ENDING_FAILED)
+            self._lifecycle.note(Happened.ENDING_FAILED)
             raise
         if not suspended:  # the store woke the body's waits: one of them can complete
-            self._lifecycle.move(Event.ENDING_FAILED)
+            self._lifecycle.note(Happened.ENDING_FAILED)
             await self._look_at_news()  # a cancellation requested, perhaps: act on it now
             return
-        self._lifecycle.move(Event.ENDED_SUSPENDED)
+        self._lifecycle.note(Happened.ENDED_SUSPENDED)
         self._stop_heartbeat()
         described = ", ".join(f"{kind} {name!r}" for kind, name in dict.fromkeys(waits))
         logger.info("run %s: suspended, waiting for any of: %s", self.id, described)
