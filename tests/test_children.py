@@ -502,7 +502,7 @@ async def test_a_suspension_beside_a_batch_is_no_lost_lease(db: zincir.Database,
         async with working(db, spawn_then_wait, suspend_after=0, max_concurrency=1):
             await until(lambda: _is(db, lead.id, zincir.RunStatus.WAITING))
     # The worker has stopped: its handler, nursery sender included, has ended.
-    assert [run._lost for run in owners] == [None]
+    assert [run._lifecycle.lost for run in owners] == [None]
     assert not [r for r in caplog.records if "lost" in r.getMessage() or "failed" in r.getMessage()]
 
 

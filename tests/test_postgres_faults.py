@@ -158,7 +158,7 @@ async def test_the_heartbeat_rides_out_a_short_outage(pg_db: zincir.Database, pg
         for _ in range(5):
             terminate(pg_url, "zincir writer")
             await trio.sleep(0.3)
-        assert run._lost is None
+        assert run._lifecycle.lost is None
         assert await run.record_response("still the owner", [], "end") == 1
         await run.complete()
 

@@ -8,12 +8,11 @@ module, not the other way round).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, Final, final
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Final, Unpack, final
 
 import trio
 
-from ._budget import Budget
 from ._errors import (
     DatabaseBusy,
     DatabaseUnavailable,
@@ -22,8 +21,7 @@ from ._errors import (
     RunTerminal,
     only_budget_exceeded,
 )
-from ._json import JSONValue
-from ._run_support import _after_transient
+from ._run_support import ChildOptions, _after_transient
 from ._store import NewChild
 from ._types import RunRecord
 
@@ -72,41 +70,13 @@ class Children:
         run._nurseries.add(self)
         return self
 
-    async def spawn(
-        self,
-        name: str,
-        *,
-        role: str = "agent",
-        provider: str = "",
-        config: JSONValue = None,
-        budget: Budget | None = None,
-        version: str | None = None,
-        fingerprints: Mapping[str, str] | None = None,
-    ) -> str:
+    async def spawn(self, name: str, **options: Unpack[ChildOptions]) -> str:
         """:meth:`Run.spawn`, with the child joined (or cancelled) when the block ends."""
-        child_id = await self._run.spawn(
-            name,
-            role=role,
-            provider=provider,
-            config=config,
-            budget=budget,
-            version=version,
-            fingerprints=fingerprints,
-        )
+        child_id = await self._run.spawn(name, **options)
         self._add(child_id, name)
         return child_id
 
-    def spawn_soon(
-        self,
-        name: str,
-        *,
-        role: str = "agent",
-        provider: str = "",
-        config: JSONValue = None,
-        budget: Budget | None = None,
-        version: str | None = None,
-        fingerprints: Mapping[str, str] | None = None,
-    ) -> None:
+    def spawn_soon(self, name: str, **options: Unpack[ChildOptions]) -> None:
         """Spawn the child ``name`` in the background, as :meth:`spawn` would, and return at
         once: the children queued together are created in one transaction (a fan-out of many
         costs a few commits, not one each). It returns no id because none exists before that
@@ -118,7 +88,7 @@ class Children:
         self._run._check_usable()  # a run that has ended (or was lost) spawns nothing
         if self._error is not None:
             raise self._error
-        self._queued.append(self._run._new_child(name, role, provider, config, budget, version, fingerprints))
+        self._queued.append(self._run._new_child(name, **options))
         if self._sender is None:
             self._sender = trio.CancelScope()
             self._sent = trio.Event()

@@ -27,6 +27,7 @@ from ._errors import (
     TransientConflict,
     ZincirError,
 )
+from ._lifecycle import Happened, Lifecycle, Phase
 from ._store import Lease, Store
 from ._threads import Flight
 from ._types import RunStatus
@@ -56,16 +57,12 @@ class _LeaseKeeping:
     _renewal_sent_at: float | None
     _renewal_refused: DatabaseBusy | None
     _heartbeat_due_at: float | None
-    _lost: str | None
-    _finished: RunStatus | None
+    _lifecycle: Lifecycle
     _body_scope: trio.CancelScope
     _heartbeat_scope: trio.CancelScope
     _watch_scope: trio.CancelScope
     _release_delay_ms: int
     _refund_attempt: bool
-    _released: bool
-    _releasing: bool
-    _ending: bool
     _cancel_reason: str | None
     _budget_stop: BudgetExceeded | None
 
@@ -87,9 +84,8 @@ class _LeaseKeeping:
         """The lease is gone for good: stop the body now, and stop waiting for the database
         calls in flight (their outcome is unknown; the database fences the writes). Raised from
         the block as LeaseLost (or logged there, if the body raised something else)."""
-        first = self._lost is None
+        first = self._lifecycle.lose(message)
         if first:
-            self._lost = message
             logger.debug("%s; stopping the body", message)
         self._stop_heartbeat()
         self._body_scope.cancel()
@@ -149,7 +145,7 @@ class _LeaseKeeping:
         except RunTerminal:
             return None  # this owner ended the run (another task of the body did)
         except LeaseLost as exc:
-            if not self._ending:  # not the release this owner is making right now
+            if self._lifecycle.refusal_is_loss():  # not the release this owner is making right now
                 self._lose(str(exc))
             return None
         except StorageError as exc:
@@ -175,14 +171,10 @@ class _LeaseKeeping:
         (:data:`STOP_MARGIN` of the TTL) is for the body to stop in."""
         return self._confirmed_at + self._lease.ttl_ms * (1 - STOP_MARGIN) / 1000
 
-    def _holds(self) -> bool:
-        """Whether this owner still holds the lease, as far as it knows."""
-        return self._lost is None and not self._released and self._finished is None
-
     def _past_deadline(self) -> bool:
         """Lose the lease if its deadline has passed while it is held; whether the owner is done
         with it (lost now or before, or given up: ended, suspended, released)."""
-        if not self._holds():
+        if not self._lifecycle.holds():
             return True
         now = trio.current_time()
         if now < self._stop_at():
@@ -244,7 +236,7 @@ class _LeaseKeeping:
         """Stop the owner when its deadline passes (see :meth:`_stop_at`), whatever its calls
         to the database wait for; on the way out, stop waiting for the release then."""
         with self._watch_scope:
-            while self._holds():
+            while self._lifecycle.holds():
                 now = trio.current_time()
                 if now < self._stop_at():
                     # One timer, moved by every confirmed renewal: it wakes only at a deadline
@@ -252,7 +244,7 @@ class _LeaseKeeping:
                     with trio.CancelScope(deadline=self._stop_at()) as self._deadline_timer:
                         await trio.sleep_forever()
                     self._deadline_timer = None
-                elif self._releasing:  # the body is done: the lease will expire instead
+                elif self._lifecycle.phase is Phase.RELEASING:  # the body is done: let the lease expire
                     self._flight.abandon(functools.partial(LeaseLost, self._deadline_message(now)))
                     return
                 else:
@@ -306,7 +298,7 @@ class _LeaseKeeping:
     async def _end_cancelled(self) -> None:
         """The body was stopped for a requested cancellation: end the run so, unless it ended
         (or was lost) first."""
-        if self._finished is not None or self._lost is not None or self._released:
+        if self._lifecycle.given_up():
             return
         transition = {"from": "running", "reason": self._cancel_reason or "", "to": "cancelled"}
         with trio.CancelScope(shield=True):
@@ -318,18 +310,20 @@ class _LeaseKeeping:
     async def _release(self) -> bool:
         """Give the lease up on leaving the block; False if it was no longer this owner's. A
         lost lease is not released (its release would be refused, or wait for what lost it)."""
-        if self._finished is not None or self._lost is not None or self._released:
+        if self._lifecycle.given_up():
             return True
-        self._releasing = True
+        self._lifecycle.note(Happened.RELEASE_BEGAN)
         with trio.CancelScope(shield=True):
             try:
                 released = await self._release_now()
             except (StorageError, LeaseLost) as exc:  # LeaseLost: not confirmed by the deadline
+                self._lifecycle.note(Happened.RELEASE_FAILED)
                 logger.warning("run %s: releasing the lease failed; it will expire instead: %s", self.id, exc)
                 return True
-            finally:
-                self._releasing = False
-        self._released = True
+            except BaseException:
+                self._lifecycle.note(Happened.RELEASE_FAILED)
+                raise
+        self._lifecycle.note(Happened.RELEASED)
         return released
 
     async def _release_now(self) -> bool:

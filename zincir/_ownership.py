@@ -86,11 +86,11 @@ async def owned_run(
 
 def _outcome_of(run: Run, error: BaseException | None) -> str:
     """How an attempt ended, for its span."""
-    if run._finished is not None:
-        return run._finished.value
-    if run._suspended:
+    if (finished := run._lifecycle.finished) is not None:
+        return finished.value
+    if run._lifecycle.suspended:
         return "suspended"
-    if run._lost is not None or isinstance(error, LeaseLost):
+    if run._lifecycle.lost is not None or isinstance(error, LeaseLost):
         return "lease_lost"
     if error is not None:
         return "raised"
@@ -125,20 +125,21 @@ async def _owned(run: Run) -> AsyncIterator[Run]:
                     released = await run._release()  # still watched: it may wait for the deadline
                 finally:
                     run._watch_scope.cancel()
+    lost, finished = run._lifecycle.lost, run._lifecycle.finished
     if body_error is not None:
-        if run._lost is not None and _lease_loss_only(body_error):
+        if lost is not None and _lease_loss_only(body_error):
             # The body's own nurseries gathered the loss into a group: it means no more than that.
-            raise LeaseLost(run._lost) from body_error
-        if run._lost is not None and not isinstance(body_error, LeaseLost):
-            logger.warning("%s (the block raised %r instead)", run._lost, body_error)
+            raise LeaseLost(lost) from body_error
+        if lost is not None and not isinstance(body_error, LeaseLost):
+            logger.warning("%s (the block raised %r instead)", lost, body_error)
         raise body_error
-    if run._cancel_reason is not None and run._finished in (None, RunStatus.CANCELLED):
+    if run._cancel_reason is not None and finished in (None, RunStatus.CANCELLED):
         # Its body was stopped; if ending it failed, its next owner (or claim) ends it.
         raise RunCancelled(f"run {run.id} was cancelled: {run._cancel_reason}")
-    if run._budget_stop is not None and not run._suspended and run._finished is None:
+    if run._budget_stop is not None and not run._lifecycle.suspended and finished is None:
         raise run._budget_stop
-    if run._lost is not None:
-        raise LeaseLost(run._lost)
+    if lost is not None:
+        raise LeaseLost(lost)
     if not released:
         raise LeaseLost(f"run {run.id}: the lease of epoch {run.epoch} was gone when the block ended")
 

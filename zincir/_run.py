@@ -1,8 +1,10 @@
 """Runs: :class:`Run`, what a run's body calls (the log, tools, checkpoints, steps, sleeps, waits,
-children). Its base classes hold the heartbeat that keeps its lease (:mod:`zincir._heartbeat`)
-and the loop its waits run, with the suspension (:mod:`zincir._waiting`); taking the lease and
-the nursery around the body are in :mod:`zincir._ownership`; the durable nursery, in
-:mod:`zincir._children`."""
+children). Its base classes hold the model's responses and the tools' calls
+(:mod:`zincir._tool_calls`), the checkpoints (:mod:`zincir._checkpointing`), the heartbeat that
+keeps its lease (:mod:`zincir._heartbeat`) and the loop its waits run, with the suspension
+(:mod:`zincir._waiting`); where the owner is with its lease is its :mod:`zincir._lifecycle`.
+Taking the lease and the nursery around the body are in :mod:`zincir._ownership`; the durable
+nursery, in :mod:`zincir._children`."""
 
 from __future__ import annotations
 
@@ -10,19 +12,18 @@ import functools
 import logging
 import math
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
-from typing import Any, Final, TypeVar, cast, final
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any, Final, TypeVar, Unpack, cast, final
 
 import trio
 
 from . import _faults
-from ._budget import MAX_COST, Budget, CountedCall, Usage, debit_of, exceeded_error, judge
+from ._budget import Budget, Usage, exceeded_error, judge
+from ._checkpointing import _Checkpointing
 from ._children import Children, _cancels_children
 from ._database import Database, storage
 from ._errors import (
-    CheckpointNotPending,
-    DuplicateToolCall,
     InvalidArgument,
     LeaseLost,
     RunTerminal,
@@ -33,38 +34,20 @@ from ._errors import (
     ZincirError,
 )
 from ._heartbeat import _LeaseKeeping
-from ._json import JSONValue, decode, dump_trusted, encode
-from ._run_support import _budget_row, _check_provider
-from ._store import (
-    ApprovalOutcome,
-    IntentRow,
-    JoinOutcome,
-    Lease,
-    NewChild,
-    args_hash,
-)
+from ._json import JSONValue, decode, encode
+from ._lifecycle import Happened, Lifecycle
+from ._run_support import ChildOptions, _budget_row, _check_provider
+from ._store import ApprovalOutcome, JoinOutcome, Lease, NewChild
 from ._streams import DEFAULT_FLUSH_BYTES, DEFAULT_FLUSH_INTERVAL, Stream, open_stream
 from ._threads import Flight, current_flight
+from ._tool_calls import _ToolCalls
 from ._tracing import new_run_context, now_ns
-from ._types import (
-    Approval,
-    Checkpoint,
-    CheckpointState,
-    Done,
-    DurableState,
-    PendingToolCall,
-    RunRecord,
-    RunStatus,
-    ToolCall,
-    Verification,
-    Verifier,
-)
+from ._types import Approval, DurableState, RunRecord, RunStatus
 from ._validation import (
     canonical_run_id,
     check_async_callable,
     check_call_id,
     check_fingerprints,
-    check_int,
     check_name,
     check_seconds,
     check_text,
@@ -87,7 +70,7 @@ _UNREAD: Final = object()
 
 
 @final
-class Run(_LeaseKeeping, _Waiting):
+class Run(_ToolCalls, _Checkpointing, _LeaseKeeping, _Waiting):
     """A run this process owns, inside ``async with open_run(...)``. No public constructor.
 
     Every method but :meth:`state` checks, inside its own transaction, that this owner's lease
@@ -126,8 +109,7 @@ class Run(_LeaseKeeping, _Waiting):
         self._renewal_refused = None
         # While the heartbeat sleeps, when it means to wake (from the start: it may not get to run).
         self._heartbeat_due_at = submitted_at + lease.ttl_ms / 3000
-        self._lost = None
-        self._finished = None
+        self._lifecycle = Lifecycle()  # holding the lease, then how it was given up (or lost)
         self._body_scope = trio.CancelScope()
         self._heartbeat_scope = trio.CancelScope(shield=True)
         self._watch_scope = trio.CancelScope(shield=True)
@@ -138,14 +120,8 @@ class Run(_LeaseKeeping, _Waiting):
         self._completed_steps = None  # loaded by the first step()
         self._release_delay_ms = 0  # how long after release the run may be claimed again
         self._refund_attempt = False  # set by a worker whose handler was cancelled
-        self._released = False
-        self._releasing = False  # the release on the way out is in flight
-        # True while a write that ends this ownership (complete, fail, a worker's failure
-        # record) is in flight: a renewal racing it then fails without meaning a loss.
-        self._ending = False
         # Set by a worker: a wait longer than this many seconds suspends the run (see _suspend).
         self._suspend_after = None
-        self._suspended = False
         self._suspending = None  # the task writing a suspension, and when it is done
         # The waits the body's tasks are in right now, in the order they began: a suspension
         # records them all, and whichever completes first wakes the run (docs/waits.md).
@@ -204,10 +180,10 @@ class Run(_LeaseKeeping, _Waiting):
     def _check_usable(self) -> None:
         # After a stall of the loop, the body may get to run before the deadline's task does.
         self._past_deadline()
-        if self._lost is not None:
-            raise LeaseLost(self._lost)
-        if self._finished is not None:
-            raise RunTerminal(f"run {self.id} is already {self._finished.value}")
+        if (lost := self._lifecycle.lost) is not None:
+            raise LeaseLost(lost)
+        if (finished := self._lifecycle.finished) is not None:
+            raise RunTerminal(f"run {self.id} is already {finished.value}")
 
     async def _write(self, fn: Any, *args: Any) -> Any:
         counted = self._begin_activity()  # not a context manager: this is every write's path
@@ -250,7 +226,7 @@ class Run(_LeaseKeeping, _Waiting):
                 await self._unless_suspended_beside()
                 # Suspended beside a write shielded from the body's cancellation (a nursery's
                 # batch): the refusal is no loss of the lease.
-                if not self._suspended:
+                if not self._lifecycle.suspended:
                     self._lose(str(exc))
                 raise
             except TransientConflict:
@@ -274,129 +250,6 @@ class Run(_LeaseKeeping, _Waiting):
         run, checkpoint, events = await self._body_read(self._store.durable_state, self.id)
         return DurableState(run, checkpoint, events)
 
-    # -- the model and its tools ----------------------------------------------------------
-
-    async def record_response(
-        self,
-        content: JSONValue,
-        tool_calls: Sequence[ToolCall | Mapping[str, Any]],
-        stop_reason: str,
-        *,
-        usage: Mapping[str, Any] | None = None,
-    ) -> int:
-        """Record one model response and a durable intent for each tool call, atomically.
-
-        Tool call ids must be non-empty, unique within the response and new to the run.
-        ``usage`` (token counts and the like) is stored with the response. Returns the seq
-        of the ``llm_call`` event; its intents follow it in order.
-        """
-        if isinstance(tool_calls, str | bytes | Mapping) or not isinstance(tool_calls, Sequence):
-            raise InvalidArgument(
-                f"run {self.id}: tool_calls must be a list of tool calls (empty for none), not {tool_calls!r}"
-            )
-        calls = [ToolCall._coerce(c, f"run {self.id}") for c in tool_calls]
-        seen: set[str] = set()
-        for call in calls:
-            if not isinstance(call.id, str) or not call.id:
-                raise DuplicateToolCall(
-                    f"run {self.id}: a tool call id must be a non-empty string, not {call.id!r}"
-                )
-            check_call_id(call.id, f"run {self.id}: tool call id")
-            if call.id in seen:
-                raise DuplicateToolCall(
-                    f"run {self.id}: tool call id {call.id!r} appears twice in one response"
-                )
-            seen.add(call.id)
-            check_name(call.name, f"run {self.id}: the name of tool call {call.id!r}")
-        if not isinstance(stop_reason, str):
-            raise InvalidArgument(f"run {self.id}: stop_reason must be a string, not {stop_reason!r}")
-        response: dict[str, Any] = {
-            "content": content,
-            "stop_reason": stop_reason,
-            "tool_calls": [{"args": c.args, "id": c.id, "name": c.name} for c in calls],
-        }
-        if usage is not None:
-            if not isinstance(usage, Mapping):
-                raise InvalidArgument(f"run {self.id}: usage must be a mapping, not {usage!r}")
-            response["usage"] = dict(usage)
-        llm_payload = self._encode(response, "the model response")
-        intents = [
-            IntentRow(
-                c.id,
-                c.name,
-                self._encode(
-                    {"args": c.args, "call_id": c.id, "name": c.name, "response_tool_count": len(calls)},
-                    f"tool call {c.id!r}",
-                ),
-            )
-            for c in calls
-        ]
-        counted = tuple(CountedCall(c, args_hash(c.name, c.args)) for c in calls)
-        debit = debit_of(usage, counted, f"run {self.id}")
-        trace = self._trace
-        if trace is None:
-            seq, reached = await self._write(self._store.record_response, llm_payload, intents, debit)
-        else:
-            span, unnamed = trace.reply_span()
-            try:
-                seq, reached = await self._write(self._store.record_response, llm_payload, intents, debit)
-            except BaseException as exc:
-                trace.replied(span, unnamed, None, response, (0, 0), 0.0, exc)
-                raise
-            tokens = (debit.input_tokens, debit.output_tokens)
-            trace.replied(span, unnamed, int(seq), response, tokens, debit.cost, None)
-        if reached is not None:  # recorded and debited all the same: it was paid for
-            raise exceeded_error(self.id, reached)
-        return int(seq)
-
-    async def start_model_call(
-        self, request_tokens: int | None = None, *, model: str | None = None, cost: float | None = None
-    ) -> int:
-        """Mark durably that a model call is about to be sent; returns the seq of the mark
-        (its ``model_call_started`` event). Call it right before the request leaves; the
-        :meth:`record_response` of its reply closes it. The adapters place it for you.
-
-        ``request_tokens`` is the request's size in tokens (an estimate will do), ``model`` the
-        model asked, ``cost`` what the request's input would cost: if the reply is never
-        recorded (the process dies while the call is in flight, or the call fails and the next
-        one is placed), the call is charged to the run's budget by these, once, and a
-        ``model_call_lost`` event says so: at this owner's next mark, or when the next owner
-        takes the run (docs/adapters.md). Raises :class:`BudgetExceeded` (and places no mark)
-        while a limit of the run's budget is reached, so a spent budget costs no further call.
-        """
-        where = f"run {self.id}"
-        if request_tokens is not None:
-            check_int(request_tokens, f"{where}: request_tokens", minimum=0)
-        if model is not None:
-            check_text(model, f"{where}: the model")
-        if cost is not None and (
-            isinstance(cost, bool) or not isinstance(cost, int | float) or not 0 <= cost <= MAX_COST
-        ):
-            raise InvalidArgument(f"{where}: cost must be a number from 0 to {MAX_COST:g}, not {cost!r}")
-        mark = dump_trusted(
-            {"cost": cost, "epoch": self.epoch, "model": model, "request_tokens": request_tokens}
-        )
-        if self._trace is not None:  # the call in flight before (if any) is over, answered or not
-            self._trace.unanswered("another call was placed before its reply was recorded")
-        seq, reached = await self._write(self._store.start_model_call, mark)
-        if reached is not None:
-            raise exceeded_error(self.id, reached)
-        if self._trace is not None:
-            self._trace.model_call_started(int(seq), model, request_tokens, cost)
-        return int(seq)
-
-    @contextmanager
-    def _in_model_call(self) -> Iterator[None]:
-        """Around a model call after its mark: no suspension meanwhile (it is work), and with
-        tracing on, the call's span is the current one (an instrumented HTTP client's spans nest
-        in it). The adapters' ``create`` uses it."""
-        with self._active():
-            if self._trace is None:
-                yield
-            else:
-                with self._trace.model_call():
-                    yield
-
     # -- budgets --------------------------------------------------------------------------
 
     async def usage(self) -> Usage | None:
@@ -413,175 +266,6 @@ class Run(_LeaseKeeping, _Waiting):
         reached = None if usage is None else judge(usage)
         if reached is not None:
             raise exceeded_error(self.id, reached)
-
-    async def pending_tools(self) -> list[PendingToolCall]:
-        """The tool intents that have no result yet, oldest first: run them (again). In a
-        fork, an intent copied from its source keeps the source's ``effect_key`` (the run where
-        its effect belongs: docs/forks.md)."""
-        rows = await self._read(self._store.pending_tools)
-        pending = []
-        for payload_json, count, started, last_started_at, effect_run in rows:
-            payload = decode(payload_json)
-            call = ToolCall(payload["call_id"], payload["name"], payload["args"])
-            key = f"tool_call:{call.id}"
-            pending.append(
-                PendingToolCall(
-                    call, count, key, self.fencing_token, started, last_started_at, f"{effect_run}:{key}"
-                )
-            )
-        return pending
-
-    async def start_tool(self, call_id: str) -> int:
-        """Record that the tool of pending intent ``call_id`` is about to run (``tool_started``,
-        with its attempt number), so that after a crash :attr:`PendingToolCall.started` tells a
-        call that never began from one whose outcome is unknown. Returns the attempt (1, 2, ...)."""
-        check_call_id(call_id, f"run {self.id}: call_id")
-        attempt: int = await self._write(self._store.start_tool, call_id)
-        self._started_calls.add(call_id)
-        return attempt
-
-    async def execute(
-        self,
-        pending: PendingToolCall,
-        fn: Callable[[PendingToolCall], Awaitable[JSONValue]],
-        *,
-        reconcile: Callable[[PendingToolCall], Awaitable[JSONValue | Done | None]] | None = None,
-    ) -> JSONValue:
-        """Run a pending tool call once more and record its result; returns the result.
-
-        ``pending`` comes from this owner's :meth:`pending_tools` (another run's or owner's is
-        InvalidArgument). A call started before (``pending.started > 0``, or started through
-        this run since, by an earlier ``execute`` whose tool raised) may have had its effect: with
-        ``reconcile``, ``await reconcile(pending)`` looks first. A result it returns means the
-        effect happened: it is recorded without running ``fn``, its ``tool_result`` marked
-        ``"reconciled": true``; :class:`Done` wraps a result that is itself None
-        (``Done(None)``). A plain None means the effect did not happen, and ``fn`` runs. Without
-        ``reconcile``, ``fn`` runs again (at-least-once: make it idempotent by
-        ``pending.idempotency_key``). The start is recorded before ``fn`` runs.
-        """
-        if not isinstance(pending, PendingToolCall):
-            raise InvalidArgument(f"run {self.id}: execute() takes a PendingToolCall, not {pending!r}")
-        self._check_usable()  # an owner that lost its lease says so first, whatever it is given
-        if pending.fencing_token != self.fencing_token:
-            raise InvalidArgument(
-                f"run {self.id}: tool call {pending.call.id!r} was read by {pending.fencing_token!r}, not"
-                f" by this owner ({self.fencing_token}): take it from this run's pending_tools()"
-            )
-        check_async_callable(fn, f"run {self.id}: the tool of {pending.call.id!r}")
-        if reconcile is not None:
-            check_async_callable(reconcile, f"run {self.id}: the reconciler of {pending.call.id!r}")
-        if self._trace is None:
-            return await self._execute(pending, fn, reconcile, None)
-        with self._trace.tool(pending.call.id, pending.call.name, pending.call.args) as span:
-            return await self._execute(pending, fn, reconcile, span)
-
-    async def _execute(
-        self,
-        pending: PendingToolCall,
-        fn: Callable[[PendingToolCall], Awaitable[JSONValue]],
-        reconcile: Callable[[PendingToolCall], Awaitable[JSONValue | Done | None]] | None,
-        span: Any,
-    ) -> JSONValue:
-        # Started before this snapshot was taken, or since (an earlier execute that failed).
-        started_before = pending.started > 0 or pending.call.id in self._started_calls
-        if started_before and reconcile is not None:
-            found = await reconcile(pending)
-            if found is not None:
-                result = found.value if isinstance(found, Done) else found
-                seq = await self._record_result(pending.call.id, result, reconciled=True)
-                if span is not None:
-                    self._traced_result(span, seq, result, reconciled=True)
-                return result
-        attempt = await self.start_tool(pending.call.id)
-        if span is not None:
-            span.set_attribute("zincir.tool.attempt", attempt)
-        result = await fn(pending)
-        seq = await self._record_result(pending.call.id, result, reconciled=False)
-        if span is not None:
-            self._traced_result(span, seq, result, reconciled=False)
-        return result
-
-    def _traced_result(self, span: Any, seq: int, result: JSONValue, *, reconciled: bool) -> None:
-        assert self._trace is not None
-        span.set_attribute("zincir.seq", seq)
-        span.set_attribute("zincir.reconciled", reconciled)
-        self._trace.set_result(span, "gen_ai.tool.call.result", result)
-
-    async def record_tool_result(self, call_id: str, content: JSONValue) -> None:
-        """Record a tool's result. Repeating the identical result is a no-op."""
-        await self._record_result(call_id, content, reconciled=False)
-
-    async def _record_result(self, call_id: str, content: JSONValue, *, reconciled: bool) -> int:
-        check_call_id(call_id, f"run {self.id}: call_id")
-        result: dict[str, JSONValue] = {"call_id": call_id, "content": content}
-        if reconciled:  # found by a probe, not returned by the tool: the log says so
-            result["reconciled"] = True
-        payload = self._encode(result, f"the result of {call_id!r}")
-        seq: int = await self._write(self._store.record_tool_result, call_id, payload)
-        return seq
-
-    # -- checkpoints ----------------------------------------------------------------------
-
-    async def checkpoint(
-        self, call_id: str, state: CheckpointState | Mapping[str, Any], verify: Verifier
-    ) -> Checkpoint:
-        """Propose ``state`` for the pending ``submit_checkpoint`` intent ``call_id``, have
-        ``verify`` judge it, and record the decision. Returns the decided checkpoint.
-
-        The candidate is stored before ``verify`` runs, so a crash exposes it again through
-        :meth:`pending_checkpoint`. ``verify`` runs outside any database lock while the
-        heartbeat keeps the lease; its exception propagates and leaves the candidate undecided.
-        """
-        check_call_id(call_id, f"run {self.id}: call_id")
-        check_async_callable(verify, f"run {self.id}: the verifier")
-        if not isinstance(state, CheckpointState):
-            state = CheckpointState.from_json(state)
-        state_json = self._encode(state.to_json(), f"checkpoint state for {call_id!r}")
-        candidate = await self._write(self._store.propose_checkpoint, call_id, state_json)
-        return await self._decide(candidate, verify)
-
-    async def pending_checkpoint(self) -> Checkpoint | None:
-        """The undecided candidate a crash left behind, if any."""
-        result: Checkpoint | None = await self._read(self._store.candidate, None)
-        return result
-
-    async def verify_checkpoint(self, candidate: Checkpoint, verify: Verifier) -> Checkpoint:
-        """Verify and decide an undecided candidate. The *stored* candidate is verified: the
-        fields of ``candidate`` other than its id are ignored."""
-        if not isinstance(candidate, Checkpoint):
-            raise InvalidArgument(f"run {self.id}: verify_checkpoint() takes a Checkpoint, not {candidate!r}")
-        check_async_callable(verify, f"run {self.id}: the verifier")
-        stored = await self._read(self._store.candidate, candidate.id)
-        if stored is None:
-            raise CheckpointNotPending(
-                f"run {self.id}: checkpoint {candidate.id} is not an undecided candidate"
-            )
-        return await self._decide(stored, verify)
-
-    async def _decide(self, candidate: Checkpoint, verify: Verifier) -> Checkpoint:
-        if self._trace is None:
-            return await self._verify_and_decide(candidate, verify)
-        with self._trace.checkpoint(candidate.id, candidate.round, candidate.state.to_json()) as span:
-            decided = await self._verify_and_decide(candidate, verify)
-            span.set_attribute("zincir.checkpoint.passed", decided.status == "accepted")
-            span.set_attribute("zincir.seq", decided.decision_event_seq)
-            return decided
-
-    async def _verify_and_decide(self, candidate: Checkpoint, verify: Verifier) -> Checkpoint:
-        verification = await verify(candidate.state)
-        if not isinstance(verification, Verification) or not isinstance(verification.passed, bool):
-            raise InvalidArgument(
-                f"run {self.id}: a verifier must return a Verification whose passed is a bool,"
-                f" not {verification!r}; the candidate stays undecided"
-            )
-        self._check_usable()  # the lease may have been lost while the verifier ran
-        verdict = self._encode(
-            {"evidence": verification.evidence, "passed": verification.passed}, "verification evidence"
-        )
-        decided: Checkpoint = await self._write(
-            self._store.decide_checkpoint, candidate.id, verdict, verification.passed
-        )
-        return decided
 
     # -- durable steps and sleeps ---------------------------------------------------------
 
@@ -714,9 +398,9 @@ class Run(_LeaseKeeping, _Waiting):
 
         async def decide() -> tuple[bool, Approval | None, int | None]:
             outcome: ApprovalOutcome = await self._write(self._store.await_approval, call_id, timeout_ms)
-            if outcome.state == "timed_out":
-                raise WaitTimeout(f"run {self.id}: the approval of tool call {call_id!r} passed its deadline")
-            return outcome.state == "decided", outcome.approval, outcome.remaining_ms
+            return self._decision(
+                outcome, "decided", outcome.approval, f"the approval of tool call {call_id!r}"
+            )
 
         ready = functools.partial(self._storage.read, self._store.approval_ready, self.id, call_id)
         approval: Approval = await self._wait(decide, ready, "approval", call_id)
@@ -724,7 +408,18 @@ class Run(_LeaseKeeping, _Waiting):
 
     # -- child runs -----------------------------------------------------------------------
 
-    async def spawn(
+    async def spawn(self, name: str, **options: Unpack[ChildOptions]) -> str:
+        """Create the child run ``name`` of this run, once: a repeat (after a restart, say)
+        returns the same child's id. The child is ``pending`` and unleased: any worker may claim
+        it. A ``child_spawned`` event enters this run's log. ``budget`` is the child's own: what
+        it spends is not its parent's. ``version`` and ``fingerprints``: this run's unless
+        given (docs/versions.md). The options, and what each is when not given:
+        :class:`ChildOptions`."""
+        child = self._new_child(name, **options)
+        ids: list[str] = await self._write(self._store.spawn_children, [child])
+        return ids[0]
+
+    def _new_child(
         self,
         name: str,
         *,
@@ -732,28 +427,10 @@ class Run(_LeaseKeeping, _Waiting):
         provider: str = "",
         config: JSONValue = None,
         budget: Budget | None = None,
-        version: str | None = None,
-        fingerprints: Mapping[str, str] | None = None,
-    ) -> str:
-        """Create the child run ``name`` of this run, once: a repeat (after a restart, say)
-        returns the same child's id. The child is ``pending`` and unleased: any worker may claim
-        it. A ``child_spawned`` event enters this run's log. ``budget`` is the child's own: what
-        it spends is not its parent's. ``version`` and ``fingerprints``: this run's unless
-        given (docs/versions.md)."""
-        child = self._new_child(name, role, provider, config, budget, version, fingerprints)
-        ids: list[str] = await self._write(self._store.spawn_children, [child])
-        return ids[0]
-
-    def _new_child(
-        self,
-        name: str,
-        role: str,
-        provider: str,
-        config: JSONValue,
-        budget: Budget | None,
-        version: object,
-        fingerprints: object,
+        version: object = None,
+        fingerprints: object = None,
     ) -> NewChild:
+        """The child ``name`` to create, its options checked (their defaults are these)."""
         check_name(name, f"run {self.id}: child name")
         limits = _budget_row(budget)
         marks = check_fingerprints(fingerprints, f"run {self.id}: the fingerprints of child {name!r}")
@@ -786,9 +463,7 @@ class Run(_LeaseKeeping, _Waiting):
 
         async def decide() -> tuple[bool, RunRecord | None, int | None]:
             outcome: JoinOutcome = await self._write(self._store.await_child, child_id, timeout_ms)
-            if outcome.state == "timed_out":
-                raise WaitTimeout(f"run {self.id}: the join of child {child_id} passed its deadline")
-            return outcome.state == "ended", outcome.child, outcome.remaining_ms
+            return self._decision(outcome, "ended", outcome.child, f"the join of child {child_id}")
 
         ready = functools.partial(self._storage.read, self._store.child_ready, self.id, child_id)
         child: RunRecord = await self._wait(decide, ready, "child", child_id)
@@ -833,7 +508,7 @@ class Run(_LeaseKeeping, _Waiting):
                 body_error = exc
             # Waited for here, so that the nursery's own exit has nothing left to wait for.
             body_error = await nursery._close(body_error)
-        if self._finished is not None:
+        if self._lifecycle.finished is not None:
             # Completed (no child was live: complete() saw to it) or failed (the store cancelled
             # the live ones with the run): nothing is left to join or cancel, and no write could.
             if nursery._error is not None and not isinstance(nursery._error, RunTerminal):
@@ -842,7 +517,7 @@ class Run(_LeaseKeeping, _Waiting):
                 raise body_error
             return
         error = body_error or nursery._error
-        if nursery._error is not None and error is not nursery._error and not self._suspended:
+        if nursery._error is not None and error is not nursery._error and not self._lifecycle.suspended:
             logger.warning("run %s: spawning children failed too: %s", self.id, nursery._error)
         # A Trio cancellation (a suspension, a stop) is no Exception: the children go on, and the
         # restarted block finds them again.
@@ -884,17 +559,20 @@ class Run(_LeaseKeeping, _Waiting):
         payload = self._encode(transition, "the final transition")
         for stream in list(self._streams.values()):  # what they were sent is stored before the end
             await stream._flush(close=True)
-        await self._end_ownership(self._store.finish, status, payload, result_json)
-        self._finished = status
+        await self._end_ownership(self._store.finish, status, payload, result_json, ends_run=status)
 
-    async def _end_ownership(self, fn: Any, *args: Any) -> Any:
-        """Run a write that gives up the lease, then stop renewing it."""
-        self._ending = True
+    async def _end_ownership(self, fn: Any, *args: Any, ends_run: RunStatus | None = None) -> Any:
+        """Run a write that gives up the lease (and ends the run in ``ends_run``, if given),
+        then stop renewing it."""
+        self._lifecycle.note(Happened.ENDING_BEGAN)
         try:
             result = await self._write(fn, *args)
         except BaseException:
-            self._ending = False
+            self._lifecycle.note(Happened.ENDING_FAILED)
             raise
-        self._released = True
+        if ends_run is None:
+            self._lifecycle.note(Happened.ENDED_RELEASED)
+        else:
+            self._lifecycle.finish(ends_run)
         self._stop_heartbeat()
         return result

@@ -206,7 +206,7 @@ class Stream:
         owner still holds the lease; after a lost lease or a suspension the attempt is left as
         it is, and the run's next writer of the stream marks it interrupted."""
         run = self._run
-        if run._finished is not None:
+        if run._lifecycle.finished is not None:
             return  # complete() or fail() stored and closed it; no write could follow
         if body_error is None:
             await self._flush(close=True)

@@ -15,19 +15,22 @@ import logging
 import math
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 import trio
 
 from ._database import Storage
-from ._errors import BudgetExceeded, DatabaseBusy, DatabaseUnavailable, StorageError
+from ._errors import BudgetExceeded, DatabaseBusy, DatabaseUnavailable, StorageError, WaitTimeout
+from ._lifecycle import Happened, Lifecycle
 from ._run_support import _INBOX_POLL_S, _after_transient
-from ._store import OpenWait, Store, WaitKind
+from ._store import ApprovalOutcome, JoinOutcome, OpenWait, Store, WaitKind
 from ._tracing import RunTrace, now_ns
 from ._validation import check_seconds
 
 logger = logging.getLogger("zincir")
+
+T = TypeVar("T")
 
 
 class _Waiting:
@@ -39,15 +42,13 @@ class _Waiting:
     _store: Store
     _body_scope: trio.CancelScope
     _suspend_after: float | None
-    _suspended: bool
+    _lifecycle: Lifecycle
     _suspending: tuple[trio.lowlevel.Task, trio.Event] | None
     _open_waits: dict[object, OpenWait]
     _waiting_tasks: dict[trio.lowlevel.Task, int]
     _busy: int
     _looking: int
     _quiet_since: float
-    _released: bool
-    _ending: bool
     _trace: RunTrace | None
 
     if TYPE_CHECKING:  # the run's own, which these methods call
@@ -117,15 +118,14 @@ class _Waiting:
     async def _suspend_for_budget(self, exceeded: BudgetExceeded) -> bool:
         """Suspend the run until its budget is raised (a worker's answer to BudgetExceeded);
         False if it is within its limits again already."""
-        self._ending = True
+        self._lifecycle.note(Happened.ENDING_BEGAN)
         try:
             suspended = bool(await self._write(self._store.suspend, [("budget", exceeded.limit)]))
         except BaseException:
-            self._ending = False
+            self._lifecycle.note(Happened.ENDING_FAILED)
             raise
-        self._ending = suspended
+        self._lifecycle.note(Happened.ENDED_SUSPENDED if suspended else Happened.ENDING_FAILED)
         if suspended:
-            self._released = self._suspended = True
             self._stop_heartbeat()
             logger.info("run %s: suspended until its budget is raised (%s)", self.id, exceeded)
         return suspended
@@ -134,6 +134,16 @@ class _Waiting:
         if timeout is None:
             return None
         return math.ceil(check_seconds(timeout, f"run {self.id}: {what}") * 1000)
+
+    def _decision(
+        self, outcome: ApprovalOutcome | JoinOutcome, done: str, value: T, waited: str
+    ) -> tuple[bool, T, int | None]:
+        """What a wait's ``decide`` returns from the outcome of its store operation: whether it
+        is in state ``done``, ``value``, and the time left until its deadline; past the
+        deadline, WaitTimeout (``waited``: the wait, as its message names it)."""
+        if outcome.state == "timed_out":
+            raise WaitTimeout(f"run {self.id}: {waited} passed its deadline")
+        return outcome.state == done, value, outcome.remaining_ms
 
     async def _wait(
         self,
@@ -234,7 +244,7 @@ class _Waiting:
         suspending = self._suspending
         if suspending is not None and suspending[0] is not trio.lowlevel.current_task():
             await suspending[1].wait()
-        if self._suspended:
+        if self._lifecycle.suspended:
             await trio.lowlevel.checkpoint()  # the body is cancelled: this raises Cancelled
 
     async def _suspend(self, kind: WaitKind, name: str) -> None:
@@ -252,21 +262,21 @@ class _Waiting:
             done.set()
 
     async def _write_suspension(self, waits: list[OpenWait]) -> None:
-        self._ending = True  # a renewal racing the release below is not a loss of the lease
+        self._lifecycle.note(Happened.ENDING_BEGAN)  # a renewal racing it is not a loss of the lease
         try:
             suspended = await self._write(self._store.suspend, waits)
         except (DatabaseBusy, DatabaseUnavailable) as exc:
-            self._ending = False
+            self._lifecycle.note(Happened.ENDING_FAILED)
             logger.warning("run %s: suspending failed, waiting on in this process: %s", self.id, exc)
             return
         except BaseException:
-            self._ending = False
+            self._lifecycle.note(Happened.ENDING_FAILED)
             raise
         if not suspended:  # the store woke the body's waits: one of them can complete
-            self._ending = False
+            self._lifecycle.note(Happened.ENDING_FAILED)
             await self._look_at_news()  # a cancellation requested, perhaps: act on it now
             return
-        self._released = self._suspended = True
+        self._lifecycle.note(Happened.ENDED_SUSPENDED)
         self._stop_heartbeat()
         described = ", ".join(f"{kind} {name!r}" for kind, name in dict.fromkeys(waits))
         logger.info("run %s: suspended, waiting for any of: %s", self.id, described)

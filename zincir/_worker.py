@@ -10,7 +10,7 @@ import random
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, Final, TypeVar, final, overload
+from typing import Any, Final, TypedDict, TypeVar, Unpack, final, overload
 
 import attrs
 import trio
@@ -41,6 +41,22 @@ Handler = Callable[[Run], Awaitable[Any]]
 """An async callable that continues a run; it should end with ``complete()`` or ``fail()``."""
 
 R = TypeVar("R")
+
+
+class WorkerOptions(TypedDict, total=False):
+    """The options of a :class:`ResumeWorker` (keywords, each optional; left out, each is the
+    default :class:`ResumeWorker` shows and its docstring explains)."""
+
+    lease_ttl: float
+    poll_interval: float
+    max_concurrency: int
+    max_attempts: int | None
+    backoff: Backoff
+    grace_period: float
+    suspend_after: float | None
+    until_idle: bool
+    versions: Iterable[str | None] | None
+
 
 _MAX_ERROR_MESSAGE: Final = 2000
 _MAX_CONCURRENCY: Final = 10_000
@@ -139,22 +155,10 @@ class ResumeWorker:
     (docs/versions.md). The handler reads :attr:`Run.version`.
     """
 
+    # The two ways to call it (a handler with resources, or without), each with the options,
+    # whose defaults are the implementation's below.
     @overload
-    def __init__(
-        self,
-        db: Database,
-        handler: Handler,
-        *,
-        lease_ttl: float = 30.0,
-        poll_interval: float = 1.0,
-        max_concurrency: int = 4,
-        max_attempts: int | None = None,
-        backoff: Backoff = Backoff(),
-        grace_period: float = 10.0,
-        suspend_after: float | None = 30.0,
-        until_idle: bool = False,
-        versions: Iterable[str | None] | None = None,
-    ) -> None: ...
+    def __init__(self, db: Database, handler: Handler, **options: Unpack[WorkerOptions]) -> None: ...
 
     @overload
     def __init__(
@@ -163,15 +167,7 @@ class ResumeWorker:
         handler: Callable[[Run, R], Awaitable[Any]],
         *,
         resources: Callable[[], AbstractAsyncContextManager[R]],
-        lease_ttl: float = 30.0,
-        poll_interval: float = 1.0,
-        max_concurrency: int = 4,
-        max_attempts: int | None = None,
-        backoff: Backoff = Backoff(),
-        grace_period: float = 10.0,
-        suspend_after: float | None = 30.0,
-        until_idle: bool = False,
-        versions: Iterable[str | None] | None = None,
+        **options: Unpack[WorkerOptions],
     ) -> None: ...
 
     def __init__(
@@ -489,7 +485,7 @@ class ResumeWorker:
                         logger.info("run %s: %s, but its budget was raised meanwhile", run.id, exceeded)
                     return
                 except LeaseLost as exc:
-                    if run._lost is not None:
+                    if run._lifecycle.lost is not None:
                         raise  # this run's own lease is gone: nothing to record, nobody to back off
                     # Another run's lease, lost inside the handler: an ordinary failure here.
                     await self._record_failure(run, attempt, exc)
@@ -502,7 +498,7 @@ class ResumeWorker:
                     # the attempt its claim counted is given back.
                     run._refund_attempt = True
                     raise
-                if run._finished is None:
+                if (finished := run._lifecycle.finished) is None:
                     run._release_delay_ms = self._backoff_ms(attempt)
                     logger.info(
                         "run %s: handler returned without ending the run; released, claimable again %s",
@@ -510,7 +506,7 @@ class ResumeWorker:
                         _when(run._release_delay_ms),
                     )
                 else:
-                    logger.info("run %s: %s", run.id, run._finished.value)
+                    logger.info("run %s: %s", run.id, finished.value)
         except RunCancelled as exc:
             logger.info("%s", exc)
         except LeaseLost as exc:
@@ -526,10 +522,8 @@ class ResumeWorker:
         return math.ceil(self._backoff.delay(attempt) * 1000)
 
     async def _record_failure(self, run: Run, attempt: int, exc: Exception) -> None:
-        if run._finished is not None:  # nothing to retry, and nothing more may be written
-            logger.warning(
-                "run %s: the handler raised after the run %s: %r", run.id, run._finished.value, exc
-            )
+        if (finished := run._lifecycle.finished) is not None:  # nothing to retry, nor to write
+            logger.warning("run %s: the handler raised after the run %s: %r", run.id, finished.value, exc)
             return
         give_up = self._max_attempts is not None and attempt >= self._max_attempts
         delay_ms = None if give_up else self._backoff_ms(attempt)
@@ -539,10 +533,13 @@ class ResumeWorker:
         failure = {"attempt": attempt, "error_type": error, "message": str(exc)[:_MAX_ERROR_MESSAGE]}
         reason = exhausted_reason(attempt, self._max_attempts or attempt, f"failed: {error}: {exc}")
         await run._end_ownership(
-            self._storage.store.record_attempt_failure, failure, delay_ms, reason[:_MAX_ERROR_MESSAGE]
+            self._storage.store.record_attempt_failure,
+            failure,
+            delay_ms,
+            reason[:_MAX_ERROR_MESSAGE],
+            ends_run=RunStatus.FAILED if delay_ms is None else None,
         )
         if delay_ms is None:
-            run._finished = RunStatus.FAILED
             logger.error("run %s failed: %s", run.id, reason)
         else:
             logger.warning("run %s: attempt %d failed (%r); retry %s", run.id, attempt, exc, _when(delay_ms))

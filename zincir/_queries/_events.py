@@ -222,6 +222,8 @@ def _forward_page(
 def _backward_page(
     conn: Reader, run_id: str, rows: list[EventRow], more: bool, before: object, scan_edge: object
 ) -> EventPage:
+    # The mirror of _forward_page, before and after swapped: kept as two plain functions, since
+    # one taking the direction would have to swap every line and read worse than either.
     has_before = more or scan_edge is not None
     prev_before = raw_value(rows[0].seq) if more else scan_edge
     if rows:
