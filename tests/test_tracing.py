@@ -24,6 +24,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from opentelemetry.trace import StatusCode
 
 SECRET = "S3CRET"
@@ -284,6 +285,49 @@ async def test_a_call_without_a_reply_ends_its_span_unanswered(db_target: str, s
     assert attrs_of(spans.one("chat named-later"))["gen_ai.response.model"] == "named-later"
 
 
+class AttemptsSampledOut(Sampler):
+    """Samples a run's creation and drops its attempts, parent-based otherwise; records what it
+    was asked about (a span's name, and whether its parent was sampled)."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, bool]] = []
+
+    def should_sample(self, parent_context: Any, trace_id: int, name: str, *args: Any, **kw: Any) -> Any:
+        parent = trace.get_current_span(parent_context).get_span_context()
+        parent_sampled = parent.is_valid and parent.trace_flags.sampled
+        self.asked.append((name, parent_sampled))
+        sampled = name.startswith("create_agent") or (parent_sampled and not name.startswith("invoke_agent"))
+        return SamplingResult(Decision.RECORD_AND_SAMPLE if sampled else Decision.DROP, kw.get("attributes"))
+
+    def get_description(self) -> str:
+        return "AttemptsSampledOut"
+
+
+async def test_an_attempt_sampled_out_makes_no_span_inside_it(db_target: str) -> None:
+    sampler = AttemptsSampledOut()
+    kept = InMemorySpanExporter()
+    provider = TracerProvider(sampler=sampler)
+    provider.add_span_processor(SimpleSpanProcessor(kept))
+
+    async def own_work(value: Any) -> Any:
+        with provider.get_tracer("app").start_as_current_span("own work"):
+            return value
+
+    try:
+        async with zincir.open_database(db_target, tracing=provider) as db, zincir.open_run(db) as run:
+            await run.step("a", own_work, 1)
+            await run.start_model_call(10, model="m")
+            await run.record_response("r", [zincir.ToolCall("c1", "grep", {})], "tool_use")
+            [tool] = await run.pending_tools()
+            await run.execute(tool, ok)
+            await run.sleep("nap", 0.01)
+    finally:
+        provider.shutdown()
+    assert [s.name for s in kept.get_finished_spans()] == ["create_agent agent"]
+    # Asked about the run and its attempt only; the body's own span sees its parent sampled out.
+    assert sampler.asked == [("create_agent agent", False), ("invoke_agent agent", True), ("own work", False)]
+
+
 async def test_the_adapter_makes_its_call_inside_the_calls_span(db_target: str, spans: Spans) -> None:
     anthropic = pytest.importorskip("anthropic")
     httpx2 = pytest.importorskip("httpx2")
@@ -451,6 +495,7 @@ GLOBAL = """
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 
     async def main():
         exporter = InMemorySpanExporter()

@@ -35,7 +35,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Final, final
 
@@ -230,8 +230,15 @@ class RunTrace:
         assert otel is not None, "a tracer comes from opentelemetry-api"
         self._otel = otel
         self._tracer = tracer
+        self._start_span: Callable[..., Span] = tracer.start_span
+        # A span made current, and the current context restored: the API's functions, looked up
+        # once (a step's span does both; bench/reports/tracing.md prices every part of it).
+        self._in_context = otel.trace.set_span_in_context
+        self._attach = otel.context.attach
+        self._detach = otel.context.detach
         self.content = content
         self._lease = lease
+        self._run_id = lease.run_id
         self._attempt = attempt
         # On every span: the run (a child run's spans share its parent's trace). The epoch and
         # the attempt are the attempt span's: each attribute costs the SDK time on every span.
@@ -273,6 +280,17 @@ class RunTrace:
         )
         self._attempt_span = span
         self._token = self._otel.context.attach(trace.set_span_in_context(span, parent))
+        if not span.is_recording():
+            # Sampled out: nothing inside it is made either (a parent-based sampler, the SDK's
+            # default, would drop it; any other would orphan it). The attempt's span stays the
+            # current one, so that the body's own spans follow its decision too.
+            self._start_span = self._nothing
+
+    def _nothing(self, name: str, **ignored: Any) -> Span:
+        """What an attempt sampled out starts instead of a span: the API's invalid span, which
+        records nothing and is never made current."""
+        span: Span = self._otel.trace.INVALID_SPAN
+        return span
 
     def end_attempt(self, outcome: str, error: BaseException | None) -> None:
         """End the attempt's span (the current one again what it was before): ``outcome`` says
@@ -294,10 +312,12 @@ class RunTrace:
         """A span of the current context (the attempt's, or one the body made current), ended
         with the ``with`` block it is given to; the block's own work (a tool, a step's function,
         a verifier) runs inside it, so that its spans are children of it."""
-        return _Scope(self, self._tracer.start_span(name, attributes={**self._base, **attributes}))
+        return _Scope(self, self._start_span(name, attributes={**self._base, **attributes}))
 
     def step(self, name: str) -> _Scope:
-        return self.span(f"step {name}", {"zincir.step.name": name})
+        # The commonest span, made directly: its attributes in one literal, not merged.
+        attributes = {"zincir.run.id": self._run_id, "zincir.step.name": name}
+        return _Scope(self, self._start_span("step " + name, attributes=attributes))
 
     def tool(self, call_id: str, name: str, args: Any) -> _Scope:
         attributes: dict[str, Any] = {
@@ -319,7 +339,7 @@ class RunTrace:
     def start_wait(self, kind: str, name: str, started_ns: int) -> Span:
         """The span of a wait that did not end at its first look, from when it began."""
         attributes = {**self._base, "zincir.wait.kind": kind, "zincir.wait.name": name}
-        return self._tracer.start_span(f"wait {kind} {name}", attributes=attributes, start_time=started_ns)
+        return self._start_span(f"wait {kind} {name}", attributes=attributes, start_time=started_ns)
 
     def end_wait(self, span: Span, error: BaseException | None, value: Any = None) -> None:
         if error is not None:
@@ -353,7 +373,7 @@ class RunTrace:
             attributes["zincir.request_tokens"] = tokens
         if cost is not None:
             attributes["zincir.request_cost"] = cost
-        self._model_span = self._tracer.start_span(
+        self._model_span = self._start_span(
             "chat" if model is None else f"chat {model}", attributes=attributes
         )
 
@@ -361,7 +381,7 @@ class RunTrace:
     def model_call(self) -> Iterator[None]:
         """The call in flight as the current span (an instrumented HTTP client's spans nest in it)."""
         span = self._model_span
-        if span is None:
+        if span is None or not span.is_recording():
             yield
             return
         context = self._otel.context
@@ -381,7 +401,7 @@ class RunTrace:
         attributes = {**self._base, "gen_ai.operation.name": "chat"}
         if self._lease.provider:
             attributes["gen_ai.provider.name"] = self._lease.provider
-        return self._tracer.start_span("chat", attributes=attributes), True
+        return self._start_span("chat", attributes=attributes), True
 
     def replied(
         self,
@@ -444,13 +464,13 @@ class _Scope:
     def __enter__(self) -> Span:
         span = self._span
         if span.is_recording():
-            otel = self._trace._otel
-            self._token = otel.context.attach(otel.trace.set_span_in_context(span))
+            trace = self._trace
+            self._token = trace._attach(trace._in_context(span))
         return span
 
     def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
         if self._token is not None:
-            self._trace._otel.context.detach(self._token)
+            self._trace._detach(self._token)
         if exc is not None:
             _failed(self._span, exc, self._trace.content)
         self._span.end()
