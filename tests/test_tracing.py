@@ -15,6 +15,7 @@ import pytest
 import trio
 
 import zincir
+from zincir._tracing import traceparent_of
 
 from .helpers import running_python, scalar, until
 
@@ -283,6 +284,39 @@ async def test_a_call_without_a_reply_ends_its_span_unanswered(db_target: str, s
     assert "the attempt ended" in (third.status.description or "")
     assert spans.one("chat second").status.status_code is StatusCode.UNSET
     assert attrs_of(spans.one("chat named-later"))["gen_ai.response.model"] == "named-later"
+
+
+async def test_a_fork_is_made_in_its_callers_trace_linked_to_its_source(db_target: str, spans: Spans) -> None:
+    async with traced(db_target, spans) as db:
+        async with zincir.open_run(db, provider="anthropic") as run:
+            await run.record_response("r", [], "end_turn")
+        source = spans.one("create_agent agent")
+        spans.clear()
+        with spans.provider.get_tracer("app").start_as_current_span("operator") as operator:
+            at = (await db.events(run.id))[-1].seq
+            fork_id = await zincir.fork_run(db, run.id, at)
+        stored = scalar(db, "SELECT traceparent FROM agent_runs WHERE id = ?", (fork_id,))
+        async with zincir.open_run(db, fork_id) as fork:  # any process: it reads the stored context
+            await fork.step("b", echo, 2)
+    created, attempt = spans.one("create_agent agent"), spans.one("invoke_agent agent")
+    trace_id = operator.get_span_context().trace_id
+    assert {s.context.trace_id for s in spans.finished} == {trace_id} != source.context.trace_id
+    assert parent_of(created) == operator.get_span_context().span_id
+    assert stored == traceparent_of(created.context)
+    assert parent_of(attempt) == created.context.span_id
+    assert parent_of(spans.one("step b")) == attempt.context.span_id
+    [link] = created.links
+    assert link.context.span_id == source.context.span_id and link.context.trace_id == source.context.trace_id
+    assert dict(link.attributes or {}) == {"zincir.link": "forked_from"}
+    assert attrs_of(created) == {
+        "gen_ai.operation.name": "create_agent",
+        "gen_ai.agent.name": "agent",
+        "gen_ai.conversation.id": fork_id,
+        "gen_ai.provider.name": "anthropic",
+        "zincir.run.id": fork_id,
+        "zincir.forked_from": run.id,
+        "zincir.fork_seq": at,
+    }
 
 
 class AttemptsSampledOut(Sampler):

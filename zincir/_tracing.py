@@ -7,7 +7,8 @@ What is traced, each where the work happens (and never for work served from the 
 that completed before, a wait that was already over, a child that existed):
 
 ========================  ==================================================================
-``create_agent {role}``    a run created by ``open_run``; its context is stored with the run
+``create_agent {role}``    a run created by ``open_run`` or forked; its context is stored with
+                           the run (a fork's links to its source's)
 ``invoke_agent {role}``    an attempt: an owner's block (``open_run``, or a worker's handler),
                            child of the run's stored context, so every attempt of a run, in
                            any process, is in the run's one trace
@@ -22,8 +23,9 @@ that completed before, a wait that was already over, a child that existed):
 A run's trace context is the W3C ``traceparent`` of the span it was created under: the
 ``create_agent`` span of ``open_run``, and for a child the span that spawned it (so a child's
 attempts sit under its parent's). It is written with the run and read back with every lease
-(:class:`~zincir._store.Lease`). A new run made another way (a fork, say) takes its context
-from :func:`new_run_context`.
+(:class:`~zincir._store.Lease`). A fork's is the span that made it (:func:`creating_fork`),
+in the caller's trace, linked to its source's. Another new run made inside a span takes its
+context from :func:`new_run_context`.
 
 Spans carry no content (a response's text, a tool's arguments and result, a step's result, a
 signal's payload, a checkpoint's state, an exception's message) unless the database was opened
@@ -48,9 +50,17 @@ if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.trace import Span, SpanContext, Tracer
 
-    from ._store import Lease
+    from ._store import ForkOutcome, Lease
 
-__all__ = ["RunTrace", "Tracing", "context_of", "new_run_context", "traceparent_of"]
+__all__ = [
+    "ForkSpan",
+    "RunTrace",
+    "Tracing",
+    "context_of",
+    "creating_fork",
+    "new_run_context",
+    "traceparent_of",
+]
 
 _TRACEPARENT: Final = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 
@@ -191,6 +201,54 @@ def creating_run(tracing: Tracing, run_id: str, role: str, provider: str) -> Ite
     span = tracer.start_span(f"create_agent {role}", attributes=attributes)
     try:
         yield traceparent_of(span.get_span_context())
+    except BaseException as exc:
+        _failed(span, exc, tracing.content)
+        raise
+    finally:
+        span.end()
+
+
+@final
+class ForkSpan:
+    """The ``create_agent`` span of a fork being made: its ``traceparent`` is stored with the
+    fork; :meth:`created` completes it from what the fork found (its source's role, and the
+    source's trace, which it links to)."""
+
+    def __init__(self, span: Span) -> None:
+        self._span = span
+        self.traceparent = traceparent_of(span.get_span_context())
+
+    def created(self, forked: ForkOutcome) -> None:
+        span = self._span
+        span.update_name(f"create_agent {forked.role}")
+        span.set_attribute("gen_ai.agent.name", forked.role)
+        if forked.provider:
+            span.set_attribute("gen_ai.provider.name", forked.provider)
+        span.set_attribute("zincir.fork_seq", forked.fork_seq)
+        source = context_of(forked.source_traceparent)
+        if source is not None:
+            source_span = _loaded().trace.get_current_span(source)  # type: ignore[union-attr]
+            span.add_link(source_span.get_span_context(), {"zincir.link": "forked_from"})
+
+
+@contextmanager
+def creating_fork(tracing: Tracing, fork_id: str, source_id: str) -> Iterator[ForkSpan | None]:
+    """The ``create_agent`` span of a fork (None while tracing is off): a span of the caller's
+    trace, not of the source's: a fork is a new run, made when someone forks, maybe long after
+    the source ended; the source is a link (docs/tracing.md)."""
+    tracer = tracing.tracer()
+    if tracer is None:
+        yield None
+        return
+    attributes: dict[str, Any] = {
+        "gen_ai.operation.name": "create_agent",
+        "gen_ai.conversation.id": fork_id,
+        "zincir.run.id": fork_id,
+        "zincir.forked_from": source_id,
+    }
+    span = tracer.start_span("create_agent", attributes=attributes)
+    try:
+        yield ForkSpan(span)
     except BaseException as exc:
         _failed(span, exc, tracing.content)
         raise
