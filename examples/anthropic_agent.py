@@ -16,7 +16,8 @@ returned it (thinking blocks and their signatures included) with a durable inten
 accepted checkpoint, responses and tool results since), so a resumed run sends the model the
 very blocks it wrote; ``run_tools`` executes pending intents, probing first for an edit or a
 commit that a crash left unrecorded, and decides the checkpoint with an independent verifier
-(the tests pass at the committed HEAD, the workspace is exactly what was measured).
+(the tests pass at the committed HEAD, the workspace is exactly what was measured). The model's
+text streams live to the run's stream ``answer`` (``zincir stream RUN_ID answer --follow``).
 
 Environment: ANTHROPIC_API_KEY / ANTHROPIC_MODEL (the real API; otherwise the stand-in),
 ZINCIR_DATABASE_PATH (default zincir.db, or a postgresql:// URL), ZINCIR_WORKSPACE.
@@ -29,6 +30,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -187,7 +189,7 @@ async def handler(run: zincir.Run) -> None:
                 return
             await za.create(
                 run, client, model=model, system=SYSTEM, tools=TOOLS, messages=za.messages(state),
-                max_tokens=4096, thinking={"type": "enabled", "budget_tokens": 2048},
+                max_tokens=4096, thinking={"type": "enabled", "budget_tokens": 2048}, stream_to="answer",
             )  # fmt: skip
     await run.fail(f"no verified fix after {MAX_ROUNDS} model calls")
 
@@ -246,15 +248,45 @@ class StandIn:
             content.append(
                 {"type": "tool_use", "id": f"toolu_{context}{count:03d}", "name": use[0], "input": use[1]}
             )
-        return httpx2.Response(
-            200,
-            json={
-                "id": "msg_" + hashlib.sha256(request.content).hexdigest()[:24],
-                "type": "message", "role": "assistant", "model": body["model"], "content": content,
-                "stop_reason": "tool_use" if use else "end_turn", "stop_sequence": None,
-                "usage": {"input_tokens": len(request.content) // 4, "output_tokens": 50},
-            },
-        )  # fmt: skip
+        message = {
+            "id": "msg_" + hashlib.sha256(request.content).hexdigest()[:24],
+            "type": "message", "role": "assistant", "model": body["model"], "content": content,
+            "stop_reason": "tool_use" if use else "end_turn", "stop_sequence": None,
+            "usage": {"input_tokens": len(request.content) // 4, "output_tokens": 50},
+        }  # fmt: skip
+        return self.streamed(message) if body.get("stream") else httpx2.Response(200, json=message)
+
+    @staticmethod
+    def streamed(message: dict[str, Any]) -> httpx2.Response:
+        """The message as the API streams it (server-sent events): each block starts empty, then
+        its content comes as deltas (text a word at a time), then it stops."""
+        usage = message["usage"]
+        start = {**message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 1}}
+        events: list[tuple[str, dict[str, Any]]] = [("message_start", {"message": start})]
+        for index, block in enumerate(message["content"]):
+            deltas: list[dict[str, Any]]
+            if block["type"] == "thinking":
+                empty: dict[str, Any] = {"type": "thinking", "thinking": "", "signature": ""}
+                deltas = [
+                    {"type": "thinking_delta", "thinking": block["thinking"]},
+                    {"type": "signature_delta", "signature": block["signature"]},
+                ]
+            elif block["type"] == "text":
+                empty = {"type": "text", "text": ""}
+                deltas = [{"type": "text_delta", "text": w} for w in re.findall(r"\S+\s*", block["text"])]
+            else:  # tool_use
+                empty = {**block, "input": {}}
+                deltas = [{"type": "input_json_delta", "partial_json": json.dumps(block["input"])}]
+            events.append(("content_block_start", {"index": index, "content_block": empty}))
+            events += [("content_block_delta", {"index": index, "delta": delta}) for delta in deltas]
+            events.append(("content_block_stop", {"index": index}))
+        ended: dict[str, Any] = {"stop_reason": message["stop_reason"], "stop_sequence": None}
+        events.append(("message_delta", {"delta": ended, "usage": {"output_tokens": usage["output_tokens"]}}))
+        events.append(("message_stop", {}))
+        text = "".join(
+            f"event: {name}\ndata: {json.dumps({'type': name, **data})}\n\n" for name, data in events
+        )
+        return httpx2.Response(200, headers={"content-type": "text/event-stream"}, content=text.encode())
 
     @staticmethod
     def next_step(turns: list[dict[str, Any]]) -> tuple[str, str, tuple[str, Any] | None]:

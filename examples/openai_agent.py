@@ -21,6 +21,8 @@ What makes it durable (docs/adapters.md):
   ``run_tools`` executes the pending intents from the log. The model is only called when the log
   has no unanswered intent, so a response that reached the log is never paid for twice. (A call
   that was in flight when the process died is repeated: its answer never reached the log.)
+- ``stream_to="answer"`` streams the model's text, as it arrives, to the run's stream
+  ``answer`` (``zincir stream RUN_ID answer --follow``); the completion recorded is the whole one.
 - The file tool writes ``<run id>/<call id>.json``, whole or not at all; a call that a crash left
   unrecorded is probed first, and the file it published is its result: it never writes twice.
 - The run has a budget (tokens, model calls, and three identical tool calls at most), debited
@@ -54,6 +56,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -196,7 +199,7 @@ async def drive(run: zincir.Run, client: AsyncOpenAI, model: str, output: Path) 
             return
         try:
             messages = zo.messages(state, system=SYSTEM_PROMPT, nudge=NUDGE)
-            await zo.create(run, client, model=model, messages=messages, tools=TOOLS)
+            await zo.create(run, client, model=model, messages=messages, tools=TOOLS, stream_to="answer")
         except zincir.BudgetExceeded as exc:  # before the call, or after recording the one that spent it
             print(f"stopped: {exc}. Raise it (zincir budget RUN_ID --tokens N), then resume", flush=True)
             return
@@ -238,18 +241,42 @@ class StubModel:
             with self.call_log.open("a") as log:
                 log.write(json.dumps(line) + "\n")
         prompt_tokens = len(json.dumps(body["messages"])) // 4
-        return httpx2.Response(
-            200,
-            json={
-                "id": f"chatcmpl-{hashlib.sha256(request.content).hexdigest()[:29]}",
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": body["model"],
-                "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
-                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 20,
-                          "total_tokens": prompt_tokens + 20},
+        completion = {
+            "id": f"chatcmpl-{hashlib.sha256(request.content).hexdigest()[:29]}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body["model"],
+            "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": 20,
+                "total_tokens": prompt_tokens + 20,
             },
-        )  # fmt: skip
+        }
+        return self.streamed(completion) if body.get("stream") else httpx2.Response(200, json=completion)
+
+    @staticmethod
+    def streamed(completion: dict[str, Any]) -> httpx2.Response:
+        """The completion as the API streams it (server-sent events): the content a word at a
+        time, the tool calls, the finish reason, then the usage."""
+        head = {key: completion[key] for key in ("id", "created", "model")}
+        head["object"] = "chat.completion.chunk"
+        [choice] = completion["choices"]
+        message = choice["message"]
+        deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
+        deltas += [{"content": word} for word in re.findall(r"\S+\s*", message["content"] or "")]
+        calls = message.get("tool_calls", [])
+        deltas += [{"tool_calls": [{"index": i, **call}]} for i, call in enumerate(calls)]
+        ends: list[tuple[dict[str, Any], str | None]] = [({}, choice["finish_reason"])]
+        chunks = [
+            {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+            for delta, finish in [(delta, None) for delta in deltas] + ends
+        ]
+        chunks.append({**head, "choices": [], "usage": completion["usage"]})
+        # No closing "data: [DONE]": the SDK stops reading there and leaves its event generator
+        # unfinished, for Trio to warn about (a ResourceWarning) when it is collected.
+        text = "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in chunks)
+        return httpx2.Response(200, headers={"content-type": "text/event-stream"}, content=text.encode())
 
     @staticmethod
     def reply(messages: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:

@@ -374,8 +374,13 @@ async def test_bad_input_is_refused_and_writes_nothing(db: zincir.Database) -> N
             await zo.record(run, anthropic_message(TEXT))  # type: ignore[arg-type]
         with pytest.raises(zincir.InvalidArgument, match=r"no entry for model 'claude-sonnet-4-5-20250929'"):
             await za.record(run, anthropic_message(TEXT), prices={"gpt-4o": adapters.Price(1, 2)})
-        with pytest.raises(zincir.InvalidArgument, match="create\\(\\) makes one non-streaming call"):
+        with pytest.raises(zincir.InvalidArgument, match="stream with stream_to=NAME"):
             await za.create(run, None, stream=True)  # type: ignore[arg-type]
+        with pytest.raises(zincir.InvalidArgument, match="stream with stream_to=NAME"):
+            await zo.create(run, None, stream=True)  # type: ignore[arg-type]
+        for adapter in (za, zo):
+            with pytest.raises(zincir.InvalidArgument, match="the stream name"):
+                await adapter.create(run, None, stream_to="", model="m")  # type: ignore[attr-defined]
         with pytest.raises(zincir.InvalidArgument, match="no result in results"):
             za.tool_results(await run.pending_tools() + [_pending(run)], {})
         assert dump(db) == before

@@ -1,7 +1,8 @@
 """examples/anthropic_agent.py, the coding agent on the official Anthropic SDK, against its stand-in:
 it fixes, tests, commits and has its fix verified, sending back every thinking block it recorded
 (the stand-in refuses an altered one, as the API does), and a SIGKILL between the commit and its
-recorded result is resumed by `zincir worker` without a second commit."""
+recorded result is resumed by `zincir worker` without a second commit; the model's text is streamed
+to the run's stream "answer", and the resumed attempt's is flagged as a restart."""
 
 from __future__ import annotations
 
@@ -84,6 +85,11 @@ async def test_the_agent_fixes_tests_commits_and_has_it_verified(
     assert [r["tool_calls"][0]["name"] for r in responses] == [
         "run_command", "edit_file", "run_command", "git_commit", zincir.SUBMIT_CHECKPOINT,
     ]  # fmt: skip
+    # Their text was streamed to the run's stream "answer" as it arrived, a word at a time.
+    chunks = [chunk async for chunk in zincir.read_stream(db, run.id, "answer")]
+    said = "".join(b["text"] for r in responses for b in r["content"] if b["type"] == "text")
+    assert "".join(c.data for c in chunks) == said and len(chunks) > len(responses)
+    assert {(c.attempt, c.restarted) for c in chunks} == {(1, False)}
 
 
 async def test_the_stand_in_refuses_an_altered_thinking_block(example: ModuleType) -> None:
@@ -133,12 +139,13 @@ def test_killed_between_its_commit_and_the_result_a_worker_resumes_it_without_a_
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert git(workspace, "log", "--format=%s").split("\n") == ["Fix calc.add", "Start", ""]  # one commit
 
-    async def read() -> tuple[zincir.RunRecord, list[zincir.Event]]:
+    async def read() -> tuple[zincir.RunRecord, list[zincir.Event], list[zincir.StreamChunk]]:
         async with zincir.open_database(tmp_path / "zincir.db") as db:
             [record] = await db.runs()
-            return record, await db.events(record.id)
+            chunks = [chunk async for chunk in zincir.read_stream(db, record.id, "answer")]
+            return record, await db.events(record.id), chunks
 
-    record, events = trio.run(read)
+    record, events, chunks = trio.run(read)
     assert record.status is zincir.RunStatus.COMPLETED
     [commit_id] = [e.payload["call_id"] for e in events if e.payload.get("name") == "git_commit"]
     [commit_result] = [
@@ -148,3 +155,7 @@ def test_killed_between_its_commit_and_the_result_a_worker_resumes_it_without_a_
     assert commit_result["content"] == {"commit": git(workspace, "rev-parse", "HEAD").strip()}
     assert [e.type.value for e in events].count("attempt_lost") == 1
     assert json.dumps(events[-1].payload) == '{"from": "running", "to": "completed"}'
+    # The killed process streamed four calls' text; the worker's call is a restart, not a splice.
+    attempts = [(c.attempt, c.restarted) for c in chunks]
+    first_of_2 = attempts.index((2, True))
+    assert set(attempts[:first_of_2]) == {(1, False)} and set(attempts[first_of_2 + 1 :]) == {(2, False)}

@@ -18,6 +18,7 @@ from typing import Any
 import httpx2  # noqa: F401 - the test extra installs it: a missing one fails here
 import openai  # noqa: F401 - the test extra installs it: a missing one fails here
 import pytest
+import trio
 
 import zincir
 
@@ -91,6 +92,7 @@ async def test_a_run_completes_with_one_accepted_checkpoint_and_usage_recorded(
         [run_id] = [r.id for r in await db.runs()]
         state = await db.state(run_id)
         events = await db.events(run_id)
+        chunks = [chunk async for chunk in zincir.read_stream(db, run_id, "answer")]
     assert state.run.status == zincir.RunStatus.COMPLETED
     assert state.run.provider == "openai-stub"
     types = [e.type.value for e in events]
@@ -116,6 +118,17 @@ async def test_a_run_completes_with_one_accepted_checkpoint_and_usage_recorded(
     assert responses[0]["tool_calls"][0]["args"] == {"content": "hello"}
     assert responses[1]["tool_calls"][0]["name"] == zincir.SUBMIT_CHECKPOINT
     assert f"{responses[0]['tool_calls'][0]['id']}.json" == effect.name
+    # Their text was streamed to the run's stream "answer" as it arrived, a word at a time.
+    said = "".join(r["content"]["content"] for r in responses)
+    assert "".join(c.data for c in chunks) == said and len(chunks) > len(responses)
+    assert {(c.attempt, c.restarted) for c in chunks} == {(1, False)}
+
+
+async def answer_chunks(db_path: Path) -> list[tuple[int, bool]]:
+    """(attempt, restarted) of each chunk of the only run's stream "answer"."""
+    async with zincir.open_database(db_path) as db:
+        [run] = await db.runs()
+        return [(c.attempt, c.restarted) async for c in zincir.read_stream(db, run.id, "answer")]
 
 
 def test_a_killed_run_resumes_without_paying_for_a_recorded_response_again(tmp_path: Path) -> None:
@@ -190,6 +203,10 @@ def test_a_killed_run_resumes_without_paying_for_a_recorded_response_again(tmp_p
         "content": {"content": "hello", "ok": True},
         "reconciled": True,
     }
+    # The killed process streamed its call's text; the resumed one's is a restart, not a splice.
+    streamed = trio.run(answer_chunks, db_path)
+    first_of_2 = streamed.index((2, True))
+    assert set(streamed[:first_of_2]) == {(1, False)} and set(streamed[first_of_2 + 1 :]) == {(2, False)}
     # Exactly one effect: the resumed tool found the published file instead of writing again.
     assert effect_files(out) == [effect] and effect.stat().st_ino == inode
     # No response was paid for twice: every stub call across both processes is one llm_call.

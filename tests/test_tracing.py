@@ -15,6 +15,7 @@ import pytest
 import trio
 
 import zincir
+from zincir._tracing import traceparent_of
 
 from .helpers import running_python, scalar, until
 
@@ -24,6 +25,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from opentelemetry.trace import StatusCode
 
 SECRET = "S3CRET"
@@ -282,6 +284,82 @@ async def test_a_call_without_a_reply_ends_its_span_unanswered(db_target: str, s
     assert "the attempt ended" in (third.status.description or "")
     assert spans.one("chat second").status.status_code is StatusCode.UNSET
     assert attrs_of(spans.one("chat named-later"))["gen_ai.response.model"] == "named-later"
+
+
+async def test_a_fork_is_made_in_its_callers_trace_linked_to_its_source(db_target: str, spans: Spans) -> None:
+    async with traced(db_target, spans) as db:
+        async with zincir.open_run(db, provider="anthropic") as run:
+            await run.record_response("r", [], "end_turn")
+        source = spans.one("create_agent agent")
+        spans.clear()
+        with spans.provider.get_tracer("app").start_as_current_span("operator") as operator:
+            at = (await db.events(run.id))[-1].seq
+            fork_id = await zincir.fork_run(db, run.id, at)
+        stored = scalar(db, "SELECT traceparent FROM agent_runs WHERE id = ?", (fork_id,))
+        async with zincir.open_run(db, fork_id) as fork:  # any process: it reads the stored context
+            await fork.step("b", echo, 2)
+    created, attempt = spans.one("create_agent agent"), spans.one("invoke_agent agent")
+    trace_id = operator.get_span_context().trace_id
+    assert {s.context.trace_id for s in spans.finished} == {trace_id} != source.context.trace_id
+    assert parent_of(created) == operator.get_span_context().span_id
+    assert stored == traceparent_of(created.context)
+    assert parent_of(attempt) == created.context.span_id
+    assert parent_of(spans.one("step b")) == attempt.context.span_id
+    [link] = created.links
+    assert link.context.span_id == source.context.span_id and link.context.trace_id == source.context.trace_id
+    assert dict(link.attributes or {}) == {"zincir.link": "forked_from"}
+    assert attrs_of(created) == {
+        "gen_ai.operation.name": "create_agent",
+        "gen_ai.agent.name": "agent",
+        "gen_ai.conversation.id": fork_id,
+        "gen_ai.provider.name": "anthropic",
+        "zincir.run.id": fork_id,
+        "zincir.forked_from": run.id,
+        "zincir.fork_seq": at,
+    }
+
+
+class AttemptsSampledOut(Sampler):
+    """Samples a run's creation and drops its attempts, parent-based otherwise; records what it
+    was asked about (a span's name, and whether its parent was sampled)."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, bool]] = []
+
+    def should_sample(self, parent_context: Any, trace_id: int, name: str, *args: Any, **kw: Any) -> Any:
+        parent = trace.get_current_span(parent_context).get_span_context()
+        parent_sampled = parent.is_valid and parent.trace_flags.sampled
+        self.asked.append((name, parent_sampled))
+        sampled = name.startswith("create_agent") or (parent_sampled and not name.startswith("invoke_agent"))
+        return SamplingResult(Decision.RECORD_AND_SAMPLE if sampled else Decision.DROP, kw.get("attributes"))
+
+    def get_description(self) -> str:
+        return "AttemptsSampledOut"
+
+
+async def test_an_attempt_sampled_out_makes_no_span_inside_it(db_target: str) -> None:
+    sampler = AttemptsSampledOut()
+    kept = InMemorySpanExporter()
+    provider = TracerProvider(sampler=sampler)
+    provider.add_span_processor(SimpleSpanProcessor(kept))
+
+    async def own_work(value: Any) -> Any:
+        with provider.get_tracer("app").start_as_current_span("own work"):
+            return value
+
+    try:
+        async with zincir.open_database(db_target, tracing=provider) as db, zincir.open_run(db) as run:
+            await run.step("a", own_work, 1)
+            await run.start_model_call(10, model="m")
+            await run.record_response("r", [zincir.ToolCall("c1", "grep", {})], "tool_use")
+            [tool] = await run.pending_tools()
+            await run.execute(tool, ok)
+            await run.sleep("nap", 0.01)
+    finally:
+        provider.shutdown()
+    assert [s.name for s in kept.get_finished_spans()] == ["create_agent agent"]
+    # Asked about the run and its attempt only; the body's own span sees its parent sampled out.
+    assert sampler.asked == [("create_agent agent", False), ("invoke_agent agent", True), ("own work", False)]
 
 
 async def test_the_adapter_makes_its_call_inside_the_calls_span(db_target: str, spans: Spans) -> None:

@@ -14,6 +14,7 @@ from ._errors import InvalidArgument, InvalidForkPoint
 from ._inbox import _as_outsider, _check_by
 from ._json import JSONValue, dump_trusted, encode
 from ._store import ForkOutcome
+from ._tracing import creating_fork
 from ._validation import MAX_INT, canonical_run_id, check_text
 
 __all__ = ["fork_run"]
@@ -40,7 +41,8 @@ async def fork_run(
     answered, even later, has that answer in the fork; one it started without an answer is
     pending with its start count (so :meth:`Run.execute` probes first) and the source's
     ``effect_key``; children spawned in the prefix are shared, not copied. The source is not
-    changed. Forking a finished run or a fork works alike.
+    changed. Forking a finished run or a fork works alike. While tracing is on, the fork's
+    creation is a span of the caller's trace, linked to the source's (docs/tracing.md).
 
     An outsider's write (no lease), audited as ``fork`` by ``by`` in the new run's trail.
     :class:`RunNotFound`; :class:`InvalidForkPoint` for a seq below 0 or past the end, a round
@@ -77,7 +79,12 @@ async def fork_run(
         record(tx, forked.fork_id, "fork", by, dump_trusted(detail))
         return forked
 
-    forked: ForkOutcome = await _as_outsider(
-        db, run_id, audited, str(uuid.uuid4()), at_seq, at_checkpoint, config_json, by, reason
-    )
+    fork_id = str(uuid.uuid4())
+    with creating_fork(db._tracing, fork_id, run_id) as traced:
+        forked: ForkOutcome = await _as_outsider(
+            db, run_id, audited, fork_id, at_seq, at_checkpoint, config_json, by, reason,
+            None if traced is None else traced.traceparent,
+        )  # fmt: skip
+        if traced is not None:
+            traced.created(forked)
     return forked.fork_id

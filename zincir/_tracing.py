@@ -7,7 +7,8 @@ What is traced, each where the work happens (and never for work served from the 
 that completed before, a wait that was already over, a child that existed):
 
 ========================  ==================================================================
-``create_agent {role}``    a run created by ``open_run``; its context is stored with the run
+``create_agent {role}``    a run created by ``open_run`` or forked; its context is stored with
+                           the run (a fork's links to its source's)
 ``invoke_agent {role}``    an attempt: an owner's block (``open_run``, or a worker's handler),
                            child of the run's stored context, so every attempt of a run, in
                            any process, is in the run's one trace
@@ -22,8 +23,9 @@ that completed before, a wait that was already over, a child that existed):
 A run's trace context is the W3C ``traceparent`` of the span it was created under: the
 ``create_agent`` span of ``open_run``, and for a child the span that spawned it (so a child's
 attempts sit under its parent's). It is written with the run and read back with every lease
-(:class:`~zincir._store.Lease`). A new run made another way (a fork, say) takes its context
-from :func:`new_run_context`.
+(:class:`~zincir._store.Lease`). A fork's is the span that made it (:func:`creating_fork`),
+in the caller's trace, linked to its source's. Another new run made inside a span takes its
+context from :func:`new_run_context`.
 
 Spans carry no content (a response's text, a tool's arguments and result, a step's result, a
 signal's payload, a checkpoint's state, an exception's message) unless the database was opened
@@ -35,7 +37,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Final, final
 
@@ -48,9 +50,17 @@ if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.trace import Span, SpanContext, Tracer
 
-    from ._store import Lease
+    from ._store import ForkOutcome, Lease
 
-__all__ = ["RunTrace", "Tracing", "context_of", "new_run_context", "traceparent_of"]
+__all__ = [
+    "ForkSpan",
+    "RunTrace",
+    "Tracing",
+    "context_of",
+    "creating_fork",
+    "new_run_context",
+    "traceparent_of",
+]
 
 _TRACEPARENT: Final = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 
@@ -198,6 +208,54 @@ def creating_run(tracing: Tracing, run_id: str, role: str, provider: str) -> Ite
         span.end()
 
 
+@final
+class ForkSpan:
+    """The ``create_agent`` span of a fork being made: its ``traceparent`` is stored with the
+    fork; :meth:`created` completes it from what the fork found (its source's role, and the
+    source's trace, which it links to)."""
+
+    def __init__(self, span: Span) -> None:
+        self._span = span
+        self.traceparent = traceparent_of(span.get_span_context())
+
+    def created(self, forked: ForkOutcome) -> None:
+        span = self._span
+        span.update_name(f"create_agent {forked.role}")
+        span.set_attribute("gen_ai.agent.name", forked.role)
+        if forked.provider:
+            span.set_attribute("gen_ai.provider.name", forked.provider)
+        span.set_attribute("zincir.fork_seq", forked.fork_seq)
+        source = context_of(forked.source_traceparent)
+        if source is not None:
+            source_span = _loaded().trace.get_current_span(source)  # type: ignore[union-attr]
+            span.add_link(source_span.get_span_context(), {"zincir.link": "forked_from"})
+
+
+@contextmanager
+def creating_fork(tracing: Tracing, fork_id: str, source_id: str) -> Iterator[ForkSpan | None]:
+    """The ``create_agent`` span of a fork (None while tracing is off): a span of the caller's
+    trace, not of the source's: a fork is a new run, made when someone forks, maybe long after
+    the source ended; the source is a link (docs/tracing.md)."""
+    tracer = tracing.tracer()
+    if tracer is None:
+        yield None
+        return
+    attributes: dict[str, Any] = {
+        "gen_ai.operation.name": "create_agent",
+        "gen_ai.conversation.id": fork_id,
+        "zincir.run.id": fork_id,
+        "zincir.forked_from": source_id,
+    }
+    span = tracer.start_span("create_agent", attributes=attributes)
+    try:
+        yield ForkSpan(span)
+    except BaseException as exc:
+        _failed(span, exc, tracing.content)
+        raise
+    finally:
+        span.end()
+
+
 def _failed(span: Span, exc: BaseException, content: bool) -> None:
     """Mark ``span`` with what ended it: an error (its type; its message and traceback only with
     content), or a cancellation, which is no error (a suspension, a stop, a lost lease)."""
@@ -230,8 +288,15 @@ class RunTrace:
         assert otel is not None, "a tracer comes from opentelemetry-api"
         self._otel = otel
         self._tracer = tracer
+        self._start_span: Callable[..., Span] = tracer.start_span
+        # A span made current, and the current context restored: the API's functions, looked up
+        # once (a step's span does both; bench/reports/tracing.md prices every part of it).
+        self._in_context = otel.trace.set_span_in_context
+        self._attach = otel.context.attach
+        self._detach = otel.context.detach
         self.content = content
         self._lease = lease
+        self._run_id = lease.run_id
         self._attempt = attempt
         # On every span: the run (a child run's spans share its parent's trace). The epoch and
         # the attempt are the attempt span's: each attribute costs the SDK time on every span.
@@ -273,6 +338,17 @@ class RunTrace:
         )
         self._attempt_span = span
         self._token = self._otel.context.attach(trace.set_span_in_context(span, parent))
+        if not span.is_recording():
+            # Sampled out: nothing inside it is made either (a parent-based sampler, the SDK's
+            # default, would drop it; any other would orphan it). The attempt's span stays the
+            # current one, so that the body's own spans follow its decision too.
+            self._start_span = self._nothing
+
+    def _nothing(self, name: str, **ignored: Any) -> Span:
+        """What an attempt sampled out starts instead of a span: the API's invalid span, which
+        records nothing and is never made current."""
+        span: Span = self._otel.trace.INVALID_SPAN
+        return span
 
     def end_attempt(self, outcome: str, error: BaseException | None) -> None:
         """End the attempt's span (the current one again what it was before): ``outcome`` says
@@ -294,10 +370,12 @@ class RunTrace:
         """A span of the current context (the attempt's, or one the body made current), ended
         with the ``with`` block it is given to; the block's own work (a tool, a step's function,
         a verifier) runs inside it, so that its spans are children of it."""
-        return _Scope(self, self._tracer.start_span(name, attributes={**self._base, **attributes}))
+        return _Scope(self, self._start_span(name, attributes={**self._base, **attributes}))
 
     def step(self, name: str) -> _Scope:
-        return self.span(f"step {name}", {"zincir.step.name": name})
+        # The commonest span, made directly: its attributes in one literal, not merged.
+        attributes = {"zincir.run.id": self._run_id, "zincir.step.name": name}
+        return _Scope(self, self._start_span("step " + name, attributes=attributes))
 
     def tool(self, call_id: str, name: str, args: Any) -> _Scope:
         attributes: dict[str, Any] = {
@@ -319,7 +397,7 @@ class RunTrace:
     def start_wait(self, kind: str, name: str, started_ns: int) -> Span:
         """The span of a wait that did not end at its first look, from when it began."""
         attributes = {**self._base, "zincir.wait.kind": kind, "zincir.wait.name": name}
-        return self._tracer.start_span(f"wait {kind} {name}", attributes=attributes, start_time=started_ns)
+        return self._start_span(f"wait {kind} {name}", attributes=attributes, start_time=started_ns)
 
     def end_wait(self, span: Span, error: BaseException | None, value: Any = None) -> None:
         if error is not None:
@@ -353,7 +431,7 @@ class RunTrace:
             attributes["zincir.request_tokens"] = tokens
         if cost is not None:
             attributes["zincir.request_cost"] = cost
-        self._model_span = self._tracer.start_span(
+        self._model_span = self._start_span(
             "chat" if model is None else f"chat {model}", attributes=attributes
         )
 
@@ -361,7 +439,7 @@ class RunTrace:
     def model_call(self) -> Iterator[None]:
         """The call in flight as the current span (an instrumented HTTP client's spans nest in it)."""
         span = self._model_span
-        if span is None:
+        if span is None or not span.is_recording():
             yield
             return
         context = self._otel.context
@@ -381,7 +459,7 @@ class RunTrace:
         attributes = {**self._base, "gen_ai.operation.name": "chat"}
         if self._lease.provider:
             attributes["gen_ai.provider.name"] = self._lease.provider
-        return self._tracer.start_span("chat", attributes=attributes), True
+        return self._start_span("chat", attributes=attributes), True
 
     def replied(
         self,
@@ -444,13 +522,13 @@ class _Scope:
     def __enter__(self) -> Span:
         span = self._span
         if span.is_recording():
-            otel = self._trace._otel
-            self._token = otel.context.attach(otel.trace.set_span_in_context(span))
+            trace = self._trace
+            self._token = trace._attach(trace._in_context(span))
         return span
 
     def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
         if self._token is not None:
-            self._trace._otel.context.detach(self._token)
+            self._trace._detach(self._token)
         if exc is not None:
             _failed(self._span, exc, self._trace.content)
         self._span.end()

@@ -49,6 +49,10 @@ class ForkOutcome:
     fork_id: str
     fork_seq: int
     inherited: int
+    role: str = ""
+    provider: str = ""
+    source_traceparent: str | None = None
+    """The source's stored trace context, which the fork's creation links to (docs/tracing.md)."""
 
 
 def _logged(run: str, key: str) -> str:
@@ -71,14 +75,16 @@ def fork_run(
     config_json: str | None,
     by: str | None,
     reason: str | None,
+    traceparent: str | None = None,
 ) -> ForkOutcome:
     """Create run ``fork_id``, pending and claimable, from ``source_id``'s log up to
     ``at_seq`` (or to the tool result that answered the checkpoint accepted in round
-    ``at_checkpoint``); ``config_json`` replaces the config. RunNotFound, InvalidForkPoint."""
-    source = tx.lock_run(source_id, "last_seq, role, provider, config, version, fingerprints")
+    ``at_checkpoint``); ``config_json`` replaces the config; ``traceparent`` is the fork's own
+    trace context (its creation's span). RunNotFound, InvalidForkPoint."""
+    source = tx.lock_run(source_id, "last_seq, role, provider, config, version, fingerprints, traceparent")
     if source is None:
         raise RunNotFound(f"run {source_id} does not exist")
-    last_seq, role, provider, stored_config, version, fingerprints = source
+    last_seq, role, provider, stored_config, version, fingerprints, source_traceparent = source
     at, forked_at = _fork_point(tx, source_id, int(last_seq), at_seq, at_checkpoint)
     inherited = tx.all(
         "SELECT t.call_id, e.seq, e.payload FROM tool_intents AS t"
@@ -89,11 +95,12 @@ def fork_run(
     )
     tx.execute(
         "INSERT INTO agent_runs (id, role, provider, status, config, created_at, updated_at, last_seq,"
-        " next_attempt_at, forked_from, fork_seq, version, fingerprints)"
-        " VALUES (?, ?, ?, 'pending', ?, :now, :now, ?, :now, ?, ?, ?, ?)",
+        " next_attempt_at, forked_from, fork_seq, version, fingerprints, traceparent)"
+        " VALUES (?, ?, ?, 'pending', ?, :now, :now, ?, :now, ?, ?, ?, ?, ?)",
         (
             *(fork_id, role, provider, config_json or stored_config, at + 1 + len(inherited), source_id, at),
             *(version, fingerprints),  # the fork runs on its source's version (docs/versions.md)
+            traceparent,
         ),
     )
     tx.execute(
@@ -115,7 +122,7 @@ def fork_run(
     _share_children(tx, source_id, fork_id, at)
     _copy_budget(tx, source_id, fork_id, at)
     tx.wake(claimable=True)
-    return ForkOutcome(fork_id, at, len(inherited))
+    return ForkOutcome(fork_id, at, len(inherited), role, provider or "", source_traceparent)
 
 
 def _fork_point(

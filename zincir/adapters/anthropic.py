@@ -33,6 +33,7 @@ from anthropic import AsyncAnthropic
 from anthropic.types import Message, MessageParam, ToolResultBlockParam
 
 from .. import DurableState, InvalidArgument, PendingToolCall, Run, ToolCall
+from .._validation import check_name
 from ._common import (
     DEFAULT_NUDGE,
     JSONValue,
@@ -83,21 +84,47 @@ async def record(run: Run, message: Message, *, prices: Prices | None = None) ->
     return await run.record_response(content, calls, message.stop_reason or "", usage=usage)
 
 
-async def create(run: Run, client: AsyncAnthropic, *, prices: Prices | None = None, **params: Any) -> Message:
+async def create(
+    run: Run,
+    client: AsyncAnthropic,
+    *,
+    prices: Prices | None = None,
+    stream_to: str | None = None,
+    **params: Any,
+) -> Message:
     """One durable model call: ``client.messages.create(**params)``, after what zincir does
     before a paid call (the durable model-call mark, refused while the budget is spent), and its
-    response recorded (:func:`record`) before it is returned. Not for streaming: record a
-    stream's final message with :func:`record`."""
+    response recorded (:func:`record`) before it is returned.
+
+    ``stream_to="answer"`` makes the call a stream (``client.messages.stream``) and sends each
+    piece of its text, as it arrives, to the run's stream of that name (:meth:`Run.stream`, a
+    string per chunk); the message the SDK assembles from the events is recorded, as a
+    non-streaming call's would be (docs/streams.md). Pass ``stream=True`` never: a raw event
+    stream is not a message to record."""
     if params.get("stream"):
         raise InvalidArgument(
-            f"run {run.id}: create() makes one non-streaming call; record a stream's final message"
-            " with record()"
+            f"run {run.id}: create() records whole messages; stream with stream_to=NAME, or record"
+            " a stream's final message with record()"
         )
+    if stream_to is not None:  # refused before the call's mark is written
+        stream_to = check_name(stream_to, f"run {run.id}: the stream name")
     await before_model_call(run, params, prices)
     with run._in_model_call():  # work (no suspension under it), traced as the call's span
-        message: Message = await client.messages.create(**params)
+        if stream_to is None:
+            message: Message = await client.messages.create(**params)
+        else:
+            message = await _streamed(run, client, stream_to, params)
     await record(run, message, prices=prices)
     return message
+
+
+async def _streamed(run: Run, client: AsyncAnthropic, name: str, params: dict[str, Any]) -> Message:
+    """The call as a stream: its text deltas sent to the run's stream ``name``; the final message."""
+    async with run.stream(name) as out, client.messages.stream(**params) as events:
+        async for text in events.text_stream:
+            if text:
+                await out.send(text)
+        return await events.get_final_message()
 
 
 def messages(

@@ -37,6 +37,7 @@ from openai.types.chat import (
 )
 
 from .. import DurableState, InvalidArgument, PendingToolCall, Run, ToolCall
+from .._validation import check_name
 from ._common import (
     DEFAULT_NUDGE,
     JSONValue,
@@ -127,18 +128,51 @@ def _cost(price: Price, usage: Mapping[str, Any]) -> float:
 
 
 async def create(
-    run: Run, client: AsyncOpenAI, *, prices: Prices | None = None, **params: Any
+    run: Run,
+    client: AsyncOpenAI,
+    *,
+    prices: Prices | None = None,
+    stream_to: str | None = None,
+    **params: Any,
 ) -> ChatCompletion:
     """One durable model call: ``client.chat.completions.create(**params)``, after what zincir
     does before a paid call (the durable model-call mark, refused while the budget is spent), and its
-    response recorded (:func:`record`) before it is returned. Not for streaming."""
+    response recorded (:func:`record`) before it is returned.
+
+    ``stream_to="answer"`` makes the call a stream (``client.chat.completions.stream``, asking
+    for usage in its last chunk unless ``stream_options`` says otherwise) and sends each piece of
+    its content, as it arrives, to the run's stream of that name (:meth:`Run.stream`, a string
+    per chunk); the completion the SDK assembles from the chunks is recorded, as a non-streaming
+    call's would be (docs/streams.md). Pass ``stream=True`` never: raw chunks are no completion."""
     if params.get("stream"):
-        raise InvalidArgument(f"run {run.id}: create() makes one non-streaming call, not a stream")
+        raise InvalidArgument(f"run {run.id}: create() records whole completions; stream with stream_to=NAME")
+    if stream_to is not None:  # refused before the call's mark is written
+        stream_to = check_name(stream_to, f"run {run.id}: the stream name")
     await before_model_call(run, params, prices)
     with run._in_model_call():  # work (no suspension under it), traced as the call's span
-        completion: ChatCompletion = await client.chat.completions.create(**params)
+        if stream_to is None:
+            completion: ChatCompletion = await client.chat.completions.create(**params)
+        else:
+            completion = await _streamed(run, client, stream_to, params)
     await record(run, completion, prices=prices)
     return completion
+
+
+async def _streamed(run: Run, client: AsyncOpenAI, name: str, params: dict[str, Any]) -> ChatCompletion:
+    """The call as a stream: its content deltas sent to the run's stream ``name``; the final
+    completion, as a plain ``ChatCompletion`` (the helper's parsed fields left out)."""
+    params = {"stream_options": {"include_usage": True}, **params}
+    async with run.stream(name) as out, client.chat.completions.stream(**params) as events:
+        async for event in events:
+            if event.type == "content.delta" and event.delta:
+                await out.send(event.delta)
+        final = await events.get_final_completion()
+    sent = cast("dict[str, Any]", final.to_dict(mode="json"))
+    for choice in sent["choices"]:
+        choice["message"].pop("parsed", None)
+        for call in choice["message"].get("tool_calls") or []:
+            call.get("function", {}).pop("parsed_arguments", None)
+    return ChatCompletion.model_validate(sent)
 
 
 def messages(
