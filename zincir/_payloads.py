@@ -60,6 +60,7 @@ __all__ = [
     "copy_refs",
     "cut_texts",
     "parts_of",
+    "resolved",
     "shown_columns",
     "stored",
     "sweep",
@@ -268,6 +269,21 @@ def texts(source: Any, values: Sequence[Any]) -> list[Any]:
     if missing:
         raise StorageError(f"stored payload part {min(missing)} is missing (docs/payloads.md)")
     return [v if parts is None else _joined(parts, found) for v, parts in zip(values, parsed, strict=True)]
+
+
+def resolved(source: Any, rows: Sequence[Sequence[Any]], columns: Sequence[int]) -> list[Any]:
+    """``rows`` with the values at ``columns`` read by :func:`texts` (one query for all)."""
+    if not rows:
+        return list(rows)
+    values = texts(source, [row[c] for row in rows for c in columns])
+    out = []
+    width = len(columns)
+    for i, row in enumerate(rows):
+        row = list(row)
+        for j, c in enumerate(columns):
+            row[c] = values[i * width + j]
+        out.append(tuple(row))
+    return out
 
 
 def _joined(parts: Sequence[Any], found: dict[str, tuple[str, int]]) -> str:

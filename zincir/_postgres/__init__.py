@@ -8,6 +8,7 @@ import time
 import psycopg
 import trio
 
+from .._payloads import Payloads
 from .._backend import Backend, Clock
 from .._errors import StorageError
 from .._threads import DatabaseThread
@@ -36,7 +37,7 @@ def _prepare(url: str) -> int:
 
 
 async def open_backend(
-    url: str, *, token: trio.lowlevel.TrioToken, clock: Clock | None, writers: int
+    url: str, *, token: trio.lowlevel.TrioToken, clock: Clock | None, writers: int, payloads: Payloads
 ) -> Backend:
     offset = await trio.to_thread.run_sync(_prepare, url)
     where = redact(url)
@@ -44,6 +45,7 @@ async def open_backend(
 
     def thread(name: str, *, read_only: bool) -> DatabaseThread:
         session = PostgresSession(url, name, read_only=read_only, clock=clock, echo=echo)
+        session.payloads = payloads
         return DatabaseThread(
             name=f"zincir-{name}:{where}", session=session, token=token, group_commit=not read_only
         )

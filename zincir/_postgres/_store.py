@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 
+from .._payloads import stored
 from .._json import dump_trusted as _dump
 from .._rows import RUN_COLUMNS
 from .._store import Reply, Store, Tx, _ends
@@ -50,7 +51,8 @@ def spawn_children(tx: Tx, lease: Lease, children: Sequence[NewChild]) -> list[s
             " coalesce((SELECT id FROM agent_runs WHERE parent_run_id = ? AND spawn_name = ?),"
             f" ({SHARED_CHILD}))",
             (
-                *(child.child_id, parent_id, child.role, child.provider, child.config_json, child.name),
+                *(child.child_id, parent_id, child.role, child.provider),
+                *(stored(tx, child.child_id, child.config_json, whole=True), child.name),
                 *inherited_params(child, parent_id),
                 child.traceparent,
                 *(parent_id, child.name),
@@ -108,7 +110,8 @@ def finish(tx: Tx, lease: Lease, status: RunStatus, payload_json: str, result_js
     closing = tx.send(
         _CLOSE,
         (
-            *(status.value, result_json, run_id, run_id, _STATE_TRANSITION, payload_json),
+            *(status.value, _result(tx, run_id, result_json), run_id, run_id, _STATE_TRANSITION),
+            stored(tx, run_id, payload_json),
             *(run_id, run_id, run_id, run_id, run_id),
         ),
     )
@@ -119,6 +122,10 @@ def finish(tx: Tx, lease: Lease, status: RunStatus, payload_json: str, result_js
     _ends.wake_sharers_and_followers(tx, run_id, sharers, streamed)
     if not completing:
         _ends.cancel_descendants(tx, run_id, f"its ancestor {run_id} ended {status.value}")
+
+
+def _result(tx: Tx, run_id: str, result_json: str | None) -> str | None:
+    return None if result_json is None else stored(tx, run_id, result_json, whole=True)
 
 
 def _spawned_event(child: NewChild) -> str:
@@ -149,7 +156,10 @@ def _mark(tx: Tx, parent_id: str, child_id: str, type: EventType, payload_json: 
         " WHERE id = ? RETURNING last_seq)"
         " INSERT INTO events (run_id, seq, type, payload, idempotency_key, created_at)"
         " SELECT ?, last_seq, ?, ?, ?, :now FROM allocated",
-        (parent_id, child_id, parent_id, parent_id, type.value, payload_json, f"join:{child_id}"),
+        (
+            *(parent_id, child_id, parent_id, parent_id, type.value),
+            *(stored(tx, parent_id, payload_json), f"join:{child_id}"),
+        ),
     )
 
 

@@ -127,7 +127,7 @@ def list_stream_chunks(
         (run_id, name, after, limit),
     )
     chunks = []
-    for offset, attempt, data, size, restarted, created_at in rows:
+    for offset, attempt, data, size, restarted, created_at in cut_texts(conn, list(rows), (2,), max_chars):
         length = as_size(size)
         chunks.append(
             StreamChunkRow(

@@ -94,12 +94,12 @@ def list_open_approvals(
         " AND (CAST(? AS TEXT) IS NULL OR a.run_id = ?) ORDER BY a.requested_at, a.run_id LIMIT ?",
         (now_ms, run_id, run_id, check_limit(limit)),
     )
-    return tuple(_approval_request(r) for r in rows)
+    return tuple(_approval_request(r) for r in resolved(conn, list(rows), (3,)))
 
 
 def get_approval_request(conn: Reader, run_id: str, call_id: str) -> ApprovalRequest | None:
     rows = list(conn.execute(f"{_APPROVAL_SQL} WHERE a.run_id = ? AND a.call_id = ?", (run_id, call_id)))
-    return _approval_request(rows[0]) if rows else None
+    return _approval_request(resolved(conn, rows, (3,))[0]) if rows else None
 
 
 @attrs.frozen

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._payloads import texts
 from .._budget import (
     BUDGET_COLUMNS,
     LIMIT_COLUMNS,
@@ -158,7 +159,7 @@ def _intent(tx: Tx, run_id: str, call_id: str) -> ToolCall | None:
     )
     if row is None:
         return None
-    payload = decode(row[0])
+    payload = decode(texts(tx, row)[0])
     return ToolCall(payload["call_id"], payload["name"], payload["args"])
 
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from .._payloads import resolved, stored
 from .._errors import InvalidArgument
 from .._json import dump_trusted as _dump
-from .._rows import RUN_COLUMNS, to_run
+from .._rows import RUN_COLUMNS, RUN_JSON, to_run
 from .._types import EventType, RunRecord
 from ._budgets import insert_budget
 from ._tx import Reply, Tx
@@ -32,7 +33,8 @@ def spawn_children(tx: Tx, lease: Lease, children: Sequence[NewChild]) -> list[s
             f" WHERE NOT EXISTS ({SHARED_CHILD})"
             " ON CONFLICT (parent_run_id, spawn_name) WHERE spawn_name IS NOT NULL DO NOTHING",
             (
-                *(child.child_id, parent_id, child.role, child.provider, child.config_json, child.name),
+                *(child.child_id, parent_id, child.role, child.provider),
+                *(stored(tx, child.child_id, child.config_json, whole=True), child.name),
                 *inherited_params(child, parent_id),
                 child.traceparent,
                 *(parent_id, child.name),
@@ -146,7 +148,7 @@ SHARES = "SELECT 1 FROM shared_children WHERE run_id = ? AND child_id = ?"
 def _judge(tx: Tx, parent_id: str, child_id: str, look: Reply, mark: Mark) -> JoinOutcome:
     """What the look found: log the end (or the timeout) the first time it is seen."""
     found = look.one()
-    child = None if found is None else to_run(found[:-4])
+    child = None if found is None else to_run(resolved(tx, [found[:-4]], RUN_JSON)[0])
     if child is None or (child.parent_run_id != parent_id and not found[-4]):
         raise InvalidArgument(f"run {parent_id}: {child_id} is not a child of this run")
     deadline, completed_at, timed_out = found[-3:]

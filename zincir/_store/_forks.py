@@ -28,6 +28,7 @@ from typing import Any
 
 import attrs
 
+from .._payloads import copy_refs, resolved, stored
 from .._budget import LIMIT_COLUMNS, CountedCall, debit_of, loop_of
 from .._errors import InvalidForkPoint, RunNotFound
 from .._json import decode
@@ -80,7 +81,7 @@ def fork_run(
         raise RunNotFound(f"run {source_id} does not exist")
     last_seq, role, provider, stored_config, version, fingerprints = source
     at, forked_at = _fork_point(tx, source_id, int(last_seq), at_seq, at_checkpoint)
-    inherited = tx.all(
+    inherited = tx.all(  # read through zincir._payloads below, with the fork's row written
         "SELECT t.call_id, e.seq, e.payload FROM tool_intents AS t"
         " JOIN events AS e ON e.run_id = t.run_id AND e.seq = t.result_seq"
         " WHERE t.run_id = ? AND t.intent_seq <= ? AND t.result_seq > ? AND t.name <> ?"
@@ -92,10 +93,15 @@ def fork_run(
         " next_attempt_at, forked_from, fork_seq, version, fingerprints)"
         " VALUES (?, ?, ?, 'pending', ?, :now, :now, ?, :now, ?, ?, ?, ?)",
         (
-            *(fork_id, role, provider, config_json or stored_config, at + 1 + len(inherited), source_id, at),
+            *(fork_id, role, provider, _config(tx, fork_id, config_json, stored_config)),
+            *(at + 1 + len(inherited), source_id, at),
             *(version, fingerprints),  # the fork runs on its source's version (docs/versions.md)
         ),
     )
+    # The copied columns below keep their stored form (references included): the fork refers to
+    # what its source does, so that deleting the source leaves the fork whole.
+    copy_refs(tx, source_id, fork_id)
+    inherited = resolved(tx, inherited, (2,))
     tx.execute(
         "INSERT INTO events (run_id, seq, type, payload, idempotency_key, created_at)"
         " SELECT ?, seq, type, payload, idempotency_key, created_at FROM events"
@@ -116,6 +122,11 @@ def fork_run(
     _copy_budget(tx, source_id, fork_id, at)
     tx.wake(claimable=True)
     return ForkOutcome(fork_id, at, len(inherited))
+
+
+def _config(tx: Tx, fork_id: str, config_json: str | None, stored_config: str) -> str:
+    """The fork's config column: the one given, or the source's as stored."""
+    return stored_config if config_json is None else stored(tx, fork_id, config_json, whole=True)
 
 
 def _fork_point(
@@ -327,7 +338,7 @@ def _copy_budget(tx: Tx, source_id: str, fork_id: str, at: int) -> None:
         (source_id, at, EventType.LLM_CALL.value, EventType.CHECKPOINT_ACCEPTED.value),
     )
     spent = _Spent()
-    for type, payload_json in rows:
+    for type, payload_json in resolved(tx, rows, (1,)):
         if type == EventType.CHECKPOINT_ACCEPTED.value:
             spent.progress()
         else:

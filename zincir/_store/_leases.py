@@ -14,6 +14,7 @@ from typing import Any
 
 import attrs
 
+from .._payloads import stored, texts
 from .._budget import judge
 from .._errors import RunLeased, RunNotFound, RunTerminal, RunWaiting, VersionMismatch
 from .._json import dump_trusted as _dump
@@ -74,7 +75,8 @@ def create_run(
         " lease_pid, lease_process_start, version, fingerprints, traceparent)"
         " VALUES (?, ?, ?, ?, 'running', ?, :now, :now, 0, ?, 1, ?, :now, ?, ?, ?, ?, ?, ?)",
         (
-            *(run_id, parent_run_id, role, provider, config_json, owner, expires_at),
+            *(run_id, parent_run_id, role, provider, stored(tx, run_id, config_json, whole=True)),
+            *(owner, expires_at),
             *(*this_process().as_row(), version, fingerprints_json, traceparent),
         ),
     )
@@ -327,7 +329,7 @@ def _take(
         close_unanswered(tx, c.run_id, int(c.model_call_seq), "next_owner")
     return Lease(
         c.run_id, owner, epoch, ttl_ms, expires_at, c.wall_end,
-        config_json=c.config_json, version=c.version, role=c.role, provider=c.provider,
+        config_json=texts(tx, [c.config_json])[0], version=c.version, role=c.role, provider=c.provider,
         traceparent=c.traceparent,
     )  # fmt: skip
 
