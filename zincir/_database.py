@@ -256,7 +256,9 @@ async def open_database(
     if where.backend == "postgresql":
         from . import _postgres  # psycopg is an optional extra: imported only when it is needed
 
-        backend = await _postgres.open_backend(where.location, token=token, clock=clock, writers=writers or 2, payloads=payloads)
+        backend = await _postgres.open_backend(
+            where.location, token=token, clock=clock, writers=writers or 2, payloads=payloads
+        )
     else:
         if writers not in (None, 1):
             raise InvalidArgument(f"SQLite has exactly one writer, not writers={writers!r}")

@@ -108,7 +108,9 @@ def stored(tx: Tx, run_id: str, text: str, *, whole: bool = False) -> str:
     if not large:
         return text
     _put(tx, run_id, large)
-    return MARK + json.dumps([p if isinstance(p, str) else [_digest(p)] for p in parts], separators=(",", ":"))
+    return MARK + json.dumps(
+        [p if isinstance(p, str) else [_digest(p)] for p in parts], separators=(",", ":")
+    )
 
 
 @attrs.frozen
@@ -226,6 +228,7 @@ def sweep(tx: Tx, limit: int = 1000) -> tuple[int, int]:
 
 # -- reading ------------------------------------------------------------------------------------
 
+
 def _fetch(source: Any, digests: Sequence[str], body: str) -> dict[str, tuple[str, int]]:
     """``body`` (an SQL expression of the part's text) and size of each stored part."""
     d = source.dialect
@@ -302,7 +305,9 @@ def shown_columns(column: str, max_chars: int | None) -> str:
     )
 
 
-def cut_texts(source: Any, rows: Sequence[Sequence[Any]], columns: Sequence[int], max_chars: int | None) -> list[Any]:
+def cut_texts(
+    source: Any, rows: Sequence[Sequence[Any]], columns: Sequence[int], max_chars: int | None
+) -> list[Any]:
     """``rows`` read with :func:`shown_columns` at the indexes ``columns`` (each the shown text,
     the next its length), with each reference text replaced by its text cut to ``max_chars``
     and its length: one query for the whole page. Never raises (the read queries' contract):
@@ -324,7 +329,9 @@ def cut_texts(source: Any, rows: Sequence[Sequence[Any]], columns: Sequence[int]
     return [tuple(row) for row in out]
 
 
-def _prefix(parts: Sequence[Any], found: dict[str, tuple[str, int]], max_chars: int | None) -> tuple[str, int]:
+def _prefix(
+    parts: Sequence[Any], found: dict[str, tuple[str, int]], max_chars: int | None
+) -> tuple[str, int]:
     size = sum(len(p) if isinstance(p, str) else found[p[0]][1] for p in parts)
     text = _joined(parts, found)
     return (text if max_chars is None else text[: max(0, int(max_chars))]), size

@@ -8,9 +8,9 @@ import time
 import psycopg
 import trio
 
-from .._payloads import Payloads
 from .._backend import Backend, Clock
 from .._errors import StorageError
+from .._payloads import Payloads
 from .._threads import DatabaseThread
 from . import _migrations
 from ._connection import Echo, PostgresSession, connect, redact, server_clock_offset, storage_error

@@ -19,8 +19,8 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg.pq import ConnStatus, TransactionStatus
 
-from .._payloads import Payloads
 from .._errors import DatabaseBusy, DatabaseUnavailable, StorageError, TransientConflict
+from .._payloads import Payloads
 from .._wakes import Wakes
 from ._pipe import Pending, Pipe
 from ._tx import Tx

@@ -13,8 +13,8 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 
-from .._payloads import stored
 from .._json import dump_trusted as _dump
+from .._payloads import stored
 from .._rows import RUN_COLUMNS
 from .._store import Reply, Store, Tx, _ends
 from .._store._budgets import insert_budget

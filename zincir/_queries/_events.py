@@ -13,8 +13,8 @@ from typing import Any, Final
 
 import attrs
 
-from .._payloads import cut_texts
 from .._errors import InvalidArgument
+from .._payloads import cut_texts
 from .._sql import Cursor, Dialect
 from .._types import EventType
 from ._connect import Reader
@@ -166,7 +166,9 @@ def list_events(
         clauses.append("type = ?")
         params.append(type)
     sql = f"{event_sql(d, max_payload_chars)} {where_sql(clauses)} ORDER BY seq {order} LIMIT ?"
-    rows, more = _collect(conn, conn.execute(sql, [*params, limit + 1]), limit, max_payload_chars, max_chars_total)
+    rows, more = _collect(
+        conn, conn.execute(sql, [*params, limit + 1]), limit, max_payload_chars, max_chars_total
+    )
     if descending:
         rows.reverse()
         page = _backward_page(conn, run_id, rows, more, before, scan_edge)
@@ -184,8 +186,7 @@ def list_events(
 
 
 def _collect(
-    conn: Reader,
-    cursor: Cursor, limit: int, max_payload_chars: int | None, max_chars_total: int | None
+    conn: Reader, cursor: Cursor, limit: int, max_payload_chars: int | None, max_chars_total: int | None
 ) -> tuple[list[EventRow], bool]:
     rows: list[EventRow] = []
     used, more = 0, False

@@ -13,8 +13,8 @@ from typing import Any, Final
 
 import attrs
 
-from .._payloads import cut_texts, resolved
 from .._errors import InvalidArgument, RunNotFound
+from .._payloads import cut_texts, resolved
 from .._sql import Dialect
 from .._types import EventType
 from ._connect import Reader

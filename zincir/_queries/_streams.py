@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import attrs
 
+from .._payloads import cut_texts
 from ._connect import Reader
 from ._keys import check_limit
 from ._values import Int, as_int, as_size, as_text, json_columns, name_column, was_cut

@@ -13,6 +13,7 @@ from typing import Any
 
 import attrs
 
+from .._payloads import resolved
 from ._connect import Reader
 from ._keys import check_limit
 from ._values import Int, OptInt, as_int, as_opt_int, as_text, json_value, name_column

@@ -8,8 +8,8 @@ from typing import Final
 
 import trio
 
-from .._payloads import Payloads
 from .._backend import Backend, Clock, wall_clock_ms
+from .._payloads import Payloads
 from .._store import Store
 from .._threads import DatabaseThread
 from ._connection import SQLiteSession, open_connections

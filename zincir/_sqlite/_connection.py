@@ -9,9 +9,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final, final
 
-from .._payloads import Payloads
 from .. import _store
 from .._errors import DatabaseBusy, StorageError
+from .._payloads import Payloads
 from .._sql import Dialect
 from .._store._tx import PLACEHOLDERS, judge_lease
 from .._store._types import Lease

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._payloads import texts
 from .._budget import (
     BUDGET_COLUMNS,
     LIMIT_COLUMNS,
@@ -23,6 +22,7 @@ from .._budget import (
 )
 from .._json import decode
 from .._json import dump_trusted as _dump
+from .._payloads import texts
 from .._types import EventType, ToolCall
 from .._validation import MAX_INT
 from ._reads import get_run

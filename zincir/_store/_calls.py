@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from .._payloads import texts
 from .._budget import Exceeded, judge
 from .._json import decode
 from .._json import dump_trusted as _dump
+from .._payloads import texts
 from .._types import EventType
 from ._budgets import budget_usage, charge_unanswered
 from ._tx import Tx

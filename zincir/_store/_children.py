@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from .._payloads import resolved, stored
 from .._errors import InvalidArgument
 from .._json import dump_trusted as _dump
+from .._payloads import resolved, stored
 from .._rows import RUN_COLUMNS, RUN_JSON, to_run
 from .._types import EventType, RunRecord
 from ._budgets import insert_budget

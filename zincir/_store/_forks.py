@@ -28,11 +28,11 @@ from typing import Any
 
 import attrs
 
-from .._payloads import copy_refs, resolved, stored
 from .._budget import LIMIT_COLUMNS, CountedCall, debit_of, loop_of
 from .._errors import InvalidForkPoint, RunNotFound
 from .._json import decode
 from .._json import dump_trusted as _dump
+from .._payloads import copy_refs, resolved, stored
 from .._types import EventType, ToolCall
 from .._validation import MAX_INT
 from ._log import insert_event

@@ -14,12 +14,12 @@ from typing import Any
 
 import attrs
 
-from .._payloads import stored, texts
 from .._budget import judge
 from .._errors import RunLeased, RunNotFound, RunTerminal, RunWaiting, VersionMismatch
 from .._json import dump_trusted as _dump
 from .._owner import Owner, Verdict, gone_holders, this_process
 from .._owner import judge as judge_holder
+from .._payloads import stored, texts
 from .._types import EventType, RunStatus
 from ._budgets import WALL_END, budget_usage, insert_budget, wall_end
 from ._calls import close_unanswered

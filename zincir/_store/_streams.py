@@ -15,8 +15,8 @@ from typing import Any, Final
 
 import attrs
 
-from .._payloads import resolved, stored
 from .._errors import RunNotFound
+from .._payloads import resolved, stored
 from ._tx import Tx
 from ._types import Lease
 

@@ -15,7 +15,6 @@ from typing import Any
 
 import attrs
 
-from .._payloads import resolved, stored, texts
 from .._errors import (
     ApprovalConflict,
     ApprovalHashMismatch,
@@ -25,6 +24,7 @@ from .._errors import (
 )
 from .._json import decode
 from .._json import dump_trusted as _dump
+from .._payloads import resolved, stored, texts
 from .._types import EventType
 from ._tx import Tx, lock_live_run
 from ._types import (
