@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import trio
 from click.testing import CliRunner
 
 import zincir
@@ -132,19 +131,18 @@ async def test_every_reader_sees_the_same_values_with_the_store_on_and_off(db_ta
 
 
 async def test_a_megabyte_result_recorded_ten_times_is_stored_once(db_target: str) -> None:
-    async with zincir.open_database(db_target) as db:
-        async with zincir.open_run(db) as run:
-            for i in range(10):
-                await run.record_response(
-                    "", [zincir.ToolCall(f"c{i}", "read", {"path": "big.txt"})], "tool_use"
-                )
-                await run.record_tool_result(f"c{i}", MEGABYTE)
-            stored = scalar(db, "SELECT sum(size) FROM payload_content")
-            in_log = scalar(db, "SELECT sum(length(payload)) FROM events WHERE run_id = ?", (run.id,))
-            assert 1_000_000 <= stored < 1_010_000  # type: ignore[operator]
-            assert in_log < 10_000  # type: ignore[operator]
-            results = [e.payload["content"] for e in await db.events(run.id) if e.type == "tool_result"]
-            assert results == [MEGABYTE] * 10
+    async with zincir.open_database(db_target) as db, zincir.open_run(db) as run:
+        for i in range(10):
+            await run.record_response(
+                "", [zincir.ToolCall(f"c{i}", "read", {"path": "big.txt"})], "tool_use"
+            )
+            await run.record_tool_result(f"c{i}", MEGABYTE)
+        stored = scalar(db, "SELECT sum(size) FROM payload_content")
+        in_log = scalar(db, "SELECT sum(length(payload)) FROM events WHERE run_id = ?", (run.id,))
+        assert 1_000_000 <= stored < 1_010_000  # type: ignore[operator]
+        assert in_log < 10_000  # type: ignore[operator]
+        results = [e.payload["content"] for e in await db.events(run.id) if e.type == "tool_result"]
+        assert results == [MEGABYTE] * 10
 
 
 @pytest.mark.sqlite_only
@@ -152,11 +150,13 @@ async def test_the_file_grows_by_the_result_about_once(db_path: Path) -> None:
     sizes = {}
     for threshold, name in ((None, "off"), (4096, "on")):
         path = db_path.with_name(f"{name}.db")
-        async with zincir.open_database(path, content_threshold=threshold) as db:
-            async with zincir.open_run(db) as run:
-                for i in range(10):
-                    await run.record_response("", [zincir.ToolCall(f"c{i}", "read", {})], "tool_use")
-                    await run.record_tool_result(f"c{i}", MEGABYTE)
+        async with (
+            zincir.open_database(path, content_threshold=threshold) as db,
+            zincir.open_run(db) as run,
+        ):
+            for i in range(10):
+                await run.record_response("", [zincir.ToolCall(f"c{i}", "read", {})], "tool_use")
+                await run.record_tool_result(f"c{i}", MEGABYTE)
         conn = sqlite3.connect(path)
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         conn.close()
@@ -259,4 +259,3 @@ async def test_a_small_step_writes_nothing_to_the_store(db_target: str) -> None:
             await run.step("s", small)
         assert scalar(db, "SELECT count(*) FROM payload_content") == 0
         assert scalar(db, "SELECT count(*) FROM payload_refs") == 0
-    await trio.sleep(0)
