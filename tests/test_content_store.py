@@ -133,9 +133,7 @@ async def test_every_reader_sees_the_same_values_with_the_store_on_and_off(db_ta
 async def test_a_megabyte_result_recorded_ten_times_is_stored_once(db_target: str) -> None:
     async with zincir.open_database(db_target) as db, zincir.open_run(db) as run:
         for i in range(10):
-            await run.record_response(
-                "", [zincir.ToolCall(f"c{i}", "read", {"path": "big.txt"})], "tool_use"
-            )
+            await run.record_response("", [zincir.ToolCall(f"c{i}", "read", {"path": "big.txt"})], "tool_use")
             await run.record_tool_result(f"c{i}", MEGABYTE)
         stored = scalar(db, "SELECT sum(size) FROM payload_content")
         in_log = scalar(db, "SELECT sum(length(payload)) FROM events WHERE run_id = ?", (run.id,))

@@ -60,9 +60,11 @@ __all__ = [
     "copy_refs",
     "cut_texts",
     "parts_of",
+    "refer",
     "resolved",
     "shown_columns",
     "stored",
+    "stored_unreferenced",
     "sweep",
     "texts",
 ]
@@ -103,14 +105,31 @@ def stored(tx: Tx, run_id: str, text: str, *, whole: bool = False) -> str:
     threshold = tx.payloads.threshold
     if threshold is None or len(text) < threshold:
         return text
+    column, digests = _store_parts(tx, text, threshold, whole)
+    refer(tx, run_id, digests)
+    return column
+
+
+def stored_unreferenced(tx: Tx, text: str) -> tuple[str, tuple[str, ...]]:
+    """:func:`stored` (``whole=True``) for a run whose row is not written yet (its config):
+    the column's text and the digests the run must :func:`refer` to once its row exists (a
+    reference names an existing run; a spawn repeated after a restart writes no row)."""
+    threshold = tx.payloads.threshold
+    if threshold is None or len(text) < threshold:
+        return text, ()
+    return _store_parts(tx, text, threshold, True)
+
+
+def _store_parts(tx: Tx, text: str, threshold: int, whole: bool) -> tuple[str, tuple[str, ...]]:
+    """Store ``text``'s large parts; its reference text (or ``text``: none) and their digests."""
     parts = parts_of(text, threshold, whole=whole)
-    large = {_digest(part): part for part in parts if not isinstance(part, str)}
+    digested = [p if isinstance(p, str) else (_digest(p), p) for p in parts]
+    large = dict(p for p in digested if not isinstance(p, str))
     if not large:
-        return text
-    _put(tx, run_id, large)
-    return MARK + json.dumps(
-        [p if isinstance(p, str) else [_digest(p)] for p in parts], separators=(",", ":")
-    )
+        return text, ()
+    _put(tx, large)
+    column = MARK + json.dumps([p if isinstance(p, str) else [p[0]] for p in digested], separators=(",", ":"))
+    return column, tuple(large)
 
 
 @attrs.frozen
@@ -177,9 +196,9 @@ def _digest(part: _Part) -> str:
     return hashlib.sha256(part.text.encode()).hexdigest()
 
 
-def _put(tx: Tx, run_id: str, large: dict[str, _Part]) -> None:
-    """Store each part once and note that ``run_id`` refers to it; nothing here is read, so
-    on PostgreSQL it costs no round trip."""
+def _put(tx: Tx, large: dict[str, _Part]) -> None:
+    """Store each part once; nothing here is read, so on PostgreSQL it costs no round trip.
+    The caller's :func:`refer` keeps them (in the same transaction: see Dialect.content_guard)."""
     d = tx.dialect
     if d.content_guard:
         tx.execute(d.content_guard)  # see Dialect.content_guard: a sweep never races this write
@@ -189,6 +208,11 @@ def _put(tx: Tx, run_id: str, large: dict[str, _Part]) -> None:
             " ON CONFLICT (digest) DO NOTHING",
             (digest, part.text, len(part.text)),
         )
+
+
+def refer(tx: Tx, run_id: str, digests: Sequence[str]) -> None:
+    """Note that run ``run_id`` (its row written) uses the stored parts ``digests``."""
+    for digest in digests:
         tx.execute(
             "INSERT INTO payload_refs (run_id, digest) VALUES (?, ?) ON CONFLICT (run_id, digest) DO NOTHING",
             (run_id, digest),

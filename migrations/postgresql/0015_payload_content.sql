@@ -11,7 +11,7 @@ CREATE TABLE payload_content (
 
 CREATE TABLE payload_refs (
     run_id TEXT COLLATE "C" NOT NULL
-           REFERENCES agent_runs (id) ON DELETE CASCADE DEFERRABLE INITIALLY DEFERRED,
+           REFERENCES agent_runs (id) ON DELETE CASCADE,
     digest TEXT COLLATE "C" NOT NULL,
     PRIMARY KEY (run_id, digest)
 );

@@ -3,8 +3,8 @@
 --                    large step result or config) stored once, by the SHA-256 of its text
 --   payload_refs     which runs' columns use each part: one row per (run, part), gone with the
 --                    run (ON DELETE CASCADE), so a part no row names any more is garbage that a
---                    sweep (prune) deletes. The foreign key is checked at commit: a run's config
---                    is stored (and referenced) in the statement that creates the run's row.
+--                    sweep (prune) deletes. A new run's config is referenced once its row
+--                    exists (a spawn repeated after a restart writes no row).
 -- A column that uses parts holds a reference text, '@' and the parts' list: no JSON text
 -- starts with '@', so the values written before this version read as they are.
 
@@ -16,7 +16,7 @@ CREATE TABLE payload_content (
 ) WITHOUT ROWID;
 
 CREATE TABLE payload_refs (
-    run_id TEXT NOT NULL REFERENCES agent_runs (id) ON DELETE CASCADE DEFERRABLE INITIALLY DEFERRED,
+    run_id TEXT NOT NULL REFERENCES agent_runs (id) ON DELETE CASCADE,
     digest TEXT NOT NULL,
     PRIMARY KEY (run_id, digest)
 ) WITHOUT ROWID;

@@ -14,7 +14,7 @@ import functools
 from collections.abc import Sequence
 
 from .._json import dump_trusted as _dump
-from .._payloads import stored
+from .._payloads import refer, stored, stored_unreferenced
 from .._rows import RUN_COLUMNS
 from .._store import Reply, Store, Tx, _ends
 from .._store._budgets import insert_budget
@@ -35,6 +35,8 @@ def spawn_children(tx: Tx, lease: Lease, children: Sequence[NewChild]) -> list[s
     new child's id, or the one spawned under that name before."""
     tx.fence(lease)
     parent_id = lease.run_id
+    # The configs' parts are referenced by the children that are new (a repeated spawn writes no row).
+    configs = [stored_unreferenced(tx, child.config_json) for child in children]
     inserts = [
         tx.send(
             "WITH now AS MATERIALIZED (SELECT CAST(:now AS BIGINT) AS ms),"
@@ -52,7 +54,7 @@ def spawn_children(tx: Tx, lease: Lease, children: Sequence[NewChild]) -> list[s
             f" ({SHARED_CHILD}))",
             (
                 *(child.child_id, parent_id, child.role, child.provider),
-                *(stored(tx, child.child_id, child.config_json, whole=True), child.name),
+                *(config, child.name),
                 *inherited_params(child, parent_id),
                 child.traceparent,
                 *(parent_id, child.name),
@@ -61,15 +63,16 @@ def spawn_children(tx: Tx, lease: Lease, children: Sequence[NewChild]) -> list[s
                 *(parent_id, child.name, parent_id, child.name),
             ),
         )
-        for child in children
+        for child, (config, _) in zip(children, configs, strict=True)
     ]
     ids = []
-    for child, insert in zip(children, inserts, strict=True):
+    for child, insert, (_, parts) in zip(children, inserts, configs, strict=True):
         new, existing = insert.one()
         if new is None:  # spawned before, under this name (a restart repeats the spawn)
             ids.append(str(existing))
             continue
         ids.append(child.child_id)
+        refer(tx, child.child_id, parts)
         tx.wake(claimable=True)
         if child.budget is not None:  # the child's own, whatever its parent spends
             insert_budget(tx, child.child_id, child.budget)

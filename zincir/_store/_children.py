@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 
 from .._errors import InvalidArgument
 from .._json import dump_trusted as _dump
-from .._payloads import resolved, stored
+from .._payloads import refer, resolved, stored_unreferenced
 from .._rows import RUN_COLUMNS, RUN_JSON, to_run
 from .._types import EventType, RunRecord
 from ._budgets import insert_budget
@@ -25,6 +25,8 @@ def spawn_children(tx: Tx, lease: Lease, children: Sequence[NewChild]) -> list[s
     check for the lot. Fenced."""
     tx.fence(lease)
     parent_id = lease.run_id
+    # The configs' parts are referenced by the children that are new (a repeated spawn writes no row).
+    configs = [stored_unreferenced(tx, child.config_json) for child in children]
     inserts = [
         tx.send(
             "INSERT INTO agent_runs (id, parent_run_id, role, provider, status, config, created_at,"
@@ -34,18 +36,19 @@ def spawn_children(tx: Tx, lease: Lease, children: Sequence[NewChild]) -> list[s
             " ON CONFLICT (parent_run_id, spawn_name) WHERE spawn_name IS NOT NULL DO NOTHING",
             (
                 *(child.child_id, parent_id, child.role, child.provider),
-                *(stored(tx, child.child_id, child.config_json, whole=True), child.name),
+                *(config, child.name),
                 *inherited_params(child, parent_id),
                 child.traceparent,
                 *(parent_id, child.name),
             ),
         )
-        for child in children
+        for child, (config, _) in zip(children, configs, strict=True)
     ]
     ids: dict[str, str] = {}
-    for child, insert in zip(children, inserts, strict=True):
+    for child, insert, (_, parts) in zip(children, inserts, configs, strict=True):
         if insert.count():  # new: logged in the order asked for
             ids[child.name] = child.child_id
+            refer(tx, child.child_id, parts)
             event = _dump({"child_id": child.child_id, "name": child.name, "role": child.role})
             tx.log(parent_id, EventType.CHILD_SPAWNED, event, f"spawn:{child.name}")
             if child.budget is not None:  # the child's own, whatever its parent spends

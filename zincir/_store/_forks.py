@@ -32,7 +32,7 @@ from .._budget import LIMIT_COLUMNS, CountedCall, debit_of, loop_of
 from .._errors import InvalidForkPoint, RunNotFound
 from .._json import decode
 from .._json import dump_trusted as _dump
-from .._payloads import copy_refs, resolved, stored
+from .._payloads import copy_refs, refer, resolved, stored_unreferenced
 from .._types import EventType, ToolCall
 from .._validation import MAX_INT
 from ._log import insert_event
@@ -88,12 +88,13 @@ def fork_run(
         " ORDER BY t.intent_seq",
         (source_id, at, at, SUBMIT_CHECKPOINT),
     )
+    config, config_parts = _config(tx, config_json, stored_config)
     tx.execute(
         "INSERT INTO agent_runs (id, role, provider, status, config, created_at, updated_at, last_seq,"
         " next_attempt_at, forked_from, fork_seq, version, fingerprints)"
         " VALUES (?, ?, ?, 'pending', ?, :now, :now, ?, :now, ?, ?, ?, ?)",
         (
-            *(fork_id, role, provider, _config(tx, fork_id, config_json, stored_config)),
+            *(fork_id, role, provider, config),
             *(at + 1 + len(inherited), source_id, at),
             *(version, fingerprints),  # the fork runs on its source's version (docs/versions.md)
         ),
@@ -101,6 +102,7 @@ def fork_run(
     # The copied columns below keep their stored form (references included): the fork refers to
     # what its source does, so that deleting the source leaves the fork whole.
     copy_refs(tx, source_id, fork_id)
+    refer(tx, fork_id, config_parts)
     inherited = resolved(tx, inherited, (2,))
     tx.execute(
         "INSERT INTO events (run_id, seq, type, payload, idempotency_key, created_at)"
@@ -124,9 +126,10 @@ def fork_run(
     return ForkOutcome(fork_id, at, len(inherited))
 
 
-def _config(tx: Tx, fork_id: str, config_json: str | None, stored_config: str) -> str:
-    """The fork's config column: the one given, or the source's as stored."""
-    return stored_config if config_json is None else stored(tx, fork_id, config_json, whole=True)
+def _config(tx: Tx, config_json: str | None, stored_config: str) -> tuple[str, tuple[str, ...]]:
+    """The fork's config column, the one given or the source's as stored, and the parts the
+    fork must refer to for it (beyond its source's, which it refers to all)."""
+    return (stored_config, ()) if config_json is None else stored_unreferenced(tx, config_json)
 
 
 def _fork_point(
