@@ -257,3 +257,14 @@ async def test_a_small_step_writes_nothing_to_the_store(db_target: str) -> None:
             await run.step("s", small)
         assert scalar(db, "SELECT count(*) FROM payload_content") == 0
         assert scalar(db, "SELECT count(*) FROM payload_refs") == 0
+
+
+async def test_a_child_spawned_again_with_a_large_config_is_stored_once(db_target: str) -> None:
+    async with zincir.open_database(db_target) as db, zincir.open_run(db) as run:
+        first = await run.spawn("helper", config={"brief": BIG})
+        again = await run.spawn("helper", config={"brief": BIG})  # as a restart repeats it
+        assert again == first
+        assert scalar(db, "SELECT count(*) FROM payload_refs") == 1
+        assert (await db.state(first)).run.config == {"brief": BIG}
+        async with zincir.open_run(db, first) as child:
+            assert child.config == {"brief": BIG}
