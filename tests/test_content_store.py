@@ -18,6 +18,7 @@ from zincir import _payloads
 from zincir._cli import main
 from zincir._database import storage
 from zincir._inspector import create_app
+from zincir._store import SweptContent
 
 from .conftest import ManualClock
 from .helpers import rows, scalar
@@ -64,6 +65,11 @@ def _delete_run(db: zincir.Database, run_id: str) -> None:
     with conn:
         conn.execute("DELETE FROM agent_runs WHERE id = ?", (run_id,))
     conn.close()
+
+
+async def _sweep(db: zincir.Database) -> SweptContent:
+    swept: SweptContent = await storage(db).write(storage(db).store.sweep_content, route=None)
+    return swept
 
 
 def _cli(target: str, *args: str) -> str:
@@ -174,10 +180,11 @@ async def test_a_sweep_frees_what_deleted_runs_referred_to(db_target: str) -> No
         before = scalar(db, "SELECT count(*) FROM payload_content")
         _delete_run(db, gone)
         assert scalar(db, "SELECT count(*) FROM payload_refs WHERE run_id = ?", (gone,)) == 0
-        swept = await storage(db).write(_payloads.sweep, route=None)
-        assert swept[0] == 1  # the part only the deleted run used; the shared config stays
+        swept = await _sweep(db)
+        assert swept.parts == 1  # the part only the deleted run used; the shared config stays
+        assert swept.chars == len(json.dumps({"only here": BIG}, separators=(",", ":")))
         assert scalar(db, "SELECT count(*) FROM payload_content") == before - 1  # type: ignore[operator]
-        assert await storage(db).write(_payloads.sweep, route=None) == (0, 0)
+        assert await _sweep(db) == SweptContent(0, 0)
         state = await db.state(kept)
         assert state.run.config == {"prompt": BIG} and state.run.result == {"answer": BIG}
 
@@ -189,7 +196,7 @@ async def test_a_fork_keeps_its_parts_after_its_source_is_deleted(db_target: str
         expected = [(e.seq, e.type, e.payload) for e in await db.events(source) if e.seq <= 5]
         rows(db, "DELETE FROM shared_children WHERE run_id = ?", (fork,))
         _delete_run(db, source)
-        await storage(db).write(_payloads.sweep, route=None)
+        await _sweep(db)
         events = await db.events(fork)
         assert [(e.seq, e.type, e.payload) for e in events if e.seq <= 5] == expected
         assert (await db.state(fork)).run.config == {"prompt": BIG}

