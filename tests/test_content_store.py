@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 import zincir
 from zincir import _payloads
+from zincir import _queries as q
 from zincir._cli import main
 from zincir._database import storage
 from zincir._inspector import create_app
@@ -275,3 +276,17 @@ async def test_a_child_spawned_again_with_a_large_config_is_stored_once(db_targe
         assert (await db.state(first)).run.config == {"brief": BIG}
         async with zincir.open_run(db, first) as child:
             assert child.config == {"brief": BIG}
+
+
+@pytest.mark.sqlite_only
+async def test_a_reference_text_nobody_wrote_is_shown_as_it_is(db_path: Path) -> None:
+    async with zincir.open_database(db_path) as db, zincir.open_run(db) as run:
+        run_id = run.id
+    for junk in ("@not json", "@[1, 2]", '@[["' + "0" * 64 + '"]]'):  # the last: a part never stored
+        rows(db_path, "UPDATE events SET payload = ? WHERE run_id = ? AND seq = 0", (junk, run_id))
+        conn = q.open_readonly(db_path)
+        try:
+            (event,) = q.list_events(conn, run_id, max_payload_chars=100).events
+        finally:
+            conn.close()
+        assert event.payload == junk

@@ -254,9 +254,15 @@ def _parsed(value: object) -> list[Any] | None:
         return None
     try:
         parts = json.loads(value[1:])
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
-    return parts if isinstance(parts, list) else None
+    if not isinstance(parts, list) or not all(isinstance(p, str) or _is_ref(p) for p in parts):
+        return None  # not one zincir wrote: shown as it is
+    return parts
+
+
+def _is_ref(part: object) -> bool:
+    return isinstance(part, list) and len(part) == 1 and isinstance(part[0], str)
 
 
 def _digests(parsed: Sequence[list[Any] | None]) -> set[str]:
