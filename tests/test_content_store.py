@@ -287,14 +287,16 @@ async def test_a_child_spawned_again_with_a_large_config_is_stored_once(db_targe
 async def test_a_reference_text_nobody_wrote_is_shown_as_it_is(db_path: Path) -> None:
     async with zincir.open_database(db_path) as db, zincir.open_run(db) as run:
         run_id = run.id
-    for junk in ("@not json", "@[1, 2]", '@[["' + "0" * 64 + '"]]'):  # the last: a part never stored
+    long_junk = "@" + "y" * 500
+    for junk in ("@not json", "@[1, 2]", '@[["' + "0" * 64 + '"]]', long_junk):  # 3rd: never stored
         rows(db_path, "UPDATE events SET payload = ? WHERE run_id = ? AND seq = 0", (junk, run_id))
         conn = q.open_readonly(db_path)
         try:
             (event,) = q.list_events(conn, run_id, max_payload_chars=100).events
         finally:
             conn.close()
-        assert event.payload == junk
+        assert event.payload == junk[:100]
+        assert event.truncated == (junk is long_junk)
 
 
 async def test_a_large_write_waits_out_a_sweep_on_postgresql(pg_url: str) -> None:

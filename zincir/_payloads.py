@@ -15,7 +15,9 @@ JSON text → encrypt → content store on the way in, the reverse on the way ou
 - read: ``texts(source, values) -> list`` and ``cut_texts(source, rows, columns, max_chars)``,
   batch functions over a transaction or a read-only connection: one query per batch of
   values, however many of them are references, so a page of a run's log costs one more query
-  at most.
+  at most;
+- a new run's config, stored before the run's row exists: ``stored_unreferenced`` and, once
+  the row is written, ``refer``; a fork's copied columns keep their stored form (``copy_refs``).
 
 The content store. A JSON text of at least ``Payloads.threshold`` characters is stored in parts:
 each large part once, by its SHA-256, in ``payload_content``, and the column keeps a *reference
@@ -325,21 +327,23 @@ def cut_texts(
     the next its length), with each reference text replaced by its text cut to ``max_chars``
     and its length: one query for the whole page. Never raises (the read queries' contract):
     a part that is missing leaves its reference text shown."""
-    parsed = {(i, c): _parsed(row[c]) for i, row in enumerate(rows) for c in columns}
-    wanted = _digests(list(parsed.values()))
-    if not wanted:
+    marked = {(i, c): _parsed(row[c]) for i, row in enumerate(rows) for c in columns if _marked(row[c])}
+    if not marked:  # the common case: every value inline, cut by the SQL already
         return list(rows)
+    wanted = _digests(list(marked.values()))
     body = "body" if max_chars is None else f"substr(body, 1, {max(0, int(max_chars))})"
-    found = _fetch(source, sorted(wanted), body)
+    found = _fetch(source, sorted(wanted), body) if wanted else {}
     out = [list(row) for row in rows]
-    for (i, c), parts in parsed.items():
-        if parts is None or not _digests([parts]) <= found.keys():
-            if parts is None and max_chars is not None and isinstance(out[i][c], str):
-                out[i][c] = out[i][c][: max(0, int(max_chars))]
-            continue
-        text, size = _prefix(parts, found, max_chars)
-        out[i][c], out[i][c + 1] = text, size
+    for (i, c), parts in marked.items():
+        if parts is not None and _digests([parts]) <= found.keys():
+            out[i][c], out[i][c + 1] = _prefix(parts, found, max_chars)
+        elif max_chars is not None:  # not a reference text zincir wrote: cut as any text
+            out[i][c] = out[i][c][: max(0, int(max_chars))]
     return [tuple(row) for row in out]
+
+
+def _marked(value: object) -> bool:
+    return isinstance(value, str) and value.startswith(MARK)
 
 
 def _prefix(
