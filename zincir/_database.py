@@ -19,6 +19,7 @@ from . import _sqlite
 from ._backend import Backend, Clock, wall_clock_ms
 from ._errors import DatabaseClosed, InvalidArgument
 from ._owner import mark_this_process
+from ._payloads import DEFAULT_THRESHOLD, Payloads, check_threshold
 from ._store import Store
 from ._target import parse_target
 from ._threads import DatabaseThread, submit
@@ -203,6 +204,7 @@ async def open_database(
     writers: int | None = None,
     tracing: bool | TracerProvider | None = None,
     trace_content: bool = False,
+    content_threshold: int | None = DEFAULT_THRESHOLD,
 ) -> AsyncIterator[Database]:
     """Open (creating if needed) a zincir database and apply its migrations.
 
@@ -223,6 +225,11 @@ async def open_database(
     signal payloads, checkpoint states, error messages) on the spans; by default they carry
     names, ids, counts and times only.
 
+    ``content_threshold`` (docs/payloads.md): a JSON value of this many characters or more (a
+    large tool result, step result, config) is stored once by its SHA-256 and referenced, however
+    many events, steps and runs record it; smaller values are stored inline. None or 0: every
+    value inline. The setting applies to what this process writes: a database holds both kinds.
+
     Raises :class:`SchemaError` for a database that is not zincir's or is newer than this code
     (it is left unchanged), and :class:`StorageError` when it cannot be opened.
     Leaving the block waits for every submitted operation, commits, and closes the database.
@@ -239,6 +246,7 @@ async def open_database(
         check_int(writers, "writers", minimum=1, maximum=64)
     if synchronous not in ("full", "normal"):
         raise InvalidArgument(f"synchronous must be 'full' or 'normal', not {synchronous!r}")
+    payloads = Payloads(threshold=check_threshold(content_threshold))
     traced = Tracing(tracing, trace_content)
     # Before this process can own a lease: every process it starts from now on carries its mark,
     # so that a takeover after its death can see whether one still runs (docs/crashes.md).
@@ -248,12 +256,14 @@ async def open_database(
     if where.backend == "postgresql":
         from . import _postgres  # psycopg is an optional extra: imported only when it is needed
 
-        backend = await _postgres.open_backend(where.location, token=token, clock=clock, writers=writers or 2)
+        backend = await _postgres.open_backend(
+            where.location, token=token, clock=clock, writers=writers or 2, payloads=payloads
+        )
     else:
         if writers not in (None, 1):
             raise InvalidArgument(f"SQLite has exactly one writer, not writers={writers!r}")
         backend = await _sqlite.open_backend(
-            where.location, token=token, clock=clock, synchronous=synchronous
+            where.location, token=token, clock=clock, synchronous=synchronous, payloads=payloads
         )
     db = Database._create(backend, max_payload_bytes, traced)
     try:

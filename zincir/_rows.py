@@ -16,6 +16,10 @@ CHECKPOINT_COLUMNS = (
     " verification, created_at, decided_at"
 )
 EVENT_COLUMNS = "seq, type, payload, idempotency_key, created_at"
+# Where the JSON value columns are in each (read through zincir._payloads before decoding).
+RUN_JSON = (5, 8)
+CHECKPOINT_JSON = (7, 8)
+EVENT_JSON = (2,)
 
 
 def to_run(row: Any) -> RunRecord:

@@ -67,6 +67,15 @@ class Dialect:
     """Whether ``wait_for_end``'s waiters are rows (``run_waiters``) that a run's end notifies."""
     index_hints: bool = False
     """Whether the planner takes (and sometimes needs) a hint of the index to read by, or of none."""
+    content_guard: str = ""
+    """A statement a write that stores payload parts runs first (:mod:`zincir._payloads`), and
+    ``sweep_guard`` one a sweep of unreferenced parts runs first: PostgreSQL's writers run side
+    by side, so a writer that found a part already stored (and added only its reference) must
+    not commit after a sweep that saw no reference deleted it. Writers take one advisory lock
+    shared (they never wait for each other), a sweep takes it exclusive: it waits for the
+    writers in flight, and a writer that comes meanwhile fails its lock_timeout and is retried.
+    SQLite has one writer: nothing to guard."""
+    sweep_guard: str = ""
     loose_types: bool = False
     """Whether any column may hold any type (SQLite without ``STRICT``): then a key of any type
     can name a row, and the read queries read INTEGER columns through :meth:`int_column`."""

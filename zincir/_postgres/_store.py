@@ -14,6 +14,7 @@ import functools
 from collections.abc import Sequence
 
 from .._json import dump_trusted as _dump
+from .._payloads import refer, stored, stored_unreferenced
 from .._rows import RUN_COLUMNS
 from .._store import Reply, Store, Tx, _ends
 from .._store._budgets import insert_budget
@@ -34,6 +35,8 @@ def spawn_children(tx: Tx, lease: Lease, children: Sequence[NewChild]) -> list[s
     new child's id, or the one spawned under that name before."""
     tx.fence(lease)
     parent_id = lease.run_id
+    # The configs' parts are referenced by the children that are new (a repeated spawn writes no row).
+    configs = [stored_unreferenced(tx, child.config_json) for child in children]
     inserts = [
         tx.send(
             "WITH now AS MATERIALIZED (SELECT CAST(:now AS BIGINT) AS ms),"
@@ -50,7 +53,8 @@ def spawn_children(tx: Tx, lease: Lease, children: Sequence[NewChild]) -> list[s
             " coalesce((SELECT id FROM agent_runs WHERE parent_run_id = ? AND spawn_name = ?),"
             f" ({SHARED_CHILD}))",
             (
-                *(child.child_id, parent_id, child.role, child.provider, child.config_json, child.name),
+                *(child.child_id, parent_id, child.role, child.provider),
+                *(config, child.name),
                 *inherited_params(child, parent_id),
                 child.traceparent,
                 *(parent_id, child.name),
@@ -59,15 +63,16 @@ def spawn_children(tx: Tx, lease: Lease, children: Sequence[NewChild]) -> list[s
                 *(parent_id, child.name, parent_id, child.name),
             ),
         )
-        for child in children
+        for child, (config, _) in zip(children, configs, strict=True)
     ]
     ids = []
-    for child, insert in zip(children, inserts, strict=True):
+    for child, insert, (_, parts) in zip(children, inserts, configs, strict=True):
         new, existing = insert.one()
         if new is None:  # spawned before, under this name (a restart repeats the spawn)
             ids.append(str(existing))
             continue
         ids.append(child.child_id)
+        refer(tx, child.child_id, parts)
         tx.wake(claimable=True)
         if child.budget is not None:  # the child's own, whatever its parent spends
             insert_budget(tx, child.child_id, child.budget)
@@ -108,7 +113,8 @@ def finish(tx: Tx, lease: Lease, status: RunStatus, payload_json: str, result_js
     closing = tx.send(
         _CLOSE,
         (
-            *(status.value, result_json, run_id, run_id, _STATE_TRANSITION, payload_json),
+            *(status.value, _result(tx, run_id, result_json), run_id, run_id, _STATE_TRANSITION),
+            stored(tx, run_id, payload_json),
             *(run_id, run_id, run_id, run_id, run_id),
         ),
     )
@@ -119,6 +125,10 @@ def finish(tx: Tx, lease: Lease, status: RunStatus, payload_json: str, result_js
     _ends.wake_sharers_and_followers(tx, run_id, sharers, streamed)
     if not completing:
         _ends.cancel_descendants(tx, run_id, f"its ancestor {run_id} ended {status.value}")
+
+
+def _result(tx: Tx, run_id: str, result_json: str | None) -> str | None:
+    return None if result_json is None else stored(tx, run_id, result_json, whole=True)
 
 
 def _spawned_event(child: NewChild) -> str:
@@ -149,7 +159,10 @@ def _mark(tx: Tx, parent_id: str, child_id: str, type: EventType, payload_json: 
         " WHERE id = ? RETURNING last_seq)"
         " INSERT INTO events (run_id, seq, type, payload, idempotency_key, created_at)"
         " SELECT ?, last_seq, ?, ?, ?, :now FROM allocated",
-        (parent_id, child_id, parent_id, parent_id, type.value, payload_json, f"join:{child_id}"),
+        (
+            *(parent_id, child_id, parent_id, parent_id, type.value),
+            *(stored(tx, parent_id, payload_json), f"join:{child_id}"),
+        ),
     )
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import attrs
 
+from .._payloads import cut_texts
 from .._sql import Dialect
 from ._connect import Reader
 from ._keys import check_limit, comparable
@@ -97,6 +98,10 @@ def _checkpoint_sql(d: Dialect, max_chars: int | None) -> str:
     )
 
 
+def _cut_checkpoints(conn: Reader, rows: Sequence[Sequence[Any]], max_chars: int | None) -> list[Any]:
+    return cut_texts(conn, rows, (6, 8), max_chars)
+
+
 def _checkpoint(row: Sequence[Any], max_chars: int | None) -> CheckpointRow:
     state_size, verification_size = as_size(row[7]), as_size(row[9])
     return CheckpointRow(
@@ -130,7 +135,7 @@ def list_checkpoints(
         _checkpoint_sql(d, max_chars) + " WHERE run_id = ? ORDER BY round LIMIT ?",
         (run_id, d.unlimited if limit is None else limit),
     )
-    return tuple(_checkpoint(row, max_chars) for row in rows)
+    return tuple(_checkpoint(row, max_chars) for row in _cut_checkpoints(conn, list(rows), max_chars))
 
 
 def get_checkpoint(conn: Reader, run_id: str, round: object) -> CheckpointRow | None:
@@ -140,7 +145,7 @@ def get_checkpoint(conn: Reader, run_id: str, round: object) -> CheckpointRow | 
         return None
     sql = _checkpoint_sql(d, None) + " WHERE run_id = ? AND round = ?"
     row = conn.execute(sql, (run_id, round)).fetchone()
-    return None if row is None else _checkpoint(row, None)
+    return None if row is None else _checkpoint(_cut_checkpoints(conn, [row], None)[0], None)
 
 
 def candidate_checkpoint(conn: Reader, run_id: str) -> CheckpointRow | None:
@@ -148,7 +153,7 @@ def candidate_checkpoint(conn: Reader, run_id: str) -> CheckpointRow | None:
     status index, whatever the number of rounds."""
     sql = _checkpoint_sql(conn.dialect, 8192) + " WHERE run_id = ? AND status = 'candidate' LIMIT 1"
     row = conn.execute(sql, (run_id,)).fetchone()
-    return None if row is None else _checkpoint(row, 8192)
+    return None if row is None else _checkpoint(_cut_checkpoints(conn, [row], 8192)[0], 8192)
 
 
 def verification_interrupted(run: RunDetail, candidate: CheckpointRow, now_ms: int) -> bool:
@@ -173,6 +178,9 @@ def verification_interrupted(run: RunDetail, candidate: CheckpointRow, now_ms: i
 #: How a result that a reconcile probe found ends: zincir writes event payloads as compact JSON
 #: with sorted keys, so ``"reconciled": true`` of ``{"call_id", "content", "reconciled"}`` is last.
 _RECONCILED = '%,"reconciled":true}'
+#: The same, of a payload whose content is stored in parts (zincir._payloads): its last literal,
+#: matched with an escape character that is not the backslash (PostgreSQL's default).
+_RECONCILED_IN_PARTS = '%,\\"reconciled\\":true}"]'
 
 
 def reconciled_results(conn: Reader, run_id: str, seqs: Sequence[object]) -> frozenset[object]:
@@ -182,8 +190,8 @@ def reconciled_results(conn: Reader, run_id: str, seqs: Sequence[object]) -> fro
         return frozenset()
     rows = conn.execute(
         f"SELECT {conn.dialect.int_column('seq')} FROM events WHERE run_id = ? AND type = 'tool_result'"
-        f" AND seq IN ({', '.join('?' * len(wanted))}) AND payload LIKE ?",
-        [run_id, *wanted, _RECONCILED],
+        f" AND seq IN ({', '.join('?' * len(wanted))}) AND (payload LIKE ? OR payload LIKE ? ESCAPE '|')",
+        [run_id, *wanted, _RECONCILED, _RECONCILED_IN_PARTS],
     )
     return frozenset(as_int(row[0]) for row in rows)
 
@@ -222,14 +230,14 @@ def list_steps(
         _step_sql(d, max_chars) + " WHERE run_id = ? ORDER BY started_at, name LIMIT ?",
         (run_id, d.unlimited if limit is None else limit),
     )
-    return tuple(_step(row, max_chars) for row in rows)
+    return tuple(_step(row, max_chars) for row in cut_texts(conn, list(rows), (3,), max_chars))
 
 
 def get_step(conn: Reader, run_id: str, name: str) -> StepRow | None:
     """One step by name, with its whole result, or ``None``."""
     sql = _step_sql(conn.dialect, None) + " WHERE run_id = ? AND name = ?"
     row = conn.execute(sql, (run_id, name)).fetchone()
-    return None if row is None else _step(row, None)
+    return None if row is None else _step(cut_texts(conn, [row], (3,), None)[0], None)
 
 
 @attrs.frozen

@@ -14,6 +14,7 @@ from typing import Any, Final
 import attrs
 
 from .._errors import InvalidArgument, RunNotFound
+from .._payloads import cut_texts, resolved
 from .._sql import Dialect
 from .._types import EventType
 from ._connect import Reader
@@ -380,6 +381,8 @@ def get_run(
     ).fetchone()
     if row is None:
         raise RunNotFound(f"run {run_id} not found")
+    at = _SUMMARY_WIDTH
+    row = cut_texts(conn, cut_texts(conn, [row], (at,), max_config_chars), (at + 4,), max_result_chars)[0]
     children, more = (
         _children(conn, run_id, children_limit, children_after) if children_limit > 0 else ((), False)
     )
@@ -434,7 +437,7 @@ def end_reason(conn: Reader, run_id: str, status: str) -> str | None:
         "SELECT payload FROM events WHERE run_id = ? AND type = ? ORDER BY seq DESC LIMIT 1",
         (run_id, EventType.STATE_TRANSITION.value),
     ).fetchone()
-    transition = None if row is None else json_value(as_opt_text(row[0]))
+    transition = None if row is None else json_value(as_opt_text(resolved(conn, [row], (0,))[0][0]))
     if not isinstance(transition, dict) or transition.get("to") != status:
         return None
     reason = transition.get("reason")

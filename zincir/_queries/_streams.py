@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import attrs
 
+from .._payloads import cut_texts
 from ._connect import Reader
 from ._keys import check_limit
 from ._values import Int, as_int, as_size, as_text, json_columns, name_column, was_cut
@@ -127,7 +128,7 @@ def list_stream_chunks(
         (run_id, name, after, limit),
     )
     chunks = []
-    for offset, attempt, data, size, restarted, created_at in rows:
+    for offset, attempt, data, size, restarted, created_at in cut_texts(conn, list(rows), (2,), max_chars):
         length = as_size(size)
         chunks.append(
             StreamChunkRow(

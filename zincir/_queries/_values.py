@@ -24,6 +24,8 @@ from typing import Any, Final
 
 import attrs
 
+from .._payloads import shown_columns
+
 __all__ = [
     "MAX_INT",
     "MAX_JSON_DEPTH",
@@ -142,9 +144,10 @@ def name_column(column: str) -> str:
 
 
 def json_columns(column: str, max_chars: int | None) -> str:
-    """SQL for a JSON TEXT column (cut to ``max_chars`` characters) followed by its length."""
-    shown = column if max_chars is None else f"substr({column}, 1, {max(0, int(max_chars))})"
-    return f"{shown}, length({column})"
+    """SQL for a JSON TEXT column (cut to ``max_chars`` characters) followed by its length. A
+    value stored in parts is read whole: the query hands its rows to
+    :func:`zincir._payloads.cut_texts`, which reads the parts it needs (docs/payloads.md)."""
+    return shown_columns(column, max_chars)
 
 
 def plain(value: object) -> object:

@@ -13,6 +13,7 @@ from typing import Any
 
 import attrs
 
+from .._payloads import resolved
 from ._connect import Reader
 from ._keys import check_limit
 from ._values import Int, OptInt, as_int, as_opt_int, as_text, json_value, name_column
@@ -94,12 +95,12 @@ def list_open_approvals(
         " AND (CAST(? AS TEXT) IS NULL OR a.run_id = ?) ORDER BY a.requested_at, a.run_id LIMIT ?",
         (now_ms, run_id, run_id, check_limit(limit)),
     )
-    return tuple(_approval_request(r) for r in rows)
+    return tuple(_approval_request(r) for r in resolved(conn, list(rows), (3,)))
 
 
 def get_approval_request(conn: Reader, run_id: str, call_id: str) -> ApprovalRequest | None:
     rows = list(conn.execute(f"{_APPROVAL_SQL} WHERE a.run_id = ? AND a.call_id = ?", (run_id, call_id)))
-    return _approval_request(rows[0]) if rows else None
+    return _approval_request(resolved(conn, rows, (3,))[0]) if rows else None
 
 
 @attrs.frozen

@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
-from . import _budgets, _calls, _children, _ends, _forks, _leases, _log, _reads, _streams, _versions, _waits
+from . import (
+    _budgets,
+    _calls,
+    _children,
+    _content,
+    _ends,
+    _forks,
+    _leases,
+    _log,
+    _reads,
+    _streams,
+    _versions,
+    _waits,
+)
 from ._forks import ForkOutcome
 from ._tx import LIVE, Reply, Tx, judge_lease
 from ._types import *  # noqa: F403
@@ -102,3 +115,7 @@ class Store:
     # -- forks (_forks) ----------------------------------------------------------------------------
 
     fork_run = staticmethod(_forks.fork_run)
+
+    # -- the content store (_content; writing and reading parts: zincir._payloads) ----------------
+
+    sweep_content = staticmethod(_content.sweep_content)

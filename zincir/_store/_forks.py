@@ -32,6 +32,7 @@ from .._budget import LIMIT_COLUMNS, CountedCall, debit_of, loop_of
 from .._errors import InvalidForkPoint, RunNotFound
 from .._json import decode
 from .._json import dump_trusted as _dump
+from .._payloads import copy_refs, refer, resolved, stored_unreferenced
 from .._types import EventType, ToolCall
 from .._validation import MAX_INT
 from ._log import insert_event
@@ -86,23 +87,30 @@ def fork_run(
         raise RunNotFound(f"run {source_id} does not exist")
     last_seq, role, provider, stored_config, version, fingerprints, source_traceparent = source
     at, forked_at = _fork_point(tx, source_id, int(last_seq), at_seq, at_checkpoint)
-    inherited = tx.all(
+    inherited = tx.all(  # read through zincir._payloads below, with the fork's row written
         "SELECT t.call_id, e.seq, e.payload FROM tool_intents AS t"
         " JOIN events AS e ON e.run_id = t.run_id AND e.seq = t.result_seq"
         " WHERE t.run_id = ? AND t.intent_seq <= ? AND t.result_seq > ? AND t.name <> ?"
         " ORDER BY t.intent_seq",
         (source_id, at, at, SUBMIT_CHECKPOINT),
     )
+    config, config_parts = _config(tx, config_json, stored_config)
     tx.execute(
         "INSERT INTO agent_runs (id, role, provider, status, config, created_at, updated_at, last_seq,"
         " next_attempt_at, forked_from, fork_seq, version, fingerprints, traceparent)"
         " VALUES (?, ?, ?, 'pending', ?, :now, :now, ?, :now, ?, ?, ?, ?, ?)",
         (
-            *(fork_id, role, provider, config_json or stored_config, at + 1 + len(inherited), source_id, at),
+            *(fork_id, role, provider, config),
+            *(at + 1 + len(inherited), source_id, at),
             *(version, fingerprints),  # the fork runs on its source's version (docs/versions.md)
             traceparent,
         ),
     )
+    # The copied columns below keep their stored form (references included): the fork refers to
+    # what its source does, so that deleting the source leaves the fork whole.
+    copy_refs(tx, source_id, fork_id)
+    refer(tx, fork_id, config_parts)
+    inherited = resolved(tx, inherited, (2,))
     tx.execute(
         "INSERT INTO events (run_id, seq, type, payload, idempotency_key, created_at)"
         " SELECT ?, seq, type, payload, idempotency_key, created_at FROM events"
@@ -123,6 +131,12 @@ def fork_run(
     _copy_budget(tx, source_id, fork_id, at)
     tx.wake(claimable=True)
     return ForkOutcome(fork_id, at, len(inherited), role, provider or "", source_traceparent)
+
+
+def _config(tx: Tx, config_json: str | None, stored_config: str) -> tuple[str, tuple[str, ...]]:
+    """The fork's config column, the one given or the source's as stored, and the parts the
+    fork must refer to for it (beyond its source's, which it refers to all)."""
+    return (stored_config, ()) if config_json is None else stored_unreferenced(tx, config_json)
 
 
 def _fork_point(
@@ -334,7 +348,7 @@ def _copy_budget(tx: Tx, source_id: str, fork_id: str, at: int) -> None:
         (source_id, at, EventType.LLM_CALL.value, EventType.CHECKPOINT_ACCEPTED.value),
     )
     spent = _Spent()
-    for type, payload_json in rows:
+    for type, payload_json in resolved(tx, rows, (1,)):
         if type == EventType.CHECKPOINT_ACCEPTED.value:
             spent.progress()
         else:

@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from .._errors import LeaseLost, RunNotFound, RunTerminal
+from .._payloads import Payloads, stored
 from .._sql import Dialect
 from .._types import EventType, RunStatus
 from .._wakes import Wakes
@@ -61,6 +62,9 @@ class Tx(Protocol):
     backend's Tx subclasses this: ``log`` and ``wake`` are written here, once."""
 
     dialect: Dialect
+    payloads: Payloads = Payloads()
+    """How this database stores JSON values (the session sets the one open_database was given);
+    every JSON value column is written with :func:`zincir._payloads.stored`."""
     wakes: Wakes | None = None
     """What the operation's writes woke so far (see :meth:`wake`)."""
 
@@ -105,8 +109,8 @@ class Tx(Protocol):
     ) -> Reply:
         """Append one event at the run's next seq. ``run_set`` (``, column = ?`` assignments
         with ``run_params``) changes more of the run's row in the same UPDATE. The reply's row
-        is (seq, parent_run_id)."""
-        return self._log(run_id, type, payload_json, key, run_set, run_params)
+        is (seq, parent_run_id). The payload goes through :func:`zincir._payloads.stored`."""
+        return self._log(run_id, type, stored(self, run_id, payload_json), key, run_set, run_params)
 
     def _log(
         self, run_id: str, type: EventType, payload: str, key: str | None, sets: str, params: Sequence[Any]
