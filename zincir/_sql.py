@@ -70,6 +70,9 @@ class Dialect:
     loose_types: bool = False
     """Whether any column may hold any type (SQLite without ``STRICT``): then a key of any type
     can name a row, and the read queries read INTEGER columns through :meth:`int_column`."""
+    secure_delete: tuple[str, str] | None = None
+    """The statements that turn zeroing of deleted bytes on and off around an erasure (SQLite's
+    ``secure_delete``; PostgreSQL has none: docs/payloads.md#encryption-and-erasure)."""
 
     def indexed(self, index: str) -> str:
         """After a table's name: read it through ``index`` (SQLite's planner may not see that

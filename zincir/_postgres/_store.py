@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 
+from .._crypto import EVENT, RESULT, seal, seal_optional, sealed_config
 from .._json import dump_trusted as _dump
 from .._rows import RUN_COLUMNS
 from .._store import Reply, Store, Tx, _ends
@@ -34,6 +35,7 @@ def spawn_children(tx: Tx, lease: Lease, children: Sequence[NewChild]) -> list[s
     new child's id, or the one spawned under that name before."""
     tx.fence(lease)
     parent_id = lease.run_id
+    configs = [sealed_config(tx, child.child_id, child.config_json) for child in children]
     inserts = [
         tx.send(
             "WITH now AS MATERIALIZED (SELECT CAST(:now AS BIGINT) AS ms),"
@@ -50,23 +52,29 @@ def spawn_children(tx: Tx, lease: Lease, children: Sequence[NewChild]) -> list[s
             " coalesce((SELECT id FROM agent_runs WHERE parent_run_id = ? AND spawn_name = ?),"
             f" ({SHARED_CHILD}))",
             (
-                *(child.child_id, parent_id, child.role, child.provider, child.config_json, child.name),
+                *(child.child_id, parent_id, child.role, child.provider, config, child.name),
                 *inherited_params(child, parent_id),
                 child.traceparent,
                 *(parent_id, child.name),
                 parent_id,
-                *(parent_id, EventType.CHILD_SPAWNED.value, _spawned_event(child), f"spawn:{child.name}"),
+                *(
+                    parent_id,
+                    EventType.CHILD_SPAWNED.value,
+                    seal(tx, parent_id, EVENT, _spawned_event(child)),
+                ),
+                f"spawn:{child.name}",
                 *(parent_id, child.name, parent_id, child.name),
             ),
         )
-        for child in children
+        for child, (config, _) in zip(children, configs, strict=True)
     ]
     ids = []
-    for child, insert in zip(children, inserts, strict=True):
+    for child, insert, (_, store_key) in zip(children, inserts, configs, strict=True):
         new, existing = insert.one()
         if new is None:  # spawned before, under this name (a restart repeats the spawn)
             ids.append(str(existing))
             continue
+        store_key()
         ids.append(child.child_id)
         tx.wake(claimable=True)
         if child.budget is not None:  # the child's own, whatever its parent spends
@@ -108,7 +116,14 @@ def finish(tx: Tx, lease: Lease, status: RunStatus, payload_json: str, result_js
     closing = tx.send(
         _CLOSE,
         (
-            *(status.value, result_json, run_id, run_id, _STATE_TRANSITION, payload_json),
+            *(
+                status.value,
+                seal_optional(tx, run_id, RESULT, result_json),
+                run_id,
+                run_id,
+                _STATE_TRANSITION,
+            ),
+            seal(tx, run_id, EVENT, payload_json),
             *(run_id, run_id, run_id, run_id, run_id),
         ),
     )
@@ -149,7 +164,10 @@ def _mark(tx: Tx, parent_id: str, child_id: str, type: EventType, payload_json: 
         " WHERE id = ? RETURNING last_seq)"
         " INSERT INTO events (run_id, seq, type, payload, idempotency_key, created_at)"
         " SELECT ?, last_seq, ?, ?, ?, :now FROM allocated",
-        (parent_id, child_id, parent_id, parent_id, type.value, payload_json, f"join:{child_id}"),
+        (
+            *(parent_id, child_id, parent_id, parent_id, type.value),
+            *(seal(tx, parent_id, EVENT, payload_json), f"join:{child_id}"),
+        ),
     )
 
 

@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
-from . import _budgets, _calls, _children, _ends, _forks, _leases, _log, _reads, _streams, _versions, _waits
+from . import (
+    _budgets,
+    _calls,
+    _children,
+    _ends,
+    _forks,
+    _keys,
+    _leases,
+    _log,
+    _reads,
+    _streams,
+    _versions,
+    _waits,
+)
 from ._forks import ForkOutcome
 from ._tx import LIVE, Reply, Tx, judge_lease
 from ._types import *  # noqa: F403
@@ -102,3 +115,10 @@ class Store:
     # -- forks (_forks) ----------------------------------------------------------------------------
 
     fork_run = staticmethod(_forks.fork_run)
+
+    # -- encryption at rest: master keys, erasure, rotation (_keys) -----------------------------
+
+    is_encrypted = staticmethod(_keys.is_encrypted)
+    prepare_keys = staticmethod(_keys.prepare_keys)
+    erase_run_key = staticmethod(_keys.erase_run_key)
+    rewrap_keys = staticmethod(_keys.rewrap_keys)

@@ -20,6 +20,7 @@ from .._budget import (
     loop_of,
     usage_of,
 )
+from .._crypto import EVENT, opened
 from .._json import decode
 from .._json import dump_trusted as _dump
 from .._types import EventType, ToolCall
@@ -158,7 +159,7 @@ def _intent(tx: Tx, run_id: str, call_id: str) -> ToolCall | None:
     )
     if row is None:
         return None
-    payload = decode(row[0])
+    payload = decode(opened(tx, EVENT, row[0]))
     return ToolCall(payload["call_id"], payload["name"], payload["args"])
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Literal
 
 from .._budget import Exceeded, judge
+from .._crypto import EVENT, opened
 from .._json import decode
 from .._json import dump_trusted as _dump
 from .._types import EventType
@@ -57,7 +58,7 @@ def close_unanswered(tx: Tx, run_id: str, mark_seq: int, found_by: FoundBy) -> E
     ``model_call_lost`` and charge the run's budget by the request's tokens and estimated cost
     (and one model call). The limit the charge reached, if any."""
     row = tx.one("SELECT payload FROM events WHERE run_id = ? AND seq = ?", (run_id, mark_seq))
-    mark = decode(row[0]) if row is not None else {}
+    mark = decode(opened(tx, EVENT, row[0])) if row is not None else {}
     tokens, cost = mark.get("request_tokens"), mark.get("cost")
     lost = {
         "cost": cost,

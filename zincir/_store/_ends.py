@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from .._crypto import RESULT, seal_optional
 from .._errors import InvalidArgument, RunNotFound, UnfinishedWork
 from .._json import dump_trusted as _dump
 from .._types import EventType, RunRecord, RunStatus
@@ -116,7 +117,7 @@ def _send_close(
         EventType.STATE_TRANSITION,
         transition_json,
         run_set=ENDING + (", lease_epoch = lease_epoch + 1" if new_epoch else ""),
-        run_params=(status.value, result_json),
+        run_params=(status.value, seal_optional(tx, run_id, RESULT, result_json)),
     )
     parent_due = tx.send(MAKE_PARENT_DUE.format(lock=tx.dialect.lock_nowait), (run_id, run_id))
     waited = None

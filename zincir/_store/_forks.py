@@ -29,6 +29,7 @@ from typing import Any
 import attrs
 
 from .._budget import LIMIT_COLUMNS, CountedCall, debit_of, loop_of
+from .._crypto import CONFIG, EVENT, new_run_key, opened, seal
 from .._errors import InvalidForkPoint, RunNotFound
 from .._json import decode
 from .._json import dump_trusted as _dump
@@ -87,6 +88,11 @@ def fork_run(
         " ORDER BY t.intent_seq",
         (source_id, at, at, SUBMIT_CHECKPOINT),
     )
+    # The fork's own key, for what it writes; what it copies stays under its source's key (an
+    # envelope names its run), so erasing the source erases the copies too.
+    new_run_key(tx, fork_id)
+    if config_json is not None:
+        config_json = seal(tx, fork_id, CONFIG, config_json)
     tx.execute(
         "INSERT INTO agent_runs (id, role, provider, status, config, created_at, updated_at, last_seq,"
         " next_attempt_at, forked_from, fork_seq, version, fingerprints)"
@@ -188,7 +194,8 @@ def _copy_intents(tx: Tx, source_id: str, fork_id: str, at: int, inherited: Sequ
         (fork_id, at, source_id, source_id, at),
     )
     for seq, (call_id, source_seq, payload_json) in enumerate(inherited, start=at + 2):
-        payload = {**decode(payload_json), "inherited": {"run_id": source_id, "seq": source_seq}}
+        stored = decode(opened(tx, EVENT, payload_json))
+        payload = {**stored, "inherited": {"run_id": source_id, "seq": source_seq}}
         insert_event(tx, fork_id, seq, EventType.TOOL_RESULT, _dump(payload), f"tool_result:{call_id}")
         tx.execute(
             "UPDATE tool_intents SET result_seq = ? WHERE run_id = ? AND call_id = ?", (seq, fork_id, call_id)
@@ -331,7 +338,7 @@ def _copy_budget(tx: Tx, source_id: str, fork_id: str, at: int) -> None:
         if type == EventType.CHECKPOINT_ACCEPTED.value:
             spent.progress()
         else:
-            spent.debit(decode(payload_json), counting, f"run {source_id}")
+            spent.debit(decode(opened(tx, EVENT, payload_json)), counting, f"run {source_id}")
     columns = ", ".join(LIMIT_COLUMNS)
     tx.execute(
         f"INSERT INTO budgets (run_id, {columns}, input_tokens, output_tokens, cost, model_calls, tool_calls,"

@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
+from .._crypto import STEP, unseal
 from .._errors import RunNotFound
-from .._rows import CHECKPOINT_COLUMNS, EVENT_COLUMNS, RUN_COLUMNS, to_checkpoint, to_event, to_run
+from .._rows import CHECKPOINT_COLUMNS, EVENT_COLUMNS, RUN_COLUMNS, checkpoint_of, events_of, runs_of
 from .._types import Checkpoint, Event, RunRecord, RunStatus
 from ._tx import Tx
 
 
 def get_run(tx: Tx, run_id: str) -> RunRecord:
     """The run as stored. RunNotFound."""
-    return _run_of(run_id, tx.one(f"SELECT {RUN_COLUMNS} FROM agent_runs WHERE id = ?", (run_id,)))
+    return _run_of(tx, run_id, tx.one(f"SELECT {RUN_COLUMNS} FROM agent_runs WHERE id = ?", (run_id,)))
 
 
-def _run_of(run_id: str, row: object) -> RunRecord:
+def _run_of(tx: Tx, run_id: str, row: object) -> RunRecord:
     if row is None:
         raise RunNotFound(f"run {run_id} does not exist")
-    return to_run(row)
+    return runs_of(tx, [row])[0]
 
 
 def list_runs(tx: Tx, status: RunStatus | None, role: str | None, limit: int) -> list[RunRecord]:
@@ -27,7 +28,7 @@ def list_runs(tx: Tx, status: RunStatus | None, role: str | None, limit: int) ->
         " AND (CAST(? AS TEXT) IS NULL OR role = ?) ORDER BY created_at, id LIMIT ?",
         (value, value, role, role, limit),
     )
-    return [to_run(row) for row in rows]
+    return runs_of(tx, rows)
 
 
 def events_after(tx: Tx, run_id: str, after_seq: int, limit: int | None = None) -> list[Event]:
@@ -35,7 +36,7 @@ def events_after(tx: Tx, run_id: str, after_seq: int, limit: int | None = None) 
         f"SELECT {EVENT_COLUMNS} FROM events WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?",
         (run_id, after_seq, tx.dialect.unlimited if limit is None else limit),
     )
-    return [to_event(run_id, row) for row in rows]
+    return events_of(tx, run_id, rows)
 
 
 def events_page(tx: Tx, run_id: str, after_seq: int, limit: int | None) -> list[Event]:
@@ -52,7 +53,7 @@ _LATEST_ACCEPTED = (
 
 def latest_accepted(tx: Tx, run_id: str) -> Checkpoint | None:
     row = tx.one(_LATEST_ACCEPTED, (run_id,))
-    return None if row is None else to_checkpoint(row)
+    return None if row is None else checkpoint_of(tx, row)
 
 
 def durable_state(tx: Tx, run_id: str) -> tuple[RunRecord, Checkpoint | None, list[Event]]:
@@ -61,9 +62,9 @@ def durable_state(tx: Tx, run_id: str) -> tuple[RunRecord, Checkpoint | None, li
     is sent as a value: the planner picks the index range for a value, not for a subquery's."""
     run = tx.send(f"SELECT {RUN_COLUMNS} FROM agent_runs WHERE id = ?", (run_id,))
     accepted = tx.send(_LATEST_ACCEPTED, (run_id,))  # with the run's read: one round trip
-    record = _run_of(run_id, run.one())
+    record = _run_of(tx, run_id, run.one())
     row = accepted.one()
-    checkpoint = None if row is None else to_checkpoint(row)
+    checkpoint = None if row is None else checkpoint_of(tx, row)
     after = (
         -1
         if checkpoint is None or checkpoint.decision_event_seq is None
@@ -84,4 +85,4 @@ def step_result(tx: Tx, run_id: str, name: str) -> str | None:
     row = tx.one(
         "SELECT result FROM steps WHERE run_id = ? AND name = ? AND status = 'completed'", (run_id, name)
     )
-    return None if row is None else str(row[0])
+    return None if row is None else unseal(tx, STEP, str(row[0]))

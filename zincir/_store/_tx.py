@@ -26,13 +26,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from .._crypto import EVENT
 from .._errors import LeaseLost, RunNotFound, RunTerminal
 from .._sql import Dialect
 from .._types import EventType, RunStatus
 from .._wakes import Wakes
 from ._types import Lease
+
+if TYPE_CHECKING:
+    from .._crypto import Sealer
 
 __all__ = ["LIVE", "PLACEHOLDERS", "Reply", "Tx", "judge_lease", "lease_held", "lock_live_run"]
 
@@ -63,6 +67,9 @@ class Tx(Protocol):
     dialect: Dialect
     wakes: Wakes | None = None
     """What the operation's writes woke so far (see :meth:`wake`)."""
+    sealer: Sealer | None = None
+    """The database's encryption (its thread sets it on each operation's Tx), None without
+    (zincir/_crypto.py): payload columns are written with ``seal`` and read with ``unseal``."""
 
     @property
     def now(self) -> int:
@@ -106,6 +113,8 @@ class Tx(Protocol):
         """Append one event at the run's next seq. ``run_set`` (``, column = ?`` assignments
         with ``run_params``) changes more of the run's row in the same UPDATE. The reply's row
         is (seq, parent_run_id)."""
+        if self.sealer is not None:
+            payload_json = self.sealer.seal(self, run_id, EVENT, payload_json)
         return self._log(run_id, type, payload_json, key, run_set, run_params)
 
     def _log(

@@ -15,6 +15,7 @@ from typing import Any
 
 import attrs
 
+from .._crypto import EVENT, SIGNAL, opened, seal, unseal
 from .._errors import (
     ApprovalConflict,
     ApprovalHashMismatch,
@@ -56,7 +57,7 @@ def send_signal(tx: Tx, run_id: str, topic: str, payload_json: str, key: str | N
     inserted = tx.send(
         "INSERT INTO signals (run_id, topic, payload, key, created_at) VALUES (?, ?, ?, ?, :now)"
         " ON CONFLICT (run_id, key) WHERE key IS NOT NULL DO NOTHING RETURNING id",
-        (run_id, topic, payload_json, key),
+        (run_id, topic, seal(tx, run_id, SIGNAL, payload_json), key),
     )
     # Sent with the insert. If the insert lost a key race, the send that won made the run due.
     make_due(tx, run_id, "signal", topic)
@@ -113,7 +114,7 @@ def await_signal(tx: Tx, lease: Lease, name: str, topic: str, timeout_ms: int | 
         if timed_out:
             return WaitOutcome.timed_out(deadline)
         (payload,) = tx.one("SELECT payload FROM signals WHERE id = ?", (signal_id,))
-        return WaitOutcome.received(payload)
+        return WaitOutcome.received(unseal(tx, SIGNAL, payload))
     signal = tx.one(
         "SELECT id, payload FROM signals WHERE run_id = ? AND topic = ? AND consumed_by IS NULL"
         " AND (CAST(? AS BIGINT) IS NULL OR created_at <= ?) ORDER BY id LIMIT 1",
@@ -121,6 +122,7 @@ def await_signal(tx: Tx, lease: Lease, name: str, topic: str, timeout_ms: int | 
     )
     if signal is not None:
         signal_id, payload = signal
+        payload = unseal(tx, SIGNAL, payload)
         tx.execute("UPDATE signals SET consumed_by = ?, consumed_at = :now WHERE id = ?", (name, signal_id))
         tx.execute(
             "UPDATE waits SET completed_at = :now, signal_id = ? WHERE run_id = ? AND name = ?",
@@ -212,6 +214,7 @@ def _request_approval(tx: Tx, run_id: str, call_id: str, timeout_ms: int | None)
     if intent is None:
         raise NoDurableIntent(f"run {run_id}: tool call {call_id!r} has no durable intent to approve")
     name, result_seq, payload_json = intent
+    payload_json = opened(tx, EVENT, payload_json)
     if result_seq is not None:
         raise InvalidArgument(
             f"run {run_id}: tool call {call_id!r} already has a result; approval is for pending calls"
