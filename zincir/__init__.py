@@ -76,6 +76,7 @@ from ._version import __version__
 from ._worker import Backoff, Handler, ResumeWorker
 
 __all__ = [
+    "ERASED",
     "MIN_LEASE_TTL",
     "SUBMIT_CHECKPOINT",
     "Approval",
@@ -99,7 +100,6 @@ __all__ = [
     "Done",
     "DuplicateToolCall",
     "DurableState",
-    "ERASED",
     "EncryptionError",
     "EncryptionKeyInvalid",
     "EncryptionKeyMissing",

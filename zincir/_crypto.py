@@ -32,7 +32,7 @@ import hmac
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Final, Protocol, final, runtime_checkable
 
 from ._errors import (
@@ -481,3 +481,75 @@ def opened(tx: Tx, field: str, text: str) -> str:
     if value == ERASED_TEXT:
         raise RunErased(f"a value of {field} this needs belongs to an erased run")
     return value
+
+
+# -- the read-only queries (the CLI and the inspector) -----------------------------------------
+
+SEALED_MARK: Final = "zc__"
+"""How a column read through :func:`sealed_sql` is named in its SELECT (and so in the cursor)."""
+
+ERASED_JSON: Final = '{"erased":true}'
+"""What the read-only queries show for a value of an erased run (the run itself says so too)."""
+
+_FIELDS: Final = (EVENT, CONFIG, RESULT, STEP, STATE, VERIFICATION, SIGNAL, CHUNK)
+
+
+def sealed_sql(column: str, field: str, max_chars: int | None, *, with_size: bool = False) -> str:
+    """SQL for a payload column read by a query, cut to ``max_chars`` characters (None: whole),
+    and its length after it if ``with_size``. A clear value is cut by the database; an
+    encrypted one is read whole, and the cursor opens it, cuts it and gives its length."""
+    number = _FIELDS.index(field)
+    cut = "all" if max_chars is None else str(max(0, int(max_chars)))
+    shown = column if max_chars is None else f"substr({column}, 1, {cut})"
+    sql = (
+        f"CASE WHEN substr({column}, 1, {len(ENVELOPE)}) = '{ENVELOPE}' THEN {column} ELSE {shown} END"
+        f" AS {SEALED_MARK}{number}__{cut}__{int(with_size)}"
+    )
+    return f"{sql}, length({column})" if with_size else sql
+
+
+@final
+class OpenedCursor:
+    """A query's cursor whose :func:`sealed_sql` columns come back opened."""
+
+    def __init__(self, cursor: Any, sealer: Sealer | None, fetch: Fetch) -> None:
+        self._cursor = cursor
+        self._sealer = sealer
+        self._fetch = fetch
+        self._keys: dict[str, _RunKey | None] = {}
+        self._columns: list[tuple[int, str, int | None, bool]] = []
+        for at, column in enumerate(cursor.description or ()):
+            name = str(column[0])
+            if name.startswith(SEALED_MARK):
+                number, cut, sized = name[len(SEALED_MARK) :].split("__")
+                self._columns.append(
+                    (at, _FIELDS[int(number)], None if cut == "all" else int(cut), sized == "1")
+                )
+
+    def _open(self, row: Any) -> Any:
+        if row is None:
+            return None
+        out = list(row)
+        for at, field, cut, sized in self._columns:
+            value = out[at]
+            if not isinstance(value, str) or not value.startswith(ENVELOPE):
+                continue
+            if self._sealer is None:
+                raise _no_key(field)
+            text = self._sealer.open(self._keys, self._fetch, field, value)
+            if text == ERASED_TEXT:
+                text = ERASED_JSON
+            out[at] = text if cut is None else text[:cut]
+            if sized:
+                out[at + 1] = len(text)
+        return tuple(out)
+
+    def fetchone(self) -> Any:
+        return self._open(self._cursor.fetchone())
+
+    def __iter__(self) -> Iterator[Any]:
+        for row in self._cursor:
+            yield self._open(row)
+
+    def close(self) -> None:
+        self._cursor.close()

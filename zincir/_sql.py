@@ -18,6 +18,8 @@ from typing import Any, Final, Protocol
 
 import attrs
 
+from ._crypto import SEALED_MARK, OpenedCursor, Sealer
+
 __all__ = ["KEY_CHARS", "Cursor", "Dialect", "ReadOnly"]
 
 #: Characters read of a TEXT or BLOB value found in an INTEGER column (a cursor keeps them).
@@ -126,12 +128,24 @@ class ReadOnly(abc.ABC):
     dialect: Dialect
     target: str
     """What to call the database in messages and pages (a path, a URL without its password)."""
+    sealer: Sealer | None = None
+    """The keys encrypted values are opened with (None: none given; an encrypted value then
+    raises EncryptionKeyMissing). See :func:`zincir._crypto.sealed_sql`."""
     worth_keeping: bool
     """Whether a long-lived reader (the inspector) should keep this connection between reads
     rather than open a new one for each."""
 
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
+        """Run a statement; the payload columns it reads through :func:`~zincir._crypto.sealed_sql`
+        come back opened (an erased run's as :data:`~zincir._crypto.ERASED_JSON`)."""
+        cursor = self._execute(sql, params)
+        if SEALED_MARK not in sql:
+            return cursor
+        return OpenedCursor(cursor, self.sealer, lambda q, p: self._execute(q, p).fetchone())
+
     @abc.abstractmethod
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor: ...
+    def _execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
+        """Run a statement as it is, in the driver's way."""
 
     @abc.abstractmethod
     def snapshot(self) -> contextlib.AbstractContextManager[None]: ...

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 import attrs
 
 from .. import _queries as q
+from .._crypto import EVENT, sealed_sql
 from .._queries import Int, OptInt, Reader
 from .._queries._events import event_row, event_sql
 from .._queries._progress import open_state, start_marks
@@ -140,7 +141,7 @@ def latest_events(conn: Reader, run_id: str, limit: int) -> tuple[tuple[Mark, ..
     rows = list(
         conn.execute(
             f"SELECT {d.int_column('seq')}, {name_column('type')}, {d.int_column('created_at')},"
-            f" CASE WHEN type IN ({kinds}) THEN substr(payload, 1, {MARK_PAYLOAD_CHARS}) END"
+            f" {sealed_sql(f'(CASE WHEN type IN ({kinds}) THEN payload END)', EVENT, MARK_PAYLOAD_CHARS)}"
             " FROM events WHERE run_id = ? ORDER BY seq DESC LIMIT ?",
             (run_id, limit + 1),
         )

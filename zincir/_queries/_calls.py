@@ -7,6 +7,7 @@ from typing import Any
 
 import attrs
 
+from .._crypto import EVENT, sealed_sql
 from ._connect import Reader
 from ._keys import check_limit
 from ._values import Int, OptInt, as_int, as_opt_int, as_opt_text, as_text, parse_json
@@ -59,7 +60,8 @@ def model_calls(conn: Reader, run_id: str, *, limit: int = 20) -> ModelCalls:
     d = conn.dialect
     found = None
     row = conn.execute(
-        f"SELECT {d.int_column('e.seq')}, substr(e.payload, 1, {_MARK_CHARS}), {d.int_column('e.created_at')}"
+        f"SELECT {d.int_column('e.seq')}, {sealed_sql('e.payload', EVENT, _MARK_CHARS)},"
+        f" {d.int_column('e.created_at')}"
         " FROM agent_runs AS r JOIN events AS e ON e.run_id = r.id AND e.seq = r.model_call_seq"
         " WHERE r.id = ?",
         (run_id,),
@@ -72,7 +74,8 @@ def model_calls(conn: Reader, run_id: str, *, limit: int = 20) -> ModelCalls:
         )  # fmt: skip
     # The run's events by primary key, newest first; only the lost calls' payloads are read.
     rows = conn.execute(
-        f"SELECT {d.int_column('seq')}, substr(payload, 1, {_MARK_CHARS}), {d.int_column('created_at')}"
+        f"SELECT {d.int_column('seq')}, {sealed_sql('payload', EVENT, _MARK_CHARS)},"
+        f" {d.int_column('created_at')}"
         " FROM events WHERE run_id = ? AND type = 'model_call_lost' ORDER BY seq DESC LIMIT ?",
         (run_id, check_limit(limit)),
     )

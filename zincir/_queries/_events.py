@@ -12,6 +12,7 @@ from typing import Any, Final
 
 import attrs
 
+from .._crypto import EVENT
 from .._errors import InvalidArgument
 from .._sql import Cursor, Dialect
 from .._types import EventType
@@ -89,7 +90,8 @@ class EventPage:
 def event_sql(d: Dialect, max_payload_chars: int | None) -> str:
     """The ``SELECT`` of an event's columns, bounded, for :func:`event_row`."""
     return (
-        f"SELECT {d.int_column('seq')}, {name_column('type')}, {json_columns('payload', max_payload_chars)},"
+        f"SELECT {d.int_column('seq')}, {name_column('type')},"
+        f" {json_columns('payload', max_payload_chars, EVENT)},"
         f" {name_column('idempotency_key')}, {d.int_column('created_at')} FROM events"
     )
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import attrs
 
+from .._crypto import ENVELOPE, EVENT, STATE, STEP, VERIFICATION, sealed_sql
 from .._sql import Dialect
 from ._connect import Reader
 from ._keys import check_limit, comparable
@@ -92,7 +93,8 @@ def _checkpoint_sql(d: Dialect, max_chars: int | None) -> str:
         f"SELECT {d.int_column('id')}, {d.int_column('round')}, {name_column('tool_call_id')},"
         f" {name_column('status')},"
         f" {d.int_column('based_on_event_seq')}, {d.int_column('decision_event_seq')},"
-        f" {json_columns('state', max_chars)}, {json_columns('verification', max_chars)},"
+        f" {json_columns('state', max_chars, STATE)},"
+        f" {json_columns('verification', max_chars, VERIFICATION)},"
         f" {d.int_column('created_at')}, {d.int_column('decided_at')} FROM checkpoints"
     )
 
@@ -180,18 +182,20 @@ def reconciled_results(conn: Reader, run_id: str, seqs: Sequence[object]) -> fro
     wanted = sorted({s for s in seqs if type(s) is int})
     if not wanted:
         return frozenset()
+    # An encrypted payload is opened to be looked at (the database cannot look into it).
     rows = conn.execute(
-        f"SELECT {conn.dialect.int_column('seq')} FROM events WHERE run_id = ? AND type = 'tool_result'"
-        f" AND seq IN ({', '.join('?' * len(wanted))}) AND payload LIKE ?",
+        f"SELECT {conn.dialect.int_column('seq')}, {sealed_sql('payload', EVENT, None)} FROM events"
+        f" WHERE run_id = ? AND type = 'tool_result' AND seq IN ({', '.join('?' * len(wanted))})"
+        f" AND (payload LIKE ? OR payload LIKE '{ENVELOPE}%')",
         [run_id, *wanted, _RECONCILED],
     )
-    return frozenset(as_int(row[0]) for row in rows)
+    return frozenset(as_int(row[0]) for row in rows if as_text(row[1]).endswith(_RECONCILED[1:]))
 
 
 def _step_sql(d: Dialect, max_chars: int | None) -> str:
     return (
         f"SELECT {name_column('name')}, {name_column('status')}, {d.int_column('epoch')},"
-        f" {json_columns('result', max_chars)},"
+        f" {json_columns('result', max_chars, STEP)},"
         f" {d.int_column('started_at')}, {d.int_column('completed_at')} FROM steps"
     )
 

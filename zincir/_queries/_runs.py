@@ -13,6 +13,7 @@ from typing import Any, Final
 
 import attrs
 
+from .._crypto import CONFIG, EVENT, RESULT, sealed_sql
 from .._errors import InvalidArgument, RunNotFound
 from .._sql import Dialect
 from .._types import EventType
@@ -368,12 +369,12 @@ def get_run(
     check_cursor(conn, children_after)
     d = conn.dialect
     stored = conn.has_column("agent_runs", "result")  # schema version 4 and later
-    result_columns = json_columns("result", max_result_chars) if stored else "NULL, 0"
+    result_columns = json_columns("result", max_result_chars, RESULT) if stored else "NULL, 0"
     forked = conn.has_column("agent_runs", "forked_from")  # schema version 11 and later
     fork_columns = f"{name_column('forked_from')}, {d.int_column('fork_seq')}" if forked else "NULL, NULL"
     marks_sql = json_columns("fingerprints", None) if has_versions(conn) else "NULL, 0"  # a few hashes
     row = conn.execute(
-        f"SELECT {_summary_columns(conn)}, {json_columns('config', max_config_chars)},"
+        f"SELECT {_summary_columns(conn)}, {json_columns('config', max_config_chars, CONFIG)},"
         f" {d.int_column('lease_epoch')}, {d.int_column('next_attempt_at')}, {result_columns}, {marks_sql},"
         f" {fork_columns} FROM agent_runs WHERE id = ?",
         (run_id,),
@@ -431,7 +432,8 @@ def end_reason(conn: Reader, run_id: str, status: str) -> str | None:
     # Its last state transition, found walking its log back from the newest event (an ended
     # run's log ends with it): one row of the (run_id, seq) index, whatever the log's length.
     row = conn.execute(
-        "SELECT payload FROM events WHERE run_id = ? AND type = ? ORDER BY seq DESC LIMIT 1",
+        f"SELECT {sealed_sql('payload', EVENT, None)} FROM events WHERE run_id = ? AND type = ?"
+        " ORDER BY seq DESC LIMIT 1",
         (run_id, EventType.STATE_TRANSITION.value),
     ).fetchone()
     transition = None if row is None else json_value(as_opt_text(row[0]))

@@ -13,6 +13,7 @@ from typing import Any
 
 import attrs
 
+from .._crypto import EVENT, sealed_sql
 from ._connect import Reader
 from ._keys import check_limit
 from ._values import Int, OptInt, as_int, as_opt_int, as_text, json_value, name_column
@@ -64,7 +65,8 @@ class ApprovalRequest:
 
 
 _APPROVAL_SQL = (
-    "SELECT a.run_id, a.call_id, a.tool_name, e.payload, a.args_hash, a.requested_at, a.deadline,"
+    f"SELECT a.run_id, a.call_id, a.tool_name, {sealed_sql('e.payload', EVENT, None)}, a.args_hash,"
+    " a.requested_at, a.deadline,"
     " a.approved, a.decided_by FROM approvals AS a"
     " JOIN tool_intents AS t ON t.run_id = a.run_id AND t.call_id = a.call_id"
     " JOIN events AS e ON e.run_id = t.run_id AND e.seq = t.intent_seq"
