@@ -553,3 +553,42 @@ class OpenedCursor:
 
     def close(self) -> None:
         self._cursor.close()
+
+
+# -- keys for the CLI and the inspector ----------------------------------------------------------
+
+KEY_ENV: Final = "ZINCIR_ENCRYPTION_KEY"
+"""The master key as text (64 hex digits or base64); several, comma-separated: the first is
+the current one, the others previous ones (during a rotation)."""
+KEY_FILE_ENV: Final = "ZINCIR_ENCRYPTION_KEY_FILE"
+"""A file holding the master key(s) as text, one a line, the current one first."""
+
+
+def keys_from_env() -> KeyRing | None:
+    """The master keys the environment gives the CLI and the inspector (None: none)."""
+    text = os.environ.get(KEY_ENV)
+    if not text:
+        path = os.environ.get(KEY_FILE_ENV)
+        if not path:
+            return None
+        try:
+            with open(path, encoding="utf-8") as file:
+                text = file.read()
+        except OSError as exc:
+            raise InvalidArgument(f"{KEY_FILE_ENV}: cannot read {path!r}: {exc.strerror}") from None
+    keys = [parse_key(part) for part in text.replace(",", "\n").split() if part.strip()]
+    if not keys:
+        return None
+    return KeyRing(keys[0], keys[1:])
+
+
+def check_readonly_keys(sealer: Sealer, fetch_all: Callable[[str], list[Any]]) -> None:
+    """:func:`zincir._store._keys.prepare_keys`'s checks, read-only: EncryptionKeyInvalid when
+    the keys given are not the database's."""
+    provider = sealer.provider
+    used = [row[0] for row in fetch_all("SELECT DISTINCT key_id FROM run_keys WHERE key_id IS NOT NULL")]
+    if used and all(provider.key(key_id) is None for key_id in used):
+        raise EncryptionKeyInvalid("the key given is not the one this database was encrypted with")
+    for key_id, check_value in fetch_all("SELECT key_id, check_value FROM encryption_keys"):
+        if provider.key(key_id) is not None:
+            sealer.verify(key_id, check_value)
