@@ -405,7 +405,8 @@ def seal(tx: Tx, run_id: str, field: str, text: str) -> str:
 def _no_key(field: str) -> EncryptionError:
     return EncryptionKeyMissing(
         f"a value of {field} is encrypted and no key was given: open the database with"
-        " encryption_key=... or keys=... (the CLI: ZINCIR_ENCRYPTION_KEY or --key-file)"
+        " encryption_key=... or keys=... (the CLI and the inspector: ZINCIR_ENCRYPTION_KEY or"
+        " ZINCIR_ENCRYPTION_KEY_FILE)"
     )
 
 

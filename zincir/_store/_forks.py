@@ -30,7 +30,7 @@ import attrs
 
 from .._budget import LIMIT_COLUMNS, CountedCall, debit_of, loop_of
 from .._crypto import CONFIG, EVENT, new_run_key, opened, seal
-from .._errors import InvalidForkPoint, RunNotFound
+from .._errors import InvalidForkPoint, RunErased, RunNotFound
 from .._json import decode
 from .._json import dump_trusted as _dump
 from .._types import EventType, ToolCall
@@ -63,6 +63,9 @@ def _logged(run: str, key: str) -> str:
     )
 
 
+_ERASED = "SELECT 1 FROM run_keys WHERE run_id = ? AND erased_at IS NOT NULL"
+
+
 def fork_run(
     tx: Tx,
     source_id: str,
@@ -80,6 +83,8 @@ def fork_run(
     if source is None:
         raise RunNotFound(f"run {source_id} does not exist")
     last_seq, role, provider, stored_config, version, fingerprints = source
+    if tx.sealer is not None and tx.one(_ERASED, (source_id,)) is not None:
+        raise RunErased(f"run {source_id} was erased: its history cannot be read, nor forked")
     at, forked_at = _fork_point(tx, source_id, int(last_seq), at_seq, at_checkpoint)
     inherited = tx.all(
         "SELECT t.call_id, e.seq, e.payload FROM tool_intents AS t"
