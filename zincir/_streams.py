@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Final, final
 import attrs
 import trio
 
+from ._crypto import ERASED, ERASED_TEXT
 from ._database import Database, Storage, storage
 from ._errors import DatabaseBusy, DatabaseUnavailable, InvalidArgument, ZincirError
-from ._crypto import ERASED, ERASED_TEXT
 from ._json import JSONValue, decode, encode
 from ._store._streams import StreamPage
 from ._types import RunStatus
