@@ -2,22 +2,24 @@
 
 Envelope encryption (docs/payloads.md#encryption-and-erasure). Each run gets a random 256-bit
 data key when it is created, stored in ``run_keys`` wrapped (AES-GCM) by a master key the
-application holds (``open_database(..., encryption_key=...)`` or ``keys=``). The payload
+application holds (``open_database(..., encryption_key=...)`` or ``keys=``). The JSON value
 columns (events' payloads, configs, results, steps' results, checkpoints, signals' payloads,
-stream chunks) hold an envelope instead of JSON text::
+stream chunks), and the parts the content store keeps of them, hold an envelope instead of
+text; ``zincir/_payloads.py`` is the one place that writes and reads them::
 
-    zc1:<run id>:<base64url(nonce || AES-GCM(data key, text, aad = run id | column))>
+    zc1:<run id>:<base64url(nonce || AES-GCM(data key, text, aad = run id | kind))>
 
 The run id in the envelope names the key, so a value copied into a fork (docs/forks.md) stays
-readable through the run it came from, and erasing that run erases the copies too. The column
-in the associated data means a value cannot be moved to another column (or another run) and
-still be read. The nonce is derived from the text (HMAC of the key's nonce half), so the same
-value in the same run and column encrypts the same way, and the content store keeps one copy
-of it; two different values never share a nonce.
+readable through the run it came from, and erasing that run erases the copies too. The run in
+the associated data means a value moved to another run does not decrypt; the kind (a column's
+value, or a stored part) that a part cannot stand in for a value. The nonce is derived from
+the text (an HMAC under a key derived from the data key), so the same value in the same run
+encrypts the same way, and the content store keeps one copy of it; two different values never
+share a nonce.
 
 Erasure (``erase_run``) deletes the wrapped key: from then on every envelope of the run reads as
-erased, for every process. Rotation (``rotate_keys``) re-wraps the data keys under the current
-master key; the payloads are not touched.
+erased, for every process (a read looks the key row up each time). Rotation (``rotate_keys``)
+re-wraps the data keys under the current master key; the payloads are not touched.
 
 Ids, types, seqs, times, names, statuses and leases stay in clear: leases, claims and recovery
 never decrypt anything.
@@ -32,7 +34,7 @@ import hmac
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Final, Protocol, final, runtime_checkable
 
 from ._errors import (
@@ -52,16 +54,20 @@ if TYPE_CHECKING:
 __all__ = [
     "ENVELOPE",
     "ERASED",
+    "ERASED_JSON",
     "ERASED_TEXT",
+    "PART",
+    "VALUE",
     "Erased",
     "KeyProvider",
     "KeyRing",
+    "RunKey",
     "Sealer",
+    "check_readonly_keys",
     "key_provider",
+    "keys_from_env",
+    "missing_key",
     "parse_key",
-    "seal",
-    "unseal",
-    "unseal_rows",
 ]
 
 ENVELOPE: Final = "zc1:"
@@ -194,7 +200,7 @@ def key_provider(encryption_key: bytes | None, keys: KeyProvider | None) -> KeyP
 
 
 @final
-class _RunKey:
+class RunKey:
     """A run's data key, unwrapped: the cipher, and the key its nonces are derived with."""
 
     __slots__ = ("aead", "key_id", "nonces", "wrapped")
@@ -220,7 +226,7 @@ class Sealer:
     def __init__(self, provider: KeyProvider) -> None:
         self.provider = provider
         self._masters: dict[str, AESGCM] = {}
-        self._runs: OrderedDict[str, _RunKey] = OrderedDict()
+        self._runs: OrderedDict[str, RunKey] = OrderedDict()
         self._lock = threading.Lock()
         _aesgcm(bytes(KEY_BYTES))  # EncryptionUnavailable now, not at the first write
 
@@ -279,12 +285,12 @@ class Sealer:
 
     # run keys
 
-    def fresh(self, run_id: str) -> _RunKey:
+    def fresh(self, run_id: str) -> RunKey:
         """A new data key for ``run_id``, wrapped, not stored yet (:meth:`store`)."""
         dek = os.urandom(KEY_BYTES)
-        return _RunKey(dek, *self.wrap(run_id, dek))
+        return RunKey(dek, *self.wrap(run_id, dek))
 
-    def store(self, tx: Tx, run_id: str, key: _RunKey) -> None:
+    def store(self, tx: Tx, run_id: str, key: RunKey) -> None:
         """Store a new run's key, in the transaction that creates the run (the row's reference
         to the run is checked at COMMIT, so it may come first)."""
         tx.execute(
@@ -297,7 +303,7 @@ class Sealer:
         """Give a new run its data key, in the transaction that creates the run."""
         self.store(tx, run_id, self.fresh(run_id))
 
-    def _remember(self, run_id: str, key: _RunKey) -> None:
+    def _remember(self, run_id: str, key: RunKey) -> None:
         with self._lock:
             self._runs[run_id] = key
             self._runs.move_to_end(run_id)
@@ -308,11 +314,11 @@ class Sealer:
         with self._lock:
             self._runs.pop(run_id, None)
 
-    def _cached(self, run_id: str) -> _RunKey | None:
+    def _cached(self, run_id: str) -> RunKey | None:
         with self._lock:
             return self._runs.get(run_id)
 
-    def _load(self, run_id: str, row: Any) -> _RunKey | None:
+    def _load(self, run_id: str, row: Any) -> RunKey | None:
         """The key of ``row`` (key_id, wrapped_dek); None: erased."""
         key_id, wrapped = row
         if wrapped is None:
@@ -321,11 +327,11 @@ class Sealer:
         cached = self._cached(run_id)
         if cached is not None and cached.wrapped == wrapped:
             return cached
-        key = _RunKey(self.unwrap(run_id, key_id, wrapped), key_id, wrapped)
+        key = RunKey(self.unwrap(run_id, key_id, wrapped), key_id, wrapped)
         self._remember(run_id, key)
         return key
 
-    def writing_key(self, tx: Tx, run_id: str) -> _RunKey:
+    def writing_key(self, tx: Tx, run_id: str) -> RunKey:
         """The key a write of the run's encrypts with. A live run's key (a run being written)
         cannot be erased, so a cached key is used as it is; a run from before encryption was
         turned on gets its key now."""
@@ -345,7 +351,7 @@ class Sealer:
             raise RunErased(f"run {run_id} was erased: nothing can be written for it")
         return key
 
-    def reading_key(self, fetch: Fetch, run_id: str) -> _RunKey | None:
+    def reading_key(self, fetch: Fetch, run_id: str) -> RunKey | None:
         """The key of a run, read now (so an erasure by any process is seen at once); None:
         erased."""
         row = fetch(_KEY_ROW, (run_id,))
@@ -355,7 +361,7 @@ class Sealer:
 
     # values
 
-    def seal(self, tx: Tx, run_id: str, field: str, text: str, key: _RunKey | None = None) -> str:
+    def seal(self, tx: Tx, run_id: str, field: str, text: str, key: RunKey | None = None) -> str:
         """``text`` encrypted as the column ``field`` of ``run_id`` (with ``key``, a new run's
         key not stored yet, or the run's)."""
         if key is None:
@@ -365,7 +371,7 @@ class Sealer:
         nonce = hmac.new(key.nonces, aad + data, hashlib.sha256).digest()[:_NONCE_BYTES]
         return f"{ENVELOPE}{run_id}:{_b64(nonce + key.aead.encrypt(nonce, data, aad))}"
 
-    def open(self, keys: dict[str, _RunKey | None], fetch: Fetch, field: str, text: str) -> str:
+    def open(self, keys: dict[str, RunKey | None], fetch: Fetch, field: str, text: str) -> str:
         """The JSON text of an envelope (:data:`ERASED_TEXT` for an erased run's); ``keys``: the
         run keys this read has looked up so far (one lookup per run and read)."""
         run_id, _, sealed = text[len(ENVELOPE) :].rpartition(":")
@@ -392,168 +398,27 @@ def _wrap_aad(run_id: str) -> bytes:
     return f"zincir run key|{run_id}".encode()
 
 
-# -- what the storage operations call --------------------------------------------------------
+# -- what the storage operations and the content store call -----------------------------------
 
 
-def seal(tx: Tx, run_id: str, field: str, text: str) -> str:
-    """``text`` as the column ``field`` of ``run_id`` stores it: itself on a database without
-    encryption, else its envelope."""
-    sealer = tx.sealer
-    return text if sealer is None else sealer.seal(tx, run_id, field, text)
-
-
-def _no_key(field: str) -> EncryptionError:
+def missing_key() -> EncryptionError:
+    """The error of an encrypted value read without a key."""
     return EncryptionKeyMissing(
-        f"a value of {field} is encrypted and no key was given: open the database with"
+        "a stored value is encrypted and no key was given: open the database with"
         " encryption_key=... or keys=... (the CLI and the inspector: ZINCIR_ENCRYPTION_KEY or"
         " ZINCIR_ENCRYPTION_KEY_FILE)"
     )
 
 
-def unseal(tx: Tx, field: str, text: str) -> str:
-    """The JSON text of a stored value (:data:`ERASED_TEXT` for an erased run's)."""
-    if not text.startswith(ENVELOPE):
-        return text
-    sealer = tx.sealer
-    if sealer is None:
-        raise _no_key(field)
-    return sealer.open({}, tx.one, field, text)
+# What a ciphertext is, as its associated data names it (with its run): a column's value, or a
+# part of one that the content store keeps (zincir/_payloads.py).
+VALUE: Final = "value"
+PART: Final = "part"
 
-
-def unseal_rows(tx: Tx, rows: list[Any], columns: dict[int, str]) -> list[Any]:
-    """``rows`` with the values at ``columns`` (index: field) opened; each run's key is looked
-    up once. The rows as they are when none holds an envelope (a database without encryption)."""
-    keys: dict[str, _RunKey | None] = {}
-    out: list[Any] = rows
-    for i, row in enumerate(rows):
-        for at, field in columns.items():
-            value = row[at]
-            if isinstance(value, str) and value.startswith(ENVELOPE):
-                sealer = tx.sealer
-                if sealer is None:
-                    raise _no_key(field)
-                if out is rows:
-                    out = list(rows)
-                changed = list(out[i])
-                changed[at] = sealer.open(keys, tx.one, field, value)
-                out[i] = row = tuple(changed)
-    return out
-
-
-# The columns that hold payloads, as the associated data names them.
-EVENT: Final = "events.payload"
-CONFIG: Final = "agent_runs.config"
-RESULT: Final = "agent_runs.result"
-STEP: Final = "steps.result"
-STATE: Final = "checkpoints.state"
-VERIFICATION: Final = "checkpoints.verification"
-SIGNAL: Final = "signals.payload"
-CHUNK: Final = "stream_chunks.data"
-
-
-def new_run_key(tx: Tx, run_id: str) -> None:
-    """Give a run its data key, in the operation that creates it, before its first sealed value."""
-    if tx.sealer is not None:
-        tx.sealer.create(tx, run_id)
-
-
-def sealed_config(tx: Tx, run_id: str, config_json: str) -> tuple[str, Callable[[], None]]:
-    """A new run's config as stored, and what stores its key once the run is known to be
-    inserted (a spawn repeated after a restart inserts nothing, and must store no key)."""
-    sealer = tx.sealer
-    if sealer is None:
-        return config_json, _nothing
-    key = sealer.fresh(run_id)
-    return sealer.seal(tx, run_id, CONFIG, config_json, key), lambda: sealer.store(tx, run_id, key)
-
-
-def _nothing() -> None:
-    pass
-
-
-def seal_optional(tx: Tx, run_id: str, field: str, text: str | None) -> str | None:
-    """:func:`seal` for a value that may be NULL."""
-    return None if text is None else seal(tx, run_id, field, text)
-
-
-def opened(tx: Tx, field: str, text: str) -> str:
-    """:func:`unseal` for an operation that needs the value itself: RunErased if it was erased."""
-    value = unseal(tx, field, text)
-    if value == ERASED_TEXT:
-        raise RunErased(f"a value of {field} this needs belongs to an erased run")
-    return value
-
-
-# -- the read-only queries (the CLI and the inspector) -----------------------------------------
-
-SEALED_MARK: Final = "zc__"
-"""How a column read through :func:`sealed_sql` is named in its SELECT (and so in the cursor)."""
 
 ERASED_JSON: Final = '{"erased":true}'
-"""What the read-only queries show for a value of an erased run (the run itself says so too)."""
-
-_FIELDS: Final = (EVENT, CONFIG, RESULT, STEP, STATE, VERIFICATION, SIGNAL, CHUNK)
-
-
-def sealed_sql(column: str, field: str, max_chars: int | None, *, with_size: bool = False) -> str:
-    """SQL for a payload column read by a query, cut to ``max_chars`` characters (None: whole),
-    and its length after it if ``with_size``. A clear value is cut by the database; an
-    encrypted one is read whole, and the cursor opens it, cuts it and gives its length."""
-    number = _FIELDS.index(field)
-    cut = "all" if max_chars is None else str(max(0, int(max_chars)))
-    shown = column if max_chars is None else f"substr({column}, 1, {cut})"
-    sql = (
-        f"CASE WHEN substr({column}, 1, {len(ENVELOPE)}) = '{ENVELOPE}' THEN {column} ELSE {shown} END"
-        f" AS {SEALED_MARK}{number}__{cut}__{int(with_size)}"
-    )
-    return f"{sql}, length({column})" if with_size else sql
-
-
-@final
-class OpenedCursor:
-    """A query's cursor whose :func:`sealed_sql` columns come back opened."""
-
-    def __init__(self, cursor: Any, sealer: Sealer | None, fetch: Fetch) -> None:
-        self._cursor = cursor
-        self._sealer = sealer
-        self._fetch = fetch
-        self._keys: dict[str, _RunKey | None] = {}
-        self._columns: list[tuple[int, str, int | None, bool]] = []
-        for at, column in enumerate(cursor.description or ()):
-            name = str(column[0])
-            if name.startswith(SEALED_MARK):
-                number, cut, sized = name[len(SEALED_MARK) :].split("__")
-                self._columns.append(
-                    (at, _FIELDS[int(number)], None if cut == "all" else int(cut), sized == "1")
-                )
-
-    def _open(self, row: Any) -> Any:
-        if row is None:
-            return None
-        out = list(row)
-        for at, field, cut, sized in self._columns:
-            value = out[at]
-            if not isinstance(value, str) or not value.startswith(ENVELOPE):
-                continue
-            if self._sealer is None:
-                raise _no_key(field)
-            text = self._sealer.open(self._keys, self._fetch, field, value)
-            if text == ERASED_TEXT:
-                text = ERASED_JSON
-            out[at] = text if cut is None else text[:cut]
-            if sized:
-                out[at + 1] = len(text)
-        return tuple(out)
-
-    def fetchone(self) -> Any:
-        return self._open(self._cursor.fetchone())
-
-    def __iter__(self) -> Iterator[Any]:
-        for row in self._cursor:
-            yield self._open(row)
-
-    def close(self) -> None:
-        self._cursor.close()
+"""What the read-only queries (the CLI, the inspector) show for a value of an erased run (the
+run itself says so too: its ``erased_at``)."""
 
 
 # -- keys for the CLI and the inspector ----------------------------------------------------------

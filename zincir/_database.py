@@ -20,6 +20,7 @@ from ._backend import Backend, Clock, wall_clock_ms
 from ._crypto import KeyProvider, Sealer, key_provider
 from ._errors import DatabaseClosed, EncryptionKeyMissing, InvalidArgument
 from ._owner import mark_this_process
+from ._payloads import DEFAULT_THRESHOLD, Payloads, check_threshold
 from ._store import Store
 from ._target import parse_target
 from ._threads import DatabaseThread, submit
@@ -224,6 +225,7 @@ async def open_database(
     writers: int | None = None,
     tracing: bool | TracerProvider | None = None,
     trace_content: bool = False,
+    content_threshold: int | None = DEFAULT_THRESHOLD,
     encryption_key: bytes | None = None,
     keys: KeyProvider | None = None,
 ) -> AsyncIterator[Database]:
@@ -245,6 +247,11 @@ async def open_database(
     ``trace_content=True`` puts content (responses, tool arguments and results, step results,
     signal payloads, checkpoint states, error messages) on the spans; by default they carry
     names, ids, counts and times only.
+
+    ``content_threshold`` (docs/payloads.md): a JSON value of this many characters or more (a
+    large tool result, step result, config) is stored once by its SHA-256 and referenced, however
+    many events, steps and runs record it; smaller values are stored inline. None or 0: every
+    value inline. The setting applies to what this process writes: a database holds both kinds.
 
     ``encryption_key`` (32 bytes; ``pip install 'zincir[crypto]'``) encrypts payloads, configs,
     results and stream chunks at rest, each run under a key of its own that
@@ -270,6 +277,7 @@ async def open_database(
         check_int(writers, "writers", minimum=1, maximum=64)
     if synchronous not in ("full", "normal"):
         raise InvalidArgument(f"synchronous must be 'full' or 'normal', not {synchronous!r}")
+    payloads = Payloads(threshold=check_threshold(content_threshold))
     traced = Tracing(tracing, trace_content)
     provider = key_provider(encryption_key, keys)
     # Before this process can own a lease: every process it starts from now on carries its mark,
@@ -280,12 +288,14 @@ async def open_database(
     if where.backend == "postgresql":
         from . import _postgres  # psycopg is an optional extra: imported only when it is needed
 
-        backend = await _postgres.open_backend(where.location, token=token, clock=clock, writers=writers or 2)
+        backend = await _postgres.open_backend(
+            where.location, token=token, clock=clock, writers=writers or 2, payloads=payloads
+        )
     else:
         if writers not in (None, 1):
             raise InvalidArgument(f"SQLite has exactly one writer, not writers={writers!r}")
         backend = await _sqlite.open_backend(
-            where.location, token=token, clock=clock, synchronous=synchronous
+            where.location, token=token, clock=clock, synchronous=synchronous, payloads=payloads
         )
     db = Database._create(backend, max_payload_bytes, traced)
     try:

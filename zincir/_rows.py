@@ -1,16 +1,16 @@
 """Rows as zincir hands them out: the same columns on every backend, decoded here once.
 
-The storage operations open encrypted values first (``zincir._crypto.unseal_rows`` with the
-columns named here); a value of an erased run decodes to ``zincir.ERASED``.
+The storage operations read the JSON value columns named here through ``zincir._payloads``
+(which opens encrypted ones); a value of an erased run decodes to ``zincir.ERASED``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import attrs
 
-from ._crypto import CONFIG, ERASED, ERASED_TEXT, EVENT, RESULT, STATE, VERIFICATION, unseal_rows
+from ._crypto import ERASED, ERASED_TEXT
 from ._json import decode
 from ._types import Checkpoint, CheckpointState, Event, EventType, RunRecord, RunStatus, Verification
 
@@ -23,29 +23,14 @@ CHECKPOINT_COLUMNS = (
     " verification, created_at, decided_at"
 )
 EVENT_COLUMNS = "seq, type, payload, idempotency_key, created_at"
-
-if TYPE_CHECKING:
-    from ._store._tx import Tx
-
-RUN_SEALED: Final = {5: CONFIG, 8: RESULT}
-CHECKPOINT_SEALED: Final = {7: STATE, 8: VERIFICATION}
-EVENT_SEALED: Final = {2: EVENT}
+# Where the JSON value columns are in each (read through zincir._payloads before decoding).
+RUN_JSON = (5, 8)
+CHECKPOINT_JSON = (7, 8)
+EVENT_JSON = (2,)
 
 
 def _load(text: str) -> Any:
     return ERASED if text == ERASED_TEXT else decode(text)
-
-
-def runs_of(tx: Tx, rows: list[Any]) -> list[RunRecord]:
-    return [to_run(row) for row in unseal_rows(tx, rows, RUN_SEALED)]
-
-
-def events_of(tx: Tx, run_id: str, rows: list[Any]) -> list[Event]:
-    return [to_event(run_id, row) for row in unseal_rows(tx, rows, EVENT_SEALED)]
-
-
-def checkpoint_of(tx: Tx, row: Any) -> Checkpoint:
-    return to_checkpoint(unseal_rows(tx, [row], CHECKPOINT_SEALED)[0])
 
 
 def to_run(row: Any) -> RunRecord:

@@ -14,11 +14,13 @@ from __future__ import annotations
 import abc
 import contextlib
 from collections.abc import Iterator, Sequence
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import attrs
 
-from ._crypto import SEALED_MARK, OpenedCursor, Sealer
+if TYPE_CHECKING:
+    from ._crypto import Sealer
+
 
 __all__ = ["KEY_CHARS", "Cursor", "Dialect", "ReadOnly"]
 
@@ -69,6 +71,15 @@ class Dialect:
     """Whether ``wait_for_end``'s waiters are rows (``run_waiters``) that a run's end notifies."""
     index_hints: bool = False
     """Whether the planner takes (and sometimes needs) a hint of the index to read by, or of none."""
+    content_guard: str = ""
+    """A statement a write that stores payload parts runs first (:mod:`zincir._payloads`), and
+    ``sweep_guard`` one a sweep of unreferenced parts runs first: PostgreSQL's writers run side
+    by side, so a writer that found a part already stored (and added only its reference) must
+    not commit after a sweep that saw no reference deleted it. Writers take one advisory lock
+    shared (they never wait for each other), a sweep takes it exclusive: it waits for the
+    writers in flight, and a writer that comes meanwhile fails its lock_timeout and is retried.
+    SQLite has one writer: nothing to guard."""
+    sweep_guard: str = ""
     loose_types: bool = False
     """Whether any column may hold any type (SQLite without ``STRICT``): then a key of any type
     can name a row, and the read queries read INTEGER columns through :meth:`int_column`."""
@@ -130,22 +141,13 @@ class ReadOnly(abc.ABC):
     """What to call the database in messages and pages (a path, a URL without its password)."""
     sealer: Sealer | None = None
     """The keys encrypted values are opened with (None: none given; an encrypted value then
-    raises EncryptionKeyMissing). See :func:`zincir._crypto.sealed_sql`."""
+    raises EncryptionKeyMissing): see ``zincir/_payloads.py``."""
     worth_keeping: bool
     """Whether a long-lived reader (the inspector) should keep this connection between reads
     rather than open a new one for each."""
 
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
-        """Run a statement; the payload columns it reads through :func:`~zincir._crypto.sealed_sql`
-        come back opened (an erased run's as :data:`~zincir._crypto.ERASED_JSON`)."""
-        cursor = self._execute(sql, params)
-        if SEALED_MARK not in sql:
-            return cursor
-        return OpenedCursor(cursor, self.sealer, lambda q, p: self._execute(q, p).fetchone())
-
     @abc.abstractmethod
-    def _execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
-        """Run a statement as it is, in the driver's way."""
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor: ...
 
     @abc.abstractmethod
     def snapshot(self) -> contextlib.AbstractContextManager[None]: ...

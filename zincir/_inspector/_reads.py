@@ -12,7 +12,7 @@ from collections.abc import Iterable
 import attrs
 
 from .. import _queries as q
-from .._crypto import EVENT, sealed_sql
+from .._payloads import cut_texts, shown_text
 from .._queries import Int, OptInt, Reader
 from .._queries._events import event_row, event_sql
 from .._queries._progress import open_state, start_marks
@@ -141,11 +141,12 @@ def latest_events(conn: Reader, run_id: str, limit: int) -> tuple[tuple[Mark, ..
     rows = list(
         conn.execute(
             f"SELECT {d.int_column('seq')}, {name_column('type')}, {d.int_column('created_at')},"
-            f" {sealed_sql(f'(CASE WHEN type IN ({kinds}) THEN payload END)', EVENT, MARK_PAYLOAD_CHARS)}"
+            f" CASE WHEN type IN ({kinds}) THEN {shown_text('payload', MARK_PAYLOAD_CHARS)} END, 0"
             " FROM events WHERE run_id = ? ORDER BY seq DESC LIMIT ?",
             (run_id, limit + 1),
         )
     )
+    rows = cut_texts(conn, rows, (3,), MARK_PAYLOAD_CHARS)  # a payload stored in parts, joined
     marks = [Mark(as_int(r[0]), as_text(r[1]), as_int(r[2]), as_opt_text(r[3])) for r in rows[:limit]]
     return tuple(reversed(marks)), len(rows) > limit
 

@@ -10,6 +10,7 @@ import trio
 
 from .._backend import Backend, Clock
 from .._errors import StorageError
+from .._payloads import Payloads
 from .._threads import DatabaseThread
 from . import _migrations
 from ._connection import Echo, PostgresSession, connect, redact, server_clock_offset, storage_error
@@ -36,7 +37,7 @@ def _prepare(url: str) -> int:
 
 
 async def open_backend(
-    url: str, *, token: trio.lowlevel.TrioToken, clock: Clock | None, writers: int
+    url: str, *, token: trio.lowlevel.TrioToken, clock: Clock | None, writers: int, payloads: Payloads
 ) -> Backend:
     offset = await trio.to_thread.run_sync(_prepare, url)
     where = redact(url)
@@ -44,6 +45,7 @@ async def open_backend(
 
     def thread(name: str, *, read_only: bool) -> DatabaseThread:
         session = PostgresSession(url, name, read_only=read_only, clock=clock, echo=echo)
+        session.payloads = payloads
         return DatabaseThread(
             name=f"zincir-{name}:{where}", session=session, token=token, group_commit=not read_only
         )

@@ -20,6 +20,7 @@ from psycopg import errors as pg_errors
 from psycopg.pq import ConnStatus, TransactionStatus
 
 from .._errors import DatabaseBusy, DatabaseUnavailable, StorageError, TransientConflict
+from .._payloads import Payloads
 from .._wakes import Wakes
 from ._pipe import Pending, Pipe
 from ._tx import Tx
@@ -171,6 +172,8 @@ class PostgresSession:
         self._name = name
         self._where = f"{redact(url)} ({name})"
         self._read_only = read_only
+        self.payloads = Payloads()
+        """How JSON values are stored (open_database's settings; set by open_backend)."""
         self._clock = clock
         self._conn: psycopg.Connection[Any] | None = None
         self._pipe: Pipe | None = None
@@ -429,7 +432,9 @@ class PostgresSession:
         self._live_pipe()
         if self._clock is not None:  # a test's fake server clock, read by zincir_now_ms()
             self.send("SELECT set_config('zincir.now_ms', %s, true)", (str(self._clock()),))
-        return Tx(self, read_only=self._read_only)
+        tx = Tx(self, read_only=self._read_only)
+        tx.payloads = self.payloads
+        return tx
 
     def translate(self, exc: Exception) -> Exception:
         if isinstance(exc, psycopg.Error):

@@ -52,7 +52,7 @@ class PostgresReadOnly(ReadOnly):
         self._conn = conn
         self.target = target
 
-    def _execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
         return self._conn.execute(_translate(sql), list(params))
 
     @contextlib.contextmanager

@@ -13,8 +13,8 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 
-from .._crypto import EVENT, RESULT, seal, seal_optional, sealed_config
 from .._json import dump_trusted as _dump
+from .._payloads import refer, stored, stored_unreferenced
 from .._rows import RUN_COLUMNS
 from .._store import Reply, Store, Tx, _ends
 from .._store._budgets import insert_budget
@@ -35,7 +35,8 @@ def spawn_children(tx: Tx, lease: Lease, children: Sequence[NewChild]) -> list[s
     new child's id, or the one spawned under that name before."""
     tx.fence(lease)
     parent_id = lease.run_id
-    configs = [sealed_config(tx, child.child_id, child.config_json) for child in children]
+    # The configs' parts are referenced by the children that are new (a repeated spawn writes no row).
+    configs = [stored_unreferenced(tx, child.config_json, child.child_id) for child in children]
     inserts = [
         tx.send(
             "WITH now AS MATERIALIZED (SELECT CAST(:now AS BIGINT) AS ms),"
@@ -52,30 +53,26 @@ def spawn_children(tx: Tx, lease: Lease, children: Sequence[NewChild]) -> list[s
             " coalesce((SELECT id FROM agent_runs WHERE parent_run_id = ? AND spawn_name = ?),"
             f" ({SHARED_CHILD}))",
             (
-                *(child.child_id, parent_id, child.role, child.provider, config, child.name),
+                *(child.child_id, parent_id, child.role, child.provider),
+                *(config, child.name),
                 *inherited_params(child, parent_id),
                 child.traceparent,
                 *(parent_id, child.name),
                 parent_id,
-                *(
-                    parent_id,
-                    EventType.CHILD_SPAWNED.value,
-                    seal(tx, parent_id, EVENT, _spawned_event(child)),
-                ),
-                f"spawn:{child.name}",
+                *(parent_id, EventType.CHILD_SPAWNED.value, _spawned_event(child), f"spawn:{child.name}"),
                 *(parent_id, child.name, parent_id, child.name),
             ),
         )
         for child, (config, _) in zip(children, configs, strict=True)
     ]
     ids = []
-    for child, insert, (_, store_key) in zip(children, inserts, configs, strict=True):
+    for child, insert, (_, parts) in zip(children, inserts, configs, strict=True):
         new, existing = insert.one()
         if new is None:  # spawned before, under this name (a restart repeats the spawn)
             ids.append(str(existing))
             continue
-        store_key()
         ids.append(child.child_id)
+        refer(tx, child.child_id, parts)
         tx.wake(claimable=True)
         if child.budget is not None:  # the child's own, whatever its parent spends
             insert_budget(tx, child.child_id, child.budget)
@@ -116,14 +113,8 @@ def finish(tx: Tx, lease: Lease, status: RunStatus, payload_json: str, result_js
     closing = tx.send(
         _CLOSE,
         (
-            *(
-                status.value,
-                seal_optional(tx, run_id, RESULT, result_json),
-                run_id,
-                run_id,
-                _STATE_TRANSITION,
-            ),
-            seal(tx, run_id, EVENT, payload_json),
+            *(status.value, _result(tx, run_id, result_json), run_id, run_id, _STATE_TRANSITION),
+            stored(tx, run_id, payload_json),
             *(run_id, run_id, run_id, run_id, run_id),
         ),
     )
@@ -134,6 +125,10 @@ def finish(tx: Tx, lease: Lease, status: RunStatus, payload_json: str, result_js
     _ends.wake_sharers_and_followers(tx, run_id, sharers, streamed)
     if not completing:
         _ends.cancel_descendants(tx, run_id, f"its ancestor {run_id} ended {status.value}")
+
+
+def _result(tx: Tx, run_id: str, result_json: str | None) -> str | None:
+    return None if result_json is None else stored(tx, run_id, result_json, whole=True)
 
 
 def _spawned_event(child: NewChild) -> str:
@@ -166,7 +161,7 @@ def _mark(tx: Tx, parent_id: str, child_id: str, type: EventType, payload_json: 
         " SELECT ?, last_seq, ?, ?, ?, :now FROM allocated",
         (
             *(parent_id, child_id, parent_id, parent_id, type.value),
-            *(seal(tx, parent_id, EVENT, payload_json), f"join:{child_id}"),
+            *(stored(tx, parent_id, payload_json), f"join:{child_id}"),
         ),
     )
 

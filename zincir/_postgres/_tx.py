@@ -36,6 +36,9 @@ POSTGRES: Final = Dialect(
     for_update_nowait=" FOR UPDATE NOWAIT",
     wide="::numeric",
     end_waiters=True,
+    # One key for the content store's guard: "zincir" and 1.
+    content_guard="SELECT pg_advisory_xact_lock_shared(8820702718431723521)",
+    sweep_guard="SELECT pg_advisory_xact_lock(8820702718431723521)",
 )
 
 

@@ -7,10 +7,10 @@ from typing import Any
 
 import attrs
 
-from .._crypto import EVENT, sealed_sql
+from .._payloads import cut_texts
 from ._connect import Reader
 from ._keys import check_limit
-from ._values import Int, OptInt, as_int, as_opt_int, as_opt_text, as_text, parse_json
+from ._values import Int, OptInt, as_int, as_opt_int, as_opt_text, as_text, json_columns, parse_json
 
 __all__ = ["ModelCall", "ModelCalls", "model_call_to_json", "model_calls"]
 
@@ -60,27 +60,27 @@ def model_calls(conn: Reader, run_id: str, *, limit: int = 20) -> ModelCalls:
     d = conn.dialect
     found = None
     row = conn.execute(
-        f"SELECT {d.int_column('e.seq')}, {sealed_sql('e.payload', EVENT, _MARK_CHARS)},"
+        f"SELECT {d.int_column('e.seq')}, {json_columns('e.payload', _MARK_CHARS)},"
         f" {d.int_column('e.created_at')}"
         " FROM agent_runs AS r JOIN events AS e ON e.run_id = r.id AND e.seq = r.model_call_seq"
         " WHERE r.id = ?",
         (run_id,),
     ).fetchone()
     if row is not None:
+        row = cut_texts(conn, [row], (1,), _MARK_CHARS)[0]
         mark = _payload(row[1])
         found = ModelCall(
             as_int(row[0]), _model(mark.get("model")), mark.get("request_tokens"), mark.get("cost"),
-            mark.get("epoch"), as_opt_int(row[2]),
+            mark.get("epoch"), as_opt_int(row[3]),
         )  # fmt: skip
     # The run's events by primary key, newest first; only the lost calls' payloads are read.
     rows = conn.execute(
-        f"SELECT {d.int_column('seq')}, {sealed_sql('payload', EVENT, _MARK_CHARS)},"
-        f" {d.int_column('created_at')}"
+        f"SELECT {d.int_column('seq')}, {json_columns('payload', _MARK_CHARS)}, {d.int_column('created_at')}"
         " FROM events WHERE run_id = ? AND type = 'model_call_lost' ORDER BY seq DESC LIMIT ?",
         (run_id, check_limit(limit)),
     )
     lost = []
-    for seq, payload, at in rows:
+    for seq, payload, _, at in cut_texts(conn, list(rows), (1,), _MARK_CHARS):
         value = _payload(payload)
         model, tokens, cost, epoch = (value.get(k) for k in ("model", "request_tokens", "cost", "epoch"))
         found_by = as_opt_text(value.get("found_by"))

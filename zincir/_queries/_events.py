@@ -7,13 +7,14 @@ page, so a run with a million events, or one huge payload, costs one bounded pag
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 from typing import Any, Final
 
 import attrs
 
-from .._crypto import EVENT
 from .._errors import InvalidArgument
+from .._payloads import cut_texts
 from .._sql import Cursor, Dialect
 from .._types import EventType
 from ._connect import Reader
@@ -90,8 +91,7 @@ class EventPage:
 def event_sql(d: Dialect, max_payload_chars: int | None) -> str:
     """The ``SELECT`` of an event's columns, bounded, for :func:`event_row`."""
     return (
-        f"SELECT {d.int_column('seq')}, {name_column('type')},"
-        f" {json_columns('payload', max_payload_chars, EVENT)},"
+        f"SELECT {d.int_column('seq')}, {name_column('type')}, {json_columns('payload', max_payload_chars)},"
         f" {name_column('idempotency_key')}, {d.int_column('created_at')} FROM events"
     )
 
@@ -166,7 +166,9 @@ def list_events(
         clauses.append("type = ?")
         params.append(type)
     sql = f"{event_sql(d, max_payload_chars)} {where_sql(clauses)} ORDER BY seq {order} LIMIT ?"
-    rows, more = _collect(conn.execute(sql, [*params, limit + 1]), limit, max_payload_chars, max_chars_total)
+    rows, more = _collect(
+        conn, conn.execute(sql, [*params, limit + 1]), limit, max_payload_chars, max_chars_total
+    )
     if descending:
         rows.reverse()
         page = _backward_page(conn, run_id, rows, more, before, scan_edge)
@@ -184,23 +186,24 @@ def list_events(
 
 
 def _collect(
-    cursor: Cursor, limit: int, max_payload_chars: int | None, max_chars_total: int | None
+    conn: Reader, cursor: Cursor, limit: int, max_payload_chars: int | None, max_chars_total: int | None
 ) -> tuple[list[EventRow], bool]:
     rows: list[EventRow] = []
     used, more = 0, False
     try:
-        for raw in cursor:
-            if len(rows) == limit:
-                more = True
-                break
-            row = event_row(raw, max_payload_chars)
-            if max_chars_total is not None and rows and used + len(row.payload) > max_chars_total:
-                more = True
-                break
-            used += len(row.payload)
-            rows.append(row)
+        raws = list(itertools.islice(cursor, limit + 1))
     finally:
         cursor.close()
+    for raw in cut_texts(conn, raws, (2,), max_payload_chars):
+        if len(rows) == limit:
+            more = True
+            break
+        row = event_row(raw, max_payload_chars)
+        if max_chars_total is not None and rows and used + len(row.payload) > max_chars_total:
+            more = True
+            break
+        used += len(row.payload)
+        rows.append(row)
     return rows, more
 
 
@@ -266,7 +269,7 @@ def get_event(conn: Reader, run_id: str, seq: object) -> EventRow | None:
     if not comparable(d, seq, int):
         return None
     row = conn.execute(event_sql(d, None) + " WHERE run_id = ? AND seq = ?", (run_id, seq)).fetchone()
-    return None if row is None else event_row(row, None)
+    return None if row is None else event_row(cut_texts(conn, [row], (2,), None)[0], None)
 
 
 def event_types(conn: Reader, run_id: str) -> tuple[str, ...]:

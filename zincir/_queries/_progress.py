@@ -11,7 +11,7 @@ from typing import Any
 
 import attrs
 
-from .._crypto import ENVELOPE, EVENT, STATE, STEP, VERIFICATION, sealed_sql
+from .._payloads import cut_texts
 from .._sql import Dialect
 from ._connect import Reader
 from ._keys import check_limit, comparable
@@ -93,10 +93,13 @@ def _checkpoint_sql(d: Dialect, max_chars: int | None) -> str:
         f"SELECT {d.int_column('id')}, {d.int_column('round')}, {name_column('tool_call_id')},"
         f" {name_column('status')},"
         f" {d.int_column('based_on_event_seq')}, {d.int_column('decision_event_seq')},"
-        f" {json_columns('state', max_chars, STATE)},"
-        f" {json_columns('verification', max_chars, VERIFICATION)},"
+        f" {json_columns('state', max_chars)}, {json_columns('verification', max_chars)},"
         f" {d.int_column('created_at')}, {d.int_column('decided_at')} FROM checkpoints"
     )
+
+
+def _cut_checkpoints(conn: Reader, rows: Sequence[Sequence[Any]], max_chars: int | None) -> list[Any]:
+    return cut_texts(conn, rows, (6, 8), max_chars)
 
 
 def _checkpoint(row: Sequence[Any], max_chars: int | None) -> CheckpointRow:
@@ -132,7 +135,7 @@ def list_checkpoints(
         _checkpoint_sql(d, max_chars) + " WHERE run_id = ? ORDER BY round LIMIT ?",
         (run_id, d.unlimited if limit is None else limit),
     )
-    return tuple(_checkpoint(row, max_chars) for row in rows)
+    return tuple(_checkpoint(row, max_chars) for row in _cut_checkpoints(conn, list(rows), max_chars))
 
 
 def get_checkpoint(conn: Reader, run_id: str, round: object) -> CheckpointRow | None:
@@ -142,7 +145,7 @@ def get_checkpoint(conn: Reader, run_id: str, round: object) -> CheckpointRow | 
         return None
     sql = _checkpoint_sql(d, None) + " WHERE run_id = ? AND round = ?"
     row = conn.execute(sql, (run_id, round)).fetchone()
-    return None if row is None else _checkpoint(row, None)
+    return None if row is None else _checkpoint(_cut_checkpoints(conn, [row], None)[0], None)
 
 
 def candidate_checkpoint(conn: Reader, run_id: str) -> CheckpointRow | None:
@@ -150,7 +153,7 @@ def candidate_checkpoint(conn: Reader, run_id: str) -> CheckpointRow | None:
     status index, whatever the number of rounds."""
     sql = _checkpoint_sql(conn.dialect, 8192) + " WHERE run_id = ? AND status = 'candidate' LIMIT 1"
     row = conn.execute(sql, (run_id,)).fetchone()
-    return None if row is None else _checkpoint(row, 8192)
+    return None if row is None else _checkpoint(_cut_checkpoints(conn, [row], 8192)[0], 8192)
 
 
 def verification_interrupted(run: RunDetail, candidate: CheckpointRow, now_ms: int) -> bool:
@@ -175,6 +178,9 @@ def verification_interrupted(run: RunDetail, candidate: CheckpointRow, now_ms: i
 #: How a result that a reconcile probe found ends: zincir writes event payloads as compact JSON
 #: with sorted keys, so ``"reconciled": true`` of ``{"call_id", "content", "reconciled"}`` is last.
 _RECONCILED = '%,"reconciled":true}'
+#: The same, of a payload whose content is stored in parts (zincir._payloads): its last literal,
+#: matched with an escape character that is not the backslash (PostgreSQL's default).
+_RECONCILED_IN_PARTS = '%,\\"reconciled\\":true}"]'
 
 
 def reconciled_results(conn: Reader, run_id: str, seqs: Sequence[object]) -> frozenset[object]:
@@ -182,20 +188,18 @@ def reconciled_results(conn: Reader, run_id: str, seqs: Sequence[object]) -> fro
     wanted = sorted({s for s in seqs if type(s) is int})
     if not wanted:
         return frozenset()
-    # An encrypted payload is opened to be looked at (the database cannot look into it).
     rows = conn.execute(
-        f"SELECT {conn.dialect.int_column('seq')}, {sealed_sql('payload', EVENT, None)} FROM events"
-        f" WHERE run_id = ? AND type = 'tool_result' AND seq IN ({', '.join('?' * len(wanted))})"
-        f" AND (payload LIKE ? OR payload LIKE '{ENVELOPE}%')",
-        [run_id, *wanted, _RECONCILED],
+        f"SELECT {conn.dialect.int_column('seq')} FROM events WHERE run_id = ? AND type = 'tool_result'"
+        f" AND seq IN ({', '.join('?' * len(wanted))}) AND (payload LIKE ? OR payload LIKE ? ESCAPE '|')",
+        [run_id, *wanted, _RECONCILED, _RECONCILED_IN_PARTS],
     )
-    return frozenset(as_int(row[0]) for row in rows if as_text(row[1]).endswith(_RECONCILED[1:]))
+    return frozenset(as_int(row[0]) for row in rows)
 
 
 def _step_sql(d: Dialect, max_chars: int | None) -> str:
     return (
         f"SELECT {name_column('name')}, {name_column('status')}, {d.int_column('epoch')},"
-        f" {json_columns('result', max_chars, STEP)},"
+        f" {json_columns('result', max_chars)},"
         f" {d.int_column('started_at')}, {d.int_column('completed_at')} FROM steps"
     )
 
@@ -226,14 +230,14 @@ def list_steps(
         _step_sql(d, max_chars) + " WHERE run_id = ? ORDER BY started_at, name LIMIT ?",
         (run_id, d.unlimited if limit is None else limit),
     )
-    return tuple(_step(row, max_chars) for row in rows)
+    return tuple(_step(row, max_chars) for row in cut_texts(conn, list(rows), (3,), max_chars))
 
 
 def get_step(conn: Reader, run_id: str, name: str) -> StepRow | None:
     """One step by name, with its whole result, or ``None``."""
     sql = _step_sql(conn.dialect, None) + " WHERE run_id = ? AND name = ?"
     row = conn.execute(sql, (run_id, name)).fetchone()
-    return None if row is None else _step(row, None)
+    return None if row is None else _step(cut_texts(conn, [row], (3,), None)[0], None)
 
 
 @attrs.frozen

@@ -13,8 +13,8 @@ from typing import Any, Final
 
 import attrs
 
-from .._crypto import CONFIG, EVENT, RESULT, sealed_sql
 from .._errors import InvalidArgument, RunNotFound
+from .._payloads import cut_texts, resolved
 from .._sql import Dialect
 from .._types import EventType
 from ._connect import Reader
@@ -193,12 +193,12 @@ class RunDetail(RunSummary):
     fork_seq: OptInt = None
     """The last seq of ``forked_from`` that the fork copied."""
     forks: tuple[Fork, ...] = ()
-    erased_at: OptInt = None
-    """When ``zincir.erase_run`` deleted the run's key (its payloads read as erased), or None."""
     """The first of its forks, by creation (``forks_more``: it has others)."""
     forks_more: bool = False
     fingerprints: str | None = None
     """The stored JSON of what shaped the run ({"prompt": "<sha>", ...}), or None."""
+    erased_at: OptInt = None
+    """When ``zincir.erase_run`` deleted the run's key (its payloads read as erased), or None."""
 
 
 NO_VERSION: Final = ""
@@ -371,23 +371,25 @@ def get_run(
     check_cursor(conn, children_after)
     d = conn.dialect
     stored = conn.has_column("agent_runs", "result")  # schema version 4 and later
-    result_columns = json_columns("result", max_result_chars, RESULT) if stored else "NULL, 0"
+    result_columns = json_columns("result", max_result_chars) if stored else "NULL, 0"
     forked = conn.has_column("agent_runs", "forked_from")  # schema version 11 and later
     fork_columns = f"{name_column('forked_from')}, {d.int_column('fork_seq')}" if forked else "NULL, NULL"
     marks_sql = json_columns("fingerprints", None) if has_versions(conn) else "NULL, 0"  # a few hashes
-    erased_sql = (  # schema version 15 and later
+    erased_sql = (  # schema version 16 and later
         "(SELECT erased_at FROM run_keys WHERE run_id = agent_runs.id)"
         if conn.has_table("run_keys")
         else "NULL"
     )
     row = conn.execute(
-        f"SELECT {_summary_columns(conn)}, {json_columns('config', max_config_chars, CONFIG)},"
+        f"SELECT {_summary_columns(conn)}, {json_columns('config', max_config_chars)},"
         f" {d.int_column('lease_epoch')}, {d.int_column('next_attempt_at')}, {result_columns}, {marks_sql},"
         f" {fork_columns}, {erased_sql} FROM agent_runs WHERE id = ?",
         (run_id,),
     ).fetchone()
     if row is None:
         raise RunNotFound(f"run {run_id} not found")
+    at = _SUMMARY_WIDTH
+    row = cut_texts(conn, cut_texts(conn, [row], (at,), max_config_chars), (at + 4,), max_result_chars)[0]
     children, more = (
         _children(conn, run_id, children_limit, children_after) if children_limit > 0 else ((), False)
     )
@@ -441,11 +443,10 @@ def end_reason(conn: Reader, run_id: str, status: str) -> str | None:
     # Its last state transition, found walking its log back from the newest event (an ended
     # run's log ends with it): one row of the (run_id, seq) index, whatever the log's length.
     row = conn.execute(
-        f"SELECT {sealed_sql('payload', EVENT, None)} FROM events WHERE run_id = ? AND type = ?"
-        " ORDER BY seq DESC LIMIT 1",
+        "SELECT payload FROM events WHERE run_id = ? AND type = ? ORDER BY seq DESC LIMIT 1",
         (run_id, EventType.STATE_TRANSITION.value),
     ).fetchone()
-    transition = None if row is None else json_value(as_opt_text(row[0]))
+    transition = None if row is None else json_value(as_opt_text(resolved(conn, [row], (0,))[0][0]))
     if not isinstance(transition, dict) or transition.get("to") != status:
         return None
     reason = transition.get("reason")

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import attrs
 
-from .._crypto import CHUNK
+from .._payloads import cut_texts
 from ._connect import Reader
 from ._keys import check_limit
 from ._values import Int, as_int, as_size, as_text, json_columns, name_column, was_cut
@@ -120,7 +120,7 @@ def list_stream_chunks(
     d = conn.dialect
     rows = conn.execute(
         f"SELECT {d.int_column('c.chunk_offset')}, {d.int_column('c.attempt')},"
-        f" {json_columns('c.data', max_chars, CHUNK)}, c.chunk_offset = s.first_offset AND c.attempt > 1,"
+        f" {json_columns('c.data', max_chars)}, c.chunk_offset = s.first_offset AND c.attempt > 1,"
         f" {d.int_column('c.created_at')}"
         " FROM stream_chunks AS c JOIN streams AS s"
         " ON s.run_id = c.run_id AND s.name = c.name AND s.attempt = c.attempt"
@@ -128,7 +128,7 @@ def list_stream_chunks(
         (run_id, name, after, limit),
     )
     chunks = []
-    for offset, attempt, data, size, restarted, created_at in rows:
+    for offset, attempt, data, size, restarted, created_at in cut_texts(conn, list(rows), (2,), max_chars):
         length = as_size(size)
         chunks.append(
             StreamChunkRow(

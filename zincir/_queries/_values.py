@@ -24,7 +24,7 @@ from typing import Any, Final
 
 import attrs
 
-from .._crypto import sealed_sql
+from .._payloads import shown_columns
 
 __all__ = [
     "MAX_INT",
@@ -143,14 +143,11 @@ def name_column(column: str) -> str:
     return f"substr({column}, 1, {NAME_CHARS})"
 
 
-def json_columns(column: str, max_chars: int | None, field: str | None = None) -> str:
-    """SQL for a JSON TEXT column (cut to ``max_chars`` characters) followed by its length.
-    ``field``: the payload column it is (``zincir._crypto``'s names), whose values may be
-    encrypted: the cursor opens them (:func:`~zincir._crypto.sealed_sql`)."""
-    if field is not None:
-        return sealed_sql(column, field, max_chars, with_size=True)
-    shown = column if max_chars is None else f"substr({column}, 1, {max(0, int(max_chars))})"
-    return f"{shown}, length({column})"
+def json_columns(column: str, max_chars: int | None) -> str:
+    """SQL for a JSON TEXT column (cut to ``max_chars`` characters) followed by its length. A
+    value stored in parts is read whole: the query hands its rows to
+    :func:`zincir._payloads.cut_texts`, which reads the parts it needs (docs/payloads.md)."""
+    return shown_columns(column, max_chars)
 
 
 def plain(value: object) -> object:

@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-from .._crypto import EVENT, sealed_sql
+from .._payloads import resolved
 from ._connect import Reader
 from ._keys import check_limit
 from ._values import Int, OptInt, as_int, as_opt_int, as_text, json_value, name_column
@@ -65,8 +65,7 @@ class ApprovalRequest:
 
 
 _APPROVAL_SQL = (
-    f"SELECT a.run_id, a.call_id, a.tool_name, {sealed_sql('e.payload', EVENT, None)}, a.args_hash,"
-    " a.requested_at, a.deadline,"
+    "SELECT a.run_id, a.call_id, a.tool_name, e.payload, a.args_hash, a.requested_at, a.deadline,"
     " a.approved, a.decided_by FROM approvals AS a"
     " JOIN tool_intents AS t ON t.run_id = a.run_id AND t.call_id = a.call_id"
     " JOIN events AS e ON e.run_id = t.run_id AND e.seq = t.intent_seq"
@@ -96,12 +95,12 @@ def list_open_approvals(
         " AND (CAST(? AS TEXT) IS NULL OR a.run_id = ?) ORDER BY a.requested_at, a.run_id LIMIT ?",
         (now_ms, run_id, run_id, check_limit(limit)),
     )
-    return tuple(_approval_request(r) for r in rows)
+    return tuple(_approval_request(r) for r in resolved(conn, list(rows), (3,)))
 
 
 def get_approval_request(conn: Reader, run_id: str, call_id: str) -> ApprovalRequest | None:
     rows = list(conn.execute(f"{_APPROVAL_SQL} WHERE a.run_id = ? AND a.call_id = ?", (run_id, call_id)))
-    return _approval_request(rows[0]) if rows else None
+    return _approval_request(resolved(conn, rows, (3,))[0]) if rows else None
 
 
 @attrs.frozen

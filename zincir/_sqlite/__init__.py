@@ -9,6 +9,7 @@ from typing import Final
 import trio
 
 from .._backend import Backend, Clock, wall_clock_ms
+from .._payloads import Payloads
 from .._store import Store
 from .._threads import DatabaseThread
 from ._connection import SQLiteSession, open_connections
@@ -20,7 +21,7 @@ _SYNCHRONOUS_LEVELS: Final = {"full": "FULL", "normal": "NORMAL"}
 
 
 async def open_backend(
-    path: str, *, token: trio.lowlevel.TrioToken, clock: Clock | None, synchronous: str
+    path: str, *, token: trio.lowlevel.TrioToken, clock: Clock | None, synchronous: str, payloads: Payloads
 ) -> Backend:
     clock = clock or wall_clock_ms
     writer, reader = await trio.to_thread.run_sync(
@@ -29,6 +30,7 @@ async def open_backend(
 
     def thread(role: str, session: SQLiteSession) -> DatabaseThread:
         writes = role == "writer"
+        session.payloads = payloads
         return DatabaseThread(
             name=f"zincir-{role}:{path}", session=session, token=token, group_commit=writes, inline=writes
         )

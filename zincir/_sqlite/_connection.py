@@ -11,6 +11,7 @@ from typing import Any, Final, final
 
 from .. import _store
 from .._errors import DatabaseBusy, StorageError
+from .._payloads import Payloads
 from .._sql import Dialect
 from .._store._tx import PLACEHOLDERS, judge_lease
 from .._store._types import Lease
@@ -181,6 +182,8 @@ class SQLiteSession:
         self._path = path
         self._clock = clock
         self._writer = writer
+        self.payloads = Payloads()
+        """How JSON values are stored (open_database's settings; set by open_backend)."""
         self.busy_timeout_ms = BUSY_TIMEOUT_MS
         """How long the writer's BEGIN waits out another connection's write lock."""
         if writer:
@@ -252,7 +255,9 @@ class SQLiteSession:
         return not self._conn.in_transaction
 
     def tx(self) -> Tx:
-        return Tx(self._conn, self._clock())
+        tx = Tx(self._conn, self._clock())
+        tx.payloads = self.payloads
+        return tx
 
     def translate(self, exc: Exception) -> Exception:
         return storage_error(exc, self._path) if isinstance(exc, sqlite3.Error) else exc

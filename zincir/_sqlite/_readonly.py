@@ -37,7 +37,7 @@ class SQLiteReadOnly(ReadOnly):
         self._conn = conn
         self.target = path
 
-    def _execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
         return self._conn.execute(sql, params)
 
     @contextlib.contextmanager

@@ -6,6 +6,7 @@ from . import (
     _budgets,
     _calls,
     _children,
+    _content,
     _ends,
     _forks,
     _keys,
@@ -122,3 +123,7 @@ class Store:
     prepare_keys = staticmethod(_keys.prepare_keys)
     erase_run_key = staticmethod(_keys.erase_run_key)
     rewrap_keys = staticmethod(_keys.rewrap_keys)
+
+    # -- the content store (_content; writing and reading parts: zincir._payloads) ----------------
+
+    sweep_content = staticmethod(_content.sweep_content)

@@ -20,9 +20,9 @@ from .._budget import (
     loop_of,
     usage_of,
 )
-from .._crypto import EVENT, opened
 from .._json import decode
 from .._json import dump_trusted as _dump
+from .._payloads import texts
 from .._types import EventType, ToolCall
 from .._validation import MAX_INT
 from ._reads import get_run
@@ -159,7 +159,7 @@ def _intent(tx: Tx, run_id: str, call_id: str) -> ToolCall | None:
     )
     if row is None:
         return None
-    payload = decode(opened(tx, EVENT, row[0]))
+    payload = decode(texts(tx, row)[0])
     return ToolCall(payload["call_id"], payload["name"], payload["args"])
 
 

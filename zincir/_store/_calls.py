@@ -16,9 +16,9 @@ from __future__ import annotations
 from typing import Literal
 
 from .._budget import Exceeded, judge
-from .._crypto import EVENT, opened
 from .._json import decode
 from .._json import dump_trusted as _dump
+from .._payloads import texts
 from .._types import EventType
 from ._budgets import budget_usage, charge_unanswered
 from ._tx import Tx
@@ -58,7 +58,7 @@ def close_unanswered(tx: Tx, run_id: str, mark_seq: int, found_by: FoundBy) -> E
     ``model_call_lost`` and charge the run's budget by the request's tokens and estimated cost
     (and one model call). The limit the charge reached, if any."""
     row = tx.one("SELECT payload FROM events WHERE run_id = ? AND seq = ?", (run_id, mark_seq))
-    mark = decode(opened(tx, EVENT, row[0])) if row is not None else {}
+    mark = decode(texts(tx, row)[0]) if row is not None else {}
     tokens, cost = mark.get("request_tokens"), mark.get("cost")
     lost = {
         "cost": cost,

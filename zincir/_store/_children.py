@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from .._crypto import sealed_config
 from .._errors import InvalidArgument
 from .._json import dump_trusted as _dump
-from .._rows import RUN_COLUMNS, runs_of
+from .._payloads import refer, resolved, stored_unreferenced
+from .._rows import RUN_COLUMNS, RUN_JSON, to_run
 from .._types import EventType, RunRecord
 from ._budgets import insert_budget
 from ._tx import Reply, Tx
@@ -25,7 +25,8 @@ def spawn_children(tx: Tx, lease: Lease, children: Sequence[NewChild]) -> list[s
     check for the lot. Fenced."""
     tx.fence(lease)
     parent_id = lease.run_id
-    configs = [sealed_config(tx, child.child_id, child.config_json) for child in children]
+    # The configs' parts are referenced by the children that are new (a repeated spawn writes no row).
+    configs = [stored_unreferenced(tx, child.config_json, child.child_id) for child in children]
     inserts = [
         tx.send(
             "INSERT INTO agent_runs (id, parent_run_id, role, provider, status, config, created_at,"
@@ -34,7 +35,8 @@ def spawn_children(tx: Tx, lease: Lease, children: Sequence[NewChild]) -> list[s
             f" WHERE NOT EXISTS ({SHARED_CHILD})"
             " ON CONFLICT (parent_run_id, spawn_name) WHERE spawn_name IS NOT NULL DO NOTHING",
             (
-                *(child.child_id, parent_id, child.role, child.provider, config, child.name),
+                *(child.child_id, parent_id, child.role, child.provider),
+                *(config, child.name),
                 *inherited_params(child, parent_id),
                 child.traceparent,
                 *(parent_id, child.name),
@@ -43,10 +45,10 @@ def spawn_children(tx: Tx, lease: Lease, children: Sequence[NewChild]) -> list[s
         for child, (config, _) in zip(children, configs, strict=True)
     ]
     ids: dict[str, str] = {}
-    for child, insert, (_, store_key) in zip(children, inserts, configs, strict=True):
+    for child, insert, (_, parts) in zip(children, inserts, configs, strict=True):
         if insert.count():  # new: logged in the order asked for
-            store_key()
             ids[child.name] = child.child_id
+            refer(tx, child.child_id, parts)
             event = _dump({"child_id": child.child_id, "name": child.name, "role": child.role})
             tx.log(parent_id, EventType.CHILD_SPAWNED, event, f"spawn:{child.name}")
             if child.budget is not None:  # the child's own, whatever its parent spends
@@ -149,7 +151,7 @@ SHARES = "SELECT 1 FROM shared_children WHERE run_id = ? AND child_id = ?"
 def _judge(tx: Tx, parent_id: str, child_id: str, look: Reply, mark: Mark) -> JoinOutcome:
     """What the look found: log the end (or the timeout) the first time it is seen."""
     found = look.one()
-    child = None if found is None else runs_of(tx, [found[:-4]])[0]
+    child = None if found is None else to_run(resolved(tx, [found[:-4]], RUN_JSON)[0])
     if child is None or (child.parent_run_id != parent_id and not found[-4]):
         raise InvalidArgument(f"run {parent_id}: {child_id} is not a child of this run")
     deadline, completed_at, timed_out = found[-3:]

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .._crypto import RESULT, seal_optional
 from .._errors import InvalidArgument, RunNotFound, UnfinishedWork
 from .._json import dump_trusted as _dump
+from .._payloads import stored
 from .._types import EventType, RunRecord, RunStatus
 from ._budgets import WALL_END
 from ._reads import get_run
@@ -117,7 +117,10 @@ def _send_close(
         EventType.STATE_TRANSITION,
         transition_json,
         run_set=ENDING + (", lease_epoch = lease_epoch + 1" if new_epoch else ""),
-        run_params=(status.value, seal_optional(tx, run_id, RESULT, result_json)),
+        run_params=(
+            status.value,
+            None if result_json is None else stored(tx, run_id, result_json, whole=True),
+        ),
     )
     parent_due = tx.send(MAKE_PARENT_DUE.format(lock=tx.dialect.lock_nowait), (run_id, run_id))
     waited = None

@@ -29,10 +29,10 @@ from typing import Any
 import attrs
 
 from .._budget import LIMIT_COLUMNS, CountedCall, debit_of, loop_of
-from .._crypto import CONFIG, EVENT, new_run_key, opened, seal
 from .._errors import InvalidForkPoint, RunErased, RunNotFound
 from .._json import decode
 from .._json import dump_trusted as _dump
+from .._payloads import Unreferenced, copy_refs, refer, resolved, stored_unreferenced
 from .._types import EventType, ToolCall
 from .._validation import MAX_INT
 from ._log import insert_event
@@ -63,9 +63,6 @@ def _logged(run: str, key: str) -> str:
     )
 
 
-_ERASED = "SELECT 1 FROM run_keys WHERE run_id = ? AND erased_at IS NOT NULL"
-
-
 def fork_run(
     tx: Tx,
     source_id: str,
@@ -86,27 +83,29 @@ def fork_run(
     if tx.sealer is not None and tx.one(_ERASED, (source_id,)) is not None:
         raise RunErased(f"run {source_id} was erased: its history cannot be read, nor forked")
     at, forked_at = _fork_point(tx, source_id, int(last_seq), at_seq, at_checkpoint)
-    inherited = tx.all(
+    inherited = tx.all(  # read through zincir._payloads below, with the fork's row written
         "SELECT t.call_id, e.seq, e.payload FROM tool_intents AS t"
         " JOIN events AS e ON e.run_id = t.run_id AND e.seq = t.result_seq"
         " WHERE t.run_id = ? AND t.intent_seq <= ? AND t.result_seq > ? AND t.name <> ?"
         " ORDER BY t.intent_seq",
         (source_id, at, at, SUBMIT_CHECKPOINT),
     )
-    # The fork's own key, for what it writes; what it copies stays under its source's key (an
-    # envelope names its run), so erasing the source erases the copies too.
-    new_run_key(tx, fork_id)
-    if config_json is not None:
-        config_json = seal(tx, fork_id, CONFIG, config_json)
+    config, config_parts = _config(tx, fork_id, config_json, stored_config)
     tx.execute(
         "INSERT INTO agent_runs (id, role, provider, status, config, created_at, updated_at, last_seq,"
         " next_attempt_at, forked_from, fork_seq, version, fingerprints)"
         " VALUES (?, ?, ?, 'pending', ?, :now, :now, ?, :now, ?, ?, ?, ?)",
         (
-            *(fork_id, role, provider, config_json or stored_config, at + 1 + len(inherited), source_id, at),
+            *(fork_id, role, provider, config),
+            *(at + 1 + len(inherited), source_id, at),
             *(version, fingerprints),  # the fork runs on its source's version (docs/versions.md)
         ),
     )
+    # The copied columns below keep their stored form (references included): the fork refers to
+    # what its source does, so that deleting the source leaves the fork whole.
+    copy_refs(tx, source_id, fork_id)
+    refer(tx, fork_id, config_parts)
+    inherited = resolved(tx, inherited, (2,))
     tx.execute(
         "INSERT INTO events (run_id, seq, type, payload, idempotency_key, created_at)"
         " SELECT ?, seq, type, payload, idempotency_key, created_at FROM events"
@@ -127,6 +126,21 @@ def fork_run(
     _copy_budget(tx, source_id, fork_id, at)
     tx.wake(claimable=True)
     return ForkOutcome(fork_id, at, len(inherited))
+
+
+def _config(tx: Tx, fork_id: str, config_json: str | None, stored_config: str) -> tuple[str, Unreferenced]:
+    """The fork's config column, the one given or the source's as stored, and what the fork
+    must refer to for it (beyond its source's, which it refers to all): on an encrypted
+    database its own key too, for what it writes (what it copies stays under its source's key,
+    which its envelopes name, so that erasing the source erases the copies too)."""
+    if config_json is not None:
+        return stored_unreferenced(tx, config_json, fork_id)
+    if tx.sealer is not None:
+        return stored_config, Unreferenced(key=tx.sealer.fresh(fork_id))
+    return stored_config, Unreferenced()
+
+
+_ERASED = "SELECT 1 FROM run_keys WHERE run_id = ? AND erased_at IS NOT NULL"
 
 
 def _fork_point(
@@ -199,8 +213,7 @@ def _copy_intents(tx: Tx, source_id: str, fork_id: str, at: int, inherited: Sequ
         (fork_id, at, source_id, source_id, at),
     )
     for seq, (call_id, source_seq, payload_json) in enumerate(inherited, start=at + 2):
-        stored = decode(opened(tx, EVENT, payload_json))
-        payload = {**stored, "inherited": {"run_id": source_id, "seq": source_seq}}
+        payload = {**decode(payload_json), "inherited": {"run_id": source_id, "seq": source_seq}}
         insert_event(tx, fork_id, seq, EventType.TOOL_RESULT, _dump(payload), f"tool_result:{call_id}")
         tx.execute(
             "UPDATE tool_intents SET result_seq = ? WHERE run_id = ? AND call_id = ?", (seq, fork_id, call_id)
@@ -339,11 +352,11 @@ def _copy_budget(tx: Tx, source_id: str, fork_id: str, at: int) -> None:
         (source_id, at, EventType.LLM_CALL.value, EventType.CHECKPOINT_ACCEPTED.value),
     )
     spent = _Spent()
-    for type, payload_json in rows:
+    for type, payload_json in resolved(tx, rows, (1,)):
         if type == EventType.CHECKPOINT_ACCEPTED.value:
             spent.progress()
         else:
-            spent.debit(decode(opened(tx, EVENT, payload_json)), counting, f"run {source_id}")
+            spent.debit(decode(payload_json), counting, f"run {source_id}")
     columns = ", ".join(LIMIT_COLUMNS)
     tx.execute(
         f"INSERT INTO budgets (run_id, {columns}, input_tokens, output_tokens, cost, model_calls, tool_calls,"

@@ -15,11 +15,11 @@ from typing import Any
 import attrs
 
 from .._budget import judge
-from .._crypto import CONFIG, new_run_key, seal, unseal
 from .._errors import RunLeased, RunNotFound, RunTerminal, RunWaiting, VersionMismatch
 from .._json import dump_trusted as _dump
 from .._owner import Owner, Verdict, gone_holders, this_process
 from .._owner import judge as judge_holder
+from .._payloads import refer, stored_unreferenced, texts
 from .._types import EventType, RunStatus
 from ._budgets import WALL_END, budget_usage, insert_budget, wall_end
 from ._calls import close_unanswered
@@ -69,25 +69,18 @@ def create_run(
         version = parents[0] if version is None else version
         fingerprints_json = parents[1] if fingerprints_json is None else fingerprints_json
     expires_at = tx.now + ttl_ms
-    new_run_key(tx, run_id)
+    config, parts = stored_unreferenced(tx, config_json, run_id)
     tx.execute(
         "INSERT INTO agent_runs (id, parent_run_id, role, provider, status, config, created_at,"
         " updated_at, last_seq, lease_owner, lease_epoch, lease_expires_at, next_attempt_at, lease_host,"
         " lease_pid, lease_process_start, version, fingerprints, traceparent)"
         " VALUES (?, ?, ?, ?, 'running', ?, :now, :now, 0, ?, 1, ?, :now, ?, ?, ?, ?, ?, ?)",
         (
-            *(
-                run_id,
-                parent_run_id,
-                role,
-                provider,
-                seal(tx, run_id, CONFIG, config_json),
-                owner,
-                expires_at,
-            ),
+            *(run_id, parent_run_id, role, provider, config, owner, expires_at),
             *(*this_process().as_row(), version, fingerprints_json, traceparent),
         ),
     )
+    refer(tx, run_id, parts)
     insert_event(tx, run_id, 0, EventType.STATE_TRANSITION, '{"from":"pending","to":"running"}')
     ends_at = None
     if budget is not None:
@@ -337,7 +330,7 @@ def _take(
         close_unanswered(tx, c.run_id, int(c.model_call_seq), "next_owner")
     return Lease(
         c.run_id, owner, epoch, ttl_ms, expires_at, c.wall_end,
-        config_json=unseal(tx, CONFIG, c.config_json), version=c.version, role=c.role, provider=c.provider,
+        config_json=texts(tx, [c.config_json])[0], version=c.version, role=c.role, provider=c.provider,
         traceparent=c.traceparent,
     )  # fmt: skip
 

@@ -9,7 +9,6 @@ not hold.
 from __future__ import annotations
 
 from .._budget import Debit, Exceeded
-from .._crypto import EVENT, STATE, STEP, VERIFICATION, seal, unseal, unseal_rows
 from .._errors import (
     CheckpointNotPending,
     ConflictingResult,
@@ -19,7 +18,8 @@ from .._errors import (
 )
 from .._json import decode
 from .._json import dump_trusted as _dump
-from .._rows import CHECKPOINT_COLUMNS, checkpoint_of
+from .._payloads import resolved, stored, texts
+from .._rows import CHECKPOINT_COLUMNS, CHECKPOINT_JSON, to_checkpoint
 from .._types import Checkpoint, EventType
 from . import _budgets
 from ._reads import step_result
@@ -47,7 +47,7 @@ def insert_event(
     tx.execute(
         "INSERT INTO events (run_id, seq, type, payload, idempotency_key, created_at)"
         " VALUES (?, ?, ?, ?, ?, :now)",
-        (run_id, seq, type.value, seal(tx, run_id, EVENT, payload_json), key),
+        (run_id, seq, type.value, stored(tx, run_id, payload_json), key),
     )
 
 
@@ -67,13 +67,13 @@ def complete_step(tx: Tx, lease: Lease, name: str, result_json: str, elapsed_ms:
     inserted = tx.count(
         "INSERT INTO steps (run_id, name, status, epoch, result, started_at, completed_at)"
         " VALUES (?, ?, 'completed', ?, ?, :now - ?, :now) ON CONFLICT (run_id, name) DO NOTHING",
-        (lease.run_id, name, lease.epoch, seal(tx, lease.run_id, STEP, result_json), elapsed_ms),
+        (lease.run_id, name, lease.epoch, stored(tx, lease.run_id, result_json, whole=True), elapsed_ms),
     )
     if inserted:
         return result_json  # the common case: no second read of what was just written
-    stored = step_result(tx, lease.run_id, name)
-    assert stored is not None
-    return stored
+    first = step_result(tx, lease.run_id, name)
+    assert first is not None
+    return first
 
 
 def schedule_timer(tx: Tx, lease: Lease, name: str, delay_ms: int) -> tuple[int, bool]:
@@ -140,7 +140,7 @@ def propose_checkpoint(tx: Tx, lease: Lease, call_id: str, state_json: str) -> C
     (checkpoint_id,) = tx.one(
         "INSERT INTO checkpoints (run_id, round, tool_call_id, based_on_event_seq, status, state,"
         " created_at) VALUES (?, ?, ?, ?, 'candidate', ?, :now) RETURNING id",
-        (lease.run_id, round, call_id, seq - 1, seal(tx, lease.run_id, STATE, state_json)),
+        (lease.run_id, round, call_id, seq - 1, stored(tx, lease.run_id, state_json, whole=True)),
     )
     payload = _dump({"checkpoint_id": checkpoint_id, "round": round, "state": decode(state_json)})
     key = f"checkpoint:{checkpoint_id}:proposed"
@@ -154,7 +154,7 @@ def get_checkpoint(tx: Tx, run_id: str, checkpoint_id: int) -> Checkpoint:
     )
     if row is None:
         raise CheckpointNotPending(f"run {run_id} has no checkpoint {checkpoint_id}")
-    return checkpoint_of(tx, row)
+    return to_checkpoint(resolved(tx, [row], CHECKPOINT_JSON)[0])
 
 
 def candidate(tx: Tx, lease: Lease, checkpoint_id: int | None) -> Checkpoint | None:
@@ -170,7 +170,7 @@ def _candidate(tx: Tx, run_id: str, checkpoint_id: int | None) -> Checkpoint | N
     )
     if row is None:
         return None
-    found = checkpoint_of(tx, row)
+    found = to_checkpoint(resolved(tx, [row], CHECKPOINT_JSON)[0])
     if checkpoint_id is not None and found.id != checkpoint_id:
         return None
     return found
@@ -192,7 +192,7 @@ def decide_checkpoint(
     tx.execute(
         "UPDATE checkpoints SET status = ?, verification = ?, decision_event_seq = ?, decided_at = :now"
         " WHERE id = ?",
-        (status, seal(tx, lease.run_id, VERIFICATION, verification_json), seq, checkpoint_id),
+        (status, stored(tx, lease.run_id, verification_json, whole=True), seq, checkpoint_id),
     )
     if passed:
         _budgets.reset_loop_window(tx, lease.run_id)
@@ -267,7 +267,7 @@ def pending_tools(tx: Tx, lease: Lease) -> list[tuple[str, int, int, int | None,
     )
     return [
         (payload, int(count), int(started), last, effect_run or lease.run_id)
-        for payload, count, started, last, effect_run in unseal_rows(tx, rows, {0: EVENT})
+        for payload, count, started, last, effect_run in resolved(tx, rows, (0,))
     ]
 
 
@@ -305,11 +305,10 @@ def record_tool_result(tx: Tx, lease: Lease, call_id: str, payload_json: str) ->
             " its result comes from run.checkpoint() and the verifier"
         )
     if result_seq is not None:
-        (stored,) = tx.one(
-            "SELECT payload FROM events WHERE run_id = ? AND seq = ?", (lease.run_id, result_seq)
+        (first,) = texts(
+            tx, tx.one("SELECT payload FROM events WHERE run_id = ? AND seq = ?", (lease.run_id, result_seq))
         )
-        stored = unseal(tx, EVENT, stored)
-        if stored != payload_json and not _inherited_as(stored, payload_json):
+        if first != payload_json and not _inherited_as(first, payload_json):
             raise ConflictingResult(
                 f"run {lease.run_id}: tool call {call_id!r} already has a different result"
             )

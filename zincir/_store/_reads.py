@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
-from .._crypto import STEP, unseal
+from typing import Any
+
 from .._errors import RunNotFound
-from .._rows import CHECKPOINT_COLUMNS, EVENT_COLUMNS, RUN_COLUMNS, checkpoint_of, events_of, runs_of
+from .._payloads import resolved, texts
+from .._rows import (
+    CHECKPOINT_COLUMNS,
+    CHECKPOINT_JSON,
+    EVENT_COLUMNS,
+    EVENT_JSON,
+    RUN_COLUMNS,
+    RUN_JSON,
+    to_checkpoint,
+    to_event,
+    to_run,
+)
 from .._types import Checkpoint, Event, RunRecord, RunStatus
 from ._tx import Tx
 
@@ -14,10 +26,10 @@ def get_run(tx: Tx, run_id: str) -> RunRecord:
     return _run_of(tx, run_id, tx.one(f"SELECT {RUN_COLUMNS} FROM agent_runs WHERE id = ?", (run_id,)))
 
 
-def _run_of(tx: Tx, run_id: str, row: object) -> RunRecord:
+def _run_of(tx: Tx, run_id: str, row: Any) -> RunRecord:
     if row is None:
         raise RunNotFound(f"run {run_id} does not exist")
-    return runs_of(tx, [row])[0]
+    return to_run(resolved(tx, [row], RUN_JSON)[0])
 
 
 def list_runs(tx: Tx, status: RunStatus | None, role: str | None, limit: int) -> list[RunRecord]:
@@ -28,7 +40,7 @@ def list_runs(tx: Tx, status: RunStatus | None, role: str | None, limit: int) ->
         " AND (CAST(? AS TEXT) IS NULL OR role = ?) ORDER BY created_at, id LIMIT ?",
         (value, value, role, role, limit),
     )
-    return runs_of(tx, rows)
+    return [to_run(row) for row in resolved(tx, rows, RUN_JSON)]
 
 
 def events_after(tx: Tx, run_id: str, after_seq: int, limit: int | None = None) -> list[Event]:
@@ -36,7 +48,7 @@ def events_after(tx: Tx, run_id: str, after_seq: int, limit: int | None = None) 
         f"SELECT {EVENT_COLUMNS} FROM events WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?",
         (run_id, after_seq, tx.dialect.unlimited if limit is None else limit),
     )
-    return events_of(tx, run_id, rows)
+    return [to_event(run_id, row) for row in resolved(tx, rows, EVENT_JSON)]
 
 
 def events_page(tx: Tx, run_id: str, after_seq: int, limit: int | None) -> list[Event]:
@@ -53,7 +65,7 @@ _LATEST_ACCEPTED = (
 
 def latest_accepted(tx: Tx, run_id: str) -> Checkpoint | None:
     row = tx.one(_LATEST_ACCEPTED, (run_id,))
-    return None if row is None else checkpoint_of(tx, row)
+    return None if row is None else to_checkpoint(resolved(tx, [row], CHECKPOINT_JSON)[0])
 
 
 def durable_state(tx: Tx, run_id: str) -> tuple[RunRecord, Checkpoint | None, list[Event]]:
@@ -64,7 +76,7 @@ def durable_state(tx: Tx, run_id: str) -> tuple[RunRecord, Checkpoint | None, li
     accepted = tx.send(_LATEST_ACCEPTED, (run_id,))  # with the run's read: one round trip
     record = _run_of(tx, run_id, run.one())
     row = accepted.one()
-    checkpoint = None if row is None else checkpoint_of(tx, row)
+    checkpoint = None if row is None else to_checkpoint(resolved(tx, [row], CHECKPOINT_JSON)[0])
     after = (
         -1
         if checkpoint is None or checkpoint.decision_event_seq is None
@@ -85,4 +97,4 @@ def step_result(tx: Tx, run_id: str, name: str) -> str | None:
     row = tx.one(
         "SELECT result FROM steps WHERE run_id = ? AND name = ? AND status = 'completed'", (run_id, name)
     )
-    return None if row is None else unseal(tx, STEP, str(row[0]))
+    return None if row is None else str(texts(tx, [row[0]])[0])

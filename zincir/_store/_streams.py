@@ -15,8 +15,8 @@ from typing import Any, Final
 
 import attrs
 
-from .._crypto import CHUNK, seal, unseal_rows
 from .._errors import RunNotFound
+from .._payloads import resolved, stored
 from ._tx import Tx
 from ._types import Lease
 
@@ -99,8 +99,7 @@ def flush_stream(
 
 
 def _insert_chunks(tx: Tx, run_id: str, name: str, attempt: int, offset: int, chunks: Sequence[str]) -> None:
-    if tx.sealer is not None:
-        chunks = [seal(tx, run_id, CHUNK, data) for data in chunks]
+    chunks = [stored(tx, run_id, chunk, whole=True) for chunk in chunks]
     if tx.dialect.chunk is None:
         # One array parameter (PostgreSQL): one statement, prepared once, for any number of
         # chunks; rows of VALUES would make a new statement text, parsed anew, per flush size.
@@ -140,10 +139,7 @@ def stream_page(tx: Tx, run_id: str, name: str, after: int, limit: int) -> Strea
         raise RunNotFound(f"run {run_id} does not exist")
     return StreamPage(
         status=str(status[0]),
-        chunks=[
-            (int(at), int(attempt), str(data))
-            for at, attempt, data in unseal_rows(tx, chunks.all(), {2: CHUNK})
-        ],
+        chunks=[(int(at), int(attempt), str(data)) for at, attempt, data in resolved(tx, chunks.all(), (2,))],
         first_offsets={int(attempt): int(first) for attempt, first in attempts.all()},
     )
 

@@ -28,8 +28,8 @@ import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .._crypto import EVENT
 from .._errors import LeaseLost, RunNotFound, RunTerminal
+from .._payloads import Payloads, stored
 from .._sql import Dialect
 from .._types import EventType, RunStatus
 from .._wakes import Wakes
@@ -65,11 +65,14 @@ class Tx(Protocol):
     backend's Tx subclasses this: ``log`` and ``wake`` are written here, once."""
 
     dialect: Dialect
+    sealer: Sealer | None = None
+    """The database's encryption (its thread sets it on each operation's Tx), None without: see
+    ``zincir/_crypto.py`` and :mod:`zincir._payloads`, which uses it."""
+    payloads: Payloads = Payloads()
+    """How this database stores JSON values (the session sets the one open_database was given);
+    every JSON value column is written with :func:`zincir._payloads.stored`."""
     wakes: Wakes | None = None
     """What the operation's writes woke so far (see :meth:`wake`)."""
-    sealer: Sealer | None = None
-    """The database's encryption (its thread sets it on each operation's Tx), None without
-    (zincir/_crypto.py): payload columns are written with ``seal`` and read with ``unseal``."""
 
     @property
     def now(self) -> int:
@@ -112,10 +115,8 @@ class Tx(Protocol):
     ) -> Reply:
         """Append one event at the run's next seq. ``run_set`` (``, column = ?`` assignments
         with ``run_params``) changes more of the run's row in the same UPDATE. The reply's row
-        is (seq, parent_run_id)."""
-        if self.sealer is not None:
-            payload_json = self.sealer.seal(self, run_id, EVENT, payload_json)
-        return self._log(run_id, type, payload_json, key, run_set, run_params)
+        is (seq, parent_run_id). The payload goes through :func:`zincir._payloads.stored`."""
+        return self._log(run_id, type, stored(self, run_id, payload_json), key, run_set, run_params)
 
     def _log(
         self, run_id: str, type: EventType, payload: str, key: str | None, sets: str, params: Sequence[Any]

@@ -32,6 +32,7 @@ __all__ = [
     "NewChild",
     "OpenWait",
     "SendOutcome",
+    "SweptContent",
     "WaitKind",
     "WaitOutcome",
     "approval_of",
@@ -349,3 +350,13 @@ def signal_received_payload(name: str, topic: str, signal_id: int, payload_json:
     return dump_trusted(
         {"name": name, "payload": decode(payload_json), "signal": topic, "signal_id": signal_id}
     )
+
+
+@attrs.frozen
+class SweptContent:
+    """What one sweep of the content store deleted (``Store.sweep_content``)."""
+
+    parts: int
+    """Stored parts deleted (the batch was full when this is its limit: sweep again)."""
+    chars: int
+    """Their size, in characters of JSON (ASCII: bytes)."""

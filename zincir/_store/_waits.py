@@ -15,7 +15,6 @@ from typing import Any
 
 import attrs
 
-from .._crypto import EVENT, SIGNAL, opened, seal, unseal
 from .._errors import (
     ApprovalConflict,
     ApprovalHashMismatch,
@@ -25,6 +24,7 @@ from .._errors import (
 )
 from .._json import decode
 from .._json import dump_trusted as _dump
+from .._payloads import resolved, stored, texts
 from .._types import EventType
 from ._tx import Tx, lock_live_run
 from ._types import (
@@ -57,16 +57,16 @@ def send_signal(tx: Tx, run_id: str, topic: str, payload_json: str, key: str | N
     inserted = tx.send(
         "INSERT INTO signals (run_id, topic, payload, key, created_at) VALUES (?, ?, ?, ?, :now)"
         " ON CONFLICT (run_id, key) WHERE key IS NOT NULL DO NOTHING RETURNING id",
-        (run_id, topic, seal(tx, run_id, SIGNAL, payload_json), key),
+        (run_id, topic, stored(tx, run_id, payload_json, whole=True), key),
     )
     # Sent with the insert. If the insert lost a key race, the send that won made the run due.
     make_due(tx, run_id, "signal", topic)
-    stored = inserted.one()
-    if stored is None:
+    new = inserted.one()
+    if new is None:
         (signal_id,) = tx.one("SELECT id FROM signals WHERE run_id = ? AND key = ?", (run_id, key))
         return SendOutcome(int(signal_id), stored=False)
     tx.wake(inbox=run_id)
-    return SendOutcome(int(stored[0]), stored=True)
+    return SendOutcome(int(new[0]), stored=True)
 
 
 def make_due(tx: Tx, run_id: str, kind: str, wake_key: str) -> None:
@@ -113,16 +113,15 @@ def await_signal(tx: Tx, lease: Lease, name: str, topic: str, timeout_ms: int | 
     if completed_at is not None:
         if timed_out:
             return WaitOutcome.timed_out(deadline)
-        (payload,) = tx.one("SELECT payload FROM signals WHERE id = ?", (signal_id,))
-        return WaitOutcome.received(unseal(tx, SIGNAL, payload))
+        (payload,) = texts(tx, tx.one("SELECT payload FROM signals WHERE id = ?", (signal_id,)))
+        return WaitOutcome.received(payload)
     signal = tx.one(
         "SELECT id, payload FROM signals WHERE run_id = ? AND topic = ? AND consumed_by IS NULL"
         " AND (CAST(? AS BIGINT) IS NULL OR created_at <= ?) ORDER BY id LIMIT 1",
         (lease.run_id, topic, deadline, deadline),  # a signal sent after the deadline is too late
     )
     if signal is not None:
-        signal_id, payload = signal
-        payload = unseal(tx, SIGNAL, payload)
+        signal_id, payload = resolved(tx, [signal], (1,))[0]
         tx.execute("UPDATE signals SET consumed_by = ?, consumed_at = :now WHERE id = ?", (name, signal_id))
         tx.execute(
             "UPDATE waits SET completed_at = :now, signal_id = ? WHERE run_id = ? AND name = ?",
@@ -213,8 +212,7 @@ def _request_approval(tx: Tx, run_id: str, call_id: str, timeout_ms: int | None)
     )
     if intent is None:
         raise NoDurableIntent(f"run {run_id}: tool call {call_id!r} has no durable intent to approve")
-    name, result_seq, payload_json = intent
-    payload_json = opened(tx, EVENT, payload_json)
+    name, result_seq, payload_json = resolved(tx, [intent], (2,))[0]
     if result_seq is not None:
         raise InvalidArgument(
             f"run {run_id}: tool call {call_id!r} already has a result; approval is for pending calls"

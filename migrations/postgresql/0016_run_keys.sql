@@ -1,4 +1,4 @@
--- zincir schema, version 15, for PostgreSQL: encryption at rest and erasure (see the SQLite file).
+-- zincir schema, version 16, for PostgreSQL: encryption at rest and erasure (see the SQLite file).
 
 CREATE TABLE encryption_keys (
     key_id      TEXT COLLATE "C" PRIMARY KEY,

@@ -1,4 +1,4 @@
--- zincir schema, version 15: encryption at rest and erasure (docs/payloads.md#encryption-and-erasure).
+-- zincir schema, version 16: encryption at rest and erasure (docs/payloads.md#encryption-and-erasure).
 --   encryption_keys   one row per master key that ever wrapped a run's key: its id (as the key
 --                     provider names it) and a check value (a known text encrypted with it), so
 --                     that a wrong key is refused when the database is opened, before any write
