@@ -326,3 +326,31 @@ async def test_without_the_cryptography_package_encryption_fails_clearly(
     with pytest.raises(zincir.EncryptionUnavailable, match=r"zincir\[crypto\]"):
         async with zincir.open_database(db_target, encryption_key=KEY):
             pass
+
+
+async def test_a_large_result_repeated_in_a_run_is_stored_once_encrypted_and_erased_with_it(
+    db_target: str,
+) -> None:
+    big = {"text": secret("file") + " x" * 6000}
+    async with zincir.open_database(db_target, encryption_key=KEY) as db:
+        ids = []
+        for _ in range(2):
+            async with zincir.open_run(db) as run:
+                for n in range(3):  # the same file read three times
+                    await run.record_response("read", [zincir.ToolCall(f"r{n}", "read", {})], "tool_use")
+                    await run.record_tool_result(f"r{n}", big)
+                await run.complete()
+            ids.append(run.id)
+        parts = rows(db, "SELECT r.run_id, c.body FROM payload_refs AS r JOIN payload_content AS c"
+                         " ON c.digest = r.digest ORDER BY r.run_id")  # fmt: skip
+        assert sorted(run_id for run_id, _ in parts) == sorted(ids)  # once per run, not per read
+        assert all(body.startswith(f"zc1:{run_id}:") for run_id, body in parts)
+        results = [e.payload["content"] for e in await db.events(ids[0]) if e.type.value == "tool_result"]
+        assert results == [big] * 3
+        await zincir.erase_run(db, ids[0])
+        erased = [e.payload for e in await db.events(ids[0]) if e.type.value == "tool_result"]
+        assert erased == [zincir.ERASED] * 3
+        assert [e.payload["content"] for e in await db.events(ids[1]) if e.type.value == "tool_result"] == [
+            big
+        ] * 3
+        assert SECRET not in dump(db)
