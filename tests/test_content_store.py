@@ -225,7 +225,8 @@ async def test_a_database_written_before_the_store_still_reads(db_path: Path) ->
     # As a database of schema version 14 was: no content tables, every value inline.
     conn = sqlite3.connect(db_path)
     conn.executescript(
-        "DROP TABLE payload_refs; DROP TABLE payload_content; DROP TABLE run_keys; DROP TABLE encryption_keys;"
+        "DROP TABLE payload_refs; DROP TABLE payload_content;"
+        " DROP TABLE run_keys; DROP TABLE encryption_keys;"
         " DELETE FROM zincir_schema_migrations WHERE version >= 15;"
     )
     conn.close()
