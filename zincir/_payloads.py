@@ -342,7 +342,12 @@ def _opened(source: Any, values: Sequence[Any], kind: str = VALUE) -> list[Any]:
     return out
 
 
-def _any_sealed(values: Sequence[Any]) -> bool:
+def _any_sealed(source: Any, values: Sequence[Any]) -> bool:
+    """Whether some of ``values`` are encrypted. A transaction of a database opened without a key
+    skips the look (the hot path): opening refused a database with encrypted data; a read-only
+    connection looks, so that its error is the missing key."""
+    if _sealer(source) is None and not isinstance(source, ReadOnly):
+        return False
     return any(isinstance(v, str) and v.startswith(ENVELOPE) for v in values)
 
 
@@ -367,7 +372,7 @@ def texts(source: Any, values: Sequence[Any]) -> list[Any]:
     read-only connection), in order, with one query for all their parts. Anything that is not
     a reference text comes back as it is (None included). A missing part is a
     :class:`StorageError`: the database lost a value it promised to keep."""
-    if _any_sealed(values):
+    if _any_sealed(source, values):
         values = _opened(source, values)
     parsed = [_parsed(v) for v in values]
     wanted = _digests(parsed)
@@ -422,7 +427,7 @@ def cut_texts(
     and its length: one query for the whole page. Never raises (the read queries' contract):
     a part that is missing leaves its reference text shown. An encrypted value is opened (read
     whole: the database cannot cut it), its length then the plaintext's."""
-    if _any_sealed([row[c] for row in rows for c in columns]):
+    if _any_sealed(source, [row[c] for row in rows for c in columns]):
         rows = _opened_rows(source, rows, columns)
     parsed = {(i, c): _parsed(row[c]) for i, row in enumerate(rows) for c in columns}
     wanted = _digests(list(parsed.values()))
