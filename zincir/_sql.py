@@ -83,6 +83,8 @@ class Dialect:
     loose_types: bool = False
     """Whether any column may hold any type (SQLite without ``STRICT``): then a key of any type
     can name a row, and the read queries read INTEGER columns through :meth:`int_column`."""
+    table_exists: str = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
+    """A row if the table ``?`` names exists (for a check that must work on an older schema)."""
     secure_delete: tuple[str, str] | None = None
     """The statements that turn zeroing of deleted bytes on and off around an erasure (SQLite's
     ``secure_delete``; PostgreSQL has none: docs/payloads.md#encryption-and-erasure)."""
