@@ -11,17 +11,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 from click.testing import CliRunner
 
 import zincir
 from zincir import _payloads
+from zincir import _queries as q
 from zincir._cli import main
 from zincir._database import storage
 from zincir._inspector import create_app
 from zincir._store import SweptContent
 
 from .conftest import ManualClock
-from .helpers import rows, scalar
+from .helpers import rows, scalar, until
 
 BIG = "line of a file that a tool read\n" * 320  # 10,240 characters: over the 4,096 default, and
 # over the inspector's previews (8 KB), which read a prefix of it
@@ -204,7 +206,11 @@ async def test_a_fork_keeps_its_parts_after_its_source_is_deleted(db_target: str
             assert run.config == {"prompt": BIG}
 
 
-@pytest.mark.parametrize("value", ["@", '@["x"]', '@[["00"]]', {"@": [["ab"]]}, ["@" + "a" * 64]])
+@pytest.mark.parametrize(
+    "value",
+    ["@", '@["x"]', '@[["00"]]', {"@": [["ab"]]}, ["@" + "a" * 64]],
+    ids=["at", "literal", "reference", "object", "list"],
+)
 async def test_a_value_that_looks_like_a_reference_round_trips(db_target: str, value: Any) -> None:
     async with zincir.open_database(db_target, content_threshold=64) as db:
         async with zincir.open_run(db, config={"v": value}) as run:
@@ -276,3 +282,62 @@ async def test_a_child_spawned_again_with_a_large_config_is_stored_once(db_targe
         assert (await db.state(first)).run.config == {"brief": BIG}
         async with zincir.open_run(db, first) as child:
             assert child.config == {"brief": BIG}
+
+
+@pytest.mark.sqlite_only
+async def test_a_reference_text_nobody_wrote_is_shown_as_it_is(db_path: Path) -> None:
+    async with zincir.open_database(db_path) as db, zincir.open_run(db) as run:
+        run_id = run.id
+    long_junk = "@" + "y" * 500
+    for junk in ("@not json", "@[1, 2]", '@[["' + "0" * 64 + '"]]', long_junk):  # 3rd: never stored
+        rows(db_path, "UPDATE events SET payload = ? WHERE run_id = ? AND seq = 0", (junk, run_id))
+        conn = q.open_readonly(db_path)
+        try:
+            (event,) = q.list_events(conn, run_id, max_payload_chars=100).events
+        finally:
+            conn.close()
+        assert event.payload == junk[:100]
+        assert event.truncated == (junk is long_junk)
+
+
+async def test_a_large_write_waits_out_a_sweep_on_postgresql(pg_url: str) -> None:
+    """A sweep holds the content store's guard exclusive (here: held by hand): a write that
+    stores a part is retried until the sweep ends, so it never refers to a part the sweep
+    deleted; then it goes through."""
+    import psycopg
+
+    from zincir._postgres._tx import POSTGRES
+
+    async with zincir.open_database(pg_url) as db, zincir.open_run(db) as run:
+        await run.record_response("", [zincir.ToolCall("c1", "read", {})], "tool_use")
+        sweeping = psycopg.connect(pg_url)
+        sweeping.execute(POSTGRES.sweep_guard)  # a transaction holds it until commit
+        done = trio.Event()
+
+        async def write() -> None:
+            await run.record_tool_result("c1", {"text": BIG})
+            done.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(write)
+            await until(lambda: _waiting_for_guard(pg_url))
+            assert not done.is_set()
+            assert scalar(db, "SELECT count(*) FROM payload_refs") == 0
+            sweeping.commit()
+            sweeping.close()
+        assert [e.payload["content"] for e in await db.events(run.id) if e.type == "tool_result"] == [
+            {"text": BIG}
+        ]
+
+
+async def _waiting_for_guard(url: str) -> bool:
+    return bool(_scalar_url(url, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"))
+
+
+def _scalar_url(url: str, sql: str) -> object:
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        row = conn.execute(sql).fetchone()
+    assert row is not None
+    return row[0]

@@ -15,7 +15,9 @@ below):
 - read: ``texts(source, values) -> list`` and ``cut_texts(source, rows, columns, max_chars)``,
   batch functions over a transaction or a read-only connection: one query per batch of
   values, however many of them are references, so a page of a run's log costs one more query
-  at most.
+  at most;
+- a new run's config, stored before the run's row exists: ``stored_unreferenced`` and, once
+  the row is written, ``refer``; a fork's copied columns keep their stored form (``copy_refs``).
 
 The content store. A JSON text of at least ``Payloads.threshold`` characters is stored in parts:
 each large part once, by its SHA-256, in ``payload_content``, and the column keeps a *reference
@@ -358,9 +360,15 @@ def _parsed(value: object) -> list[Any] | None:
         return None
     try:
         parts = json.loads(value[1:])
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
-    return parts if isinstance(parts, list) else None
+    if not isinstance(parts, list) or not all(isinstance(p, str) or _is_ref(p) for p in parts):
+        return None  # not one zincir wrote: shown as it is
+    return parts
+
+
+def _is_ref(part: object) -> bool:
+    return isinstance(part, list) and len(part) == 1 and isinstance(part[0], str)
 
 
 def _digests(parsed: Sequence[list[Any] | None]) -> set[str]:
@@ -429,24 +437,29 @@ def cut_texts(
     whole: the database cannot cut it), its length then the plaintext's."""
     if _any_sealed(source, [row[c] for row in rows for c in columns]):
         rows = _opened_rows(source, rows, columns)
-    parsed = {(i, c): _parsed(row[c]) for i, row in enumerate(rows) for c in columns}
-    wanted = _digests(list(parsed.values()))
-    if not wanted:
-        if max_chars is None:
-            return list(rows)
-        return [tuple(_cut(v, max_chars) if c in columns else v for c, v in enumerate(row)) for row in rows]
+        if max_chars is not None:  # opened whole: cut here, as the SQL cuts a clear value
+            rows = [
+                tuple(_cut(v, max_chars) if c in columns and not _marked(v) else v for c, v in enumerate(row))
+                for row in rows
+            ]
+    marked = {(i, c): _parsed(row[c]) for i, row in enumerate(rows) for c in columns if _marked(row[c])}
+    if not marked:  # the common case: every value inline, cut by the SQL already
+        return list(rows)
+    wanted = _digests(list(marked.values()))
     cuttable = max_chars is not None and _sealer(source) is None
     body = f"substr(body, 1, {max(0, int(max_chars or 0))})" if cuttable else "body"
-    found = _fetch(source, sorted(wanted), body)
+    found = _fetch(source, sorted(wanted), body) if wanted else {}
     out = [list(row) for row in rows]
-    for (i, c), parts in parsed.items():
-        if parts is None or not _digests([parts]) <= found.keys():
-            if parts is None and max_chars is not None and isinstance(out[i][c], str):
-                out[i][c] = out[i][c][: max(0, int(max_chars))]
-            continue
-        text, size = _prefix(parts, found, max_chars)
-        out[i][c], out[i][c + 1] = text, size
+    for (i, c), parts in marked.items():
+        if parts is not None and _digests([parts]) <= found.keys():
+            out[i][c], out[i][c + 1] = _prefix(parts, found, max_chars)
+        elif max_chars is not None:  # not a reference text zincir wrote: cut as any text
+            out[i][c] = out[i][c][: max(0, int(max_chars))]
     return [tuple(row) for row in out]
+
+
+def _marked(value: object) -> bool:
+    return isinstance(value, str) and value.startswith(MARK)
 
 
 def _prefix(

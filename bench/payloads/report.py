@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import statistics
 from typing import Any
 
 from ..harness.charts import Bar, Chart, Group, Mark, Panel
-from ..harness.reports import generated, load_line, machine_lines, median, ratio
+from ..harness.reports import generated, load_line, machine_lines, ratio
 
 SETTINGS: dict[str, int | None] = {"off": None, "on": 4096}
 """The content store's settings compared: ``content_threshold`` of each."""
@@ -48,7 +47,7 @@ def render(results: dict[str, Any], chart_name: str = "") -> str:
     ]
     for backend, data in results["backends"].items():
         steps = data["step_us"]
-        off, on = median(steps["off"]), median(steps["on"])
+        off, on = steps["off"]["median"], steps["on"]["median"]
         lines.append(f"| {backend} | {_us(steps['off'])} | {_us(steps['on'])} | {ratio(on / off)} |")
     lines += ["", "## The machine", "", *machine_lines(results["machine"]), load_line(results, tails=True)]
     lines += [
@@ -72,10 +71,10 @@ def chart(results: dict[str, Any]) -> Chart:
         )
         us = data["step_us"]
         bars = [
-            Bar(f"store {s}", median(us[s]), _COLORS[s], low=_quartile(us[s], 0), high=_quartile(us[s], 2))
+            Bar(f"store {s}", us[s]["median"], _COLORS[s], low=us[s]["p25"], high=us[s]["p75"])
             for s in SETTINGS
         ]
-        steps.append(Group(bars, title=backend, marks=[Mark(median(us["off"]), "off")]))
+        steps.append(Group(bars, title=backend, marks=[Mark(us["off"]["median"], "off")]))
     return Chart(
         "The content store: bytes on disk, and a small step",
         [
@@ -94,9 +93,5 @@ def _mb(value: float) -> str:
     return f"{value / 1e6:,.1f} MB"
 
 
-def _us(values: list[float]) -> str:
-    return f"{median(values):,.0f} ({_quartile(values, 0):,.0f}-{_quartile(values, 2):,.0f})"
-
-
-def _quartile(values: list[float], k: int) -> float:
-    return statistics.quantiles(values, n=4)[k] if len(values) > 1 else values[0]
+def _us(summary: dict[str, float]) -> str:
+    return f"{summary['median']:,.0f} ({summary['p25']:,.0f}-{summary['p75']:,.0f})"
