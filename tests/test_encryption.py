@@ -200,6 +200,12 @@ async def test_an_erased_run_keeps_its_shape_and_its_payloads_are_gone(
     page = await app.test_client().open(f"/runs/{run_id}", method="GET", headers={"Host": HOST})
     body = await page.get_data(as_text=True)
     assert page.status_code == 200 and 'id="erased"' in body and SECRET not in body
+    # A run that was not erased reads in full through the key from the environment.
+    kept_page = await app.test_client().open(
+        f"/runs/{kept}?view=events", method="GET", headers={"Host": HOST}
+    )
+    kept_body = await kept_page.get_data(as_text=True)
+    assert kept_page.status_code == 200 and secret("response") in kept_body and 'id="erased"' not in kept_body
 
 
 async def test_erasure_leaves_neither_the_key_nor_the_plaintext_in_the_file_or_the_wal(db_path: Path) -> None:
