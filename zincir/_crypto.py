@@ -299,10 +299,6 @@ class Sealer:
         )
         self._remember(run_id, key)
 
-    def create(self, tx: Tx, run_id: str) -> None:
-        """Give a new run its data key, in the transaction that creates the run."""
-        self.store(tx, run_id, self.fresh(run_id))
-
     def _remember(self, run_id: str, key: RunKey) -> None:
         with self._lock:
             self._runs[run_id] = key
@@ -361,17 +357,17 @@ class Sealer:
 
     # values
 
-    def seal(self, tx: Tx, run_id: str, field: str, text: str, key: RunKey | None = None) -> str:
-        """``text`` encrypted as the column ``field`` of ``run_id`` (with ``key``, a new run's
-        key not stored yet, or the run's)."""
+    def seal(self, tx: Tx, run_id: str, kind: str, text: str, key: RunKey | None = None) -> str:
+        """``text`` encrypted as a ``kind`` (:data:`VALUE`, :data:`PART`) of ``run_id`` (with
+        ``key``, a new run's key not stored yet, or the run's)."""
         if key is None:
             key = self.writing_key(tx, run_id)
-        aad = _aad(run_id, field)
+        aad = _aad(run_id, kind)
         data = text.encode()
         nonce = hmac.new(key.nonces, aad + data, hashlib.sha256).digest()[:_NONCE_BYTES]
         return f"{ENVELOPE}{run_id}:{_b64(nonce + key.aead.encrypt(nonce, data, aad))}"
 
-    def open(self, keys: dict[str, RunKey | None], fetch: Fetch, field: str, text: str) -> str:
+    def open(self, keys: dict[str, RunKey | None], fetch: Fetch, kind: str, text: str) -> str:
         """The JSON text of an envelope (:data:`ERASED_TEXT` for an erased run's); ``keys``: the
         run keys this read has looked up so far (one lookup per run and read)."""
         run_id, _, sealed = text[len(ENVELOPE) :].rpartition(":")
@@ -382,16 +378,14 @@ class Sealer:
             keys[run_id] = key
         if key is None:
             return ERASED_TEXT
-        data = self._opens(key.aead, sealed, _aad(run_id, field))
+        data = self._opens(key.aead, sealed, _aad(run_id, kind))
         if data is None:
-            raise EncryptionKeyInvalid(
-                f"run {run_id}: a value of {field} does not decrypt (altered, or moved)"
-            )
+            raise EncryptionKeyInvalid(f"run {run_id}: a stored {kind} does not decrypt (altered, or moved)")
         return data.decode()
 
 
-def _aad(run_id: str, field: str) -> bytes:
-    return f"zincir|{run_id}|{field}".encode()
+def _aad(run_id: str, kind: str) -> bytes:
+    return f"zincir|{run_id}|{kind}".encode()
 
 
 def _wrap_aad(run_id: str) -> bytes:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._errors import EncryptionKeyInvalid, EncryptionKeyMissing, RunNotEnded, RunNotFound
+from .._errors import EncryptionError, EncryptionKeyInvalid, EncryptionKeyMissing, RunNotEnded, RunNotFound
 from .._json import dump_trusted as _dump
 from ._tx import LIVE, Tx
 
@@ -70,7 +70,8 @@ stays under the key of the run it came from."""
 def erase_run_key(tx: Tx, run_id: str, by: str | None) -> int:
     """Delete an ended run's data key (its payloads can never be read again), with an audit row;
     when it was erased (an erased run stays erased: the first time is kept). RunNotFound;
-    RunNotEnded for a live run, or one a live fork still reads."""
+    RunNotEnded for a live run, or one a live fork still reads; EncryptionError for a run
+    written before encryption (nothing of it is encrypted)."""
     row = tx.lock_run(run_id, "status")
     if row is None:
         raise RunNotFound(f"run {run_id} does not exist")
@@ -90,8 +91,11 @@ def erase_run_key(tx: Tx, run_id: str, by: str | None) -> int:
     updated = tx.count(
         "UPDATE run_keys SET key_id = NULL, wrapped_dek = NULL, erased_at = :now WHERE run_id = ?", (run_id,)
     )
-    if not updated:  # a run from before encryption: it is marked, though it has nothing to shred
-        tx.execute("INSERT INTO run_keys (run_id, created_at, erased_at) VALUES (?, :now, :now)", (run_id,))
+    if not updated:
+        raise EncryptionError(
+            f"run {run_id} was written before the database was encrypted: its payloads are in clear,"
+            " with no key to delete"
+        )
     if scrub is not None:
         tx.execute(scrub[1])
     tx.execute(
