@@ -360,3 +360,21 @@ async def test_a_large_result_repeated_in_a_run_is_stored_once_encrypted_and_era
             big
         ] * 3
         assert SECRET not in dump(db)
+
+
+async def test_turning_encryption_on_keeps_older_runs_readable_and_refuses_to_erase_them(
+    db_target: str,
+) -> None:
+    async with zincir.open_database(db_target) as db, zincir.open_run(db, config={"p": "clear"}) as old:
+        await old.complete({"r": "clear"})
+    async with zincir.open_database(db_target, encryption_key=KEY) as db:
+        assert (await db.state(old.id)).run.result == {"r": "clear"}
+        with pytest.raises(zincir.EncryptionError, match="before the database was encrypted"):
+            await zincir.erase_run(db, old.id)
+        async with zincir.open_run(db, config={"p": secret("new")}) as new:
+            await new.complete()
+        assert (await db.state(new.id)).run.config == {"p": secret("new")}
+        assert SECRET not in dump(db)
+    with pytest.raises(zincir.EncryptionKeyMissing):  # from now on, only with its key
+        async with zincir.open_database(db_target):
+            pass
