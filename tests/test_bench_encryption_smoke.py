@@ -18,7 +18,7 @@ def test_the_encryption_bench_measures_both_settings_on_both_backends(
     assert report.startswith("# Encryption at rest")
     assert set(results["backends"]) == {"SQLite", "PostgreSQL"}
     for backend, data in results["backends"].items():
-        assert len(data["step"]["on"]) == 20 and len(data["round"]["off"]) == 10, backend
-        assert all(min(data[w][s]) > 0 for w in ("step", "round") for s in ("off", "on"))
+        assert data["step"]["on"]["n"] == 20 and data["round"]["off"]["n"] == 10, backend
+        assert all(data[w][s]["min"] > 0 for w in ("step", "round") for s in ("off", "on"))
         assert f"| {backend} | a small step |" in report
     assert (tmp_path / "encryption.svg").read_text().startswith("<svg")

@@ -6,7 +6,7 @@ import statistics
 from typing import Any
 
 from ..harness.charts import Bar, Chart, Group, Mark, Panel
-from ..harness.reports import generated, load_line, machine_lines, median, ratio
+from ..harness.reports import generated, load_line, machine_lines, ratio
 
 SETTINGS = ("off", "on")
 """Encryption at rest off (no key) and on (``encryption_key=...``)."""
@@ -46,7 +46,7 @@ def render(results: dict[str, Any], chart_name: str = "") -> str:
     for backend, data in results["backends"].items():
         for workload, name in WORKLOADS.items():
             times = data[workload]
-            factor = median(times["on"]) / median(times["off"])
+            factor = times["on"]["median"] / times["off"]["median"]
             within = "yes" if factor <= TARGET else "no"
             cells = [backend, name, _us(times["off"]), _us(times["on"]), ratio(factor), within]
             lines.append(f"| {' | '.join(cells)} |")
@@ -70,19 +70,19 @@ def chart(results: dict[str, Any]) -> Chart:
         for backend, data in results["backends"].items():
             us = data[workload]
             bars = [
-                Bar(f"{s}", median(us[s]), _COLORS[s], low=_quartile(us[s], 0), high=_quartile(us[s], 2))
-                for s in SETTINGS
+                Bar(s, us[s]["median"], _COLORS[s], low=us[s]["p25"], high=us[s]["p75"]) for s in SETTINGS
             ]
-            groups.append(
-                Group(bars, title=backend, marks=[Mark(median(us["off"]) * TARGET, f"{TARGET}x off")])
-            )
+            target = Mark(us["off"]["median"] * TARGET, f"{TARGET}x off")
+            groups.append(Group(bars, title=backend, marks=[target]))
         panels.append(Panel(groups, title=name.capitalize(), note="µs (median, p25-p75), lower is better"))
     return Chart("Encryption at rest: a step on and off", panels)
 
 
-def _us(values: list[float]) -> str:
-    return f"{median(values):,.0f} ({_quartile(values, 0):,.0f}-{_quartile(values, 2):,.0f})"
+def summary(times: list[float]) -> dict[str, float]:
+    """What the report shows of a setting's times (the JSON keeps these, not every time)."""
+    p25, p50, p75 = statistics.quantiles(times, n=4) if len(times) > 1 else (times[0],) * 3
+    return {"n": len(times), "min": min(times), "p25": p25, "median": p50, "p75": p75, "max": max(times)}
 
 
-def _quartile(values: list[float], k: int) -> float:
-    return statistics.quantiles(values, n=4)[k] if len(values) > 1 else values[0]
+def _us(times: dict[str, float]) -> str:
+    return f"{times['median']:,.0f} ({times['p25']:,.0f}-{times['p75']:,.0f})"

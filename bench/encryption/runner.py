@@ -31,7 +31,7 @@ import zincir
 
 from ..harness import study
 from ..harness.server import postgres_server, scratch_database
-from .report import SETTINGS, WORKLOADS, chart, render
+from .report import SETTINGS, WORKLOADS, chart, render, summary
 
 KEY = os.urandom(32)
 _RESPONSE = "Let me look at the file. " * 40  # about 1 KB
@@ -84,7 +84,7 @@ async def measure(targets: dict[str, str], sizes: dict[str, int], log: study.Log
         for workload in WORKLOADS:
             count = sizes["steps"] if workload == "step" else sizes["rounds"]
             times = await _paired({"off": off, "on": on}, workload, count)
-            results[workload] = times
+            results[workload] = {setting: summary(values) for setting, values in times.items()}
             off_us, on_us = statistics.median(times["off"]), statistics.median(times["on"])
             log(f"  {WORKLOADS[workload]}: off {off_us:.0f} µs, on {on_us:.0f} µs ({on_us / off_us:.2f}x)")
     return results
