@@ -378,3 +378,27 @@ async def test_turning_encryption_on_keeps_older_runs_readable_and_refuses_to_er
     with pytest.raises(zincir.EncryptionKeyMissing):  # from now on, only with its key
         async with zincir.open_database(db_target):
             pass
+
+
+async def test_zincir_erase_and_rotate_keys_take_the_keys_from_the_environment(
+    db_target: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with (
+        zincir.open_database(db_target, encryption_key=KEY) as db,
+        zincir.open_run(db, config={"p": secret("config")}) as run,
+    ):
+        await run.complete()
+    monkeypatch.delenv("ZINCIR_ENCRYPTION_KEY", raising=False)
+    refused = await cli(db_target, "erase", run.id)
+    assert refused.exit_code == 1 and "ZINCIR_ENCRYPTION_KEY" in refused.output
+    key_file = tmp_path / "keys.txt"
+    key_file.write_text(f"{OTHER.hex()}\n{KEY.hex()}\n")  # the new key first, the old one after
+    monkeypatch.setenv("ZINCIR_ENCRYPTION_KEY_FILE", str(key_file))
+    rotated = await cli(db_target, "rotate-keys")
+    assert rotated.exit_code == 0, rotated.output
+    assert rotated.output.startswith("re-wrapped 1 run keys")
+    monkeypatch.setenv("ZINCIR_ENCRYPTION_KEY", OTHER.hex())  # the old key dropped
+    erased = await cli(db_target, "erase", run.id[:8], "--by", "dpo")
+    assert erased.exit_code == 0 and erased.output == f"erased {run.id}\n", erased.output
+    async with zincir.open_database(db_target, encryption_key=OTHER) as db:
+        assert (await db.state(run.id)).run.config is zincir.ERASED
