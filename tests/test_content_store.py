@@ -232,11 +232,12 @@ async def test_a_database_written_before_the_store_still_reads(db_path: Path) ->
     conn = sqlite3.connect(db_path)
     conn.executescript(
         "DROP TABLE payload_refs; DROP TABLE payload_content;"
-        " DELETE FROM zincir_schema_migrations WHERE version = 15;"
+        " DROP TABLE run_keys; DROP TABLE encryption_keys;"
+        " DELETE FROM zincir_schema_migrations WHERE version >= 15;"
     )
     conn.close()
     async with zincir.open_database(db_path) as db:  # migrated again
-        assert scalar(db_path, "SELECT max(version) FROM zincir_schema_migrations") == 15
+        assert scalar(db_path, "SELECT max(version) FROM zincir_schema_migrations") == 16
         events = await db.events(run_id)
         assert any(e.payload.get("to") == "completed" for e in events)
         assert (await db.state(run_id)).run.result == {"answer": BIG}

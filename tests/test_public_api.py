@@ -10,17 +10,18 @@ import zincir
 PUBLIC = {
     "Approval", "ApprovalConflict", "ApprovalError", "ApprovalHashMismatch", "ApprovalNotRequested",
     "Backoff", "Budget", "BudgetExceeded", "Checkpoint", "CheckpointNotPending", "CheckpointState",
-    "Children", "Clock", "ConflictingResult",
-    "Database", "DatabaseBusy", "DatabaseClosed", "DatabaseUnavailable", "Done", "DuplicateToolCall",
-    "DurableState", "Event", "EventType", "Handler", "InvalidArgument", "InvalidForkPoint", "LeaseLost",
-    "LoopDetected",
-    "MIN_LEASE_TTL", "NoDurableIntent", "NoProgress",
-    "PendingToolCall", "ResumeWorker", "Run", "RunCancelled", "RunLeased", "RunNotFound", "RunRecord",
-    "RunStatus", "RunTerminal", "RunWaiting", "SUBMIT_CHECKPOINT", "SchemaError", "Spend",
-    "StepAlreadyRunning", "StorageError", "Stream", "StreamChunk", "ToolCall", "UnfinishedWork", "Usage",
-    "Verification", "Verifier", "VersionMismatch", "WaitTimeout", "ZincirError", "__version__",
-    "artifacts", "cancel_run", "decide_approval", "fork_run", "open_database", "open_run", "raise_budget",
-    "read_stream", "retry_now", "send_signal", "set_version", "wait_for_end", "wall_clock_ms",
+    "Children", "Clock", "ConflictingResult", "Database", "DatabaseBusy", "DatabaseClosed",
+    "DatabaseUnavailable", "Done", "DuplicateToolCall", "DurableState", "ERASED", "EncryptionError",
+    "EncryptionKeyInvalid", "EncryptionKeyMissing", "EncryptionUnavailable", "Erased", "Event",
+    "EventType", "Handler", "InvalidArgument", "InvalidForkPoint", "KeyProvider", "KeyRing",
+    "LeaseLost", "LoopDetected", "MIN_LEASE_TTL", "NoDurableIntent", "NoProgress", "PendingToolCall",
+    "ResumeWorker", "Run", "RunCancelled", "RunErased", "RunLeased", "RunNotEnded", "RunNotFound",
+    "RunRecord", "RunStatus", "RunTerminal", "RunWaiting", "SUBMIT_CHECKPOINT", "SchemaError", "Spend",
+    "StepAlreadyRunning", "StorageError", "Stream", "StreamChunk", "ToolCall", "UnfinishedWork",
+    "Usage", "Verification", "Verifier", "VersionMismatch", "WaitTimeout", "ZincirError", "artifacts",
+    "cancel_run", "decide_approval", "erase_run", "fork_run", "open_database", "open_run",
+    "raise_budget", "read_stream", "retry_now", "rotate_keys", "send_signal", "set_version",
+    "wait_for_end", "wall_clock_ms", "__version__",
 }  # fmt: skip
 
 
@@ -34,7 +35,7 @@ def test_all_is_pinned() -> None:
 def test_every_error_is_a_zincir_error() -> None:
     errors = [getattr(zincir, n) for n in zincir.__all__ if isinstance(getattr(zincir, n), type)]
     errors = [e for e in errors if issubclass(e, Exception)]
-    assert len(errors) == 29
+    assert len(errors) == 35
     assert all(issubclass(e, zincir.ZincirError) for e in errors)
     assert issubclass(zincir.InvalidArgument, ValueError)
     assert issubclass(zincir.DuplicateToolCall, zincir.InvalidArgument)

@@ -9,8 +9,10 @@ checkpoint that an independent verifier accepted.
 from . import artifacts
 from ._budget import Budget, Spend, Usage
 from ._children import Children
+from ._crypto import ERASED, Erased, KeyProvider, KeyRing
 from ._database import Clock, Database, open_database, wall_clock_ms
 from ._ends import wait_for_end
+from ._erasure import erase_run, rotate_keys
 from ._errors import (
     ApprovalConflict,
     ApprovalError,
@@ -23,6 +25,10 @@ from ._errors import (
     DatabaseClosed,
     DatabaseUnavailable,
     DuplicateToolCall,
+    EncryptionError,
+    EncryptionKeyInvalid,
+    EncryptionKeyMissing,
+    EncryptionUnavailable,
     InvalidArgument,
     InvalidForkPoint,
     LeaseLost,
@@ -30,7 +36,9 @@ from ._errors import (
     NoDurableIntent,
     NoProgress,
     RunCancelled,
+    RunErased,
     RunLeased,
+    RunNotEnded,
     RunNotFound,
     RunTerminal,
     RunWaiting,
@@ -68,6 +76,7 @@ from ._version import __version__
 from ._worker import Backoff, Handler, ResumeWorker
 
 __all__ = [
+    "ERASED",
     "MIN_LEASE_TTL",
     "SUBMIT_CHECKPOINT",
     "Approval",
@@ -91,11 +100,18 @@ __all__ = [
     "Done",
     "DuplicateToolCall",
     "DurableState",
+    "EncryptionError",
+    "EncryptionKeyInvalid",
+    "EncryptionKeyMissing",
+    "EncryptionUnavailable",
+    "Erased",
     "Event",
     "EventType",
     "Handler",
     "InvalidArgument",
     "InvalidForkPoint",
+    "KeyProvider",
+    "KeyRing",
     "LeaseLost",
     "LoopDetected",
     "NoDurableIntent",
@@ -104,7 +120,9 @@ __all__ = [
     "ResumeWorker",
     "Run",
     "RunCancelled",
+    "RunErased",
     "RunLeased",
+    "RunNotEnded",
     "RunNotFound",
     "RunRecord",
     "RunStatus",
@@ -128,12 +146,14 @@ __all__ = [
     "artifacts",
     "cancel_run",
     "decide_approval",
+    "erase_run",
     "fork_run",
     "open_database",
     "open_run",
     "raise_budget",
     "read_stream",
     "retry_now",
+    "rotate_keys",
     "send_signal",
     "set_version",
     "wait_for_end",

@@ -19,8 +19,10 @@ from . import _queries as q
 from ._cli_diff import diff_command
 from ._cli_inspect import cell, readonly_database, register, require_file, terminal_text
 from ._cli_inspect import clean_errors as _clean_errors
+from ._cli_keys import erase_command, rotate_keys_command
 from ._cli_options import database_option, os_user
 from ._cli_show import checkpoints, show
+from ._crypto import keys_from_env
 from ._database import Database, open_database, wall_clock_ms
 from ._errors import ZincirError
 from ._forks import fork_run
@@ -125,7 +127,7 @@ def worker(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     async def serve() -> None:
-        async with open_database(database_path) as db:
+        async with open_database(database_path, keys=keys_from_env()) as db:
             options: dict[str, Any] = {
                 "lease_ttl": lease_ttl,
                 "poll_interval": poll_interval,
@@ -241,7 +243,7 @@ def _existing_database(path: str) -> contextlib.AbstractAsyncContextManager[Data
     """The database an outsider's write goes to: it must exist already (a mistyped --db must
     not create and migrate a new file only to report that the run is not in it)."""
     require_file(path, _NEVER_CREATED)
-    return open_database(path)
+    return open_database(path, keys=keys_from_env())
 
 
 def _run_id(text: str, database_path: str, never: str = _NEVER_CREATED) -> str:
@@ -636,3 +638,5 @@ def fork_command(
 
 
 main.add_command(diff_command)
+main.add_command(erase_command)
+main.add_command(rotate_keys_command)

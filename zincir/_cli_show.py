@@ -118,6 +118,8 @@ def _fork_fields(run: q.RunDetail) -> list[tuple[str, str]]:
             f"{cell(f.run.id)} at seq {cell(f.fork_seq)} ({cell(f.run.status)})" for f in run.forks
         )
         fields.append((f"forks ({len(run.forks)}{'+' if run.forks_more else ''})", listed))
+    if run.erased_at is not None:  # zincir erase: its payloads can never be read again
+        fields.append(("erased", f"{_time(run.erased_at)}: its payloads are gone"))
     return fields
 
 

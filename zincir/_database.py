@@ -17,7 +17,8 @@ import trio
 
 from . import _sqlite
 from ._backend import Backend, Clock, wall_clock_ms
-from ._errors import DatabaseClosed, InvalidArgument
+from ._crypto import KeyProvider, Sealer, key_provider
+from ._errors import DatabaseClosed, EncryptionKeyMissing, InvalidArgument
 from ._owner import mark_this_process
 from ._payloads import DEFAULT_THRESHOLD, Payloads, check_threshold
 from ._store import Store
@@ -51,8 +52,12 @@ class Storage:
     writers: Sequence[DatabaseThread]
     reader: DatabaseThread
 
+    sealer: Sealer | None
+    """The database's encryption at rest (None: payloads are stored in clear)."""
+
     def __init__(self, backend: Backend) -> None:
         self.store = backend.store
+        self.sealer = None
         self.wakes = WakeHub(backend.listen)
         self._target = backend.target
         self.writers = backend.writers
@@ -60,6 +65,22 @@ class Storage:
         self._closed = False
         for thread in (*self.writers, self.reader):
             thread.deliver = self.wakes.deliver  # what a commit woke, before its callers resume
+
+    async def use_keys(self, provider: KeyProvider | None) -> None:
+        """Encrypt with ``provider``'s keys from now on, once they check out against the
+        database (before anything else is submitted); None: the database must have no
+        encrypted data. EncryptionKeyMissing, EncryptionKeyInvalid."""
+        if provider is None:
+            if await self.read(self.store.is_encrypted):
+                raise EncryptionKeyMissing(
+                    f"database {self._target!r} is encrypted: open it with encryption_key=... or keys=..."
+                )
+            return
+        sealer = Sealer(provider)
+        await self.write(self.store.prepare_keys, sealer, route=None)
+        self.sealer = sealer
+        for thread in (*self.writers, self.reader):
+            thread.sealer = sealer
 
     async def write(self, fn: Callable[..., T], *args: Any, route: str | None = "") -> T:
         """Run ``fn(tx, *args)`` in the next group-commit transaction; return after COMMIT.
@@ -205,6 +226,8 @@ async def open_database(
     tracing: bool | TracerProvider | None = None,
     trace_content: bool = False,
     content_threshold: int | None = DEFAULT_THRESHOLD,
+    encryption_key: bytes | None = None,
+    keys: KeyProvider | None = None,
 ) -> AsyncIterator[Database]:
     """Open (creating if needed) a zincir database and apply its migrations.
 
@@ -230,6 +253,14 @@ async def open_database(
     many events, steps and runs record it; smaller values are stored inline. None or 0: every
     value inline. The setting applies to what this process writes: a database holds both kinds.
 
+    ``encryption_key`` (32 bytes; ``pip install 'zincir[crypto]'``) encrypts payloads, configs,
+    results and stream chunks at rest, each run under a key of its own that
+    :func:`zincir.erase_run` can delete; ``keys`` (a :class:`zincir.KeyRing`, or any
+    :class:`zincir.KeyProvider`) does the same with several master keys, for rotation
+    (docs/payloads.md#encryption-and-erasure). A database that has encrypted data must be opened
+    with its key: without one :class:`EncryptionKeyMissing`, with another
+    :class:`EncryptionKeyInvalid`, and nothing is written.
+
     Raises :class:`SchemaError` for a database that is not zincir's or is newer than this code
     (it is left unchanged), and :class:`StorageError` when it cannot be opened.
     Leaving the block waits for every submitted operation, commits, and closes the database.
@@ -248,6 +279,7 @@ async def open_database(
         raise InvalidArgument(f"synchronous must be 'full' or 'normal', not {synchronous!r}")
     payloads = Payloads(threshold=check_threshold(content_threshold))
     traced = Tracing(tracing, trace_content)
+    provider = key_provider(encryption_key, keys)
     # Before this process can own a lease: every process it starts from now on carries its mark,
     # so that a takeover after its death can see whether one still runs (docs/crashes.md).
     mark_this_process()
@@ -267,6 +299,7 @@ async def open_database(
         )
     db = Database._create(backend, max_payload_bytes, traced)
     try:
+        await db._storage.use_keys(provider)
         yield db
     finally:
         await db._storage.close()

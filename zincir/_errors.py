@@ -25,6 +25,12 @@
     ├── CrashTestError            zincir.testing.crash_test cannot test the handler as asked
     ├── ScriptExhausted           zincir.testing.ScriptedModel has no response left for the run
     ├── SchemaError               the file is not a zincir database, or is newer than this code
+    ├── EncryptionError           encryption at rest cannot do what was asked
+    │   ├── EncryptionUnavailable the cryptography package is not installed (extra "crypto")
+    │   ├── EncryptionKeyMissing  an encrypted value or database was read without its key
+    │   └── EncryptionKeyInvalid  the key given is not the one the data was encrypted with
+    ├── RunErased                 the run's key was erased: its payloads are gone for good
+    ├── RunNotEnded               the run (or a fork that reads its history) has not ended
     └── StorageError              the database could not do what was asked (disk full, I/O)
         ├── DatabaseBusy          another process held the write lock too long; worth a retry
         ├── DatabaseUnavailable   the connection to the server failed; zincir reconnects
@@ -47,11 +53,17 @@ __all__ = [
     "DatabaseClosed",
     "DatabaseUnavailable",
     "DuplicateToolCall",
+    "EncryptionError",
+    "EncryptionKeyInvalid",
+    "EncryptionKeyMissing",
+    "EncryptionUnavailable",
     "InvalidArgument",
     "InvalidForkPoint",
     "LeaseLost",
     "NoDurableIntent",
+    "RunErased",
     "RunLeased",
+    "RunNotEnded",
     "RunNotFound",
     "RunTerminal",
     "RunWaiting",
@@ -210,6 +222,34 @@ class ScriptExhausted(ZincirError):
 
 class SchemaError(ZincirError):
     """The file is not a zincir database, or its schema is newer than this code."""
+
+
+class EncryptionError(ZincirError):
+    """Encryption at rest cannot do what was asked (docs/payloads.md#encryption-and-erasure)."""
+
+
+class EncryptionUnavailable(EncryptionError):
+    """Encryption was asked for, and the ``cryptography`` package is not installed:
+    ``pip install 'zincir[crypto]'``."""
+
+
+class EncryptionKeyMissing(EncryptionError):
+    """An encrypted database, or an encrypted value, was read without the key it needs (no key
+    given, or a key provider that does not have the key id the data names)."""
+
+
+class EncryptionKeyInvalid(EncryptionError):
+    """The key given is not the one the data was encrypted with (or the stored value was
+    altered): nothing was decrypted, and nothing was written."""
+
+
+class RunErased(ZincirError):
+    """The run's key was erased (``zincir.erase_run``): its payloads cannot be read, ever."""
+
+
+class RunNotEnded(ZincirError):
+    """The run has not ended (or a fork of it that has not ended still reads its history), so it
+    cannot be erased yet."""
 
 
 class StorageError(ZincirError):

@@ -6,8 +6,8 @@ and result, checkpoint states and verifications, stream chunks, signal payloads)
 that JSON text with :func:`texts` (whole values) or :func:`cut_texts` (values cut to a prefix,
 with SQL from :func:`shown_columns`). Nothing else reads or writes these columns' contents.
 
-The interface, for a layer that changes how values are stored (encryption composes here:
-JSON text → encrypt → content store on the way in, the reverse on the way out):
+The interface, for a layer that changes how values are stored (encryption composes here, see
+below):
 
 - write: ``stored(tx, run_id, text, whole=...) -> str`` inside the operation's transaction
   (:class:`~zincir._store.Tx`); ``tx.payloads`` (:class:`Payloads`) carries the database's
@@ -37,6 +37,17 @@ texts, read as they are.
 Every part a run's columns use has a row (run_id, digest) in ``payload_refs``, which goes with
 the run (ON DELETE CASCADE); the store's ``sweep_content`` deletes the parts no row refers to
 any more (:mod:`zincir._store._content`).
+
+Encryption at rest (``tx.sealer``, ``ReadOnly.sealer``: ``zincir/_crypto.py``). On the way in a
+JSON text is split into parts first (the split needs the plaintext), then each stored part is
+encrypted with the run's key (kind ``part``), and the column's text (the JSON text itself, or
+its reference text with the literal stretches between the parts) is encrypted as a whole (kind
+``value``). A part's digest is its ciphertext's: the nonce is derived from the text, so the same
+part in the same run is the same row, stored once; another run's copy is another row (each run
+has its own key, so that erasing one run's key erases its parts and nobody else's). On the way
+out the reverse: the column is decrypted, then its parts are fetched and decrypted. An erased
+run's value reads as :data:`~zincir._crypto.ERASED_TEXT` (storage operations) or
+:data:`~zincir._crypto.ERASED_JSON` (the read-only queries).
 """
 
 from __future__ import annotations
@@ -49,10 +60,12 @@ from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
+from ._crypto import ENVELOPE, ERASED_JSON, ERASED_TEXT, PART, VALUE, Sealer, missing_key
 from ._errors import InvalidArgument, StorageError
 from ._sql import ReadOnly
 
 if TYPE_CHECKING:
+    from ._crypto import RunKey
     from ._store._tx import Tx
 
 __all__ = [
@@ -106,33 +119,77 @@ def stored(tx: Tx, run_id: str, text: str, *, whole: bool = False) -> str:
     itself (a step's result, a config), stored as one part; else the large members of an
     object or array are the parts (an event payload's envelope stays inline)."""
     threshold = tx.payloads.threshold
-    if threshold is None or len(text) < threshold:
+    sealer = tx.sealer
+    if sealer is not None:
+        column, digests = _store_sealed(tx, sealer, run_id, None, text, threshold, whole)
+    elif threshold is None or len(text) < threshold:
         return text
-    column, digests = _store_parts(tx, text, threshold, whole)
+    else:
+        column, digests = _store_parts(tx, text, threshold, whole)
     refer(tx, run_id, digests)
     return column
 
 
-def stored_unreferenced(tx: Tx, text: str) -> tuple[str, tuple[str, ...]]:
+@attrs.frozen
+class Unreferenced:
+    """What a new run must :func:`refer` to once its row exists: the stored parts of its config,
+    and (encrypted) its new key, stored with it."""
+
+    digests: tuple[str, ...] = ()
+    key: RunKey | None = None
+
+
+def stored_unreferenced(tx: Tx, text: str, run_id: str) -> tuple[str, Unreferenced]:
     """:func:`stored` (``whole=True``) for a run whose row is not written yet (its config):
-    the column's text and the digests the run must :func:`refer` to once its row exists (a
-    reference names an existing run; a spawn repeated after a restart writes no row)."""
+    the column's text, and what the run must :func:`refer` to once its row exists (a reference
+    names an existing run; a spawn repeated after a restart writes no row, nor key)."""
     threshold = tx.payloads.threshold
+    sealer = tx.sealer
+    if sealer is not None:
+        key = sealer.fresh(run_id)
+        column, digests = _store_sealed(tx, sealer, run_id, key, text, threshold, True)
+        return column, Unreferenced(digests, key)
     if threshold is None or len(text) < threshold:
-        return text, ()
-    return _store_parts(tx, text, threshold, True)
+        return text, Unreferenced()
+    column, digests = _store_parts(tx, text, threshold, True)
+    return column, Unreferenced(digests)
 
 
 def _store_parts(tx: Tx, text: str, threshold: int, whole: bool) -> tuple[str, tuple[str, ...]]:
     """Store ``text``'s large parts; its reference text (or ``text``: none) and their digests."""
     parts = parts_of(text, threshold, whole=whole)
     digested = [p if isinstance(p, str) else (_digest(p), p) for p in parts]
-    large = dict(p for p in digested if not isinstance(p, str))
+    large = {
+        digest: (part.text, len(part.text))
+        for digest, part in (p for p in digested if not isinstance(p, str))
+    }
     if not large:
         return text, ()
     _put(tx, large)
     column = MARK + json.dumps([p if isinstance(p, str) else [p[0]] for p in digested], separators=(",", ":"))
     return column, tuple(large)
+
+
+def _store_sealed(
+    tx: Tx, sealer: Sealer, run_id: str, key: RunKey | None, text: str, threshold: int | None, whole: bool
+) -> tuple[str, tuple[str, ...]]:
+    """:func:`_store_parts` on an encrypted database: the parts are encrypted (and digested as
+    ciphertext), then the column's text is. ``key``: a new run's, not stored yet."""
+    if threshold is None or len(text) < threshold:
+        return sealer.seal(tx, run_id, VALUE, text, key), ()
+    pieces: list[Any] = []
+    large: dict[str, tuple[str, int]] = {}
+    for part in parts_of(text, threshold, whole=whole):
+        if isinstance(part, str):
+            pieces.append(part)
+            continue
+        body = sealer.seal(tx, run_id, PART, part.text, key)
+        digest = hashlib.sha256(body.encode()).hexdigest()
+        large[digest] = (body, len(part.text))
+        pieces.append([digest])
+    _put(tx, large)
+    column = MARK + json.dumps(pieces, separators=(",", ":"))
+    return sealer.seal(tx, run_id, VALUE, column, key), tuple(large)
 
 
 @attrs.frozen
@@ -199,22 +256,27 @@ def _digest(part: _Part) -> str:
     return hashlib.sha256(part.text.encode()).hexdigest()
 
 
-def _put(tx: Tx, large: dict[str, _Part]) -> None:
+def _put(tx: Tx, large: dict[str, tuple[str, int]]) -> None:
     """Store each part once; nothing here is read, so on PostgreSQL it costs no round trip.
     The caller's :func:`refer` keeps them (in the same transaction: see Dialect.content_guard)."""
     d = tx.dialect
     if d.content_guard:
         tx.execute(d.content_guard)  # see Dialect.content_guard: a sweep never races this write
-    for digest, part in large.items():
+    for digest, (body, size) in large.items():
         tx.execute(
             "INSERT INTO payload_content (digest, body, size, created_at) VALUES (?, ?, ?, :now)"
             " ON CONFLICT (digest) DO NOTHING",
-            (digest, part.text, len(part.text)),
+            (digest, body, size),
         )
 
 
-def refer(tx: Tx, run_id: str, digests: Sequence[str]) -> None:
-    """Note that run ``run_id`` (its row written) uses the stored parts ``digests``."""
+def refer(tx: Tx, run_id: str, digests: Sequence[str] | Unreferenced) -> None:
+    """Note that run ``run_id`` (its row written) uses the stored parts ``digests`` (and, for
+    a new run's :class:`Unreferenced`, store its key)."""
+    if isinstance(digests, Unreferenced):
+        if digests.key is not None and tx.sealer is not None:
+            tx.sealer.store(tx, run_id, digests.key)
+        digests = digests.digests
     for digest in digests:
         tx.execute(
             "INSERT INTO payload_refs (run_id, digest) VALUES (?, ?) ON CONFLICT (run_id, digest) DO NOTHING",
@@ -237,7 +299,8 @@ def copy_refs(tx: Tx, source_id: str, run_id: str) -> None:
 
 
 def _fetch(source: Any, digests: Sequence[str], body: str) -> dict[str, tuple[str, int]]:
-    """``body`` (an SQL expression of the part's text) and size of each stored part."""
+    """``body`` (an SQL expression of the part's text) and size of each stored part (opened,
+    when encrypted)."""
     d = source.dialect
     found: dict[str, tuple[str, int]] = {}
     for chunk in d.chunks(list(digests)):
@@ -246,7 +309,48 @@ def _fetch(source: Any, digests: Sequence[str], body: str) -> dict[str, tuple[st
         rows = source.execute(sql, params) if isinstance(source, ReadOnly) else source.all(sql, params)
         for digest, text, size in rows:
             found[digest] = (text, int(size))
+    if any(isinstance(text, str) and text.startswith(ENVELOPE) for text, _ in found.values()):
+        opened = _opened(source, [text for text, _ in found.values()], PART)
+        found = {
+            digest: (text, size) for (digest, (_, size)), text in zip(found.items(), opened, strict=True)
+        }
     return found
+
+
+def _sealer(source: Any) -> Sealer | None:
+    sealer: Sealer | None = source.sealer
+    return sealer
+
+
+def _opened(source: Any, values: Sequence[Any], kind: str = VALUE) -> list[Any]:
+    """``values`` with each encrypted one decrypted (one key lookup per run); an erased run's
+    as :data:`ERASED_TEXT` in a transaction, :data:`ERASED_JSON` on a read-only connection."""
+    out = list(values)
+    sealer = _sealer(source)
+    keys: dict[str, RunKey | None] = {}
+    if isinstance(source, ReadOnly):
+        erased = ERASED_JSON
+
+        def fetch(sql: str, params: Sequence[Any]) -> Any:
+            return source.execute(sql, params).fetchone()
+    else:
+        erased, fetch = ERASED_TEXT, source.one
+    for i, value in enumerate(values):
+        if isinstance(value, str) and value.startswith(ENVELOPE):
+            if sealer is None:
+                raise missing_key()
+            text = sealer.open(keys, fetch, kind, value)
+            out[i] = erased if text == ERASED_TEXT else text
+    return out
+
+
+def _any_sealed(source: Any, values: Sequence[Any]) -> bool:
+    """Whether some of ``values`` are encrypted. A transaction of a database opened without a key
+    skips the look (the hot path): opening refused a database with encrypted data; a read-only
+    connection looks, so that its error is the missing key."""
+    if _sealer(source) is None and not isinstance(source, ReadOnly):
+        return False
+    return any(isinstance(v, str) and v.startswith(ENVELOPE) for v in values)
 
 
 def _parsed(value: object) -> list[Any] | None:
@@ -276,6 +380,8 @@ def texts(source: Any, values: Sequence[Any]) -> list[Any]:
     read-only connection), in order, with one query for all their parts. Anything that is not
     a reference text comes back as it is (None included). A missing part is a
     :class:`StorageError`: the database lost a value it promised to keep."""
+    if _any_sealed(source, values):
+        values = _opened(source, values)
     parsed = [_parsed(v) for v in values]
     wanted = _digests(parsed)
     if not wanted:
@@ -317,7 +423,8 @@ def shown_text(column: str, max_chars: int | None) -> str:
     if max_chars is None:
         return column
     cut = max(0, int(max_chars))
-    return f"CASE WHEN substr({column}, 1, 1) = '{MARK}' THEN {column} ELSE substr({column}, 1, {cut}) END"
+    whole = f"substr({column}, 1, 1) = '{MARK}' OR substr({column}, 1, {len(ENVELOPE)}) = '{ENVELOPE}'"
+    return f"CASE WHEN {whole} THEN {column} ELSE substr({column}, 1, {cut}) END"
 
 
 def cut_texts(
@@ -326,12 +433,21 @@ def cut_texts(
     """``rows`` read with :func:`shown_columns` at the indexes ``columns`` (each the shown text,
     the next its length), with each reference text replaced by its text cut to ``max_chars``
     and its length: one query for the whole page. Never raises (the read queries' contract):
-    a part that is missing leaves its reference text shown."""
+    a part that is missing leaves its reference text shown. An encrypted value is opened (read
+    whole: the database cannot cut it), its length then the plaintext's."""
+    if _any_sealed(source, [row[c] for row in rows for c in columns]):
+        rows = _opened_rows(source, rows, columns)
+        if max_chars is not None:  # opened whole: cut here, as the SQL cuts a clear value
+            rows = [
+                tuple(_cut(v, max_chars) if c in columns and not _marked(v) else v for c, v in enumerate(row))
+                for row in rows
+            ]
     marked = {(i, c): _parsed(row[c]) for i, row in enumerate(rows) for c in columns if _marked(row[c])}
     if not marked:  # the common case: every value inline, cut by the SQL already
         return list(rows)
     wanted = _digests(list(marked.values()))
-    body = "body" if max_chars is None else f"substr(body, 1, {max(0, int(max_chars))})"
+    cuttable = max_chars is not None and _sealer(source) is None
+    body = f"substr(body, 1, {max(0, int(max_chars or 0))})" if cuttable else "body"
     found = _fetch(source, sorted(wanted), body) if wanted else {}
     out = [list(row) for row in rows]
     for (i, c), parts in marked.items():
@@ -352,3 +468,23 @@ def _prefix(
     size = sum(len(p) if isinstance(p, str) else found[p[0]][1] for p in parts)
     text = _joined(parts, found)
     return (text if max_chars is None else text[: max(0, int(max_chars))]), size
+
+
+def _cut(value: Any, max_chars: int) -> Any:
+    return value[: max(0, int(max_chars))] if isinstance(value, str) else value
+
+
+def _opened_rows(source: Any, rows: Sequence[Sequence[Any]], columns: Sequence[int]) -> list[Any]:
+    """``rows`` read with :func:`shown_columns` with their encrypted values opened, whole; the
+    length after each is the plaintext's (a reference text's is computed from its parts)."""
+    values = _opened(source, [row[c] for row in rows for c in columns])
+    out = []
+    for i, row in enumerate(rows):
+        changed = list(row)
+        for j, c in enumerate(columns):
+            value = values[i * len(columns) + j]
+            if value is not row[c]:
+                changed[c] = value
+                changed[c + 1] = len(value)
+        out.append(tuple(changed))
+    return out

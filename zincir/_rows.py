@@ -1,9 +1,16 @@
-"""Rows as zincir hands them out: the same columns on every backend, decoded here once."""
+"""Rows as zincir hands them out: the same columns on every backend, decoded here once.
+
+The storage operations read the JSON value columns named here through ``zincir._payloads``
+(which opens encrypted ones); a value of an erased run decodes to ``zincir.ERASED``.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
+import attrs
+
+from ._crypto import ERASED, ERASED_TEXT
 from ._json import decode
 from ._types import Checkpoint, CheckpointState, Event, EventType, RunRecord, RunStatus, Verification
 
@@ -20,6 +27,10 @@ EVENT_COLUMNS = "seq, type, payload, idempotency_key, created_at"
 RUN_JSON = (5, 8)
 CHECKPOINT_JSON = (7, 8)
 EVENT_JSON = (2,)
+
+
+def _load(text: str) -> Any:
+    return ERASED if text == ERASED_TEXT else decode(text)
 
 
 def to_run(row: Any) -> RunRecord:
@@ -39,24 +50,34 @@ def to_run(row: Any) -> RunRecord:
         prints,
     ) = row
     return RunRecord(
-        id, parent, role, provider, RunStatus(status), decode(config), created_at, updated_at,
-        None if result is None else decode(result), forked_from, fork_seq, version,
+        id, parent, role, provider, RunStatus(status), _load(config), created_at, updated_at,
+        None if result is None else _load(result), forked_from, fork_seq, version,
         {} if prints is None else decode(prints),
     )  # fmt: skip
 
 
 def to_event(run_id: str, row: Any) -> Event:
     seq, type, payload, key, created_at = row
-    return Event(run_id, seq, EventType(type), decode(payload), key, created_at)
+    return Event(run_id, seq, EventType(type), _load(payload), key, created_at)
 
 
 def to_checkpoint(row: Any) -> Checkpoint:
     (id, run_id, round, call_id, based_on, decision, status, state, verification, created, decided) = row
     verdict = None
-    if verification is not None:
+    if verification == ERASED_TEXT:
+        verdict = Verification(False, ERASED)
+    elif verification is not None:
         data = decode(verification)
         verdict = Verification(bool(data["passed"]), data.get("evidence"))
     return Checkpoint(
         id, run_id, round, call_id, based_on, decision, status,
-        CheckpointState.from_json(decode(state)), verdict, created, decided,
+        _ERASED_STATE if state == ERASED_TEXT else CheckpointState.from_json(decode(state)), verdict,
+        created, decided,
     )  # fmt: skip
+
+
+_ERASED_STATE: Final = attrs.evolve(
+    CheckpointState.from_json({f.name: [] for f in attrs.fields(CheckpointState) if f.name != "data"}),
+    data=ERASED,
+)
+"""An erased run's checkpoint state: its lists empty, its ``data`` ``zincir.ERASED``."""

@@ -14,9 +14,13 @@ from __future__ import annotations
 import abc
 import contextlib
 from collections.abc import Iterator, Sequence
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import attrs
+
+if TYPE_CHECKING:
+    from ._crypto import Sealer
+
 
 __all__ = ["KEY_CHARS", "Cursor", "Dialect", "ReadOnly"]
 
@@ -79,6 +83,11 @@ class Dialect:
     loose_types: bool = False
     """Whether any column may hold any type (SQLite without ``STRICT``): then a key of any type
     can name a row, and the read queries read INTEGER columns through :meth:`int_column`."""
+    table_exists: str = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
+    """A row if the table ``?`` names exists (for a check that must work on an older schema)."""
+    secure_delete: tuple[str, str] | None = None
+    """The statements that turn zeroing of deleted bytes on and off around an erasure (SQLite's
+    ``secure_delete``; PostgreSQL has none: docs/payloads.md#encryption-and-erasure)."""
 
     def indexed(self, index: str) -> str:
         """After a table's name: read it through ``index`` (SQLite's planner may not see that
@@ -132,6 +141,9 @@ class ReadOnly(abc.ABC):
     dialect: Dialect
     target: str
     """What to call the database in messages and pages (a path, a URL without its password)."""
+    sealer: Sealer | None = None
+    """The keys encrypted values are opened with (None: none given; an encrypted value then
+    raises EncryptionKeyMissing): see ``zincir/_payloads.py``."""
     worth_keeping: bool
     """Whether a long-lived reader (the inspector) should keep this connection between reads
     rather than open a new one for each."""

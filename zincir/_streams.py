@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Final, final
 import attrs
 import trio
 
+from ._crypto import ERASED, ERASED_TEXT
 from ._database import Database, Storage, storage
 from ._errors import DatabaseBusy, DatabaseUnavailable, InvalidArgument, ZincirError
 from ._json import JSONValue, decode, encode
@@ -341,6 +342,11 @@ class _Reader:
 
 def _chunks_of(page: StreamPage) -> list[StreamChunk]:
     return [
-        StreamChunk(at, attempt, decode(data), attempt > 1 and page.first_offsets.get(attempt) == at)
+        StreamChunk(
+            at,
+            attempt,
+            ERASED if data == ERASED_TEXT else decode(data),
+            attempt > 1 and page.first_offsets.get(attempt) == at,
+        )
         for at, attempt, data in page.chunks
     ]

@@ -40,7 +40,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, Final, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 import attrs
 import outcome
@@ -48,6 +48,9 @@ import trio
 
 from ._errors import StorageError
 from ._wakes import Wakes
+
+if TYPE_CHECKING:
+    from ._crypto import Sealer
 
 __all__ = ["DatabaseThread", "Flight", "Session", "current_flight", "flying", "submit"]
 
@@ -267,6 +270,9 @@ class DatabaseThread:
         self._batch: list[Request] = []  # taken from the queue and not answered yet
         self.deliver: Callable[[Wakes], None] | None = None
         """Where the wake-ups of committed operations go (set once, before any is submitted)."""
+        self.sealer: Sealer | None = None
+        """The database's encryption, handed to every operation's Tx (set once, before any is
+        submitted; None: the database is not encrypted)."""
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
 
@@ -493,6 +499,8 @@ class DatabaseThread:
         request.wakes = None
         try:
             tx = self._session.tx()
+            if self.sealer is not None:
+                tx.sealer = self.sealer
             value = request.fn(tx, *request.args)
             wakes = tx.close()  # a fence not read yet is judged here
             if shared:

@@ -42,6 +42,7 @@ from werkzeug.datastructures import MultiDict
 from werkzeug.exceptions import Conflict, Forbidden, MethodNotAllowed, MisdirectedRequest
 
 from .. import _queries as q
+from .._crypto import keys_from_env
 from .._database import Database, open_database
 from .._errors import InvalidArgument, RunNotFound, StorageError, ZincirError
 from .._forks import fork_run
@@ -380,7 +381,7 @@ async def serve_with_actions(
         address = await trio.to_thread.run_sync(_address_of_its_own)
     parse_address(address)
     await trio.to_thread.run_sync(_check_readable, database_path)
-    async with open_database(database_path) as db:
+    async with open_database(database_path, keys=keys_from_env()) as db:
         apps: list[InspectorApp] = []
         guard = Guard(lambda: apps[0].served_host)
         actions = Actions(db, actor, guard)

@@ -30,6 +30,7 @@ __all__ = ["POSTGRES", "Sent", "Tx"]
 # foreign-key checks of rows inserted elsewhere that point at the run (a child's insert).
 POSTGRES: Final = Dialect(
     "postgresql",
+    table_exists="SELECT 1 WHERE to_regclass(?) IS NOT NULL",
     row_locks=True,
     lock_nowait=" FOR NO KEY UPDATE NOWAIT",
     skip_locked=" FOR NO KEY UPDATE SKIP LOCKED",

@@ -61,6 +61,8 @@ def run_to_json(run: RunDetail | RunSummary) -> dict[str, Any]:
         data["fork_seq"] = plain(run.fork_seq)
         data["forks"] = [{"fork_seq": plain(f.fork_seq), "id": f.run.id} for f in run.forks]
         data["fingerprints"] = None if run.fingerprints is None else json_value(run.fingerprints)
+        if run.erased_at is not None:  # its payloads read as {"erased": true} (docs/payloads.md)
+            data["erased_at"] = plain(run.erased_at)
     return data
 
 

@@ -197,6 +197,8 @@ class RunDetail(RunSummary):
     forks_more: bool = False
     fingerprints: str | None = None
     """The stored JSON of what shaped the run ({"prompt": "<sha>", ...}), or None."""
+    erased_at: OptInt = None
+    """When ``zincir.erase_run`` deleted the run's key (its payloads read as erased), or None."""
 
 
 NO_VERSION: Final = ""
@@ -373,10 +375,15 @@ def get_run(
     forked = conn.has_column("agent_runs", "forked_from")  # schema version 11 and later
     fork_columns = f"{name_column('forked_from')}, {d.int_column('fork_seq')}" if forked else "NULL, NULL"
     marks_sql = json_columns("fingerprints", None) if has_versions(conn) else "NULL, 0"  # a few hashes
+    erased_sql = (  # schema version 16 and later
+        "(SELECT erased_at FROM run_keys WHERE run_id = agent_runs.id)"
+        if conn.has_table("run_keys")
+        else "NULL"
+    )
     row = conn.execute(
         f"SELECT {_summary_columns(conn)}, {json_columns('config', max_config_chars)},"
         f" {d.int_column('lease_epoch')}, {d.int_column('next_attempt_at')}, {result_columns}, {marks_sql},"
-        f" {fork_columns} FROM agent_runs WHERE id = ?",
+        f" {fork_columns}, {erased_sql} FROM agent_runs WHERE id = ?",
         (run_id,),
     ).fetchone()
     if row is None:
@@ -401,6 +408,7 @@ def get_run(
         _,
         forked_from,
         fork_seq,
+        erased_at,
     ) = row[_SUMMARY_WIDTH:]
     forks, forks_more = _forks(conn, run_id, forks_limit) if forked and forks_limit > 0 else ((), False)
     return RunDetail(
@@ -420,6 +428,7 @@ def get_run(
         forked_from=as_opt_text(forked_from),
         fork_seq=as_opt_int(fork_seq),
         forks=forks,
+        erased_at=as_opt_int(erased_at),
         forks_more=forks_more,
         fingerprints=as_opt_text(marks),
     )

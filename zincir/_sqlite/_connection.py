@@ -34,8 +34,9 @@ _SQLITE_BUSY_CODES: Final = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
 # list takes up to 500 values, the planner takes an index hint where it needs one, and a column
 # holds whatever was stored in it (the tables are not STRICT).
 SQLITE: Final = Dialect(
-    "sqlite", least="min", greatest="max", unlimited=-1, chunk=500, index_hints=True, loose_types=True
-)
+    "sqlite", least="min", greatest="max", unlimited=-1, chunk=500, index_hints=True, loose_types=True,
+    secure_delete=("PRAGMA secure_delete = ON", "PRAGMA secure_delete = OFF"),
+)  # fmt: skip
 
 # ``?`` as SQLite's ``?NNN`` (so one value may serve several places) and ``:now`` as the last one.
 _RENDERED: dict[str, tuple[str, bool]] = {}

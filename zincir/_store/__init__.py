@@ -9,6 +9,7 @@ from . import (
     _content,
     _ends,
     _forks,
+    _keys,
     _leases,
     _log,
     _reads,
@@ -115,6 +116,13 @@ class Store:
     # -- forks (_forks) ----------------------------------------------------------------------------
 
     fork_run = staticmethod(_forks.fork_run)
+
+    # -- encryption at rest: master keys, erasure, rotation (_keys) -----------------------------
+
+    is_encrypted = staticmethod(_keys.is_encrypted)
+    prepare_keys = staticmethod(_keys.prepare_keys)
+    erase_run_key = staticmethod(_keys.erase_run_key)
+    rewrap_keys = staticmethod(_keys.rewrap_keys)
 
     # -- the content store (_content; writing and reading parts: zincir._payloads) ----------------
 

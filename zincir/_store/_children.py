@@ -26,7 +26,7 @@ def spawn_children(tx: Tx, lease: Lease, children: Sequence[NewChild]) -> list[s
     tx.fence(lease)
     parent_id = lease.run_id
     # The configs' parts are referenced by the children that are new (a repeated spawn writes no row).
-    configs = [stored_unreferenced(tx, child.config_json) for child in children]
+    configs = [stored_unreferenced(tx, child.config_json, child.child_id) for child in children]
     inserts = [
         tx.send(
             "INSERT INTO agent_runs (id, parent_run_id, role, provider, status, config, created_at,"

@@ -29,10 +29,10 @@ from typing import Any
 import attrs
 
 from .._budget import LIMIT_COLUMNS, CountedCall, debit_of, loop_of
-from .._errors import InvalidForkPoint, RunNotFound
+from .._errors import InvalidForkPoint, RunErased, RunNotFound
 from .._json import decode
 from .._json import dump_trusted as _dump
-from .._payloads import copy_refs, refer, resolved, stored_unreferenced
+from .._payloads import Unreferenced, copy_refs, refer, resolved, stored_unreferenced
 from .._types import EventType, ToolCall
 from .._validation import MAX_INT
 from ._log import insert_event
@@ -86,6 +86,8 @@ def fork_run(
     if source is None:
         raise RunNotFound(f"run {source_id} does not exist")
     last_seq, role, provider, stored_config, version, fingerprints, source_traceparent = source
+    if tx.sealer is not None and tx.one(_ERASED, (source_id,)) is not None:
+        raise RunErased(f"run {source_id} was erased: its history cannot be read, nor forked")
     at, forked_at = _fork_point(tx, source_id, int(last_seq), at_seq, at_checkpoint)
     inherited = tx.all(  # read through zincir._payloads below, with the fork's row written
         "SELECT t.call_id, e.seq, e.payload FROM tool_intents AS t"
@@ -94,7 +96,7 @@ def fork_run(
         " ORDER BY t.intent_seq",
         (source_id, at, at, SUBMIT_CHECKPOINT),
     )
-    config, config_parts = _config(tx, config_json, stored_config)
+    config, config_parts = _config(tx, fork_id, config_json, stored_config)
     tx.execute(
         "INSERT INTO agent_runs (id, role, provider, status, config, created_at, updated_at, last_seq,"
         " next_attempt_at, forked_from, fork_seq, version, fingerprints, traceparent)"
@@ -133,10 +135,19 @@ def fork_run(
     return ForkOutcome(fork_id, at, len(inherited), role, provider or "", source_traceparent)
 
 
-def _config(tx: Tx, config_json: str | None, stored_config: str) -> tuple[str, tuple[str, ...]]:
-    """The fork's config column, the one given or the source's as stored, and the parts the
-    fork must refer to for it (beyond its source's, which it refers to all)."""
-    return (stored_config, ()) if config_json is None else stored_unreferenced(tx, config_json)
+def _config(tx: Tx, fork_id: str, config_json: str | None, stored_config: str) -> tuple[str, Unreferenced]:
+    """The fork's config column, the one given or the source's as stored, and what the fork
+    must refer to for it (beyond its source's, which it refers to all): on an encrypted
+    database its own key too, for what it writes (what it copies stays under its source's key,
+    which its envelopes name, so that erasing the source erases the copies too)."""
+    if config_json is not None:
+        return stored_unreferenced(tx, config_json, fork_id)
+    if tx.sealer is not None:
+        return stored_config, Unreferenced(key=tx.sealer.fresh(fork_id))
+    return stored_config, Unreferenced()
+
+
+_ERASED = "SELECT 1 FROM run_keys WHERE run_id = ? AND erased_at IS NOT NULL"
 
 
 def _fork_point(

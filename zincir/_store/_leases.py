@@ -69,7 +69,7 @@ def create_run(
         version = parents[0] if version is None else version
         fingerprints_json = parents[1] if fingerprints_json is None else fingerprints_json
     expires_at = tx.now + ttl_ms
-    config, parts = stored_unreferenced(tx, config_json)
+    config, parts = stored_unreferenced(tx, config_json, run_id)
     tx.execute(
         "INSERT INTO agent_runs (id, parent_run_id, role, provider, status, config, created_at,"
         " updated_at, last_seq, lease_owner, lease_epoch, lease_expires_at, next_attempt_at, lease_host,"

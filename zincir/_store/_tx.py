@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .._errors import LeaseLost, RunNotFound, RunTerminal
 from .._payloads import Payloads, stored
@@ -34,6 +34,9 @@ from .._sql import Dialect
 from .._types import EventType, RunStatus
 from .._wakes import Wakes
 from ._types import Lease
+
+if TYPE_CHECKING:
+    from .._crypto import Sealer
 
 __all__ = ["LIVE", "PLACEHOLDERS", "Reply", "Tx", "judge_lease", "lease_held", "lock_live_run"]
 
@@ -62,6 +65,9 @@ class Tx(Protocol):
     backend's Tx subclasses this: ``log`` and ``wake`` are written here, once."""
 
     dialect: Dialect
+    sealer: Sealer | None = None
+    """The database's encryption (its thread sets it on each operation's Tx), None without: see
+    ``zincir/_crypto.py`` and :mod:`zincir._payloads`, which uses it."""
     payloads: Payloads = Payloads()
     """How this database stores JSON values (the session sets the one open_database was given);
     every JSON value column is written with :func:`zincir._payloads.stored`."""

@@ -1,0 +1,1 @@
+"""Encryption at rest: what it costs a step (issue 37)."""
