@@ -15,11 +15,11 @@ PUBLIC = {
     "DurableState", "Event", "EventType", "Handler", "InvalidArgument", "InvalidForkPoint", "LeaseLost",
     "LoopDetected",
     "MIN_LEASE_TTL", "NoDurableIntent", "NoProgress",
-    "PendingToolCall", "ResumeWorker", "Run", "RunCancelled", "RunLeased", "RunNotFound", "RunRecord",
+    "PendingToolCall", "PruneReport", "ResumeWorker", "Run", "RunCancelled", "RunLeased", "RunNotFound", "RunRecord",
     "RunStatus", "RunTerminal", "RunWaiting", "SUBMIT_CHECKPOINT", "SchemaError", "Spend",
     "StepAlreadyRunning", "StorageError", "Stream", "StreamChunk", "ToolCall", "UnfinishedWork", "Usage",
     "Verification", "Verifier", "VersionMismatch", "WaitTimeout", "ZincirError", "__version__",
-    "artifacts", "cancel_run", "decide_approval", "fork_run", "open_database", "open_run", "raise_budget",
+    "artifacts", "cancel_run", "decide_approval", "fork_run", "open_database", "open_run", "prune", "raise_budget",
     "read_stream", "retry_now", "send_signal", "set_version", "wait_for_end", "wall_clock_ms",
 }  # fmt: skip
 
@@ -68,6 +68,7 @@ def _instances() -> dict[type, object]:
         zincir.Approval: zincir.Approval("c1", True, "ada", "ok", "0" * 64, 1, 2),
         zincir.artifacts.Artifact: zincir.artifacts.Artifact("file", "a.txt", "0" * 64),
         zincir.StreamChunk: zincir.StreamChunk(0, 1, {"text": "Hel"}, False),
+        zincir.PruneReport: zincir.PruneReport(2, {"events": 5, "agent_runs": 2}, 1, 0, 0.1),
     }
 
 

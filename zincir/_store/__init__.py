@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import _budgets, _calls, _children, _ends, _forks, _leases, _log, _reads, _streams, _versions, _waits
+from . import _budgets, _calls, _children, _ends, _forks, _leases, _log, _prune, _reads, _streams, _versions, _waits
 from ._forks import ForkOutcome
 from ._tx import LIVE, Reply, Tx, judge_lease
 from ._types import *  # noqa: F403
@@ -102,3 +102,7 @@ class Store:
     # -- forks (_forks) ----------------------------------------------------------------------------
 
     fork_run = staticmethod(_forks.fork_run)
+
+    # -- retention (_prune) ------------------------------------------------------------------------
+
+    prune_batch = staticmethod(_prune.prune_batch)
