@@ -106,9 +106,13 @@ async def test_a_pruned_run_leaves_no_row_anywhere_and_live_runs_stay(
     db = clocked_db
     rich = await _rich_run(db)
     before = _mentions(db, rich)
-    assert {"events.run_id", "steps.run_id", "signals.run_id", "stream_chunks.run_id", "budgets.run_id"} <= set(
-        before
-    )
+    assert {
+        "events.run_id",
+        "steps.run_id",
+        "signals.run_id",
+        "stream_chunks.run_id",
+        "budgets.run_id",
+    } <= set(before)
     async with zincir.open_run(db) as live:
         await live.step("s", _value, 2)
     clock.advance(DAY)
@@ -176,7 +180,9 @@ async def test_a_family_goes_together_and_only_once_every_member_ended(
     assert await db.runs() == []
 
 
-async def test_a_fork_keeps_its_source_while_it_is_live(clocked_db: zincir.Database, clock: ManualClock) -> None:
+async def test_a_fork_keeps_its_source_while_it_is_live(
+    clocked_db: zincir.Database, clock: ManualClock
+) -> None:
     db = clocked_db
     async with zincir.open_run(db) as source:
         await source.record_response("hi", [], "end_turn")

@@ -15,11 +15,13 @@ PUBLIC = {
     "DurableState", "Event", "EventType", "Handler", "InvalidArgument", "InvalidForkPoint", "LeaseLost",
     "LoopDetected",
     "MIN_LEASE_TTL", "NoDurableIntent", "NoProgress",
-    "PendingToolCall", "PruneReport", "ResumeWorker", "Run", "RunCancelled", "RunLeased", "RunNotFound", "RunRecord",
+    "PendingToolCall", "PruneReport", "ResumeWorker", "Run", "RunCancelled", "RunLeased", "RunNotFound",
+    "RunRecord",
     "RunStatus", "RunTerminal", "RunWaiting", "SUBMIT_CHECKPOINT", "SchemaError", "Spend",
     "StepAlreadyRunning", "StorageError", "Stream", "StreamChunk", "ToolCall", "UnfinishedWork", "Usage",
     "Verification", "Verifier", "VersionMismatch", "WaitTimeout", "ZincirError", "__version__",
-    "artifacts", "cancel_run", "decide_approval", "fork_run", "open_database", "open_run", "prune", "raise_budget",
+    "artifacts", "cancel_run", "decide_approval", "fork_run", "open_database", "open_run", "prune",
+    "raise_budget",
     "read_stream", "retry_now", "send_signal", "set_version", "wait_for_end", "wall_clock_ms",
 }  # fmt: skip
 

@@ -67,7 +67,12 @@ def parse_duration(text: str) -> datetime.timedelta:
 )
 @database_option
 def prune_command(
-    older_than: str, keep_latest: int, statuses: tuple[str, ...], dry_run: bool, batch_size: int, database_path: str
+    older_than: str,
+    keep_latest: int,
+    statuses: tuple[str, ...],
+    dry_run: bool,
+    batch_size: int,
+    database_path: str,
 ) -> None:
     """Delete ended runs older than --older-than with all their rows.
 
@@ -125,7 +130,9 @@ def vacuum_command(database_path: str) -> None:
     require_file(database_path, "vacuum never creates a database")
     where = parse_target(database_path)
     if where.backend == "postgresql":
-        click.echo("PostgreSQL: autovacuum reuses the space of deleted rows; nothing to do (docs/retention.md)")
+        click.echo(
+            "PostgreSQL: autovacuum reuses the space of deleted rows; nothing to do (docs/retention.md)"
+        )
         return
 
     async def check() -> None:

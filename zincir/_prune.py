@@ -103,7 +103,9 @@ async def prune(
             for table, count in batch.rows.items():
                 rows[table] = rows.get(table, 0) + count
             if progress is not None:
-                progress(PruneReport(runs, dict(rows), batches, kept, time.monotonic() - started, spec.dry_run))
+                progress(
+                    PruneReport(runs, dict(rows), batches, kept, time.monotonic() - started, spec.dry_run)
+                )
         cursor = batch.cursor
     return PruneReport(runs, rows, batches, kept, time.monotonic() - started, spec.dry_run)
 
@@ -128,7 +130,8 @@ def _oldest_kept(tx: Any, statuses: tuple[str, ...], keep: int) -> Bound | None:
     latest: list[Bound] = []
     for status in statuses:
         rows = tx.all(
-            "SELECT updated_at, id FROM agent_runs WHERE status = ? ORDER BY updated_at DESC, id DESC LIMIT ?",
+            "SELECT updated_at, id FROM agent_runs WHERE status = ?"
+            " ORDER BY updated_at DESC, id DESC LIMIT ?",
             (status, keep),
         )
         latest += [(row[0], row[1]) for row in rows]
@@ -141,7 +144,8 @@ def _epoch_ms(value: object) -> int:
         raise InvalidArgument(f"finished_before must be a datetime, not {value!r}")
     if value.tzinfo is None or value.utcoffset() is None:
         raise InvalidArgument(
-            f"finished_before must be timezone-aware (datetime.now(timezone.utc) - timedelta(...)), not {value!r}"
+            "finished_before must be timezone-aware (datetime.now(timezone.utc) - timedelta(...)),"
+            f" not {value!r}"
         )
     return int(value.timestamp() * 1000)
 

@@ -23,7 +23,10 @@ _RUN = (
     " last_seq, lease_epoch, attempts, next_attempt_at, result) VALUES (?, ?, 'agent', '', 'completed',"
     " '{}', ?, ?, ?, 1, 1, 0, 'null')"
 )
-_EVENT = "INSERT INTO events (run_id, seq, type, payload, idempotency_key, created_at) VALUES (?, ?, ?, ?, NULL, ?)"
+_EVENT = (
+    "INSERT INTO events (run_id, seq, type, payload, idempotency_key, created_at)"
+    " VALUES (?, ?, ?, ?, NULL, ?)"
+)
 _STEP = (
     "INSERT INTO steps (run_id, name, status, epoch, result, started_at, completed_at)"
     " VALUES (?, 'fetch', 'completed', 1, '{\"ok\":true}', ?, ?)"
@@ -43,11 +46,20 @@ def _content(payload: int) -> str:
     return json.dumps({"content": "x" * payload, "stop_reason": "end_turn", "tool_calls": []})
 
 
-def _runs(count: int, events: int, ended_ms: int, payload: int, family_every: int) -> Iterator[dict[str, list[Any]]]:
+def _runs(
+    count: int, events: int, ended_ms: int, payload: int, family_every: int
+) -> Iterator[dict[str, list[Any]]]:
     """The rows of ``count`` runs, a chunk of runs at a time, per statement."""
     response = _content(payload)
     start = '{"from":"pending","to":"running"}'
-    chunk: dict[str, list[Any]] = {"runs": [], "events": [], "steps": [], "signals": [], "actions": [], "joins": []}
+    chunk: dict[str, list[Any]] = {
+        "runs": [],
+        "events": [],
+        "steps": [],
+        "signals": [],
+        "actions": [],
+        "joins": [],
+    }
     made = 0
     while made < count:
         run_id = str(uuid.uuid4())
@@ -58,7 +70,9 @@ def _runs(count: int, events: int, ended_ms: int, payload: int, family_every: in
         for rid, parent in family:
             chunk["runs"].append((rid, parent, ended - 1000, ended, events - 1))
             chunk["events"].append((rid, 0, "state_transition", start, ended - 1000))
-            chunk["events"] += [(rid, seq, "llm_call", response, ended - 1000 + seq) for seq in range(1, events)]
+            chunk["events"] += [
+                (rid, seq, "llm_call", response, ended - 1000 + seq) for seq in range(1, events)
+            ]
             chunk["steps"].append((rid, ended - 900, ended - 800))
             chunk["signals"].append((rid, ended - 700))
             chunk["actions"].append((rid, ended - 700))
@@ -76,7 +90,14 @@ def seed_runs(
     """Write ``count`` completed runs (children included) into ``target`` (a SQLite path or a
     ``postgresql://`` URL); their ids."""
     ids: list[str] = []
-    statements = {"runs": _RUN, "events": _EVENT, "steps": _STEP, "signals": _SIGNAL, "actions": _ACTION, "joins": _JOIN}
+    statements = {
+        "runs": _RUN,
+        "events": _EVENT,
+        "steps": _STEP,
+        "signals": _SIGNAL,
+        "actions": _ACTION,
+        "joins": _JOIN,
+    }
     if target.startswith("postgresql://"):
         import psycopg
 

@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
-from . import _budgets, _calls, _children, _ends, _forks, _leases, _log, _prune, _reads, _streams, _versions, _waits
+from . import (
+    _budgets,
+    _calls,
+    _children,
+    _ends,
+    _forks,
+    _leases,
+    _log,
+    _prune,
+    _reads,
+    _streams,
+    _versions,
+    _waits,
+)
 from ._forks import ForkOutcome
 from ._tx import LIVE, Reply, Tx, judge_lease
 from ._types import *  # noqa: F403

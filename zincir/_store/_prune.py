@@ -289,7 +289,8 @@ def _tables(tx: Tx) -> list[tuple[str, tuple[str, ...]]]:
 
 def _naming(tx: Tx, columns: Sequence[str], runs: Sequence[str]) -> tuple[str, tuple[Any, ...]]:
     """SQL that a row names one of ``runs`` in one of ``columns``, and its parameters."""
-    wheres, params = [], []
+    wheres: list[str] = []
+    params: list[Any] = []
     for column in columns:
         where, values = tx.dialect.any_of(column, runs)
         wheres.append(where)
