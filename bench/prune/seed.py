@@ -3,7 +3,7 @@
 Recording 100,000 runs through the API would take most of an hour and measure nothing of the
 prune, so each run's rows are inserted by a separate connection in large transactions: its row
 (completed, ended at ``ended_ms``), ``events`` events (a state transition, then model responses
-of about ``payload`` bytes each), one completed step, one signal and its audit row. Every
+of about ``payload`` bytes each), ``steps`` completed steps (one by default), one signal and its audit row. Every
 ``family_every``-th run also has a completed child, with the parent's join of it. The schema
 must exist (open the database with zincir first). Used by bench/prune and tests/test_prune.py.
 """
@@ -29,7 +29,7 @@ _EVENT = (
 )
 _STEP = (
     "INSERT INTO steps (run_id, name, status, epoch, result, started_at, completed_at)"
-    " VALUES (?, 'fetch', 'completed', 1, '{\"ok\":true}', ?, ?)"
+    " VALUES (?, ?, 'completed', 1, '{\"ok\":true}', ?, ?)"
 )
 _SIGNAL = (
     "INSERT INTO signals (run_id, topic, payload, key, created_at, consumed_by, consumed_at)"
@@ -47,7 +47,7 @@ def _content(payload: int) -> str:
 
 
 def _runs(
-    count: int, events: int, ended_ms: int, payload: int, family_every: int
+    count: int, events: int, steps: int, ended_ms: int, payload: int, family_every: int
 ) -> Iterator[dict[str, list[Any]]]:
     """The rows of ``count`` runs, a chunk of runs at a time, per statement."""
     response = _content(payload)
@@ -73,7 +73,7 @@ def _runs(
             chunk["events"] += [
                 (rid, seq, "llm_call", response, ended - 1000 + seq) for seq in range(1, events)
             ]
-            chunk["steps"].append((rid, ended - 900, ended - 800))
+            chunk["steps"] += [(rid, f"fetch {i}", ended - 900, ended - 800) for i in range(steps)]
             chunk["signals"].append((rid, ended - 700))
             chunk["actions"].append((rid, ended - 700))
             if parent is not None:
@@ -85,7 +85,14 @@ def _runs(
 
 
 def seed_runs(
-    target: str, count: int, *, events: int = 10, ended_ms: int, payload: int = 200, family_every: int = 0
+    target: str,
+    count: int,
+    *,
+    events: int = 10,
+    steps: int = 1,
+    ended_ms: int,
+    payload: int = 200,
+    family_every: int = 0,
 ) -> list[str]:
     """Write ``count`` completed runs (children included) into ``target`` (a SQLite path or a
     ``postgresql://`` URL); their ids."""
@@ -102,7 +109,7 @@ def seed_runs(
         import psycopg
 
         with psycopg.connect(target) as conn, conn.cursor() as cur:
-            for chunk in _runs(count, events, ended_ms, payload, family_every):
+            for chunk in _runs(count, events, steps, ended_ms, payload, family_every):
                 ids += [row[0] for row in chunk["runs"]]
                 for key, sql in statements.items():
                     if chunk[key]:
@@ -111,7 +118,7 @@ def seed_runs(
         return ids
     conn = sqlite3.connect(target)
     try:
-        for chunk in _runs(count, events, ended_ms, payload, family_every):
+        for chunk in _runs(count, events, steps, ended_ms, payload, family_every):
             ids += [row[0] for row in chunk["runs"]]
             with conn:
                 for key, sql in statements.items():
