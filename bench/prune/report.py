@@ -77,7 +77,7 @@ def render(res: dict[str, Any], chart_name: str) -> str:
         f" {res['batch']} runs, one transaction each. Meanwhile a writer in another process owned a"
         " live run and made a durable step (`run.step`) every 5 ms; its latency was measured for"
         f" {res['baseline_s']:g} s before the prune, during the whole prune, and for"
-        f" {res['baseline_s']:g} s after (\"without\" is before and after together)."
+        f' {res["baseline_s"]:g} s after ("without" is before and after together).'
     )
     add("")
     add("| backend | runs | rows | seconds | runs/s | rows/s | batches | size before | size after |")
@@ -104,8 +104,9 @@ def render(res: dict[str, Any], chart_name: str) -> str:
         add(
             f"Sizing on SQLite (seeded files of 1,000 runs, differing by 20 events or 20 steps per run):"
             f" a run with one event, one step, one signal and its audit row takes"
-            f" {sizing['run_bytes']:,.0f} bytes; each further event of a ~{sizing['event_payload_bytes']}-byte"
-            f" payload {sizing['event_bytes']:,.0f} bytes; each further step {sizing['step_bytes']:,.0f} bytes"
+            f" {sizing['run_bytes']:,.0f} bytes; each further event of a"
+            f" ~{sizing['event_payload_bytes']}-byte payload {sizing['event_bytes']:,.0f} bytes;"
+            f" each further step {sizing['step_bytes']:,.0f} bytes"
             " (pages and indexes included)."
         )
     add("")
@@ -143,7 +144,7 @@ def chart(res: dict[str, Any]) -> Chart:
     return Chart(
         "Prune: throughput, and a live writer's step latency",
         [
-            Panel([Group(throughput)], title="Prune throughput", note="runs/s, higher is better", width=240),
-            Panel(latency, title="Writer's step (ms)", note="p50 solid, p99 pale; target p99 ≤ 2x", width=260),
+            Panel([Group(throughput)], title="Prune throughput", note="runs/s, higher is better"),
+            Panel(latency, title="Writer's step (ms)", note="p50 solid, p99 pale; target p99 ≤ 2x"),
         ],
     )

@@ -36,6 +36,7 @@ from .report import chart, render
 from .seed import seed_runs
 
 DAY_MS = 86_400_000
+STEP_S = 0.005  # the writer's pause between steps
 
 
 def _size(target: str) -> int:
@@ -105,9 +106,9 @@ def measure(target: str, args: Any, workdir: Path, name: str, log: study.Log) ->
     ids = seed_runs(target, args.runs, events=10, ended_ms=ended, family_every=10)
     log(f"  seeded {len(ids):,} runs in {time.perf_counter() - started:.0f} s")
     size_before = _size(target)
-    writer = ChildProcess(
-        "bench.prune.writer:child", {"target": target, "interval": 0.005}, workdir / f"writer-{name}.log", "writer"
-    )
+    log_path = workdir / f"writer-{name}.log"
+    options = {"target": target, "interval": STEP_S}
+    writer = ChildProcess("bench.prune.writer:child", options, log_path, "writer")
     try:
         writer.ready()
         before = _latencies(writer, args.baseline)
@@ -157,10 +158,12 @@ def main(argv: list[str] | None = None) -> int:
             results["backends"]["sqlite"] = measure(str(workdir / "prune.db"), args, workdir, "sqlite", log)
         if "postgresql" in backends:
             log(f"postgresql: {args.runs:,} ended runs, batches of {args.batch}")
-            with postgres_server(args.url, workdir, log) as admin:
-                with scratch_database(admin, f"zincir_prune_{uuid.uuid4().hex[:8]}") as url:
-                    results["server"] = server_settings(url)
-                    results["backends"]["postgresql"] = measure(url, args, workdir, "postgresql", log)
+            with (
+                postgres_server(args.url, workdir, log) as admin,
+                scratch_database(admin, f"zincir_prune_{uuid.uuid4().hex[:8]}") as url,
+            ):
+                results["server"] = server_settings(url)
+                results["backends"]["postgresql"] = measure(url, args, workdir, "postgresql", log)
         study.finish(Path(args.out), results, render, chart, started=started, log=log)
     return 0
 

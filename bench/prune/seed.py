@@ -3,9 +3,10 @@
 Recording 100,000 runs through the API would take most of an hour and measure nothing of the
 prune, so each run's rows are inserted by a separate connection in large transactions: its row
 (completed, ended at ``ended_ms``), ``events`` events (a state transition, then model responses
-of about ``payload`` bytes each), ``steps`` completed steps (one by default), one signal and its audit row. Every
-``family_every``-th run also has a completed child, with the parent's join of it. The schema
-must exist (open the database with zincir first). Used by bench/prune and tests/test_prune.py.
+of about ``payload`` bytes each), ``steps`` completed steps (one by default), one signal and
+its audit row. Every ``family_every``-th run also has a completed child, with the parent's
+join of it. The schema must exist (open the database with zincir first). Used by bench/prune
+and tests/test_prune.py.
 """
 
 from __future__ import annotations
