@@ -382,3 +382,30 @@ async def test_a_prune_killed_mid_batch_leaves_every_run_whole_or_gone(db_target
     assert count("SELECT count(*) FROM signals") == left
     assert count("SELECT count(*) FROM outsider_actions") == left
     assert count("SELECT count(*) FROM events WHERE run_id NOT IN (SELECT id FROM agent_runs)") == 0
+
+
+async def test_a_family_that_grew_after_it_was_read_stays_on_postgresql(
+    clocked_db: zincir.Database, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A fork made between a batch's read of the families and its lock of their rows: the batch
+    # reads the relations again under the lock and leaves the family.
+    db = clocked_db
+    if db.backend != "postgresql":
+        pytest.skip("on SQLite the batch holds the file from its first read")
+    from zincir._store import _prune
+
+    source = await _completed(db)
+    clock.advance(DAY)
+    read_relations = _prune._relations
+
+    def then_fork(tx: Any, start: Any) -> Any:
+        edges = read_relations(tx, start)
+        insert_started_run(db, fork_id)
+        rows(db, "UPDATE agent_runs SET forked_from = ? WHERE id = ?", (source, fork_id))
+        return edges
+
+    fork_id = "00000000-0000-4000-8000-00000000f04c"
+    monkeypatch.setattr(_prune, "_relations", then_fork)
+    report = await zincir.prune(db, finished_before=_later(clock))
+    assert (report.runs, report.kept_for_family) == (0, 1)
+    assert {r.id for r in await db.runs()} == {source, fork_id}

@@ -12,10 +12,10 @@ See docs/retention.md for the policy. The rules this module keeps:
   (``messages``). A *family* is every run reachable over those relations; it is deleted only
   when every member is ended, with a status asked for, ended before the cutoff and not among
   the runs kept. So no live run ever loses a parent, a child, a source or a shared child.
-- **Nothing live refers to it.** The relations are read again after the family's rows are
-  locked (PostgreSQL: ``FOR UPDATE SKIP LOCKED``, which also passes over a run whose row a
-  concurrent write holds or is inserting a reference to), and a family that grew since is
-  left alone. On SQLite the one writer holds the whole file for the batch.
+- **Nothing live refers to it.** On PostgreSQL the relations are read again after the
+  family's rows are locked (``FOR UPDATE SKIP LOCKED``, which also passes over a run whose row
+  a concurrent write holds or is inserting a reference to), and a family that grew since is
+  left alone. On SQLite the one writer holds the whole file from the batch's first read.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def prune_batch(tx: Tx, spec: PruneSpec, after: Bound, seen: frozenset[str]) -> 
     for family in families:
         present = sorted(run for run in family if run in rows)  # a fork's source may be gone
         (doomed if _prunable(present, rows, spec) else kept).extend(present)
-    if doomed and not spec.dry_run:
+    if doomed and not spec.dry_run and tx.dialect.row_locks:
         doomed, grown = _still_closed(tx, doomed, edges)
         kept += grown
     if spec.dry_run:
