@@ -38,27 +38,30 @@ def _tables(db: zincir.Database) -> set[str]:
     return {row[0] for row in found}
 
 
-def _text_columns(db: zincir.Database, table: str) -> list[str]:
+def _text_columns(db: zincir.Database) -> list[tuple[str, str]]:
     if db.backend == "postgresql":
         found = rows(
             db,
-            "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema()"
-            " AND table_name = ? AND data_type = 'text'",
-            (table,),
+            "SELECT table_name, column_name FROM information_schema.columns"
+            " WHERE table_schema = current_schema() AND data_type = 'text'",
         )
-        return [row[0] for row in found]
-    return [row[1] for row in rows(db, f"PRAGMA table_info({table})") if row[2].upper() == "TEXT"]
+        return [(row[0], row[1]) for row in found]
+    return [
+        (table, row[1])
+        for table in sorted(_tables(db))
+        for row in rows(db, f"PRAGMA table_info({table})")
+        if row[2].upper() == "TEXT"
+    ]
 
 
 def _mentions(db: zincir.Database, run_id: str) -> dict[str, int]:
-    """Rows of any table with ``run_id`` in any text column: what a run leaves behind."""
-    found = {}
-    for table in sorted(_tables(db)):
-        for column in _text_columns(db, table):
-            count = scalar(db, f"SELECT count(*) FROM {table} WHERE {column} = ?", (run_id,))
-            if count:
-                found[f"{table}.{column}"] = int(count)  # type: ignore[call-overload]
-    return found
+    """Rows of any table with ``run_id`` in any text column: what a run leaves behind (one
+    statement over every column of every table)."""
+    columns = _text_columns(db)
+    counts = " UNION ALL ".join(
+        f"SELECT '{table}.{column}', count(*) FROM {table} WHERE {column} = ?" for table, column in columns
+    )
+    return {name: int(count) for name, count in rows(db, counts, (run_id,) * len(columns)) if count}
 
 
 _CHECKPOINT_LISTS = ("completed", "remaining", "artifacts", "failed_attempts", "evidence")

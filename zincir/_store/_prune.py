@@ -21,6 +21,7 @@ See docs/retention.md for the policy. The rules this module keeps:
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any, Final
 
 import attrs
@@ -88,7 +89,7 @@ class PruneBatch:
     """Where the next batch starts; None: there is nothing more to prune."""
 
 
-def prune_batch(tx: Tx, spec: PruneSpec, after: Bound, seen: frozenset[str]) -> PruneBatch:
+def prune_batch(tx: Tx, spec: PruneSpec, after: Bound, seen: AbstractSet[str]) -> PruneBatch:
     """Delete the next batch of prunable runs after ``after`` (in the order they ended), each
     with all its family and all their rows; runs in ``seen`` were judged already and are
     passed over. A dry run deletes nothing and counts the rows it would."""
