@@ -412,3 +412,26 @@ async def test_a_family_that_grew_after_it_was_read_stays_on_postgresql(
     report = await zincir.prune(db, finished_before=_later(clock))
     assert (report.runs, report.kept_for_family) == (0, 1)
     assert {r.id for r in await db.runs()} == {source, fork_id}
+
+
+@pytest.mark.sqlite_only
+async def test_zincir_vacuum_shrinks_a_file_made_without_auto_vacuum(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    async with zincir.open_database(path) as db:
+        for _ in range(20):
+            async with zincir.open_run(db) as run:
+                await run.record_response("x" * 20_000, [], "end_turn")
+                await run.complete()
+    old = sqlite3.connect(path, isolation_level=None)
+    old.execute("PRAGMA auto_vacuum = NONE")  # as a file of an older zincir
+    old.execute("VACUUM")
+    old.close()
+    async with zincir.open_database(path) as db:
+        assert (await zincir.prune(db, finished_before=_at(zincir.wall_clock_ms() + 1000))).runs == 20
+    full = path.stat().st_size
+    assert scalar(path, "PRAGMA freelist_count") > 0  # freed, but kept in the file
+
+    result = await trio.to_thread.run_sync(lambda: CliRunner().invoke(main, ["vacuum", "--db", str(path)]))
+    assert result.exit_code == 0, result.output
+    assert path.stat().st_size < full - 300_000
+    assert scalar(path, "PRAGMA auto_vacuum") == 2
