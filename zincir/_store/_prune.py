@@ -102,11 +102,7 @@ def prune_batch(tx: Tx, spec: PruneSpec, after: Bound, seen: AbstractSet[str]) -
     edges = _relations(tx, fresh)
     families = _families(fresh, edges)
     rows = _member_rows(tx, sorted({run for family in families for run in family}), lock=not spec.dry_run)
-    doomed: list[str] = []
-    kept: list[str] = []
-    for family in families:
-        present = sorted(run for run in family if run in rows)  # a fork's source may be gone
-        (doomed if _prunable(present, rows, spec) else kept).extend(present)
+    doomed, kept = _judged(families, rows, spec)
     if doomed and not spec.dry_run and tx.dialect.row_locks:
         doomed, grown = _still_closed(tx, doomed, edges)
         kept += grown
@@ -119,6 +115,18 @@ def prune_batch(tx: Tx, spec: PruneSpec, after: Bound, seen: AbstractSet[str]) -
             _reclaim_space(tx)
     old_enough = [run for run in kept if run in fresh_set or _ended_in_range(run, rows.get(run), spec)]
     return PruneBatch(tuple(doomed), counted, tuple(old_enough), cursor)
+
+
+def _judged(
+    families: list[set[str]], rows: dict[str, Member], spec: PruneSpec
+) -> tuple[list[str], list[str]]:
+    """The runs of the families to delete, and those of the families to keep."""
+    doomed: list[str] = []
+    kept: list[str] = []
+    for family in families:
+        present = sorted(run for run in family if run in rows)  # a fork's source may be gone
+        (doomed if _prunable(present, rows, spec) else kept).extend(present)
+    return doomed, kept
 
 
 def _after_runs_deleted(tx: Tx) -> None:
