@@ -309,10 +309,11 @@ async def test_the_cli_prunes_with_progress_and_a_summary(
         await _completed(db)
     # The CLI's "now" is the wall clock; the runs ended in 2023 on the test's clock.
 
-    def cli(*args: str) -> Any:
-        return CliRunner().invoke(main, ["prune", *args, "--db", db_target])
+    def cli(*args: str, target: str = db_target) -> Any:
+        return CliRunner().invoke(main, ["prune", *args, "--db", target])
 
-    dry = await trio.to_thread.run_sync(cli, "--older-than", "30d", "--dry-run", "--batch", "2")
+    as_url = db_target if db.backend == "postgresql" else f"sqlite:///{db_target}"  # both forms
+    dry = await trio.to_thread.run_sync(lambda: cli("--older-than", "30d", "--dry-run", target=as_url))
     assert dry.exit_code == 0, dry.output
     assert "would delete 3 runs" in dry.stdout and len(await db.runs()) == 3
     done = await trio.to_thread.run_sync(cli, "--older-than", "30d", "--batch", "2")

@@ -79,7 +79,7 @@ def prune_command(
     Runs go in batches, one short transaction each, whole families at once: a run whose parent,
     child, fork or fork's source is live (or recent) stays. Progress goes to stderr, the
     summary to stdout. On SQLite the freed pages go back to the file system (for a file made
-    by an older zincir, run ``zincir vacuum`` once first).
+    by an older zincir, run 'zincir vacuum' once first).
     """
     age = parse_duration(older_than)
     require_file(database_path, "prune never creates a database")
