@@ -61,9 +61,8 @@ def parse_duration(text: str) -> datetime.timedelta:
     "--batch",
     "batch_size",
     type=click.IntRange(1, 10_000),
-    default=100,
-    show_default=True,
-    help="Runs per transaction (a family is never split).",
+    default=None,
+    help="Runs per transaction, a family never split (default: 100 on PostgreSQL, 20 on SQLite).",
 )
 @database_option
 def prune_command(
@@ -71,7 +70,7 @@ def prune_command(
     keep_latest: int,
     statuses: tuple[str, ...],
     dry_run: bool,
-    batch_size: int,
+    batch_size: int | None,
     database_path: str,
 ) -> None:
     """Delete ended runs older than --older-than with all their rows.

@@ -24,6 +24,10 @@ __all__ = ["PruneReport", "prune"]
 
 _BEFORE_EVERYTHING: Final[Bound] = (-(2**63), "")
 _MAX_BATCH: Final = 10_000
+DEFAULT_BATCH: Final = {"sqlite": 20, "postgresql": 100}
+"""Runs per batch unless told: on SQLite a batch holds the file's one write lock, and a live
+writer's longest wait grows with it (bench/reports/prune.md); PostgreSQL's row locks keep a
+batch out of other runs' way."""
 _SQLITE_PAUSE_S: Final = 0.010
 
 
@@ -58,7 +62,7 @@ async def prune(
     keep_latest: int = 0,
     statuses: Iterable[str] = ENDED,
     dry_run: bool = False,
-    batch_size: int = 100,
+    batch_size: int | None = None,
     progress: Callable[[PruneReport], object] | None = None,
 ) -> PruneReport:
     """Delete the runs that ended before ``finished_before``, with all their rows.
@@ -68,8 +72,9 @@ async def prune(
     ``statuses`` are the ended statuses to delete (``completed``, ``failed``, ``cancelled``).
     ``keep_latest=N`` keeps the N runs of those statuses that ended last, however old.
 
-    Runs go in batches of about ``batch_size``, one short transaction each, whole families
-    at once: a run whose parent, child, fork, fork's source or shared child is live (or too
+    Runs go in batches of ``batch_size`` runs (default: 100 on PostgreSQL; 20 on SQLite, whose
+    one write lock a live writer waits for while a batch holds it), one short transaction each,
+    whole families at once: a run whose parent, child, fork, fork's source or shared child is live (or too
     recent, or of another status) stays, and so does that whole family. A crash leaves every
     run whole or gone. ``dry_run`` deletes nothing and reports what would go. ``progress`` is
     called after every batch with the report so far. Returns a :class:`PruneReport`.
@@ -80,6 +85,8 @@ async def prune(
     cutoff = _epoch_ms(finished_before)
     keep = check_int(keep_latest, "keep_latest", minimum=0)
     wanted = _statuses(statuses)
+    if batch_size is None:
+        batch_size = DEFAULT_BATCH[db.backend]
     size = check_int(batch_size, "batch_size", minimum=1, maximum=_MAX_BATCH)
     if progress is not None and not callable(progress):
         raise InvalidArgument(f"progress must be a callable, not {progress!r}")

@@ -73,20 +73,21 @@ def render(res: dict[str, Any], chart_name: str) -> str:
         " (`bench/prune/seed.py`): each with 10 events (a state transition, nine model responses of"
         " about 200 bytes), a step, a signal and its audit row; every tenth run has a child it joined"
         " (a family, pruned together). All ended 60 days ago; `zincir.prune(db,"
-        " finished_before=now - 30 days)` deleted them in batches of"
-        f" {res['batch']} runs, one transaction each. Meanwhile a writer in another process owned a"
+        " finished_before=now - 30 days)` deleted them in batches (runs per batch in the table),"
+        " one transaction each. Meanwhile a writer in another process owned a"
         " live run and made a durable step (`run.step`) every 5 ms; its latency was measured for"
         f" {res['baseline_s']:g} s before the prune, during the whole prune, and for"
         f' {res["baseline_s"]:g} s after ("without" is before and after together).'
     )
     add("")
-    add("| backend | runs | rows | seconds | runs/s | rows/s | batches | size before | size after |")
-    add("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    add("| backend | runs | rows | seconds | runs/s | rows/s | per batch | batches | size before | after |")
+    add("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for backend, data in res["backends"].items():
         f = figures(data)
         add(
             f"| {NAMES[backend]} | {data['runs']:,} | {data['total_rows']:,} | {data['seconds']:.1f}"
-            f" | {f['runs_per_s']:,.0f} | {f['rows_per_s']:,.0f} | {data['batches']:,}"
+            f" | {f['runs_per_s']:,.0f} | {f['rows_per_s']:,.0f} | {data.get('batch_size', res.get('batch'))}"
+            f" | {data['batches']:,}"
             f" | {data['bytes_before'] / 1e6:,.1f} MB | {data['bytes_after'] / 1e6:,.1f} MB |"
         )
     add("")

@@ -28,6 +28,7 @@ from typing import Any
 import trio
 
 import zincir
+from zincir._prune import DEFAULT_BATCH
 
 from ..harness import study
 from ..harness.processes import ChildProcess
@@ -82,7 +83,7 @@ def sizing(workdir: Path, runs: int = 1000) -> dict[str, float]:
     }
 
 
-async def _prune(target: str, batch: int, log: study.Log) -> zincir.PruneReport:
+async def _prune(target: str, batch: int | None, log: study.Log) -> zincir.PruneReport:
     def progress(report: zincir.PruneReport) -> None:
         if report.batches % 100 == 0:
             log(f"    batch {report.batches}: {report.runs:,} runs, {report.total_rows:,} rows")
@@ -121,6 +122,7 @@ def measure(target: str, args: Any, workdir: Path, name: str, log: study.Log) ->
     finally:
         writer.close()
     return {
+        "batch_size": args.batch or DEFAULT_BATCH[name],
         "runs_seeded": len(ids),
         "runs": report.runs,
         "rows": dict(report.rows),
@@ -138,7 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = study.parser("python -m bench.prune", __doc__.splitlines()[0], "prune.md", server=True)
     add = parser.add_argument
     add("--runs", type=int, default=100_000, help="ended runs to prune (100000)")
-    add("--batch", type=int, default=100, help="runs per prune transaction (100)")
+    add(
+        "--batch",
+        type=int,
+        help="runs per prune transaction (zincir's default: 100 on PostgreSQL, 20 on SQLite)",
+    )
     add("--baseline", type=float, default=20.0, help="seconds of the writer alone, before and after (20)")
     add("--backends", default="sqlite,postgresql", help="sqlite, postgresql or both")
     args = parser.parse_args(argv)
@@ -153,11 +159,12 @@ def main(argv: list[str] | None = None) -> int:
         results = study.begin("python -m bench.prune", argv, workdir, quick=args.quick)
         results.update({"runs": args.runs, "batch": args.batch, "baseline_s": args.baseline, "backends": {}})
         if "sqlite" in backends:
-            log(f"sqlite: {args.runs:,} ended runs, batches of {args.batch}")
+            log(f"sqlite: {args.runs:,} ended runs, batches of {args.batch or DEFAULT_BATCH['sqlite']}")
             results["sizing"] = sizing(workdir, 100 if args.quick else 1000)
             results["backends"]["sqlite"] = measure(str(workdir / "prune.db"), args, workdir, "sqlite", log)
         if "postgresql" in backends:
-            log(f"postgresql: {args.runs:,} ended runs, batches of {args.batch}")
+            size = args.batch or DEFAULT_BATCH["postgresql"]
+            log(f"postgresql: {args.runs:,} ended runs, batches of {size}")
             with (
                 postgres_server(args.url, workdir, log) as admin,
                 scratch_database(admin, f"zincir_prune_{uuid.uuid4().hex[:8]}") as url,
