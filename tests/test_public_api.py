@@ -14,12 +14,12 @@ PUBLIC = {
     "DatabaseUnavailable", "Done", "DuplicateToolCall", "DurableState", "ERASED", "EncryptionError",
     "EncryptionKeyInvalid", "EncryptionKeyMissing", "EncryptionUnavailable", "Erased", "Event",
     "EventType", "Handler", "InvalidArgument", "InvalidForkPoint", "KeyProvider", "KeyRing",
-    "LeaseLost", "LoopDetected", "MIN_LEASE_TTL", "NoDurableIntent", "NoProgress", "PendingToolCall",
+    "LeaseLost", "LoopDetected", "MIN_LEASE_TTL", "NoDurableIntent", "NoProgress", "PendingToolCall", "PruneReport",
     "ResumeWorker", "Run", "RunCancelled", "RunErased", "RunLeased", "RunNotEnded", "RunNotFound",
     "RunRecord", "RunStatus", "RunTerminal", "RunWaiting", "SUBMIT_CHECKPOINT", "SchemaError", "Spend",
     "StepAlreadyRunning", "StorageError", "Stream", "StreamChunk", "ToolCall", "UnfinishedWork",
     "Usage", "Verification", "Verifier", "VersionMismatch", "WaitTimeout", "ZincirError", "artifacts",
-    "cancel_run", "decide_approval", "erase_run", "fork_run", "open_database", "open_run",
+    "cancel_run", "decide_approval", "erase_run", "fork_run", "open_database", "open_run", "prune",
     "raise_budget", "read_stream", "retry_now", "rotate_keys", "send_signal", "set_version",
     "wait_for_end", "wall_clock_ms", "__version__",
 }  # fmt: skip
@@ -69,6 +69,7 @@ def _instances() -> dict[type, object]:
         zincir.Approval: zincir.Approval("c1", True, "ada", "ok", "0" * 64, 1, 2),
         zincir.artifacts.Artifact: zincir.artifacts.Artifact("file", "a.txt", "0" * 64),
         zincir.StreamChunk: zincir.StreamChunk(0, 1, {"text": "Hel"}, False),
+        zincir.PruneReport: zincir.PruneReport(2, {"events": 5, "agent_runs": 2}, 1, 0, 0.1),
     }
 
 

@@ -53,6 +53,7 @@ from ._errors import (
 from ._forks import fork_run
 from ._inbox import cancel_run, decide_approval, raise_budget, retry_now, send_signal, set_version
 from ._ownership import open_run
+from ._prune import PruneReport, prune
 from ._run import Run
 from ._store import SUBMIT_CHECKPOINT
 from ._streams import Stream, StreamChunk, read_stream
@@ -117,6 +118,7 @@ __all__ = [
     "NoDurableIntent",
     "NoProgress",
     "PendingToolCall",
+    "PruneReport",
     "ResumeWorker",
     "Run",
     "RunCancelled",
@@ -150,6 +152,7 @@ __all__ = [
     "fork_run",
     "open_database",
     "open_run",
+    "prune",
     "raise_budget",
     "read_stream",
     "retry_now",

@@ -21,6 +21,7 @@ from ._cli_inspect import cell, readonly_database, register, require_file, termi
 from ._cli_inspect import clean_errors as _clean_errors
 from ._cli_keys import erase_command, rotate_keys_command
 from ._cli_options import database_option, os_user
+from ._cli_prune import prune_command, vacuum_command
 from ._cli_show import checkpoints, show
 from ._crypto import keys_from_env
 from ._database import Database, open_database, wall_clock_ms
@@ -369,6 +370,8 @@ def _run_cli(fn: Callable[[], Awaitable[T]]) -> T:
 register(main)
 main.add_command(show)
 main.add_command(checkpoints)
+main.add_command(prune_command)
+main.add_command(vacuum_command)
 
 
 @main.command("stream")

@@ -58,6 +58,12 @@ class Dialect:
     for_update_nowait: str = ""
     """After a SELECT of one row of another table: hold it until the transaction ends, failing
     at once (TransientConflict, retried) if another transaction holds it, as ``lock_nowait``."""
+    delete_skip_locked: str = ""
+    """After a SELECT of ``agent_runs`` rows about to be deleted (a prune): hold them against
+    every write, and against a new row that refers to one, passing over those held elsewhere."""
+    reclaim_space: bool = False
+    """Whether freed pages go back to the file system by ``PRAGMA incremental_vacuum`` (SQLite:
+    a database zincir creates has incremental auto-vacuum; docs/retention.md)."""
     least: str = "LEAST"
     """The name of the smaller-of-two function."""
     greatest: str = "GREATEST"

@@ -35,6 +35,7 @@ POSTGRES: Final = Dialect(
     lock_nowait=" FOR NO KEY UPDATE NOWAIT",
     skip_locked=" FOR NO KEY UPDATE SKIP LOCKED",
     for_update_nowait=" FOR UPDATE NOWAIT",
+    delete_skip_locked=" FOR UPDATE SKIP LOCKED",
     wide="::numeric",
     end_waiters=True,
     # One key for the content store's guard: "zincir" and 1.

@@ -35,7 +35,7 @@ _SQLITE_BUSY_CODES: Final = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
 # holds whatever was stored in it (the tables are not STRICT).
 SQLITE: Final = Dialect(
     "sqlite", least="min", greatest="max", unlimited=-1, chunk=500, index_hints=True, loose_types=True,
-    secure_delete=("PRAGMA secure_delete = ON", "PRAGMA secure_delete = OFF"),
+    reclaim_space=True, secure_delete=("PRAGMA secure_delete = ON", "PRAGMA secure_delete = OFF"),
 )  # fmt: skip
 
 # ``?`` as SQLite's ``?NNN`` (so one value may serve several places) and ``:now`` as the last one.
@@ -330,6 +330,10 @@ def open_connections(
     writer = _connect(path, synchronous)
     try:
         try:
+            if _migrations.applied_version(writer, path) == 0:
+                # A new file: pages freed by a prune go back to the file system (docs/retention.md).
+                # SQLite takes this only before the file's first table.
+                writer.execute("PRAGMA auto_vacuum = INCREMENTAL")
             _enable_wal(writer, path)
             _migrations.migrate(writer, path, now_ms)
         except sqlite3.Error as exc:

@@ -12,6 +12,7 @@ from . import (
     _keys,
     _leases,
     _log,
+    _prune,
     _reads,
     _streams,
     _versions,
@@ -127,3 +128,8 @@ class Store:
     # -- the content store (_content; writing and reading parts: zincir._payloads) ----------------
 
     sweep_content = staticmethod(_content.sweep_content)
+
+    # -- retention (_prune) ------------------------------------------------------------------------
+
+    prune_batch = staticmethod(_prune.prune_batch)
+    sweep_pruned = staticmethod(_prune.sweep_pruned)

@@ -1,0 +1,195 @@
+"""Retention: ``zincir.prune`` deletes ended runs with everything of theirs (docs/retention.md).
+
+The storage operation, one batch in one transaction, is :func:`zincir._store._prune.prune_batch`;
+this module checks the arguments, finds the bound and drives the batches.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Final
+
+import attrs
+import trio
+
+from ._database import Database, storage
+from ._errors import InvalidArgument, TransientConflict
+from ._store._prune import ENDED, Bound, PruneBatch, PruneSpec
+from ._types import RunStatus
+from ._validation import check_int
+
+__all__ = ["PruneReport", "prune"]
+
+_BEFORE_EVERYTHING: Final[Bound] = (-(2**63), "")
+_MAX_BATCH: Final = 10_000
+DEFAULT_BATCH: Final = {"sqlite": 20, "postgresql": 100}
+"""Runs per batch unless told: on SQLite a batch holds the file's one write lock, and a live
+writer's longest wait grows with it (bench/reports/prune.md); PostgreSQL's row locks keep a
+batch out of other runs' way."""
+_SQLITE_PAUSE_S: Final = 0.010
+_SWEEP_BATCH: Final = 1000
+
+
+@attrs.frozen
+class PruneReport:
+    """What :func:`prune` did (or, with ``dry_run``, would do)."""
+
+    runs: int
+    """Runs deleted."""
+    rows: Mapping[str, int]
+    """Rows deleted per table (``agent_runs`` is the runs themselves)."""
+    batches: int
+    """Transactions that deleted something."""
+    kept_for_family: int
+    """Runs old enough that were kept because a member of their family (a parent, a child, a
+    fork, a fork's source, a shared child) is live, too recent, of a status not asked for, or
+    being written at that moment."""
+    seconds: float
+    """How long the prune took."""
+    dry_run: bool = False
+
+    @property
+    def total_rows(self) -> int:
+        """Rows deleted in every table together."""
+        return sum(self.rows.values())
+
+
+async def prune(
+    db: Database,
+    *,
+    finished_before: datetime.datetime,
+    keep_latest: int = 0,
+    statuses: Iterable[str] = ENDED,
+    dry_run: bool = False,
+    batch_size: int | None = None,
+    progress: Callable[[PruneReport], object] | None = None,
+) -> PruneReport:
+    """Delete the runs that ended before ``finished_before``, with all their rows.
+
+    ``finished_before`` is a timezone-aware datetime (a naive one is refused: whose clock would
+    it be?); a run ended when its status last changed (``updated_at``, the database's clock).
+    ``statuses`` are the ended statuses to delete (``completed``, ``failed``, ``cancelled``).
+    ``keep_latest=N`` keeps the N runs of those statuses that ended last, however old.
+
+    Runs go in batches of ``batch_size`` runs (default: 100 on PostgreSQL; 20 on SQLite, whose
+    one write lock a live writer waits for while a batch holds it), one short transaction each,
+    whole families at once: a run whose parent, child, fork, fork's source or shared child is live (or too
+    recent, or of another status) stays, and so does that whole family. A crash leaves every
+    run whole or gone. ``dry_run`` deletes nothing and reports what would go. ``progress`` is
+    called after every batch with the report so far. Returns a :class:`PruneReport`.
+    """
+    started = time.monotonic()
+    if not isinstance(db, Database):
+        raise InvalidArgument(f"prune() needs a Database, not {db!r}")
+    cutoff = _epoch_ms(finished_before)
+    keep = check_int(keep_latest, "keep_latest", minimum=0)
+    wanted = _statuses(statuses)
+    if batch_size is None:
+        batch_size = DEFAULT_BATCH[db.backend]
+    size = check_int(batch_size, "batch_size", minimum=1, maximum=_MAX_BATCH)
+    if progress is not None and not callable(progress):
+        raise InvalidArgument(f"progress must be a callable, not {progress!r}")
+    upper: Bound = (cutoff, "")
+    if keep:
+        oldest_kept = await storage(db).read(_oldest_kept, wanted, keep)
+        if oldest_kept is not None:
+            upper = min(upper, oldest_kept)
+    spec = PruneSpec(wanted, upper, size, bool(dry_run))
+    runs, batches, kept = 0, 0, 0
+    rows: dict[str, int] = {}
+    seen: set[str] = set()
+    cursor: Bound | None = _BEFORE_EVERYTHING
+    while cursor is not None:
+        took = time.monotonic()
+        batch = await _one_batch(db, spec, cursor, seen)
+        if batch.runs and not spec.dry_run and db.backend == "sqlite":
+            # SQLite has one write lock: leave it to the other writers, who wait for it by
+            # polling every few ms, for longer than a batch holds it (docs/retention.md).
+            await trio.sleep(time.monotonic() - took + _SQLITE_PAUSE_S)
+        seen.update(batch.kept)
+        if spec.dry_run:
+            seen.update(batch.runs)
+        kept += len(batch.kept)
+        if batch.runs:
+            runs, batches = runs + len(batch.runs), batches + 1
+            for table, count in batch.rows.items():
+                rows[table] = rows.get(table, 0) + count
+            if progress is not None:
+                progress(
+                    PruneReport(runs, dict(rows), batches, kept, time.monotonic() - started, spec.dry_run)
+                )
+        cursor = batch.cursor
+    if runs and not spec.dry_run:
+        rows["payload_content"] = await _sweep_content(db)
+    return PruneReport(runs, rows, batches, kept, time.monotonic() - started, spec.dry_run)
+
+
+async def _one_batch(db: Database, spec: PruneSpec, cursor: Bound, seen: set[str]) -> PruneBatch:
+    """One batch: a write (or, dry, a read). A row lock met on PostgreSQL (a foreign key's
+    check waited past the writers' lock timeout) undoes the batch; it is tried again."""
+    if spec.dry_run:
+        return await storage(db).read(storage(db).store.prune_batch, spec, cursor, seen)
+    delay = 0.001
+    for _ in range(100):
+        try:
+            return await storage(db).write(storage(db).store.prune_batch, spec, cursor, seen, route=None)
+        except TransientConflict:
+            await trio.sleep(delay)
+            delay = min(2 * delay, 0.1)
+    return await storage(db).write(storage(db).store.prune_batch, spec, cursor, seen, route=None)
+
+
+async def _sweep_content(db: Database) -> int:
+    """Delete the stored parts (docs/payloads.md) that only the deleted runs referred to, a
+    bounded batch per transaction; how many."""
+    parts = 0
+    while True:
+        swept = await storage(db).write(storage(db).store.sweep_pruned, _SWEEP_BATCH, route=None)
+        parts += swept.parts
+        if swept.parts < _SWEEP_BATCH:
+            return parts
+
+
+def _oldest_kept(tx: Any, statuses: tuple[str, ...], keep: int) -> Bound | None:
+    """The oldest of the ``keep`` runs of ``statuses`` that ended last (None: fewer ended)."""
+    latest: list[Bound] = []
+    for status in statuses:
+        rows = tx.all(
+            "SELECT updated_at, id FROM agent_runs WHERE status = ?"
+            " ORDER BY updated_at DESC, id DESC LIMIT ?",
+            (status, keep),
+        )
+        latest += [(row[0], row[1]) for row in rows]
+    latest.sort(reverse=True)
+    return latest[keep - 1] if len(latest) >= keep else None
+
+
+def _epoch_ms(value: object) -> int:
+    if not isinstance(value, datetime.datetime):
+        raise InvalidArgument(f"finished_before must be a datetime, not {value!r}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidArgument(
+            "finished_before must be timezone-aware (datetime.now(timezone.utc) - timedelta(...)),"
+            f" not {value!r}"
+        )
+    return int(value.timestamp() * 1000)
+
+
+def _statuses(value: object) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = (value,)
+    if not isinstance(value, Iterable):
+        raise InvalidArgument(f"statuses must be some of {list(ENDED)}, not {value!r}")
+    given = list(value)
+    chosen = []
+    for status in given:
+        name = status.value if isinstance(status, RunStatus) else status
+        if name not in ENDED:
+            raise InvalidArgument(f"statuses must be ended statuses ({', '.join(ENDED)}), not {status!r}")
+        if name not in chosen:
+            chosen.append(name)
+    if not chosen:
+        raise InvalidArgument("statuses must name at least one ended status")
+    return tuple(chosen)
