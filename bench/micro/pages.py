@@ -69,7 +69,8 @@ class Counted:
     def line(self, title: str) -> str:
         total = sum(self.by_tree.values()) / self.units
         parts = ", ".join(f"{name} {n / self.units:.2f}" for name, n in self.by_tree.most_common())
-        return f"{title}: {total:.2f} pages per unit, {self.units / max(self.commits, 1):.1f} per commit ({parts})"
+        per_commit = self.units / max(self.commits, 1)
+        return f"{title}: {total:.2f} pages per unit, {per_commit:.1f} per commit ({parts})"
 
 
 def _wal_size(path: str) -> int:
