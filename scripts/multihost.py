@@ -27,6 +27,10 @@ Prints progress, then a summary (and a `RESULT {json}` line); exits 1 on any vio
 error of the harness. Namespaces, veths, workers and the server are removed in every case,
 Ctrl-C included.
 
+--throughput measures instead of checking: claims + completions per second of --runs due runs
+completed by one worker on this machine's network, then by one worker on each of 1, 2 and 3
+namespaced hosts (docs/multihost.md).
+
 --url ADMIN_URL uses your server instead (a role that may CREATE DATABASE; the script makes and
 drops its own database): it must listen on all addresses (listen_addresses = '*') and accept
 trust or URL-given password connections from 10.0.0.0/8, since the workers reach it at the
