@@ -27,6 +27,10 @@ Prints progress, then a summary (and a `RESULT {json}` line); exits 1 on any vio
 error of the harness. Namespaces, veths, workers and the server are removed in every case,
 Ctrl-C included.
 
+--throughput measures instead of checking: claims + completions per second of --runs due runs
+completed by one worker on this machine's network, then by one worker on each of 1, 2 and 3
+namespaced hosts (docs/multihost.md).
+
 --url ADMIN_URL uses your server instead (a role that may CREATE DATABASE; the script makes and
 drops its own database): it must listen on all addresses (listen_addresses = '*') and accept
 trust or URL-given password connections from 10.0.0.0/8, since the workers reach it at the
@@ -288,13 +292,27 @@ class LeaseSampler(threading.Thread):
 
 
 class Workers:
-    def __init__(self, net: Network, db_url: str, args: argparse.Namespace, logdir: Path) -> None:
+    """One `zincir worker` per host: in the first ``hosts`` namespaces, or (``hosts`` 0) one in
+    this machine's own namespace, on 127.0.0.1 (the single-host figure of --throughput)."""
+
+    def __init__(
+        self,
+        net: Network,
+        db_url: str,
+        args: argparse.Namespace,
+        logdir: Path,
+        *,
+        hosts: int = HOSTS,
+        handler: str = HANDLER,
+    ) -> None:
         self.net = net
         self.db_url = db_url
         self.args = args
         self.logdir = logdir
+        self.hosts = hosts
+        self.handler = handler
         self.procs: list[subprocess.Popen[bytes]] = []
-        self.logs = [logdir / f"worker-{i}.log" for i in range(HOSTS)]
+        self.logs = [logdir / f"worker-{i}.log" for i in range(max(hosts, 1))]
 
     def host(self, i: int) -> str:
         return f"host{i}"
@@ -303,8 +321,9 @@ class Workers:
         zincir_bin = Path(sys.executable).parent / "zincir"
         if not zincir_bin.exists():
             zincir_bin = REPO / ".venv" / "bin" / "zincir"
-        for i, ns in enumerate(self.net.namespaces):
-            url = with_host(self.db_url, self.net.host_addrs[i])
+        for i in range(max(self.hosts, 1)):
+            ns = self.net.namespaces[i] if self.hosts else None
+            url = with_host(self.db_url, self.net.host_addrs[i]) if ns is not None else self.db_url
             env = dict(os.environ)
             env.update(
                 MULTIHOST_URL=url,
@@ -316,11 +335,12 @@ class Workers:
             if self.args.broken_handler:
                 env["MULTIHOST_BROKEN"] = "1"
             env["MULTIHOST_CONFIRM_MS"] = str(self.args.confirm_ms)
+            # Its own PID namespace too, as on another machine: a same-host takeover (a dead
+            # owner's PID seen free) cannot happen across hosts, so leases must expire.
+            isolated = ["ip", "netns", "exec", ns, "unshare", "--pid", "--fork", "--mount-proc"] if ns else []
             command = [
-                # Its own PID namespace too, as on another machine: a same-host takeover (a dead
-                # owner's PID seen free) cannot happen across hosts, so leases must expire.
-                "ip", "netns", "exec", ns, "unshare", "--pid", "--fork", "--mount-proc",
-                str(zincir_bin), "worker", HANDLER, "--db", url,
+                *isolated,
+                str(zincir_bin), "worker", self.handler, "--db", url,
                 "--lease-ttl", str(self.args.lease_ttl), "--poll-interval", str(self.args.poll_interval),
                 "--max-concurrency", str(self.args.max_concurrency), "--grace-period", "5",
             ]  # fmt: skip
@@ -336,7 +356,7 @@ class Workers:
                         start_new_session=True,
                     )
                 )
-        log(f"started {HOSTS} workers ({HANDLER}); logs in {self.logdir}")
+        log(f"started {len(self.procs)} workers ({self.handler}); logs in {self.logdir}")
 
     def wait_started(self, timeout: float = 60.0) -> None:
         end = time.monotonic() + timeout
@@ -696,6 +716,66 @@ def scenario(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     return 1 if violations else 0
 
 
+THROUGHPUT_HANDLER = "tests.multihost_handlers:complete_handler"
+
+
+def throughput(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
+    """Claims + completions per second: ``--runs`` due runs completed by one worker on this
+    machine's own network (the single-host figure), then by one worker on each of 1, 2 and 3
+    namespaced hosts, each configuration in a fresh database on the same server. The runs are
+    created first and parked (due in an hour); the clock starts when they are all made due at
+    once, with the workers connected and idle, and stops when the last one has completed."""
+    from tests.postgres_server import fresh_database, throwaway_server
+
+    logdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="zincir-multihost-")))
+    net = Network()
+    stack.callback(net.close)
+    net.create()
+    if args.url:
+        admin_url = args.url
+    else:
+        listen = ",".join(["127.0.0.1", *net.host_addrs])
+        admin_url = stack.enter_context(throwaway_server(listen_addresses=listen))
+        log(f"throwaway PostgreSQL (the test suite's: fsync off) listening on {listen}")
+    results = []
+    for hosts in (0, 1, 2, 3):
+        with contextlib.ExitStack() as trial:
+            db_url = trial.enter_context(fresh_database(admin_url))
+            trio.run(create_runs, db_url, args.runs)
+            conn = trial.enter_context(psycopg.connect(db_url, autocommit=True))
+            conn.execute("UPDATE agent_runs SET next_attempt_at = zincir_now_ms() + 3600000")
+            workers = Workers(net, db_url, args, logdir, hosts=hosts, handler=THROUGHPUT_HANDLER)
+            trial.callback(workers.close)
+            workers.start()
+            workers.wait_started()
+            time.sleep(1.0)  # every worker has looked once and gone idle
+            start = time.monotonic()
+            conn.execute("UPDATE agent_runs SET next_attempt_at = zincir_now_ms()")
+            conn.execute("NOTIFY zincir_claimable")
+            deadline = start + args.timeout
+            while True:
+                (done,) = conn.execute(
+                    "SELECT count(*) FROM agent_runs WHERE status = 'completed'"
+                ).fetchone()
+                if done >= args.runs:
+                    break
+                workers.check_alive(set())
+                if time.monotonic() > deadline:
+                    raise HarnessError(f"{done}/{args.runs} runs completed in {args.timeout:.0f} s")
+                time.sleep(0.02)
+            seconds = time.monotonic() - start
+            workers.terminate(list(range(len(workers.procs))))
+            where = "this machine's own network" if hosts == 0 else f"{hosts} namespaced host(s)"
+            results.append({"hosts": hosts, "seconds": seconds, "per_s": args.runs / seconds})
+            rate = args.runs / seconds
+            log(f"{where}: {args.runs} runs in {seconds:.2f} s, {rate:,.0f} claims + completions/s")
+    print(
+        "RESULT "
+        + json.dumps({"runs": args.runs, "max_concurrency": args.max_concurrency, "results": results})
+    )
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -713,6 +793,12 @@ def main() -> int:
         "--confirm-ms", type=int, default=30, help="ms the tool waits between its effect and its result (30)"
     )
     parser.add_argument("--keep-logs", action="store_true", help="keep the workers' logs")
+    parser.add_argument(
+        "--throughput",
+        action="store_true",
+        help="measure claims + completions per second with 1, 2 and 3 hosts (and one on this machine's"
+        " network) instead of the crash scenario",
+    )
     args = parser.parse_args()
     if args.runs < 3:
         parser.error("--runs must be at least 3")
@@ -731,7 +817,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, interrupt)
     try:
         with contextlib.ExitStack() as stack:
-            return scenario(args, stack)
+            return throughput(args, stack) if args.throughput else scenario(args, stack)
     except KeyboardInterrupt:
         log("interrupted")
         return 130

@@ -120,3 +120,8 @@ async def _note_expiry(attempt_id: int, run: zincir.Run, effect: str | None = No
         run.id,
         run.epoch,
     )
+
+
+async def complete_handler(run: zincir.Run) -> None:
+    """scripts/multihost.py --throughput: a run that only completes (a claim + a completion)."""
+    await run.complete()

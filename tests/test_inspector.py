@@ -1068,7 +1068,8 @@ def test_family_steps_and_timers_read_in_index_order(sample: tuple[sqlite3.Conne
         assert "SCAN agent_runs" not in plan and "SCAN steps" not in plan and "SCAN timers" not in plan, plan
     joined = " ".join(plans.values())
     assert "idx_agent_runs_parent" in joined
-    assert "sqlite_autoindex_steps_1 (run_id=?)" in joined
+    # Schema 17 made steps WITHOUT ROWID: its primary key is the table itself.
+    assert "SEARCH steps USING PRIMARY KEY (run_id=?)" in joined
     assert "idx_timers_wake" in joined
     indexes = {
         r[0]: r[1]

@@ -13,7 +13,7 @@ import trio
 
 import zincir
 from zincir._sqlite._connection import Tx
-from zincir._store import Claims, NewChild
+from zincir._store import Claims, NewChild, _reads
 from zincir._store._ends import cancel_descendants
 from zincir._store._leases import _take_from_the_dead
 
@@ -174,3 +174,25 @@ async def test_claiming_by_version_reads_each_versions_range_of_its_index(db: zi
     assert len(due) == 2 and all("idx_agent_runs_version_claimable" in " ".join(plan) for _, plan in due), due
     skipped = await plans_of(db, db._store.skipped_for_version, ("v1",))
     assert all("USING INDEX idx_agent_runs_claimable" in " ".join(plan) for _, plan in skipped), skipped
+
+
+@pytest.mark.sqlite_only
+async def test_steps_are_read_and_written_by_their_key_alone(db: zincir.Database) -> None:
+    """steps is WITHOUT ROWID (schema 17): its rows are its primary key's b-tree, so a step's
+    commit writes one page, and every read of it searches that key (no second lookup by rowid)."""
+
+    async def one() -> int:
+        return 1
+
+    async with zincir.open_run(db) as run:
+        for i in range(5):
+            await run.step(f"s{i}", one)
+        plans = await plans_of(db, db._store.step_result, run.id, "s3")
+        plans += await plans_of(db, _reads.completed_step_names, run.id)
+    assert_indexed(plans)
+    assert all(any("USING PRIMARY KEY" in step for step in plan) for _, plan in plans), plans
+
+    def schema(tx: Tx) -> str:
+        return str(tx.conn.execute("SELECT sql FROM sqlite_master WHERE name = 'steps'").fetchone()[0])
+
+    assert (await db._write(schema)).rstrip().endswith("WITHOUT ROWID")

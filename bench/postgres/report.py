@@ -288,12 +288,13 @@ EXPLAIN_3 = [
 
 EXPLAIN_4 = [
     "A claim is one transaction on one writer connection: `SELECT … FOR UPDATE SKIP LOCKED` of up"
-    " to as many due runs as the worker has free handler slots, then two `UPDATE`s per run"
-    " (attempts, lease); a completion is one operation per run (two statements: the lease check"
-    " with the reads for open work, then the event and the status), batched with others by group"
-    " commit. The CPU columns say where the time goes: client CPU per run (Python, Trio, psycopg in"
-    " the worker processes) and server CPU per run (the backends executing about six statements"
-    " per run). Several processes"
+    " to as many due runs as the worker has free handler slots, then one `UPDATE` that leases all"
+    " of them (a run whose taking logs an event has its own); a completion is one operation per"
+    " run (two statements: the lease check with the reads for open work, then the event and the"
+    " status), batched with others by group commit, each in a savepoint. The CPU columns say where"
+    " the time goes: client CPU per run (Python, Trio, psycopg in the worker processes) and server"
+    " CPU per run (the backends executing about four statements per run, besides the savepoints)."
+    " Several processes"
     " scale only while the cores have room: on this 2-core machine the workers and the"
     " PostgreSQL backends already oversubscribe the cores (and other work shared them), so the"
     " scaling shown is a floor, not what workers on separate hosts would get.",

@@ -222,17 +222,22 @@ def _claim_from(
             f" ORDER BY {order}next_attempt_at, created_at LIMIT ?{d.skip_locked}",
             (*params, now, now, *skipped, wanted),
         )
+        plain: list[str] = []
         for row in rows:
             claim = _Claim.of(row)
-            if not _claim_one(tx, claims, claim, owner, ttl_ms, max_attempts):
+            if not _claim_one(tx, claims, claim, owner, ttl_ms, max_attempts, plain):
                 postponed.append(claim.run_id)
+        _take_plain(tx, plain, owner, ttl_ms)
         if len(rows) < wanted:
             break  # no more are due (a run another claim holds is skipped again)
 
 
-def _claim_one(tx: Tx, claims: Claims, c: _Claim, owner: str, ttl_ms: int, max_attempts: int | None) -> bool:
+def _claim_one(
+    tx: Tx, claims: Claims, c: _Claim, owner: str, ttl_ms: int, max_attempts: int | None, plain: list[str]
+) -> bool:
     """Lease one run to a worker, or end it: cancelled (its owner died before it could stop),
-    or failed (out of attempts). False: its end has to wait for a busy descendant."""
+    or failed (out of attempts). False: its end has to wait for a busy descendant. A run whose
+    taking writes nothing but its row goes to ``plain``, for :func:`_take_plain`."""
     lost = lost_attempt(tx.now, c.lease_row, c.attempts, max_attempts)
     if c.cancel_reason is not None:
         if not tx.unless_busy(cancel_unowned, c.run_id, c.status, c.cancel_reason, lost):
@@ -246,7 +251,7 @@ def _claim_one(tx: Tx, claims: Claims, c: _Claim, owner: str, ttl_ms: int, max_a
             return False
         claims.ended.append((c.run_id, RunStatus.FAILED, reason))
         return True
-    claims.leased.append((_take(tx, c, owner, ttl_ms, lost, count_attempt=True), c.attempts + 1))
+    claims.leased.append((_take(tx, c, owner, ttl_ms, lost, count_attempt=True, plain=plain), c.attempts + 1))
     if lost is not None:
         claims.lost[c.run_id] = lost
     return True
@@ -274,8 +279,10 @@ def _take_from_the_dead(
             f" AND lease_process_start = ?{f' AND {ours}' if ours else ''} LIMIT ?{tx.dialect.skip_locked}",
             (this_process().host, pid, started, *ours_params, limit - len(claims.leased)),
         )
+        plain: list[str] = []
         for row in rows:
-            _claim_one(tx, claims, _Claim.of(row), owner, ttl_ms, max_attempts)
+            _claim_one(tx, claims, _Claim.of(row), owner, ttl_ms, max_attempts, plain)
+        _take_plain(tx, plain, owner, ttl_ms)
         if len(claims.leased) >= limit:
             break
 
@@ -295,8 +302,22 @@ def _dead_owners_here(tx: Tx) -> list[tuple[int, int]]:
     return [(pid, started) for pid, started, verdict in gone_holders(holders) if verdict.at_once]
 
 
+_LEASE_CHANGE = (
+    "lease_owner = ?, lease_epoch = ?, lease_expires_at = ?, status = 'running', wait_kind = NULL,"
+    " wait_target = NULL, lease_host = ?, lease_pid = ?, lease_process_start = ?, attempts = attempts + ?"
+)
+"""What taking a run changes in its row (the parameters: :func:`_take`'s)."""
+
+
 def _take(
-    tx: Tx, c: _Claim, owner: str, ttl_ms: int, lost: LostAttempt | None, *, count_attempt: bool = False
+    tx: Tx,
+    c: _Claim,
+    owner: str,
+    ttl_ms: int,
+    lost: LostAttempt | None,
+    *,
+    count_attempt: bool = False,
+    plain: list[str] | None = None,
 ) -> Lease:
     """Lease the run to ``owner`` (this process: its identity is stored with the lease); a
     pending or suspended run starts running; a lease its owner never released is taken over:
@@ -305,13 +326,12 @@ def _take(
     :mod:`zincir._store._calls`). ``count_attempt``: a worker's claim, which counts an attempt.
 
     The lease, the attempt and the last event go into the row in one UPDATE: one statement and
-    one new version of the row per run taken, where three UPDATEs made three."""
+    one new version of the row per run taken, where three UPDATEs made three. A claim's run that
+    logs nothing and has no model call to close is only named in ``plain``: the claim takes all
+    of those in one UPDATE (:func:`_take_plain`), the same row change, one statement for them all."""
     expires_at = tx.now + ttl_ms
     epoch = c.epoch + 1
-    lease_change = (
-        ", lease_owner = ?, lease_epoch = ?, lease_expires_at = ?, status = 'running', wait_kind = NULL,"
-        " wait_target = NULL, lease_host = ?, lease_pid = ?, lease_process_start = ?, attempts = attempts + ?"
-    )
+    lease_change = f", {_LEASE_CHANGE}"
     params = (owner, epoch, expires_at, *this_process().as_row(), int(count_attempt))
     events = []
     if lost is not None:
@@ -319,8 +339,10 @@ def _take(
         events.append((EventType.LEASE_TAKEN_OVER, _dump(lost.takeover_payload())))
     if c.status != RunStatus.RUNNING:
         events.append((EventType.STATE_TRANSITION, _dump({"from": c.status, "to": "running"})))
-    if not events:
-        tx.execute(f"UPDATE agent_runs SET {lease_change[2:]} WHERE id = ?", (*params, c.run_id))
+    if not events and plain is not None and c.model_call_seq is None:
+        plain.append(c.run_id)
+    elif not events:
+        tx.execute(f"UPDATE agent_runs SET {_LEASE_CHANGE} WHERE id = ?", (*params, c.run_id))
     for number, (type, payload) in enumerate(events, start=1):
         if number < len(events):
             tx.log(c.run_id, type, payload)
@@ -333,6 +355,20 @@ def _take(
         config_json=texts(tx, [c.config_json])[0], version=c.version, role=c.role, provider=c.provider,
         traceparent=c.traceparent,
     )  # fmt: skip
+
+
+def _take_plain(tx: Tx, run_ids: Sequence[str], owner: str, ttl_ms: int) -> None:
+    """:func:`_take`'s UPDATE for a claim's runs that need nothing else, all in one statement
+    (a worker's claim of a batch of due runs: one statement, not one per run). Each row was read
+    by the claim and is held by it (PostgreSQL: locked; SQLite: one writer), so its epoch is the
+    one read, and the new one its successor, as :func:`_take` computes it."""
+    if not run_ids:
+        return
+    sets = _LEASE_CHANGE.replace("lease_epoch = ?", "lease_epoch = lease_epoch + 1")
+    params = (owner, tx.now + ttl_ms, *this_process().as_row(), 1)
+    for chunk in tx.dialect.chunks(run_ids):
+        ids, ids_params = tx.dialect.any_of("id", chunk)
+        tx.execute(f"UPDATE agent_runs SET {sets} WHERE {ids}", (*params, *ids_params))
 
 
 # -- keeping it -------------------------------------------------------------------------------

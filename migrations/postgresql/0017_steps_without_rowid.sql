@@ -1,0 +1,3 @@
+-- zincir schema, version 17, for PostgreSQL: nothing changes. The SQLite file rebuilds steps
+-- WITHOUT ROWID (one b-tree, one page per step); a PostgreSQL table is always a heap beside
+-- its primary key's index, so there is no such saving here, and the versions stay in step.
