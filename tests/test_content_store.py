@@ -233,11 +233,13 @@ async def test_a_database_written_before_the_store_still_reads(db_path: Path) ->
     conn.executescript(
         "DROP TABLE payload_refs; DROP TABLE payload_content;"
         " DROP TABLE run_keys; DROP TABLE encryption_keys;"
+        " DROP INDEX idx_signals_run; DROP INDEX idx_joins_child; DROP INDEX idx_waits_signal;"
+        " DROP INDEX idx_messages_from; DROP INDEX idx_messages_to;"
         " DELETE FROM zincir_schema_migrations WHERE version >= 15;"
     )
     conn.close()
     async with zincir.open_database(db_path) as db:  # migrated again
-        assert scalar(db_path, "SELECT max(version) FROM zincir_schema_migrations") == 16
+        assert scalar(db_path, "SELECT max(version) FROM zincir_schema_migrations") == 18
         events = await db.events(run_id)
         assert any(e.payload.get("to") == "completed" for e in events)
         assert (await db.state(run_id)).run.result == {"answer": BIG}

@@ -122,7 +122,9 @@ async def prune(
                 )
         cursor = batch.cursor
     if runs and not spec.dry_run:
-        rows["payload_content"] = await _sweep_content(db)
+        swept = await _sweep_content(db)
+        if swept:  # a dry run cannot tell which parts will be left unreferenced
+            rows["payload_content"] = swept
     return PruneReport(runs, rows, batches, kept, time.monotonic() - started, spec.dry_run)
 
 
