@@ -45,12 +45,15 @@ class ManualClock:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # A test that also asks for the SQLite file's path (db_path), or is marked sqlite_only, looks
     # at the file itself: it is about the SQLite backend, so its PostgreSQL variant is not run.
+    # One marked postgresql_only is about what PostgreSQL alone has (row locks): no SQLite variant.
     keep, drop = [], []
     for item in items:
         params = getattr(item, "callspec", None)
-        on_postgres = params is not None and params.params.get("backend") == "postgresql"
+        backend = params.params.get("backend") if params is not None else None
         sqlite_only = "db_path" in item.fixturenames or item.get_closest_marker("sqlite_only")
-        (drop if on_postgres and sqlite_only else keep).append(item)
+        postgresql_only = item.get_closest_marker("postgresql_only")
+        wrong = (backend == "postgresql" and sqlite_only) or (backend == "sqlite" and postgresql_only)
+        (drop if wrong else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep

@@ -292,12 +292,11 @@ async def test_bad_arguments_are_refused(db: zincir.Database) -> None:
         await zincir.prune(db, finished_before=now, batch_size=0)
 
 
+@pytest.mark.postgresql_only
 async def test_a_run_whose_row_is_held_is_passed_over_on_postgresql(
     clocked_db: zincir.Database, clock: ManualClock
 ) -> None:
     db = clocked_db
-    if db.backend != "postgresql":
-        pytest.skip("row locks are PostgreSQL's")
     import psycopg
 
     held, free = await _completed(db), await _completed(db)
@@ -415,14 +414,13 @@ async def test_a_prune_killed_mid_batch_leaves_every_run_whole_or_gone(db_target
     assert count("SELECT count(*) FROM events WHERE run_id NOT IN (SELECT id FROM agent_runs)") == 0
 
 
+@pytest.mark.postgresql_only
 async def test_a_family_that_grew_after_it_was_read_stays_on_postgresql(
     clocked_db: zincir.Database, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A fork made between a batch's read of the families and its lock of their rows: the batch
     # reads the relations again under the lock and leaves the family.
     db = clocked_db
-    if db.backend != "postgresql":
-        pytest.skip("on SQLite the batch holds the file from its first read")
     from zincir._store import _prune
 
     source = await _completed(db)
