@@ -350,6 +350,24 @@ async def test_the_cli_prunes_with_progress_and_a_summary(
     assert bad.exit_code == 2 and "30d, 12h, 90m" in bad.output
 
 
+async def test_the_cli_prunes_an_encrypted_database_with_the_key_from_the_environment(
+    db_target: str, clock: ManualClock
+) -> None:
+    key = bytes(range(32))
+    async with zincir.open_database(db_target, clock=clock, encryption_key=key) as db:
+        await _completed(db, config={"secret": "s"})
+
+    def cli(env: dict[str, str]) -> Any:
+        return CliRunner().invoke(main, ["prune", "--older-than", "30d", "--db", db_target], env=env)
+
+    refused = await trio.to_thread.run_sync(cli, {"ZINCIR_ENCRYPTION_KEY": ""})
+    assert refused.exit_code == 1 and "ZINCIR_ENCRYPTION_KEY" in refused.output
+    done = await trio.to_thread.run_sync(cli, {"ZINCIR_ENCRYPTION_KEY": key.hex()})
+    assert done.exit_code == 0, done.output
+    assert "deleted 1 runs" in done.stdout
+    assert scalar(db, "SELECT count(*) FROM run_keys") == 0
+
+
 def test_the_cli_takes_durations() -> None:
     from zincir._cli_prune import parse_duration
 

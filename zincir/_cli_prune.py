@@ -13,6 +13,7 @@ import trio
 
 from ._cli_inspect import require_file
 from ._cli_options import database_option
+from ._crypto import keys_from_env
 from ._database import open_database
 from ._errors import ZincirError
 from ._prune import PruneReport, prune
@@ -88,7 +89,7 @@ def prune_command(
         click.echo(f"batch {report.batches}: {report.runs} runs, {report.total_rows} rows", err=True)
 
     async def run() -> PruneReport:
-        async with open_database(database_path) as db:
+        async with open_database(database_path, keys=keys_from_env()) as db:
             return await prune(
                 db,
                 finished_before=cutoff,
@@ -135,7 +136,7 @@ def vacuum_command(database_path: str) -> None:
         return
 
     async def check() -> None:
-        async with open_database(database_path):  # a zincir file, migrated: refuse anything else
+        async with open_database(database_path, keys=keys_from_env()):  # a zincir file, migrated: refuse anything else
             pass
 
     try:

@@ -74,6 +74,7 @@ class Storage:
             if await self.read(self.store.is_encrypted):
                 raise EncryptionKeyMissing(
                     f"database {self._target!r} is encrypted: open it with encryption_key=... or keys=..."
+                    " (the CLI and the inspector: ZINCIR_ENCRYPTION_KEY or ZINCIR_ENCRYPTION_KEY_FILE)"
                 )
             return
         sealer = Sealer(provider)
