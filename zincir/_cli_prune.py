@@ -136,7 +136,9 @@ def vacuum_command(database_path: str) -> None:
         return
 
     async def check() -> None:
-        async with open_database(database_path, keys=keys_from_env()):  # a zincir file, migrated: refuse anything else
+        async with open_database(
+            database_path, keys=keys_from_env()
+        ):  # a zincir file, migrated: refuse anything else
             pass
 
     try:
