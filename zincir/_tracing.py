@@ -198,14 +198,8 @@ def creating_run(tracing: Tracing, run_id: str, role: str, provider: str) -> Ite
     }
     if provider:
         attributes["gen_ai.provider.name"] = provider
-    span = tracer.start_span(f"create_agent {role}", attributes=attributes)
-    try:
+    with _span_of(tracing, tracer.start_span(f"create_agent {role}", attributes=attributes)) as span:
         yield traceparent_of(span.get_span_context())
-    except BaseException as exc:
-        _failed(span, exc, tracing.content)
-        raise
-    finally:
-        span.end()
 
 
 @final
@@ -246,9 +240,15 @@ def creating_fork(tracing: Tracing, fork_id: str, source_id: str) -> Iterator[Fo
         "zincir.run.id": fork_id,
         "zincir.forked_from": source_id,
     }
-    span = tracer.start_span("create_agent", attributes=attributes)
-    try:
+    with _span_of(tracing, tracer.start_span("create_agent", attributes=attributes)) as span:
         yield ForkSpan(span)
+
+
+@contextmanager
+def _span_of(tracing: Tracing, span: Span) -> Iterator[Span]:
+    """``span`` for the block, marked with what ended the block if it raised, then ended."""
+    try:
+        yield span
     except BaseException as exc:
         _failed(span, exc, tracing.content)
         raise
