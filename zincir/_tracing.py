@@ -186,20 +186,11 @@ def new_run_context(tracing: Tracing) -> str | None:
 def creating_run(tracing: Tracing, run_id: str, role: str, provider: str) -> Iterator[str | None]:
     """The ``create_agent`` span of a run ``open_run`` creates: the block gives the
     ``traceparent`` to store with the run (None while tracing is off) and creates it."""
-    tracer = tracing.tracer()
-    if tracer is None:
-        yield None
-        return
-    attributes: dict[str, Any] = {
-        "gen_ai.operation.name": "create_agent",
-        "gen_ai.agent.name": role,
-        "gen_ai.conversation.id": run_id,
-        "zincir.run.id": run_id,
-    }
+    attributes: dict[str, Any] = {"gen_ai.agent.name": role}
     if provider:
         attributes["gen_ai.provider.name"] = provider
-    with _span_of(tracing, tracer.start_span(f"create_agent {role}", attributes=attributes)) as span:
-        yield traceparent_of(span.get_span_context())
+    with _create_agent(tracing, run_id, f"create_agent {role}", attributes) as span:
+        yield None if span is None else traceparent_of(span.get_span_context())
 
 
 @final
@@ -230,23 +221,26 @@ def creating_fork(tracing: Tracing, fork_id: str, source_id: str) -> Iterator[Fo
     """The ``create_agent`` span of a fork (None while tracing is off): a span of the caller's
     trace, not of the source's: a fork is a new run, made when someone forks, maybe long after
     the source ended; the source is a link (docs/tracing.md)."""
+    with _create_agent(tracing, fork_id, "create_agent", {"zincir.forked_from": source_id}) as span:
+        yield None if span is None else ForkSpan(span)
+
+
+@contextmanager
+def _create_agent(
+    tracing: Tracing, run_id: str, name: str, attributes: dict[str, Any]
+) -> Iterator[Span | None]:
+    """A ``create_agent`` span of run ``run_id`` for the block (None while tracing is off),
+    marked with what ended the block if it raised."""
     tracer = tracing.tracer()
     if tracer is None:
         yield None
         return
-    attributes: dict[str, Any] = {
+    common = {
         "gen_ai.operation.name": "create_agent",
-        "gen_ai.conversation.id": fork_id,
-        "zincir.run.id": fork_id,
-        "zincir.forked_from": source_id,
+        "gen_ai.conversation.id": run_id,
+        "zincir.run.id": run_id,
     }
-    with _span_of(tracing, tracer.start_span("create_agent", attributes=attributes)) as span:
-        yield ForkSpan(span)
-
-
-@contextmanager
-def _span_of(tracing: Tracing, span: Span) -> Iterator[Span]:
-    """``span`` for the block, marked with what ended the block if it raised, then ended."""
+    span = tracer.start_span(name, attributes={**common, **attributes})
     try:
         yield span
     except BaseException as exc:
