@@ -35,7 +35,7 @@ from ..harness import study
 from ..harness.machine import now
 from ..harness.processes import ChildProcess
 from ..harness.reports import write_outputs
-from ..harness.server import postgres_server, scratch_database
+from ..harness.server import database_size, postgres_server, scratch_database
 from .report import render
 
 SIZES = (100, 10_000, 100_000)
@@ -101,24 +101,6 @@ def _fill(target: str, run_id: str, events: int) -> None:
         lite.close()
 
 
-def _size(target: str) -> int:
-    """The database's size in bytes (SQLite: its pages, the WAL's included)."""
-    if target.startswith("postgresql://"):
-        import psycopg
-
-        with psycopg.connect(target) as conn:
-            row = conn.execute("SELECT pg_database_size(current_database())").fetchone()
-            assert row is not None
-            return int(row[0])
-    lite = sqlite3.connect(target)
-    try:
-        (pages,) = lite.execute("PRAGMA page_count").fetchone()
-        (page_size,) = lite.execute("PRAGMA page_size").fetchone()
-        return int(pages) * int(page_size)
-    finally:
-        lite.close()
-
-
 async def _pending_ms(db: zincir.Database, run_id: str, reps: int = 7) -> float:
     """The median time of ``pending_tools()`` (one call may wait behind SQLite's checkpoint of
     the large transactions before it)."""
@@ -143,11 +125,11 @@ async def measure(target: str, sizes: list[int], reps: int, log: study.Log) -> d
             times, grown = [], []
             fork = ""
             for _ in range(reps):
-                before = await trio.to_thread.run_sync(_size, target)
+                before = await trio.to_thread.run_sync(database_size, target)
                 started = time.perf_counter()
                 fork = await zincir.fork_run(db, source, events - 1)
                 times.append((time.perf_counter() - started) * 1000)
-                grown.append(await trio.to_thread.run_sync(_size, target) - before)
+                grown.append(await trio.to_thread.run_sync(database_size, target) - before)
             copied = len(await db.events(fork))
             assert copied == events + 1, (copied, events)
             pending = {"source": await _pending_ms(db, source), "fork": await _pending_ms(db, fork)}

