@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import statistics
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ import trio
 import zincir
 
 from ..harness import study
-from ..harness.server import postgres_server, scratch_database
+from ..harness.server import BACKEND_NAMES, paired_targets
 from .report import SETTINGS, WORKLOADS, chart, render, summary
 
 KEY = os.urandom(32)
@@ -111,13 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         results["backends"] = {}
         for backend in backends:
             log(f"{backend}: {sizes['steps']} small steps and {sizes['rounds']} tool rounds per setting")
-            if backend == "sqlite":
-                targets = {setting: str(workdir / f"encryption-{setting}.db") for setting in SETTINGS}
-                results["backends"]["SQLite"] = trio.run(measure, targets, sizes, log)
-                continue
-            with postgres_server(args.url, workdir, log) as admin:
-                names = {s: f"zincir_encryption_{s}_{uuid.uuid4().hex[:8]}" for s in SETTINGS}
-                with scratch_database(admin, names["off"]) as off, scratch_database(admin, names["on"]) as on:
-                    results["backends"]["PostgreSQL"] = trio.run(measure, {"off": off, "on": on}, sizes, log)
+            with paired_targets(backend, args.url, workdir, "encryption", SETTINGS, log) as targets:
+                results["backends"][BACKEND_NAMES[backend]] = trio.run(measure, targets, sizes, log)
         study.finish(out, results, render, chart, started=started, log=log)
     return 0

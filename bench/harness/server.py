@@ -202,6 +202,30 @@ def backend_target(
             yield db
 
 
+@contextlib.contextmanager
+def paired_targets(
+    backend: str,
+    url: str | None,
+    workdir: Path,
+    name: str,
+    settings: tuple[str, ...],
+    log: Callable[[str], None],
+) -> Iterator[dict[str, str]]:
+    """One database per setting of a study that compares settings side by side, while the block
+    runs: ``workdir/<name>-<setting>.db`` for ``sqlite``; for ``postgresql``, a new database per
+    setting on the server whose superuser ``url`` names (``--url``) or on a throwaway one."""
+    if backend == "sqlite":
+        yield {setting: str(workdir / f"{name}-{setting}.db") for setting in settings}
+        return
+    with postgres_server(url, workdir, log) as admin, contextlib.ExitStack() as stack:
+        yield {
+            setting: stack.enter_context(
+                scratch_database(admin, f"zincir_{name}_{setting}_{uuid.uuid4().hex[:8]}")
+            )
+            for setting in settings
+        }
+
+
 # -- what the server did, for the reports ------------------------------------------------------------
 
 

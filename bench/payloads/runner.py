@@ -23,7 +23,6 @@ import random
 import statistics
 import string
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,7 @@ import trio
 import zincir
 
 from ..harness import study
-from ..harness.server import database_size, postgres_server, scratch_database
+from ..harness.server import BACKEND_NAMES, database_size, paired_targets
 from .report import SETTINGS, chart, render
 
 FILES, FILE_BYTES, RUNS = 5, 200_000, 20
@@ -140,13 +139,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{backend}: {sizes['runs']} runs reading {sizes['files']} files"
                 f" of {sizes['file_bytes']:,} bytes"
             )
-            if backend == "sqlite":
-                targets = {setting: str(workdir / f"store-{setting}.db") for setting in SETTINGS}
-                results["backends"]["SQLite"] = trio.run(measure, targets, sizes, log)
-                continue
-            with postgres_server(args.url, workdir, log) as admin:
-                names = {setting: f"zincir_payloads_{setting}_{uuid.uuid4().hex[:8]}" for setting in SETTINGS}
-                with scratch_database(admin, names["off"]) as off, scratch_database(admin, names["on"]) as on:
-                    results["backends"]["PostgreSQL"] = trio.run(measure, {"off": off, "on": on}, sizes, log)
+            with paired_targets(backend, args.url, workdir, "store", SETTINGS, log) as targets:
+                results["backends"][BACKEND_NAMES[backend]] = trio.run(measure, targets, sizes, log)
         study.finish(out, results, render, chart, started=started, log=log)
     return 0
