@@ -175,6 +175,9 @@ async def test_only_runs_ended_before_the_cutoff_go_and_keep_latest_keeps_the_la
     report = await zincir.prune(db, finished_before=cutoff, keep_latest=2)
     assert report.runs == 4 and report.rows == dry.rows
     assert {r.id for r in await db.runs()} == {ended[4], young}
+    # Fewer ended than keep_latest: every one is kept, however old.
+    assert (await zincir.prune(db, finished_before=_later(clock), keep_latest=3)).runs == 0
+    assert len(await db.runs()) == 2
 
 
 async def test_statuses_choose_which_ended_runs_go(clocked_db: zincir.Database, clock: ManualClock) -> None:

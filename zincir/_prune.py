@@ -93,9 +93,7 @@ async def prune(
         raise InvalidArgument(f"progress must be a callable, not {progress!r}")
     upper: Bound = (cutoff, "")
     if keep:
-        oldest_kept = await storage(db).read(_oldest_kept, wanted, keep)
-        if oldest_kept is not None:
-            upper = min(upper, oldest_kept)
+        upper = min(upper, await storage(db).read(_oldest_kept, wanted, keep))
     spec = PruneSpec(wanted, upper, size, bool(dry_run))
     runs, batches, kept = 0, 0, 0
     rows: dict[str, int] = {}
@@ -154,8 +152,9 @@ async def _sweep_content(db: Database) -> int:
             return parts
 
 
-def _oldest_kept(tx: Any, statuses: tuple[str, ...], keep: int) -> Bound | None:
-    """The oldest of the ``keep`` runs of ``statuses`` that ended last (None: fewer ended)."""
+def _oldest_kept(tx: Any, statuses: tuple[str, ...], keep: int) -> Bound:
+    """The oldest of the ``keep`` runs of ``statuses`` that ended last: nothing from it on is
+    pruned (when fewer ended, they are all kept: the bound is before everything)."""
     latest: list[Bound] = []
     for status in statuses:
         rows = tx.all(
@@ -165,7 +164,7 @@ def _oldest_kept(tx: Any, statuses: tuple[str, ...], keep: int) -> Bound | None:
         )
         latest += [(row[0], row[1]) for row in rows]
     latest.sort(reverse=True)
-    return latest[keep - 1] if len(latest) >= keep else None
+    return latest[keep - 1] if len(latest) >= keep else _BEFORE_EVERYTHING
 
 
 def _epoch_ms(value: object) -> int:
