@@ -307,6 +307,8 @@ async def test_forks_and_children_read_through_their_own_keys(db_target: str) ->
         assert (await db.events(fork))[1].payload is zincir.ERASED  # the copy went with the source
         assert (await db.state(fork)).run.config == {"p": secret("fork")}  # the fork's own stays
         assert (await db.state(child_id)).run.config == {"p": secret("child")}  # the child's own key
+        with pytest.raises(zincir.RunErased, match="whose history it copied"):
+            await zincir.fork_run(db, fork, 1)  # a fork of the fork would be made of erased values
 
 
 def test_keys_are_checked_before_anything_is_opened() -> None:

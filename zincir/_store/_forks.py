@@ -86,8 +86,8 @@ def fork_run(
     if source is None:
         raise RunNotFound(f"run {source_id} does not exist")
     last_seq, role, provider, stored_config, version, fingerprints, source_traceparent = source
-    if tx.sealer is not None and tx.one(_ERASED, (source_id,)) is not None:
-        raise RunErased(f"run {source_id} was erased: its history cannot be read, nor forked")
+    if tx.sealer is not None:
+        _refuse_erased_history(tx, source_id)
     at, forked_at = _fork_point(tx, source_id, int(last_seq), at_seq, at_checkpoint)
     inherited = tx.all(  # read through zincir._payloads below, with the fork's row written
         "SELECT t.call_id, e.seq, e.payload FROM tool_intents AS t"
@@ -147,7 +147,28 @@ def _config(tx: Tx, fork_id: str, config_json: str | None, stored_config: str) -
     return stored_config, Unreferenced()
 
 
-_ERASED = "SELECT 1 FROM run_keys WHERE run_id = ? AND erased_at IS NOT NULL"
+_LINEAGE = (
+    "WITH RECURSIVE lineage (id) AS (SELECT id FROM agent_runs WHERE id = ?"
+    " UNION SELECT r.forked_from FROM agent_runs AS r JOIN lineage AS l ON r.id = l.id"
+    " WHERE r.forked_from IS NOT NULL)"
+    " SELECT id FROM lineage"
+)
+
+
+def _refuse_erased_history(tx: Tx, source_id: str) -> None:
+    """RunErased if ``source_id`` or a run it was forked from (whose values a fork's copy
+    holds, under that run's key) was erased. On PostgreSQL their rows are held shared until
+    COMMIT, so an erasure (which locks the run, then looks for live forks) waits for this fork
+    and then sees it."""
+    lineage = [row[0] for row in tx.all(_LINEAGE, (source_id,))]
+    where, params = tx.dialect.any_of("id", lineage)
+    if tx.dialect.row_locks:
+        tx.all(f"SELECT id FROM agent_runs AS r WHERE {where} FOR SHARE OF r", params)
+    where, params = tx.dialect.any_of("run_id", lineage)
+    erased = tx.one(f"SELECT run_id FROM run_keys WHERE {where} AND erased_at IS NOT NULL LIMIT 1", params)
+    if erased is not None:
+        whose = "it" if erased[0] == source_id else f"run {erased[0]}, whose history it copied,"
+        raise RunErased(f"run {source_id} cannot be forked: {whose} was erased")
 
 
 def _fork_point(
