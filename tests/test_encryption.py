@@ -110,7 +110,7 @@ async def test_without_its_key_or_with_another_an_encrypted_database_is_refused_
     with pytest.raises(zincir.EncryptionKeyMissing, match="encrypted"):
         async with zincir.open_database(db_target):
             pass
-    with pytest.raises(zincir.EncryptionKeyInvalid, match="not the one"):
+    with pytest.raises(zincir.EncryptionKeyInvalid, match="not one this database"):
         async with zincir.open_database(db_target, encryption_key=OTHER):
             pass
     ring = zincir.KeyRing(OTHER)
@@ -241,7 +241,7 @@ async def test_rotation_rewraps_every_key_and_then_the_old_key_can_go(db_target:
     async with zincir.open_database(db_target, encryption_key=OTHER) as db:  # the old key dropped
         assert await db.events(first) == events
         assert (await db.state(run.id)).run.config == {"n": 2}
-    with pytest.raises(zincir.EncryptionKeyInvalid):
+    with pytest.raises(zincir.EncryptionKeyMissing, match="still wraps"):  # the new key is needed
         async with zincir.open_database(db_target, encryption_key=KEY):
             pass
 
@@ -404,3 +404,34 @@ async def test_zincir_erase_and_rotate_keys_take_the_keys_from_the_environment(
     assert erased.exit_code == 0 and erased.output == f"erased {run.id}\n", erased.output
     async with zincir.open_database(db_target, encryption_key=OTHER) as db:
         assert (await db.state(run.id)).run.config is zincir.ERASED
+
+
+async def test_a_key_in_the_environment_never_turns_encryption_on_from_the_cli(
+    db_target: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with zincir.open_database(db_target) as db, zincir.open_run(db) as run:
+        await run.complete()
+    monkeypatch.setenv("ZINCIR_ENCRYPTION_KEY", KEY.hex())  # meant for another database
+    for args, code in (
+        (("erase", run.id), 1),
+        (("rotate-keys",), 1),
+        (("prune", "--older-than", "1s", "--dry-run"), 0),
+        (("cancel", run.id, "--reason", "done"), 1),  # ended already: refused, after opening it
+    ):
+        result = await cli(db_target, *args)
+        assert result.exit_code == code, (args, result.output)
+    assert "is not encrypted" in (await cli(db_target, "erase", run.id)).output
+    async with zincir.open_database(db_target) as db:  # still opens without a key
+        assert (await db.state(run.id)).run.status is zincir.RunStatus.COMPLETED
+
+
+async def test_another_key_is_refused_even_when_no_run_key_is_left(db_target: str) -> None:
+    async with zincir.open_database(db_target, encryption_key=KEY) as db:
+        async with zincir.open_run(db) as run:
+            await run.complete()
+        await zincir.erase_run(db, run.id)  # no run's key is wrapped by KEY any more
+    with pytest.raises(zincir.EncryptionKeyInvalid, match="not one this database"):
+        async with zincir.open_database(db_target, encryption_key=OTHER):
+            pass
+    async with zincir.open_database(db_target, encryption_key=KEY) as db:  # KEY still opens it
+        assert rows(db, "SELECT count(*) FROM encryption_keys")[0][0] == 1

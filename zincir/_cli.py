@@ -17,7 +17,7 @@ import trio
 
 from . import _queries as q
 from ._cli_diff import diff_command
-from ._cli_inspect import cell, readonly_database, register, require_file, terminal_text
+from ._cli_inspect import cell, keys_if_encrypted, readonly_database, register, require_file, terminal_text
 from ._cli_inspect import clean_errors as _clean_errors
 from ._cli_keys import erase_command, rotate_keys_command
 from ._cli_options import database_option, os_user
@@ -244,7 +244,7 @@ def _existing_database(path: str) -> contextlib.AbstractAsyncContextManager[Data
     """The database an outsider's write goes to: it must exist already (a mistyped --db must
     not create and migrate a new file only to report that the run is not in it)."""
     require_file(path, _NEVER_CREATED)
-    return open_database(path, keys=keys_from_env())
+    return open_database(path, keys=keys_if_encrypted(path))
 
 
 def _run_id(text: str, database_path: str, never: str = _NEVER_CREATED) -> str:

@@ -28,6 +28,7 @@ import trio
 
 from . import _queries as q
 from ._cli_options import DATABASE_ENV, database_option, os_user
+from ._crypto import KeyRing, keys_from_env
 from ._errors import ZincirError
 from ._inspector._plain import DEFAULT_ADDRESS
 from ._target import parse_target
@@ -86,6 +87,22 @@ def require_file(target: str, never: str = "inspection never creates one") -> No
         raise click.ClickException(
             f"database file {path!r} does not exist (give --db PATH or set {DATABASE_ENV}); {never}"
         )
+
+
+def keys_if_encrypted(path: str) -> KeyRing | None:
+    """The environment's master keys for a command that writes to the database at ``path``, if
+    that database is encrypted (wrong keys are refused here); None if it is not. The CLI never
+    turns encryption on, only an application's ``open_database(encryption_key=...)`` does: a
+    key left in the environment for another database must not lock this one (docs/cli.md)."""
+    with clean_errors():
+        keys = keys_from_env()
+        if keys is None:
+            return None
+        with readonly_database(path) as conn, q.read_snapshot(conn):
+            encrypted = conn.has_table("encryption_keys") and bool(
+                list(conn.execute("SELECT 1 FROM encryption_keys LIMIT 1"))
+            )
+    return keys if encrypted else None
 
 
 @contextlib.contextmanager

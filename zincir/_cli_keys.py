@@ -10,9 +10,9 @@ import click
 import trio
 
 from . import _queries as q
-from ._cli_inspect import clean_errors, readonly_database, require_file
+from ._cli_inspect import clean_errors, keys_if_encrypted, readonly_database, require_file
 from ._cli_options import database_option, os_user
-from ._crypto import KEY_ENV, KEY_FILE_ENV, keys_from_env
+from ._crypto import KEY_ENV, KEY_FILE_ENV, KeyRing, keys_from_env
 from ._database import open_database
 from ._erasure import erase_run, rotate_keys
 from ._errors import ZincirError
@@ -37,9 +37,7 @@ def erase_command(run_id: str, by: str | None, database_path: str) -> None:
     require_file(database_path, "zincir erase never creates a database")
     with clean_errors(), readonly_database(database_path) as conn, q.read_snapshot(conn):
         run_id = q.resolve_run_id(conn, run_id)
-    keys = keys_from_env()
-    if keys is None:
-        raise click.ClickException(_NO_KEY)
+    keys = _encrypted_database_keys(database_path)
 
     async def erase() -> int:
         async with open_database(database_path, keys=keys) as db:
@@ -61,9 +59,7 @@ def rotate_keys_command(database_path: str) -> None:
     or one a line in the key file); once this has run, the old keys may be dropped.
     """
     require_file(database_path, "zincir rotate-keys never creates a database")
-    keys = keys_from_env()
-    if keys is None:
-        raise click.ClickException(_NO_KEY)
+    keys = _encrypted_database_keys(database_path)
 
     async def rotate() -> int:
         async with open_database(database_path, keys=keys) as db:
@@ -74,3 +70,17 @@ def rotate_keys_command(database_path: str) -> None:
     except ZincirError as exc:
         raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
     click.echo(f"re-wrapped {count} run keys with master key {keys.current_key_id}")
+
+
+def _encrypted_database_keys(database_path: str) -> KeyRing:
+    """The environment's keys for an encrypted database; a clear error, with nothing changed,
+    when there are none or the database is not encrypted (the CLI never turns encryption on)."""
+    if keys_from_env() is None:
+        raise click.ClickException(_NO_KEY)
+    keys = keys_if_encrypted(database_path)
+    if keys is None:
+        raise click.ClickException(
+            f"database {database_path!r} is not encrypted: it has no run keys to erase or rotate"
+            " (an application turns encryption on with open_database(encryption_key=...))"
+        )
+    return keys

@@ -11,9 +11,8 @@ from typing import Final
 import click
 import trio
 
-from ._cli_inspect import require_file
+from ._cli_inspect import keys_if_encrypted, require_file
 from ._cli_options import database_option
-from ._crypto import keys_from_env
 from ._database import open_database
 from ._errors import ZincirError
 from ._prune import PruneReport, prune
@@ -83,13 +82,14 @@ def prune_command(
     """
     age = parse_duration(older_than)
     require_file(database_path, "prune never creates a database")
+    keys = keys_if_encrypted(database_path)
     cutoff = datetime.datetime.now(datetime.UTC) - age
 
     def show(report: PruneReport) -> None:
         click.echo(f"batch {report.batches}: {report.runs} runs, {report.total_rows} rows", err=True)
 
     async def run() -> PruneReport:
-        async with open_database(database_path, keys=keys_from_env()) as db:
+        async with open_database(database_path, keys=keys) as db:
             return await prune(
                 db,
                 finished_before=cutoff,
@@ -135,10 +135,11 @@ def vacuum_command(database_path: str) -> None:
         )
         return
 
+    keys = keys_if_encrypted(database_path)
+
     async def check() -> None:
-        async with open_database(
-            database_path, keys=keys_from_env()
-        ):  # a zincir file, migrated: refuse anything else
+        # A zincir file, migrated (anything else is refused), opened with its key if it has one.
+        async with open_database(database_path, keys=keys):
             pass
 
     try:

@@ -29,18 +29,19 @@ def is_encrypted(tx: Tx) -> bool:
 
 def prepare_keys(tx: Tx, sealer: Sealer) -> None:
     """Check the provider's keys against the database before anything is written with them:
-    every master key that wraps a run's key must be there (EncryptionKeyInvalid when none is:
-    the wrong key; EncryptionKeyMissing when some are: an old key dropped before rotating), and
-    be the key it was (its check value). Then the current key is registered."""
+    one of the database's master keys must be among them (EncryptionKeyInvalid when none is:
+    the wrong key), every one that wraps a run's key too (EncryptionKeyMissing: an old key
+    dropped before rotating), and each be the key it was (its check value). Then the current
+    key is registered."""
     known = dict(tx.all("SELECT key_id, check_value FROM encryption_keys ORDER BY key_id"))
     used = [row[0] for row in tx.all("SELECT DISTINCT key_id FROM run_keys WHERE key_id IS NOT NULL")]
     provider = sealer.provider
-    absent = sorted(key_id for key_id in used if provider.key(key_id) is None)
-    if absent and len(absent) == len(used):
+    if known and all(provider.key(key_id) is None for key_id in known):
         raise EncryptionKeyInvalid(
-            "the key given is not the one this database was encrypted with"
-            f" (its runs' keys are wrapped by master key {', '.join(absent)})"
+            "the key given is not one this database was encrypted with"
+            f" (its master keys: {', '.join(sorted(known))})"
         )
+    absent = sorted(key_id for key_id in used if provider.key(key_id) is None)
     if absent:
         raise EncryptionKeyMissing(
             f"master key {', '.join(absent)} still wraps runs' keys and is not among the keys given:"
@@ -52,7 +53,9 @@ def prepare_keys(tx: Tx, sealer: Sealer) -> None:
     current = provider.current_key_id
     if current not in known:
         tx.execute(
-            "INSERT INTO encryption_keys (key_id, check_value, created_at) VALUES (?, ?, :now)",
+            # Processes that start together with a new key each try; the first one registers it.
+            "INSERT INTO encryption_keys (key_id, check_value, created_at) VALUES (?, ?, :now)"
+            " ON CONFLICT (key_id) DO NOTHING",
             (current, sealer.check_value(current)),
         )
 
