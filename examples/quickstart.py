@@ -15,7 +15,7 @@ async def main() -> None:
                 while True:
                     for pending in await run.pending_tools():  # after a crash too: run them again
                         print("tool", pending.call.id, flush=True)
-                        await trio.sleep(1)  # your tool, keyed by pending.idempotency_key
+                        await trio.sleep(1)  # your tool, keyed by pending.effect_key
                         await run.record_tool_result(pending.call.id, {"counted": pending.call.args["n"]})
                     events = (await run.state()).events  # the log: build your prompt from it
                     asked = sum(e.type == "tool_call" for e in events)
