@@ -75,7 +75,9 @@ def rotate_keys_command(database_path: str) -> None:
 def _encrypted_database_keys(database_path: str) -> KeyRing:
     """The environment's keys for an encrypted database; a clear error, with nothing changed,
     when there are none or the database is not encrypted (the CLI never turns encryption on)."""
-    if keys_from_env() is None:
+    with clean_errors():
+        given = keys_from_env()
+    if given is None:
         raise click.ClickException(_NO_KEY)
     keys = keys_if_encrypted(database_path)
     if keys is None:

@@ -93,8 +93,11 @@ class Erased(dict[str, Any]):
     def __repr__(self) -> str:
         return "<erased>"
 
-    def __setitem__(self, key: str, value: Any) -> None:
+    def _unchangeable(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError("an erased payload cannot be changed")
+
+    __setitem__ = __delitem__ = __ior__ = _unchangeable
+    update = setdefault = pop = popitem = clear = _unchangeable
 
 
 ERASED: Final = Erased()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import attrs
 import trio
@@ -30,6 +30,7 @@ writer's longest wait grows with it (bench/reports/prune.md); PostgreSQL's row l
 batch out of other runs' way."""
 _SQLITE_PAUSE_S: Final = 0.010
 _SWEEP_BATCH: Final = 1000
+T = TypeVar("T")
 
 
 @attrs.frozen
@@ -131,14 +132,21 @@ async def _one_batch(db: Database, spec: PruneSpec, cursor: Bound, seen: set[str
     check waited past the writers' lock timeout) undoes the batch; it is tried again."""
     if spec.dry_run:
         return await storage(db).read(storage(db).store.prune_batch, spec, cursor, seen)
+    return await _write_again_on_conflict(db, storage(db).store.prune_batch, spec, cursor, seen)
+
+
+async def _write_again_on_conflict(db: Database, operation: Callable[..., T], *args: Any) -> T:
+    """``operation`` in a write transaction, tried again while a lock on PostgreSQL outlasts the
+    writers' lock timeout (a row a foreign key's check waits for, the content store's lock that
+    writers storing a part hold): undone each time, so trying again is safe."""
     delay = 0.001
     for _ in range(100):
         try:
-            return await storage(db).write(storage(db).store.prune_batch, spec, cursor, seen, route=None)
+            return await storage(db).write(operation, *args, route=None)
         except TransientConflict:
             await trio.sleep(delay)
             delay = min(2 * delay, 0.1)
-    return await storage(db).write(storage(db).store.prune_batch, spec, cursor, seen, route=None)
+    return await storage(db).write(operation, *args, route=None)
 
 
 async def _sweep_content(db: Database) -> int:
@@ -146,7 +154,7 @@ async def _sweep_content(db: Database) -> int:
     bounded batch per transaction; how many."""
     parts = 0
     while True:
-        swept = await storage(db).write(storage(db).store.sweep_pruned, _SWEEP_BATCH, route=None)
+        swept = await _write_again_on_conflict(db, storage(db).store.sweep_pruned, _SWEEP_BATCH)
         parts += swept.parts
         if swept.parts < _SWEEP_BATCH:
             return parts

@@ -91,16 +91,19 @@ def erase_run_key(tx: Tx, run_id: str, by: str | None) -> int:
     scrub = tx.dialect.secure_delete
     if scrub is not None:
         tx.execute(scrub[0])  # the key's bytes are zeroed where they were, not only unlinked
-    updated = tx.count(
-        "UPDATE run_keys SET key_id = NULL, wrapped_dek = NULL, erased_at = :now WHERE run_id = ?", (run_id,)
-    )
+    try:
+        updated = tx.count(
+            "UPDATE run_keys SET key_id = NULL, wrapped_dek = NULL, erased_at = :now WHERE run_id = ?",
+            (run_id,),
+        )
+    finally:
+        if scrub is not None:  # a PRAGMA outlives a rollback: the connection's other writes are spared
+            tx.execute(scrub[1])
     if not updated:
         raise EncryptionError(
             f"run {run_id} was written before the database was encrypted: its payloads are in clear,"
             " with no key to delete"
         )
-    if scrub is not None:
-        tx.execute(scrub[1])
     tx.execute(
         "INSERT INTO outsider_actions (run_id, action, done_by, detail, created_at)"
         " VALUES (?, 'erase', ?, ?, :now)",

@@ -343,13 +343,15 @@ def sweep_pruned(tx: Tx, limit: int = 1000) -> SweptContent:
     return swept
 
 
+_INCREMENTAL: Final = 2  # PRAGMA auto_vacuum's value for incremental
+
+
 def _reclaim_space(tx: Tx) -> None:
     """Give the pages the batch freed back to the file system (SQLite with incremental
-    auto-vacuum, what a database zincir created has: docs/retention.md); nothing elsewhere.
-    Python's sqlite3 steps a statement once, and each step of ``incremental_vacuum`` frees one
-    page, so it is run once per free page."""
-    if not tx.dialect.reclaim_space:
-        return
-    free = tx.one("PRAGMA freelist_count")[0]
-    for _ in range(free):
+    auto-vacuum, what a database zincir created has: docs/retention.md); nothing elsewhere."""
+    if not tx.dialect.reclaim_space or tx.one("PRAGMA auto_vacuum")[0] != _INCREMENTAL:
+        return  # a file of an older zincir keeps its free pages until `zincir vacuum`
+    # Python's sqlite3 steps a statement that returns no rows once, and each step of
+    # incremental_vacuum frees one page: so it is run once per free page.
+    for _ in range(tx.one("PRAGMA freelist_count")[0]):
         tx.execute("PRAGMA incremental_vacuum")
