@@ -461,6 +461,42 @@ async def test_a_family_that_grew_after_it_was_read_stays_on_postgresql(
     assert {r.id for r in await db.runs()} == {source, fork_id}
 
 
+@pytest.mark.postgresql_only
+async def test_a_batch_locks_no_row_of_a_live_family_on_postgresql(
+    clocked_db: zincir.Database, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An ended child of a live parent is a candidate, and its family is read; while the batch's
+    # transaction is open, the live parent's owner can still write its row.
+    db = clocked_db
+    from zincir._store import _prune
+
+    import psycopg
+
+    async with zincir.open_run(db) as parent:
+        child = await parent.spawn("c")
+        await zincir.cancel_run(db, child, "ended")
+        gone = await _completed(db)
+        clock.advance(DAY)
+        judged = _prune._judged
+        writable: list[bool] = []
+
+        def and_try_the_parent(families: Any, rows_: Any, spec: Any) -> Any:
+            with psycopg.connect(db.path, autocommit=True) as conn:
+                try:
+                    conn.execute("SET lock_timeout = '50ms'")
+                    conn.execute("SELECT 1 FROM agent_runs WHERE id = %s FOR UPDATE NOWAIT", (parent.id,))
+                    writable.append(True)
+                except psycopg.errors.LockNotAvailable:
+                    writable.append(False)
+            return judged(families, rows_, spec)
+
+        monkeypatch.setattr(_prune, "_judged", and_try_the_parent)
+        report = await zincir.prune(db, finished_before=_later(clock))
+        assert (report.runs, report.kept_for_family) == (1, 1)  # gone; the child stays
+        assert writable and all(writable)
+        assert {r.id for r in await db.runs()} == {parent.id, child}
+
+
 @pytest.mark.sqlite_only
 async def test_zincir_vacuum_shrinks_a_file_made_without_auto_vacuum(tmp_path: Path) -> None:
     path = tmp_path / "old.db"

@@ -105,9 +105,16 @@ def prune_batch(tx: Tx, spec: PruneSpec, after: Bound, seen: AbstractSet[str]) -
         return PruneBatch((), {}, (), cursor)
     edges = _relations(tx, fresh)
     families = _families(fresh, edges)
-    rows = _member_rows(tx, sorted({run for family in families for run in family}), lock=not spec.dry_run)
+    rows = _member_rows(tx, sorted({run for family in families for run in family}), lock=False)
     doomed, kept = _judged(families, rows, spec)
     if doomed and not spec.dry_run and tx.dialect.row_locks:
+        # Only the families that look deletable are locked (a live member's row never is),
+        # then judged again: a row held elsewhere, or a run that came back to life meanwhile
+        # (retry_now), keeps its family.
+        rows.update(_member_rows(tx, doomed, lock=True))
+        doomed_set = set(doomed)
+        doomed, held = _judged([family for family in families if family & doomed_set], rows, spec)
+        kept += held
         doomed, grown = _still_closed(tx, doomed, edges)
         kept += grown
     if spec.dry_run:
