@@ -468,9 +468,9 @@ async def test_a_batch_locks_no_row_of_a_live_family_on_postgresql(
     # An ended child of a live parent is a candidate, and its family is read; while the batch's
     # transaction is open, the live parent's owner can still write its row.
     db = clocked_db
-    from zincir._store import _prune
-
     import psycopg
+
+    from zincir._store import _prune
 
     async with zincir.open_run(db) as parent:
         child = await parent.spawn("c")
