@@ -72,6 +72,8 @@ async def rotate_keys(db: Database, *, batch: int = _REWRAP_BATCH) -> int:
     if sealer is None:
         raise EncryptionError(f"database {db.path!r} is not opened with encryption: it has no keys to rotate")
     total = 0
-    while done := await core.write(core.store.rewrap_keys, sealer, batch, route=None):
+    after: str | None = ""  # run ids are UUIDs: "" comes before every one
+    while after is not None:
+        done, after = await core.write(core.store.rewrap_keys, sealer, after, batch, route=None)
         total += done
     return total

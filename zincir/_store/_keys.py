@@ -112,15 +112,17 @@ def erase_run_key(tx: Tx, run_id: str, by: str | None) -> int:
     return tx.now
 
 
-def rewrap_keys(tx: Tx, sealer: Sealer, limit: int) -> int:
-    """Re-wrap up to ``limit`` run keys that another master key than the current one wraps; how
-    many (0: none is left). The payloads are not touched."""
+def rewrap_keys(tx: Tx, sealer: Sealer, after: str, limit: int) -> tuple[int, str | None]:
+    """Re-wrap the run keys that another master key than the current one wraps, among up to
+    ``limit`` runs after run id ``after`` (in id order, so that a rotation reads each row
+    once); how many, and where the next batch starts (None: at the end). The payloads are not
+    touched."""
     current = sealer.provider.current_key_id
-    rows = tx.all(
-        "SELECT run_id, key_id, wrapped_dek FROM run_keys WHERE key_id IS NOT NULL AND key_id <> ?"
-        " ORDER BY run_id LIMIT ?",
-        (current, limit),
+    page = tx.all(
+        "SELECT run_id, key_id, wrapped_dek FROM run_keys WHERE run_id > ? ORDER BY run_id LIMIT ?",
+        (after, limit),
     )
+    rows = [row for row in page if row[1] is not None and row[1] != current]
     for run_id, key_id, wrapped in rows:
         new_id, rewrapped = sealer.wrap(run_id, sealer.unwrap(run_id, key_id, wrapped))
         tx.execute(
@@ -128,4 +130,4 @@ def rewrap_keys(tx: Tx, sealer: Sealer, limit: int) -> int:
             (new_id, rewrapped, run_id, key_id),
         )
         sealer.forget(run_id)
-    return len(rows)
+    return len(rows), (page[-1][0] if len(page) == limit else None)
