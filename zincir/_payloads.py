@@ -345,11 +345,9 @@ def _opened(source: Any, values: Sequence[Any], kind: str = VALUE) -> list[Any]:
 
 
 def _any_sealed(source: Any, values: Sequence[Any]) -> bool:
-    """Whether some of ``values`` are encrypted. A transaction of a database opened without a key
-    skips the look (the hot path): opening refused a database with encrypted data; a read-only
-    connection looks, so that its error is the missing key."""
-    if _sealer(source) is None and not isinstance(source, ReadOnly):
-        return False
+    """Whether some of ``values`` are encrypted. Looked at without a key too (a prefix test per
+    value): a database opened before another process turned encryption on reads such a value
+    as a missing key, never as a JSON error."""
     return any(isinstance(v, str) and v.startswith(ENVELOPE) for v in values)
 
 
