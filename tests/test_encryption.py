@@ -439,10 +439,12 @@ async def test_another_key_is_refused_even_when_no_run_key_is_left(db_target: st
 
 async def test_a_process_opened_before_encryption_was_turned_on_reads_a_missing_key(db_target: str) -> None:
     async with zincir.open_database(db_target) as plain:
-        async with zincir.open_database(db_target, encryption_key=KEY) as keyed:
-            async with zincir.open_run(keyed, config={"p": secret("config")}) as run:
-                await run.record_response(secret("response"), [], "end_turn")
-                await run.complete()
+        async with (
+            zincir.open_database(db_target, encryption_key=KEY) as keyed,
+            zincir.open_run(keyed, config={"p": secret("config")}) as run,
+        ):
+            await run.record_response(secret("response"), [], "end_turn")
+            await run.complete()
         with pytest.raises(zincir.EncryptionKeyMissing):
             await plain.events(run.id)
         with pytest.raises(zincir.EncryptionKeyMissing):
