@@ -222,6 +222,23 @@ async def test_erasure_leaves_neither_the_key_nor_the_plaintext_in_the_file_or_t
         assert all(e.payload is zincir.ERASED for e in await db.events(run_id))
 
 
+async def test_no_copy_of_an_erased_key_outlives_it_where_pages_were_split(db_path: Path) -> None:
+    # A page of run_keys that splits as runs are added leaves copies of the keys it moved in
+    # free space unless the writer zeroes what it frees: every later erasure must still hold.
+    async with zincir.open_database(db_path, encryption_key=KEY) as db:
+        await zincir.erase_run(db, await full_run(db))
+        ids = []
+        for _ in range(600):
+            async with zincir.open_run(db, config={"p": SECRET}) as run:
+                await run.complete()
+            ids.append(run.id)
+        wrapped = dict(rows(db, "SELECT run_id, wrapped_dek FROM run_keys WHERE wrapped_dek IS NOT NULL"))
+        for run_id in ids:
+            await zincir.erase_run(db, run_id)
+        data = b"".join(f.read_bytes() for f in (db_path, Path(f"{db_path}-wal")) if f.exists())
+        assert [run_id for run_id in ids if wrapped[run_id].encode() in data] == []
+
+
 async def test_rotation_rewraps_every_key_and_then_the_old_key_can_go(db_target: str) -> None:
     async with zincir.open_database(db_target, encryption_key=KEY) as db:
         first = await full_run(db)

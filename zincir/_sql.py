@@ -91,9 +91,10 @@ class Dialect:
     can name a row, and the read queries read INTEGER columns through :meth:`int_column`."""
     table_exists: str = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
     """A row if the table ``?`` names exists (for a check that must work on an older schema)."""
-    secure_delete: tuple[str, str] | None = None
-    """The statements that turn zeroing of deleted bytes on and off around an erasure (SQLite's
-    ``secure_delete``; PostgreSQL has none: docs/payloads.md#encryption-and-erasure)."""
+    secure_delete: str = ""
+    """The statement that makes a connection zero the bytes it deletes or moves, for good (SQLite's
+    ``secure_delete``, kept on by an encrypted database's writer so that no copy of an erased
+    run's key is left in free space; PostgreSQL has none: docs/payloads.md#erasure)."""
 
     def indexed(self, index: str) -> str:
         """After a table's name: read it through ``index`` (SQLite's planner may not see that

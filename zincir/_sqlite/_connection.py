@@ -35,7 +35,7 @@ _SQLITE_BUSY_CODES: Final = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
 # holds whatever was stored in it (the tables are not STRICT).
 SQLITE: Final = Dialect(
     "sqlite", least="min", greatest="max", unlimited=-1, chunk=500, index_hints=True, loose_types=True,
-    reclaim_space=True, secure_delete=("PRAGMA secure_delete = ON", "PRAGMA secure_delete = OFF"),
+    reclaim_space=True, secure_delete="PRAGMA secure_delete = ON",
 )  # fmt: skip
 
 # ``?`` as SQLite's ``?NNN`` (so one value may serve several places) and ``:now`` as the last one.

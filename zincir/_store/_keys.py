@@ -33,6 +33,10 @@ def prepare_keys(tx: Tx, sealer: Sealer) -> None:
     the wrong key), every one that wraps a run's key too (EncryptionKeyMissing: an old key
     dropped before rotating), and each be the key it was (its check value). Then the current
     key is registered."""
+    if tx.dialect.secure_delete:
+        # From now on this writer zeroes what it frees: a run key moved by a page split, or
+        # erased, leaves no copy behind in free space (docs/payloads.md#erasure).
+        tx.execute(tx.dialect.secure_delete)
     known = dict(tx.all("SELECT key_id, check_value FROM encryption_keys ORDER BY key_id"))
     used = [row[0] for row in tx.all("SELECT DISTINCT key_id FROM run_keys WHERE key_id IS NOT NULL")]
     provider = sealer.provider
@@ -88,17 +92,11 @@ def erase_run_key(tx: Tx, run_id: str, by: str | None) -> int:
     done = tx.one("SELECT erased_at FROM run_keys WHERE run_id = ? AND erased_at IS NOT NULL", (run_id,))
     if done is not None:
         return int(done[0])
-    scrub = tx.dialect.secure_delete
-    if scrub is not None:
-        tx.execute(scrub[0])  # the key's bytes are zeroed where they were, not only unlinked
-    try:
-        updated = tx.count(
-            "UPDATE run_keys SET key_id = NULL, wrapped_dek = NULL, erased_at = :now WHERE run_id = ?",
-            (run_id,),
-        )
-    finally:
-        if scrub is not None:  # a PRAGMA outlives a rollback: the connection's other writes are spared
-            tx.execute(scrub[1])
+    if tx.dialect.secure_delete:  # on since prepare_keys; said again where it matters most
+        tx.execute(tx.dialect.secure_delete)
+    updated = tx.count(
+        "UPDATE run_keys SET key_id = NULL, wrapped_dek = NULL, erased_at = :now WHERE run_id = ?", (run_id,)
+    )
     if not updated:
         raise EncryptionError(
             f"run {run_id} was written before the database was encrypted: its payloads are in clear,"
