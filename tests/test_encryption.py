@@ -466,3 +466,11 @@ async def test_a_process_opened_before_encryption_was_turned_on_reads_a_missing_
             await plain.events(run.id)
         with pytest.raises(zincir.EncryptionKeyMissing):
             await plain.state(run.id)
+
+
+async def test_erasure_and_rotation_refuse_what_is_not_a_database(db_path: Path) -> None:
+    with pytest.raises(zincir.InvalidArgument, match="needs a Database"):
+        await zincir.erase_run(str(db_path), "00000000-0000-4000-8000-000000000000")  # type: ignore[arg-type]
+    with pytest.raises(zincir.InvalidArgument, match="needs a Database"):
+        await zincir.rotate_keys(str(db_path))  # type: ignore[arg-type]
+    assert not db_path.exists()

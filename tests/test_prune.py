@@ -9,6 +9,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 import trio
 from click.testing import CliRunner
@@ -155,6 +156,16 @@ async def test_a_prune_frees_the_large_values_and_keys_only_its_runs_had(
         assert (report.runs, report.rows["payload_content"]) == (1, 1)
         assert scalar(db, "SELECT count(*) FROM payload_content") == 0
         assert scalar(db, "SELECT count(*) FROM run_keys") == 0
+
+
+async def test_a_prune_sweeps_parts_a_crashed_prune_left_even_with_no_run_to_delete(
+    db: zincir.Database,
+) -> None:
+    # What a prune killed between its last batch and its sweep leaves: a part no run refers to.
+    rows(db, "INSERT INTO payload_content (digest, body, size, created_at) VALUES ('ab', '\"x\"', 3, 0)")
+    report = await zincir.prune(db, finished_before=datetime.datetime.now(datetime.UTC))
+    assert (report.runs, report.rows.get("payload_content")) == (0, 1)
+    assert scalar(db, "SELECT count(*) FROM payload_content") == 0
 
 
 async def test_only_runs_ended_before_the_cutoff_go_and_keep_latest_keeps_the_last(
@@ -378,6 +389,9 @@ def test_the_cli_takes_durations() -> None:
     assert parse_duration("12h") == datetime.timedelta(hours=12)
     assert parse_duration("90m") == datetime.timedelta(minutes=90)
     assert parse_duration("45s") == datetime.timedelta(seconds=45)
+    for too_far in ("999999999d", "99999999999999d"):
+        with pytest.raises(click.BadParameter, match="before any date"):
+            parse_duration(too_far)
 
 
 _PRUNE_IN_A_CHILD = """

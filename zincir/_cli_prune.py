@@ -31,7 +31,12 @@ def parse_duration(text: str) -> datetime.timedelta:
     match = _DURATION.fullmatch(text.strip())
     if match is None:
         raise click.BadParameter(f"{text!r} is not a duration such as 30d, 12h, 90m or 45s")
-    return datetime.timedelta(**{_UNITS[match[2]]: int(match[1])})
+    try:
+        age = datetime.timedelta(**{_UNITS[match[2]]: int(match[1])})
+        datetime.datetime.now(datetime.UTC) - age  # a cutoff before year 1 is no date
+    except OverflowError:
+        raise click.BadParameter(f"{text!r} reaches back before any date there is") from None
+    return age
 
 
 @click.command("prune")

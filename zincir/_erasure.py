@@ -9,7 +9,7 @@ from typing import Final
 import trio
 
 from ._database import Database, storage
-from ._errors import EncryptionError
+from ._errors import EncryptionError, InvalidArgument
 from ._target import parse_target
 from ._validation import canonical_run_id, check_int, check_text
 
@@ -33,6 +33,8 @@ async def erase_run(db: Database, run_id: str, *, by: str | None = None) -> int:
     :class:`RunNotEnded` for a run that has not ended (cancel it first) or that a fork still
     running reads from; :class:`RunNotFound`; :class:`EncryptionError` on a database opened
     without encryption (there is no key to delete: its payloads are in clear)."""
+    if not isinstance(db, Database):
+        raise InvalidArgument(f"erase_run() needs a Database, not {db!r}")
     run_id = canonical_run_id(run_id)
     if by is not None:
         check_text(by, "by")
@@ -66,6 +68,8 @@ async def rotate_keys(db: Database, *, batch: int = _REWRAP_BATCH) -> int:
     ``batch`` runs (a short transaction each); how many keys were re-wrapped. The payloads are
     not touched, so this is quick at any size. Afterwards the previous master keys wrap nothing
     and may be dropped from the provider. EncryptionError on a database without encryption."""
+    if not isinstance(db, Database):
+        raise InvalidArgument(f"rotate_keys() needs a Database, not {db!r}")
     check_int(batch, "batch", minimum=1)
     core = storage(db)
     sealer = core.sealer

@@ -120,7 +120,7 @@ async def prune(
                     PruneReport(runs, dict(rows), batches, kept, time.monotonic() - started, spec.dry_run)
                 )
         cursor = batch.cursor
-    if runs and not spec.dry_run:
+    if not spec.dry_run:  # also what a prune that crashed before its sweep left behind
         swept = await _sweep_content(db)
         if swept:  # a dry run cannot tell which parts will be left unreferenced
             rows["payload_content"] = swept
