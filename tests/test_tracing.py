@@ -13,20 +13,17 @@ from typing import Any
 
 import pytest
 import trio
-
-import zincir
-from zincir._tracing import traceparent_of
-
-from .helpers import running_python, scalar, until
-
-pytest.importorskip("opentelemetry.sdk")
-
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from opentelemetry.trace import StatusCode
+
+import zincir
+from zincir._tracing import traceparent_of
+
+from .helpers import running_python, scalar, until
 
 SECRET = "S3CRET"
 CLAIM = {"completed": [SECRET], "remaining": [], "artifacts": [], "failed_attempts": [], "evidence": []}
@@ -363,8 +360,9 @@ async def test_an_attempt_sampled_out_makes_no_span_inside_it(db_target: str) ->
 
 
 async def test_the_adapter_makes_its_call_inside_the_calls_span(db_target: str, spans: Spans) -> None:
-    anthropic = pytest.importorskip("anthropic")
-    httpx2 = pytest.importorskip("httpx2")
+    import anthropic
+    import httpx2
+
     from zincir.adapters import anthropic as za
 
     from .test_adapters import TEXT, anthropic_message
