@@ -224,25 +224,33 @@ async def test_a_value_that_looks_like_a_reference_round_trips(db_target: str, v
         assert (await db.state(run_id)).run.config == {"v": value}
 
 
-@pytest.mark.sqlite_only
-async def test_a_database_written_before_the_store_still_reads(db_path: Path) -> None:
-    async with zincir.open_database(db_path, content_threshold=None) as db:
+async def test_a_database_written_before_the_store_still_reads(db_target: str) -> None:
+    async with zincir.open_database(db_target, content_threshold=None) as db:
         run_id = await _large_run(db)
     # As a database of schema version 14 was: no content tables, every value inline.
-    conn = sqlite3.connect(db_path)
-    conn.executescript(
-        "DROP TABLE payload_refs; DROP TABLE payload_content;"
-        " DROP TABLE run_keys; DROP TABLE encryption_keys;"
-        " DROP INDEX idx_signals_run; DROP INDEX idx_joins_child; DROP INDEX idx_waits_signal;"
-        " DROP INDEX idx_messages_from; DROP INDEX idx_messages_to;"
-        " DELETE FROM zincir_schema_migrations WHERE version >= 15;"
-    )
-    conn.close()
-    async with zincir.open_database(db_path) as db:  # migrated again
-        assert scalar(db_path, "SELECT max(version) FROM zincir_schema_migrations") == 18
+    for statement in (
+        *(
+            f"DROP TABLE {table}"
+            for table in ("payload_refs", "payload_content", "run_keys", "encryption_keys")
+        ),
+        *(f"DROP INDEX {index}" for index in _SCHEMA_18_INDEXES),
+        "DELETE FROM zincir_schema_migrations WHERE version >= 15",
+    ):
+        rows(db, statement)
+    async with zincir.open_database(db_target) as db:  # migrated again
+        assert scalar(db, "SELECT max(version) FROM zincir_schema_migrations") == 18
         events = await db.events(run_id)
         assert any(e.payload.get("to") == "completed" for e in events)
         assert (await db.state(run_id)).run.result == {"answer": BIG}
+
+
+_SCHEMA_18_INDEXES = (
+    "idx_signals_run",
+    "idx_joins_child",
+    "idx_waits_signal",
+    "idx_messages_from",
+    "idx_messages_to",
+)
 
 
 def test_parts_are_the_large_members_and_join_back() -> None:
@@ -286,14 +294,13 @@ async def test_a_child_spawned_again_with_a_large_config_is_stored_once(db_targe
             assert child.config == {"brief": BIG}
 
 
-@pytest.mark.sqlite_only
-async def test_a_reference_text_nobody_wrote_is_shown_as_it_is(db_path: Path) -> None:
-    async with zincir.open_database(db_path) as db, zincir.open_run(db) as run:
+async def test_a_reference_text_nobody_wrote_is_shown_as_it_is(db: zincir.Database) -> None:
+    async with zincir.open_run(db) as run:
         run_id = run.id
     long_junk = "@" + "y" * 500
     for junk in ("@not json", "@[1, 2]", '@[["' + "0" * 64 + '"]]', long_junk):  # 3rd: never stored
-        rows(db_path, "UPDATE events SET payload = ? WHERE run_id = ? AND seq = 0", (junk, run_id))
-        conn = q.open_readonly(db_path)
+        rows(db, "UPDATE events SET payload = ? WHERE run_id = ? AND seq = 0", (junk, run_id))
+        conn = q.open_readonly(db.path)
         try:
             (event,) = q.list_events(conn, run_id, max_payload_chars=100).events
         finally:
