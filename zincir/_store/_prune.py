@@ -20,7 +20,7 @@ See docs/retention.md for the policy. The rules this module keeps:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any, Final
 
@@ -281,16 +281,31 @@ def _still_closed(tx: Tx, doomed: list[str], edges: set[tuple[str, str]]) -> tup
 def _delete(tx: Tx, runs: list[str]) -> dict[str, int]:
     """Delete every row of ``runs`` (whole families, children before parents), table by
     table; rows deleted per table."""
-    deleted: dict[str, int] = {}
+    return _per_table(
+        tx, runs, lambda table, where, params: tx.count(f"DELETE FROM {table} WHERE {where}", params)
+    )
+
+
+def _count_rows(tx: Tx, runs: list[str]) -> dict[str, int]:
+    """What :func:`_delete` would delete: rows per table (a dry run)."""
+    return _per_table(
+        tx,
+        runs,
+        lambda table, where, params: int(tx.one(f"SELECT count(*) FROM {table} WHERE {where}", params)[0]),
+    )
+
+
+def _per_table(
+    tx: Tx, runs: list[str], rows_where: Callable[[str, str, tuple[Any, ...]], int]
+) -> dict[str, int]:
+    """``rows_where(table, where, params)`` summed per table of :data:`RUN_TABLES`, ``where``
+    naming a chunk of ``runs`` in the table's run columns."""
     if not runs:
-        return deleted
-    for table, columns in _tables(tx):
-        total = 0
-        for part in tx.dialect.chunks(runs):
-            wheres, params = _naming(tx, columns, part)
-            total += tx.count(f"DELETE FROM {table} WHERE {wheres}", params)
-        deleted[table] = total
-    return deleted
+        return {}
+    return {
+        table: sum(rows_where(table, *_naming(tx, columns, part)) for part in tx.dialect.chunks(runs))
+        for table, columns in _tables(tx)
+    }
 
 
 def _tables(tx: Tx) -> list[tuple[str, tuple[str, ...]]]:
@@ -324,20 +339,6 @@ def _children_first(runs: list[str], rows: dict[str, Member]) -> list[str]:
         return depth[run]
 
     return sorted(runs, key=lambda run: -depth_of(run))
-
-
-def _count_rows(tx: Tx, runs: list[str]) -> dict[str, int]:
-    """What :func:`_delete` would delete: rows per table (a dry run)."""
-    counted: dict[str, int] = {}
-    if not runs:
-        return counted
-    for table, columns in _tables(tx):
-        total = 0
-        for part in tx.dialect.chunks(runs):
-            wheres, params = _naming(tx, columns, part)
-            total += tx.one(f"SELECT count(*) FROM {table} WHERE {wheres}", params)[0]
-        counted[table] = total
-    return counted
 
 
 def sweep_pruned(tx: Tx, limit: int = 1000) -> SweptContent:
