@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import statistics
 from typing import Any
 
 from ..harness.charts import Bar, Chart, Group, Mark, Panel
-from ..harness.reports import generated, load_line, machine_lines, ratio
+from ..harness.reports import generated, load_line, machine_lines, middle_half, ratio
 
 SETTINGS = ("off", "on")
 """Encryption at rest off (no key) and on (``encryption_key=...``)."""
@@ -48,7 +47,7 @@ def render(results: dict[str, Any], chart_name: str = "") -> str:
             times = data[workload]
             factor = times["on"]["median"] / times["off"]["median"]
             within = "yes" if factor <= TARGET else "no"
-            cells = [backend, name, _us(times["off"]), _us(times["on"]), ratio(factor), within]
+            cells = [backend, name, *(middle_half(times[s]) for s in SETTINGS), ratio(factor), within]
             lines.append(f"| {' | '.join(cells)} |")
     lines += ["", "## The machine", "", *machine_lines(results["machine"]), load_line(results, tails=True)]
     lines += [
@@ -76,13 +75,3 @@ def chart(results: dict[str, Any]) -> Chart:
             groups.append(Group(bars, title=backend, marks=[target]))
         panels.append(Panel(groups, title=name.capitalize(), note="µs (median, p25-p75), lower is better"))
     return Chart("Encryption at rest: a step on and off", panels)
-
-
-def summary(times: list[float]) -> dict[str, float]:
-    """What the report shows of a setting's times (the JSON keeps these, not every time)."""
-    p25, p50, p75 = statistics.quantiles(times, n=4) if len(times) > 1 else (times[0],) * 3
-    return {"n": len(times), "min": min(times), "p25": p25, "median": p50, "p75": p75, "max": max(times)}
-
-
-def _us(times: dict[str, float]) -> str:
-    return f"{times['median']:,.0f} ({times['p25']:,.0f}-{times['p75']:,.0f})"

@@ -29,8 +29,9 @@ import trio
 import zincir
 
 from ..harness import study
+from ..harness.reports import quartiles
 from ..harness.server import BACKEND_NAMES, paired_targets
-from .report import SETTINGS, WORKLOADS, chart, render, summary
+from .report import SETTINGS, WORKLOADS, chart, render
 
 KEY = os.urandom(32)
 _RESPONSE = "Let me look at the file. " * 40  # about 1 KB
@@ -57,19 +58,10 @@ _WORK: dict[str, Callable[[zincir.Run, int], Awaitable[Any]]] = {"step": _small_
 
 async def _paired(dbs: dict[str, zincir.Database], workload: str, count: int) -> dict[str, list[float]]:
     """Each step's (or round's) time in µs, one run per setting, taking turns."""
-    work = _WORK[workload]
-    times: dict[str, list[float]] = {setting: [] for setting in dbs}
     async with zincir.open_run(dbs["off"]) as off, zincir.open_run(dbs["on"]) as on:
-        runs = {"off": off, "on": on}
-        for run in runs.values():
-            await work(run, -1)  # warm-up
-        for i in range(count):
-            for setting in study.rotated(list(runs), i):
-                started = time.perf_counter()
-                await work(runs[setting], i)
-                times[setting].append((time.perf_counter() - started) * 1e6)
-        for run in runs.values():
-            await run.complete()
+        times = await study.taking_turns({"off": off, "on": on}, _WORK[workload], count)
+        await off.complete()
+        await on.complete()
     return times
 
 
@@ -83,7 +75,7 @@ async def measure(targets: dict[str, str], sizes: dict[str, int], log: study.Log
         for workload in WORKLOADS:
             count = sizes["steps"] if workload == "step" else sizes["rounds"]
             times = await _paired({"off": off, "on": on}, workload, count)
-            results[workload] = {setting: summary(values) for setting, values in times.items()}
+            results[workload] = {setting: quartiles(values) for setting, values in times.items()}
             off_us, on_us = statistics.median(times["off"]), statistics.median(times["on"])
             log(f"  {WORKLOADS[workload]}: off {off_us:.0f} µs, on {on_us:.0f} µs ({on_us / off_us:.2f}x)")
     return results

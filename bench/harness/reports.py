@@ -127,3 +127,14 @@ def ratio(value: float) -> str:
 
 def met(ok: bool | None) -> str:
     return "n/a" if ok is None else ("**met**" if ok else "**MISSED**")
+
+
+def quartiles(times: Sequence[float]) -> dict[str, float]:
+    """What a report shows of a series of times (its JSON keeps these, not every time)."""
+    p25, p50, p75 = statistics.quantiles(times, n=4) if len(times) > 1 else (times[0],) * 3
+    return {"n": len(times), "min": min(times), "p25": p25, "median": p50, "p75": p75, "max": max(times)}
+
+
+def middle_half(summary: dict[str, float]) -> str:
+    """A :func:`quartiles` summary as its median and, in brackets, its middle half (p25-p75)."""
+    return f"{summary['median']:,.0f} ({summary['p25']:,.0f}-{summary['p75']:,.0f})"

@@ -12,7 +12,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -151,6 +151,23 @@ def rotated(items: Sequence[T], k: int) -> list[T]:
     every configuration alike."""
     k %= len(items)
     return [*items[k:], *items[:k]]
+
+
+async def taking_turns(
+    subjects: dict[str, T], work: Callable[[T, int], Awaitable[object]], count: int
+) -> dict[str, list[float]]:
+    """The time in µs of each ``work(subject, i)``, i from 0 to ``count - 1``, the subjects taking
+    turns call by call (which goes first alternates, so that a load that comes and goes hits them
+    alike), after a warm-up call each (i = -1)."""
+    times: dict[str, list[float]] = {name: [] for name in subjects}
+    for subject in subjects.values():
+        await work(subject, -1)
+    for i in range(count):
+        for name in rotated(list(subjects), i):
+            started = time.perf_counter()
+            await work(subjects[name], i)
+            times[name].append((time.perf_counter() - started) * 1e6)
+    return times
 
 
 def begin(program: str, argv: Sequence[str] | None, workdir: Path, **fields: Any) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..harness.charts import Bar, Chart, Group, Mark, Panel
-from ..harness.reports import generated, load_line, machine_lines, ratio
+from ..harness.reports import generated, load_line, machine_lines, middle_half, ratio
 
 SETTINGS: dict[str, int | None] = {"off": None, "on": 4096}
 """The content store's settings compared: ``content_threshold`` of each."""
@@ -48,7 +48,9 @@ def render(results: dict[str, Any], chart_name: str = "") -> str:
     for backend, data in results["backends"].items():
         steps = data["step_us"]
         off, on = steps["off"]["median"], steps["on"]["median"]
-        lines.append(f"| {backend} | {_us(steps['off'])} | {_us(steps['on'])} | {ratio(on / off)} |")
+        lines.append(
+            f"| {backend} | {middle_half(steps['off'])} | {middle_half(steps['on'])} | {ratio(on / off)} |"
+        )
     lines += ["", "## The machine", "", *machine_lines(results["machine"]), load_line(results, tails=True)]
     lines += [
         "",
@@ -91,7 +93,3 @@ def chart(results: dict[str, Any]) -> Chart:
 
 def _mb(value: float) -> str:
     return f"{value / 1e6:,.1f} MB"
-
-
-def _us(summary: dict[str, float]) -> str:
-    return f"{summary['median']:,.0f} ({summary['p25']:,.0f}-{summary['p75']:,.0f})"

@@ -23,6 +23,7 @@ import random
 import statistics
 import string
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ import trio
 import zincir
 
 from ..harness import study
+from ..harness.reports import quartiles
 from ..harness.server import BACKEND_NAMES, database_size, paired_targets
 from .report import SETTINGS, chart, render
 
@@ -67,21 +69,16 @@ async def _one(_: Any = None) -> int:
     return 1
 
 
+def _small_step(run: zincir.Run, i: int) -> Awaitable[Any]:
+    return run.step(f"s{i}", _one)
+
+
 async def _paired_steps(dbs: dict[str, zincir.Database], steps: int) -> dict[str, list[float]]:
-    """Each small step's time in µs, in one run per setting, the settings taking turns step by
-    step (which goes first alternates): a load that comes and goes hits both alike."""
-    times: dict[str, list[float]] = {setting: [] for setting in dbs}
+    """Each small step's time in µs, in one run per setting, the settings taking turns."""
     async with zincir.open_run(dbs["off"]) as off, zincir.open_run(dbs["on"]) as on:
-        runs = {"off": off, "on": on}
-        for run in runs.values():
-            await run.step("warm-up", _one)
-        for i in range(steps):
-            for setting in study.rotated(list(runs), i):
-                started = time.perf_counter()
-                await runs[setting].step(f"s{i}", _one)
-                times[setting].append((time.perf_counter() - started) * 1e6)
-        for run in runs.values():
-            await run.complete()
+        times = await study.taking_turns({"off": off, "on": on}, _small_step, steps)
+        await off.complete()
+        await on.complete()
     return times
 
 
@@ -101,13 +98,7 @@ async def measure(targets: dict[str, str], sizes: dict[str, int], log: study.Log
             f"  small step: off {statistics.median(steps['off']):.0f} µs,"
             f" on {statistics.median(steps['on']):.0f} µs (medians of {sizes['steps']})"
         )
-    return {"disk": disk, "step_us": {setting: _summary(times) for setting, times in steps.items()}}
-
-
-def _summary(times: list[float]) -> dict[str, float]:
-    """What the report shows of a setting's step times (the JSON keeps these, not every time)."""
-    p25, p50, p75 = statistics.quantiles(times, n=4) if len(times) > 1 else (times[0],) * 3
-    return {"n": len(times), "min": min(times), "p25": p25, "median": p50, "p75": p75, "max": max(times)}
+    return {"disk": disk, "step_us": {setting: quartiles(times) for setting, times in steps.items()}}
 
 
 def main(argv: list[str] | None = None) -> int:
