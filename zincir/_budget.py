@@ -22,6 +22,7 @@ __all__ = [
     "Debit",
     "Exceeded",
     "Spend",
+    "SpendSum",
     "Usage",
     "debit_of",
     "exceeded_error",
@@ -214,6 +215,31 @@ class Debit:
         for counted_call in self.calls:
             counted[counted_call.args_hash] = counted.get(counted_call.args_hash, 0) + 1
         return counted
+
+
+@attrs.frozen
+class SpendSum:
+    """What model responses spent, added up from the usage recorded with them (a fork's copied
+    budget and a diff's sides count their responses with it)."""
+
+    model_calls: int = 0
+    tool_calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost: float = 0.0
+
+    def plus(self, debit: Debit, tool_calls: int) -> SpendSum:
+        """With one more response: its debit and the number of tool calls it asked for."""
+        return SpendSum(
+            self.model_calls + 1,
+            self.tool_calls + tool_calls,
+            self.input_tokens + debit.input_tokens,
+            self.output_tokens + debit.output_tokens,
+            self.cost + debit.cost,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return attrs.asdict(self)
 
 
 def loop_of(debit: Debit, window_counts: Mapping[str, int]) -> tuple[int, ToolCall | None]:

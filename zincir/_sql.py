@@ -96,6 +96,10 @@ class Dialect:
     ``secure_delete``, kept on by an encrypted database's writer so that no copy of an erased
     run's key is left in free space; PostgreSQL has none: docs/payloads.md#erasure)."""
 
+    def limit(self, limit: int | None) -> int | None:
+        """The LIMIT parameter of at most ``limit`` rows (None: all of them)."""
+        return self.unlimited if limit is None else limit
+
     def indexed(self, index: str) -> str:
         """After a table's name: read it through ``index`` (SQLite's planner may not see that
         a partial index or a range is best; PostgreSQL's does)."""

@@ -18,7 +18,14 @@ from .._payloads import refer, stored, stored_unreferenced
 from .._rows import RUN_COLUMNS
 from .._store import Reply, Store, Tx, _ends
 from .._store._budgets import insert_budget
-from .._store._children import INHERITED, SHARED_CHILD, SHARES, await_child, inherited_params, join_children
+from .._store._children import (
+    SHARED_CHILD,
+    SHARES,
+    await_child,
+    insert_child_params,
+    insert_child_sql,
+    join_children,
+)
 from .._store._types import Lease, NewChild
 from .._types import EventType, RunStatus
 from ._tx import POSTGRES
@@ -40,11 +47,7 @@ def spawn_children(tx: Tx, lease: Lease, children: Sequence[NewChild]) -> list[s
     inserts = [
         tx.send(
             "WITH now AS MATERIALIZED (SELECT CAST(:now AS BIGINT) AS ms),"
-            " spawned AS (INSERT INTO agent_runs (id, parent_run_id, role, provider, status, config,"
-            " created_at, updated_at, next_attempt_at, spawn_name, version, fingerprints, traceparent)"
-            f" SELECT ?, ?, ?, ?, 'pending', ?, now.ms, now.ms, now.ms, ?, {INHERITED}, ? FROM now"
-            f" WHERE NOT EXISTS ({SHARED_CHILD})"
-            " ON CONFLICT (parent_run_id, spawn_name) WHERE spawn_name IS NOT NULL DO NOTHING RETURNING id),"
+            f" spawned AS ({insert_child_sql('now.ms', ' FROM now')} RETURNING id),"
             " allocated AS (UPDATE agent_runs SET last_seq = last_seq + 1, updated_at = (SELECT ms FROM now)"
             " WHERE id = ? AND EXISTS (SELECT 1 FROM spawned) RETURNING last_seq),"
             " logged AS (INSERT INTO events (run_id, seq, type, payload, idempotency_key, created_at)"
@@ -53,11 +56,7 @@ def spawn_children(tx: Tx, lease: Lease, children: Sequence[NewChild]) -> list[s
             " coalesce((SELECT id FROM agent_runs WHERE parent_run_id = ? AND spawn_name = ?),"
             f" ({SHARED_CHILD}))",
             (
-                *(child.child_id, parent_id, child.role, child.provider),
-                *(config, child.name),
-                *inherited_params(child, parent_id),
-                child.traceparent,
-                *(parent_id, child.name),
+                *insert_child_params(child, parent_id, config),
                 parent_id,
                 *(parent_id, EventType.CHILD_SPAWNED.value, _spawned_event(child), f"spawn:{child.name}"),
                 *(parent_id, child.name, parent_id, child.name),

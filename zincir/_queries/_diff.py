@@ -14,7 +14,7 @@ from typing import Any, Final
 
 import attrs
 
-from .._budget import debit_of
+from .._budget import SpendSum, debit_of
 from .._errors import ZincirError
 from .._types import EventType
 from ._connect import Reader
@@ -27,37 +27,6 @@ __all__ = ["DEFAULT_ITEMS", "DiffItem", "DiffSide", "RunDiff", "SpendSum", "diff
 
 #: How many events a side lists after the divergence, by default.
 DEFAULT_ITEMS: Final = 50
-
-
-@attrs.frozen
-class SpendSum:
-    """What a side's model responses spent, from the usage recorded with them."""
-
-    model_calls: int = 0
-    tool_calls: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cost: float = 0.0
-
-    def plus(self, response: Any) -> SpendSum:
-        """With one more response (an ``llm_call`` payload); usage zincir cannot read counts 0."""
-        data = response if isinstance(response, dict) else {}
-        calls = data.get("tool_calls")
-        calls = calls if isinstance(calls, list) else []
-        try:
-            debit = debit_of(data.get("usage"), (), "a recorded response")
-        except (ZincirError, AttributeError, TypeError):
-            debit = debit_of(None, (), "")
-        return SpendSum(
-            self.model_calls + 1,
-            self.tool_calls + len(calls),
-            self.input_tokens + debit.input_tokens,
-            self.output_tokens + debit.output_tokens,
-            self.cost + debit.cost,
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return attrs.asdict(self)
 
 
 @attrs.frozen
@@ -239,6 +208,18 @@ def _event(row: EventRow) -> tuple[str, str]:
     return row.type, row.payload
 
 
+def _plus(spend: SpendSum, response: Any) -> SpendSum:
+    """``spend`` with one more response (an ``llm_call`` payload); usage zincir cannot read counts 0."""
+    data = response if isinstance(response, dict) else {}
+    calls = data.get("tool_calls")
+    calls = calls if isinstance(calls, list) else []
+    try:
+        debit = debit_of(data.get("usage"), (), "a recorded response")
+    except (ZincirError, AttributeError, TypeError):
+        debit = debit_of(None, (), "")
+    return spend.plus(debit, len(calls))
+
+
 def _side(
     run: RunDetail, first: EventRow | None, rest: Iterator[EventRow], limit: int, max_events: int | None
 ) -> DiffSide:
@@ -253,7 +234,7 @@ def _side(
             count += 1
             payload = _decoded(event.payload)
             if event.type == EventType.LLM_CALL.value:
-                spend = spend.plus(payload)
+                spend = _plus(spend, payload)
             if event.type == EventType.TOOL_CALL.value:
                 continue  # shown with its response
             if len(items) < limit:

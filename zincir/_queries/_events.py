@@ -8,7 +8,7 @@ page, so a run with a million events, or one huge payload, costs one bounded pag
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final
 
 import attrs
@@ -212,13 +212,7 @@ def _forward_page(
 ) -> EventPage:
     has_after = more or scan_edge is not None
     next_after = raw_value(rows[-1].seq) if more else scan_edge
-    if rows:
-        first = raw_value(rows[0].seq)
-        has_before = _events_exist(conn, run_id, "<", first)
-        prev_before = first
-    else:
-        has_before = after is not None and _events_exist(conn, run_id, "<=", after)
-        prev_before = _successor(after)
+    has_before, prev_before = _behind(conn, run_id, rows, 0, "<", after, None, _successor)
     return EventPage(
         tuple(rows), has_before, has_after, next_after, prev_before if has_before else None, scan_edge
     )
@@ -227,20 +221,33 @@ def _forward_page(
 def _backward_page(
     conn: Reader, run_id: str, rows: list[EventRow], more: bool, before: object, scan_edge: object
 ) -> EventPage:
-    # The mirror of _forward_page, before and after swapped: kept as two plain functions, since
-    # one taking the direction would have to swap every line and read worse than either.
+    # The mirror of _forward_page, before and after swapped (the few lines that name them).
     has_before = more or scan_edge is not None
     prev_before = raw_value(rows[0].seq) if more else scan_edge
-    if rows:
-        last = raw_value(rows[-1].seq)
-        has_after = _events_exist(conn, run_id, ">", last)
-        next_after = last
-    else:
-        has_after = before is not LATEST and _events_exist(conn, run_id, ">=", before)
-        next_after = _predecessor(before)
+    has_after, next_after = _behind(conn, run_id, rows, -1, ">", before, LATEST, _predecessor)
     return EventPage(
         tuple(rows), has_before, has_after, next_after if has_after else None, prev_before, scan_edge
     )
+
+
+def _behind(
+    conn: Reader,
+    run_id: str,
+    rows: list[EventRow],
+    edge: int,
+    op: str,
+    cursor: object,
+    no_cursor: object,
+    past: Callable[[object], object],
+) -> tuple[bool, object]:
+    """Whether the log has events behind a page, the way it was not read (``op``: ``<`` or
+    ``>``), and the cursor that reads them: behind its row on that side (``rows[edge]``), or,
+    for an empty page, behind its own ``cursor`` (inclusive; ``no_cursor``: the page began at
+    the log's edge, so nothing is behind it)."""
+    if rows:
+        seq = raw_value(rows[edge].seq)
+        return _events_exist(conn, run_id, op, seq), seq
+    return cursor is not no_cursor and _events_exist(conn, run_id, op + "=", cursor), past(cursor)
 
 
 def _successor(value: object) -> object:

@@ -96,12 +96,11 @@ def checkpoint_to_json(run_id: str, checkpoint: CheckpointRow) -> dict[str, Any]
         "decided_at": plain(c.decided_at),
         "run_id": run_id,
     }
-    cut = {"state": c.state_size} if c.state_truncated else {}
-    if c.verification_truncated:
-        cut["verification"] = c.verification_size
-    if cut:
-        data["truncated"] = cut
-    return data
+    return _with_cuts(
+        data,
+        state=(c.state_truncated, c.state_size),
+        verification=(c.verification_truncated, c.verification_size),
+    )
 
 
 def step_to_json(run_id: str, step: StepRow) -> dict[str, Any]:
@@ -115,9 +114,7 @@ def step_to_json(run_id: str, step: StepRow) -> dict[str, Any]:
         "completed_at": plain(step.completed_at),
         "run_id": run_id,
     }
-    if step.truncated:
-        data["truncated"] = {"result": step.result_size}
-    return data
+    return _with_cuts(data, result=(step.truncated, step.result_size))
 
 
 def stream_chunk_to_json(run_id: str, chunk: StreamChunkRow) -> dict[str, Any]:
@@ -131,8 +128,15 @@ def stream_chunk_to_json(run_id: str, chunk: StreamChunkRow) -> dict[str, Any]:
         "created_at": plain(chunk.created_at),
         "run_id": run_id,
     }
-    if chunk.truncated:
-        data["truncated"] = {"data": chunk.size}
+    return _with_cuts(data, data=(chunk.truncated, chunk.size))
+
+
+def _with_cuts(data: dict[str, Any], /, **values: tuple[bool, int]) -> dict[str, Any]:
+    """``data`` with ``truncated``, the stored size of each value cut to a prefix (if any was),
+    by field; ``values``: each value's (cut, stored size)."""
+    cut = {field: size for field, (truncated, size) in values.items() if truncated}
+    if cut:
+        data["truncated"] = cut
     return data
 
 

@@ -47,7 +47,7 @@ def list_outsider_actions(
         f"SELECT {d.int_column('id')}, {name_column('action')}, {name_column('done_by')},"
         f" {json_columns('detail', max_chars)}, {d.int_column('created_at')}"
         " FROM outsider_actions WHERE run_id = ? ORDER BY id DESC LIMIT ?",
-        (run_id, d.unlimited if limit is None else limit),
+        (run_id, d.limit(limit)),
     )
     return tuple(
         OutsiderAction(

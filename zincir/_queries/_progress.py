@@ -133,7 +133,7 @@ def list_checkpoints(
     d = conn.dialect
     rows = conn.execute(
         _checkpoint_sql(d, max_chars) + " WHERE run_id = ? ORDER BY round LIMIT ?",
-        (run_id, d.unlimited if limit is None else limit),
+        (run_id, d.limit(limit)),
     )
     return tuple(_checkpoint(row, max_chars) for row in _cut_checkpoints(conn, list(rows), max_chars))
 
@@ -228,7 +228,7 @@ def list_steps(
     d = conn.dialect
     rows = conn.execute(
         _step_sql(d, max_chars) + " WHERE run_id = ? ORDER BY started_at, name LIMIT ?",
-        (run_id, d.unlimited if limit is None else limit),
+        (run_id, d.limit(limit)),
     )
     return tuple(_step(row, max_chars) for row in cut_texts(conn, list(rows), (3,), max_chars))
 

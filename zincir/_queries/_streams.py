@@ -92,7 +92,7 @@ def list_streams(conn: Reader, run_id: str, *, limit: int | None = STREAMS_SHOWN
         " FROM streams AS s JOIN agent_runs AS r ON r.id = s.run_id"
         " WHERE s.run_id = ? AND s.name IN (SELECT DISTINCT name FROM streams WHERE run_id = ?"
         " ORDER BY name LIMIT ?) ORDER BY s.name, s.attempt",
-        (run_id, run_id, d.unlimited if limit is None else limit),
+        (run_id, run_id, d.limit(limit)),
     )
     streams: dict[str, list[StreamAttemptRow]] = {}
     for name, attempt, epoch, first, after, state, updated_at in rows:

@@ -44,7 +44,7 @@ def list_timers(conn: Reader, run_id: str, *, limit: int | None = None) -> tuple
         f"SELECT {name_column('name')}, {d.int_column('wake_at')}, {d.int_column('created_at')},"
         f" {d.int_column('completed_at')}"
         " FROM timers WHERE run_id = ? ORDER BY wake_at, name LIMIT ?",
-        (run_id, d.unlimited if limit is None else limit),
+        (run_id, d.limit(limit)),
     )
     return tuple(TimerRow(as_text(r[0]), as_int(r[1]), as_int(r[2]), as_opt_int(r[3])) for r in rows)
 

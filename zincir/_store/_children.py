@@ -28,20 +28,7 @@ def spawn_children(tx: Tx, lease: Lease, children: Sequence[NewChild]) -> list[s
     # The configs' parts are referenced by the children that are new (a repeated spawn writes no row).
     configs = [stored_unreferenced(tx, child.config_json, child.child_id) for child in children]
     inserts = [
-        tx.send(
-            "INSERT INTO agent_runs (id, parent_run_id, role, provider, status, config, created_at,"
-            " updated_at, next_attempt_at, spawn_name, version, fingerprints, traceparent)"
-            f" SELECT ?, ?, ?, ?, 'pending', ?, :now, :now, :now, ?, {INHERITED}, ?"
-            f" WHERE NOT EXISTS ({SHARED_CHILD})"
-            " ON CONFLICT (parent_run_id, spawn_name) WHERE spawn_name IS NOT NULL DO NOTHING",
-            (
-                *(child.child_id, parent_id, child.role, child.provider),
-                *(config, child.name),
-                *inherited_params(child, parent_id),
-                child.traceparent,
-                *(parent_id, child.name),
-            ),
-        )
+        tx.send(insert_child_sql(":now"), insert_child_params(child, parent_id, config))
         for child, (config, _) in zip(children, configs, strict=True)
     ]
     ids: dict[str, str] = {}
@@ -65,6 +52,29 @@ def spawn_children(tx: Tx, lease: Lease, children: Sequence[NewChild]) -> list[s
         )
         ids.update(found)
     return [ids[child.name] for child in children]
+
+
+def insert_child_sql(now: str, source: str = "") -> str:
+    """The insert of a new child as a pending run, unless its name is taken (spawned before, or a
+    child its fork shares): ``now`` the clock's expression, ``source`` the FROM that gives it."""
+    return (
+        "INSERT INTO agent_runs (id, parent_run_id, role, provider, status, config, created_at,"
+        " updated_at, next_attempt_at, spawn_name, version, fingerprints, traceparent)"
+        f" SELECT ?, ?, ?, ?, 'pending', ?, {now}, {now}, {now}, ?, {INHERITED}, ?{source}"
+        f" WHERE NOT EXISTS ({SHARED_CHILD})"
+        " ON CONFLICT (parent_run_id, spawn_name) WHERE spawn_name IS NOT NULL DO NOTHING"
+    )
+
+
+def insert_child_params(child: NewChild, parent_id: str, config: str) -> tuple[object, ...]:
+    """:func:`insert_child_sql`'s parameters (``config``: the stored config)."""
+    return (
+        *(child.child_id, parent_id, child.role, child.provider),
+        *(config, child.name),
+        *inherited_params(child, parent_id),
+        child.traceparent,
+        *(parent_id, child.name),
+    )
 
 
 SHARED_CHILD = "SELECT child_id FROM shared_children WHERE run_id = ? AND spawn_name = ?"

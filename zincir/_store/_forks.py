@@ -28,7 +28,7 @@ from typing import Any
 
 import attrs
 
-from .._budget import LIMIT_COLUMNS, CountedCall, debit_of, loop_of
+from .._budget import LIMIT_COLUMNS, CountedCall, SpendSum, debit_of, loop_of
 from .._errors import InvalidForkPoint, RunErased, RunNotFound
 from .._json import decode
 from .._json import dump_trusted as _dump
@@ -403,11 +403,7 @@ def _copy_budget(tx: Tx, source_id: str, fork_id: str, at: int) -> None:
 class _Spent:
     """A budget's spend, added up response by response as ``_budgets.debit_budget`` does."""
 
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cost: float = 0.0
-    model_calls: int = 0
-    tool_calls: int = 0
+    total: SpendSum = attrs.Factory(SpendSum)
     without_progress: int = 0
     window: dict[str, int] = attrs.Factory(dict)
     identical: int = 0
@@ -419,11 +415,7 @@ class _Spent:
             for c in response["tool_calls"]
         )
         debit = debit_of(response.get("usage"), calls, what)
-        self.input_tokens = min(self.input_tokens + debit.input_tokens, MAX_INT)
-        self.output_tokens = min(self.output_tokens + debit.output_tokens, MAX_INT)
-        self.cost += debit.cost
-        self.model_calls += 1
-        self.tool_calls = min(self.tool_calls + len(calls), MAX_INT)
+        self.total = self.total.plus(debit, len(calls))
         self.without_progress += 1
         if counting:
             for hash_, count in debit.counts().items():
@@ -437,7 +429,10 @@ class _Spent:
         self.window.clear()
 
     def row(self) -> tuple[Any, ...]:
+        """The budget's spent columns; a count past the largest BIGINT is capped, as the store's
+        sums are (capping the total caps each partial sum: the counts only grow)."""
+        s = self.total
         return (
-            self.input_tokens, self.output_tokens, self.cost, self.model_calls, self.tool_calls,
-            self.identical, self.repeated_id, self.without_progress,
+            min(s.input_tokens, MAX_INT), min(s.output_tokens, MAX_INT), s.cost, s.model_calls,
+            min(s.tool_calls, MAX_INT), self.identical, self.repeated_id, self.without_progress,
         )  # fmt: skip

@@ -46,7 +46,7 @@ def list_runs(tx: Tx, status: RunStatus | None, role: str | None, limit: int) ->
 def events_after(tx: Tx, run_id: str, after_seq: int, limit: int | None = None) -> list[Event]:
     rows = tx.all(
         f"SELECT {EVENT_COLUMNS} FROM events WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?",
-        (run_id, after_seq, tx.dialect.unlimited if limit is None else limit),
+        (run_id, after_seq, tx.dialect.limit(limit)),
     )
     return [to_event(run_id, row) for row in resolved(tx, rows, EVENT_JSON)]
 

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
-from typing import Any, Final
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any, Final, TypeVar
 
 import attrs
 
 from .. import Checkpoint, DurableState, EventType, InvalidArgument, PendingToolCall, Run
+from .._validation import check_name
 
 JSONValue = Any
 """What ``json.dumps(value, allow_nan=False)`` accepts (as everywhere in zincir)."""
@@ -24,14 +25,15 @@ __all__ = [
     "JSONValue",
     "Price",
     "Turn",
+    "answers",
     "before_model_call",
     "checkpoint_text",
     "conversation_of",
+    "durable_call",
     "goal_of",
     "price_of",
     "request_tokens",
     "result_text",
-    "results_in_order",
 ]
 
 DEFAULT_NUDGE: Final = "Continue toward the goal; call your tools when you need them."
@@ -118,6 +120,27 @@ async def before_model_call(run: Run, request: Mapping[str, Any], prices: Prices
     return await run.start_model_call(size, model=model, cost=cost)
 
 
+Response = TypeVar("Response")
+
+
+async def durable_call(
+    run: Run,
+    params: dict[str, Any],
+    prices: Prices | None,
+    stream_to: str | None,
+    call: Callable[[], Awaitable[Response]],
+    streamed: Callable[[str], Awaitable[Response]],
+) -> Response:
+    """An adapter's ``create`` after its own checks: the stream's name checked (before the
+    call's mark is written), :func:`before_model_call`, then the SDK's call (``call()``, or
+    ``streamed(stream_to)``), traced as the call's span. The caller records the response."""
+    if stream_to is not None:
+        stream_to = check_name(stream_to, f"run {run.id}: the stream name")
+    await before_model_call(run, params, prices)
+    with run._in_model_call():  # work (no suspension under it), traced as the call's span
+        return await (call() if stream_to is None else streamed(stream_to))
+
+
 CHARS_PER_TOKEN: Final = 4
 """The rule of thumb a request's size in tokens is estimated by (no tokenizer is called)."""
 
@@ -147,6 +170,14 @@ class Turn:
     def call_ids(self) -> list[str]:
         return [call["id"] for call in self.response.get("tool_calls") or []]
 
+    def after_results(self, nudge: str | None) -> list[str]:
+        """What the user says after the turn's results: the orphans' results, then ``nudge``
+        after a response that asked for no tool (``None``: nothing)."""
+        texts = [orphan_text(*o) for o in self.orphans]
+        if not self.call_ids and nudge is not None:
+            texts.append(nudge)
+        return texts
+
 
 @attrs.define
 class Conversation:
@@ -157,6 +188,14 @@ class Conversation:
     checkpoint: Checkpoint | None
     orphans: list[tuple[str, JSONValue]]
     turns: list[Turn]
+
+    @property
+    def opening(self) -> list[str]:
+        """What the user says first: the goal, the checkpoint (if any), the orphans' results."""
+        texts = [self.goal]
+        if self.checkpoint is not None:
+            texts.append(checkpoint_text(self.checkpoint))
+        return texts + [orphan_text(*o) for o in self.orphans]
 
 
 def conversation_of(state: DurableState, goal: str | None) -> Conversation:
@@ -222,14 +261,19 @@ def orphan_text(call_id: str, content: JSONValue) -> str:
     return f"Result of the earlier tool call {call_id}:\n{result_text(content)}"
 
 
-def results_in_order(
-    pending: Iterable[PendingToolCall], results: Mapping[str, JSONValue]
-) -> list[tuple[str, JSONValue]]:
-    """(call id, result) for each of ``pending``, in order, from ``results`` by call id;
-    InvalidArgument for a call without one."""
+Answer = TypeVar("Answer")
+
+
+def answers(
+    pending: Iterable[PendingToolCall],
+    results: Mapping[str, JSONValue],
+    answer: Callable[[str, JSONValue], Answer],
+) -> list[Answer]:
+    """``answer(call id, result)`` for each of ``pending``, in order, from ``results`` by call
+    id; InvalidArgument for a call without one."""
     found = []
     for item in pending:
         if item.call.id not in results:
             raise InvalidArgument(f"tool call {item.call.id!r} ({item.call.name}) has no result in results")
-        found.append((item.call.id, results[item.call.id]))
+        found.append(answer(item.call.id, results[item.call.id]))
     return found

@@ -33,19 +33,16 @@ from anthropic import AsyncAnthropic
 from anthropic.types import Message, MessageParam, ToolResultBlockParam
 
 from .. import DurableState, InvalidArgument, PendingToolCall, Run, ToolCall
-from .._validation import check_name
 from ._common import (
     DEFAULT_NUDGE,
     JSONValue,
     Price,
     Prices,
-    before_model_call,
-    checkpoint_text,
+    answers,
     conversation_of,
-    orphan_text,
+    durable_call,
     price_of,
     result_text,
-    results_in_order,
     tokens,
 )
 from ._tools import run_tools
@@ -106,14 +103,14 @@ async def create(
             f"run {run.id}: create() records whole messages; stream with stream_to=NAME, or record"
             " a stream's final message with record()"
         )
-    if stream_to is not None:  # refused before the call's mark is written
-        stream_to = check_name(stream_to, f"run {run.id}: the stream name")
-    await before_model_call(run, params, prices)
-    with run._in_model_call():  # work (no suspension under it), traced as the call's span
-        if stream_to is None:
-            message: Message = await client.messages.create(**params)
-        else:
-            message = await _streamed(run, client, stream_to, params)
+    message: Message = await durable_call(
+        run,
+        params,
+        prices,
+        stream_to,
+        lambda: client.messages.create(**params),
+        lambda name: _streamed(run, client, name, params),
+    )
     await record(run, message, prices=prices)
     return message
 
@@ -145,17 +142,11 @@ def messages(
     """
     talk = conversation_of(state, goal)
     out: list[dict[str, Any]] = []
-    first = [_text(talk.goal)]
-    if talk.checkpoint is not None:
-        first.append(_text(checkpoint_text(talk.checkpoint)))
-    _add(out, "user", first + [_text(orphan_text(*o)) for o in talk.orphans])
+    _add(out, "user", [_text(text) for text in talk.opening])
     for turn in talk.turns:
         _add(out, "assistant", _assistant_blocks(turn.response))
-        answer: list[dict[str, Any]] = [_result(call_id, content) for call_id, content in turn.results]
-        answer += [_text(orphan_text(*o)) for o in turn.orphans]
-        if not turn.call_ids and nudge is not None:
-            answer.append(_text(nudge))
-        _add(out, "user", answer)
+        answer = [_result(call_id, content) for call_id, content in turn.results]
+        _add(out, "user", answer + [_text(text) for text in turn.after_results(nudge)])
     return cast("list[MessageParam]", out)
 
 
@@ -165,8 +156,7 @@ def tool_results(
     """A ``tool_result`` block for each of ``pending`` (in order), from ``results`` by call id
     (as :func:`run_tools` returns them): the content of the user turn that answers them. A
     result that is not a string is sent as JSON."""
-    blocks = [_result(call_id, content) for call_id, content in results_in_order(pending, results)]
-    return cast("list[ToolResultBlockParam]", blocks)
+    return cast("list[ToolResultBlockParam]", answers(pending, results, _result))
 
 
 def _text(text: str) -> dict[str, Any]:

@@ -37,19 +37,16 @@ from openai.types.chat import (
 )
 
 from .. import DurableState, InvalidArgument, PendingToolCall, Run, ToolCall
-from .._validation import check_name
 from ._common import (
     DEFAULT_NUDGE,
     JSONValue,
     Price,
     Prices,
-    before_model_call,
-    checkpoint_text,
+    answers,
     conversation_of,
-    orphan_text,
+    durable_call,
     price_of,
     result_text,
-    results_in_order,
     tokens,
 )
 from ._tools import run_tools
@@ -146,14 +143,14 @@ async def create(
     call's would be (docs/streams.md). Pass ``stream=True`` never: raw chunks are no completion."""
     if params.get("stream"):
         raise InvalidArgument(f"run {run.id}: create() records whole completions; stream with stream_to=NAME")
-    if stream_to is not None:  # refused before the call's mark is written
-        stream_to = check_name(stream_to, f"run {run.id}: the stream name")
-    await before_model_call(run, params, prices)
-    with run._in_model_call():  # work (no suspension under it), traced as the call's span
-        if stream_to is None:
-            completion: ChatCompletion = await client.chat.completions.create(**params)
-        else:
-            completion = await _streamed(run, client, stream_to, params)
+    completion: ChatCompletion = await durable_call(
+        run,
+        params,
+        prices,
+        stream_to,
+        lambda: client.chat.completions.create(**params),
+        lambda name: _streamed(run, client, name, params),
+    )
     await record(run, completion, prices=prices)
     return completion
 
@@ -198,16 +195,11 @@ def messages(
     out: list[dict[str, Any]] = []
     if system is not None:
         out.append({"role": "system", "content": system})
-    out.append({"role": "user", "content": talk.goal})
-    if talk.checkpoint is not None:
-        out.append({"role": "user", "content": checkpoint_text(talk.checkpoint)})
-    out += [_user(orphan_text(*o)) for o in talk.orphans]
+    out += [_user(text) for text in talk.opening]
     for turn in talk.turns:
         out.append(_assistant(turn.response))
         out += [_tool(call_id, content) for call_id, content in turn.results]
-        out += [_user(orphan_text(*o)) for o in turn.orphans]
-        if not turn.call_ids and nudge is not None:
-            out.append(_user(nudge))
+        out += [_user(text) for text in turn.after_results(nudge)]
     return cast("list[ChatCompletionMessageParam]", out)
 
 
@@ -216,8 +208,7 @@ def tool_results(
 ) -> list[ChatCompletionToolMessageParam]:
     """A ``tool`` message for each of ``pending`` (in order), from ``results`` by call id (as
     :func:`run_tools` returns them). A result that is not a string is sent as JSON."""
-    out = [_tool(call_id, content) for call_id, content in results_in_order(pending, results)]
-    return cast("list[ChatCompletionToolMessageParam]", out)
+    return cast("list[ChatCompletionToolMessageParam]", answers(pending, results, _tool))
 
 
 def _user(text: str) -> dict[str, Any]:
