@@ -156,16 +156,17 @@ def render(res: dict[str, Any], chart_name: str) -> str:
     add("")
     add(
         "| worker processes | runs/s (median) | min - max | ÷ 1 process"
-        " | runs handled per process (last rep) | CPU ms/run: workers, server (medians) |"
+        " | runs handled per process (last rep) | CPU ms/run: workers, server (medians)"
+        " | row updates per run, HOT share (medians) |"
     )
-    add("|---:|---:|---:|---:|---|---|")
+    add("|---:|---:|---:|---:|---|---|---|")
     one = workers.get("1", math.nan)
     for procs, values in res.get("workers", {}).get("per_s", {}).items():
         last = res["workers"]["trials"][procs][-1]
         add(
             f"| {procs} | {fmt(workers[procs])} | {fmt(min(values))} - {fmt(max(values))} |"
             f" {ratio(workers[procs] / one)} | {', '.join(map(str, last['handled_per_process']))} |"
-            f" {_cpu(res['workers']['trials'][procs])} |"
+            f" {_cpu(res['workers']['trials'][procs])} | {_hot(res['workers']['trials'][procs])} |"
         )
     add("")
     ceiling = _cpu_ceiling(res)
@@ -261,6 +262,15 @@ def _cpu(trials: list[dict[str, Any]]) -> str:
     client = median([t["client_cpu_ms_per_run"] for t in trials if "client_cpu_ms_per_run" in t])
     servers = [t["server_cpu_ms_per_run"] for t in trials if t.get("server_cpu_ms_per_run") is not None]
     return f"{fmt(client, 2)}, {fmt(median(servers), 2) if servers else 'n/a'}"
+
+
+def _hot(trials: list[dict[str, Any]]) -> str:
+    """Updates of agent_runs rows per run, and the HOT share of them (no index entry written)."""
+    updates = [t["row_updates_per_run"] for t in trials if t.get("row_updates_per_run") is not None]
+    shares = [t["hot_share"] for t in trials if t.get("hot_share") is not None]
+    if not updates:
+        return "n/a"  # a report of a run from before these were counted
+    return f"{fmt(median(updates), 2)}, {f'{median(shares):.0%}' if shares else 'n/a'}"
 
 
 EXPLAIN_3 = [
