@@ -57,6 +57,10 @@ def test_zincirs_part_of_every_postgres_comparison_runs_and_reports(
             assert trial["per_s"] > 0
             assert sum(trial["handled_per_process"]) == sizes["worker_runs"] == 30
             assert len(trial["handled_per_process"]) == int(procs)
+            # A claim and a completion update each run's row (pg_stat_user_tables, read once
+            # the workers' sessions ended), and the report says which share of that was HOT.
+            assert trial["row_updates_per_run"] >= 2
+            assert 0 <= trial["hot_share"] <= 1
 
     assert out.with_suffix(".svg").read_text().startswith("<svg")
     # Nothing left behind in the scratch directory but the report.

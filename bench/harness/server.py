@@ -21,6 +21,7 @@ import sqlite3
 import stat
 import subprocess
 import tempfile
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -233,16 +234,18 @@ def postmaster_pid(url: str) -> int | None:
     """The pid of the server's postmaster when the server runs on this machine, else None."""
     import psycopg
 
+    # The backend's /proc entry is read while its connection is open: once closed, the backend
+    # exits (often before the read), and a run's server CPU would read as nothing.
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute("SELECT pg_backend_pid()").fetchone()
-    backend = int(row[0]) if row else 0
-    try:
-        with open(f"/proc/{backend}/comm") as f:
-            if f.read().strip() != "postgres":  # a pid of another machine's server
-                return None
-    except OSError:
-        return None
-    fields = proc_stat(f"/proc/{backend}/stat")
+        backend = int(row[0]) if row else 0
+        try:
+            with open(f"/proc/{backend}/comm") as f:
+                if f.read().strip() != "postgres":  # a pid of another machine's server
+                    return None
+        except OSError:
+            return None
+        fields = proc_stat(f"/proc/{backend}/stat")
     return None if fields is None else int(fields[1])
 
 
@@ -266,6 +269,28 @@ def xact_commits(url: str) -> int:
             "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
         ).fetchone()
     return int(row[0]) if row else 0
+
+
+def row_updates(url: str, table: str, *, settle_s: float = 10.0) -> tuple[int, int]:
+    """(updates, HOT updates) of ``table``'s rows so far (``pg_stat_user_tables``), once no other
+    session is connected to ``url``'s database (up to ``settle_s``): a backend reports its
+    counters when it exits, or about once a second."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        deadline = time.monotonic() + settle_s
+        while time.monotonic() < deadline:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND pid <> pg_backend_pid()"
+            ).fetchone()
+            if not row or not row[0]:
+                break
+            time.sleep(0.05)
+        row = conn.execute(
+            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = %s", (table,)
+        ).fetchone()
+    return (int(row[0]), int(row[1])) if row else (0, 0)
 
 
 def database_size(target: str) -> int:

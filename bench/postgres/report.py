@@ -58,6 +58,56 @@ def render(res: dict[str, Any], chart_name: str) -> str:
         " repetitions, rotated order), and the min - max columns."
     )
     add("")
+    if res["per_step"]["us_per_step"] or res["concurrent"]["steps_per_s"]:
+        add_comparisons_1_to_3(add, res, us, sps)
+    else:
+        add("Comparisons 1 to 3 were not run (`--only`): this report has comparison 4 alone.")
+        add("")
+
+    add(
+        f"## 4. Worker claims + completions per second: {sizes['worker_runs']:,} due runs,"
+        f" {', '.join(map(str, sizes['worker_procs']))} worker process(es)"
+    )
+    add("")
+    add(
+        f"Each repetition seeds {sizes['worker_runs']:,} due runs (created and released) in a fresh"
+        " database, starts the worker processes (each has imported zincir and opened the database"
+        f" before the clock starts), each a `ResumeWorker(max_concurrency={sizes['worker_concurrency']},"
+        f" poll_interval={sizes['worker_poll']})` whose handler only calls `run.complete()`; the parent"
+        " says go and polls `count(*)` of completed runs every 20 ms until all are done."
+        f" {sizes['worker_reps']} repetition(s), the process counts interleaved (rotated)."
+    )
+    add("")
+    add(
+        "| worker processes | runs/s (median) | min - max | ÷ 1 process"
+        " | runs handled per process (last rep) | CPU ms/run: workers, server (medians)"
+        " | row updates per run, HOT share (medians) |"
+    )
+    add("|---:|---:|---:|---:|---|---|---|")
+    one = workers.get("1", math.nan)
+    for procs, values in res.get("workers", {}).get("per_s", {}).items():
+        last = res["workers"]["trials"][procs][-1]
+        add(
+            f"| {procs} | {fmt(workers[procs])} | {fmt(min(values))} - {fmt(max(values))} |"
+            f" {ratio(workers[procs] / one)} | {', '.join(map(str, last['handled_per_process']))} |"
+            f" {_cpu(res['workers']['trials'][procs])} | {_hot(res['workers']['trials'][procs])} |"
+        )
+    add("")
+    ceiling = _cpu_ceiling(res)
+    if ceiling:
+        add(ceiling)
+        add("")
+    for paragraph in EXPLAIN_4:
+        add(paragraph)
+        add("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def add_comparisons_1_to_3(
+    add: Any, res: dict[str, Any], us: dict[str, float], sps: dict[str, float]
+) -> None:
+    """Comparisons 1 to 3: per-step overhead, concurrent runs, and zincir's two backends."""
+    sizes = res["sizes"]
     add("## What each system ran on")
     add("")
     add("| system | version | durability | how a step is committed |")
@@ -139,43 +189,6 @@ def render(res: dict[str, Any], chart_name: str) -> str:
     for paragraph in EXPLAIN_3:
         add(paragraph)
         add("")
-
-    add(
-        f"## 4. Worker claims + completions per second: {sizes['worker_runs']:,} due runs,"
-        f" {', '.join(map(str, sizes['worker_procs']))} worker process(es)"
-    )
-    add("")
-    add(
-        f"Each repetition seeds {sizes['worker_runs']:,} due runs (created and released) in a fresh"
-        " database, starts the worker processes (each has imported zincir and opened the database"
-        f" before the clock starts), each a `ResumeWorker(max_concurrency={sizes['worker_concurrency']},"
-        f" poll_interval={sizes['worker_poll']})` whose handler only calls `run.complete()`; the parent"
-        " says go and polls `count(*)` of completed runs every 20 ms until all are done."
-        f" {sizes['worker_reps']} repetition(s), the process counts interleaved (rotated)."
-    )
-    add("")
-    add(
-        "| worker processes | runs/s (median) | min - max | ÷ 1 process"
-        " | runs handled per process (last rep) | CPU ms/run: workers, server (medians) |"
-    )
-    add("|---:|---:|---:|---:|---|---|")
-    one = workers.get("1", math.nan)
-    for procs, values in res.get("workers", {}).get("per_s", {}).items():
-        last = res["workers"]["trials"][procs][-1]
-        add(
-            f"| {procs} | {fmt(workers[procs])} | {fmt(min(values))} - {fmt(max(values))} |"
-            f" {ratio(workers[procs] / one)} | {', '.join(map(str, last['handled_per_process']))} |"
-            f" {_cpu(res['workers']['trials'][procs])} |"
-        )
-    add("")
-    ceiling = _cpu_ceiling(res)
-    if ceiling:
-        add(ceiling)
-        add("")
-    for paragraph in EXPLAIN_4:
-        add(paragraph)
-        add("")
-    return "\n".join(lines).rstrip() + "\n"
 
 
 def add_profile(add: Any, profile: dict[str, Any], sizes: dict[str, Any]) -> None:
@@ -261,6 +274,15 @@ def _cpu(trials: list[dict[str, Any]]) -> str:
     client = median([t["client_cpu_ms_per_run"] for t in trials if "client_cpu_ms_per_run" in t])
     servers = [t["server_cpu_ms_per_run"] for t in trials if t.get("server_cpu_ms_per_run") is not None]
     return f"{fmt(client, 2)}, {fmt(median(servers), 2) if servers else 'n/a'}"
+
+
+def _hot(trials: list[dict[str, Any]]) -> str:
+    """Updates of agent_runs rows per run, and the HOT share of them (no index entry written)."""
+    updates = [t["row_updates_per_run"] for t in trials if t.get("row_updates_per_run") is not None]
+    shares = [t["hot_share"] for t in trials if t.get("hot_share") is not None]
+    if not updates:
+        return "n/a"  # a report of a run from before these were counted
+    return f"{fmt(median(updates), 2)}, {f'{median(shares):.0%}' if shares else 'n/a'}"
 
 
 EXPLAIN_3 = [

@@ -35,6 +35,7 @@ from ..harness.server import (
     drop_database,
     postgres_server,
     postmaster_pid,
+    row_updates,
     scratch_database,
     server_cpu,
     server_settings,
@@ -100,6 +101,7 @@ def worker_trial(admin_url: str, procs: int, sizes: PgSizes, workdir: Path, tag:
             seed_seconds = time.perf_counter() - t0
         finally:
             seeder.close()
+        updates_before = row_updates(url, "agent_runs")
         work = {
             "mode": "work",
             "url": url,
@@ -140,6 +142,7 @@ def worker_trial(admin_url: str, procs: int, sizes: PgSizes, workdir: Path, tag:
         finally:
             for w in workers:
                 w.close()
+        updates, hot = (a - b for a, b in zip(row_updates(url, "agent_runs"), updates_before, strict=True))
     return {
         "procs": procs,
         "runs": sizes.worker_runs,
@@ -154,6 +157,10 @@ def worker_trial(admin_url: str, procs: int, sizes: PgSizes, workdir: Path, tag:
         if server_before is None or server_after is None
         else (server_after - server_before) / sizes.worker_runs * 1e3,
         "seed_seconds": seed_seconds,
+        # Updates of agent_runs rows per run, and the share that were HOT (no index entry
+        # written): from pg_stat_user_tables, from go until the workers' sessions ended.
+        "row_updates_per_run": updates / sizes.worker_runs,
+        "hot_share": hot / updates if updates else None,
     }
 
 
