@@ -159,11 +159,12 @@ def _is_busy(exc: sqlite3.Error) -> bool:
 
 
 # The writer polls for another process's write lock: first after _POLL_FIRST_S, each wait twice
-# the last, never more than _POLL_CAP_S. SQLite's own busy handler sleeps 1, 2, 5, 10, 15, 20,
-# 25 ms and on up to 100 ms, so a writer that met a short transaction (a prune batch, another
-# process's step) slept well past its end, and could sleep through the gap before the next one.
-_POLL_FIRST_S: Final = 0.0002
-_POLL_CAP_S: Final = 0.002
+# the last, never more than _POLL_CAP_S (a try that finds it taken costs a few µs). SQLite's own
+# busy handler sleeps 1, 2, 5, 10, 15, 20, 25 ms and on up to 100 ms, so a writer that met a
+# short transaction (a prune batch, another process's step) slept well past its end, and could
+# sleep through the gap before the next one.
+_POLL_FIRST_S: Final = 0.0001
+_POLL_CAP_S: Final = 0.001
 
 
 def _poll_delays() -> Iterator[float]:
