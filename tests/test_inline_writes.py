@@ -14,7 +14,8 @@ import trio
 import trio.testing
 
 import zincir
-from zincir._sqlite._connection import CHECKPOINT_EVERY_COMMITS, Tx
+from zincir._sqlite import _connection
+from zincir._sqlite._connection import BUSY_TIMEOUT_MS, CHECKPOINT_EVERY_COMMITS, SQLiteSession, Tx
 from zincir._threads import INLINE_ARGUMENT_CHARS, INLINE_TRANSACTION_SECONDS, MAX_BATCH
 
 from .test_database import SCRATCH, values
@@ -131,6 +132,52 @@ async def test_a_file_locked_by_another_process_is_waited_out_on_the_thread_not_
         other.close()
     assert written == [f"zincir-writer:{db_path}"]
     assert values(db_path) == ["after the lock", "warm-up"]
+
+
+class _HeldLock:
+    """The clock the writer's wait for the lock reads and sleeps on: its sleeps pass no real time,
+    and another connection's write lock is released when this clock reaches ``release_at``."""
+
+    def __init__(self, db_path: Path, release_at: float) -> None:
+        self.now = 0.0
+        self.released_at: float | None = None
+        self._release_at = release_at
+        self.holder = sqlite3.connect(db_path, isolation_level=None)
+        self.holder.execute("BEGIN IMMEDIATE")  # the write lock, as another process would hold it
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        if self.released_at is None and self.now >= self._release_at:
+            self.holder.execute("COMMIT")
+            self.released_at = self.now
+
+
+@pytest.mark.parametrize("held_for", [0.004, 0.04, 0.5, 4.9])
+def test_the_writer_takes_a_lock_freed_by_another_process_within_a_millisecond_of_its_release(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch, held_for: float
+) -> None:
+    # SQLite's own busy handler sleeps 1, 2, 5 ... 100 ms: a writer that met another process's
+    # short transaction (a prune batch) slept long past its end. The writer polls instead.
+    lock = _HeldLock(db_path, held_for)
+    monkeypatch.setattr(_connection, "time", lock)
+    conn = sqlite3.connect(db_path, isolation_level=None)
+    session = SQLiteSession(conn, str(db_path), lambda: 0, writer=True)
+    try:
+        session.begin()
+        assert lock.released_at is not None
+        assert lock.now - held_for <= 0.001 + 1e-9
+        session.rollback()
+        lock.now = 0.0  # and then a lock held past the busy timeout is still given up on time
+        lock.holder.execute("BEGIN IMMEDIATE")
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            session.begin()
+        assert lock.now == pytest.approx(BUSY_TIMEOUT_MS / 1000)
+    finally:
+        conn.close()
+        lock.holder.close()
 
 
 async def test_slow_transactions_send_writes_to_the_thread_until_they_are_fast_again(

@@ -24,11 +24,15 @@ __all__ = ["PruneReport", "prune"]
 
 _BEFORE_EVERYTHING: Final[Bound] = (-(2**63), "")
 _MAX_BATCH: Final = 10_000
-DEFAULT_BATCH: Final = {"sqlite": 20, "postgresql": 100}
+DEFAULT_BATCH: Final = {"sqlite": 5, "postgresql": 100}
 """Runs per batch unless told: on SQLite a batch holds the file's one write lock, and a live
-writer's longest wait grows with it (bench/reports/prune.md); PostgreSQL's row locks keep a
-batch out of other runs' way."""
-_SQLITE_PAUSE_S: Final = 0.010
+writer that comes meanwhile waits for the rest of it, so a batch there holds it about as long
+as a writer's step (bench/reports/prune.md); PostgreSQL's row locks keep a batch out of other
+runs' way."""
+_SQLITE_PAUSE_S: Final = 0.002
+"""On SQLite the lock stays free after a batch as long as the batch held it, and this much
+more: a writer that waited for it polls every millisecond at most (zincir/_sqlite/_connection.py)
+and takes it meanwhile. So a prune holds the lock less than half the time."""
 _SWEEP_BATCH: Final = 1000
 T = TypeVar("T")
 
@@ -74,7 +78,7 @@ async def prune(
     ``statuses`` are the ended statuses to delete (``completed``, ``failed``, ``cancelled``).
     ``keep_latest=N`` keeps the N runs of those statuses that ended last, however old.
 
-    Runs go in batches of ``batch_size`` runs (default: 100 on PostgreSQL; 20 on SQLite, whose
+    Runs go in batches of ``batch_size`` runs (default: 100 on PostgreSQL; 5 on SQLite, whose
     one write lock a live writer waits for while a batch holds it), one short transaction each,
     whole families at once: a run whose parent, child, fork, fork's source or shared child is live (or too
     recent, or of another status) stays, and so does that whole family. A crash leaves every
@@ -104,8 +108,8 @@ async def prune(
         took = time.monotonic()
         batch = await _one_batch(db, spec, cursor, seen)
         if batch.runs and not spec.dry_run and db.backend == "sqlite":
-            # SQLite has one write lock: leave it to the other writers, who wait for it by
-            # polling every few ms, for longer than a batch holds it (docs/retention.md).
+            # SQLite has one write lock: leave it to the other writers, who poll for it every
+            # millisecond at most, for as long as the batch held it, plus _SQLITE_PAUSE_S.
             await trio.sleep(time.monotonic() - took + _SQLITE_PAUSE_S)
         seen.update(batch.kept)
         if spec.dry_run:

@@ -6,7 +6,7 @@ import itertools
 import logging
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final, final
 
 from .. import _store
@@ -158,10 +158,20 @@ def _is_busy(exc: sqlite3.Error) -> bool:
     return code is not None and code & 0xFF in _SQLITE_BUSY_CODES
 
 
-# SQLite's own busy handler sleeps these steps, then 100 ms at a time.
-_BUSY_DELAYS: Final = (0.001, 0.002, 0.005, 0.01, 0.015, 0.02, 0.025, 0.025, 0.025, 0.05, 0.05) + (0.1,) * (
-    BUSY_TIMEOUT_MS // 100
-)
+# The writer polls for another process's write lock: first after _POLL_FIRST_S, each wait twice
+# the last, never more than _POLL_CAP_S (a try that finds it taken costs a few µs). SQLite's own
+# busy handler sleeps 1, 2, 5, 10, 15, 20, 25 ms and on up to 100 ms, so a writer that met a
+# short transaction (a prune batch, another process's step) slept well past its end, and could
+# sleep through the gap before the next one.
+_POLL_FIRST_S: Final = 0.0001
+_POLL_CAP_S: Final = 0.001
+
+
+def _poll_delays() -> Iterator[float]:
+    delay = _POLL_FIRST_S
+    while True:
+        yield delay
+        delay = min(2 * delay, _POLL_CAP_S)
 
 
 def storage_error(exc: sqlite3.Error, path: str) -> StorageError:
@@ -201,9 +211,12 @@ class SQLiteSession:
         if not self._writer:
             self._conn.execute(self._begin)
             return
-        # Wait out another process's write lock as SQLite's busy handler would, as long.
+        # Wait out another process's write lock, up to the busy timeout, polling often enough to
+        # take it within _POLL_CAP_S of its release. On the writer thread (a begin on the Trio
+        # thread only tries: try_begin). "now" is read after the lock is taken, so a lease is
+        # judged at the moment of the write however long this waited.
         deadline = time.monotonic() + self.busy_timeout_ms / 1000
-        for delay in itertools.chain(_BUSY_DELAYS, itertools.repeat(0.1)):
+        for delay in _poll_delays():
             if self.try_begin():
                 return
             left = deadline - time.monotonic()
