@@ -12,8 +12,8 @@ A writer may also run *inline* (SQLite's does): while its thread holds nothing, 
 submitted during one pass of Trio's scheduler run in one transaction on the Trio thread itself,
 with the same savepoints. That spares a lone write the two thread wake-ups, which cost about as
 much as a fast local commit. A write goes to the thread instead when the file is locked by
-another process (the thread waits the lock out, the loop does not), when recent transactions
-took long (a slow disk would hold up the loop), when it carries a large value or its batch grew
+another process (the thread waits the lock out, the loop does not), when recent COMMITs took
+long (a slow disk would hold up the loop), when it carries a large value or its batch grew
 past MAX_BATCH (then the whole batch goes, in order), or when the session has maintenance due
 (SQLite's WAL checkpoint, which the thread does between transactions).
 
@@ -62,11 +62,13 @@ Operation = Callable[..., Any]
 # Bounds one transaction, so a flood of writers cannot make a single commit arbitrarily large.
 MAX_BATCH: Final = 512
 
-# An inline transaction holds up the loop while it runs: only while transactions take at most
-# this long on average (a moving average, fed from both sides), never for an operation with a
-# text argument this large (a big payload's write and fsync), and never for a batch of more
-# than MAX_BATCH (the thread splits it).
-INLINE_TRANSACTION_SECONDS: Final = 0.002
+# An inline transaction holds up the loop while it runs: only while COMMITs take at most this
+# long on average (a slow disk), never for an operation with a text argument this large (a big
+# payload's write and fsync), and never for a batch of more than MAX_BATCH (the thread splits
+# it). The COMMIT, not the whole transaction, because only the disk's wait is time the thread
+# would give back to the loop: an operation's SQL holds the GIL on either thread, and it grows
+# with the Python of the pass that submitted it (docs/performance.md).
+INLINE_COMMIT_SECONDS: Final = 0.002
 INLINE_ARGUMENT_CHARS: Final = 64 * 1024
 
 
@@ -251,14 +253,14 @@ class DatabaseThread:
         self._inline = inline
         # Inline writes: the requests handed to the thread and not answered yet (while there
         # are any, the connection is the thread's), the batch a task is gathering for one inline
-        # transaction (both only touched on the Trio thread), and how long transactions took
-        # lately, on either side (a slow disk is slow for both; they never run at once).
+        # transaction (both only touched on the Trio thread), and how long COMMITs took lately
+        # (see _measure_commit).
         self._in_thread = 0
         # While it holds requests: since when (Trio time) the thread has answered none of them.
         self._unanswered_since: float | None = None
         self._gathering: list[Request] | None = None
         self._gathered_for_the_thread = False  # a request joined that the loop should not run
-        self._transaction_seconds = 0.0
+        self._commit_seconds = 0.0
         self._name = name
         self._token = token
         self._group_commit = group_commit
@@ -303,7 +305,7 @@ class DatabaseThread:
             self._inline
             and self._in_thread == 0
             and self._death is None
-            and self._transaction_seconds <= INLINE_TRANSACTION_SECONDS
+            and self._commit_seconds <= INLINE_COMMIT_SECONDS
             and not self._session.maintenance_due()
             and self._for_the_loop(request)
         )
@@ -365,7 +367,6 @@ class DatabaseThread:
         """Run the batch in one transaction now, and what it woke; None (with nothing written)
         if the thread must take it: the write lock is taken, or the shared transaction failed
         and each operation needs its own (which could wait for the lock)."""
-        started = time.perf_counter()
         try:
             if not self._session.try_begin():
                 return None
@@ -384,12 +385,26 @@ class DatabaseThread:
         except BaseException:
             self._session.rollback()
             raise
-        self._measure(time.perf_counter() - started)
         return woken
 
-    def _measure(self, seconds: float) -> None:
-        """Keep a moving average of how long a transaction holds the loop (or would)."""
-        self._transaction_seconds += (seconds - self._transaction_seconds) / 8
+    def _commit(self, wakes: Wakes | None) -> None:
+        """Commit the open transaction, and measure how long that took (see _measure_commit)."""
+        if not self._inline:
+            self._session.commit(wakes)
+            return
+        started = time.perf_counter()
+        self._session.commit(wakes)
+        self._measure_commit(time.perf_counter() - started, threading.get_ident() != self._thread.ident)
+
+    def _measure_commit(self, seconds: float, inline: bool) -> None:
+        """Keep a moving average of how long a COMMIT holds the loop (or would). An inline one
+        is measured as it is. One on the thread is an upper bound: it includes the wait for the
+        GIL after the fsync, which a busy loop holds for up to the interpreter's switch interval
+        (5 ms), so it may only bring the average down (back to inline once the disk is fast
+        again); fed as it is, a busy loop kept its writes on the thread, where every batch
+        waits for the GIL again."""
+        if inline or seconds < self._commit_seconds:
+            self._commit_seconds += (seconds - self._commit_seconds) / 8
 
     def join(self) -> None:
         self._thread.join()
@@ -476,13 +491,6 @@ class DatabaseThread:
         self._token.run_sync_soon(wake)
 
     def _run_batch(self, batch: list[Request]) -> Wakes:
-        started = time.perf_counter()
-        woken = self._run_batch_untimed(batch)
-        if self._inline:
-            self._measure(time.perf_counter() - started)
-        return woken
-
-    def _run_batch_untimed(self, batch: list[Request]) -> Wakes:
         if len(batch) > 1 and self._group_commit:
             woken = self._run_together(batch)
             if woken is not None:
@@ -533,7 +541,7 @@ class DatabaseThread:
         woken = Wakes()
         if isinstance(result, outcome.Value):
             try:
-                self._session.commit(request.wakes)
+                self._commit(request.wakes)
             except Exception as exc:
                 request.result = outcome.Error(self._session.translate(exc))
             else:
@@ -569,7 +577,7 @@ class DatabaseThread:
                 elif request.wakes is not None:
                     woken.add(request.wakes)
                 self._session.release_savepoint()
-            self._session.commit(woken)
+            self._commit(woken)
         except StorageError as exc:
             # The session could not tell whether the COMMIT happened (a lost connection):
             # running the batch again could apply it twice, so every operation gets the error.
