@@ -67,8 +67,10 @@ MAX_BATCH: Final = 512
 # payload's write and fsync), and never for a batch of more than MAX_BATCH (the thread splits
 # it). The COMMIT, not the whole transaction, because only the disk's wait is time the thread
 # would give back to the loop: an operation's SQL holds the GIL on either thread, and it grows
-# with the Python of the pass that submitted it (docs/performance.md).
-INLINE_COMMIT_SECONDS: Final = 0.002
+# with the Python of the pass that submitted it. 5 ms: a local SSD's fsync takes well under
+# one even beside other writers (its average rises to about 2 ms there, from single commits
+# of 5); a spinning disk's or a network volume's takes longer (docs/performance.md).
+INLINE_COMMIT_SECONDS: Final = 0.005
 INLINE_ARGUMENT_CHARS: Final = 64 * 1024
 
 
