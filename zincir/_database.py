@@ -90,10 +90,13 @@ class Storage:
         ``route=None``: an operation with no order to keep (a worker's claim) goes to the least
         busy writer, so that it does not hold up a run's writes queued behind it elsewhere.
         """
-        if route is None:
-            writer = min(self.writers, key=lambda w: (w.backlog, random.random()))
+        writers = self.writers
+        if len(writers) == 1:  # SQLite's one writer: no choice to make
+            writer = writers[0]
+        elif route is None:
+            writer = min(writers, key=lambda w: (w.backlog, random.random()))
         else:
-            writer = self.writers[hash(route) % len(self.writers)]
+            writer = writers[hash(route) % len(writers)]
         result: T = await self._submit(writer, fn, args)
         return result
 

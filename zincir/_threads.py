@@ -154,6 +154,8 @@ class Flight:
         self._error: Callable[[], BaseException] | None = None
 
     def _chain(self) -> tuple[tuple[Flight, int], ...]:
+        if self._parent is None:  # a run's own block, not one inside another's: the common case
+            return ((self, self._abandonments),)
         flights = []
         flight: Flight | None = self
         while flight is not None:
@@ -317,7 +319,12 @@ class DatabaseThread:
         """Not a close request, and no large value to write (its write and fsync would hold up
         the loop, and whether it may is not worth judging): a long string, or strings inside a
         list or tuple (a batch) that add up to one."""
-        return request.fn is not None and not any(_chars(arg) > INLINE_ARGUMENT_CHARS for arg in request.args)
+        if request.fn is None:
+            return False
+        for arg in request.args:  # a loop, not any() over a generator: this is every write's path
+            if (len(arg) if type(arg) is str else _chars(arg)) > INLINE_ARGUMENT_CHARS:
+                return False
+        return True
 
     def _joins(self, batch: list[Request], request: Request) -> None:
         batch.append(request)
