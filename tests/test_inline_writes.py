@@ -128,6 +128,25 @@ async def test_a_file_locked_by_another_process_is_waited_out_on_the_thread_not_
     assert values(db_path) == ["after the lock", "warm-up"]
 
 
+async def test_tasks_writing_in_lockstep_share_one_commit_per_round(
+    sqlite_db: zincir.Database, db_path: Path
+) -> None:
+    # The first task of a round writes again while the others it answered are still to run in
+    # the same scheduler pass (before or after it: Trio orders a pass at random): it waits
+    # for them.
+    commits = count_commits(sqlite_db)
+
+    async def writer(i: int) -> None:
+        for round_ in range(8):
+            await sqlite_db._write(insert, f"{round_}-{i:02}")
+
+    async with trio.open_nursery() as nursery:
+        for i in range(20):
+            nursery.start_soon(writer, i)
+    assert len(commits) == 8
+    assert len(values(db_path)) == 8 * 20 + 1
+
+
 async def test_slow_commits_send_writes_to_the_thread_until_they_are_fast_again(
     sqlite_db: zincir.Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -89,6 +89,7 @@ class Run(_ToolCalls, _Checkpointing, _LeaseKeeping, _Waiting):
     _streams: dict[str, Stream]
     _config: JSONValue
     _submit_write: Callable[..., Awaitable[Any]]  # the storage's write, routed by this run's id
+    _now: Callable[[], float]
 
     def __init__(self, *_: object, **__: object) -> None:
         raise TypeError("runs come from zincir.open_run() or a ResumeWorker")
@@ -100,7 +101,9 @@ class Run(_ToolCalls, _Checkpointing, _LeaseKeeping, _Waiting):
         self._db = db
         self._storage = storage(db)
         self._store = self._storage.store
-        self._submit_write = functools.partial(self._storage.write, route=self.id)  # every write's
+        self._submit_write = self._storage.writes_for(self.id)
+        # Trio's clock, asked straight (trio.current_time() finds it through two more calls).
+        self._now = trio.lowlevel.current_clock().current_time
         self._lease = lease
         # The database calls of the block: abandoned together once the lease is known lost.
         self._flight = Flight(current_flight())
@@ -182,7 +185,7 @@ class Run(_ToolCalls, _Checkpointing, _LeaseKeeping, _Waiting):
     # -- guards ---------------------------------------------------------------------------
 
     def _check_usable(self) -> None:
-        if self._lifecycle.phase is Phase.HOLDING and trio.current_time() < self._stop_at():
+        if self._lifecycle.phase is Phase.HOLDING and self._now() < self._stop_at():
             return  # the common case, on every write: what _past_deadline() finds first
         # After a stall of the loop, the body may get to run before the deadline's task does.
         self._past_deadline()
@@ -318,14 +321,14 @@ class Run(_ToolCalls, _Checkpointing, _LeaseKeeping, _Waiting):
 
     async def _run_step(self, name: str, fn: Callable[..., Awaitable[T]], args: Any) -> tuple[T, str, str]:
         """Run a step's function and store its result: (its value, its JSON, the stored JSON)."""
-        started = trio.current_time()
+        started = self._now()
         value = await fn(*args)
         result = encode(
             value,
             what=lambda: f"run {self.id}: the result of step {name!r}",
             limit=self._db.max_payload_bytes,
         )
-        elapsed_ms = math.floor((trio.current_time() - started) * 1000)
+        elapsed_ms = math.floor((self._now() - started) * 1000)
         stored: str = await self._write(self._store.complete_step, name, result, elapsed_ms)
         return value, result, stored
 

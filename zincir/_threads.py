@@ -264,7 +264,7 @@ class DatabaseThread:
         self._unanswered_since: float | None = None
         self._gathering: list[Request] | None = None
         self._gathered_for_the_thread = False  # a request joined that the loop should not run
-        self._answered_together = False  # whether the last inline batch held more than one request
+        self._last_batch = 0  # how many requests the last inline batch held
         self._commit_seconds = 0.0
         self._name = name
         self._token = token
@@ -346,15 +346,16 @@ class DatabaseThread:
         self._gathered_for_the_thread = False
         try:
             await trio.lowlevel.cancel_shielded_checkpoint()
-            if len(batch) == 1 and self._answered_together:
-                # Alone after a shared batch: the tasks it answered were woken in the same pass as
-                # this one, which Trio ran first half of the time (it reverses a pass's order at
-                # random). They write again in this pass: one more, so that they join this
-                # commit instead of paying for one of their own a pass later.
+            if len(batch) < self._last_batch:
+                # Fewer than last time: the tasks the last batch answered were woken in the same
+                # pass as this one, and Trio ran this one before some of them (it reverses a
+                # pass's order at random: before all of them, half of the time). If they write
+                # again, they do it in this pass: one more, so that they join this commit
+                # instead of paying for one of their own a pass later.
                 await trio.lowlevel.cancel_shielded_checkpoint()
         finally:
             self._gathering = None
-        self._answered_together = len(batch) > 1
+        self._last_batch = len(batch)
         try:
             woken = None if self._gathered_for_the_thread else self._run_inline_batch(batch)
         except BaseException as exc:  # not an operation's error: those are outcomes
