@@ -73,7 +73,13 @@ def render(saved: dict[str, Any], chart_name: str) -> str:
         " zincir and the bare floor is Python per step, on the Trio thread.",
         "",
         f"Machine: {meta['machine']}; Python {meta['python']}; SQLite {sqlite3.sqlite_version};"
-        f" databases in `{meta['dir']}`.",
+        f" databases in `{meta['dir']}`."
+        + (
+            f" Load average (1 min) {meta['load'][0]:.1f} before, {meta['load'][1]:.1f} after: other work"
+            " shared the two cores, so only the ratios of one run compare."
+            if "load" in meta
+            else ""
+        ),
     ]
     return "\n".join(lines) + "\n"
 
