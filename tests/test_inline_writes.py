@@ -1,5 +1,5 @@
 """SQLite writes run inline on the Trio thread while its writer thread is idle, and go to the
-thread when the file is locked by another process, transactions are slow, or a value is large."""
+thread when the file is locked by another process, commits are slow, or a value is large."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import trio.testing
 import zincir
 from zincir._sqlite import _connection
 from zincir._sqlite._connection import BUSY_TIMEOUT_MS, CHECKPOINT_EVERY_COMMITS, SQLiteSession, Tx
-from zincir._threads import INLINE_ARGUMENT_CHARS, INLINE_TRANSACTION_SECONDS, MAX_BATCH
+from zincir._threads import INLINE_ARGUMENT_CHARS, INLINE_COMMIT_SECONDS, MAX_BATCH
 
 from .test_database import SCRATCH, values
 
@@ -25,11 +25,6 @@ def insert(tx: Tx, value: str) -> str:
     tx.execute(SCRATCH)
     tx.execute("INSERT INTO scratch (value) VALUES (?)", (value,))
     return threading.current_thread().name
-
-
-def insert_slowly(tx: Tx, value: str) -> str:
-    time.sleep(INLINE_TRANSACTION_SECONDS * 3)
-    return insert(tx, value)
 
 
 def fail_after_insert(tx: Tx, value: str) -> None:
@@ -45,7 +40,7 @@ async def sqlite_db(db_path: Path) -> AsyncIterator[zincir.Database]:
     async with zincir.open_database(db_path) as db:
         await db._write(insert, "warm-up")
         # A new file's first commit can be slow on a busy machine: start from a clean average.
-        db._writers[0]._transaction_seconds = 0.0
+        db._writers[0]._commit_seconds = 0.0
         yield db
 
 
@@ -180,20 +175,63 @@ def test_the_writer_takes_a_lock_freed_by_another_process_within_a_millisecond_o
         lock.holder.close()
 
 
-async def test_slow_transactions_send_writes_to_the_thread_until_they_are_fast_again(
-    sqlite_db: zincir.Database,
+async def test_tasks_writing_in_lockstep_share_one_commit_per_round(
+    sqlite_db: zincir.Database, db_path: Path
 ) -> None:
+    # The first task of a round writes again while the others it answered are still to run in
+    # the same scheduler pass (before or after it: Trio orders a pass at random): it waits
+    # for them.
+    commits = count_commits(sqlite_db)
+
+    async def writer(i: int) -> None:
+        for round_ in range(8):
+            await sqlite_db._write(insert, f"{round_}-{i:02}")
+
+    async with trio.open_nursery() as nursery:
+        for i in range(20):
+            nursery.start_soon(writer, i)
+    assert len(commits) == 8
+    assert len(values(db_path)) == 8 * 20 + 1
+
+
+async def test_slow_commits_send_writes_to_the_thread_until_they_are_fast_again(
+    sqlite_db: zincir.Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    session = sqlite_db._writers[0]._session
+    commit = session.commit
+    disk_is_slow = True
+
+    def commit_on_a_slow_disk(wakes: object) -> None:
+        if disk_is_slow:
+            time.sleep(INLINE_COMMIT_SECONDS * 3)
+        commit(wakes)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(session, "commit", commit_on_a_slow_disk)
     on_thread = f"zincir-writer:{sqlite_db.path}"
-    slow = [await sqlite_db._write(insert_slowly, "slow 0")]
-    assert slow == [ON_TRIO]  # one slow transaction does not tip the average ...
+    slow = [await sqlite_db._write(insert, "slow 0")]
+    assert slow == [ON_TRIO]  # one slow commit does not tip the average ...
     while len(slow) < 20 and slow[-1] == ON_TRIO:
-        slow.append(await sqlite_db._write(insert_slowly, f"slow {len(slow)}"))
+        slow.append(await sqlite_db._write(insert, f"slow {len(slow)}"))
     assert slow[-1] == on_thread  # ... more do: the loop is no longer held up by them
+    disk_is_slow = False
     fast = [await sqlite_db._write(insert, "fast 0")]
     assert fast == [on_thread]  # still judged by the slow ones, and measured on the thread ...
     while len(fast) < 200 and fast[-1] == on_thread:
         fast.append(await sqlite_db._write(insert, f"fast {len(fast)}"))
-    assert fast[-1] == ON_TRIO  # ... until fast transactions there bring the average down
+    assert fast[-1] == ON_TRIO  # ... until fast commits there bring the average down
+
+
+async def test_slow_operations_do_not_count_as_a_slow_disk(sqlite_db: zincir.Database) -> None:
+    # Their SQL would hold the GIL on the thread too: only the COMMIT's wait counts.
+    def insert_slowly(tx: Tx, value: str) -> str:
+        time.sleep(INLINE_COMMIT_SECONDS * 3)
+        return insert(tx, value)
+
+    assert await sqlite_db._write(insert_slowly, "slow 0") == ON_TRIO
+    for i in range(1, 20):
+        await sqlite_db._write(insert_slowly, f"slow {i}")
+    # Twenty operations of 6 ms each: the average would be above 5 ms if they counted.
+    assert sqlite_db._writers[0]._commit_seconds < INLINE_COMMIT_SECONDS * 1.5
 
 
 async def test_a_large_value_is_written_on_the_thread(sqlite_db: zincir.Database, db_path: Path) -> None:
@@ -286,7 +324,7 @@ async def test_every_inline_write_lets_the_other_tasks_run(sqlite_db: zincir.Dat
         await trio.lowlevel.checkpoint()
         before = others_ran
         for i in range(100):
-            sqlite_db._writers[0]._transaction_seconds = 0.0  # a slow commit on a busy machine aside
+            sqlite_db._writers[0]._commit_seconds = 0.0  # a slow commit on a busy machine aside
             assert await sqlite_db._write(insert, f"w{i}") == ON_TRIO
         done = True
     # Once per write, give or take the first and last (Trio orders each pass's tasks at random).
@@ -331,7 +369,7 @@ async def test_the_wal_is_checkpointed_on_the_thread_never_inside_an_inline_comm
     assert session._conn.execute("PRAGMA wal_autocheckpoint").fetchone() == (0,)  # type: ignore[attr-defined]
     seen = []
     for i in range(2 * CHECKPOINT_EVERY_COMMITS + 1):
-        sqlite_db._writers[0]._transaction_seconds = 0.0  # a slow commit on a busy machine aside
+        sqlite_db._writers[0]._commit_seconds = 0.0  # a slow commit on a busy machine aside
         seen.append(await sqlite_db._write(insert, f"v{i:04}"))
     on_thread = [i for i, name in enumerate(seen) if name != ON_TRIO]
     # The warm-up made one commit: the 199th write since is the 200th commit, the next is due.

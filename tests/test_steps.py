@@ -77,6 +77,28 @@ async def test_a_result_that_is_not_json_leaves_the_step_unfinished(db: zincir.D
         assert await run.step("produce", produce) == "fine"
 
 
+async def test_a_step_names_what_it_refuses(db: zincir.Database) -> None:
+    # run.step checks its common case first and spells out what it refuses only then.
+    def plain() -> int:
+        return 1
+
+    async def number(value: int) -> int:
+        return value
+
+    async with zincir.open_run(db) as run:
+        with pytest.raises(zincir.InvalidArgument, match=f"run {run.id}: step name"):
+            await run.step("", number, 1)
+        with pytest.raises(zincir.InvalidArgument, match="the function of step 'plain'"):
+            await run.step("plain", plain)  # type: ignore[arg-type]
+        with pytest.raises(zincir.InvalidArgument, match="the result of step 'huge' is not a JSON value"):
+            await run.step("huge", number, 10**5000)  # more digits than int's text conversion takes
+        assert await run.step("ints", number, -7) == -7
+        assert await run.step("bools", number, True) is True  # a bool is no int here: JSON true
+    async with zincir.open_run(db, run.id) as again:  # what was stored, decoded
+        assert await again.step("ints", number, 0) == -7
+        assert await again.step("bools", number, 0) is True
+
+
 async def test_the_same_step_cannot_run_twice_at_once(db: zincir.Database) -> None:
     release = trio.Event()
     started = trio.Event()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, final
 
@@ -90,12 +90,28 @@ class Storage:
         ``route=None``: an operation with no order to keep (a worker's claim) goes to the least
         busy writer, so that it does not hold up a run's writes queued behind it elsewhere.
         """
-        if route is None:
-            writer = min(self.writers, key=lambda w: (w.backlog, random.random()))
-        else:
-            writer = self.writers[hash(route) % len(self.writers)]
-        result: T = await self._submit(writer, fn, args)
+        result: T = await self._submit(self._writer_for(route), fn, args)
         return result
+
+    def writes_for(self, route: str) -> Callable[..., Awaitable[Any]]:
+        """:meth:`write` for the operations of one route (a run's every write): its writer is
+        chosen once, and each write goes straight to it."""
+        writer = self._writer_for(route)
+
+        async def write(fn: Callable[..., Any], *args: Any) -> Any:
+            if self._closed:  # _submit's check, one coroutine fewer on every write of a run
+                raise DatabaseClosed(f"database {self._target!r} is closed")
+            return await submit(writer, fn, args)
+
+        return write
+
+    def _writer_for(self, route: str | None) -> DatabaseThread:
+        writers = self.writers
+        if len(writers) == 1:  # SQLite's one writer: no choice to make
+            return writers[0]
+        if route is None:
+            return min(writers, key=lambda w: (w.backlog, random.random()))
+        return writers[hash(route) % len(writers)]
 
     async def read(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(tx, *args)`` in a read transaction: one consistent snapshot."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any, Final
 
 from ._errors import InvalidArgument
@@ -24,22 +25,30 @@ _ENCODER: Final = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_
 _TRUSTED_ENCODER: Final = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
 
 
-def encode(value: JSONValue, *, what: str, limit: int, nested_in: int = 0) -> str:
-    """Serialize ``value`` or raise :class:`InvalidArgument` naming ``what`` it was.
-    ``nested_in``: how many levels deep the record that will store it puts it."""
-    if isinstance(value, dict | list | tuple):
-        _check_depth(value, what, nested_in)
+def encode(value: JSONValue, *, what: str | Callable[[], str], limit: int, nested_in: int = 0) -> str:
+    """Serialize ``value`` or raise :class:`InvalidArgument` naming ``what`` it was (a
+    function giving it, on a hot path: only an error needs the text). ``nested_in``: how many
+    levels deep the record that will store it puts it."""
     try:
-        text = _ENCODER.encode(value)
+        if type(value) is int:
+            text = int.__repr__(value)  # what the encoder writes for an int, without its calls
+        else:
+            if isinstance(value, dict | list | tuple):
+                _check_depth(value, what, nested_in)
+            text = _ENCODER.encode(value)
     except (TypeError, ValueError, RecursionError) as exc:
-        raise InvalidArgument(f"{what} is not a JSON value: {exc}") from None
+        raise InvalidArgument(f"{_named(what)} is not a JSON value: {exc}") from None
     # ensure_ascii (the default) makes the text pure ASCII: its length is its size in bytes.
     if len(text) > limit:
-        raise InvalidArgument(f"{what} is {len(text)} bytes of JSON, over the limit of {limit} bytes")
+        raise InvalidArgument(f"{_named(what)} is {len(text)} bytes of JSON, over the limit of {limit} bytes")
     return text
 
 
-def _check_depth(value: JSONValue, what: str, nested_in: int) -> None:
+def _named(what: str | Callable[[], str]) -> str:
+    return what if isinstance(what, str) else what()
+
+
+def _check_depth(value: JSONValue, what: str | Callable[[], str], nested_in: int) -> None:
     # Iterative, so that the check itself cannot hit the recursion limit; a cycle is caught
     # as nesting past the limit.
     stack: list[tuple[Any, int]] = [(value, 1 + nested_in)]
@@ -53,7 +62,7 @@ def _check_depth(value: JSONValue, what: str, nested_in: int) -> None:
             continue
         if depth > MAX_DEPTH:
             raise InvalidArgument(
-                f"{what} nests lists and objects deeper than {MAX_DEPTH - nested_in} levels"
+                f"{_named(what)} nests lists and objects deeper than {MAX_DEPTH - nested_in} levels"
                 + (f" (the record that keeps it adds {nested_in})" if nested_in else "")
             )
         stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list | tuple))

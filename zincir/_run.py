@@ -35,7 +35,7 @@ from ._errors import (
 )
 from ._heartbeat import _LeaseKeeping
 from ._json import JSONValue, decode, encode
-from ._lifecycle import Happened, Lifecycle
+from ._lifecycle import Happened, Lifecycle, Phase
 from ._run_support import ChildOptions, _budget_row, _check_provider
 from ._store import ApprovalOutcome, JoinOutcome, Lease, NewChild
 from ._streams import DEFAULT_FLUSH_BYTES, DEFAULT_FLUSH_INTERVAL, Stream, open_stream
@@ -52,6 +52,8 @@ from ._validation import (
     check_seconds,
     check_text,
     check_version,
+    is_async_function,
+    is_name,
 )
 from ._waiting import _Waiting
 
@@ -86,6 +88,8 @@ class Run(_ToolCalls, _Checkpointing, _LeaseKeeping, _Waiting):
     _nurseries: set[Children]
     _streams: dict[str, Stream]
     _config: JSONValue
+    _submit_write: Callable[..., Awaitable[Any]]  # the storage's write, routed by this run's id
+    _now: Callable[[], float]
 
     def __init__(self, *_: object, **__: object) -> None:
         raise TypeError("runs come from zincir.open_run() or a ResumeWorker")
@@ -97,6 +101,9 @@ class Run(_ToolCalls, _Checkpointing, _LeaseKeeping, _Waiting):
         self._db = db
         self._storage = storage(db)
         self._store = self._storage.store
+        self._submit_write = self._storage.writes_for(self.id)
+        # Trio's clock, asked straight (trio.current_time() finds it through two more calls).
+        self._now = trio.lowlevel.current_clock().current_time
         self._lease = lease
         # The database calls of the block: abandoned together once the lease is known lost.
         self._flight = Flight(current_flight())
@@ -178,6 +185,8 @@ class Run(_ToolCalls, _Checkpointing, _LeaseKeeping, _Waiting):
     # -- guards ---------------------------------------------------------------------------
 
     def _check_usable(self) -> None:
+        if self._lifecycle.phase is Phase.HOLDING and self._now() < self._stop_at():
+            return  # the common case, on every write: what _past_deadline() finds first
         # After a stall of the loop, the body may get to run before the deadline's task does.
         self._past_deadline()
         if (lost := self._lifecycle.lost) is not None:
@@ -188,7 +197,7 @@ class Run(_ToolCalls, _Checkpointing, _LeaseKeeping, _Waiting):
     async def _write(self, fn: Any, *args: Any) -> Any:
         counted = self._begin_activity()  # not a context manager: this is every write's path
         try:
-            submit = functools.partial(self._storage.write, route=self.id)
+            submit = self._submit_write
             if _faults.armed:  # a crash test's fault point (docs/crash-testing.md); off: this check
                 return await _faults.around_commit(self, fn, args, lambda: self._as_owner(submit, fn, *args))
             return await self._as_owner(submit, fn, *args)
@@ -200,7 +209,7 @@ class Run(_ToolCalls, _Checkpointing, _LeaseKeeping, _Waiting):
         timing, so that the boundaries of a run are the same in every copy of a crash test."""
         counted = self._begin_activity()
         try:
-            return await self._as_owner(functools.partial(self._storage.write, route=self.id), fn, *args)
+            return await self._as_owner(self._submit_write, fn, *args)
         finally:
             self._end_activity(counted)
 
@@ -277,8 +286,10 @@ class Run(_ToolCalls, _Checkpointing, _LeaseKeeping, _Waiting):
         and what is returned is the stored JSON value. If ``fn`` raises, nothing is stored
         and the next call runs it again.
         """
-        check_name(name, f"run {self.id}: step name")
-        check_async_callable(fn, f"run {self.id}: the function of step {name!r}")
+        if not is_name(name):  # what each check is about is spelled out only for its error
+            check_name(name, f"run {self.id}: step name")
+        if not is_async_function(fn):
+            check_async_callable(fn, f"run {self.id}: the function of step {name!r}")
         self._check_usable()
         if self._completed_steps is None:
             # Only the lease holder completes steps, so one read per owner suffices: after it,
@@ -310,10 +321,14 @@ class Run(_ToolCalls, _Checkpointing, _LeaseKeeping, _Waiting):
 
     async def _run_step(self, name: str, fn: Callable[..., Awaitable[T]], args: Any) -> tuple[T, str, str]:
         """Run a step's function and store its result: (its value, its JSON, the stored JSON)."""
-        started = trio.current_time()
+        started = self._now()
         value = await fn(*args)
-        result = self._encode(value, f"the result of step {name!r}")
-        elapsed_ms = math.floor((trio.current_time() - started) * 1000)
+        result = encode(
+            value,
+            what=lambda: f"run {self.id}: the result of step {name!r}",
+            limit=self._db.max_payload_bytes,
+        )
+        elapsed_ms = math.floor((self._now() - started) * 1000)
         stored: str = await self._write(self._store.complete_step, name, result, elapsed_ms)
         return value, result, stored
 

@@ -12,8 +12,8 @@ A writer may also run *inline* (SQLite's does): while its thread holds nothing, 
 submitted during one pass of Trio's scheduler run in one transaction on the Trio thread itself,
 with the same savepoints. That spares a lone write the two thread wake-ups, which cost about as
 much as a fast local commit. A write goes to the thread instead when the file is locked by
-another process (the thread waits the lock out, the loop does not), when recent transactions
-took long (a slow disk would hold up the loop), when it carries a large value or its batch grew
+another process (the thread waits the lock out, the loop does not), when recent COMMITs took
+long (a slow disk would hold up the loop), when it carries a large value or its batch grew
 past MAX_BATCH (then the whole batch goes, in order), or when the session has maintenance due
 (SQLite's WAL checkpoint, which the thread does between transactions).
 
@@ -62,11 +62,15 @@ Operation = Callable[..., Any]
 # Bounds one transaction, so a flood of writers cannot make a single commit arbitrarily large.
 MAX_BATCH: Final = 512
 
-# An inline transaction holds up the loop while it runs: only while transactions take at most
-# this long on average (a moving average, fed from both sides), never for an operation with a
-# text argument this large (a big payload's write and fsync), and never for a batch of more
-# than MAX_BATCH (the thread splits it).
-INLINE_TRANSACTION_SECONDS: Final = 0.002
+# An inline transaction holds up the loop while it runs: only while COMMITs take at most this
+# long on average (a slow disk), never for an operation with a text argument this large (a big
+# payload's write and fsync), and never for a batch of more than MAX_BATCH (the thread splits
+# it). The COMMIT, not the whole transaction, because only the disk's wait is time the thread
+# would give back to the loop: an operation's SQL holds the GIL on either thread, and it grows
+# with the Python of the pass that submitted it. 5 ms: a local SSD's fsync takes well under
+# one even beside other writers (its average rises to about 2 ms there, from single commits
+# of 5); a spinning disk's or a network volume's takes longer (docs/performance.md).
+INLINE_COMMIT_SECONDS: Final = 0.005
 INLINE_ARGUMENT_CHARS: Final = 64 * 1024
 
 
@@ -150,6 +154,8 @@ class Flight:
         self._error: Callable[[], BaseException] | None = None
 
     def _chain(self) -> tuple[tuple[Flight, int], ...]:
+        if self._parent is None:  # a run's own block, not one inside another's: the common case
+            return ((self, self._abandonments),)
         flights = []
         flight: Flight | None = self
         while flight is not None:
@@ -251,14 +257,15 @@ class DatabaseThread:
         self._inline = inline
         # Inline writes: the requests handed to the thread and not answered yet (while there
         # are any, the connection is the thread's), the batch a task is gathering for one inline
-        # transaction (both only touched on the Trio thread), and how long transactions took
-        # lately, on either side (a slow disk is slow for both; they never run at once).
+        # transaction (both only touched on the Trio thread), and how long COMMITs took lately
+        # (see _measure_commit).
         self._in_thread = 0
         # While it holds requests: since when (Trio time) the thread has answered none of them.
         self._unanswered_since: float | None = None
         self._gathering: list[Request] | None = None
         self._gathered_for_the_thread = False  # a request joined that the loop should not run
-        self._transaction_seconds = 0.0
+        self._last_batch = 0  # how many requests the last inline batch held
+        self._commit_seconds = 0.0
         self._name = name
         self._token = token
         self._group_commit = group_commit
@@ -303,7 +310,7 @@ class DatabaseThread:
             self._inline
             and self._in_thread == 0
             and self._death is None
-            and self._transaction_seconds <= INLINE_TRANSACTION_SECONDS
+            and self._commit_seconds <= INLINE_COMMIT_SECONDS
             and not self._session.maintenance_due()
             and self._for_the_loop(request)
         )
@@ -313,7 +320,12 @@ class DatabaseThread:
         """Not a close request, and no large value to write (its write and fsync would hold up
         the loop, and whether it may is not worth judging): a long string, or strings inside a
         list or tuple (a batch) that add up to one."""
-        return request.fn is not None and not any(_chars(arg) > INLINE_ARGUMENT_CHARS for arg in request.args)
+        if request.fn is None:
+            return False
+        for arg in request.args:  # a loop, not any() over a generator: this is every write's path
+            if (len(arg) if type(arg) is str else _chars(arg)) > INLINE_ARGUMENT_CHARS:
+                return False
+        return True
 
     def _joins(self, batch: list[Request], request: Request) -> None:
         batch.append(request)
@@ -334,8 +346,16 @@ class DatabaseThread:
         self._gathered_for_the_thread = False
         try:
             await trio.lowlevel.cancel_shielded_checkpoint()
+            if len(batch) < self._last_batch:
+                # Fewer than last time: the tasks the last batch answered were woken in the same
+                # pass as this one, and Trio ran this one before some of them (it reverses a
+                # pass's order at random: before all of them, half of the time). If they write
+                # again, they do it in this pass: one more, so that they join this commit
+                # instead of paying for one of their own a pass later.
+                await trio.lowlevel.cancel_shielded_checkpoint()
         finally:
             self._gathering = None
+        self._last_batch = len(batch)
         try:
             woken = None if self._gathered_for_the_thread else self._run_inline_batch(batch)
         except BaseException as exc:  # not an operation's error: those are outcomes
@@ -365,7 +385,6 @@ class DatabaseThread:
         """Run the batch in one transaction now, and what it woke; None (with nothing written)
         if the thread must take it: the write lock is taken, or the shared transaction failed
         and each operation needs its own (which could wait for the lock)."""
-        started = time.perf_counter()
         try:
             if not self._session.try_begin():
                 return None
@@ -384,12 +403,26 @@ class DatabaseThread:
         except BaseException:
             self._session.rollback()
             raise
-        self._measure(time.perf_counter() - started)
         return woken
 
-    def _measure(self, seconds: float) -> None:
-        """Keep a moving average of how long a transaction holds the loop (or would)."""
-        self._transaction_seconds += (seconds - self._transaction_seconds) / 8
+    def _commit(self, wakes: Wakes | None) -> None:
+        """Commit the open transaction, and measure how long that took (see _measure_commit)."""
+        if not self._inline:
+            self._session.commit(wakes)
+            return
+        started = time.perf_counter()
+        self._session.commit(wakes)
+        self._measure_commit(time.perf_counter() - started, threading.get_ident() != self._thread.ident)
+
+    def _measure_commit(self, seconds: float, inline: bool) -> None:
+        """Keep a moving average of how long a COMMIT holds the loop (or would). An inline one
+        is measured as it is. One on the thread is an upper bound: it includes the wait for the
+        GIL after the fsync, which a busy loop holds for up to the interpreter's switch interval
+        (5 ms), so it may only bring the average down (back to inline once the disk is fast
+        again); fed as it is, a busy loop kept its writes on the thread, where every batch
+        waits for the GIL again."""
+        if inline or seconds < self._commit_seconds:
+            self._commit_seconds += (seconds - self._commit_seconds) / 8
 
     def join(self) -> None:
         self._thread.join()
@@ -476,13 +509,6 @@ class DatabaseThread:
         self._token.run_sync_soon(wake)
 
     def _run_batch(self, batch: list[Request]) -> Wakes:
-        started = time.perf_counter()
-        woken = self._run_batch_untimed(batch)
-        if self._inline:
-            self._measure(time.perf_counter() - started)
-        return woken
-
-    def _run_batch_untimed(self, batch: list[Request]) -> Wakes:
         if len(batch) > 1 and self._group_commit:
             woken = self._run_together(batch)
             if woken is not None:
@@ -531,9 +557,9 @@ class DatabaseThread:
         it failed). Its outcome goes to ``request.result``."""
         result = request.result = self._call(request)
         woken = Wakes()
-        if isinstance(result, outcome.Value):
+        if type(result) is outcome.Value:  # what _call made (not isinstance: an ABC's check, slow)
             try:
-                self._session.commit(request.wakes)
+                self._commit(request.wakes)
             except Exception as exc:
                 request.result = outcome.Error(self._session.translate(exc))
             else:
@@ -562,14 +588,14 @@ class DatabaseThread:
             for request in batch:
                 self._session.savepoint()
                 request.result = self._call(request, shared=True)
-                if isinstance(request.result, outcome.Error):
+                if type(request.result) is outcome.Error:  # what _call made: no ABC's isinstance
                     if self._session.transaction_lost():
                         return None
                     self._session.rollback_to_savepoint()
                 elif request.wakes is not None:
                     woken.add(request.wakes)
                 self._session.release_savepoint()
-            self._session.commit(woken)
+            self._commit(woken)
         except StorageError as exc:
             # The session could not tell whether the COMMIT happened (a lost connection):
             # running the batch again could apply it twice, so every operation gets the error.

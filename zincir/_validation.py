@@ -86,12 +86,30 @@ def check_name(value: object, what: str) -> str:
     return check_text(value, what)
 
 
+def is_name(value: object) -> bool:
+    """Whether :func:`check_name` accepts ``value``, without the text of its error (a hot
+    path calls :func:`check_name` only when this is False)."""
+    if type(value) is not str or not 0 < len(value) <= 255 or "\x00" in value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 MAX_CALL_ID_CHARS: Final = 1024
 """Tool call ids come from model providers; they are short in practice, bounded here."""
 
 
 def check_call_id(value: object, what: str) -> str:
     return check_text(value, what, max_chars=MAX_CALL_ID_CHARS)
+
+
+def is_async_function(value: object) -> bool:
+    """Whether ``value`` is an ``async def`` function: the common case of
+    :func:`check_async_callable`, which a hot path calls only when this is False."""
+    return type(value) is FunctionType and bool(value.__code__.co_flags & inspect.CO_COROUTINE)
 
 
 def check_async_callable(value: object, what: str) -> Any:

@@ -155,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     log = study.progress(args.quiet)
     started = time.perf_counter()
+    load_before = os.getloadavg()[0]
     with study.scratch(args.dir, "zincir-floor-", keep=args.keep, log=log) as workdir:
         results = trio.run(measure, workdir, args.reps, log)
     meta = {
@@ -162,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         "when": now(),
         "minutes": (time.perf_counter() - started) / 60,
         "machine": f"{os.cpu_count()} CPUs, {os.uname().release}",
+        "load": [load_before, os.getloadavg()[0]],  # the 1-minute load average, before and after
         "python": sys.version.split()[0],
         "dir": str(workdir),
     }

@@ -52,6 +52,7 @@ import trio
 
 import zincir
 from zincir import _database, _sqlite
+from zincir._payloads import Payloads
 from zincir._store import Store
 from zincir._threads import DatabaseThread
 
@@ -212,6 +213,7 @@ async def open_timed_database(path: str, stamps: Stamps) -> zincir.Database:
             token=token,  # type: ignore[arg-type]
             clock=None,
             synchronous="full",
+            payloads=Payloads(),  # open_database's default: the content store at its threshold
         )
     writer: DatabaseThread = backend.writers[0]
     writer._session = TimedSession(writer._session, stamps)  # type: ignore[assignment]

@@ -166,6 +166,9 @@ def judge_lease(lease: Lease, row: Sequence[Any] | None, now: int) -> None:
     if row is None:
         raise RunNotFound(f"run {lease.run_id} does not exist")
     status, owner, epoch, expires_at = row
+    held = owner == lease.owner and expires_at is not None and expires_at > now
+    if held and epoch == lease.epoch and status in LIVE:
+        return  # every fenced write's path: no message to build
     where = f"run {lease.run_id}: the lease of epoch {lease.epoch}"
     if epoch != lease.epoch:
         raise LeaseLost(f"{where} was fenced by a newer owner (epoch {epoch})")
@@ -173,8 +176,7 @@ def judge_lease(lease: Lease, row: Sequence[Any] | None, now: int) -> None:
         raise RunTerminal(f"run {lease.run_id} is already {status}")
     if owner != lease.owner or expires_at is None:
         raise LeaseLost(f"{where} was released")
-    if expires_at <= now:
-        raise LeaseLost(f"{where} expired {now - expires_at} ms ago")
+    raise LeaseLost(f"{where} expired {now - expires_at} ms ago")
 
 
 def lock_live_run(tx: Tx, run_id: str, columns: str, ended: str) -> Any:
