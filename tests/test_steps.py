@@ -92,6 +92,16 @@ async def test_a_step_names_what_it_refuses(db: zincir.Database) -> None:
             await run.step("plain", plain)  # type: ignore[arg-type]
         with pytest.raises(zincir.InvalidArgument, match="the result of step 'huge' is not a JSON value"):
             await run.step("huge", number, 10**5000)  # more digits than int's text conversion takes
+        deep: list[object] = []
+        for _ in range(100):
+            deep = [deep]
+        # Too deep: said once, not wrapped in "is not a JSON value" (the depth check's error is a
+        # ValueError too).
+        with pytest.raises(zincir.InvalidArgument) as refused:
+            await run.step("deep", number, deep)
+        assert str(refused.value) == (
+            f"run {run.id}: the result of step 'deep' nests lists and objects deeper than 100 levels"
+        )
         assert await run.step("ints", number, -7) == -7
         assert await run.step("bools", number, True) is True  # a bool is no int here: JSON true
     async with zincir.open_run(db, run.id) as again:  # what was stored, decoded

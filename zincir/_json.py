@@ -36,6 +36,8 @@ def encode(value: JSONValue, *, what: str | Callable[[], str], limit: int, neste
             if isinstance(value, dict | list | tuple):
                 _check_depth(value, what, nested_in)
             text = _ENCODER.encode(value)
+    except InvalidArgument:  # the depth check's own error (a ValueError too): as it is
+        raise
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidArgument(f"{_named(what)} is not a JSON value: {exc}") from None
     # ensure_ascii (the default) makes the text pure ASCII: its length is its size in bytes.
