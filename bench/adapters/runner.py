@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 import trio
@@ -185,18 +184,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.responses, args.reps = 20, 2
     backends = study.choices(args.backends, ("sqlite", "postgresql"), "backend")
-    log = study.progress(args.quiet)
-    started = time.perf_counter()
-    with study.scratch(args.dir, "zincir-bench-adapters-", keep=args.keep, log=log) as workdir:
-        results = study.begin(
-            "python -m bench.adapters", argv, workdir,
-            quick=args.quick, responses=args.responses, reps=args.reps, backends={},
-        )  # fmt: skip
+    program, prefix = "python -m bench.adapters", "zincir-bench-adapters-"
+    fields = {"responses": args.responses, "reps": args.reps, "backends": {}}
+    with study.running(program, argv, args, prefix, render, **fields) as (workdir, results, log):
         results["conversion_alone"] = trio.run(conversion_alone, args.responses)
         for backend in backends:
             log(f"{backend}: {args.reps} reps of {args.responses} pairs of responses per SDK")
             with backend_target(backend, args.url, workdir, "adapters", log) as target:
                 data = trio.run(measure, target, args.responses, args.reps, log)
                 results["backends"][BACKEND_NAMES[backend]] = data
-    study.finish(Path(args.out), results, render, None, started=started, log=log)
     return 0

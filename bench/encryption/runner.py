@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import os
 import statistics
-import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import trio
@@ -88,21 +86,20 @@ def main(argv: list[str] | None = None) -> int:
     add("--rounds", type=int, default=600, help="tool rounds per setting, taking turns (600)")
     add("--backends", default="sqlite,postgresql", help="sqlite, postgresql or both")
     args = parser.parse_args(argv)
-    out = Path(args.out)
     if study.redraw(args, render, chart):
         return 0
     sizes = {"steps": args.steps, "rounds": args.rounds}
     if args.quick:
         sizes = {"steps": 20, "rounds": 10}
-    log = study.progress(args.quiet)
-    started = time.perf_counter()
     backends = study.choices(args.backends, ("sqlite", "postgresql"), "backend")
-    with study.scratch(args.dir, "zincir-bench-encryption-", keep=args.keep, log=log) as workdir:
-        results = study.begin("python -m bench.encryption", argv, workdir, quick=args.quick, sizes=sizes)
-        results["backends"] = {}
+    program, prefix = "python -m bench.encryption", "zincir-bench-encryption-"
+    with study.running(program, argv, args, prefix, render, chart, sizes=sizes, backends={}) as (
+        workdir,
+        results,
+        log,
+    ):
         for backend in backends:
             log(f"{backend}: {sizes['steps']} small steps and {sizes['rounds']} tool rounds per setting")
             with paired_targets(backend, args.url, workdir, "encryption", SETTINGS, log) as targets:
                 results["backends"][BACKEND_NAMES[backend]] = trio.run(measure, targets, sizes, log)
-        study.finish(out, results, render, chart, started=started, log=log)
     return 0

@@ -182,6 +182,26 @@ def begin(program: str, argv: Sequence[str] | None, workdir: Path, **fields: Any
     }
 
 
+@contextlib.contextmanager
+def running(
+    program: str,
+    argv: Sequence[str] | None,
+    args: argparse.Namespace,
+    prefix: str,
+    render: Callable[[dict[str, Any], str], str],
+    chart: Callable[[dict[str, Any]], Chart] | None = None,
+    **fields: Any,
+) -> Iterator[tuple[Path, dict[str, Any], Log]]:
+    """One run of a study: its progress log, a scratch directory (``prefix``), the results begun
+    with ``fields`` (and ``quick``); yields them, and writes the report once the body is done."""
+    log = progress(args.quiet)
+    started = time.perf_counter()
+    with scratch(args.dir, prefix, keep=args.keep, log=log) as workdir:
+        results = begin(program, argv, workdir, quick=args.quick, **fields)
+        yield workdir, results, log
+        finish(Path(args.out), results, render, chart, started=started, log=log)
+
+
 def finish(
     out: Path,
     results: dict[str, Any],

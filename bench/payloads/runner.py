@@ -24,7 +24,6 @@ import statistics
 import string
 import time
 from collections.abc import Awaitable
-from pathlib import Path
 from typing import Any
 
 import trio
@@ -108,7 +107,6 @@ def main(argv: list[str] | None = None) -> int:
     add("--steps", type=int, default=2000, help="small steps per setting, taking turns (2000)")
     add("--backends", default="sqlite,postgresql", help="sqlite, postgresql or both")
     args = parser.parse_args(argv)
-    out = Path(args.out)
     if study.redraw(args, render, chart):
         return 0
     sizes = {
@@ -119,12 +117,13 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.quick:
         sizes = {"files": 2, "file_bytes": 20_000, "runs": 3, "steps": 20}
-    log = study.progress(args.quiet)
-    started = time.perf_counter()
     backends = study.choices(args.backends, ("sqlite", "postgresql"), "backend")
-    with study.scratch(args.dir, "zincir-bench-payloads-", keep=args.keep, log=log) as workdir:
-        results = study.begin("python -m bench.payloads", argv, workdir, quick=args.quick, sizes=sizes)
-        results["backends"] = {}
+    program, prefix = "python -m bench.payloads", "zincir-bench-payloads-"
+    with study.running(program, argv, args, prefix, render, chart, sizes=sizes, backends={}) as (
+        workdir,
+        results,
+        log,
+    ):
         for backend in backends:
             log(
                 f"{backend}: {sizes['runs']} runs reading {sizes['files']} files"
@@ -132,5 +131,4 @@ def main(argv: list[str] | None = None) -> int:
             )
             with paired_targets(backend, args.url, workdir, "store", SETTINGS, log) as targets:
                 results["backends"][BACKEND_NAMES[backend]] = trio.run(measure, targets, sizes, log)
-        study.finish(out, results, render, chart, started=started, log=log)
     return 0

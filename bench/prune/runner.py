@@ -124,7 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     add(
         "--batch",
         type=int,
-        help="runs per prune transaction (zincir's default: 100 on PostgreSQL, 20 on SQLite)",
+        help="runs per prune transaction (zincir's default: "
+        + ", ".join(f"{size} on {backend}" for backend, size in DEFAULT_BATCH.items())
+        + ")",
     )
     add("--baseline", type=float, default=20.0, help="seconds of the writer alone, before and after (20)")
     add("--backends", default="sqlite,postgresql", help="sqlite, postgresql or both")
@@ -134,11 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.runs, args.baseline = 300, 1.0
     backends = study.choices(args.backends, ("sqlite", "postgresql"), "backend")
-    log = study.progress(args.quiet)
-    started = time.perf_counter()
-    with study.scratch(args.dir, "zincir-bench-prune-", keep=args.keep, log=log) as workdir:
-        results = study.begin("python -m bench.prune", argv, workdir, quick=args.quick)
-        results.update({"runs": args.runs, "batch": args.batch, "baseline_s": args.baseline, "backends": {}})
+    program, prefix = "python -m bench.prune", "zincir-bench-prune-"
+    fields = {"runs": args.runs, "batch": args.batch, "baseline_s": args.baseline, "backends": {}}
+    with study.running(program, argv, args, prefix, render, chart, **fields) as (workdir, results, log):
         if "sqlite" in backends:
             log(f"sqlite: {args.runs:,} ended runs, batches of {args.batch or DEFAULT_BATCH['sqlite']}")
             results["sizing"] = sizing(workdir, 100 if args.quick else 1000)
@@ -152,7 +152,6 @@ def main(argv: list[str] | None = None) -> int:
             ):
                 results["server"] = server_settings(url)
                 results["backends"]["postgresql"] = measure(url, args, workdir, "postgresql", log)
-        study.finish(Path(args.out), results, render, chart, started=started, log=log)
     return 0
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 import attrs
@@ -173,17 +172,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.steps, args.reps = 20, 2
     backends = study.choices(args.backends, ("sqlite", "postgresql"), "backend")
-    log = study.progress(args.quiet)
-    started = time.perf_counter()
-    with study.scratch(args.dir, "zincir-bench-tracing-", keep=args.keep, log=log) as workdir:
-        results = study.begin(
-            "python -m bench.tracing", argv, workdir,
-            quick=args.quick, steps=args.steps, reps=args.reps, backends={},
-        )  # fmt: skip
+    program, prefix = "python -m bench.tracing", "zincir-bench-tracing-"
+    fields = {"steps": args.steps, "reps": args.reps, "backends": {}}
+    with study.running(program, argv, args, prefix, render, **fields) as (workdir, results, log):
         for backend in backends:
             log(f"{backend}: {args.reps} reps of {args.steps} steps per series")
             with backend_target(backend, args.url, workdir, "tracing", log) as target:
                 data = trio.run(measure, target, args.steps, args.reps, log)
                 results["backends"][BACKEND_NAMES[backend]] = data
-    study.finish(Path(args.out), results, render, None, started=started, log=log)
     return 0
