@@ -324,7 +324,7 @@ class DatabaseThread:
         if request.fn is None:
             return False
         for arg in request.args:  # a loop, not any() over a generator: this is every write's path
-            if (len(arg) if type(arg) is str else _chars(arg)) > INLINE_ARGUMENT_CHARS:
+            if _chars(arg) > INLINE_ARGUMENT_CHARS:
                 return False
         return True
 
