@@ -55,7 +55,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
@@ -155,19 +155,25 @@ def stored_unreferenced(tx: Tx, text: str, run_id: str) -> tuple[str, Unreferenc
     return column, Unreferenced(digests)
 
 
-def _store_parts(tx: Tx, text: str, threshold: int, whole: bool) -> tuple[str, tuple[str, ...]]:
-    """Store ``text``'s large parts; its reference text (or ``text``: none) and their digests."""
-    parts = parts_of(text, threshold, whole=whole)
-    digested = [p if isinstance(p, str) else (_digest(p), p) for p in parts]
-    large = {
-        digest: (part.text, len(part.text))
-        for digest, part in (p for p in digested if not isinstance(p, str))
-    }
+def _store_parts(
+    tx: Tx, text: str, threshold: int, whole: bool, seal: Callable[[str], str] | None = None
+) -> tuple[str, tuple[str, ...]]:
+    """Store ``text``'s large parts (each as ``seal`` gives it, when encrypted: a part's digest
+    is then its ciphertext's); its reference text (or ``text``: none) and their digests."""
+    pieces: list[Any] = []
+    large: dict[str, tuple[str, int]] = {}
+    for part in parts_of(text, threshold, whole=whole):
+        if isinstance(part, str):
+            pieces.append(part)
+            continue
+        body = part.text if seal is None else seal(part.text)
+        digest = hashlib.sha256(body.encode()).hexdigest()
+        large[digest] = (body, len(part.text))
+        pieces.append([digest])
     if not large:
         return text, ()
     _put(tx, large)
-    column = MARK + json.dumps([p if isinstance(p, str) else [p[0]] for p in digested], separators=(",", ":"))
-    return column, tuple(large)
+    return MARK + json.dumps(pieces, separators=(",", ":")), tuple(large)
 
 
 def _store_sealed(
@@ -177,19 +183,10 @@ def _store_sealed(
     ciphertext), then the column's text is. ``key``: a new run's, not stored yet."""
     if threshold is None or len(text) < threshold:
         return sealer.seal(tx, run_id, VALUE, text, key), ()
-    pieces: list[Any] = []
-    large: dict[str, tuple[str, int]] = {}
-    for part in parts_of(text, threshold, whole=whole):
-        if isinstance(part, str):
-            pieces.append(part)
-            continue
-        body = sealer.seal(tx, run_id, PART, part.text, key)
-        digest = hashlib.sha256(body.encode()).hexdigest()
-        large[digest] = (body, len(part.text))
-        pieces.append([digest])
-    _put(tx, large)
-    column = MARK + json.dumps(pieces, separators=(",", ":"))
-    return sealer.seal(tx, run_id, VALUE, column, key), tuple(large)
+    column, digests = _store_parts(
+        tx, text, threshold, whole, lambda part: sealer.seal(tx, run_id, PART, part, key)
+    )
+    return sealer.seal(tx, run_id, VALUE, column, key), digests
 
 
 @attrs.frozen
@@ -250,10 +247,6 @@ def _member_spans(text: str) -> list[tuple[int, int]]:
         if mark != ",":
             raise ValueError("expected ','")
         at = _SPACE.match(text, at + 1).end()  # type: ignore[union-attr]
-
-
-def _digest(part: _Part) -> str:
-    return hashlib.sha256(part.text.encode()).hexdigest()
 
 
 def _put(tx: Tx, large: dict[str, tuple[str, int]]) -> None:
