@@ -371,12 +371,20 @@ def texts(source: Any, values: Sequence[Any]) -> list[Any]:
     read-only connection), in order, with one query for all their parts. Anything that is not
     a reference text comes back as it is (None included). A missing part is a
     :class:`StorageError`: the database lost a value it promised to keep."""
-    if _any_sealed(source, values):
+    found = _texts(source, values)
+    return list(values) if found is None else found
+
+
+def _texts(source: Any, values: Sequence[Any]) -> list[Any] | None:
+    """:func:`texts`, or None when every value is one already (the common case: nothing
+    encrypted, nothing stored in parts), so that a caller keeps what it has."""
+    sealed = _any_sealed(source, values)
+    if sealed:
         values = _opened(source, values)
     parsed = [_parsed(v) for v in values]
     wanted = _digests(parsed)
     if not wanted:
-        return list(values)
+        return list(values) if sealed else None
     found = _fetch(source, sorted(wanted), "body")
     missing = wanted - found.keys()
     if missing:
@@ -385,10 +393,14 @@ def texts(source: Any, values: Sequence[Any]) -> list[Any]:
 
 
 def resolved(source: Any, rows: Sequence[Sequence[Any]], columns: Sequence[int]) -> list[Any]:
-    """``rows`` with the values at ``columns`` read by :func:`texts` (one query for all)."""
+    """``rows`` with the values at ``columns`` read by :func:`texts` (one query for all); the
+    rows as they are when none of those values is encrypted or in parts (every event read's
+    path: no row is copied)."""
     if not rows:
         return list(rows)
-    values = texts(source, [row[c] for row in rows for c in columns])
+    values = _texts(source, [row[c] for row in rows for c in columns])
+    if values is None:
+        return list(rows)
     out = []
     width = len(columns)
     for i, row in enumerate(rows):
