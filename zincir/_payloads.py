@@ -302,8 +302,9 @@ def _fetch(source: Any, digests: Sequence[str], body: str) -> dict[str, tuple[st
         rows = source.execute(sql, params) if isinstance(source, ReadOnly) else source.all(sql, params)
         for digest, text, size in rows:
             found[digest] = (text, int(size))
-    if any(isinstance(text, str) and text.startswith(ENVELOPE) for text, _ in found.values()):
-        opened = _opened(source, [text for text, _ in found.values()], PART)
+    bodies = [text for text, _ in found.values()]
+    if _any_sealed(bodies):
+        opened = _opened(source, bodies, PART)
         found = {
             digest: (text, size) for (digest, (_, size)), text in zip(found.items(), opened, strict=True)
         }
@@ -337,7 +338,7 @@ def _opened(source: Any, values: Sequence[Any], kind: str = VALUE) -> list[Any]:
     return out
 
 
-def _any_sealed(source: Any, values: Sequence[Any]) -> bool:
+def _any_sealed(values: Sequence[Any]) -> bool:
     """Whether some of ``values`` are encrypted. Looked at without a key too (a prefix test per
     value): a database opened before another process turned encryption on reads such a value
     as a missing key, never as a JSON error."""
@@ -378,7 +379,7 @@ def texts(source: Any, values: Sequence[Any]) -> list[Any]:
 def _texts(source: Any, values: Sequence[Any]) -> list[Any] | None:
     """:func:`texts`, or None when every value is one already (the common case: nothing
     encrypted, nothing stored in parts), so that a caller keeps what it has."""
-    sealed = _any_sealed(source, values)
+    sealed = _any_sealed(values)
     if sealed:
         values = _opened(source, values)
     parsed = [_parsed(v) for v in values]
@@ -438,7 +439,7 @@ def cut_texts(
     and its length: one query for the whole page. Never raises (the read queries' contract):
     a part that is missing leaves its reference text shown. An encrypted value is opened (read
     whole: the database cannot cut it), its length then the plaintext's."""
-    if _any_sealed(source, [row[c] for row in rows for c in columns]):
+    if _any_sealed([row[c] for row in rows for c in columns]):
         rows = _opened_rows(source, rows, columns)
         if max_chars is not None:  # opened whole: cut here, as the SQL cuts a clear value
             rows = [
