@@ -30,7 +30,17 @@ from ._content import sweep_content
 from ._tx import Tx
 from ._types import SweptContent
 
-__all__ = ["ENDED", "RUN_TABLES", "Bound", "PruneBatch", "PruneSpec", "prune_batch", "sweep_pruned"]
+__all__ = [
+    "BEFORE_EVERYTHING",
+    "ENDED",
+    "RUN_TABLES",
+    "Bound",
+    "PruneBatch",
+    "PruneSpec",
+    "oldest_kept",
+    "prune_batch",
+    "sweep_pruned",
+]
 
 ENDED: Final = ("completed", "failed", "cancelled")
 """The statuses a run ends in."""
@@ -64,6 +74,9 @@ nor known to hold no run's rows: a new run-keyed table must be added here."""
 
 Bound = tuple[int, str]
 """A place in the order runs ended: (``updated_at``, ``id``)."""
+
+BEFORE_EVERYTHING: Final[Bound] = (-(2**63), "")
+"""The :data:`Bound` before every run."""
 
 
 @attrs.frozen
@@ -125,6 +138,21 @@ def prune_batch(tx: Tx, spec: PruneSpec, after: Bound, seen: AbstractSet[str]) -
             _reclaim_space(tx)
     old_enough = [run for run in kept if run in fresh_set or _ended_in_range(run, rows.get(run), spec)]
     return PruneBatch(tuple(doomed), counted, tuple(old_enough), cursor)
+
+
+def oldest_kept(tx: Tx, statuses: tuple[str, ...], keep: int) -> Bound:
+    """The oldest of the ``keep`` runs of ``statuses`` that ended last: nothing from it on is
+    pruned (when fewer ended, they are all kept: the bound is before everything)."""
+    latest: list[Bound] = []
+    for status in statuses:
+        rows = tx.all(
+            "SELECT updated_at, id FROM agent_runs WHERE status = ?"
+            " ORDER BY updated_at DESC, id DESC LIMIT ?",
+            (status, keep),
+        )
+        latest += [(row[0], row[1]) for row in rows]
+    latest.sort(reverse=True)
+    return latest[keep - 1] if len(latest) >= keep else BEFORE_EVERYTHING
 
 
 def _judged(
