@@ -296,10 +296,7 @@ class Sealer:
     def store(self, tx: Tx, run_id: str, key: RunKey) -> None:
         """Store a new run's key, in the transaction that creates the run (the row's reference
         to the run is checked at COMMIT, so it may come first)."""
-        tx.execute(
-            "INSERT INTO run_keys (run_id, key_id, wrapped_dek, created_at) VALUES (?, ?, ?, :now)",
-            (run_id, key.key_id, key.wrapped),
-        )
+        _insert_key(tx, run_id, key)
         self._remember(run_id, key)
 
     def _remember(self, run_id: str, key: RunKey) -> None:
@@ -340,10 +337,7 @@ class Sealer:
         row = tx.one(_KEY_ROW, (run_id,))
         if row is None:
             new = self.fresh(run_id)
-            tx.execute(
-                "INSERT INTO run_keys (run_id, key_id, wrapped_dek, created_at) VALUES (?, ?, ?, :now)",
-                (run_id, new.key_id, new.wrapped),
-            )
+            _insert_key(tx, run_id, new)
             return new  # remembered once committed, at its next read
         key = self._load(run_id, row)
         if key is None:
@@ -385,6 +379,13 @@ class Sealer:
         if data is None:
             raise EncryptionKeyInvalid(f"run {run_id}: a stored {kind} does not decrypt (altered, or moved)")
         return data.decode()
+
+
+def _insert_key(tx: Tx, run_id: str, key: RunKey) -> None:
+    tx.execute(
+        "INSERT INTO run_keys (run_id, key_id, wrapped_dek, created_at) VALUES (?, ?, ?, :now)",
+        (run_id, key.key_id, key.wrapped),
+    )
 
 
 def _aad(run_id: str, kind: str) -> bytes:

@@ -55,7 +55,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
@@ -155,19 +155,25 @@ def stored_unreferenced(tx: Tx, text: str, run_id: str) -> tuple[str, Unreferenc
     return column, Unreferenced(digests)
 
 
-def _store_parts(tx: Tx, text: str, threshold: int, whole: bool) -> tuple[str, tuple[str, ...]]:
-    """Store ``text``'s large parts; its reference text (or ``text``: none) and their digests."""
-    parts = parts_of(text, threshold, whole=whole)
-    digested = [p if isinstance(p, str) else (_digest(p), p) for p in parts]
-    large = {
-        digest: (part.text, len(part.text))
-        for digest, part in (p for p in digested if not isinstance(p, str))
-    }
+def _store_parts(
+    tx: Tx, text: str, threshold: int, whole: bool, seal: Callable[[str], str] | None = None
+) -> tuple[str, tuple[str, ...]]:
+    """Store ``text``'s large parts (each as ``seal`` gives it, when encrypted: a part's digest
+    is then its ciphertext's); its reference text (or ``text``: none) and their digests."""
+    pieces: list[Any] = []
+    large: dict[str, tuple[str, int]] = {}
+    for part in parts_of(text, threshold, whole=whole):
+        if isinstance(part, str):
+            pieces.append(part)
+            continue
+        body = part.text if seal is None else seal(part.text)
+        digest = hashlib.sha256(body.encode()).hexdigest()
+        large[digest] = (body, len(part.text))
+        pieces.append([digest])
     if not large:
         return text, ()
     _put(tx, large)
-    column = MARK + json.dumps([p if isinstance(p, str) else [p[0]] for p in digested], separators=(",", ":"))
-    return column, tuple(large)
+    return MARK + json.dumps(pieces, separators=(",", ":")), tuple(large)
 
 
 def _store_sealed(
@@ -177,19 +183,10 @@ def _store_sealed(
     ciphertext), then the column's text is. ``key``: a new run's, not stored yet."""
     if threshold is None or len(text) < threshold:
         return sealer.seal(tx, run_id, VALUE, text, key), ()
-    pieces: list[Any] = []
-    large: dict[str, tuple[str, int]] = {}
-    for part in parts_of(text, threshold, whole=whole):
-        if isinstance(part, str):
-            pieces.append(part)
-            continue
-        body = sealer.seal(tx, run_id, PART, part.text, key)
-        digest = hashlib.sha256(body.encode()).hexdigest()
-        large[digest] = (body, len(part.text))
-        pieces.append([digest])
-    _put(tx, large)
-    column = MARK + json.dumps(pieces, separators=(",", ":"))
-    return sealer.seal(tx, run_id, VALUE, column, key), tuple(large)
+    column, digests = _store_parts(
+        tx, text, threshold, whole, lambda part: sealer.seal(tx, run_id, PART, part, key)
+    )
+    return sealer.seal(tx, run_id, VALUE, column, key), digests
 
 
 @attrs.frozen
@@ -252,10 +249,6 @@ def _member_spans(text: str) -> list[tuple[int, int]]:
         at = _SPACE.match(text, at + 1).end()  # type: ignore[union-attr]
 
 
-def _digest(part: _Part) -> str:
-    return hashlib.sha256(part.text.encode()).hexdigest()
-
-
 def _put(tx: Tx, large: dict[str, tuple[str, int]]) -> None:
     """Store each part once; nothing here is read, so on PostgreSQL it costs no round trip.
     The caller's :func:`refer` keeps them (in the same transaction: see Dialect.content_guard)."""
@@ -309,8 +302,9 @@ def _fetch(source: Any, digests: Sequence[str], body: str) -> dict[str, tuple[st
         rows = source.execute(sql, params) if isinstance(source, ReadOnly) else source.all(sql, params)
         for digest, text, size in rows:
             found[digest] = (text, int(size))
-    if any(isinstance(text, str) and text.startswith(ENVELOPE) for text, _ in found.values()):
-        opened = _opened(source, [text for text, _ in found.values()], PART)
+    bodies = [text for text, _ in found.values()]
+    if _any_sealed(bodies):
+        opened = _opened(source, bodies, PART)
         found = {
             digest: (text, size) for (digest, (_, size)), text in zip(found.items(), opened, strict=True)
         }
@@ -344,7 +338,7 @@ def _opened(source: Any, values: Sequence[Any], kind: str = VALUE) -> list[Any]:
     return out
 
 
-def _any_sealed(source: Any, values: Sequence[Any]) -> bool:
+def _any_sealed(values: Sequence[Any]) -> bool:
     """Whether some of ``values`` are encrypted. Looked at without a key too (a prefix test per
     value): a database opened before another process turned encryption on reads such a value
     as a missing key, never as a JSON error."""
@@ -378,12 +372,20 @@ def texts(source: Any, values: Sequence[Any]) -> list[Any]:
     read-only connection), in order, with one query for all their parts. Anything that is not
     a reference text comes back as it is (None included). A missing part is a
     :class:`StorageError`: the database lost a value it promised to keep."""
-    if _any_sealed(source, values):
+    found = _texts(source, values)
+    return list(values) if found is None else found
+
+
+def _texts(source: Any, values: Sequence[Any]) -> list[Any] | None:
+    """:func:`texts`, or None when every value is one already (the common case: nothing
+    encrypted, nothing stored in parts), so that a caller keeps what it has."""
+    sealed = _any_sealed(values)
+    if sealed:
         values = _opened(source, values)
     parsed = [_parsed(v) for v in values]
     wanted = _digests(parsed)
     if not wanted:
-        return list(values)
+        return list(values) if sealed else None
     found = _fetch(source, sorted(wanted), "body")
     missing = wanted - found.keys()
     if missing:
@@ -392,10 +394,14 @@ def texts(source: Any, values: Sequence[Any]) -> list[Any]:
 
 
 def resolved(source: Any, rows: Sequence[Sequence[Any]], columns: Sequence[int]) -> list[Any]:
-    """``rows`` with the values at ``columns`` read by :func:`texts` (one query for all)."""
+    """``rows`` with the values at ``columns`` read by :func:`texts` (one query for all); the
+    rows as they are when none of those values is encrypted or in parts (every event read's
+    path: no row is copied)."""
     if not rows:
         return list(rows)
-    values = texts(source, [row[c] for row in rows for c in columns])
+    values = _texts(source, [row[c] for row in rows for c in columns])
+    if values is None:
+        return list(rows)
     out = []
     width = len(columns)
     for i, row in enumerate(rows):
@@ -433,7 +439,7 @@ def cut_texts(
     and its length: one query for the whole page. Never raises (the read queries' contract):
     a part that is missing leaves its reference text shown. An encrypted value is opened (read
     whole: the database cannot cut it), its length then the plaintext's."""
-    if _any_sealed(source, [row[c] for row in rows for c in columns]):
+    if _any_sealed([row[c] for row in rows for c in columns]):
         rows = _opened_rows(source, rows, columns)
         if max_chars is not None:  # opened whole: cut here, as the SQL cuts a clear value
             rows = [

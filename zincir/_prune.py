@@ -16,13 +16,12 @@ import trio
 
 from ._database import Database, storage
 from ._errors import InvalidArgument, TransientConflict
-from ._store._prune import ENDED, Bound, PruneBatch, PruneSpec
+from ._store._prune import BEFORE_EVERYTHING, ENDED, Bound, PruneBatch, PruneSpec
 from ._types import RunStatus
 from ._validation import check_int
 
 __all__ = ["PruneReport", "prune"]
 
-_BEFORE_EVERYTHING: Final[Bound] = (-(2**63), "")
 _MAX_BATCH: Final = 10_000
 DEFAULT_BATCH: Final = {"sqlite": 5, "postgresql": 100}
 """Runs per batch unless told: on SQLite a batch holds the file's one write lock, and a live
@@ -98,12 +97,12 @@ async def prune(
         raise InvalidArgument(f"progress must be a callable, not {progress!r}")
     upper: Bound = (cutoff, "")
     if keep:
-        upper = min(upper, await storage(db).read(_oldest_kept, wanted, keep))
+        upper = min(upper, await storage(db).read(storage(db).store.oldest_kept, wanted, keep))
     spec = PruneSpec(wanted, upper, size, bool(dry_run))
     runs, batches, kept = 0, 0, 0
     rows: dict[str, int] = {}
     seen: set[str] = set()
-    cursor: Bound | None = _BEFORE_EVERYTHING
+    cursor: Bound | None = BEFORE_EVERYTHING
     while cursor is not None:
         took = time.monotonic()
         batch = await _one_batch(db, spec, cursor, seen)
@@ -162,21 +161,6 @@ async def _sweep_content(db: Database) -> int:
         parts += swept.parts
         if swept.parts < _SWEEP_BATCH:
             return parts
-
-
-def _oldest_kept(tx: Any, statuses: tuple[str, ...], keep: int) -> Bound:
-    """The oldest of the ``keep`` runs of ``statuses`` that ended last: nothing from it on is
-    pruned (when fewer ended, they are all kept: the bound is before everything)."""
-    latest: list[Bound] = []
-    for status in statuses:
-        rows = tx.all(
-            "SELECT updated_at, id FROM agent_runs WHERE status = ?"
-            " ORDER BY updated_at DESC, id DESC LIMIT ?",
-            (status, keep),
-        )
-        latest += [(row[0], row[1]) for row in rows]
-    latest.sort(reverse=True)
-    return latest[keep - 1] if len(latest) >= keep else _BEFORE_EVERYTHING
 
 
 def _epoch_ms(value: object) -> int:

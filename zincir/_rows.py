@@ -29,7 +29,9 @@ CHECKPOINT_JSON = (7, 8)
 EVENT_JSON = (2,)
 
 
-def _load(text: str) -> Any:
+def decode_value(text: str) -> Any:
+    """A JSON value column's value, read through ``zincir._payloads``: ``zincir.ERASED`` for
+    an erased run's."""
     return ERASED if text == ERASED_TEXT else decode(text)
 
 
@@ -50,15 +52,15 @@ def to_run(row: Any) -> RunRecord:
         prints,
     ) = row
     return RunRecord(
-        id, parent, role, provider, RunStatus(status), _load(config), created_at, updated_at,
-        None if result is None else _load(result), forked_from, fork_seq, version,
+        id, parent, role, provider, RunStatus(status), decode_value(config), created_at, updated_at,
+        None if result is None else decode_value(result), forked_from, fork_seq, version,
         {} if prints is None else decode(prints),
     )  # fmt: skip
 
 
 def to_event(run_id: str, row: Any) -> Event:
     seq, type, payload, key, created_at = row
-    return Event(run_id, seq, EventType(type), _load(payload), key, created_at)
+    return Event(run_id, seq, EventType(type), decode_value(payload), key, created_at)
 
 
 def to_checkpoint(row: Any) -> Checkpoint:

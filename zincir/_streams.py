@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Final, final
 import attrs
 import trio
 
-from ._crypto import ERASED, ERASED_TEXT
 from ._database import Database, Storage, storage
 from ._errors import DatabaseBusy, DatabaseUnavailable, InvalidArgument, ZincirError
-from ._json import JSONValue, decode, encode
+from ._json import JSONValue, encode
+from ._rows import decode_value
 from ._store._streams import StreamPage
 from ._types import RunStatus
 from ._validation import canonical_run_id, check_int, check_name, check_seconds
@@ -342,11 +342,6 @@ class _Reader:
 
 def _chunks_of(page: StreamPage) -> list[StreamChunk]:
     return [
-        StreamChunk(
-            at,
-            attempt,
-            ERASED if data == ERASED_TEXT else decode(data),
-            attempt > 1 and page.first_offsets.get(attempt) == at,
-        )
+        StreamChunk(at, attempt, decode_value(data), attempt > 1 and page.first_offsets.get(attempt) == at)
         for at, attempt, data in page.chunks
     ]

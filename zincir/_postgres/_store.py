@@ -112,7 +112,7 @@ def finish(tx: Tx, lease: Lease, status: RunStatus, payload_json: str, result_js
     closing = tx.send(
         _CLOSE,
         (
-            *(status.value, _result(tx, run_id, result_json), run_id, run_id, _STATE_TRANSITION),
+            *(status.value, _ends.stored_result(tx, run_id, result_json), run_id, run_id, _STATE_TRANSITION),
             stored(tx, run_id, payload_json),
             *(run_id, run_id, run_id, run_id, run_id),
         ),
@@ -124,10 +124,6 @@ def finish(tx: Tx, lease: Lease, status: RunStatus, payload_json: str, result_js
     _ends.wake_sharers_and_followers(tx, run_id, sharers, streamed)
     if not completing:
         _ends.cancel_descendants(tx, run_id, f"its ancestor {run_id} ended {status.value}")
-
-
-def _result(tx: Tx, run_id: str, result_json: str | None) -> str | None:
-    return None if result_json is None else stored(tx, run_id, result_json, whole=True)
 
 
 def _spawned_event(child: NewChild) -> str:

@@ -131,5 +131,6 @@ class Store:
 
     # -- retention (_prune) ------------------------------------------------------------------------
 
+    oldest_kept = staticmethod(_prune.oldest_kept)
     prune_batch = staticmethod(_prune.prune_batch)
     sweep_pruned = staticmethod(_prune.sweep_pruned)

@@ -117,10 +117,7 @@ def _send_close(
         EventType.STATE_TRANSITION,
         transition_json,
         run_set=ENDING + (", lease_epoch = lease_epoch + 1" if new_epoch else ""),
-        run_params=(
-            status.value,
-            None if result_json is None else stored(tx, run_id, result_json, whole=True),
-        ),
+        run_params=(status.value, stored_result(tx, run_id, result_json)),
     )
     parent_due = tx.send(MAKE_PARENT_DUE.format(lock=tx.dialect.lock_nowait), (run_id, run_id))
     waited = None
@@ -129,6 +126,11 @@ def _send_close(
     sharers = tx.send(SHARERS, (run_id,))
     streamed = tx.send(STREAMED, (run_id,))
     return closed, parent_due, waited, sharers, streamed
+
+
+def stored_result(tx: Tx, run_id: str, result_json: str | None) -> str | None:
+    """What a run's ``result`` column stores for its result (:func:`zincir._payloads.stored`)."""
+    return None if result_json is None else stored(tx, run_id, result_json, whole=True)
 
 
 def _closed(tx: Tx, run_id: str, closing: _Closing) -> None:

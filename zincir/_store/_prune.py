@@ -30,7 +30,17 @@ from ._content import sweep_content
 from ._tx import Tx
 from ._types import SweptContent
 
-__all__ = ["ENDED", "RUN_TABLES", "Bound", "PruneBatch", "PruneSpec", "prune_batch", "sweep_pruned"]
+__all__ = [
+    "BEFORE_EVERYTHING",
+    "ENDED",
+    "RUN_TABLES",
+    "Bound",
+    "PruneBatch",
+    "PruneSpec",
+    "oldest_kept",
+    "prune_batch",
+    "sweep_pruned",
+]
 
 ENDED: Final = ("completed", "failed", "cancelled")
 """The statuses a run ends in."""
@@ -64,6 +74,9 @@ nor known to hold no run's rows: a new run-keyed table must be added here."""
 
 Bound = tuple[int, str]
 """A place in the order runs ended: (``updated_at``, ``id``)."""
+
+BEFORE_EVERYTHING: Final[Bound] = (-(2**63), "")
+"""The :data:`Bound` before every run."""
 
 
 @attrs.frozen
@@ -127,6 +140,21 @@ def prune_batch(tx: Tx, spec: PruneSpec, after: Bound, seen: AbstractSet[str]) -
     return PruneBatch(tuple(doomed), counted, tuple(old_enough), cursor)
 
 
+def oldest_kept(tx: Tx, statuses: tuple[str, ...], keep: int) -> Bound:
+    """The oldest of the ``keep`` runs of ``statuses`` that ended last: nothing from it on is
+    pruned (when fewer ended, they are all kept: the bound is before everything)."""
+    latest: list[Bound] = []
+    for status in statuses:
+        rows = tx.all(
+            "SELECT updated_at, id FROM agent_runs WHERE status = ?"
+            " ORDER BY updated_at DESC, id DESC LIMIT ?",
+            (status, keep),
+        )
+        latest += [(row[0], row[1]) for row in rows]
+    latest.sort(reverse=True)
+    return latest[keep - 1] if len(latest) >= keep else BEFORE_EVERYTHING
+
+
 def _judged(
     families: list[set[str]], rows: dict[str, Member], spec: PruneSpec
 ) -> tuple[list[str], list[str]]:
@@ -159,23 +187,21 @@ def _candidates(tx: Tx, spec: PruneSpec, after: Bound) -> list[Bound]:
     return sorted(found)[: spec.batch_size]
 
 
-_RELATIONS: Final = (
-    # (SQL of pairs of related runs, where the run looked at is ``{}``)
-    "SELECT id, parent_run_id FROM agent_runs WHERE {} AND parent_run_id IS NOT NULL",
-    "SELECT id, parent_run_id FROM agent_runs WHERE {}",
-    "SELECT id, forked_from FROM agent_runs WHERE {} AND forked_from IS NOT NULL",
-    "SELECT id, forked_from FROM agent_runs WHERE {}",
-    "SELECT run_id, child_id FROM shared_children WHERE {}",
-    "SELECT run_id, child_id FROM shared_children WHERE {}",
-    "SELECT run_id, child_id FROM joins WHERE {}",
-    "SELECT run_id, child_id FROM joins WHERE {}",
-    "SELECT from_run_id, to_run_id FROM messages WHERE {}",
-    "SELECT from_run_id, to_run_id FROM messages WHERE {}",
+_RELATED: Final = (
+    # (table, column, column): a row relates the runs its two columns name
+    ("agent_runs", "id", "parent_run_id"),
+    ("agent_runs", "id", "forked_from"),
+    ("shared_children", "run_id", "child_id"),
+    ("joins", "run_id", "child_id"),
+    ("messages", "from_run_id", "to_run_id"),
 )
-_LOOKED_AT: Final = (
-    "id", "parent_run_id", "id", "forked_from", "run_id", "child_id", "run_id", "child_id",
-    "from_run_id", "to_run_id",
-)  # fmt: skip
+_RELATIONS: Final = tuple(
+    # (SQL of the pairs of related runs where the run looked at is ``{}``, the column looked at):
+    # each relation from both sides (a run without a parent or a source relates to nothing)
+    (f"SELECT {a}, {b} FROM {table} WHERE {{}} AND {other} IS NOT NULL", seen)
+    for table, a, b in _RELATED
+    for seen, other in ((a, b), (b, a))
+)
 
 
 def _relations(tx: Tx, start: Sequence[str]) -> set[tuple[str, str]]:
@@ -194,7 +220,7 @@ def _relations_of(tx: Tx, runs: Sequence[str]) -> set[tuple[str, str]]:
     """The relations in which one of ``runs`` takes part (all statements sent, then read)."""
     replies = []
     for part in tx.dialect.chunks(runs):
-        for sql, column in zip(_RELATIONS, _LOOKED_AT, strict=True):
+        for sql, column in _RELATIONS:
             where, params = tx.dialect.any_of(column, part)
             replies.append(tx.send(sql.format(where), params))
     return {(row[0], row[1]) for reply in replies for row in reply.all()}
