@@ -11,10 +11,9 @@ from typing import Final
 import click
 import trio
 
-from ._cli_inspect import keys_if_encrypted, require_file
+from ._cli_inspect import clean_errors, keys_if_encrypted, require_file
 from ._cli_options import database_option
 from ._database import open_database
-from ._errors import ZincirError
 from ._prune import PruneReport, prune
 from ._sqlite._connection import BUSY_TIMEOUT_MS
 from ._store._prune import ENDED
@@ -105,10 +104,8 @@ def prune_command(
                 progress=show,
             )
 
-    try:
+    with clean_errors():
         report = trio.run(run)
-    except ZincirError as exc:
-        raise click.ClickException(str(exc)) from None
     verb = "would delete" if report.dry_run else "deleted"
     tables = ", ".join(f"{table} {count}" for table, count in sorted(report.rows.items()) if count)
     click.echo(
@@ -147,10 +144,8 @@ def vacuum_command(database_path: str) -> None:
         async with open_database(database_path, keys=keys):
             pass
 
-    try:
+    with clean_errors():
         trio.run(check)
-    except ZincirError as exc:
-        raise click.ClickException(str(exc)) from None
     before = os.path.getsize(where.location)
     try:
         _vacuum(where.location)
