@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Literal
+from typing import Any, Literal, Protocol, TypeVar
 
 import attrs
 
@@ -19,7 +19,9 @@ from ._store import Store
 from ._threads import DatabaseThread
 from ._wakes import Listen
 
-__all__ = ["Backend", "Clock", "wall_clock_ms"]
+__all__ = ["Backend", "BulkSession", "Clock", "wall_clock_ms"]
+
+T = TypeVar("T")
 
 Clock = Callable[[], int]
 """A clock returns the current time in integer Unix milliseconds; it must be thread-safe."""
@@ -28,6 +30,17 @@ Clock = Callable[[], int]
 def wall_clock_ms() -> int:
     """The default clock: wall-clock time, shared by every process that opens the file."""
     return time.time_ns() // 1_000_000
+
+
+class BulkSession(Protocol):
+    """A connection of a backend's own for a long series of maintenance writes (a prune's
+    batches) that stand aside for its live writers (see zincir/_sqlite/_bulk.py). Blocking:
+    used from a worker thread, one call at a time."""
+
+    def write(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(tx, *args)`` in a transaction of its own, committed and durable."""
+
+    def close(self) -> None: ...
 
 
 @attrs.define(eq=False)
@@ -46,3 +59,6 @@ class Backend:
     server's (PostgreSQL)."""
     listen: Listen
     """Start hearing other processes' writes (see :data:`zincir._wakes.Listen`)."""
+    open_bulk: Callable[[], BulkSession] | None = None
+    """Open a :class:`BulkSession` (blocking); None: maintenance writes go to the writers, as
+    any other write (PostgreSQL, whose row locks keep them out of the live writers' way)."""

@@ -62,6 +62,7 @@ class Storage:
         self._target = backend.target
         self.writers = backend.writers
         self.reader = backend.reader
+        self._open_bulk = backend.open_bulk
         self._closed = False
         for thread in (*self.writers, self.reader):
             thread.deliver = self.wakes.deliver  # what a commit woke, before its callers resume
@@ -112,6 +113,32 @@ class Storage:
         if route is None:
             return min(writers, key=lambda w: (w.backlog, random.random()))
         return writers[hash(route) % len(writers)]
+
+    @asynccontextmanager
+    async def bulk_writes(self) -> AsyncIterator[Callable[..., Awaitable[Any]]]:
+        """``write``, for a long series of maintenance writes (a prune's batches and sweep):
+        ``await write(fn, *args)`` runs ``fn(tx, *args)`` in a transaction of its own. On
+        SQLite they go through a connection of their own that stands aside for the live
+        writers (zincir/_sqlite/_bulk.py)."""
+        if self._open_bulk is None:
+
+            async def write(fn: Callable[..., Any], *args: Any) -> Any:
+                return await self.write(fn, *args, route=None)
+
+            yield write
+            return
+        session = await trio.to_thread.run_sync(self._open_bulk)
+
+        async def write_bulk(fn: Callable[..., Any], *args: Any) -> Any:
+            if self._closed:
+                raise DatabaseClosed(f"database {self._target!r} is closed")
+            return await trio.to_thread.run_sync(session.write, fn, *args)
+
+        try:
+            yield write_bulk
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(session.close)
 
     async def read(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(tx, *args)`` in a read transaction: one consistent snapshot."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Final, TypeVar
 
 import attrs
@@ -16,24 +16,25 @@ import trio
 
 from ._database import Database, storage
 from ._errors import InvalidArgument, TransientConflict
-from ._store._prune import BEFORE_EVERYTHING, ENDED, Bound, PruneBatch, PruneSpec
+from ._store._prune import BEFORE_EVERYTHING, ENDED, Bound, PruneSpec
 from ._types import RunStatus
 from ._validation import check_int
 
 __all__ = ["PruneReport", "prune"]
 
 _MAX_BATCH: Final = 10_000
-DEFAULT_BATCH: Final = {"sqlite": 5, "postgresql": 100}
-"""Runs per batch unless told: on SQLite a batch holds the file's one write lock, and a live
-writer that comes meanwhile waits for the rest of it, so a batch there holds it about as long
-as a writer's step (bench/reports/prune.md); PostgreSQL's row locks keep a batch out of other
+DEFAULT_BATCH: Final = {"sqlite": 2, "postgresql": 100}
+"""Runs per batch unless told: on SQLite a batch holds the file's one write lock for its
+deletes, and a live writer that comes meanwhile waits for the rest of them, so a batch there is
+small (docs/retention.md has the figures); PostgreSQL's row locks keep a batch out of other
 runs' way."""
 _SQLITE_PAUSE_S: Final = 0.002
-"""On SQLite the lock stays free after a batch as long as the batch held it, and this much
-more: a writer that waited for it polls every millisecond at most (zincir/_sqlite/_connection.py)
-and takes it meanwhile. So a prune holds the lock less than half the time."""
+"""On SQLite the lock stays free after a batch as long as the batch took, and this much more: a
+writer that waited for it polls every quarter of a millisecond (zincir/_sqlite/_connection.py)
+and takes it meanwhile."""
 _SWEEP_BATCH: Final = 1000
 T = TypeVar("T")
+Write = Callable[..., Awaitable[Any]]
 
 
 @attrs.frozen
@@ -77,7 +78,7 @@ async def prune(
     ``statuses`` are the ended statuses to delete (``completed``, ``failed``, ``cancelled``).
     ``keep_latest=N`` keeps the N runs of those statuses that ended last, however old.
 
-    Runs go in batches of ``batch_size`` runs (default: 100 on PostgreSQL; 5 on SQLite, whose
+    Runs go in batches of ``batch_size`` runs (default: 100 on PostgreSQL; 2 on SQLite, whose
     one write lock a live writer waits for while a batch holds it), one short transaction each,
     whole families at once: a run whose parent, child, fork, fork's source or shared child is live (or too
     recent, or of another status) stays, and so does that whole family. A crash leaves every
@@ -99,17 +100,31 @@ async def prune(
     if keep:
         upper = min(upper, await storage(db).read(storage(db).store.oldest_kept, wanted, keep))
     spec = PruneSpec(wanted, upper, size, bool(dry_run))
+    async with storage(db).bulk_writes() as write:
+        return await _batches(db, write, spec, progress, started)
+
+
+async def _batches(
+    db: Database,
+    write: Write,
+    spec: PruneSpec,
+    progress: Callable[[PruneReport], object] | None,
+    started: float,
+) -> PruneReport:
     runs, batches, kept = 0, 0, 0
     rows: dict[str, int] = {}
     seen: set[str] = set()
     cursor: Bound | None = BEFORE_EVERYTHING
     while cursor is not None:
         took = time.monotonic()
-        batch = await _one_batch(db, spec, cursor, seen)
-        if batch.runs and not spec.dry_run and db.backend == "sqlite":
-            # SQLite has one write lock: leave it to the other writers, who poll for it every
-            # millisecond at most, for as long as the batch held it, plus _SQLITE_PAUSE_S.
-            await trio.sleep(time.monotonic() - took + _SQLITE_PAUSE_S)
+        if spec.dry_run:
+            batch = await storage(db).read(storage(db).store.prune_batch, spec, cursor, seen)
+        else:
+            batch = await _again_on_conflict(write, storage(db).store.prune_batch, spec, cursor, seen)
+            if batch.runs and db.backend == "sqlite":
+                # SQLite has one write lock: leave it to the other writers, who poll for it
+                # often, for as long as the batch took, plus _SQLITE_PAUSE_S.
+                await trio.sleep(time.monotonic() - took + _SQLITE_PAUSE_S)
         seen.update(batch.kept)
         if spec.dry_run:
             seen.update(batch.runs)
@@ -124,40 +139,34 @@ async def prune(
                 )
         cursor = batch.cursor
     if not spec.dry_run:  # also what a prune that crashed before its sweep left behind
-        swept = await _sweep_content(db)
+        swept = await _sweep_content(db, write)
         if swept:  # a dry run cannot tell which parts will be left unreferenced
             rows["payload_content"] = swept
     return PruneReport(runs, rows, batches, kept, time.monotonic() - started, spec.dry_run)
 
 
-async def _one_batch(db: Database, spec: PruneSpec, cursor: Bound, seen: set[str]) -> PruneBatch:
-    """One batch: a write (or, dry, a read). A row lock met on PostgreSQL (a foreign key's
-    check waited past the writers' lock timeout) undoes the batch; it is tried again."""
-    if spec.dry_run:
-        return await storage(db).read(storage(db).store.prune_batch, spec, cursor, seen)
-    return await _write_again_on_conflict(db, storage(db).store.prune_batch, spec, cursor, seen)
-
-
-async def _write_again_on_conflict(db: Database, operation: Callable[..., T], *args: Any) -> T:
-    """``operation`` in a write transaction, tried again while a lock on PostgreSQL outlasts the
+async def _again_on_conflict(write: Write, operation: Callable[..., T], *args: Any) -> T:
+    """``await write(operation, *args)``, tried again while a lock on PostgreSQL outlasts the
     writers' lock timeout (a row a foreign key's check waits for, the content store's lock that
     writers storing a part hold): undone each time, so trying again is safe."""
     delay = 0.001
     for _ in range(100):
         try:
-            return await storage(db).write(operation, *args, route=None)
+            result: T = await write(operation, *args)
+            return result
         except TransientConflict:
             await trio.sleep(delay)
             delay = min(2 * delay, 0.1)
-    return await storage(db).write(operation, *args, route=None)
+    result = await write(operation, *args)
+    return result
 
 
-async def _sweep_content(db: Database) -> int:
+async def _sweep_content(db: Database, write: Write) -> int:
     """Delete the stored parts (docs/payloads.md) that only the deleted runs referred to, a
     bounded batch per transaction; how many."""
     parts = 0
     while True:
-        swept = await _write_again_on_conflict(db, storage(db).store.sweep_pruned, _SWEEP_BATCH)
+        swept = await _again_on_conflict(write, storage(db).store.sweep_pruned, _SWEEP_BATCH)
         parts += swept.parts
         if swept.parts < _SWEEP_BATCH:
             return parts

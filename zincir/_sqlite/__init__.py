@@ -12,6 +12,7 @@ from .._backend import Backend, Clock, wall_clock_ms
 from .._payloads import Payloads
 from .._store import Store
 from .._threads import DatabaseThread
+from ._bulk import BulkSession
 from ._connection import SQLiteSession, open_connections
 from ._watcher import Watcher
 
@@ -43,4 +44,5 @@ async def open_backend(
         reader=thread("reader", SQLiteSession(reader, path, clock, writer=False)),
         clock=clock,
         listen=lambda wake, awaited_ends: Watcher(path, clock, token, wake, awaited_ends),
+        open_bulk=lambda: BulkSession(path, clock, payloads),
     )

@@ -19,7 +19,7 @@ from .._types import EventType
 from .._wakes import Wakes
 from . import _migrations
 
-__all__ = ["SQLITE", "SQLiteSession", "Tx", "open_connections", "storage_error"]
+__all__ = ["SQLITE", "SQLiteSession", "Tx", "connect", "is_busy", "open_connections", "storage_error"]
 
 logger = logging.getLogger("zincir")
 
@@ -153,7 +153,7 @@ class Tx(_store.Tx):
         return self.wakes
 
 
-def _is_busy(exc: sqlite3.Error) -> bool:
+def is_busy(exc: sqlite3.Error) -> bool:
     code = getattr(exc, "sqlite_errorcode", None)
     return code is not None and code & 0xFF in _SQLITE_BUSY_CODES
 
@@ -164,7 +164,7 @@ def _is_busy(exc: sqlite3.Error) -> bool:
 # short transaction (a prune batch, another process's step) slept well past its end, and could
 # sleep through the gap before the next one.
 _POLL_FIRST_S: Final = 0.0001
-_POLL_CAP_S: Final = 0.001
+_POLL_CAP_S: Final = 0.00025
 
 
 def _poll_delays() -> Iterator[float]:
@@ -229,7 +229,7 @@ class SQLiteSession:
         try:
             self._conn.execute(self._begin)
         except sqlite3.OperationalError as exc:
-            if _is_busy(exc):
+            if is_busy(exc):
                 return False
             raise
         return True
@@ -298,7 +298,7 @@ def _open_error(exc: sqlite3.Error, path: str) -> StorageError:
     return StorageError(f"cannot open database {path!r}: {exc}")
 
 
-def _connect(path: str, synchronous: str) -> sqlite3.Connection:
+def connect(path: str, synchronous: str) -> sqlite3.Connection:
     try:
         conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     except sqlite3.Error as exc:
@@ -340,7 +340,7 @@ def open_connections(
     path: str, synchronous: str, now_ms: int
 ) -> tuple[sqlite3.Connection, sqlite3.Connection]:
     """The writer (migrated, in WAL mode) and a query-only reader."""
-    writer = _connect(path, synchronous)
+    writer = connect(path, synchronous)
     try:
         try:
             if _migrations.applied_version(writer, path) == 0:
@@ -351,7 +351,7 @@ def open_connections(
             _migrations.migrate(writer, path, now_ms)
         except sqlite3.Error as exc:
             raise storage_error(exc, path) from exc
-        reader = _connect(path, synchronous)
+        reader = connect(path, synchronous)
         reader.execute("PRAGMA query_only = ON")
     except BaseException:
         writer.close()

@@ -15,7 +15,8 @@ See docs/retention.md for the policy. The rules this module keeps:
 - **Nothing live refers to it.** On PostgreSQL the relations are read again after the
   family's rows are locked (``FOR UPDATE SKIP LOCKED``, which also passes over a run whose row
   a concurrent write holds or is inserting a reference to), and a family that grew since is
-  left alone. On SQLite the one writer holds the whole file from the batch's first read.
+  left alone. On SQLite a batch reads in one snapshot, and SQLite refuses its first write if
+  another connection committed since (zincir/_sqlite/_bulk.py): what it deletes is what it read.
 """
 
 from __future__ import annotations
@@ -307,9 +308,35 @@ def _still_closed(tx: Tx, doomed: list[str], edges: set[tuple[str, str]]) -> tup
 def _delete(tx: Tx, runs: list[str]) -> dict[str, int]:
     """Delete every row of ``runs`` (whole families, children before parents), table by
     table; rows deleted per table."""
+    holding = _holding(tx, runs)
     return _per_table(
-        tx, runs, lambda table, where, params: tx.count(f"DELETE FROM {table} WHERE {where}", params)
+        tx,
+        runs,
+        lambda table, where, params: (
+            tx.count(f"DELETE FROM {table} WHERE {where}", params) if table in holding else 0
+        ),
     )
+
+
+def _holding(tx: Tx, runs: list[str]) -> set[str]:
+    """The tables that hold a row of ``runs``. On SQLite, read in one statement before the
+    batch's first write: a batch takes the file's one write lock only at its first write
+    (zincir/_sqlite/_bulk.py), and a table it finds empty needs no DELETE under it; what the
+    batch read still holds when it writes, or SQLite refuses the write. On PostgreSQL, every
+    table: the batch's locks are on its runs' rows, not on the other tables."""
+    tables = _tables(tx)
+    if tx.dialect.row_locks:
+        return {table for table, _ in tables}
+    found: set[str] = set()
+    for part in tx.dialect.chunks(runs):
+        probes: list[str] = []
+        params: list[Any] = []
+        for table, columns in tables:
+            where, values = _naming(tx, columns, part)
+            probes.append(f"SELECT '{table}' WHERE EXISTS (SELECT 1 FROM {table} WHERE {where})")
+            params += values
+        found.update(row[0] for row in tx.all(" UNION ALL ".join(probes), tuple(params)))
+    return found
 
 
 def _count_rows(tx: Tx, runs: list[str]) -> dict[str, int]:
