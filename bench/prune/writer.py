@@ -61,7 +61,7 @@ class Writer:
                 self._count += 1
                 started = time.perf_counter()
                 await self._run.step(f"s{self._count}", _nothing)
-                self._latencies.append((time.perf_counter() - started) * 1000)
+                self._latencies.append(round((time.perf_counter() - started) * 1000, 3))
                 with trio.move_on_after(self._interval):
                     await self._stop.wait()
         finally:

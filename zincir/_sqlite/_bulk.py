@@ -14,6 +14,8 @@ the batch. So a batch here holds it only for what must be: its writes and their 
   to the WAL and lets the lock go, and the WAL is fsynced then, before :meth:`BulkSession.write`
   returns. So a batch is durable when it returns, as any write is, but a live writer does not
   wait for its fsync; a power loss in between loses the batch whole (the WAL's checksums).
+- **A checkpoint after each batch**, with the lock free, so that a live writer's own periodic
+  checkpoint (which it runs before answering a step) does not find the batches' pages to copy.
 
 docs/retention.md gives the figures.
 """
