@@ -8,8 +8,8 @@ and its chart from a run's figures without measuring anything.
 from __future__ import annotations
 
 import json
-import re
 import math
+import re
 import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
