@@ -8,15 +8,18 @@ import os
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import pytest
 import trio
 
 import zincir
+from zincir._crypto import Sealer
 from zincir._errors import StorageError
 from zincir._payloads import Payloads
 from zincir._sqlite import _bulk
 from zincir._sqlite._bulk import OPTIMISTIC_TRIES, BulkSession
+from zincir._sqlite._connection import connect
 from zincir._store import Tx
 
 pytestmark = pytest.mark.sqlite_only
@@ -32,7 +35,7 @@ def session(db_path: Path) -> Iterator[BulkSession]:
     trio.run(_create, db_path)
     with sqlite3.connect(db_path, isolation_level=None) as conn:
         conn.execute("CREATE TABLE t (x INTEGER)")
-    bulk = BulkSession(str(db_path), lambda: 0, Payloads())
+    bulk = BulkSession(str(db_path), lambda: 0, Payloads(), None)
     yield bulk
     bulk.close()
 
@@ -64,7 +67,7 @@ def test_a_batch_reads_again_when_another_writer_committed_after_its_reads(
     session.write(write_what_was_read)
     other.close()
     assert seen == [0, 1]  # the first try's write was refused: what it read had changed
-    assert session.optimistic_refusals == 1
+    assert session.refusals == 1
     assert _values(db_path) == [-1, 1]
 
 
@@ -97,7 +100,7 @@ def test_a_failed_batch_is_a_storage_error_and_writes_nothing(session: BulkSessi
     with pytest.raises(StorageError, match="no_such_table"):
         session.write(half_then_fail)
     assert _values(db_path) == []
-    assert session.optimistic_refusals == 0
+    assert session.refusals == 0
 
 
 async def test_each_batch_is_fsynced_after_its_commit_with_the_lock_free(
@@ -138,3 +141,38 @@ def test_the_bulk_connection_commits_without_an_fsync_and_keeps_foreign_keys(ses
         return tx.one("PRAGMA synchronous")[0], tx.one("PRAGMA foreign_keys")[0]
 
     assert session.write(settings) == (1, 1)  # NORMAL: no fsync in a COMMIT; foreign keys on
+
+
+async def test_a_prune_through_a_symlinked_path_finds_the_wal_beside_the_real_file(tmp_path: Path) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "links").mkdir()
+    link = tmp_path / "links" / "zincir.db"
+    link.symlink_to(tmp_path / "real" / "zincir.db")
+    async with zincir.open_database(link) as db:
+        async with zincir.open_run(db) as run:
+            await run.complete()
+        later = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=1)
+        assert (await zincir.prune(db, finished_before=later)).runs == 1
+    assert not (tmp_path / "links" / "zincir.db-wal").exists()
+
+
+def test_on_an_encrypted_database_the_bulk_connection_zeroes_what_it_frees(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trio.run(_create, db_path)
+
+    def connect_without_secure_delete(path: str, synchronous: str) -> sqlite3.Connection:
+        conn = connect(path, synchronous)
+        conn.execute("PRAGMA secure_delete = OFF")  # as a SQLite built without it has it
+        return conn
+
+    def secure_delete(tx: Tx) -> int:
+        return int(tx.one("PRAGMA secure_delete")[0])
+
+    monkeypatch.setattr(_bulk, "connect", connect_without_secure_delete)
+    for sealer, zeroed in ((None, 0), (cast(Sealer, object()), 1)):
+        bulk = BulkSession(str(db_path), lambda: 0, Payloads(), sealer)
+        try:
+            assert bulk.write(secure_delete) == zeroed
+        finally:
+            bulk.close()

@@ -15,6 +15,7 @@ from typing import Any, Literal, Protocol, TypeVar
 
 import attrs
 
+from ._crypto import Sealer
 from ._store import Store
 from ._threads import DatabaseThread
 from ._wakes import Listen
@@ -59,6 +60,7 @@ class Backend:
     server's (PostgreSQL)."""
     listen: Listen
     """Start hearing other processes' writes (see :data:`zincir._wakes.Listen`)."""
-    open_bulk: Callable[[], BulkSession] | None = None
-    """Open a :class:`BulkSession` (blocking); None: maintenance writes go to the writers, as
-    any other write (PostgreSQL, whose row locks keep them out of the live writers' way)."""
+    open_bulk: Callable[[Sealer | None], BulkSession] | None = None
+    """Open a :class:`BulkSession` (blocking) for a database encrypted with the sealer given (or
+    not: None); None: maintenance writes go to the writers, as any other write (PostgreSQL,
+    whose row locks keep them out of the live writers' way)."""

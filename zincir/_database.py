@@ -127,7 +127,9 @@ class Storage:
 
             yield write
             return
-        session = await trio.to_thread.run_sync(self._open_bulk)
+        if self._closed:
+            raise DatabaseClosed(f"database {self._target!r} is closed")
+        session = await trio.to_thread.run_sync(self._open_bulk, self.sealer)
 
         async def write_bulk(fn: Callable[..., Any], *args: Any) -> Any:
             if self._closed:

@@ -67,8 +67,8 @@ MAX_BATCH: Final = 512
 # payload's write and fsync), and never for a batch of more than MAX_BATCH (the thread splits
 # it). The COMMIT, not the whole transaction: a batch of many small operations is mostly their
 # Python, which holds the GIL on either thread, and the thread gains the loop little beyond the
-# disk's wait (an operation whose SQL is heavy, a large prune batch or fork, does hold the loop
-# for its time: docs/backends.md). 5 ms: a local SSD's fsync takes well under
+# disk's wait (an operation whose SQL is heavy, a large fork, does hold the loop for its time:
+# docs/backends.md). 5 ms: a local SSD's fsync takes well under
 # one even beside other writers (its average rises to about 2 ms there, from single commits
 # of 5); a spinning disk's or a network volume's takes longer (docs/performance.md).
 INLINE_COMMIT_SECONDS: Final = 0.005

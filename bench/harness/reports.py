@@ -40,7 +40,9 @@ def write_outputs(
         out.with_suffix(".json").write_text(figures_json(results) + "\n", encoding="utf-8")
 
 
-_NUMBER_LIST = re.compile(r"\[\s*(-?[0-9][-0-9.e+]*(?:,\s*-?[0-9][-0-9.e+]*)*)\s*\]")
+# A list of numbers as json.dumps(indent=...) writes it, one per line: the newlines it needs
+# cannot be inside a JSON string, so no string value is touched.
+_NUMBER_LIST = re.compile(r"\[\n\s*(-?[0-9][-0-9.e+]*(?:,\n\s*-?[0-9][-0-9.e+]*)*)\n\s*\]")
 
 
 def figures_json(results: dict[str, Any]) -> str:

@@ -28,6 +28,9 @@ async def open_backend(
     writer, reader = await trio.to_thread.run_sync(
         open_connections, path, _SYNCHRONOUS_LEVELS[synchronous], clock()
     )
+    # The file as SQLite resolved it (absolute, through symlinks): where its -wal is, and what a
+    # later connection opens whatever the working directory is by then.
+    file = writer.execute("PRAGMA database_list").fetchone()[2] or path
 
     def thread(role: str, session: SQLiteSession) -> DatabaseThread:
         writes = role == "writer"
@@ -44,5 +47,5 @@ async def open_backend(
         reader=thread("reader", SQLiteSession(reader, path, clock, writer=False)),
         clock=clock,
         listen=lambda wake, awaited_ends: Watcher(path, clock, token, wake, awaited_ends),
-        open_bulk=lambda: BulkSession(path, clock, payloads),
+        open_bulk=lambda sealer: BulkSession(file, clock, payloads, sealer),
     )

@@ -27,12 +27,13 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, cast
 
 from .._backend import Clock
+from .._crypto import Sealer
 from .._errors import StorageError
 from .._payloads import Payloads
-from ._connection import SQLiteSession, Tx, connect, is_busy, storage_error
+from ._connection import SQLITE, SQLiteSession, Tx, connect, is_busy, storage_error
 
 __all__ = ["BulkSession"]
 
@@ -45,33 +46,46 @@ OPTIMISTIC_TRIES: Final = 3
 _RETRY_AFTER_S: Final = 0.0005
 """A refused batch waits this long before it reads again: a live writer's step is about this
 long, so it is likely done by then."""
+_REFUSED: Final = object()
 
 
 class BulkSession:
     """Runs ``fn(tx, *args)``, each in a transaction of its own, on a connection of its own (see
     the module's doc). Blocking: call it from a worker thread, one call at a time."""
 
-    def __init__(self, path: str, clock: Clock, payloads: Payloads) -> None:
+    def __init__(self, path: str, clock: Clock, payloads: Payloads, sealer: Sealer | None) -> None:
         self._path = path
-        self._clock = clock
-        self._payloads = payloads
         self._wal = path + "-wal"
+        self._sealer = sealer
         conn = connect(path, "NORMAL")
-        # The fallback's BEGIN IMMEDIATE waits in Python, as the writer's does.
-        self._session = SQLiteSession(conn, path, clock, writer=True)
+        try:
+            # Its fallback's BEGIN IMMEDIATE waits in Python, as the writer's does.
+            self._session = SQLiteSession(conn, path, clock, writer=True)
+            if sealer is not None and SQLITE.secure_delete:
+                # As the writers of an encrypted database do: what a batch frees is zeroed, so
+                # no copy of a run's key is left in free space (docs/payloads.md#erasure).
+                conn.execute(SQLITE.secure_delete)
+        except sqlite3.Error as exc:
+            conn.close()
+            raise storage_error(exc, path) from exc
+        self._session.payloads = payloads
         self._conn = conn
-        self.optimistic_refusals = 0
-        """How many tries SQLite refused (the statistics of a prune; tests read it)."""
+        self.refusals = 0
+        """How many tries SQLite refused, since the session was opened."""
 
     def write(self, fn: Callable[..., T], *args: Any) -> T:
         changes = self._conn.total_changes
-        result = self._committed(fn, args)
+        result = self._optimistic(fn, args)
+        if result is _REFUSED:
+            result = self._locked_first(fn, args)
         if self._conn.total_changes != changes:  # not a batch that found nothing
             self._sync_wal()
             self._checkpoint()
-        return result
+        return cast(T, result)
 
-    def _committed(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+    def _optimistic(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T | object:
+        """``fn`` begun without the lock, tried again while SQLite refuses its first write;
+        _REFUSED after OPTIMISTIC_TRIES refusals."""
         for _ in range(OPTIMISTIC_TRIES):
             try:
                 self._conn.execute("BEGIN")  # deferred: the lock comes with the first write
@@ -81,14 +95,19 @@ class BulkSession:
                 self._session.rollback()
                 if not is_busy(exc):
                     raise storage_error(exc, self._path) from exc
-                self.optimistic_refusals += 1
+                self.refusals += 1
                 time.sleep(_RETRY_AFTER_S)
                 continue
             except BaseException:
                 self._session.rollback()
                 raise
             return result
-        try:  # a database that is never quiet: the lock first, as the writer takes it
+        return _REFUSED
+
+    def _locked_first(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+        """``fn`` with the lock held from its BEGIN, as the writer runs an operation: for a
+        database that is never quiet long enough for the optimistic tries."""
+        try:
             self._session.begin()
             result = fn(self._tx(), *args)
             self._session.commit()
@@ -99,13 +118,14 @@ class BulkSession:
         return result
 
     def _tx(self) -> Tx:
-        tx = Tx(self._conn, self._clock())
-        tx.payloads = self._payloads
+        tx = self._session.tx()
+        tx.sealer = self._sealer
         return tx
 
     def _sync_wal(self) -> None:
-        """Make the batch just committed durable: it is in the WAL (which a checkpoint only
-        empties once what it copied is synced in the database file, and this connection keeps)."""
+        """Make the batch just committed durable: it is in the WAL, or a checkpoint has copied it
+        into the database file and synced that before the WAL could start over (as every
+        connection at synchronous NORMAL or FULL does, zincir's among them)."""
         try:
             fd = os.open(self._wal, os.O_RDONLY)
             try:
@@ -127,4 +147,7 @@ class BulkSession:
             logger.exception("checkpoint of %s after a batch failed", self._path)
 
     def close(self) -> None:
-        self._session.close()
+        try:
+            self._session.close()
+        except sqlite3.Error:  # nothing is left uncommitted: every write() ended its transaction
+            logger.exception("closing the bulk connection of %s failed", self._path)

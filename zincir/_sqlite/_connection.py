@@ -83,7 +83,8 @@ class _Done:
 class Tx(_store.Tx):
     """What an operation sees on the database thread (see :class:`zincir._store.Tx`): the
     connection, and "now". Each statement runs as it is sent; the writer holds the whole
-    database from BEGIN IMMEDIATE, so nothing here locks a row."""
+    database from BEGIN IMMEDIATE, so nothing here locks a row. (A prune's batch, on the bulk
+    connection, takes the lock at its first write instead: zincir/_sqlite/_bulk.py.)"""
 
     dialect = SQLITE
 
@@ -93,7 +94,8 @@ class Tx(_store.Tx):
 
     @property
     def now(self) -> int:
-        """Milliseconds, read when the operation started, after the write lock was taken."""
+        """Milliseconds, read when the operation started, after the write lock was taken (on
+        the bulk connection: before it, see zincir/_sqlite/_bulk.py)."""
         return self._now
 
     def _run(self, sql: str, params: Sequence[Any]) -> sqlite3.Cursor:
