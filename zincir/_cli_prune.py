@@ -6,6 +6,7 @@ import datetime
 import os
 import re
 import sqlite3
+import time
 from typing import Final
 
 import click
@@ -23,6 +24,7 @@ __all__ = ["parse_duration", "prune_command", "vacuum_command"]
 
 _DURATION: Final = re.compile(r"(\d+)([dhms])")
 _UNITS: Final = {"d": "days", "h": "hours", "m": "minutes", "s": "seconds"}
+_PROGRESS_EVERY_S: Final = 1.0
 
 
 def parse_duration(text: str) -> datetime.timedelta:
@@ -89,8 +91,15 @@ def prune_command(
     keys = keys_if_encrypted(database_path)
     cutoff = datetime.datetime.now(datetime.UTC) - age
 
+    shown_at = -_PROGRESS_EVERY_S
+
     def show(report: PruneReport) -> None:
-        click.echo(f"batch {report.batches}: {report.runs} runs, {report.total_rows} rows", err=True)
+        # The first batch, then one line a second: a SQLite prune makes hundreds of batches a
+        # second (the summary has the totals).
+        nonlocal shown_at
+        if time.monotonic() - shown_at >= _PROGRESS_EVERY_S:
+            shown_at = time.monotonic()
+            click.echo(f"batch {report.batches}: {report.runs} runs, {report.total_rows} rows", err=True)
 
     async def run() -> PruneReport:
         async with open_database(database_path, keys=keys) as db:
