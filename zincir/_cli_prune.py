@@ -68,7 +68,7 @@ def parse_duration(text: str) -> datetime.timedelta:
     "batch_size",
     type=click.IntRange(1, 10_000),
     default=None,
-    help="Runs per transaction, a family never split (default: 100 on PostgreSQL, 2 on SQLite).",
+    help="Runs per transaction, a family never split (default: 10 on PostgreSQL, 2 on SQLite).",
 )
 @database_option
 def prune_command(

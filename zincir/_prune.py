@@ -23,15 +23,16 @@ from ._validation import check_int
 __all__ = ["PruneReport", "prune"]
 
 _MAX_BATCH: Final = 10_000
-DEFAULT_BATCH: Final = {"sqlite": 2, "postgresql": 100}
+DEFAULT_BATCH: Final = {"sqlite": 2, "postgresql": 10}
 """Runs per batch unless told: on SQLite a batch holds the file's one write lock for its
-deletes, and a live writer that comes meanwhile waits for the rest of them, so a batch there is
-small (docs/retention.md has the figures); PostgreSQL's row locks keep a batch out of other
-runs' way."""
-_SQLITE_PAUSE_S: Final = 0.002
-"""On SQLite the lock stays free after a batch as long as the batch took, and this much more: a
-writer that waited for it polls every quarter of a millisecond (zincir/_sqlite/_connection.py)
-and takes it meanwhile."""
+deletes, and a live writer that comes meanwhile waits for the rest of them; on PostgreSQL a
+batch's deletes fill the WAL that a live writer's COMMIT must flush. So batches are small on
+both (docs/retention.md has the figures)."""
+_EXTRA_PAUSE_S: Final = {"sqlite": 0.002, "postgresql": 0.0}
+"""After each batch a prune pauses as long as the batch took, and this much more: it uses the
+database (the file's lock and disk, the server's cores and WAL) about half of the time at most,
+beside the live writers. On SQLite a writer that waited for the lock polls for it every quarter
+of a millisecond (zincir/_sqlite/_connection.py) and takes it meanwhile."""
 _SWEEP_BATCH: Final = 1000
 T = TypeVar("T")
 Write = Callable[..., Awaitable[Any]]
@@ -78,8 +79,9 @@ async def prune(
     ``statuses`` are the ended statuses to delete (``completed``, ``failed``, ``cancelled``).
     ``keep_latest=N`` keeps the N runs of those statuses that ended last, however old.
 
-    Runs go in batches of ``batch_size`` runs (default: 100 on PostgreSQL; 2 on SQLite, whose
-    one write lock a live writer waits for while a batch holds it), one short transaction each,
+    Runs go in batches of ``batch_size`` runs (default: 10 on PostgreSQL, 2 on SQLite), one
+    short transaction each, with a pause after each as long as it took (so that live writers
+    keep most of the database),
     whole families at once: a run whose parent, child, fork, fork's source or shared child is live (or too
     recent, or of another status) stays, and so does that whole family. A crash leaves every
     run whole or gone. ``dry_run`` deletes nothing and reports what would go. ``progress`` is
@@ -127,11 +129,8 @@ async def _batches(
             batch = await storage(db).read(storage(db).store.prune_batch, spec, cursor, seen)
         else:
             batch = await _again_on_conflict(write, storage(db).store.prune_batch, spec, cursor, seen)
-            if batch.runs and db.backend == "sqlite":
-                # SQLite has one write lock, and a batch's fsync and checkpoint come after it
-                # let the lock go: pausing as long as the whole batch took keeps the prune's
-                # disk and CPU to about half of the time, beside the live writers'.
-                await trio.sleep(time.monotonic() - took + _SQLITE_PAUSE_S)
+            if batch.runs:
+                await trio.sleep(time.monotonic() - took + _EXTRA_PAUSE_S[db.backend])
         seen.update(batch.kept)
         if spec.dry_run:
             seen.update(batch.runs)
