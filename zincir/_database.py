@@ -101,7 +101,7 @@ class Storage:
 
         async def write(fn: Callable[..., Any], *args: Any) -> Any:
             if self._closed:  # _submit's check, one coroutine fewer on every write of a run
-                raise DatabaseClosed(f"database {self._target!r} is closed")
+                raise self._closed_error()
             return await submit(writer, fn, args)
 
         return write
@@ -128,12 +128,12 @@ class Storage:
             yield write
             return
         if self._closed:
-            raise DatabaseClosed(f"database {self._target!r} is closed")
+            raise self._closed_error()
         session = await trio.to_thread.run_sync(self._open_bulk, self.sealer)
 
         async def write_bulk(fn: Callable[..., Any], *args: Any) -> Any:
             if self._closed:
-                raise DatabaseClosed(f"database {self._target!r} is closed")
+                raise self._closed_error()
             return await trio.to_thread.run_sync(session.write, fn, *args)
 
         try:
@@ -149,12 +149,15 @@ class Storage:
 
     async def _submit(self, thread: DatabaseThread, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
         if self._closed:
-            raise DatabaseClosed(f"database {self._target!r} is closed")
+            raise self._closed_error()
         return await submit(thread, fn, args)
 
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def _closed_error(self) -> DatabaseClosed:
+        return DatabaseClosed(f"database {self._target!r} is closed")
 
     async def close(self) -> None:
         if self._closed:

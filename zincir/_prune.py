@@ -81,11 +81,11 @@ async def prune(
 
     Runs go in batches of ``batch_size`` runs (default: 10 on PostgreSQL, 2 on SQLite), one
     short transaction each, with a pause after each as long as it took (so that live writers
-    keep most of the database),
-    whole families at once: a run whose parent, child, fork, fork's source or shared child is live (or too
-    recent, or of another status) stays, and so does that whole family. A crash leaves every
-    run whole or gone. ``dry_run`` deletes nothing and reports what would go. ``progress`` is
-    called after every batch with the report so far. Returns a :class:`PruneReport`.
+    keep most of the database), whole families at once: a run whose parent, child, fork,
+    fork's source or shared child is live (or too recent, or of another status) stays, and so
+    does that whole family. A crash leaves every run whole or gone. ``dry_run`` deletes nothing
+    and reports what would go. ``progress`` is called after every batch with the report so far.
+    Returns a :class:`PruneReport`.
     """
     started = time.monotonic()
     if not isinstance(db, Database):
