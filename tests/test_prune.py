@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 import zincir
 from bench.prune.seed import seed_runs
+from zincir import _prune as _prune_module
 from zincir._cli import main
 from zincir._database import storage
 from zincir._store._prune import RUN_TABLES
@@ -114,6 +115,49 @@ async def test_a_sqlite_batch_holds_2_runs_by_default_a_postgresql_batch_10(
     clock.advance(DAY)
     report = await zincir.prune(clocked_db, finished_before=_later(clock))
     assert (report.runs, report.batches) == (11, 6 if clocked_db.backend == "sqlite" else 2)
+
+
+async def test_a_prune_pauses_after_each_batch_as_long_as_it_took(
+    clocked_db: zincir.Database, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The live writers keep the database (a lock, a disk, a server's cores and WAL) for at
+    # least half of the time a prune runs.
+    pauses: list[float] = []
+
+    class _RecordedSleeps:
+        @staticmethod
+        async def sleep(seconds: float) -> None:
+            pauses.append(seconds)
+            await trio.lowlevel.checkpoint()
+
+    for _ in range(3):
+        await _completed(clocked_db)
+    clock.advance(DAY)
+    took: list[float] = []
+    monkeypatch.setattr(_prune_module, "trio", _RecordedSleeps)
+    report = await zincir.prune(
+        clocked_db, finished_before=_later(clock), batch_size=1, progress=lambda r: took.append(r.seconds)
+    )
+    assert report.batches == 3 and len(pauses) == 3
+    extra = _prune_module._EXTRA_PAUSE_S[clocked_db.backend]
+    # Each pause is the batch's own time (a part of the time the prune had taken by then) plus
+    # the backend's extra, never less than the extra alone.
+    assert all(extra < pause <= elapsed + extra for pause, elapsed in zip(pauses, took, strict=True))
+
+
+async def test_bulk_writes_commit_and_refuse_a_closed_database(db_target: str) -> None:
+    def rename(tx: Any, run_id: str) -> int:
+        return int(tx.count("UPDATE agent_runs SET role = ? WHERE id = ?", ("renamed", run_id)))
+
+    async with zincir.open_database(db_target) as db:
+        async with zincir.open_run(db) as run:
+            await run.complete()
+        async with storage(db).bulk_writes() as write:
+            assert await write(rename, run.id) == 1
+        assert (await db.state(run.id)).run.role == "renamed"
+    with pytest.raises(zincir.DatabaseClosed):
+        async with storage(db).bulk_writes() as write:
+            await write(rename, run.id)
 
 
 async def test_a_pruned_run_leaves_no_row_anywhere_and_live_runs_stay(
