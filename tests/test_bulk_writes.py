@@ -46,15 +46,22 @@ def _other(db_path: Path) -> sqlite3.Connection:
     return conn
 
 
+@pytest.fixture
+def other(session: BulkSession, db_path: Path) -> Iterator[sqlite3.Connection]:
+    """A live writer's connection to the session's file, that never waits for its lock."""
+    conn = _other(db_path)
+    yield conn
+    conn.close()
+
+
 def _values(db_path: Path) -> list[int]:
     with sqlite3.connect(db_path) as conn:
         return sorted(row[0] for row in conn.execute("SELECT x FROM t"))
 
 
 def test_a_batch_reads_again_when_another_writer_committed_after_its_reads(
-    session: BulkSession, db_path: Path
+    session: BulkSession, other: sqlite3.Connection, db_path: Path
 ) -> None:
-    other = _other(db_path)
     seen: list[int] = []
 
     def write_what_was_read(tx: Tx) -> None:
@@ -65,16 +72,14 @@ def test_a_batch_reads_again_when_another_writer_committed_after_its_reads(
         tx.execute("INSERT INTO t VALUES (?)", (count,))
 
     session.write(write_what_was_read)
-    other.close()
     assert seen == [0, 1]  # the first try's write was refused: what it read had changed
     assert session.refusals == 1
     assert _values(db_path) == [-1, 1]
 
 
 def test_a_batch_refused_again_and_again_takes_the_lock_before_it_reads(
-    session: BulkSession, db_path: Path
+    session: BulkSession, other: sqlite3.Connection, db_path: Path
 ) -> None:
-    other = _other(db_path)
     tries: list[bool] = []
 
     def write_unless_refused(tx: Tx) -> None:
@@ -87,7 +92,6 @@ def test_a_batch_refused_again_and_again_takes_the_lock_before_it_reads(
         tx.execute("INSERT INTO t VALUES (1)")
 
     session.write(write_unless_refused)
-    other.close()
     assert tries == [True] * OPTIMISTIC_TRIES + [False]
     assert _values(db_path) == [-1] * OPTIMISTIC_TRIES + [1]
 
