@@ -16,6 +16,7 @@ from zincir._sqlite._connection import Tx
 from zincir._store import Claims, NewChild, _reads
 from zincir._store._ends import cancel_descendants
 from zincir._store._leases import _take_from_the_dead
+from zincir._store._prune import PruneSpec, _candidates
 
 
 class PlanRecorder:
@@ -196,3 +197,32 @@ async def test_steps_are_read_and_written_by_their_key_alone(db: zincir.Database
         return str(tx.conn.execute("SELECT sql FROM sqlite_master WHERE name = 'steps'").fetchone()[0])
 
     assert (await db._write(schema)).rstrip().endswith("WITHOUT ROWID")
+
+
+@pytest.mark.sqlite_only
+async def test_a_prune_batch_finds_its_runs_by_a_seek_past_the_cursor(db: zincir.Database) -> None:
+    """Runs that ended in the same millisecond: the next few after a cursor among them are a
+    range of the index on (status, updated_at, id), not all of them sorted (schema 19)."""
+    for _ in range(30):
+        async with zincir.open_run(db) as run:
+            await run.complete()
+
+    def end_together(tx: Tx) -> list[tuple[int, str]]:
+        tx.conn.execute("UPDATE agent_runs SET updated_at = 1000")
+        return list(tx.conn.execute("SELECT updated_at, id FROM agent_runs ORDER BY id"))
+
+    ended = await db._write(end_together)
+    spec = PruneSpec(("completed",), (2**62, ""), 5)
+    recorder: list[list[tuple[int, str]]] = []
+
+    def candidates(tx: Tx) -> None:
+        recorder.append(_candidates(tx, spec, ended[10]))
+
+    plans = await plans_of(db, candidates)
+    assert recorder == [ended[11:16]]
+    assert_indexed(plans)
+    [(_, plan)] = plans
+    assert plan == [
+        "SEARCH agent_runs USING COVERING INDEX idx_agent_runs_status_activity"
+        " ((status,updated_at,id)>(?,?,?) AND (status,updated_at,id)<(?,?,?))"
+    ], plan

@@ -32,6 +32,7 @@ from zincir._postgres._pipe import Pending
 from zincir._postgres._tx import Tx
 from zincir._store import NewChild, WaitOutcome
 from zincir._store._ends import cancel_descendants
+from zincir._store._prune import PruneSpec, _candidates
 
 BIG_TURNS = 10_000  # about 29,000 events in the big run
 OTHER_RUNS = 5_000
@@ -631,3 +632,23 @@ async def test_ending_a_run_reads_by_index(populated: Populated) -> None:
     # The end: the run and its parent by their key.
     [end] = [plan for plan in completing if "run_waiters" in plan.sql]
     assert uses_index(end, "agent_runs_pkey"), end
+
+
+async def test_a_prune_batch_finds_its_runs_by_a_seek_past_the_cursor(populated: Populated) -> None:
+    """~3,500 runs that ended in the same millisecond: the next ten after a cursor among them
+    are an index range, not all of them sorted (schema 19)."""
+    spec = PruneSpec(("completed",), (2**62, ""), 10)
+    with psycopg.connect(populated.url, autocommit=True) as admin:
+        ended = admin.execute(
+            "SELECT updated_at, id FROM agent_runs WHERE status = 'completed' ORDER BY updated_at, id"
+        ).fetchall()
+    cursor = (ended[1000][0], ended[1000][1])
+    async with zincir.open_database(populated.url) as db:
+        found, plans = await plans_of(db, _candidates, spec, cursor)
+    assert found == [(row[0], row[1]) for row in ended[1001:1011]]
+    assert_indexed(plans)
+    [plan] = plans
+    assert uses_index(plan, "idx_agent_runs_status_activity"), plan
+    for top in (plan.plan, plan.generic):
+        [scan] = [n for n in _nodes(top) if n.get("Index Name") == "idx_agent_runs_status_activity"]
+        assert "ROW(status, updated_at, id) >" in scan["Index Cond"], plan

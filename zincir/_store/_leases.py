@@ -295,8 +295,9 @@ def _dead_owners_here(tx: Tx) -> list[tuple[int, int]]:
     if me.host is None:
         return []
     holders = tx.all(  # one row per lease held here (told apart in Python: DISTINCT would sort)
-        "SELECT lease_pid, lease_process_start FROM agent_runs WHERE lease_host = ?"
-        " AND lease_owner IS NOT NULL AND lease_expires_at > :now AND status = 'running'",
+        f"SELECT lease_pid, lease_process_start FROM agent_runs{tx.dialect.indexed('idx_agent_runs_leased')}"
+        " WHERE lease_host = ? AND lease_owner IS NOT NULL AND lease_expires_at > :now"
+        " AND status = 'running'",
         (me.host,),
     )
     return [(pid, started) for pid, started, verdict in gone_holders(holders) if verdict.at_once]

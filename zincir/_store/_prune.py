@@ -171,18 +171,22 @@ def _judged(
 def _candidates(tx: Tx, spec: PruneSpec, after: Bound) -> list[Bound]:
     """The next ``batch_size`` runs of the statuses asked for that ended after ``after`` and
     before ``spec.upper``, in the order they ended: one range of idx_agent_runs_status_activity
-    per status, merged here (one query over several statuses would sort every match)."""
+    per status, merged here (one query over several statuses would sort every match).
+
+    The range's two ends are spelled as whole keys of the index, (status, updated_at, id), both
+    with the same status: so PostgreSQL's generic plan of the prepared statement, which does
+    not know the status, still seeks the index. With ``status = ?`` and two pairs it walked
+    idx_agent_runs_activity from the cursor's instant and sorted every run that ended then."""
     found: list[Bound] = []
     (low_ms, low_id), (high_ms, high_id) = after, spec.upper
     for status in spec.statuses:
         found += [
             (row[1], row[0])
             for row in tx.all(
-                "SELECT id, updated_at FROM agent_runs WHERE status = ?"
-                " AND updated_at >= ? AND (updated_at > ? OR id > ?)"
-                " AND updated_at <= ? AND (updated_at < ? OR id < ?)"
-                " ORDER BY updated_at, id LIMIT ?",
-                (status, low_ms, low_ms, low_id, high_ms, high_ms, high_id, spec.batch_size),
+                "SELECT id, updated_at FROM agent_runs"
+                " WHERE (status, updated_at, id) > (?, ?, ?) AND (status, updated_at, id) < (?, ?, ?)"
+                " ORDER BY status, updated_at, id LIMIT ?",
+                (status, low_ms, low_id, status, high_ms, high_id, spec.batch_size),
             )
         ]
     return sorted(found)[: spec.batch_size]
