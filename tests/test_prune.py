@@ -19,6 +19,7 @@ from bench.prune.seed import seed_runs
 from zincir import _prune as _prune_module
 from zincir._cli import main
 from zincir._database import storage
+from zincir._store import _prune as _store_prune
 from zincir._store._prune import RUN_TABLES
 
 from .conftest import ManualClock
@@ -256,6 +257,34 @@ async def test_statuses_choose_which_ended_runs_go(clocked_db: zincir.Database, 
     report = await zincir.prune(db, finished_before=_later(clock), statuses=["failed"])
     assert report.runs == 1
     assert [r.id for r in await db.runs()] == [done]
+
+
+async def test_a_status_with_no_run_left_is_not_looked_for_again(
+    clocked_db: zincir.Database, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before PostgreSQL 18 an index scan runs past a row comparison's end: a status with
+    # nothing left would read every later run of it in each batch.
+    async with zincir.open_run(clocked_db) as run:
+        await run.fail("broken")
+    clock.advance(1)
+    for _ in range(5):
+        await _completed(clocked_db)
+    clock.advance(60)
+    looked_for: list[tuple[str, ...]] = []
+    candidates = _store_prune._candidates
+
+    def traced(tx: Any, spec: Any, after: Any, exhausted: frozenset[str] = frozenset()) -> Any:
+        looked_for.append(tuple(status for status in spec.statuses if status not in exhausted))
+        return candidates(tx, spec, after, exhausted)
+
+    monkeypatch.setattr(_store_prune, "_candidates", traced)
+    report = await zincir.prune(
+        clocked_db, finished_before=_later(clock), statuses=["completed", "failed"], batch_size=2
+    )
+    assert report.runs == 6
+    # The first batch takes the one failed run (it ended first) and one completed run: no
+    # batch after it looks for a failed one again.
+    assert looked_for == [("completed", "failed"), ("completed",), ("completed",), ("completed",)]
 
 
 async def test_a_family_goes_together_and_only_once_every_member_ended(

@@ -216,7 +216,7 @@ async def test_a_prune_batch_finds_its_runs_by_a_seek_past_the_cursor(db: zincir
     recorder: list[list[tuple[int, str]]] = []
 
     def candidates(tx: Tx) -> None:
-        recorder.append(_candidates(tx, spec, ended[10]))
+        recorder.append(_candidates(tx, spec, ended[10])[0])
 
     plans = await plans_of(db, candidates)
     assert recorder == [ended[11:16]]

@@ -644,11 +644,13 @@ async def test_a_prune_batch_finds_its_runs_by_a_seek_past_the_cursor(populated:
         ).fetchall()
     cursor = (ended[1000][0], ended[1000][1])
     async with zincir.open_database(populated.url) as db:
-        found, plans = await plans_of(db, _candidates, spec, cursor)
-    assert found == [(row[0], row[1]) for row in ended[1001:1011]]
+        (found, exhausted), plans = await plans_of(db, _candidates, spec, cursor)
+    assert found == [(row[0], row[1]) for row in ended[1001:1011]] and not exhausted
     assert_indexed(plans)
     [plan] = plans
     assert uses_index(plan, "idx_agent_runs_status_activity"), plan
     for top in (plan.plan, plan.generic):
+        if top is None:  # before PostgreSQL 16, no generic plan to look at
+            continue
         [scan] = [n for n in _nodes(top) if n.get("Index Name") == "idx_agent_runs_status_activity"]
         assert "ROW(status, updated_at, id) >" in scan["Index Cond"], plan

@@ -122,13 +122,15 @@ async def _batches(
     runs, batches, kept = 0, 0, 0
     rows: dict[str, int] = {}
     seen: set[str] = set()
+    exhausted: frozenset[str] = frozenset()
     cursor: Bound | None = BEFORE_EVERYTHING
     while cursor is not None:
         took = time.monotonic()
+        batch_of = (storage(db).store.prune_batch, spec, cursor, seen, exhausted)
         if spec.dry_run:
-            batch = await storage(db).read(storage(db).store.prune_batch, spec, cursor, seen)
+            batch = await storage(db).read(*batch_of)
         else:
-            batch = await _again_on_conflict(write, storage(db).store.prune_batch, spec, cursor, seen)
+            batch = await _again_on_conflict(write, *batch_of)
             if batch.runs:
                 await trio.sleep(time.monotonic() - took + _EXTRA_PAUSE_S[db.backend])
         seen.update(batch.kept)
@@ -143,7 +145,7 @@ async def _batches(
                 progress(
                     PruneReport(runs, dict(rows), batches, kept, time.monotonic() - started, spec.dry_run)
                 )
-        cursor = batch.cursor
+        cursor, exhausted = batch.cursor, batch.exhausted
     if not spec.dry_run:  # also what a prune that crashed before its sweep left behind
         swept = await _sweep_content(db, write)
         if swept:  # a dry run cannot tell which parts will be left unreferenced

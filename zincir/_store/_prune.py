@@ -105,18 +105,25 @@ class PruneBatch:
     another status, or being written right now."""
     cursor: Bound | None
     """Where the next batch starts; None: there is nothing more to prune."""
+    exhausted: frozenset[str] = frozenset()
+    """The statuses with no run left to look at before ``spec.upper``: later batches skip them
+    (before PostgreSQL 18 an index scan does not stop at a row comparison's end, so each look
+    would read every later run of that status)."""
 
 
-def prune_batch(tx: Tx, spec: PruneSpec, after: Bound, seen: AbstractSet[str]) -> PruneBatch:
+def prune_batch(
+    tx: Tx, spec: PruneSpec, after: Bound, seen: AbstractSet[str], exhausted: frozenset[str] = frozenset()
+) -> PruneBatch:
     """Delete the next batch of prunable runs after ``after`` (in the order they ended), each
     with all its family and all their rows; runs in ``seen`` were judged already and are
-    passed over. A dry run deletes nothing and counts the rows it would."""
-    candidates = _candidates(tx, spec, after)
+    passed over, and so are the statuses ``exhausted`` (a previous batch's). A dry run deletes
+    nothing and counts the rows it would."""
+    candidates, exhausted = _candidates(tx, spec, after, exhausted)
     cursor = candidates[-1] if len(candidates) >= spec.batch_size else None
     fresh = [run for _, run in candidates if run not in seen]
     fresh_set = set(fresh)
     if not fresh:
-        return PruneBatch((), {}, (), cursor)
+        return PruneBatch((), {}, (), cursor, exhausted)
     edges = _relations(tx, fresh)
     families = _families(fresh, edges)
     rows = _member_rows(tx, sorted({run for family in families for run in family}), lock=False)
@@ -138,7 +145,7 @@ def prune_batch(tx: Tx, spec: PruneSpec, after: Bound, seen: AbstractSet[str]) -
         if doomed:
             _reclaim_space(tx)
     old_enough = [run for run in kept if run in fresh_set or _ended_in_range(run, rows.get(run), spec)]
-    return PruneBatch(tuple(doomed), counted, tuple(old_enough), cursor)
+    return PruneBatch(tuple(doomed), counted, tuple(old_enough), cursor, exhausted)
 
 
 def oldest_kept(tx: Tx, statuses: tuple[str, ...], keep: int) -> Bound:
@@ -168,7 +175,9 @@ def _judged(
     return doomed, kept
 
 
-def _candidates(tx: Tx, spec: PruneSpec, after: Bound) -> list[Bound]:
+def _candidates(
+    tx: Tx, spec: PruneSpec, after: Bound, exhausted: frozenset[str] = frozenset()
+) -> tuple[list[Bound], frozenset[str]]:
     """The next ``batch_size`` runs of the statuses asked for that ended after ``after`` and
     before ``spec.upper``, in the order they ended: one range of idx_agent_runs_status_activity
     per status, merged here (one query over several statuses would sort every match).
@@ -176,20 +185,30 @@ def _candidates(tx: Tx, spec: PruneSpec, after: Bound) -> list[Bound]:
     The range's two ends are spelled as whole keys of the index, (status, updated_at, id), both
     with the same status: so PostgreSQL's generic plan of the prepared statement, which does
     not know the status, still seeks the index. With ``status = ?`` and two pairs it walked
-    idx_agent_runs_activity from the cursor's instant and sorted every run that ended then."""
-    found: list[Bound] = []
+    idx_agent_runs_activity from the cursor's instant and sorted every run that ended then.
+    Also returns the statuses now known to have nothing left: ``exhausted``, and those that
+    found fewer runs than asked for, all of them in this batch (a run that ends from now on
+    ends after the cutoff)."""
+    found: dict[str, list[Bound]] = {}
     (low_ms, low_id), (high_ms, high_id) = after, spec.upper
     for status in spec.statuses:
-        found += [
-            (row[1], row[0])
-            for row in tx.all(
-                "SELECT id, updated_at FROM agent_runs"
-                " WHERE (status, updated_at, id) > (?, ?, ?) AND (status, updated_at, id) < (?, ?, ?)"
-                " ORDER BY status, updated_at, id LIMIT ?",
-                (status, low_ms, low_id, status, high_ms, high_id, spec.batch_size),
-            )
-        ]
-    return sorted(found)[: spec.batch_size]
+        if status not in exhausted:
+            found[status] = [
+                (row[1], row[0])
+                for row in tx.all(
+                    "SELECT id, updated_at FROM agent_runs"
+                    " WHERE (status, updated_at, id) > (?, ?, ?) AND (status, updated_at, id) < (?, ?, ?)"
+                    " ORDER BY status, updated_at, id LIMIT ?",
+                    (status, low_ms, low_id, status, high_ms, high_id, spec.batch_size),
+                )
+            ]
+    batch = sorted(run for runs in found.values() for run in runs)[: spec.batch_size]
+    done = {
+        status
+        for status, runs in found.items()
+        if len(runs) < spec.batch_size and (not runs or runs[-1] <= batch[-1])
+    }
+    return batch, exhausted | done
 
 
 _RELATED: Final = (
