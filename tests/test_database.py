@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import threading
@@ -137,6 +138,97 @@ async def test_a_failing_operation_does_not_roll_back_its_neighbours(
     assert isinstance(outcomes["duplicate"], zincir.StorageError)
     assert "UNIQUE" in str(outcomes["duplicate"])
     assert values(db_path) == ["after", "before", "held"]
+
+
+async def test_a_batch_takes_savepoints_only_to_run_again_after_an_operation_failed(
+    db: zincir.Database, db_path: Path
+) -> None:
+    # A savepoint per operation costs two statements on every write; operations rarely fail.
+    # So a batch runs without them, and one that fails rolls the batch back: it runs again, each
+    # operation in a savepoint of its own, and only the failing one is undone.
+    writes_on_the_thread(db)
+    traced: list[str] = []
+    calls: list[str] = []
+
+    def counted(tx: Tx, value: str) -> int:
+        calls.append(value)
+        return insert(tx, value)
+
+    async def batch(*values_: str) -> dict[str, object]:
+        entered, opened = threading.Event(), threading.Event()
+        outcomes: dict[str, object] = {}
+
+        def hold(tx: Tx) -> None:  # the writer thread, until the batch is queued
+            entered.set()
+            assert opened.wait(10)
+
+        async def submit(value: str) -> None:
+            try:
+                outcomes[value] = await db._write(counted, value)
+            except zincir.StorageError as exc:
+                outcomes[value] = exc
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(db._write, hold)
+            await trio.to_thread.run_sync(entered.wait)
+            for value in values_:
+                nursery.start_soon(submit, value)
+                await trio.testing.wait_all_tasks_blocked()
+            opened.set()
+        return outcomes
+
+    db._writers[0]._session._conn.set_trace_callback(traced.append)
+    try:
+        assert len(await batch("a", "b", "c")) == 3
+        assert calls == ["a", "b", "c"] and not [sql for sql in traced if "SAVEPOINT" in sql]
+        traced.clear()
+        calls.clear()
+        outcomes = await batch("d", "a", "e")  # "a" violates UNIQUE
+    finally:
+        db._writers[0]._session._conn.set_trace_callback(None)
+    assert calls == ["d", "a", "d", "a", "e"]  # rolled back at "a", then run again guarded
+    assert {value: type(outcome) for value, outcome in outcomes.items()} == {
+        "d": int,
+        "a": zincir.StorageError,
+        "e": int,
+    }
+    assert traced.count("SAVEPOINT operation") == 3 and traced.count("ROLLBACK TO operation") == 1
+    assert values(db_path) == ["a", "b", "c", "d", "e"]
+
+
+@pytest.mark.sqlite_only
+async def test_a_run_key_remembered_by_an_operation_rolled_back_is_forgotten(tmp_path: Path) -> None:
+    # A new run's key is remembered as it is stored; if its transaction rolls back, the key is
+    # in no database, and must never seal a value of a run created again under that id.
+    async with zincir.open_database(str(tmp_path / "sealed.db"), encryption_key=bytes(range(32))) as db:
+        writes_on_the_thread(db)
+        sealer = db._writers[0].sealer
+        assert sealer is not None
+        key = sealer.fresh("not-a-run")
+        entered, opened = threading.Event(), threading.Event()
+
+        def hold(tx: Tx) -> None:
+            entered.set()
+            assert opened.wait(10)
+
+        def remember(tx: Tx) -> None:
+            sealer._remember("not-a-run", key)  # as Sealer.store does, within the transaction
+
+        def fail(tx: Tx) -> None:
+            raise RuntimeError("operation failed on purpose")
+
+        async def submit(fn: object) -> None:
+            with contextlib.suppress(RuntimeError):
+                await db._write(fn)  # type: ignore[arg-type]
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(db._write, hold)
+            await trio.to_thread.run_sync(entered.wait)
+            for fn in (remember, fail):
+                nursery.start_soon(submit, fn)
+                await trio.testing.wait_all_tasks_blocked()
+            opened.set()
+        assert sealer._cached("not-a-run") is None
 
 
 async def test_a_cancelled_caller_waits_for_the_outcome(db: zincir.Database, db_path: Path) -> None:

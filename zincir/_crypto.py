@@ -310,6 +310,10 @@ class Sealer:
         with self._lock:
             self._runs.pop(run_id, None)
 
+    def forget_all(self) -> None:
+        with self._lock:
+            self._runs.clear()
+
     def _cached(self, run_id: str) -> RunKey | None:
         with self._lock:
             return self._runs.get(run_id)

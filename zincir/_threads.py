@@ -3,18 +3,19 @@
 Trio tasks hand an *operation* (a plain function of a transaction) to a thread and sleep until
 the thread reschedules them with the outcome (``TrioToken.run_sync_soon`` +
 ``trio.lowlevel.reschedule``: far cheaper than a ``to_thread.run_sync`` per call). A writer
-thread drains its queue and runs everything it found in ONE transaction, each operation inside
-its own SAVEPOINT, so a failing operation gets its own error while its neighbours still commit,
-and a whole batch pays for one durable commit. A caller's ``await`` returns only after the
-COMMIT that holds its operation.
+thread drains its queue and runs everything it found in ONE transaction, so a whole batch pays
+for one durable commit. If an operation fails, that transaction is rolled back and the batch
+runs again in a new one, each operation inside its own SAVEPOINT, so the failing operation gets
+its own error while its neighbours still commit (savepoints cost statements on every write;
+failures are rare). A caller's ``await`` returns only after the COMMIT that holds its operation.
 
 A writer may also run *inline* (SQLite's does): while its thread holds nothing, the writes
 submitted during one pass of Trio's scheduler run in one transaction on the Trio thread itself,
-with the same savepoints. That spares a lone write the two thread wake-ups, which cost about as
-much as a fast local commit. A write goes to the thread instead when the file is locked by
-another process (the thread waits the lock out, the loop does not), when recent COMMITs took
-long (a slow disk would hold up the loop), when it carries a large value or its batch grew
-past MAX_BATCH (then the whole batch goes, in order), or when the session has maintenance due
+the same way. That spares a lone write the two thread wake-ups, which cost about as much as a
+fast local commit. A write goes to the thread instead when the file is locked by another
+process (the thread waits the lock out, the loop does not), when recent COMMITs took long (a
+slow disk would hold up the loop), when it carries a large value or its batch grew past
+MAX_BATCH (then the whole batch goes, in order), or when the session has maintenance due
 (SQLite's WAL checkpoint, which the thread does between transactions).
 
 A submitted operation is not abandoned when its caller is cancelled: the caller waits for its
@@ -90,6 +91,10 @@ class Session(Protocol):
 
     def rollback(self) -> None:
         """Roll back the open transaction, if there is one; never raises."""
+
+    def share(self) -> None:
+        """Make the open transaction one that several operations share, with or without
+        savepoints (PostgreSQL's explicit block: a sync would commit an implicit one)."""
 
     def savepoint(self) -> None: ...
     def rollback_to_savepoint(self) -> None: ...
@@ -174,6 +179,8 @@ class Flight:
             _abandon(request, error())
 
 
+_ONE_FAILED: Final = Wakes()
+"""What an unguarded group commit returns when one of its operations failed (rolled back)."""
 _FLIGHT: contextvars.ContextVar[Flight | None] = contextvars.ContextVar("zincir_flight", default=None)
 
 
@@ -381,25 +388,42 @@ class DatabaseThread:
         """Run the batch in one transaction now, and what it woke; None (with nothing written)
         if the thread must take it: the write lock is taken, or the shared transaction failed
         and each operation needs its own (which could wait for the lock)."""
-        try:
-            if not self._session.try_begin():
-                return None
-        except Exception:
-            self._session.rollback()
+        if not self._try_begin():
             return None
         try:
             if len(batch) == 1:
                 woken: Wakes | None = self._finish_alone(batch[0])
             else:
-                woken = self._together(batch)
-                if woken is None:
+                woken = self._together(batch, guarded=False)
+                if woken is _ONE_FAILED and self._try_begin():
+                    woken = self._together(batch, guarded=True)
+                if woken is None or woken is _ONE_FAILED:
                     for request in batch:
                         request.result = None
                     return None
         except BaseException:
-            self._session.rollback()
+            self._roll_back()
             raise
         return woken
+
+    def _roll_back(self) -> None:
+        self._session.rollback()
+        self._forget_run_keys()
+
+    def _forget_run_keys(self) -> None:
+        """An operation rolled back may have stored a new run's key, which the sealer
+        remembers at once: a key that is not in the database must never seal a value. Rare,
+        so every run key is read again when next needed."""
+        if self.sealer is not None:
+            self.sealer.forget_all()
+
+    def _try_begin(self) -> bool:
+        """Begin a transaction if that needs no wait (the write lock is free)."""
+        try:
+            return self._session.try_begin()
+        except Exception:
+            self._roll_back()
+            return False
 
     def _commit(self, wakes: Wakes | None) -> None:
         """Commit the open transaction, and measure how long that took (see _measure_commit)."""
@@ -543,7 +567,7 @@ class DatabaseThread:
             self._session.begin()
         except Exception as exc:
             error = self._session.translate(exc)
-            self._session.rollback()
+            self._roll_back()
             request.result = outcome.Error(error)
             return Wakes()
         return self._finish_alone(request)
@@ -562,35 +586,63 @@ class DatabaseThread:
                 woken = request.wakes or woken
         # After some errors the database has already rolled back; the operation's own error is
         # the one to report either way.
-        self._session.rollback()
+        if type(request.result) is outcome.Value:
+            self._session.rollback()  # nothing is open any more
+        else:
+            self._roll_back()
         return woken
 
     def _run_together(self, batch: list[Request]) -> Wakes | None:
+        if not self._begin_for(batch):
+            return Wakes()
+        woken = self._together(batch, guarded=False)
+        if woken is not _ONE_FAILED:
+            return woken
+        if not self._begin_for(batch):
+            return Wakes()
+        return self._together(batch, guarded=True)
+
+    def _begin_for(self, batch: list[Request]) -> bool:
+        """Begin a transaction for ``batch``; False, with each operation answered with the
+        error, if that failed."""
         try:
             self._session.begin()
         except Exception as exc:
-            self._session.rollback()
+            self._roll_back()
             for request in batch:
                 request.result = outcome.Error(self._session.translate(exc))
-            return Wakes()
-        return self._together(batch)
+            return False
+        return True
 
-    def _together(self, batch: list[Request]) -> Wakes | None:
-        """Run the batch in the transaction begun, one savepoint each, and commit it; what the
-        operations that kept their writes woke. None: the transaction itself failed (nothing
-        was written; each operation needs a transaction of its own)."""
+    def _together(self, batch: list[Request], *, guarded: bool) -> Wakes | None:
+        """Run the batch in the transaction begun and commit it; what the operations woke.
+
+        Unguarded, the operations run one after the other, and the first that fails rolls the
+        whole transaction back: :data:`_ONE_FAILED`, nothing written, and the batch must run
+        again, guarded. Guarded, each runs in a savepoint of its own, so that a failing one gets
+        its own error while its neighbours still commit. Operations rarely fail, and a savepoint
+        costs two statements per operation on every write; an operation runs again only from a
+        transaction rolled back, as after a lost one. None: the transaction itself failed
+        (nothing was written; each operation needs a transaction of its own)."""
         woken = Wakes()
         try:
+            self._session.share()
             for request in batch:
-                self._session.savepoint()
+                if guarded:
+                    self._session.savepoint()
                 request.result = self._call(request, shared=True)
                 if type(request.result) is outcome.Error:  # what _call made: no ABC's isinstance
                     if self._session.transaction_lost():
                         return None
+                    if not guarded:
+                        self._roll_back()
+                        return _ONE_FAILED
                     self._session.rollback_to_savepoint()
+                    self._forget_run_keys()
                 elif request.wakes is not None:
                     woken.add(request.wakes)
-                self._session.release_savepoint()
+                if guarded:
+                    self._session.release_savepoint()
             self._commit(woken)
         except StorageError as exc:
             # The session could not tell whether the COMMIT happened (a lost connection):
@@ -599,7 +651,7 @@ class DatabaseThread:
                 request.result = outcome.Error(exc)
             return Wakes()
         except Exception:
-            self._session.rollback()
+            self._roll_back()
             return None
         return woken
 

@@ -404,6 +404,9 @@ class PostgresSession:
                 self.send("ROLLBACK")
         self.settle_quietly(always=True)  # a connection found lost here is discarded
 
+    def share(self) -> None:
+        self.open_block()
+
     def savepoint(self) -> None:
         self.open_block()
         self.send("SAVEPOINT operation")

@@ -256,6 +256,9 @@ class SQLiteSession:
             except sqlite3.Error:
                 logger.exception("rollback on %s failed", self._path)
 
+    def share(self) -> None:
+        pass  # BEGIN IMMEDIATE made it one transaction already
+
     def savepoint(self) -> None:
         self._conn.execute("SAVEPOINT operation")
 
