@@ -633,6 +633,7 @@ class DatabaseThread:
                 request.result = self._call(request, shared=True)
                 if type(request.result) is outcome.Error:  # what _call made: no ABC's isinstance
                     if self._session.transaction_lost():
+                        self._forget_run_keys()
                         return None
                     if not guarded:
                         self._roll_back()
