@@ -386,8 +386,9 @@ class DatabaseThread:
 
     def _run_inline_batch(self, batch: list[Request]) -> Wakes | None:
         """Run the batch in one transaction now, and what it woke; None (with nothing written)
-        if the thread must take it: the write lock is taken, or the shared transaction failed
-        and each operation needs its own (which could wait for the lock)."""
+        if the thread must take it: the write lock is taken (also when a failed operation
+        makes the batch run again), or the shared transaction failed and each operation needs
+        its own (which could wait for the lock)."""
         if not self._try_begin():
             return None
         try:
