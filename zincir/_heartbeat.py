@@ -28,8 +28,8 @@ from ._errors import (
     ZincirError,
 )
 from ._lifecycle import Happened, Lifecycle, Phase
+from ._requests import Flight
 from ._store import Lease, Store
-from ._threads import Flight
 from ._types import RunStatus
 
 __all__ = ["STOP_MARGIN"]

@@ -21,10 +21,10 @@ from ._budget import Budget
 from ._database import Database, open_database, storage
 from ._errors import LeaseLost, RunCancelled, TransientConflict, ZincirError
 from ._json import JSONValue, encode
+from ._requests import flying
 from ._run import Run
 from ._run_support import _budget_row, _check_provider
 from ._store import Lease
-from ._threads import flying
 from ._tracing import RunTrace, creating_run
 from ._types import RunStatus
 from ._validation import canonical_run_id, check_fingerprints, check_name, check_version, lease_ttl_ms

@@ -36,10 +36,10 @@ from ._errors import (
 from ._heartbeat import _LeaseKeeping
 from ._json import JSONValue, decode, encode
 from ._lifecycle import Happened, Lifecycle, Phase
+from ._requests import Flight, current_flight
 from ._run_support import ChildOptions, _budget_row, _check_provider
 from ._store import ApprovalOutcome, JoinOutcome, Lease, NewChild
 from ._streams import DEFAULT_FLUSH_BYTES, DEFAULT_FLUSH_INTERVAL, Stream, open_stream
-from ._threads import Flight, current_flight
 from ._tool_calls import _ToolCalls
 from ._tracing import new_run_context, now_ns
 from ._types import Approval, DurableState, RunRecord, RunStatus

@@ -19,7 +19,7 @@ MAX_BATCH (then the whole batch goes, in order), or when the session has mainten
 (SQLite's WAL checkpoint, which the thread does between transactions).
 
 A submitted operation is not abandoned when its caller is cancelled: the caller waits for its
-outcome. The one exception is a :class:`Flight`, the calls made inside a lease holder's block:
+outcome. The one exception is a flight (:class:`zincir._requests.Flight`), a lease holder's calls:
 once the lease is known lost, :meth:`Flight.abandon` answers every call of it still waiting with
 an error at once, whatever the database does (see docs/leases.md).
 
@@ -35,30 +35,28 @@ What differs between backends (how to begin, which errors mean what, reconnectin
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
-import attrs
 import outcome
 import trio
 
 from ._errors import StorageError
+from ._requests import Operation, Request, answer, current_flight, wait_for_answer
 from ._wakes import Wakes
 
 if TYPE_CHECKING:
     from ._crypto import Sealer
 
-__all__ = ["DatabaseThread", "Flight", "Session", "current_flight", "flying", "submit"]
+__all__ = ["DatabaseThread", "Session", "submit"]
 
 logger = logging.getLogger("zincir")
 
 T = TypeVar("T")
-Operation = Callable[..., Any]
 
 # Bounds one transaction, so a flood of writers cannot make a single commit arbitrarily large.
 MAX_BATCH: Final = 512
@@ -127,126 +125,8 @@ class Session(Protocol):
     def close(self) -> None: ...
 
 
-@attrs.define(eq=False)
-class Request:
-    fn: Operation | None  # None asks the thread to finish its queue and close
-    args: tuple[Any, ...]
-    task: trio.lowlevel.Task
-    result: outcome.Outcome[Any] | None = None
-    wakes: Wakes | None = None  # what it woke, once it returned
-    # The flights it was submitted in (innermost first), each with its abandonment count then.
-    flights: tuple[tuple[Flight, int], ...] = ()
-    parked: bool = False  # its task sleeps until it is answered (only then may it be abandoned)
-    abandoned: bool = False  # answered with an error already: the thread's answer is dropped
-
-
-class Flight:
-    """The database calls made inside one scope (a lease holder's block) that wait for their
-    outcome, so that they can be abandoned together.
-
-    :meth:`abandon` wakes each of them at once, without waiting for the database: its outcome
-    is unknown to its caller (it may commit later, or never), as after a crash of the process.
-    The thread still runs it when it gets to it. A caller inside a cancelled scope (the stopped
-    body) gets the cancellation, as at any checkpoint; one shielded from it, the flight's error.
-    Only calls submitted before the abandonment are abandoned; later ones (a read after the
-    loss, say) run as usual. A flight opened inside another (a run owned inside another run's
-    block) is abandoned with it: the enclosing block could not end while the inner one waits.
-    """
-
-    def __init__(self, parent: Flight | None = None) -> None:
-        self._parent = parent
-        self._parked: set[Request] = set()
-        self._abandonments = 0
-        self._error: Callable[[], BaseException] | None = None
-
-    def _chain(self) -> tuple[tuple[Flight, int], ...]:
-        if self._parent is None:  # a run's own block, not one inside another's: the common case
-            return ((self, self._abandonments),)
-        flights = []
-        flight: Flight | None = self
-        while flight is not None:
-            flights.append((flight, flight._abandonments))
-            flight = flight._parent
-        return tuple(flights)
-
-    def abandon(self, error: Callable[[], BaseException]) -> None:
-        """Answer every call of this flight (or of one inside it) still waiting with ``error()``
-        (a new exception each). On the Trio thread."""
-        self._abandonments += 1
-        self._error = error
-        parked, self._parked = self._parked, set()
-        for request in parked:
-            _abandon(request, error())
-
-
 _ONE_FAILED: Final = Wakes()
 """What an unguarded group commit returns when one of its operations failed (rolled back)."""
-_FLIGHT: contextvars.ContextVar[Flight | None] = contextvars.ContextVar("zincir_flight", default=None)
-
-
-@contextlib.contextmanager
-def flying(flight: Flight) -> Iterator[None]:
-    """Make the database calls of this task (and of the tasks it starts) part of ``flight``."""
-    token = _FLIGHT.set(flight)
-    try:
-        yield
-    finally:
-        _FLIGHT.reset(token)
-
-
-def current_flight() -> Flight | None:
-    """The flight the calls made here join, if any (the new flight of a nested block's parent)."""
-    return _FLIGHT.get()
-
-
-def _answer(request: Request, result: outcome.Outcome[Any]) -> None:
-    """Wake the task waiting for ``request`` with its outcome, unless it was abandoned."""
-    if not request.abandoned:
-        request.parked = False
-        trio.lowlevel.reschedule(request.task, result)
-
-
-class _Abandoned(Exception):
-    """Wakes a caller whose request was abandoned; :func:`_wait_for_answer` raises ``error``
-    instead (or the caller's cancellation)."""
-
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
-
-
-def _abandon(request: Request, error: BaseException) -> None:
-    if request.parked and not request.abandoned:
-        request.abandoned = True
-        request.parked = False
-        trio.lowlevel.reschedule(request.task, outcome.Error(_Abandoned(error)))
-
-
-def _never_abort(_: Any) -> trio.lowlevel.Abort:
-    return trio.lowlevel.Abort.FAILED
-
-
-async def _wait_for_answer(request: Request) -> Any:
-    """Sleep until ``request`` is answered (by its thread, the inline batch it joined, or its
-    flight's abandonment); a cancellation waits for the answer."""
-    try:
-        for flight, abandonments in request.flights:
-            if flight._abandonments != abandonments and flight._error is not None:
-                # Abandoned after it was submitted, before its task got here: at once, then.
-                request.abandoned = True
-                raise _Abandoned(flight._error())
-        request.parked = True
-        for flight, _ in request.flights:
-            flight._parked.add(request)
-        try:
-            return await trio.lowlevel.wait_task_rescheduled(_never_abort)
-        finally:
-            for flight, _ in request.flights:
-                flight._parked.discard(request)
-    except _Abandoned as abandoned:
-        # A stopped body sees its cancellation (never an error inside its own nurseries); a
-        # caller shielded from it (a release, a batch of spawns) sees why it was abandoned.
-        await trio.lowlevel.checkpoint_if_cancelled()
-        raise abandoned.error from None
 
 
 class DatabaseThread:
@@ -344,7 +224,7 @@ class DatabaseThread:
         request that joined should not hold up the loop."""
         if self._gathering is not None:
             self._joins(self._gathering, request)
-            return await _wait_for_answer(request)
+            return await wait_for_answer(request)
         batch = self._gathering = [request]
         self._gathered_for_the_thread = False
         try:
@@ -367,22 +247,22 @@ class DatabaseThread:
                 " known; it was rolled back unless it had committed"
             )
             for other in batch[1:]:
-                _answer(other, outcome.Error(interrupted))
+                answer(other, outcome.Error(interrupted))
             raise
         if woken is not None:
             self._tell(woken)
             for other in batch[1:]:
                 assert other.result is not None
-                _answer(other, other.result)
+                answer(other, other.result)
             assert request.result is not None
             return request.result.unwrap()
         try:
             self.submit(batch)
         except StorageError as exc:  # the thread died: nobody else will answer these
             for other in batch[1:]:
-                _answer(other, outcome.Error(StorageError(str(exc))))
+                answer(other, outcome.Error(StorageError(str(exc))))
             raise
-        return await _wait_for_answer(request)
+        return await wait_for_answer(request)
 
     def _run_inline_batch(self, batch: list[Request]) -> Wakes | None:
         """Run the batch in one transaction now, and what it woke; None (with nothing written)
@@ -522,7 +402,7 @@ class DatabaseThread:
             self._tell(woken)
             for request in batch:
                 assert request.result is not None
-                _answer(request, request.result)
+                answer(request, request.result)
             # It answered just now: what it still holds has waited since then, at most.
             self._unanswered_since = trio.current_time() if self._in_thread else None
 
@@ -693,7 +573,7 @@ async def submit(thread: DatabaseThread, fn: Operation | None, args: tuple[Any, 
     (see :func:`flying`) wakes the caller before, with the flight's error.
     """
     await trio.lowlevel.checkpoint_if_cancelled()
-    flight = _FLIGHT.get()
+    flight = current_flight()
     request = Request(
         fn, args, trio.lowlevel.current_task(), flights=() if flight is None else flight._chain()
     )
@@ -705,4 +585,4 @@ async def submit(thread: DatabaseThread, fn: Operation | None, args: tuple[Any, 
         if fn is None:
             return None  # closing a thread that died: it closed its connection already
         raise
-    return await _wait_for_answer(request)
+    return await wait_for_answer(request)

@@ -15,7 +15,7 @@ from typing import Any, Final, TypedDict, TypeVar, Unpack, final, overload
 import attrs
 import trio
 
-from . import _threads
+from . import _requests, _threads
 from ._database import Database, Storage, storage
 from ._errors import (
     BudgetExceeded,
@@ -548,15 +548,15 @@ class ResumeWorker:
 async def _answered(writer: _threads.DatabaseThread) -> None:
     """Return once ``writer`` has answered a no-op queued behind what it holds (or failed it:
     an answer too). A cancellation ends the wait at once, without waiting for the writer."""
-    flight = _threads.Flight()
+    flight = _requests.Flight()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_abandon_when_cancelled, flight)
-        with _threads.flying(flight), contextlib.suppress(StorageError):
+        with _requests.flying(flight), contextlib.suppress(StorageError):
             await _threads.submit(writer, _no_op, ())
         nursery.cancel_scope.cancel()
 
 
-async def _abandon_when_cancelled(flight: _threads.Flight) -> None:
+async def _abandon_when_cancelled(flight: _requests.Flight) -> None:
     try:
         await trio.sleep_forever()
     finally:
