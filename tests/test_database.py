@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
+import collections
 import os
 import sqlite3
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -16,7 +17,7 @@ import zincir
 from zincir._sqlite._connection import Tx
 from zincir._sqlite._migrations import load_migrations
 
-from .helpers import dump, file_digest, scalar, start_python
+from .helpers import dump, file_digest, rows, scalar, start_python
 
 SCRATCH = "CREATE TABLE IF NOT EXISTS scratch (value TEXT NOT NULL UNIQUE)"
 
@@ -140,94 +141,95 @@ async def test_a_failing_operation_does_not_roll_back_its_neighbours(
     assert values(db_path) == ["after", "before", "held"]
 
 
+def _scratch(tx: Any, value: str) -> str:
+    """A write of either backend that fails for a value written before (UNIQUE)."""
+    tx.execute(SCRATCH)
+    tx.execute("INSERT INTO scratch (value) VALUES (?)", (value,))
+    return value
+
+
+async def _one_batch(db: zincir.Database, *calls: tuple[Any, ...]) -> dict[int, object]:
+    """Run ``calls`` ((fn, *args) each) as one group commit of the writer thread: queued behind
+    a held operation, in order. Each call's result or error, by position."""
+    writes_on_the_thread(db)
+    entered, opened = threading.Event(), threading.Event()
+    outcomes: dict[int, object] = {}
+
+    def hold(tx: Any) -> None:
+        entered.set()
+        assert opened.wait(10), "the test never let the writer go"
+
+    async def submit(i: int, fn: Any, *args: Any) -> None:
+        try:
+            outcomes[i] = await db._write(fn, *args)
+        except Exception as exc:
+            outcomes[i] = exc
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(db._write, hold)
+        await trio.to_thread.run_sync(entered.wait)
+        for i, call in enumerate(calls):
+            nursery.start_soon(submit, i, *call)
+            await trio.testing.wait_all_tasks_blocked()
+        opened.set()
+    return outcomes
+
+
+def _counting_savepoints(db: zincir.Database, monkeypatch: pytest.MonkeyPatch) -> collections.Counter[str]:
+    counts: collections.Counter[str] = collections.Counter()
+
+    def counting(name: str, method: Any) -> Any:
+        def counted() -> None:
+            counts[name] += 1
+            method()
+
+        return counted
+
+    for writer in db._writers:
+        for name in ("savepoint", "rollback_to_savepoint"):
+            monkeypatch.setattr(writer._session, name, counting(name, getattr(writer._session, name)))
+    return counts
+
+
 async def test_a_batch_takes_savepoints_only_to_run_again_after_an_operation_failed(
-    db: zincir.Database, db_path: Path
+    db: zincir.Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A savepoint per operation costs two statements on every write; operations rarely fail.
     # So a batch runs without them, and one that fails rolls the batch back: it runs again, each
     # operation in a savepoint of its own, and only the failing one is undone.
-    writes_on_the_thread(db)
-    traced: list[str] = []
     calls: list[str] = []
 
-    def counted(tx: Tx, value: str) -> int:
+    def counted(tx: Any, value: str) -> str:
         calls.append(value)
-        return insert(tx, value)
+        return _scratch(tx, value)
 
-    async def batch(*values_: str) -> dict[str, object]:
-        entered, opened = threading.Event(), threading.Event()
-        outcomes: dict[str, object] = {}
-
-        def hold(tx: Tx) -> None:  # the writer thread, until the batch is queued
-            entered.set()
-            assert opened.wait(10)
-
-        async def submit(value: str) -> None:
-            try:
-                outcomes[value] = await db._write(counted, value)
-            except zincir.StorageError as exc:
-                outcomes[value] = exc
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(db._write, hold)
-            await trio.to_thread.run_sync(entered.wait)
-            for value in values_:
-                nursery.start_soon(submit, value)
-                await trio.testing.wait_all_tasks_blocked()
-            opened.set()
-        return outcomes
-
-    db._writers[0]._session._conn.set_trace_callback(traced.append)
-    try:
-        assert len(await batch("a", "b", "c")) == 3
-        assert calls == ["a", "b", "c"] and not [sql for sql in traced if "SAVEPOINT" in sql]
-        traced.clear()
-        calls.clear()
-        outcomes = await batch("d", "a", "e")  # "a" violates UNIQUE
-    finally:
-        db._writers[0]._session._conn.set_trace_callback(None)
+    savepoints = _counting_savepoints(db, monkeypatch)
+    assert await _one_batch(db, (counted, "a"), (counted, "b"), (counted, "c")) == {0: "a", 1: "b", 2: "c"}
+    assert calls == ["a", "b", "c"] and not savepoints
+    calls.clear()
+    outcomes = await _one_batch(db, (counted, "d"), (counted, "a"), (counted, "e"))  # "a" is UNIQUE
     assert calls == ["d", "a", "d", "a", "e"]  # rolled back at "a", then run again guarded
-    assert {value: type(outcome) for value, outcome in outcomes.items()} == {
-        "d": int,
-        "a": zincir.StorageError,
-        "e": int,
-    }
-    assert traced.count("SAVEPOINT operation") == 3 and traced.count("ROLLBACK TO operation") == 1
-    assert values(db_path) == ["a", "b", "c", "d", "e"]
+    assert outcomes[0] == "d" and outcomes[2] == "e" and isinstance(outcomes[1], zincir.StorageError)
+    assert savepoints == {"savepoint": 3, "rollback_to_savepoint": 1}
+    assert sorted(row[0] for row in rows(db, "SELECT value FROM scratch")) == ["a", "b", "c", "d", "e"]
 
 
-@pytest.mark.sqlite_only
-async def test_a_run_key_remembered_by_an_operation_rolled_back_is_forgotten(tmp_path: Path) -> None:
+async def test_a_run_key_remembered_by_an_operation_rolled_back_is_forgotten(db_target: str) -> None:
     # A new run's key is remembered as it is stored; if its transaction rolls back, the key is
     # in no database, and must never seal a value of a run created again under that id.
-    async with zincir.open_database(str(tmp_path / "sealed.db"), encryption_key=bytes(range(32))) as db:
-        writes_on_the_thread(db)
+    async with zincir.open_database(db_target, encryption_key=bytes(range(32))) as db:
         sealer = db._writers[0].sealer
-        assert sealer is not None
+        assert sealer is not None and all(writer.sealer is sealer for writer in db._writers)
         key = sealer.fresh("not-a-run")
-        entered, opened = threading.Event(), threading.Event()
 
-        def hold(tx: Tx) -> None:
-            entered.set()
-            assert opened.wait(10)
-
-        def remember(tx: Tx) -> None:
+        def remember(tx: Any) -> None:
             sealer._remember("not-a-run", key)  # as Sealer.store does, within the transaction
 
-        def fail(tx: Tx) -> None:
+        def fail(tx: Any) -> None:
             raise RuntimeError("operation failed on purpose")
 
-        async def submit(fn: object) -> None:
-            with contextlib.suppress(RuntimeError):
-                await db._write(fn)  # type: ignore[arg-type]
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(db._write, hold)
-            await trio.to_thread.run_sync(entered.wait)
-            for fn in (remember, fail):
-                nursery.start_soon(submit, fn)
-                await trio.testing.wait_all_tasks_blocked()
-            opened.set()
+        outcomes = await _one_batch(db, (remember,), (fail,))
+        assert outcomes[0] is None and isinstance(outcomes[1], RuntimeError)
         assert sealer._cached("not-a-run") is None
 
 
