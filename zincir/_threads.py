@@ -275,9 +275,7 @@ class DatabaseThread:
             if len(batch) == 1:
                 woken: Wakes | None = self._finish_alone(batch[0])
             else:
-                woken = self._together(batch, guarded=False)
-                if woken is _ONE_FAILED and self._try_begin():
-                    woken = self._together(batch, guarded=True)
+                woken = self._together(batch, self._try_begin)
                 if woken is None or woken is _ONE_FAILED:
                     for request in batch:
                         request.result = None
@@ -476,12 +474,8 @@ class DatabaseThread:
     def _run_together(self, batch: list[Request]) -> Wakes | None:
         if not self._begin_for(batch):
             return Wakes()
-        woken = self._together(batch, guarded=False)
-        if woken is not _ONE_FAILED:
-            return woken
-        if not self._begin_for(batch):
-            return Wakes()
-        return self._together(batch, guarded=True)
+        woken = self._together(batch, lambda: self._begin_for(batch))
+        return Wakes() if woken is _ONE_FAILED else woken  # each answered with the error
 
     def _begin_for(self, batch: list[Request]) -> bool:
         """Begin a transaction for ``batch``; False, with each operation answered with the
@@ -495,16 +489,24 @@ class DatabaseThread:
             return False
         return True
 
-    def _together(self, batch: list[Request], *, guarded: bool) -> Wakes | None:
+    def _together(self, batch: list[Request], begin_again: Callable[[], bool]) -> Wakes | None:
         """Run the batch in the transaction begun and commit it; what the operations woke.
 
-        Unguarded, the operations run one after the other, and the first that fails rolls the
-        whole transaction back: :data:`_ONE_FAILED`, nothing written, and the batch must run
-        again, guarded. Guarded, each runs in a savepoint of its own, so that a failing one gets
-        its own error while its neighbours still commit. Operations rarely fail, and a savepoint
-        costs two statements per operation on every write; an operation runs again only from a
-        transaction rolled back, as after a lost one. None: the transaction itself failed
-        (nothing was written; each operation needs a transaction of its own)."""
+        First unguarded: the operations run one after the other, and the first that fails rolls
+        the whole transaction back. Then, in a transaction ``begin_again()`` begins, guarded:
+        each runs in a savepoint of its own, so that a failing one gets its own error while its
+        neighbours still commit. Operations rarely fail, and a savepoint costs two statements
+        per operation on every write; an operation runs again only from a transaction rolled
+        back, as after a lost one. :data:`_ONE_FAILED`: one failed and no transaction could
+        begin again (nothing written). None: the transaction itself failed (nothing written;
+        each operation needs a transaction of its own)."""
+        woken = self._in_one_transaction(batch, guarded=False)
+        if woken is _ONE_FAILED and begin_again():
+            woken = self._in_one_transaction(batch, guarded=True)
+        return woken
+
+    def _in_one_transaction(self, batch: list[Request], *, guarded: bool) -> Wakes | None:
+        """One pass of :meth:`_together`: unguarded, :data:`_ONE_FAILED` at the first failure."""
         woken = Wakes()
         try:
             self._session.share()
