@@ -238,7 +238,7 @@ async def test_a_database_written_before_the_store_still_reads(db_target: str) -
     ):
         rows(db, statement)
     async with zincir.open_database(db_target) as db:  # migrated again
-        assert scalar(db, "SELECT max(version) FROM zincir_schema_migrations") == 19
+        assert scalar(db, "SELECT max(version) FROM zincir_schema_migrations") == 20
         events = await db.events(run_id)
         assert any(e.payload.get("to") == "completed" for e in events)
         assert (await db.state(run_id)).run.result == {"answer": BIG}

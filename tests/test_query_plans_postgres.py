@@ -32,6 +32,8 @@ from zincir._postgres._pipe import Pending
 from zincir._postgres._tx import Tx
 from zincir._store import NewChild, WaitOutcome
 from zincir._store._ends import cancel_descendants
+from zincir._owner import this_process
+from zincir._store._leases import _dead_owners_here
 from zincir._store._prune import PruneSpec, _candidates
 
 BIG_TURNS = 10_000  # about 29,000 events in the big run
@@ -654,3 +656,40 @@ async def test_a_prune_batch_finds_its_runs_by_a_seek_past_the_cursor(populated:
             continue
         [scan] = [n for n in _nodes(top) if n.get("Index Name") == "idx_agent_runs_status_activity"]
         assert "ROW(status, updated_at, id) >" in scan["Index Cond"], plan
+
+
+async def test_the_look_for_dead_owners_passes_over_what_earlier_claims_left(pg_url: str) -> None:
+    """Every claim looks for dead lease holders of its host. Each claim and end of a run leaves
+    a row version behind until a vacuum, with an entry in the index of leases held: a look read
+    as a bitmap visits every one of them each time, a plain index scan marks them dead as it
+    passes and then skips them. A young database (not analyzed yet) made the planner AND a
+    bitmap of the host's leases with one of the running runs (schema 19)."""
+    async with zincir.open_database(pg_url) as db:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute("ALTER TABLE agent_runs SET (autovacuum_enabled = false)")  # no analyze
+            async with zincir.open_run(db) as template:
+                pass
+            # 3,000 due runs, then each claimed by a worker of this host and ended: two dead
+            # versions of each row, one of them in the index of leases held.
+            conn.execute(
+                "INSERT INTO agent_runs SELECT (jsonb_populate_record(NULL::agent_runs,"
+                " to_jsonb(r) || jsonb_build_object('id', gen_random_uuid()::text))).*"
+                " FROM agent_runs AS r, generate_series(1, 3000) WHERE r.id = %s",
+                (template.id,),
+            )
+            host, pid, started = this_process().as_row()
+            conn.execute(
+                "UPDATE agent_runs SET lease_owner = 'gone', lease_host = %s, lease_pid = %s,"
+                " lease_process_start = %s, lease_expires_at = zincir_now_ms() + 3600000",
+                (host, pid, started),
+            )
+            conn.execute("UPDATE agent_runs SET status = 'completed', lease_owner = NULL, lease_expires_at = NULL")
+            async with zincir.open_run(db):  # one lease held here
+                _, [look] = await plans_of(db, _dead_owners_here)
+                explain = f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {look.sql}"
+                conn.execute(explain, look.params)
+                (explained,) = conn.execute(explain, look.params).fetchone() or ()
+    second = explained[0]["Plan"]
+    assert second["Actual Rows"] == 1, look
+    # The index's leaf pages with the entries marked dead, not the ~120 pages of row versions.
+    assert second["Shared Hit Blocks"] + second.get("Shared Read Blocks", 0) <= 20, json.dumps(second, indent=1)
