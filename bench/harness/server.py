@@ -23,7 +23,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -249,12 +249,13 @@ def postmaster_pid(url: str) -> int | None:
     return None if fields is None else int(fields[1])
 
 
-def server_cpu(postmaster: int) -> float:
-    """CPU seconds used so far by the postmaster's live children (backends, background work)."""
+def server_cpu(postmaster: int, excluding: Container[int] = ()) -> float:
+    """CPU seconds used so far by the postmaster's live children (backends, background work),
+    but the backends ``excluding`` names (a benchmark's own observer)."""
     total = 0.0
     for entry in os.listdir("/proc"):
         fields = proc_stat(f"/proc/{entry}/stat") if entry.isdigit() else None
-        if fields is not None and int(fields[1]) == postmaster:
+        if fields is not None and int(fields[1]) == postmaster and int(entry) not in excluding:
             total += cpu_seconds(fields)
     return total
 
