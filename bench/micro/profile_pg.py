@@ -8,7 +8,9 @@ On a throwaway server (``bench/harness/server.py``, fsync=on, data in ``--dir``)
 * zincir's sequential steps, 50 concurrent runs and one ResumeWorker completing due runs,
   with every statement zincir sends (``Pipe.send``, its connections' pipeline) counted and timed by
   statement kind (patched in this process only): statements per step, time inside them (waiting for the
-  server) against the wall time, and the batch sizes of the group commit (steps per COMMIT).
+  server) against the wall time, the batch sizes of the group commit (steps per COMMIT), and the
+  server's CPU per step (its processes' in ``/proc``, as ``bench.postgres`` reads it; a server on
+  another machine has none to read).
 
 Prints a table per workload, and writes the figures as JSON with ``--json PATH``.
 """
@@ -33,18 +35,28 @@ import trio
 import zincir
 from zincir._postgres._pipe import Pipe
 
-from ..harness.server import postgres_server, scratch_database
+from ..harness.server import postgres_server, postmaster_pid, scratch_database, server_cpu
 from ..harness.study import scratch
 
 
 class Counter:
-    """Counts and times psycopg executes by the statement's first words, per thread."""
+    """Counts and times psycopg executes by the statement's first words, per thread, and reads
+    the server's CPU from one :meth:`reset` to the summary."""
 
-    def __init__(self) -> None:
+    def __init__(self, postmaster: int | None = None) -> None:
         self.lock = threading.Lock()
         self.calls: collections.Counter[str] = collections.Counter()
         self.seconds: collections.Counter[str] = collections.Counter()
         self.original = Pipe.send
+        self.postmaster = postmaster
+        self.server_cpu_at_reset: float | None = None
+        self.server_cpu_s: float | None = None  # from reset to stop
+
+    def stop(self) -> None:
+        """The end of the timed part: read while its connections are open (a backend that
+        exits takes its CPU out of the sum)."""
+        if self.postmaster is not None and self.server_cpu_at_reset is not None:
+            self.server_cpu_s = server_cpu(self.postmaster) - self.server_cpu_at_reset
 
     def kind(self, sql: Any) -> str:
         text = sql.decode() if isinstance(sql, bytes) else str(sql)
@@ -82,6 +94,8 @@ class Counter:
         with self.lock:
             self.calls.clear()
             self.seconds.clear()
+        self.server_cpu_at_reset = None if self.postmaster is None else server_cpu(self.postmaster)
+        self.server_cpu_s = None
 
 
 _TABLES = {"agent_runs", "events", "steps", "tool_intents", "checkpoints", "timers", "bench"}
@@ -126,6 +140,7 @@ async def sequential(url: str, n: int, counter: Counter) -> dict[str, Any]:
                 await run.step(f"s{i}", noop, i)
             await run.complete()
         wall = time.perf_counter() - start
+        counter.stop()
     return summary(counter, wall, n)
 
 
@@ -147,6 +162,7 @@ async def concurrent(url: str, runs: int, steps: int, counter: Counter) -> dict[
             for _ in range(runs):
                 nursery.start_soon(one)
         wall = time.perf_counter() - start
+        counter.stop()
     return summary(counter, wall, runs * steps)
 
 
@@ -179,6 +195,7 @@ async def worker(url: str, runs: int, concurrency: int, counter: Counter) -> dic
             await nursery.start(resume.run)
             await done.wait()
             wall = time.perf_counter() - start
+            counter.stop()
             resume.stop()
     return summary(counter, wall, runs)
 
@@ -187,7 +204,9 @@ def summary(counter: Counter, wall: float, steps: int) -> dict[str, Any]:
     with counter.lock:
         calls, seconds = dict(counter.calls), dict(counter.seconds)
     commits = calls.get("COMMIT", 0)
+    server = counter.server_cpu_s
     return {
+        "server_cpu_us_per_step": None if server is None else server / steps * 1e6,
         "wall_s": wall,
         "steps": steps,
         "us_per_step": wall / steps * 1e6,
@@ -213,6 +232,8 @@ def show(title: str, s: dict[str, Any]) -> None:
         f" {s['steps_per_commit']:.1f} steps per COMMIT; time inside execute (all threads)"
         f" {s['seconds_in_execute']:.2f} s = {s['seconds_in_execute'] / s['wall_s'] * 100:.0f}% of the wall"
     )
+    if s["server_cpu_us_per_step"] is not None:
+        print(f"  server CPU per step {s['server_cpu_us_per_step']:,.0f} us")
     print(f"  {'statement':<32} {'calls':>8} {'total s':>8} {'us/call':>8}")
     for kind, k in s["by_kind"].items():
         print(f"  {kind:<32} {k['calls']:>8,} {k['seconds']:>8.2f} {k['us_per_call']:>8.0f}")
@@ -238,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         print("floors (plain psycopg, one connection):")
         for k, v in out["floors"].items():
             print(f"  {k:<28} {v:8,.0f}")
-        counter = Counter()
+        counter = Counter(postmaster_pid(url))
         with counter.installed():
             out["sequential"] = trio.run(sequential, url, args.n, counter)
             show("zincir, one run of sequential steps", out["sequential"])

@@ -217,14 +217,19 @@ def add_profile(add: Any, profile: dict[str, Any], sizes: dict[str, Any]) -> Non
         "concurrent": f"{sizes['conc_runs']} runs x {sizes['conc_steps']} steps at once",
         "worker": "one ResumeWorker claiming + completing due runs (per run)",
     }
-    add("| workload | µs per step (or run) | statements per step | steps per COMMIT | in execute ÷ wall |")
-    add("|---|---:|---:|---:|---:|")
+    add(
+        "| workload | µs per step (or run) | statements per step | steps per COMMIT | in execute ÷ wall"
+        " | server CPU µs per step (or run) |"
+    )
+    add("|---|---:|---:|---:|---:|---:|")
     for key, title in titles.items():
         w = profile.get(key)
         if w:
+            server = w.get("server_cpu_us_per_step")
             add(
                 f"| {title} | {fmt(w['us_per_step'])} | {w['statements_per_step']:.2f} |"
                 f" {w['steps_per_commit']:.1f} | {w['seconds_in_execute'] / w['wall_s'] * 100:.0f}% |"
+                f" {'n/a' if server is None else fmt(server)} |"
             )
     add("")
     for key, title in titles.items():
