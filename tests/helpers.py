@@ -317,3 +317,10 @@ def run_bench_study(
     with fresh_database(postgres_admin_url) as url:
         assert main(["--quick", "--url", url, "--dir", str(tmp_path), "--out", str(out), "-q"]) == 0
     return out.read_text(), json.loads(out.with_suffix(".json").read_text())
+
+
+def a_dead_pid() -> int:
+    """The pid of a process of this host that has exited (and was reaped)."""
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid

@@ -12,11 +12,14 @@ import pytest
 import trio
 
 import zincir
+from zincir._owner import this_process
 from zincir._sqlite._connection import Tx
-from zincir._store import Claims, NewChild, _reads
+from zincir._store import Claims, NewChild, _leases, _reads
 from zincir._store._ends import cancel_descendants
-from zincir._store._leases import _take_from_the_dead
+from zincir._store._leases import _dead_owners_here, _take_from_the_dead
 from zincir._store._prune import PruneSpec, _candidates
+
+from .helpers import a_dead_pid
 
 
 class PlanRecorder:
@@ -125,14 +128,36 @@ async def test_family_operations_read_by_index(db: zincir.Database) -> None:
 
 
 @pytest.mark.sqlite_only
-async def test_looking_for_dead_owners_of_this_host_reads_only_the_leases_held(db: zincir.Database) -> None:
+async def test_looking_for_dead_owners_of_this_host_reads_only_the_leases_held(
+    db: zincir.Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
     for _ in range(30):
         async with zincir.open_run(db) as run:
             await run.complete()
+    async with zincir.open_run(db) as held:
+        pass
+    # One run still leased by a process of this host that has exited; its leases are read by
+    # their holder's key. (Whether they may be taken at once depends on what else runs on this
+    # host, which is not this test's business: the look's answer is given.)
+    dead = (a_dead_pid(), 1)
+    with sqlite3.connect(db.path) as raw:
+        raw.execute(
+            "UPDATE agent_runs SET lease_owner = 'gone', lease_expires_at = 4102444800000,"
+            " lease_host = ?, lease_pid = ?, lease_process_start = ? WHERE id = ?",
+            (this_process().host, *dead, held.id),
+        )
     async with zincir.open_run(db):
-        plans = await plans_of(db, _take_from_the_dead, "probe", 1000, None, 8, Claims())
-    assert_indexed(plans)
-    assert any("idx_agent_runs_leased" in " ".join(plan) for _, plan in plans), plans
+        looked = await plans_of(db, _dead_owners_here)
+        monkeypatch.setattr(_leases, "_dead_owners_here", lambda tx: [dead])
+        claims = Claims()
+        taken = await plans_of(db, _take_from_the_dead, "probe", 1000, None, 8, claims)
+    assert [lease.run_id for lease, _ in claims.leased] == [held.id]
+    assert_indexed(looked + taken)
+    [the_look] = [plan for sql, plan in looked if sql.startswith("SELECT") and "lease_host = ?" in sql]
+    assert "USING INDEX idx_agent_runs_leased (lease_host=?)" in " ".join(the_look), looked
+    [by_holder] = [plan for sql, plan in taken if sql.startswith("SELECT") and "lease_pid = ?" in sql]
+    index = "USING INDEX idx_agent_runs_leased (lease_host=? AND lease_pid=? AND lease_process_start=?)"
+    assert index in " ".join(by_holder), taken
 
 
 @pytest.mark.sqlite_only
