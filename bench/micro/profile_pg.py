@@ -41,7 +41,7 @@ from ..harness.study import scratch
 
 class Counter:
     """Counts and times psycopg executes by the statement's first words, per thread, and reads
-    the server's CPU from one :meth:`reset` to the summary."""
+    the server's CPU from one :meth:`reset` to :meth:`stop`."""
 
     def __init__(self, postmaster: int | None = None) -> None:
         self.lock = threading.Lock()
