@@ -9,7 +9,7 @@ process and interleaved per repetition:
 * **bare group commit, execute**: 50 Trio tasks, each awaiting 100 writes. A write joins the batch
   gathered during one pass of Trio's scheduler; the first task of the batch runs it inline in one
   transaction (per write: a lease-row SELECT, the fence, and the INSERT) and reschedules the
-  others. No validation, JSON, savepoints, error handling or run bookkeeping: only what a fenced,
+  others. No validation, JSON, error handling or run bookkeeping: only what a fenced,
   group-committed durable step cannot do without;
 * **bare group commit, executemany**: the same, with one lease SELECT for the whole batch and one
   ``executemany`` INSERT (cheaper per row than the ceiling's own loop);
