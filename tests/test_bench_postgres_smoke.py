@@ -11,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+from bench.harness.server import postmaster_pid
 from bench.postgres.runner import main
 
 
@@ -44,8 +45,12 @@ def test_zincirs_part_of_every_postgres_comparison_runs_and_reports(
         assert all(len(v) == sizes["step_reps"] and all(x > 0 for x in v) for v in workload.values())
 
     profile = results["profile"]
+    local = postmaster_pid(postgres_admin_url) is not None  # its server's CPU can be read
     for workload in ("sequential", "concurrent", "worker"):
         assert profile[workload]["statements_per_step"] > 0
+        # Read where it can be (in clock ticks of 10 ms: at these sizes it may round to 0).
+        server = profile[workload]["server_cpu_us_per_step"]
+        assert (server is not None and server >= 0) if local else server is None, server
         # No COMMIT is required: a lone write is an implicit transaction (no BEGIN or COMMIT
         # statement, its sync commits it), and only group commits send COMMIT.
         assert profile[workload]["by_kind"]
