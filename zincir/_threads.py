@@ -463,11 +463,9 @@ class DatabaseThread:
                 request.result = outcome.Error(self._session.translate(exc))
             else:
                 woken = request.wakes or woken
-        # After some errors the database has already rolled back; the operation's own error is
-        # the one to report either way.
-        if type(request.result) is outcome.Value:
-            self._session.rollback()  # nothing is open any more
-        else:
+        # A commit ends the transaction. After a failure it is rolled back here, if the database
+        # has not done it already; the operation's own error is the one to report either way.
+        if type(request.result) is not outcome.Value:
             self._roll_back()
         return woken
 
