@@ -62,15 +62,16 @@ def render(saved: dict[str, Any], chart_name: str) -> str:
         f" medians, {statistics.median(to_bare):.2f}x by the median of the repetitions' ratios"
         f" ({', '.join(f'{r:.2f}' for r in to_bare)}).",
         "",
-        "**Reading it.** Issue 14 asked zincir for 0.7x the ceiling. The bare series have none of "
-        "zincir's validation, JSON, error handling (a batch run again with savepoints after a failure) or"
-        " run bookkeeping, and still stay far below it: a run's next step cannot be written before its "
-        "previous one committed, so one transaction holds at most one step per run (50, not the ceiling's"
-        " 100), and every step costs a Trio task switch and its lease read on top of the ceiling's bare "
-        "INSERT. The bare gather commits the first task of a pass alone whenever Trio runs it before the "
-        "tasks its last commit woke (half of the time): about a third of its commits hold one write. "
-        "zincir waits one more pass then, so its commits hold all 50 (see `bench/README.md`). What is "
-        "left between zincir and the bare floor is Python per step, on the Trio thread.",
+        "**Reading it.** Issue 14 asked zincir for 0.7x the ceiling. The bare series have none of"
+        " zincir's validation, JSON, error handling (a batch run again with savepoints after a"
+        " failure) or run bookkeeping, and still stay far below it: a run's next step cannot be"
+        " written before its previous one committed, so one transaction holds at most one step per run"
+        " (50, not the ceiling's 100), and every step costs a Trio task switch and its lease read on"
+        " top of the ceiling's bare INSERT. The bare gather commits the first task of a pass alone"
+        " whenever Trio runs it before the tasks its last commit woke (half of the time): about a"
+        " third of its commits hold one write. zincir waits one more pass then, so its commits hold"
+        " all 50 (see `bench/README.md`). What is left between zincir and the bare floor is Python per"
+        " step, on the Trio thread.",
         "",
         f"Machine: {meta['machine']}; Python {meta['python']}; SQLite {sqlite3.sqlite_version};"
         f" databases in `{meta['dir']}`."
