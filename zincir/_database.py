@@ -19,6 +19,7 @@ from . import _sqlite
 from ._backend import Backend, Clock, wall_clock_ms
 from ._crypto import KeyProvider, Sealer, key_provider
 from ._errors import DatabaseClosed, EncryptionKeyMissing, InvalidArgument
+from ._lease_watch import LeaseWatch
 from ._owner import mark_this_process
 from ._payloads import DEFAULT_THRESHOLD, Payloads, check_threshold
 from ._store import Store
@@ -49,6 +50,8 @@ class Storage:
     """Every storage operation (``fn(tx, ...)``), to hand to :meth:`write` or :meth:`read`."""
     wakes: WakeHub
     """Who waits here for what: a run's waits, its owner, workers, ``wait_for_end``."""
+    lease_watch: LeaseWatch
+    """The one timer of every lease held through this database (its deadlines, its renewals)."""
     writers: Sequence[DatabaseThread]
     reader: DatabaseThread
 
@@ -59,6 +62,7 @@ class Storage:
         self.store = backend.store
         self.sealer = None
         self.wakes = WakeHub(backend.listen)
+        self.lease_watch = LeaseWatch()
         self._target = backend.target
         self.writers = backend.writers
         self.reader = backend.reader

@@ -27,8 +27,9 @@ from ._errors import (
     TransientConflict,
     ZincirError,
 )
+from ._lease_watch import Ask
 from ._lifecycle import Happened, Lifecycle, Phase
-from ._requests import Flight
+from ._requests import Flight, flying
 from ._store import Lease, Store
 from ._types import RunStatus
 
@@ -53,14 +54,16 @@ class _LeaseKeeping:
     _lease: Lease
     _flight: Flight
     _confirmed_at: float
-    _deadline_timer: trio.CancelScope | None
+    _watch_ask: Ask | None
+    _heartbeat_done: trio.Event | None
+    _news: bool
+    _news_event: trio.Event | None
     _renewal_sent_at: float | None
     _renewal_refused: DatabaseBusy | None
     _heartbeat_due_at: float | None
     _lifecycle: Lifecycle
     _body_scope: trio.CancelScope
     _heartbeat_scope: trio.CancelScope
-    _watch_scope: trio.CancelScope
     _release_delay_ms: int
     _refund_attempt: bool
     _cancel_reason: str | None
@@ -94,6 +97,88 @@ class _LeaseKeeping:
 
     def _stop_heartbeat(self) -> None:
         self._heartbeat_scope.cancel()
+        if self._heartbeat_done is None:
+            self._heartbeat_due_at = None  # never to start: not due, so never late
+
+    # -- the watch: one timer for every lease (zincir/_lease_watch.py) ------------------------
+
+    def _start_watch(self) -> None:
+        """Have the lease watched from now until :meth:`_stop_watch`: stopped at its deadline,
+        renewed a third of a TTL after it was taken (the heartbeat's task starts then, or at the
+        first news, or when the wall time runs out: most runs end before any of them)."""
+        self._storage.wakes.add_owner(self.id, self._hear_news)
+        self._watch_next()
+
+    def _stop_watch(self) -> None:
+        self._storage.wakes.remove_owner(self.id, self._hear_news)
+        if self._watch_ask is not None:
+            self._storage.lease_watch.forget(self._watch_ask)
+            self._watch_ask = None
+
+    def _watch_again(self) -> None:
+        if self._watch_ask is not None:
+            self._storage.lease_watch.forget(self._watch_ask)
+            self._watch_next()
+
+    def _heartbeat_wanted(self) -> bool:
+        return self._heartbeat_done is None and not self._heartbeat_scope.cancel_called
+
+    def _watch_next(self) -> None:
+        when = self._stop_at()
+        if self._heartbeat_wanted():
+            when = min(when, self._confirmed_at + self._lease.ttl_ms / 3000, self._out_of_time_at())
+        self._watch_ask = self._storage.lease_watch.at(when, self)
+
+    def _due(self, now: float) -> None:
+        """The watch's turn: stop the owner past its deadline, whatever its calls to the
+        database wait for (on the way out, stop waiting for the release then); start the
+        heartbeat when its first renewal or the wall time's end is due."""
+        self._watch_ask = None
+        if not self._lifecycle.holds():
+            return
+        if now >= self._stop_at():
+            if self._lifecycle.phase is Phase.RELEASING:  # the body is done: let the lease expire
+                self._flight.abandon(functools.partial(LeaseLost, self._deadline_message(now)))
+            else:
+                self._past_deadline()
+            return
+        if self._heartbeat_wanted() and now >= min(
+            self._confirmed_at + self._lease.ttl_ms / 3000, self._out_of_time_at()
+        ):
+            self._start_heartbeat()
+        self._watch_next()
+
+    def _watch_failed(self, exc: Exception) -> None:
+        self._lose(f"run {self.id}: watching the lease failed unexpectedly: {exc!r}")
+
+    def _hear_news(self) -> None:
+        """The run's inbox may hold news for its owner: the heartbeat reads it at once."""
+        self._news = True
+        if self._news_event is not None:
+            self._news_event.set()
+        elif self._heartbeat_wanted() and self._lifecycle.holds():
+            self._start_heartbeat()
+
+    def _start_heartbeat(self) -> None:
+        self._heartbeat_done = trio.Event()
+        trio.lowlevel.spawn_system_task(self._heartbeat, name=f"zincir heartbeat of run {self.id}")
+
+    async def _heartbeat(self) -> None:
+        assert self._heartbeat_done is not None
+        try:
+            with flying(self._flight):  # the block's calls: abandoned with them
+                await self._keep_lease()
+        except Exception as exc:  # a system task's error would end the whole Trio run
+            self._lose(f"run {self.id}: renewing the lease failed unexpectedly: {exc!r}")
+        finally:
+            self._heartbeat_done.set()
+
+    async def _heartbeat_stopped(self) -> None:
+        """Wait until the heartbeat, stopped, has finished (a renewal it sent is answered or
+        abandoned): the block does not end while a task of its own still runs."""
+        if self._heartbeat_done is not None:
+            with trio.CancelScope(shield=True):
+                await self._heartbeat_done.wait()
 
     # -- the lease ------------------------------------------------------------------------
 
@@ -111,7 +196,7 @@ class _LeaseKeeping:
                 while not self._past_deadline():  # (a late start too: the loop was held)
                     self._heartbeat_due_at = renew_at
                     while trio.current_time() < renew_at:
-                        if await self._poked_until(min(renew_at, self._out_of_time_at())):
+                        if await self._news_until(min(renew_at, self._out_of_time_at())):
                             await self._look_at_news()
                         elif trio.current_time() >= self._out_of_time_at():
                             await self._look_at_news()  # the budget may have been raised meanwhile
@@ -138,8 +223,7 @@ class _LeaseKeeping:
             )  # the renewed lease says when the run's wall time ends, too
             self._confirmed_at = sent_at
             self._renewal_refused = None
-            if self._deadline_timer is not None:
-                self._deadline_timer.deadline = self._stop_at()
+            self._watch_again()  # the watch wakes only at a deadline that holds
             self._stop_if_cancelled(cancel_reason)
             return sent_at + interval
         except RunTerminal:
@@ -232,25 +316,6 @@ class _LeaseKeeping:
             )
         return "the database or the network did not answer"
 
-    async def _watch_deadline(self) -> None:
-        """Stop the owner when its deadline passes (see :meth:`_stop_at`), whatever its calls
-        to the database wait for; on the way out, stop waiting for the release then."""
-        with self._watch_scope:
-            while self._lifecycle.holds():
-                now = trio.current_time()
-                if now < self._stop_at():
-                    # One timer, moved by every confirmed renewal: it wakes only at a deadline
-                    # that holds, never at one a renewal has since pushed on.
-                    with trio.CancelScope(deadline=self._stop_at()) as self._deadline_timer:
-                        await trio.sleep_forever()
-                    self._deadline_timer = None
-                elif self._lifecycle.phase is Phase.RELEASING:  # the body is done: let the lease expire
-                    self._flight.abandon(functools.partial(LeaseLost, self._deadline_message(now)))
-                    return
-                else:
-                    self._past_deadline()
-                    return
-
     def _out_of_time_at(self) -> float:
         """The Trio time at which the run's wall time runs out (infinity: no limit, or stopped)."""
         ends_at = self._lease.wall_time_ends_at
@@ -269,16 +334,18 @@ class _LeaseKeeping:
         logger.info("%s; stopping", self._budget_stop)
         self._body_scope.cancel()
 
-    async def _poked_until(self, deadline: float) -> bool:
-        """Whether news reached the run's inbox before ``deadline`` (Trio time)."""
-        poked = self._storage.wakes.inbox_event(self.id, hear_others=False, owner=True)
-        try:
-            with trio.move_on_at(deadline):
-                await poked.wait()
-                return True
-            return False
-        finally:
-            self._storage.wakes.forget_inbox_event(self.id, poked)
+    async def _news_until(self, deadline: float) -> bool:
+        """Whether news reached the run's inbox (see :meth:`_hear_news`) before ``deadline``
+        (Trio time), or since the last look."""
+        if not self._news:
+            self._news_event = event = trio.Event()
+            try:
+                with trio.move_on_at(deadline):
+                    await event.wait()
+            finally:
+                self._news_event = None
+        news, self._news = self._news, False
+        return news
 
     async def _look_at_news(self) -> None:
         """Read what an outsider may have changed: a cancellation request, the wall time."""

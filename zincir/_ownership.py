@@ -101,30 +101,29 @@ def _outcome_of(run: Run, error: BaseException | None) -> str:
 async def _owned(run: Run) -> AsyncIterator[Run]:
     """:func:`owned_run`'s block for a Run made: the body beside the heartbeat."""
     body_error: BaseException | None = None
-    # The heartbeat's and the deadline's scopes are shielded and stopped only by us, so an outer
-    # cancellation reaches the body alone and the nursery exits with nothing of its own to report.
+    # The lease's watch and heartbeat are not tasks of this block (zincir/_lease_watch.py): an
+    # outer cancellation reaches the body alone.
     with flying(run._flight):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(run._keep_lease)
-            nursery.start_soon(run._watch_deadline)
+        run._start_watch()
+        try:
             try:
-                try:
-                    with run._body_scope:
-                        yield run
-                except BaseException as exc:
-                    body_error = exc
-                finally:
-                    if run._cancel_reason is not None:
-                        await run._end_cancelled()
-                    elif run._budget_stop is not None and run._in_worker:
-                        with trio.CancelScope(shield=True):
-                            await _quietly(run._suspend_for_budget(run._budget_stop))
-                    run._stop_heartbeat()
+                with run._body_scope:
+                    yield run
+            except BaseException as exc:
+                body_error = exc
             finally:
-                try:
-                    released = await run._release()  # still watched: it may wait for the deadline
-                finally:
-                    run._watch_scope.cancel()
+                if run._cancel_reason is not None:
+                    await run._end_cancelled()
+                elif run._budget_stop is not None and run._in_worker:
+                    with trio.CancelScope(shield=True):
+                        await _quietly(run._suspend_for_budget(run._budget_stop))
+                run._stop_heartbeat()
+        finally:
+            try:
+                released = await run._release()  # still watched: it may wait for the deadline
+            finally:
+                run._stop_watch()
+                await run._heartbeat_stopped()
     lost, finished = run._lifecycle.lost, run._lifecycle.finished
     if body_error is not None:
         if lost is not None and _lease_loss_only(body_error):

@@ -110,7 +110,10 @@ class Run(_ToolCalls, _Checkpointing, _LeaseKeeping, _Waiting):
         # When (Trio time) the last write that set the lease's expiry and was confirmed was
         # submitted: the acquisition, then each renewal. The expiry is later than that + TTL.
         self._confirmed_at = submitted_at
-        self._deadline_timer = None  # the deadline's sleep, moved on by each confirmed renewal
+        self._watch_ask = None  # the lease watch's next call, while one is asked for
+        self._heartbeat_done = None  # set once the heartbeat's task, if it started, has ended
+        self._news = False  # news for the owner not looked at yet (see _hear_news)
+        self._news_event = None  # while the heartbeat waits for news
         self._renewal_sent_at = None  # while a renewal is in flight, when it was submitted
         # The last renewal's failure, while it was refused for a lock another transaction held.
         self._renewal_refused = None
@@ -119,7 +122,6 @@ class Run(_ToolCalls, _Checkpointing, _LeaseKeeping, _Waiting):
         self._lifecycle = Lifecycle()  # holding the lease, then how it was given up (or lost)
         self._body_scope = trio.CancelScope()
         self._heartbeat_scope = trio.CancelScope(shield=True)
-        self._watch_scope = trio.CancelScope(shield=True)
         self._running_steps = set()
         self._started_calls = set()  # tools started through this Run (a PendingToolCall is a snapshot)
         self._nurseries = set()  # open durable nurseries (complete() refuses while one has spawns to send)

@@ -63,6 +63,7 @@ class _Connection(Protocol):
 
 
 C = TypeVar("C", bound=_Connection)
+T = TypeVar("T")
 
 logger = logging.getLogger("zincir")
 _RECONNECT_S: Final = 1.0
@@ -144,7 +145,7 @@ class WakeHub:
         self._closed = False
         self._claim_listeners: set[Callable[[], None]] = set()
         self._inbox_waiters: dict[str, set[trio.Event]] = {}  # a run's waits
-        self._owner_waiters: dict[str, set[trio.Event]] = {}  # a run's owner's heartbeat
+        self._owners: dict[str, set[Callable[[], None]]] = {}  # a run's owner, told of its news
         self._end_waiters: dict[str, set[trio.Event]] = {}  # wait_for_end's, by the run awaited
         self._stream_waiters: dict[str, set[trio.Event]] = {}  # streams' followers, by run
         # Their keys, for the listener's thread to read (replaced whole, never changed in place).
@@ -159,7 +160,8 @@ class WakeHub:
                 listener()
         for run_id in wakes.inbox:
             self._set(self._inbox_waiters, run_id)
-            self._set(self._owner_waiters, run_id)
+            for tell in list(self._owners.get(run_id, ())):
+                tell()
         for run_id in wakes.waits:
             self._set(self._inbox_waiters, run_id)
         for run_id in wakes.ended:
@@ -184,11 +186,14 @@ class WakeHub:
         if channel is None:  # anything may have been missed: everyone looks again
             for listener in list(self._claim_listeners):
                 listener()
-            everyone = (self._inbox_waiters, self._owner_waiters, self._end_waiters, self._stream_waiters)
+            everyone = (self._inbox_waiters, self._end_waiters, self._stream_waiters)
             for waiters in everyone:
                 for events in waiters.values():
                     for event in events:
                         event.set()
+            for tells in list(self._owners.values()):
+                for tell in list(tells):
+                    tell()
             return
         wakes = Wakes(claimable=channel.endswith("claimable"))
         if payload is not None:
@@ -218,21 +223,28 @@ class WakeHub:
     def remove_claim_listener(self, listener: Callable[[], None]) -> None:
         self._claim_listeners.discard(listener)
 
-    def inbox_event(self, run_id: str, *, hear_others: bool = True, owner: bool = False) -> trio.Event:
+    def inbox_event(self, run_id: str, *, hear_others: bool = True) -> trio.Event:
         """An event set when the inbox of ``run_id`` may hold news (a signal, a decision, an
         ended child, a cancellation); forget it with :meth:`forget_inbox_event`.
-        ``hear_others`` starts listening to other processes' writes, if nothing has yet.
-        ``owner``: the heartbeat's, which an ended child does not set (see :class:`Wakes`)."""
+        ``hear_others`` starts listening to other processes' writes, if nothing has yet."""
         if hear_others:
             self.hear_others()
         event = trio.Event()
-        waiters = self._owner_waiters if owner else self._inbox_waiters
-        waiters.setdefault(run_id, set()).add(event)
+        self._inbox_waiters.setdefault(run_id, set()).add(event)
         return event
 
     def forget_inbox_event(self, run_id: str, event: trio.Event) -> None:
-        for waiters in (self._inbox_waiters, self._owner_waiters):
-            _forget(waiters, run_id, event)
+        _forget(self._inbox_waiters, run_id, event)
+
+    def add_owner(self, run_id: str, tell: Callable[[], None]) -> None:
+        """Call ``tell()`` (on the Trio thread) whenever the inbox of ``run_id`` may hold news
+        for its owner: a cancellation, a raised budget (not an ended child: see
+        :class:`Wakes`). It does not start listening to other processes: the owner's renewals
+        read the same news."""
+        self._owners.setdefault(run_id, set()).add(tell)
+
+    def remove_owner(self, run_id: str, tell: Callable[[], None]) -> None:
+        _forget(self._owners, run_id, tell)
 
     def end_event(self, run_id: str) -> trio.Event:
         """An event set when run ``run_id`` may have ended (here or in another process); forget
@@ -260,7 +272,7 @@ class WakeHub:
         self.forget_end_event(run_id, event)
 
 
-def _forget(waiters: dict[str, set[trio.Event]], run_id: str, event: trio.Event) -> bool:
+def _forget(waiters: dict[str, set[T]], run_id: str, event: T) -> bool:
     """Drop ``event``; whether that left ``run_id`` with no waiter (its key went)."""
     events = waiters.get(run_id)
     if events is None:
