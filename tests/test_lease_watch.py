@@ -1,0 +1,92 @@
+"""The one timer of every lease held through a database (zincir/_lease_watch.py): it calls each
+holder in the order of its moments, never one taken back, ends its task when nothing is left,
+and spares the runs that end before their first renewal a heartbeat task."""
+
+from __future__ import annotations
+
+import random
+
+import trio
+import trio.testing
+
+import zincir
+from zincir._lease_watch import LeaseWatch
+
+
+class Holder:
+    def __init__(self, name: str, calls: list[tuple[str, float]]) -> None:
+        self.name, self.calls = name, calls
+
+    def _due(self, now: float) -> None:
+        self.calls.append((self.name, now))
+
+    def _watch_failed(self, exc: Exception) -> None:
+        raise AssertionError(f"{self.name}: {exc!r}")
+
+
+async def test_holders_are_called_in_the_order_of_their_moments_and_never_once_forgotten(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    mock_clock.autojump_threshold = 0
+    watch, calls = LeaseWatch(), []
+    start = trio.current_time()
+    moments = [start + m for m in random.Random(7).sample(range(1, 400), 200)]
+    asks = [watch.at(when, Holder(f"h{i}", calls)) for i, when in enumerate(moments)]
+    forgotten = {f"h{i}" for i in range(0, 200, 3)}
+    for i in range(0, 200, 3):
+        watch.forget(asks[i])
+    await trio.sleep(500)
+    expected = sorted((when, f"h{i}") for i, when in enumerate(moments) if f"h{i}" not in forgotten)
+    assert [name for name, _ in calls] == [name for _, name in expected]
+    assert all(now == when for (_, now), (when, _) in zip(calls, expected, strict=True))  # none late
+    assert not watch._running  # nothing left: its task ended
+
+
+async def test_an_earlier_ask_wakes_the_sleeping_timer_and_a_holder_may_ask_again(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    mock_clock.autojump_threshold = 0
+    watch, calls = LeaseWatch(), []
+    start = trio.current_time()
+
+    class Again(Holder):
+        def _due(self, now: float) -> None:
+            super()._due(now)
+            if len(self.calls) < 3:
+                watch.at(now + 1, self)
+
+    watch.at(start + 100, Holder("late", calls))
+    await trio.testing.wait_all_tasks_blocked()  # the timer sleeps until the late one
+    watch.at(start + 5, Again("again", calls))
+    await trio.sleep(200)
+    assert calls == [("again", start + 5), ("again", start + 6), ("again", start + 7), ("late", start + 100)]
+
+
+async def test_runs_that_end_before_their_first_renewal_start_no_task_of_their_own(
+    db: zincir.Database,
+) -> None:
+    spawned: list[str] = []
+
+    class Spawns(trio.abc.Instrument):
+        def task_spawned(self, task: trio.lowlevel.Task) -> None:
+            spawned.append(task.name)
+
+    async def one() -> None:
+        async with zincir.open_run(db, lease_ttl=30) as run:  # the first renewal is 10 s away
+            await run.step("only", _answer)
+            await run.complete()
+
+    instrument = Spawns()
+    trio.lowlevel.add_instrument(instrument)
+    try:
+        async with trio.open_nursery() as nursery:
+            for _ in range(20):
+                nursery.start_soon(one)
+    finally:
+        trio.lowlevel.remove_instrument(instrument)
+    assert "zincir lease watch" in spawned
+    assert not [name for name in spawned if "heartbeat" in name or "deadline" in name]
+
+
+async def _answer() -> int:
+    return 42
