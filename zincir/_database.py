@@ -70,6 +70,7 @@ class Storage:
         self._closed = False
         for thread in (*self.writers, self.reader):
             thread.deliver = self.wakes.deliver  # what a commit woke, before its callers resume
+            thread.batch_forms = self.store.batch_forms
 
     async def use_keys(self, provider: KeyProvider | None) -> None:
         """Encrypt with ``provider``'s keys from now on, once they check out against the

@@ -39,7 +39,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 import outcome
@@ -168,6 +168,9 @@ class DatabaseThread:
         self.sealer: Sealer | None = None
         """The database's encryption, handed to every operation's Tx (set once, before any is
         submitted; None: the database is not encrypted)."""
+        self.batch_forms: Mapping[Operation, Callable[[Any, list[Any]], list[Any]]] = {}
+        """The store's batch forms (:attr:`zincir._store.Store.batch_forms`; set once, before
+        any operation is submitted)."""
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
 
@@ -508,10 +511,15 @@ class DatabaseThread:
         woken = Wakes()
         try:
             self._session.share()
-            for request in batch:
-                if guarded:
-                    self._session.savepoint()
-                request.result = self._call(request, shared=True)
+            for unit in batch if guarded or not self.batch_forms else self._units(batch):
+                if isinstance(unit, list):  # calls of one batch form: one outcome, if it failed
+                    self._call_many(unit)
+                    request = unit[0]
+                else:
+                    request = unit
+                    if guarded:
+                        self._session.savepoint()
+                    request.result = self._call(request, shared=True)
                 if type(request.result) is outcome.Error:  # what _call made: no ABC's isinstance
                     if self._session.transaction_lost():
                         self._forget_run_keys()
@@ -536,6 +544,43 @@ class DatabaseThread:
             self._roll_back()
             return None
         return woken
+
+    def _units(self, batch: list[Request]) -> list[Request | list[Request]]:
+        """``batch`` in order, with each run of two or more requests of one operation that has
+        a batch form gathered into a list."""
+        units: list[Request | list[Request]] = []
+        for request in batch:
+            last = units[-1] if units else None
+            if isinstance(last, list) and last[0].fn is request.fn:
+                last.append(request)
+            elif request.fn in self.batch_forms:
+                units.append([request])
+            else:
+                units.append(request)
+        return [unit[0] if isinstance(unit, list) and len(unit) == 1 else unit for unit in units]
+
+    def _call_many(self, group: list[Request]) -> None:
+        """Run ``group`` (requests of one operation) through its batch form; each request's
+        outcome goes to its ``result``: the same error for all of them if it failed."""
+        operation = group[0].fn
+        assert operation is not None  # a close request has no batch form
+        form = self.batch_forms[operation]
+        for request in group:
+            request.wakes = None
+        try:
+            tx = self._session.tx()
+            if self.sealer is not None:
+                tx.sealer = self.sealer
+            values = form(tx, [request.args for request in group])
+            group[0].wakes = tx.close()
+            self._session.end_operation()
+        except Exception as exc:
+            failed = outcome.Error(self._session.translate(exc))
+            for request in group:
+                request.result = failed
+            return
+        for request, value in zip(group, values, strict=True):
+            request.result = outcome.Value(value)
 
     def _maintain(self) -> None:
         """Work the session saves for its thread (SQLite's WAL checkpoints), before the reply:

@@ -11,6 +11,7 @@ has its own way".)
 from __future__ import annotations
 
 import functools
+import types
 from collections.abc import Sequence
 
 from .._json import dump_trusted as _dump
@@ -126,6 +127,51 @@ def finish(tx: Tx, lease: Lease, status: RunStatus, payload_json: str, result_js
         _ends.cancel_descendants(tx, run_id, f"its ancestor {run_id} ended {status.value}")
 
 
+# Several runs' steps in one statement: their rows locked (in id order, so that two batches
+# never wait on each other; NOWAIT anyway), the clock read once they are, each lease judged
+# and each new step inserted. How many leases held and how many rows went in say whether every
+# call succeeded as complete_step would have.
+_COMPLETE_STEPS = (
+    "WITH locked AS (SELECT id, status, lease_owner, lease_epoch, lease_expires_at FROM agent_runs"
+    f" WHERE id = ANY(?::text[]) ORDER BY id{POSTGRES.lock_nowait}),"
+    " now AS MATERIALIZED (SELECT zincir_now_ms() AS ms FROM (SELECT count(*) FROM locked) AS all_locked),"
+    " held AS (SELECT s.* FROM unnest(?::text[], ?::text[], ?::bigint[], ?::text[], ?::text[], ?::bigint[])"
+    " AS s (run_id, name, epoch, owner, result, elapsed_ms) JOIN locked ON locked.id = s.run_id, now"
+    " WHERE locked.lease_owner = s.owner AND locked.lease_epoch = s.epoch"
+    " AND locked.lease_expires_at > now.ms AND locked.status IN ('pending', 'running', 'waiting')),"
+    " inserted AS (INSERT INTO steps (run_id, name, status, epoch, result, started_at, completed_at)"
+    " SELECT held.run_id, held.name, 'completed', held.epoch, held.result, now.ms - held.elapsed_ms, now.ms"
+    " FROM held, now ON CONFLICT (run_id, name) DO NOTHING RETURNING 1)"
+    " SELECT (SELECT count(*) FROM held), (SELECT count(*) FROM inserted)"
+)
+
+
+def complete_steps(tx: Tx, calls: Sequence[tuple[Lease, str, str, int]]) -> list[str]:
+    """:func:`zincir._store._log.complete_step` for several calls (its arguments after the
+    transaction, each) in one statement, when each is the common case: the lease holds and the
+    step is new. Otherwise :class:`BatchRefused`, and nothing of it is left in the transaction
+    that the caller does not roll back: it runs each call on its own then, for its own answer."""
+    columns: tuple[list[object], ...] = ([], [], [], [], [], [])
+    for lease, name, result_json, elapsed_ms in calls:
+        row = (
+            lease.run_id,
+            name,
+            lease.epoch,
+            lease.owner,
+            stored(tx, lease.run_id, result_json, whole=True),
+        )
+        for column, value in zip(columns, (*row, elapsed_ms), strict=True):
+            column.append(value)
+    held, inserted = tx.one(_COMPLETE_STEPS, (columns[0], *columns))
+    if held != len(calls) or inserted != len(calls):
+        raise BatchRefused(f"{len(calls)} steps: {held} leases held, {inserted} rows new")
+    return [result_json for _, _, result_json, _ in calls]
+
+
+class BatchRefused(Exception):
+    """Not every call of a batch form was the common case (see :func:`complete_steps`)."""
+
+
 def _spawned_event(child: NewChild) -> str:
     return _dump({"child_id": child.child_id, "name": child.name, "role": child.role})
 
@@ -174,3 +220,6 @@ class PostgresStore(Store):
     # joining 100 ended children takes 47-50 ms against 76-78.
     await_child = staticmethod(functools.partial(await_child, look=_look, mark=_mark))
     join_children = staticmethod(functools.partial(join_children, look=_look, mark=_mark))
+    # A group commit's steps of several runs in one statement, where each would send two and
+    # wait for their answers: see complete_steps.
+    batch_forms = types.MappingProxyType({Store.complete_step: complete_steps})

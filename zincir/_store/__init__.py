@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
 from . import (
     _budgets,
     _calls,
@@ -30,6 +33,12 @@ class Store:
     """Every storage operation: each takes the backend's transaction first, and its docstring
     is its contract. A backend's store is an instance (of a subclass, where the backend's own
     way of an operation is measurably faster)."""
+
+    # Operations a backend can run for several callers in one go, when a group commit holds
+    # them one after another: the operation, and its batch form (``form(tx, [args, ...])``, a
+    # result for each, or an exception if any call is not the common case; the thread then
+    # runs each call on its own). None on SQLite, whose statements cost no round trip.
+    batch_forms: ClassVar[Mapping[Callable[..., Any], Callable[[Tx, list[Any]], list[Any]]]] = {}
 
     # -- the log, steps, sleeps and checkpoints (_log) -------------------------------------------
 

@@ -1,0 +1,124 @@
+"""Several runs' steps in one group commit: on PostgreSQL one statement for all of them (the
+store's batch form), and each caller still gets the answer its own operation would give,
+whatever its neighbours do. The steps are queued behind a write that holds the writer, so
+that they reach it as one batch."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any
+
+import attrs
+import pytest
+import trio
+import trio.testing
+
+import zincir
+from zincir._database import storage
+from zincir._store import Lease, Store
+
+from .helpers import rows
+
+
+async def _as_one_batch(db: zincir.Database, calls: list[tuple[Lease, str, str]]) -> list[Any]:
+    """``complete_step`` for each call, all queued on one writer while it is held, so that its
+    thread takes them as one batch; each call's outcome (its value, or what it raised)."""
+    entered, gate = threading.Event(), threading.Event()
+
+    def hold(tx: Any) -> None:
+        entered.set()
+        gate.wait(10)
+
+    write = storage(db).write
+    outcomes: list[Any] = [None] * len(calls)
+
+    async def step(i: int, lease: Lease, name: str, result: str) -> None:
+        try:
+            outcomes[i] = await write(Store.complete_step, lease, name, result, 5, route="one writer")
+        except zincir.ZincirError as exc:
+            outcomes[i] = exc
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(lambda: write(hold, route="one writer"))
+        await trio.to_thread.run_sync(entered.wait)
+        for i, (lease, name, result) in enumerate(calls):
+            nursery.start_soon(step, i, lease, name, result)
+        await trio.testing.wait_all_tasks_blocked()  # every step queued behind the hold
+        gate.set()
+    return outcomes
+
+
+def _counting_batches(db: zincir.Database) -> list[int]:
+    """Make every writer count the calls its batch form of complete_step is given (PostgreSQL's;
+    SQLite has none, and counts nothing)."""
+    sizes: list[int] = []
+    for writer in storage(db).writers:
+        form = writer.batch_forms.get(Store.complete_step)
+        if form is not None:
+
+            def counted(tx: Any, calls: list[Any], form: Any = form) -> list[Any]:
+                sizes.append(len(calls))
+                return list(form(tx, calls))
+
+            writer.batch_forms = {Store.complete_step: counted}
+    return sizes
+
+
+@contextlib.asynccontextmanager
+async def _leases(db: zincir.Database, n: int) -> Any:
+    async with contextlib.AsyncExitStack() as stack:
+        runs = [await stack.enter_async_context(zincir.open_run(db)) for _ in range(n)]
+        yield [run._lease for run in runs]
+
+
+async def test_steps_of_several_runs_in_one_batch_are_each_stored_once(
+    db: zincir.Database, backend: str
+) -> None:
+    sizes = _counting_batches(db)
+    async with _leases(db, 4) as leases:
+        calls = [(lease, f"step-{i}", f'"result {i}"') for i, lease in enumerate(leases)]
+        assert await _as_one_batch(db, calls) == [result for _, _, result in calls]
+    assert sizes == ([] if backend == "sqlite" else [4])
+    stored = rows(db, "SELECT run_id, name, result, status, epoch, completed_at - started_at FROM steps")
+    expected = [(lease.run_id, name, result, "completed", 1, 5) for lease, name, result in calls]
+    assert sorted(stored) == sorted(expected)
+
+
+async def test_a_batch_with_a_lost_lease_and_a_repeated_step_answers_each_call_as_alone(
+    db: zincir.Database, backend: str
+) -> None:
+    sizes = _counting_batches(db)
+    async with _leases(db, 3) as (done, fenced, fresh):
+        first = await storage(db).write(Store.complete_step, done, "again", '"first"', 1, route=done.run_id)
+        calls = [
+            (done, "again", '"second"'),  # completed before: the first result wins
+            (attrs.evolve(fenced, epoch=fenced.epoch - 1), "lost", '"never"'),  # a stale epoch
+            (fresh, "new", '"fresh"'),
+        ]
+        repeated, lost, new = await _as_one_batch(db, calls)
+    assert (first, repeated, new) == ('"first"', '"first"', '"fresh"')
+    assert isinstance(lost, zincir.LeaseLost) and "fenced by a newer owner" in str(lost)
+    assert sizes == ([] if backend == "sqlite" else [3])  # refused, then each on its own
+    stored = rows(db, "SELECT run_id, name, result FROM steps")
+    assert sorted(stored) == sorted([(done.run_id, "again", '"first"'), (fresh.run_id, "new", '"fresh"')])
+
+
+@pytest.mark.parametrize("n", [2, 50])
+async def test_runs_stepping_at_once_keep_every_step(db: zincir.Database, n: int) -> None:
+    async def one(results: list[object]) -> None:
+        async with zincir.open_run(db) as run:
+            for i in range(20):
+                results.append(await run.step(f"s{i}", _echo, i))
+            await run.complete()
+
+    results: list[object] = []
+    async with trio.open_nursery() as nursery:
+        for _ in range(n):
+            nursery.start_soon(one, results)
+    assert sorted(results) == sorted(list(range(20)) * n)
+    assert rows(db, "SELECT count(*), count(DISTINCT run_id) FROM steps") == [(20 * n, n)]
+
+
+async def _echo(i: int) -> int:
+    return i
