@@ -8,6 +8,10 @@ for one durable commit. If an operation fails, that transaction is rolled back a
 runs again in a new one, each operation inside its own SAVEPOINT, so the failing operation gets
 its own error while its neighbours still commit (savepoints cost statements on every write;
 failures are rare). A caller's ``await`` returns only after the COMMIT that holds its operation.
+Where a batch holds several calls of one operation in a row and the store has a *batch form*
+for it (PostgreSQL's steps: :attr:`zincir._store.Store.batch_forms`), they run as one call of
+that form; if it refuses (one call is not the common case), the batch runs again the same way,
+each call on its own.
 
 A writer may also run *inline* (SQLite's does): while its thread holds nothing, the writes
 submitted during one pass of Trio's scheduler run in one transaction on the Trio thread itself,
