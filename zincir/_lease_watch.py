@@ -79,7 +79,7 @@ class LeaseWatch:
             if self._sleep is not None:
                 self._sleep.cancel()  # nothing left to watch: the task ends
         elif len(self._heap) > 2 * self._live + _SLACK:
-            self._heap = [kept for kept in self._heap if kept[2].holder is not None]
+            self._heap[:] = [kept for kept in self._heap if kept[2].holder is not None]  # in place
             heapq.heapify(self._heap)
 
     async def _run(self) -> None:

@@ -172,7 +172,7 @@ class DatabaseThread:
         self.sealer: Sealer | None = None
         """The database's encryption, handed to every operation's Tx (set once, before any is
         submitted; None: the database is not encrypted)."""
-        self.batch_forms: Mapping[Operation, Callable[[Any, list[Any]], list[Any]]] = {}
+        self.batch_forms: Mapping[Operation, Callable[..., list[Any]]] = {}
         """The store's batch forms (:attr:`zincir._store.Store.batch_forms`; set once, before
         any operation is submitted)."""
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)

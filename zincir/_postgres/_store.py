@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from .._json import dump_trusted as _dump
 from .._payloads import refer, stored, stored_unreferenced
 from .._rows import RUN_COLUMNS
-from .._store import Reply, Store, Tx, _ends
+from .._store import BatchRefused, Reply, Store, Tx, _ends
 from .._store._budgets import insert_budget
 from .._store._children import (
     SHARED_CHILD,
@@ -166,10 +166,6 @@ def complete_steps(tx: Tx, calls: Sequence[tuple[Lease, str, str, int]]) -> list
     if held != len(calls) or inserted != len(calls):
         raise BatchRefused(f"{len(calls)} steps: {held} leases held, {inserted} rows new")
     return [result_json for _, _, result_json, _ in calls]
-
-
-class BatchRefused(Exception):
-    """Not every call of a batch form was the common case (see :func:`complete_steps`)."""
 
 
 def _spawned_event(child: NewChild) -> str:

@@ -10,10 +10,10 @@ import trio
 
 from .._backend import Backend, Clock, wall_clock_ms
 from .._payloads import Payloads
-from .._store import Store
 from .._threads import DatabaseThread
 from ._bulk import BulkSession
 from ._connection import SQLiteSession, open_connections
+from ._store import SQLiteStore
 from ._watcher import Watcher
 
 __all__ = ["open_backend"]
@@ -42,7 +42,7 @@ async def open_backend(
     return Backend(
         name="sqlite",
         target=path,
-        store=Store(),
+        store=SQLiteStore(),
         writers=[thread("writer", SQLiteSession(writer, path, clock, writer=True))],
         reader=thread("reader", SQLiteSession(reader, path, clock, writer=False)),
         clock=clock,

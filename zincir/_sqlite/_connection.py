@@ -115,6 +115,13 @@ class Tx(_store.Tx):
     def execute(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
         return self._run(sql, params)
 
+    def count_many(self, sql: str, rows: list[tuple[Any, ...]]) -> int:
+        """``sql`` for each row of parameters (one ``executemany``); how many rows it changed."""
+        text, now = _render(sql)
+        if now:
+            rows = [(*row, self._now) for row in rows]
+        return self.conn.executemany(text, rows).rowcount
+
     def send(self, sql: str, params: Sequence[Any] = ()) -> _Done:
         cursor = self._run(sql, params)
         if cursor.description is None:

@@ -22,11 +22,11 @@ from . import (
     _waits,
 )
 from ._forks import ForkOutcome
-from ._tx import LIVE, Reply, Tx, judge_lease
+from ._tx import LIVE, BatchRefused, Reply, Tx, judge_lease
 from ._types import *  # noqa: F403
 from ._types import __all__ as _types
 
-__all__ = ["LIVE", "ForkOutcome", "Reply", "Store", "Tx", "judge_lease", *_types]
+__all__ = ["LIVE", "BatchRefused", "ForkOutcome", "Reply", "Store", "Tx", "judge_lease", *_types]
 
 
 class Store:
@@ -37,8 +37,8 @@ class Store:
     # Operations a backend can run for several callers in one go, when a group commit holds
     # them one after another: the operation, and its batch form (``form(tx, [args, ...])``, a
     # result for each, or an exception if any call is not the common case; the thread then
-    # runs each call on its own). None on SQLite, whose statements cost no round trip.
-    batch_forms: ClassVar[Mapping[Callable[..., Any], Callable[[Tx, list[Any]], list[Any]]]] = {}
+    # runs each call on its own). Both backends have one for steps.
+    batch_forms: ClassVar[Mapping[Callable[..., Any], Callable[..., list[Any]]]] = {}
 
     # -- the log, steps, sleeps and checkpoints (_log) -------------------------------------------
 

@@ -38,7 +38,16 @@ from ._types import Lease
 if TYPE_CHECKING:
     from .._crypto import Sealer
 
-__all__ = ["LIVE", "PLACEHOLDERS", "Reply", "Tx", "judge_lease", "lease_held", "lock_live_run"]
+__all__ = [
+    "LIVE",
+    "PLACEHOLDERS",
+    "BatchRefused",
+    "Reply",
+    "Tx",
+    "judge_lease",
+    "lease_held",
+    "lock_live_run",
+]
 
 PLACEHOLDERS = re.compile(r"\?|(?<![:\w]):now\b")
 """What a backend renders in the operations' SQL: ``?``, and ``:now`` (never part of a ``::`` cast)."""
@@ -150,6 +159,11 @@ class Tx(Protocol):
     def close(self) -> Wakes | None:
         """After the operation returned: judge a fence not read yet (this raises as the fence
         would), and what the operation woke."""
+
+
+class BatchRefused(Exception):
+    """A batch form (:attr:`zincir._store.Store.batch_forms`) found a call that is not its common
+    case; the database thread runs each call on its own instead, for its own answer."""
 
 
 def lease_held(owner: str | None, expires_at: int | None, now: int) -> bool:
