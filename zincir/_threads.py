@@ -215,7 +215,15 @@ class DatabaseThread:
         """Not a close request, and no large value to write (its write and fsync would hold up
         the loop, and whether it may is not worth judging): a long string, or strings inside a
         list or tuple (a batch) that add up to one."""
-        return request.fn is not None and all(_chars(arg) <= INLINE_ARGUMENT_CHARS for arg in request.args)
+        if request.fn is None:
+            return False
+        for arg in request.args:  # a loop, not all() over a generator: this is every write's path
+            if type(arg) is str:
+                if len(arg) > INLINE_ARGUMENT_CHARS:
+                    return False
+            elif isinstance(arg, str | list | tuple) and _chars(arg) > INLINE_ARGUMENT_CHARS:
+                return False
+        return True
 
     def _joins(self, batch: list[Request], request: Request) -> None:
         batch.append(request)
