@@ -10,12 +10,14 @@ import threading
 from typing import Any
 
 import attrs
+import psycopg
 import pytest
 import trio
 import trio.testing
 
 import zincir
 from zincir._database import storage
+from zincir._errors import TransientConflict
 from zincir._store import Lease, Store
 
 from .helpers import rows
@@ -125,3 +127,49 @@ async def test_runs_stepping_at_once_keep_every_step(db: zincir.Database, n: int
 
 async def _echo(i: int) -> int:
     return i
+
+
+@pytest.mark.parametrize("encrypted", [False, True], ids=["clear", "encrypted"])
+async def test_large_and_encrypted_results_in_a_batch_read_back_as_written(
+    db_target: str, backend: str, encrypted: bool
+) -> None:
+    keys: dict[str, Any] = {"encryption_key": b"k" * 32} if encrypted else {}
+    async with zincir.open_database(db_target, content_threshold=64, **keys) as db:
+        sizes = _counting_batches(db)
+        async with _leases(db, 3) as leases:
+            large = ['"' + f"part {i} " * 40 + '"' for i in range(3)]  # over the threshold: stored apart
+            calls = [(lease, f"s{i}", large[i]) for i, lease in enumerate(leases)]
+            assert await _as_one_batch(db, backend, calls) == large
+            for lease, name, result in calls:  # each stored result reads back whole
+                again = await storage(db).write(
+                    Store.complete_step, lease, name, '"other"', 1, route=lease.run_id
+                )
+                assert again == result
+        assert sizes == [3]
+
+
+async def test_one_step_twice_in_a_batch_is_stored_once(db: zincir.Database, backend: str) -> None:
+    sizes = _counting_batches(db)
+    async with _leases(db, 2) as (one, other):
+        calls = [(one, "same", '"first"'), (one, "same", '"second"'), (other, "own", '"own"')]
+        first, second, own = await _as_one_batch(db, backend, calls)
+    # Refused, then each on its own: whichever Trio let submit first wins, for both calls.
+    assert first == second and first in ('"first"', '"second"') and own == '"own"'
+    assert sizes == [3]
+    assert rows(db, "SELECT count(*) FROM steps WHERE run_id = ?", (one.run_id,)) == [(1,)]
+
+
+@pytest.mark.postgresql_only
+async def test_a_run_row_held_elsewhere_refuses_only_its_own_step(db: zincir.Database) -> None:
+    async with _leases(db, 3) as leases:
+        holder = psycopg.connect(db.path, autocommit=False)
+        holder.execute("SELECT 1 FROM agent_runs WHERE id = %s FOR UPDATE", (leases[1].run_id,))
+        try:
+            calls = [(lease, f"s{i}", f'"{i}"') for i, lease in enumerate(leases)]
+            first, held, third = await _as_one_batch(db, "postgresql", calls)
+        finally:
+            holder.rollback()
+            holder.close()
+    assert (first, third) == ('"0"', '"2"')
+    assert isinstance(held, TransientConflict)  # as the step alone would be: retried by its run
+    assert rows(db, "SELECT count(*) FROM steps") == [(2,)]

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from .._json import dump_trusted as _dump
 from .._payloads import refer, stored, stored_unreferenced
 from .._rows import RUN_COLUMNS
-from .._store import BatchRefused, Reply, Store, Tx, _ends
+from .._store import LIVE, BatchRefused, Reply, Store, Tx, _ends
 from .._store._budgets import insert_budget
 from .._store._children import (
     SHARED_CHILD,
@@ -127,18 +127,18 @@ def finish(tx: Tx, lease: Lease, status: RunStatus, payload_json: str, result_js
         _ends.cancel_descendants(tx, run_id, f"its ancestor {run_id} ended {status.value}")
 
 
-# Several runs' steps in one statement: their rows locked (in id order, so that two batches
-# never wait on each other; NOWAIT anyway), the clock read once they are, each lease judged
-# and each new step inserted. How many leases held and how many rows went in say whether every
-# call succeeded as complete_step would have.
+# Several runs' steps in a group commit: their rows locked first (in id order, NOWAIT, as the
+# fence of each would: a row held elsewhere refuses at once, before any value of theirs is
+# stored), then one statement that reads the clock, judges every lease and inserts every new
+# step. How many leases held and how many rows went in say whether every call succeeded as
+# complete_step would have.
+_LOCK_RUNS = f"SELECT 1 FROM agent_runs WHERE id = ANY(?::text[]) ORDER BY id{POSTGRES.lock_nowait}"
 _COMPLETE_STEPS = (
-    "WITH locked AS (SELECT id, status, lease_owner, lease_epoch, lease_expires_at FROM agent_runs"
-    f" WHERE id = ANY(?::text[]) ORDER BY id{POSTGRES.lock_nowait}),"
-    " now AS MATERIALIZED (SELECT zincir_now_ms() AS ms FROM (SELECT count(*) FROM locked) AS all_locked),"
+    "WITH now AS MATERIALIZED (SELECT zincir_now_ms() AS ms),"
     " held AS (SELECT s.* FROM unnest(?::text[], ?::text[], ?::bigint[], ?::text[], ?::text[], ?::bigint[])"
-    " AS s (run_id, name, epoch, owner, result, elapsed_ms) JOIN locked ON locked.id = s.run_id, now"
-    " WHERE locked.lease_owner = s.owner AND locked.lease_epoch = s.epoch"
-    " AND locked.lease_expires_at > now.ms AND locked.status IN ('pending', 'running', 'waiting')),"
+    " AS s (run_id, name, epoch, owner, result, elapsed_ms) JOIN agent_runs AS run ON run.id = s.run_id, now"
+    " WHERE run.lease_owner = s.owner AND run.lease_epoch = s.epoch AND run.lease_expires_at > now.ms"
+    f" AND run.status IN ({', '.join(repr(status) for status in LIVE)})),"
     " inserted AS (INSERT INTO steps (run_id, name, status, epoch, result, started_at, completed_at)"
     " SELECT held.run_id, held.name, 'completed', held.epoch, held.result, now.ms - held.elapsed_ms, now.ms"
     " FROM held, now ON CONFLICT (run_id, name) DO NOTHING RETURNING 1)"
@@ -148,21 +148,17 @@ _COMPLETE_STEPS = (
 
 def complete_steps(tx: Tx, calls: Sequence[tuple[Lease, str, str, int]]) -> list[str]:
     """:func:`zincir._store._log.complete_step` for several calls (its arguments after the
-    transaction, each) in one statement, when each is the common case: the lease holds and the
+    transaction, each) in two statements, when each is the common case: the lease holds and the
     step is new. Otherwise :class:`BatchRefused`, and nothing of it is left in the transaction
     that the caller does not roll back: it runs each call on its own then, for its own answer."""
+    tx.execute(_LOCK_RUNS, (sorted({lease.run_id for lease, _, _, _ in calls}),))  # read with the next
     columns: tuple[list[object], ...] = ([], [], [], [], [], [])
     for lease, name, result_json, elapsed_ms in calls:
-        row = (
-            lease.run_id,
-            name,
-            lease.epoch,
-            lease.owner,
-            stored(tx, lease.run_id, result_json, whole=True),
-        )
-        for column, value in zip(columns, (*row, elapsed_ms), strict=True):
+        result = stored(tx, lease.run_id, result_json, whole=True)
+        row = (lease.run_id, name, lease.epoch, lease.owner, result, elapsed_ms)
+        for column, value in zip(columns, row, strict=True):
             column.append(value)
-    held, inserted = tx.one(_COMPLETE_STEPS, (columns[0], *columns))
+    held, inserted = tx.one(_COMPLETE_STEPS, columns)
     if held != len(calls) or inserted != len(calls):
         raise BatchRefused(f"{len(calls)} steps: {held} leases held, {inserted} rows new")
     return [result_json for _, _, result_json, _ in calls]
