@@ -9,6 +9,7 @@ methods of the run it calls, for type checking.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import logging
 import math
@@ -29,7 +30,7 @@ from ._errors import (
 )
 from ._lease_watch import Ask
 from ._lifecycle import Happened, Lifecycle, Phase
-from ._requests import Flight, flying
+from ._requests import Flight
 from ._store import Lease, Store
 from ._types import RunStatus
 
@@ -55,6 +56,7 @@ class _LeaseKeeping:
     _flight: Flight
     _confirmed_at: float
     _watch_ask: Ask | None
+    _context: contextvars.Context
     _heartbeat_done: trio.Event | None
     _news: bool
     _news_event: trio.Event | None
@@ -106,6 +108,9 @@ class _LeaseKeeping:
         """Have the lease watched from now until :meth:`_stop_watch`: stopped at its deadline,
         renewed a third of a TTL after it was taken (the heartbeat's task starts then, or at the
         first news, or when the wall time runs out: most runs end before any of them)."""
+        # The heartbeat's task runs in the block's context, as a task of the block would: its
+        # calls belong to the block's flight, its log lines to the attempt's trace.
+        self._context = contextvars.copy_context()
         self._storage.wakes.add_owner(self.id, self._hear_news)
         self._watch_next()
 
@@ -123,10 +128,15 @@ class _LeaseKeeping:
     def _heartbeat_wanted(self) -> bool:
         return self._heartbeat_done is None and not self._heartbeat_scope.cancel_called
 
+    def _heartbeat_starts_at(self) -> float:
+        """When (Trio time) the heartbeat's task must be running: the first renewal, or the end
+        of the run's wall time, whichever comes first."""
+        return min(self._confirmed_at + self._lease.ttl_ms / 3000, self._out_of_time_at())
+
     def _watch_next(self) -> None:
         when = self._stop_at()
         if self._heartbeat_wanted():
-            when = min(when, self._confirmed_at + self._lease.ttl_ms / 3000, self._out_of_time_at())
+            when = min(when, self._heartbeat_starts_at())
         self._watch_ask = self._storage.lease_watch.at(when, self)
 
     def _due(self, now: float) -> None:
@@ -142,9 +152,7 @@ class _LeaseKeeping:
             else:
                 self._past_deadline()
             return
-        if self._heartbeat_wanted() and now >= min(
-            self._confirmed_at + self._lease.ttl_ms / 3000, self._out_of_time_at()
-        ):
+        if self._heartbeat_wanted() and now >= self._heartbeat_starts_at():
             self._start_heartbeat()
         self._watch_next()
 
@@ -161,15 +169,19 @@ class _LeaseKeeping:
 
     def _start_heartbeat(self) -> None:
         self._heartbeat_done = trio.Event()
-        trio.lowlevel.spawn_system_task(self._heartbeat, name=f"zincir heartbeat of run {self.id}")
+        trio.lowlevel.spawn_system_task(
+            self._heartbeat, name=f"zincir heartbeat of run {self.id}", context=self._context.copy()
+        )
 
     async def _heartbeat(self) -> None:
         assert self._heartbeat_done is not None
         try:
-            with flying(self._flight):  # the block's calls: abandoned with them
-                await self._keep_lease()
+            await self._keep_lease()
         except Exception as exc:  # a system task's error would end the whole Trio run
-            self._lose(f"run {self.id}: renewing the lease failed unexpectedly: {exc!r}")
+            try:
+                self._lose(f"run {self.id}: renewing the lease failed unexpectedly: {exc!r}")
+            except Exception:
+                logger.exception("run %s: stopping the body after a heartbeat's failure failed", self.id)
         finally:
             self._heartbeat_done.set()
 

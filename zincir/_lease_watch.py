@@ -105,4 +105,7 @@ class LeaseWatch:
                 holder._due(now)
             except Exception as exc:  # a system task's error would end the whole Trio run
                 logger.exception("zincir lease watch: a holder's turn failed")
-                holder._watch_failed(exc)
+                try:
+                    holder._watch_failed(exc)
+                except Exception:
+                    logger.exception("zincir lease watch: stopping that holder failed too")

@@ -1,6 +1,6 @@
-"""Owning a run: :func:`open_run` and :func:`owned_run` take a run's lease, keep it beside the
-body (the heartbeat and the deadline watch of :class:`~zincir._run.Run`, in one nursery) and
-give it back when the block ends, with what the body raised surfacing unchanged.
+"""Owning a run: :func:`open_run` and :func:`owned_run` take a run's lease, keep it while the
+body runs (the database's lease watch and, once due, the heartbeat of :class:`~zincir._run.Run`)
+and give it back when the block ends, with what the body raised surfacing unchanged.
 
 Apart from :mod:`zincir._run`, which holds what the body calls; :mod:`zincir._owner` is
 something else (who holds a lease as this host sees it).
@@ -55,8 +55,8 @@ async def owned_run(
     With ``suspend_after`` (a worker's), a wait or sleep longer than that suspends the run: the
     body is cancelled and the block ends quietly, the run left ``waiting`` in the database.
 
-    What the body raised leaves unchanged: never wrapped in an ExceptionGroup by the internal
-    nursery, never replaced by a cancellation of an outer scope. A body stopped by lease loss,
+    What the body raised leaves unchanged: never wrapped in an ExceptionGroup, never replaced by
+    a cancellation of an outer scope. A body stopped by lease loss,
     or one whose lease was gone by the time it left, ends in :class:`LeaseLost`; so does one
     whose own nurseries raised a group of nothing but LeaseLost and cancellations then (a group
     with any other error is raised as it is).
@@ -99,7 +99,7 @@ def _outcome_of(run: Run, error: BaseException | None) -> str:
 
 @asynccontextmanager
 async def _owned(run: Run) -> AsyncIterator[Run]:
-    """:func:`owned_run`'s block for a Run made: the body beside the heartbeat."""
+    """:func:`owned_run`'s block for a Run made: the body, its lease watched and kept."""
     body_error: BaseException | None = None
     # The lease's watch and heartbeat are not tasks of this block (zincir/_lease_watch.py): an
     # outer cancellation reaches the body alone.
@@ -119,6 +119,7 @@ async def _owned(run: Run) -> AsyncIterator[Run]:
                         await _quietly(run._suspend_for_budget(run._budget_stop))
                 run._stop_heartbeat()
         finally:
+            run._stop_heartbeat()  # (done above, unless what ran there raised)
             try:
                 released = await run._release()  # still watched: it may wait for the deadline
             finally:

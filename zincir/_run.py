@@ -3,7 +3,7 @@ children). Its base classes hold the model's responses and the tools' calls
 (:mod:`zincir._tool_calls`), the checkpoints (:mod:`zincir._checkpointing`), the heartbeat that
 keeps its lease (:mod:`zincir._heartbeat`) and the loop its waits run, with the suspension
 (:mod:`zincir._waiting`); where the owner is with its lease is its :mod:`zincir._lifecycle`.
-Taking the lease and the nursery around the body are in :mod:`zincir._ownership`; the durable
+Taking the lease and the block around the body are in :mod:`zincir._ownership`; the durable
 nursery, in :mod:`zincir._children`."""
 
 from __future__ import annotations

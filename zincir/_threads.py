@@ -523,7 +523,8 @@ class DatabaseThread:
         woken = Wakes()
         try:
             self._session.share()
-            for unit in batch if guarded or not self.batch_forms else self._units(batch):
+            units = batch if guarded or not self.batch_forms else self._units(batch)
+            for unit in units:
                 if isinstance(unit, list):  # calls of one batch form: one outcome, if it failed
                     self._call_many(unit)
                     request = unit[0]

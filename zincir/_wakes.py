@@ -191,7 +191,7 @@ class WakeHub:
                 for events in waiters.values():
                     for event in events:
                         event.set()
-            for tells in list(self._owners.values()):
+            for tells in list(self._owners.values()):  # each owned run's heartbeat looks (starts)
                 for tell in list(tells):
                     tell()
             return
