@@ -29,7 +29,7 @@ _SLACK: Final = 64
 
 class Watched(Protocol):
     def _due(self, now: float) -> None:
-        """The moment asked for has come (``now``, Trio time); never raises, never waits."""
+        """The moment asked for has come (``now``, Trio time). Never waits."""
 
     def _watch_failed(self, exc: Exception) -> None:
         """``_due`` raised ``exc`` (a bug): stop the holder."""

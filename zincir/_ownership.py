@@ -56,10 +56,10 @@ async def owned_run(
     body is cancelled and the block ends quietly, the run left ``waiting`` in the database.
 
     What the body raised leaves unchanged: never wrapped in an ExceptionGroup, never replaced by
-    a cancellation of an outer scope. A body stopped by lease loss,
-    or one whose lease was gone by the time it left, ends in :class:`LeaseLost`; so does one
-    whose own nurseries raised a group of nothing but LeaseLost and cancellations then (a group
-    with any other error is raised as it is).
+    a cancellation of an outer scope. A body stopped by lease loss, or one whose lease was gone
+    by the time it left, ends in :class:`LeaseLost`; so does one whose own nurseries raised a
+    group of nothing but LeaseLost and cancellations then (a group with any other error is
+    raised as it is).
 
     With tracing on, the block is the attempt's span (``attempt``: the worker's count of it).
     """
@@ -117,9 +117,8 @@ async def _owned(run: Run) -> AsyncIterator[Run]:
                 elif run._budget_stop is not None and run._in_worker:
                     with trio.CancelScope(shield=True):
                         await _quietly(run._suspend_for_budget(run._budget_stop))
-                run._stop_heartbeat()
         finally:
-            run._stop_heartbeat()  # (done above, unless what ran there raised)
+            run._stop_heartbeat()  # (here, so that nothing raised above can skip it)
             try:
                 released = await run._release()  # still watched: it may wait for the deadline
             finally:

@@ -212,6 +212,6 @@ class PostgresStore(Store):
     # joining 100 ended children takes 47-50 ms against 76-78.
     await_child = staticmethod(functools.partial(await_child, look=_look, mark=_mark))
     join_children = staticmethod(functools.partial(join_children, look=_look, mark=_mark))
-    # A group commit's steps of several runs in one statement, where each would send two and
-    # wait for their answers: see complete_steps.
+    # A group commit's steps of several runs in two statements, where each step alone sends
+    # two: see complete_steps.
     batch_forms = types.MappingProxyType({Store.complete_step: complete_steps})
