@@ -386,12 +386,11 @@ def test_the_quick_start_prints_its_run_id_survives_sigkill_and_resumes(workdir:
     assert kinds.count("llm_call") == 3 and kinds.count("tool_call") == 3 and kinds.count("tool_result") == 3
     assert "lease_taken_over" in kinds
 
-    # "See what happened", as written (the long-running `zincir ui` aside).
-    [block] = [
-        m.group(2) for m in FENCE.finditer(_readme_section("See what happened")) if m.group(1) == "bash"
-    ]
+    # "See what happened", as written (the long-running `zincir ui` aside): its blocks in order.
+    section = _readme_section("See what happened")
+    blocks = [m.group(2) for m in FENCE.finditer(section) if m.group(1) == "bash"]
     script = "set -euo pipefail\n" + "\n".join(
-        line for line in block.splitlines() if "/zincir ui" not in line
+        line for block in blocks for line in block.splitlines() if "/zincir ui" not in line
     )
     shown = subprocess.run(
         ["bash", "-c", script], cwd=workdir, env=_env(), capture_output=True, text=True, timeout=120
@@ -399,6 +398,8 @@ def test_the_quick_start_prints_its_run_id_survives_sigkill_and_resumes(workdir:
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.count(run_id) >= 2  # listed by `runs`, then shown by `show`
     assert "completed" in shown.stdout and "tool_result" in shown.stdout
+    assert len(blocks) == 2 and "fork" in blocks[1]  # the fork, then its diff against the run
+    assert f"forked from {run_id} at seq 5" in shown.stdout
 
 
 def test_every_guide_is_linked_from_the_readme_and_the_index() -> None:
