@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import signal
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 import zincir
+from zincir._database import storage
 
 from .conftest import ManualClock
 from .helpers import running_python, scalar
@@ -128,6 +132,57 @@ async def test_the_same_step_cannot_run_twice_at_once(db: zincir.Database) -> No
             await run.step("slow", slow)
         release.set()
     assert calls == 1
+
+
+async def test_a_step_completed_while_another_task_loads_the_done_steps_is_not_run_again(
+    db: zincir.Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two tasks of one body take their first steps at once, so each reads which steps are done.
+    # The second read is made before the first task stores its step, and answered after it.
+    store = storage(db).store
+    read_done_steps = store.completed_step_names
+    reads: list[list[str]] = []
+    first_read, second_queued = threading.Event(), threading.Event()
+    second_read, stored_x = threading.Event(), threading.Event()
+
+    def in_order(tx: Any, run_id: str) -> list[str]:
+        names: list[str] = read_done_steps(tx, run_id)
+        reads.append(names)
+        if len(reads) == 1:
+            first_read.set()
+            assert second_queued.wait(10), "the second read never came"
+        else:
+            second_read.set()
+            assert stored_x.wait(10), "the first task never stored its step"
+        return names
+
+    monkeypatch.setattr(store, "completed_step_names", in_order)
+    calls: list[str] = []
+
+    async def x() -> str:
+        calls.append("x")
+        await trio.to_thread.run_sync(second_read.wait, 10)  # not stored before the second read
+        return "x"
+
+    async def y() -> str:
+        return "y"
+
+    async with zincir.open_run(db) as run:
+
+        async def first() -> None:
+            await run.step("x", x)
+            stored_x.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(first)
+            await trio.to_thread.run_sync(first_read.wait, 10)  # its read is on the reader thread
+            nursery.start_soon(run.step, "y", y)
+            await trio.testing.wait_all_tasks_blocked()  # the second read waits behind it
+            second_queued.set()
+        assert reads == [[], []]  # neither read saw x
+        assert await run.step("x", x) == "x"
+        await run.complete()
+    assert calls == ["x"]
 
 
 async def test_a_takeover_reruns_an_unfinished_step_and_refuses_the_old_owner(db: zincir.Database) -> None:

@@ -296,7 +296,11 @@ class Run(_ToolCalls, _Checkpointing, _LeaseKeeping, _Waiting):
         if self._completed_steps is None:
             # Only the lease holder completes steps, so one read per owner suffices: after it,
             # a new step costs one write, not a read and a write.
-            self._completed_steps = set(await self._body_read(self._store.completed_step_names, self.id))
+            completed = set(await self._body_read(self._store.completed_step_names, self.id))
+            if self._completed_steps is None:
+                self._completed_steps = completed
+            else:  # another task of the body read them first, and may have completed more since
+                self._completed_steps |= completed
         if name in self._completed_steps:
             stored = await self._body_read(self._store.step_result, self.id, name)
             assert stored is not None, "completed steps are never deleted"
