@@ -5,12 +5,18 @@ and spares the runs that end before their first renewal a heartbeat task."""
 from __future__ import annotations
 
 import random
+from typing import Any
 
+import pytest
 import trio
 import trio.testing
 
 import zincir
+from zincir._database import storage
 from zincir._lease_watch import LeaseWatch
+from zincir._store._ends import request_cancel
+
+from .helpers import status_of
 
 
 class Holder:
@@ -90,3 +96,30 @@ async def test_runs_that_end_before_their_first_renewal_start_no_task_of_their_o
 
 async def _answer() -> int:
     return 42
+
+
+async def test_a_cancellation_committed_with_the_lease_stops_the_body_at_once(
+    db: zincir.Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The request lands before the owner signs up for its run's news (here: in the very
+    # transaction that takes the lease); it must not wait for the first renewal, 10 s away.
+    async with zincir.open_run(db) as run:
+        run_id = run.id
+    store = storage(db).store
+    acquire = store.acquire_run
+
+    def acquired_then_cancelled(tx: Any, run_id: str, *args: Any) -> Any:
+        lease = acquire(tx, run_id, *args)
+        request_cancel(tx, run_id, "changed my mind")
+        return lease
+
+    monkeypatch.setattr(store, "acquire_run", acquired_then_cancelled)
+    stopped_after = None
+    with trio.move_on_after(5):  # (a bound for the failure only: the renewal would take 10 s)
+        with pytest.raises(zincir.RunCancelled, match="changed my mind"):
+            async with zincir.open_run(db, run_id, lease_ttl=30):
+                started = trio.current_time()
+                await trio.sleep_forever()
+        stopped_after = trio.current_time() - started
+    assert stopped_after is not None, "the body ran on: the cancellation waited for a renewal"
+    assert await status_of(db, run_id) is zincir.RunStatus.CANCELLED

@@ -98,7 +98,7 @@ async def test_wake_ups_are_delivered_before_the_writer_resumes(
         wakes.inbox_event("run-b", hear_others=False),
     )
     told: list[None] = []
-    wakes.add_owner("run-a", lambda: told.append(None))
+    wakes.add_owner("run-a", lambda: told.append(None), since=trio.current_time())
     claims: list[None] = []
     wakes.add_claim_listener(lambda: claims.append(None))
 

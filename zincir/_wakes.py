@@ -13,7 +13,9 @@ who waits also polls, so a wake-up lost with a connection costs time, never corr
 from __future__ import annotations
 
 import abc
+import collections
 import logging
+import math
 import threading
 from collections.abc import Callable
 from typing import Final, Generic, Protocol, TypeVar
@@ -64,6 +66,10 @@ class _Connection(Protocol):
 
 C = TypeVar("C", bound=_Connection)
 T = TypeVar("T")
+
+# How many runs' latest news a WakeHub remembers for owners about to sign up: the gap it covers
+# (a lease taken, then the owner signing up) is a few scheduler passes, far fewer writes.
+_RECENT_NEWS: Final = 1024
 
 logger = logging.getLogger("zincir")
 _RECONNECT_S: Final = 1.0
@@ -146,6 +152,10 @@ class WakeHub:
         self._claim_listeners: set[Callable[[], None]] = set()
         self._inbox_waiters: dict[str, set[trio.Event]] = {}  # a run's waits
         self._owners: dict[str, set[Callable[[], None]]] = {}  # a run's owner, told of its news
+        # When (Trio time) the latest inboxes had news, for an owner that signs up just after it
+        # (see add_owner); and when everyone last had to look again.
+        self._recent_news: collections.OrderedDict[str, float] = collections.OrderedDict()
+        self._everyone_looked_at = -math.inf
         self._end_waiters: dict[str, set[trio.Event]] = {}  # wait_for_end's, by the run awaited
         self._stream_waiters: dict[str, set[trio.Event]] = {}  # streams' followers, by run
         # Their keys, for the listener's thread to read (replaced whole, never changed in place).
@@ -160,6 +170,7 @@ class WakeHub:
                 listener()
         for run_id in wakes.inbox:
             self._set(self._inbox_waiters, run_id)
+            self._note_news(run_id)
             for tell in list(self._owners.get(run_id, ())):
                 tell()
         for run_id in wakes.waits:
@@ -191,6 +202,7 @@ class WakeHub:
                 for events in waiters.values():
                     for event in events:
                         event.set()
+            self._everyone_looked_at = trio.current_time()
             for tells in list(self._owners.values()):  # each owned run's heartbeat looks (starts)
                 for tell in list(tells):
                     tell()
@@ -236,15 +248,26 @@ class WakeHub:
     def forget_inbox_event(self, run_id: str, event: trio.Event) -> None:
         _forget(self._inbox_waiters, run_id, event)
 
-    def add_owner(self, run_id: str, tell: Callable[[], None]) -> None:
+    def add_owner(self, run_id: str, tell: Callable[[], None], since: float) -> None:
         """Call ``tell()`` (on the Trio thread) whenever the inbox of ``run_id`` may hold news
         for its owner: a cancellation, a raised budget (not an ended child: see
         :class:`Wakes`). It does not start listening to other processes: the owner's renewals
-        read the same news."""
+        read the same news. ``since``: when (Trio time) the owner took the lease; news that
+        came after that, before this call (a cancellation committed with the lease, or just
+        after it), is told at once."""
         self._owners.setdefault(run_id, set()).add(tell)
+        if max(self._recent_news.get(run_id, -math.inf), self._everyone_looked_at) >= since:
+            tell()
 
     def remove_owner(self, run_id: str, tell: Callable[[], None]) -> None:
         _forget(self._owners, run_id, tell)
+
+    def _note_news(self, run_id: str) -> None:
+        recent = self._recent_news
+        recent[run_id] = trio.current_time()
+        recent.move_to_end(run_id)
+        if len(recent) > _RECENT_NEWS:
+            recent.popitem(last=False)
 
     def end_event(self, run_id: str) -> trio.Event:
         """An event set when run ``run_id`` may have ended (here or in another process); forget
