@@ -252,11 +252,12 @@ class WakeHub:
         """Call ``tell()`` (on the Trio thread) whenever the inbox of ``run_id`` may hold news
         for its owner: a cancellation, a raised budget (not an ended child: see
         :class:`Wakes`). It does not start listening to other processes: the owner's renewals
-        read the same news. ``since``: when (Trio time) the owner took the lease; news that
-        came after that, before this call (a cancellation committed with the lease, or just
-        after it), is told at once."""
+        read the same news. ``since``: when (Trio time) the owner's lease was submitted; news
+        that came after that, before this call (a cancellation committed with the lease, or
+        just after it), is told at once. (Strictly after: a clock that moves tells them apart;
+        a test's clock that stands still counts news at that instant as before.)"""
         self._owners.setdefault(run_id, set()).add(tell)
-        if max(self._recent_news.get(run_id, -math.inf), self._everyone_looked_at) >= since:
+        if max(self._recent_news.get(run_id, -math.inf), self._everyone_looked_at) > since:
             tell()
 
     def remove_owner(self, run_id: str, tell: Callable[[], None]) -> None:
