@@ -292,25 +292,24 @@ def _hot(trials: list[dict[str, Any]]) -> str:
 
 EXPLAIN_3 = [
     "**Why the backends differ.** A durable step returns only after the COMMIT that records it."
-    " On SQLite that COMMIT is a local `fsync` of the WAL file by zincir's one writer thread, in"
-    " the same process: no round trip, no other process to wake. On PostgreSQL a lone step is four"
-    " statements on a writer connection (`BEGIN`; the lease check, which locks the run's row"
-    " `FOR NO KEY UPDATE` and reads the server clock; `INSERT INTO steps`; `COMMIT`), and psycopg's"
-    " synchronous API makes each one a TCP round trip to the server's backend, which must be"
-    " scheduled on the same 2 cores as the client; the COMMIT then waits for the WAL flush"
-    " (`fsync=on`, `synchronous_commit=on`). So a sequential run pays about 4 round trips + 1 WAL"
-    " flush per step on PostgreSQL, against 1 fsync on SQLite (`python -m bench.micro.profile_pg` counts"
-    " and times these statements).",
+    " On SQLite that COMMIT is a local `fsync` of the WAL file by zincir's one writer, in the same"
+    " process: no round trip, no other process to wake. On PostgreSQL a lone step is two"
+    " statements on a pipelined writer connection (the lease check, which locks the run's row"
+    " `FOR NO KEY UPDATE NOWAIT` and reads the server clock, and `INSERT INTO steps`), in an"
+    " implicit transaction that the pipeline's sync commits: a TCP round trip for the INSERT's"
+    " answer and one for the commit, each to a server backend that must be scheduled on the same"
+    " 2 cores as the client, and the commit waits for the WAL flush (`fsync=on`,"
+    " `synchronous_commit=on`). `python -m bench.micro.profile_pg` counts and times these"
+    " statements.",
     "With many runs at once both backends batch: a writer takes every operation submitted while"
     " its previous transaction committed and commits them together (group commit), so one flush"
-    " is shared by many steps. On PostgreSQL, though, each operation of a batch still costs its own"
-    " round trips (`SAVEPOINT`, the lease check, the INSERT, `RELEASE SAVEPOINT`: four per step)"
-    " while the single SQLite writer runs the same SQL in-process at memory speed; the flush is"
-    " shared, the round trips are not. PostgreSQL has a pool of writer connections (2 by default)"
-    " that overlap, but on two shared cores the client's Python, psycopg and the server's"
-    " backends compete for the same CPUs. On separate machines the round trip is a network"
-    " latency instead of a context switch, and the point of PostgreSQL is several hosts, not the"
-    " speed of one.",
+    " is shared by many steps, and the steps of a batch go through the store's batch form: on"
+    " PostgreSQL two statements for all of them (one locks their runs' rows, one judges every"
+    " lease and inserts every step), on SQLite one read of their leases and one `executemany`, in"
+    " process. PostgreSQL has a pool of writer connections (2 by default) that overlap, but on two"
+    " shared cores the client's Python, psycopg and the server's backends compete for the same"
+    " CPUs. On separate machines the round trip is a network latency instead of a context switch,"
+    " and the point of PostgreSQL is several hosts, not the speed of one.",
 ]
 
 EXPLAIN_4 = [
