@@ -15,6 +15,7 @@ import zincir
 from zincir._database import storage
 from zincir._lease_watch import LeaseWatch
 from zincir._store._ends import request_cancel
+from zincir._wakes import _RECENT_NEWS, WakeHub, Wakes
 
 from .helpers import status_of
 
@@ -122,4 +123,40 @@ async def test_a_cancellation_committed_with_the_lease_stops_the_body_at_once(
                 await trio.sleep_forever()
         stopped_after = trio.current_time() - started
     assert stopped_after is not None, "the body ran on: the cancellation waited for a renewal"
+    assert stopped_after < 3  # at once (the renewal that would read it is 10 s away)
     assert await status_of(db, run_id) is zincir.RunStatus.CANCELLED
+
+
+async def test_a_new_owner_hears_news_since_its_lease_and_errs_towards_hearing(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    hub = WakeHub(listen=_no_listener)
+    told: list[str] = []
+
+    def owner(run_id: str, since: float) -> None:
+        hub.add_owner(run_id, lambda: told.append(run_id), since)
+
+    leased_at = trio.current_time()
+    mock_clock.jump(1)
+    hub.deliver(Wakes(inbox={"cancelled"}))
+    owner("cancelled", leased_at)  # its news came after its lease: told at once
+    owner("quiet", leased_at)  # none: not told
+    assert told == ["cancelled"]
+    mock_clock.jump(1)
+    for i in range(_RECENT_NEWS + 1):  # more runs' news than it remembers: the first falls out
+        hub.deliver(Wakes(inbox={f"run-{i}"}))
+    owner("maybe", leased_at)  # its news may be what fell out: told, to be safe
+    assert told == ["cancelled", "maybe"]
+    mock_clock.jump(1)
+    owner("later", trio.current_time())  # nothing since its lease
+    assert told == ["cancelled", "maybe"]
+    mock_clock.jump(1)
+    told.clear()
+    hub.hear(None, None)  # anything may have been missed: every owner looks, and later ones too
+    owner("after the word", leased_at)
+    assert sorted(told[:-1]) == ["cancelled", "later", "maybe", "quiet"]
+    assert told[-1] == "after the word"
+
+
+def _no_listener(*_: Any) -> Any:
+    raise AssertionError("nothing here listens to other processes")

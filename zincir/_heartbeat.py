@@ -111,8 +111,8 @@ class _LeaseKeeping:
         # The heartbeat's task runs in the block's context, as a task of the block would: its
         # calls belong to the block's flight, its log lines to the attempt's trace.
         self._context = contextvars.copy_context()
-        self._storage.wakes.add_owner(self.id, self._hear_news, since=self._confirmed_at)
         self._watch_next()
+        self._storage.wakes.add_owner(self.id, self._hear_news, since=self._confirmed_at)
 
     def _stop_watch(self) -> None:
         self._storage.wakes.remove_owner(self.id, self._hear_news)

@@ -155,6 +155,7 @@ class WakeHub:
         # When (Trio time) the latest inboxes had news, for an owner that signs up just after it
         # (see add_owner); and when everyone last had to look again.
         self._recent_news: collections.OrderedDict[str, float] = collections.OrderedDict()
+        self._forgotten_news_at = -math.inf  # the latest of what fell out of it: maybe anyone's
         self._everyone_looked_at = -math.inf
         self._end_waiters: dict[str, set[trio.Event]] = {}  # wait_for_end's, by the run awaited
         self._stream_waiters: dict[str, set[trio.Event]] = {}  # streams' followers, by run
@@ -257,7 +258,8 @@ class WakeHub:
         just after it), is told at once. (Strictly after: a clock that moves tells them apart;
         a test's clock that stands still counts news at that instant as before.)"""
         self._owners.setdefault(run_id, set()).add(tell)
-        if max(self._recent_news.get(run_id, -math.inf), self._everyone_looked_at) > since:
+        news_at = self._recent_news.get(run_id, self._forgotten_news_at)
+        if max(news_at, self._everyone_looked_at) > since:
             tell()
 
     def remove_owner(self, run_id: str, tell: Callable[[], None]) -> None:
@@ -268,7 +270,7 @@ class WakeHub:
         recent[run_id] = trio.current_time()
         recent.move_to_end(run_id)
         if len(recent) > _RECENT_NEWS:
-            recent.popitem(last=False)
+            _, self._forgotten_news_at = recent.popitem(last=False)
 
     def end_event(self, run_id: str) -> trio.Event:
         """An event set when run ``run_id`` may have ended (here or in another process); forget
