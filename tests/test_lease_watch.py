@@ -32,11 +32,9 @@ class Holder:
 
 
 async def test_holders_are_called_in_the_order_of_their_moments_and_never_once_forgotten(
-    mock_clock: trio.testing.MockClock,
+    autojump_clock: trio.testing.MockClock,
 ) -> None:
-    mock_clock.autojump_threshold = 0
-    watch, calls = LeaseWatch(), []
-    start = trio.current_time()
+    watch, calls, start = LeaseWatch(), [], trio.current_time()
     moments = [start + m for m in random.Random(7).sample(range(1, 400), 200)]
     asks = [watch.at(when, Holder(f"h{i}", calls)) for i, when in enumerate(moments)]
     forgotten = {f"h{i}" for i in range(0, 200, 3)}
@@ -50,11 +48,9 @@ async def test_holders_are_called_in_the_order_of_their_moments_and_never_once_f
 
 
 async def test_an_earlier_ask_wakes_the_sleeping_timer_and_a_holder_may_ask_again(
-    mock_clock: trio.testing.MockClock,
+    autojump_clock: trio.testing.MockClock,
 ) -> None:
-    mock_clock.autojump_threshold = 0
-    watch, calls = LeaseWatch(), []
-    start = trio.current_time()
+    watch, calls, start = LeaseWatch(), [], trio.current_time()
 
     class Again(Holder):
         def _due(self, now: float) -> None:

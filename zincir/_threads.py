@@ -9,7 +9,7 @@ runs again in a new one, each operation inside its own SAVEPOINT, so the failing
 its own error while its neighbours still commit (savepoints cost statements on every write;
 failures are rare). A caller's ``await`` returns only after the COMMIT that holds its operation.
 Where a batch holds several calls of one operation in a row and the store has a *batch form*
-for it (PostgreSQL's steps: :attr:`zincir._store.Store.batch_forms`), they run as one call of
+for it (both backends' steps: :attr:`zincir._store.Store.batch_forms`), they run as one call of
 that form; if it refuses (one call is not the common case), the batch runs again the same way,
 each call on its own.
 
@@ -578,22 +578,17 @@ class DatabaseThread:
         operation = group[0].fn
         assert operation is not None  # a close request has no batch form
         form = self.batch_forms[operation]
+        together = Request(form, ([request.args for request in group],), group[0].task)
+        result = self._call(together, shared=True)
         for request in group:
             request.wakes = None
-        try:
-            tx = self._session.tx()
-            if self.sealer is not None:
-                tx.sealer = self.sealer
-            values = form(tx, [request.args for request in group])
-            group[0].wakes = tx.close()
-            self._session.end_operation()
-        except Exception as exc:
-            failed = outcome.Error(self._session.translate(exc))
+        group[0].wakes = together.wakes
+        if type(result) is outcome.Value:  # what _call made (not isinstance: an ABC's check)
+            for request, value in zip(group, result.value, strict=True):
+                request.result = outcome.Value(value)
+        else:
             for request in group:
-                request.result = failed
-            return
-        for request, value in zip(group, values, strict=True):
-            request.result = outcome.Value(value)
+                request.result = result
 
     def _maintain(self) -> None:
         """Work the session saves for its thread (SQLite's WAL checkpoints), before the reply:

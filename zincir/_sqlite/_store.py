@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import types
 from collections.abc import Sequence
-from typing import Any
 
+from .._errors import ZincirError
 from .._payloads import stored
-from .._store import LIVE, BatchRefused, Lease, Store
+from .._store import BatchRefused, Lease, Store, judge_lease
 from ._connection import Tx
 
 __all__ = ["SQLiteStore"]
@@ -31,11 +31,13 @@ def complete_steps(tx: Tx, calls: Sequence[tuple[Lease, str, str, int]]) -> list
         f" WHERE id IN ({', '.join('?' * len(ids))})",
         ids,
     )
-    rows = {row[0]: row for row in found}
+    rows = {row[0]: row[1:] for row in found}
     now = tx.now
     for lease, _, _, _ in calls:
-        if not _holds(lease, rows.get(lease.run_id), now):
-            raise BatchRefused(f"run {lease.run_id}: its lease does not hold as is")
+        try:
+            judge_lease(lease, rows.get(lease.run_id), now)  # (builds no message when it holds)
+        except ZincirError as exc:
+            raise BatchRefused(str(exc)) from exc
     inserted = tx.count_many(
         _STEP_ROW,
         [
@@ -46,21 +48,6 @@ def complete_steps(tx: Tx, calls: Sequence[tuple[Lease, str, str, int]]) -> list
     if inserted != len(calls):
         raise BatchRefused(f"{len(calls)} steps, {inserted} new")
     return [result_json for _, _, result_json, _ in calls]
-
-
-def _holds(lease: Lease, row: Any, now: int) -> bool:
-    """What :func:`zincir._store.judge_lease` lets pass: the lease's owner and epoch on a live
-    run, not expired at ``now``."""
-    if row is None:
-        return False
-    _, status, owner, epoch, expires_at = row
-    return (
-        owner == lease.owner
-        and epoch == lease.epoch
-        and expires_at is not None
-        and expires_at > now
-        and status in LIVE
-    )
 
 
 class SQLiteStore(Store):
