@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import trio
 import trio.testing
 
@@ -324,3 +325,65 @@ def a_dead_pid() -> int:
     child = subprocess.Popen(["true"])
     child.wait()
     return child.pid
+
+
+async def in_one_batch(
+    db: zincir.Database, fn: Callable[..., Any], calls: list[tuple[Any, ...]]
+) -> list[Any]:
+    """``fn`` with each of ``calls`` (its arguments), all in one batch of one writer; each
+    call's outcome (its value, or the ZincirError it raised). SQLite's writer runs the writes of
+    one scheduler pass together on the Trio thread; PostgreSQL's thread takes what its queue
+    holds, so the calls are queued while a write holds it."""
+    entered, gate = threading.Event(), threading.Event()
+
+    def hold(tx: Any) -> None:
+        entered.set()
+        gate.wait(10)
+
+    write = storage(db).write
+    outcomes: list[Any] = [None] * len(calls)
+
+    async def call(i: int, args: tuple[Any, ...]) -> None:
+        try:
+            outcomes[i] = await write(fn, *args, route="one writer")
+        except zincir.ZincirError as exc:
+            outcomes[i] = exc
+
+    postgres = db.backend == "postgresql"
+    async with trio.open_nursery() as nursery:
+        if postgres:
+            nursery.start_soon(lambda: write(hold, route="one writer"))
+            await trio.to_thread.run_sync(entered.wait)
+        for i, args in enumerate(calls):
+            nursery.start_soon(call, i, args)
+        if postgres:
+            await trio.testing.wait_all_tasks_blocked()  # every call queued behind the hold
+            gate.set()
+    return outcomes
+
+
+@attrs.define
+class Batch:
+    """One call of a batch form: how many calls it was given, and what it noted to wake (None
+    if it raised: the calls then ran each on its own)."""
+
+    size: int
+    wakes: Wakes | None = None
+
+
+def counting_batches(db: zincir.Database, fn: Callable[..., Any]) -> list[Batch]:
+    """Make every writer note each call of ``fn``'s batch form."""
+    batches: list[Batch] = []
+    for writer in storage(db).writers:
+        form = writer.batch_forms.get(fn)
+        if form is not None:
+
+            def counted(tx: Any, calls: list[Any], form: Any = form) -> list[Any]:
+                batch = Batch(len(calls))
+                batches.append(batch)
+                results = list(form(tx, calls))
+                batch.wakes = Wakes() if tx.wakes is None else tx.wakes.copy()
+                return results
+
+            writer.batch_forms = {**writer.batch_forms, fn: counted}
+    return batches

@@ -6,68 +6,24 @@ steps are queued behind a write that holds the writer, so that they reach it as 
 from __future__ import annotations
 
 import contextlib
-import threading
 from typing import Any
 
 import attrs
 import psycopg
 import pytest
 import trio
-import trio.testing
 
 import zincir
 from zincir._database import storage
 from zincir._errors import TransientConflict
 from zincir._store import Lease, Store
 
-from .helpers import rows
+from .helpers import counting_batches, in_one_batch, rows
 
 
-async def _as_one_batch(db: zincir.Database, backend: str, calls: list[tuple[Lease, str, str]]) -> list[Any]:
-    """``complete_step`` for each call, all in one batch of one writer; each call's outcome
-    (its value, or what it raised). SQLite's writer runs the writes of one scheduler pass
-    together on the Trio thread; PostgreSQL's thread takes what its queue holds, so the calls
-    are queued while a write holds it."""
-    entered, gate = threading.Event(), threading.Event()
-
-    def hold(tx: Any) -> None:
-        entered.set()
-        gate.wait(10)
-
-    write = storage(db).write
-    outcomes: list[Any] = [None] * len(calls)
-
-    async def step(i: int, lease: Lease, name: str, result: str) -> None:
-        try:
-            outcomes[i] = await write(Store.complete_step, lease, name, result, 5, route="one writer")
-        except zincir.ZincirError as exc:
-            outcomes[i] = exc
-
-    async with trio.open_nursery() as nursery:
-        if backend == "postgresql":
-            nursery.start_soon(lambda: write(hold, route="one writer"))
-            await trio.to_thread.run_sync(entered.wait)
-        for i, (lease, name, result) in enumerate(calls):
-            nursery.start_soon(step, i, lease, name, result)
-        if backend == "postgresql":
-            await trio.testing.wait_all_tasks_blocked()  # every step queued behind the hold
-            gate.set()
-    return outcomes
-
-
-def _counting_batches(db: zincir.Database) -> list[int]:
-    """Make every writer count the calls its batch form of complete_step is given."""
-    sizes: list[int] = []
-    for writer in storage(db).writers:
-        form = writer.batch_forms.get(Store.complete_step)
-        if form is not None:
-
-            def counted(tx: Any, calls: list[Any], form: Any = form) -> list[Any]:
-                sizes.append(len(calls))
-                return list(form(tx, calls))
-
-            writer.batch_forms = {Store.complete_step: counted}
-    return sizes
+async def _as_one_batch(db: zincir.Database, calls: list[tuple[Lease, str, str]]) -> list[Any]:
+    """``complete_step`` for each call (lease, name, result), all in one batch of one writer."""
+    return await in_one_batch(db, Store.complete_step, [(*call, 5) for call in calls])
 
 
 @contextlib.asynccontextmanager
@@ -77,23 +33,21 @@ async def _leases(db: zincir.Database, n: int) -> Any:
         yield [run._lease for run in runs]
 
 
-async def test_steps_of_several_runs_in_one_batch_are_each_stored_once(
-    db: zincir.Database, backend: str
-) -> None:
-    sizes = _counting_batches(db)
+async def test_steps_of_several_runs_in_one_batch_are_each_stored_once(db: zincir.Database) -> None:
+    batches = counting_batches(db, Store.complete_step)
     async with _leases(db, 4) as leases:
         calls = [(lease, f"step-{i}", f'"result {i}"') for i, lease in enumerate(leases)]
-        assert await _as_one_batch(db, backend, calls) == [result for _, _, result in calls]
-    assert sizes == [4]
+        assert await _as_one_batch(db, calls) == [result for _, _, result in calls]
+    assert [batch.size for batch in batches] == [4]
     stored = rows(db, "SELECT run_id, name, result, status, epoch, completed_at - started_at FROM steps")
     expected = [(lease.run_id, name, result, "completed", 1, 5) for lease, name, result in calls]
     assert sorted(stored) == sorted(expected)
 
 
 async def test_a_batch_with_a_lost_lease_and_a_repeated_step_answers_each_call_as_alone(
-    db: zincir.Database, backend: str
+    db: zincir.Database,
 ) -> None:
-    sizes = _counting_batches(db)
+    batches = counting_batches(db, Store.complete_step)
     async with _leases(db, 3) as (done, fenced, fresh):
         first = await storage(db).write(Store.complete_step, done, "again", '"first"', 1, route=done.run_id)
         calls = [
@@ -101,10 +55,10 @@ async def test_a_batch_with_a_lost_lease_and_a_repeated_step_answers_each_call_a
             (attrs.evolve(fenced, epoch=fenced.epoch - 1), "lost", '"never"'),  # a stale epoch
             (fresh, "new", '"fresh"'),
         ]
-        repeated, lost, new = await _as_one_batch(db, backend, calls)
+        repeated, lost, new = await _as_one_batch(db, calls)
     assert (first, repeated, new) == ('"first"', '"first"', '"fresh"')
     assert isinstance(lost, zincir.LeaseLost) and "fenced by a newer owner" in str(lost)
-    assert sizes == [3]  # refused, then each on its own
+    assert [batch.size for batch in batches] == [3]  # refused, then each on its own
     stored = rows(db, "SELECT run_id, name, result FROM steps")
     assert sorted(stored) == sorted([(done.run_id, "again", '"first"'), (fresh.run_id, "new", '"fresh"')])
 
@@ -131,31 +85,31 @@ async def _echo(i: int) -> int:
 
 @pytest.mark.parametrize("encrypted", [False, True], ids=["clear", "encrypted"])
 async def test_large_and_encrypted_results_in_a_batch_read_back_as_written(
-    db_target: str, backend: str, encrypted: bool
+    db_target: str, encrypted: bool
 ) -> None:
     keys: dict[str, Any] = {"encryption_key": b"k" * 32} if encrypted else {}
     async with zincir.open_database(db_target, content_threshold=64, **keys) as db:
-        sizes = _counting_batches(db)
+        batches = counting_batches(db, Store.complete_step)
         async with _leases(db, 3) as leases:
             large = ['"' + f"part {i} " * 40 + '"' for i in range(3)]  # over the threshold: stored apart
             calls = [(lease, f"s{i}", large[i]) for i, lease in enumerate(leases)]
-            assert await _as_one_batch(db, backend, calls) == large
+            assert await _as_one_batch(db, calls) == large
             for lease, name, result in calls:  # each stored result reads back whole
                 again = await storage(db).write(
                     Store.complete_step, lease, name, '"other"', 1, route=lease.run_id
                 )
                 assert again == result
-        assert sizes == [3]
+        assert [batch.size for batch in batches] == [3]
 
 
-async def test_one_step_twice_in_a_batch_is_stored_once(db: zincir.Database, backend: str) -> None:
-    sizes = _counting_batches(db)
+async def test_one_step_twice_in_a_batch_is_stored_once(db: zincir.Database) -> None:
+    batches = counting_batches(db, Store.complete_step)
     async with _leases(db, 2) as (one, other):
         calls = [(one, "same", '"first"'), (one, "same", '"second"'), (other, "own", '"own"')]
-        first, second, own = await _as_one_batch(db, backend, calls)
+        first, second, own = await _as_one_batch(db, calls)
     # Refused, then each on its own: whichever Trio let submit first wins, for both calls.
     assert first == second and first in ('"first"', '"second"') and own == '"own"'
-    assert sizes == [3]
+    assert [batch.size for batch in batches] == [3]
     assert rows(db, "SELECT count(*) FROM steps WHERE run_id = ?", (one.run_id,)) == [(1,)]
 
 
@@ -166,7 +120,7 @@ async def test_a_run_row_held_elsewhere_refuses_only_its_own_step(db: zincir.Dat
         holder.execute("SELECT 1 FROM agent_runs WHERE id = %s FOR UPDATE", (leases[1].run_id,))
         try:
             calls = [(lease, f"s{i}", f'"{i}"') for i, lease in enumerate(leases)]
-            first, held, third = await _as_one_batch(db, "postgresql", calls)
+            first, held, third = await _as_one_batch(db, calls)
         finally:
             holder.rollback()
             holder.close()

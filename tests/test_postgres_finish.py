@@ -9,6 +9,7 @@ clock, so that the two databases must come out identical, row for row.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -24,8 +25,10 @@ from zincir._postgres._store import PostgresStore
 from zincir._store import IntentRow, Lease, NewChild, Tx
 from zincir._store._ends import finish as shared_finish
 from zincir._types import RunStatus
+from zincir._wakes import Wakes
 
 from .conftest import ManualClock
+from .helpers import counting_batches, in_one_batch
 from .postgres_server import fresh_database
 
 FORMS: dict[str, Callable[..., None]] = {"shared": shared_finish, "postgresql": PostgresStore.finish}
@@ -229,3 +232,111 @@ async def test_an_end_wakes_its_suspended_parent_its_waiter_and_the_workers(post
     assert (run.status, run.result) == (RunStatus.COMPLETED, 1)
     assert parent.status is RunStatus.WAITING and due == (clock(),)  # due now: a worker claims it
     assert waiters == (0,)  # the waiter was told; its row is gone
+
+
+# Several runs' ends in one group commit go through the store's batch form (finish_runs): each
+# scenario's run ends beside a plain one, in one batch of one writer, and must come out as the
+# two ends one after the other do.
+NEIGHBOUR = "00000000-0000-4000-8000-000000000005"
+
+
+@attrs.frozen
+class TwoEnds:
+    error: tuple[str, str] | None  # the scenario's run's
+    wakes: Wakes | None  # what both ends noted to wake (batched: if the batch form ran them)
+    batch_sizes: list[int]
+    rows: list[str]
+
+
+def finish_noting_wakes(tx: Tx, lease: Lease, status: RunStatus, transition: str) -> Wakes:
+    PostgresStore.finish(tx, lease, status, transition, "1")
+    return Wakes() if tx.wakes is None else tx.wakes.copy()
+
+
+Ends = list[tuple[Lease, RunStatus, str, str]]
+
+
+async def two_ends(
+    admin_url: str,
+    build: Callable[[zincir.Database], Awaitable[Ends]],
+    *,
+    batched: bool,
+    parent_held: bool = False,
+) -> TwoEnds:
+    """The two ends ``build`` sets up, in one batch of one writer (``batched``) or one after the
+    other; the first's error, what was noted to wake, the batches the batch form was given, and
+    every row afterwards."""
+    with fresh_database(admin_url) as url:
+        async with zincir.open_database(url, clock=ManualClock()) as db:
+            ends = await build(db)
+            batches = counting_batches(db, PostgresStore.finish)
+            with holding(url, PARENT, parent_held):
+                if batched:
+                    outcomes = await in_one_batch(db, PostgresStore.finish, ends)
+                    wakes = batches[0].wakes if batches else None
+                else:
+                    outcomes, wakes = [], Wakes()
+                    for args in ends:
+                        try:
+                            wakes.add(await db._write(finish_noting_wakes, *args[:3], route=args[0].run_id))
+                            outcomes.append(None)
+                        except zincir.ZincirError as exc:
+                            outcomes.append(exc)
+            first, second = outcomes
+        assert second is None  # the second is always a plain end
+        error = None
+        if first is not None:  # the database's name (and the writer's) differ from the other form's
+            error = (type(first).__name__, re.sub(r" \(writer\d\)", "", str(first).replace(url, "<db>")))
+        return TwoEnds(error, wakes, [batch.size for batch in batches], without_event_ids(rows(url)))
+
+
+def without_event_ids(table_rows: list[str]) -> list[str]:
+    """The rows, but the events' serial ids: a batch that was refused took some."""
+    return sorted(re.sub(r"^events: \(\d+,", "events: (", row) for row in table_rows)
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+async def test_ends_in_one_batch_do_what_each_end_alone_does(postgres_admin_url: str, name: str) -> None:
+    scenario = SCENARIOS[name]
+    transition = COMPLETED if scenario.status is RunStatus.COMPLETED else FAILED
+
+    async def beside_a_neighbour(db: zincir.Database) -> Ends:
+        lease = await scenario.build(db)
+        neighbour = await create(db, NEIGHBOUR)
+        return [(lease, scenario.status, transition, "1"), (neighbour, RunStatus.COMPLETED, COMPLETED, "1")]
+
+    alone = await two_ends(
+        postgres_admin_url, beside_a_neighbour, batched=False, parent_held=scenario.parent_held
+    )
+    together = await two_ends(
+        postgres_admin_url, beside_a_neighbour, batched=True, parent_held=scenario.parent_held
+    )
+    assert together.error == alone.error
+    assert together.rows == alone.rows
+    assert together.batch_sizes == [2]
+    if scenario.expected_error is None:  # the batch form ended both
+        assert together.wakes is not None and alone.wakes is not None
+        assert attrs.asdict(together.wakes) == attrs.asdict(alone.wakes)
+    else:  # refused: each ended (or not) on its own
+        assert together.wakes is None
+
+
+async def test_two_children_ending_in_one_batch_make_their_suspended_parent_due(
+    postgres_admin_url: str,
+) -> None:
+    async def two_children_of_a_suspended_parent(db: zincir.Database) -> Ends:
+        parent = await create(db, PARENT)
+        children = [await create(db, RUN, PARENT), await create(db, KID, PARENT)]
+        for child in children:
+            await db._write(db._store.await_child, parent, child.run_id, None)
+        assert await db._write(db._store.suspend, parent, [("child", RUN), ("child", KID)])
+        await db._write(db._store.watch_end, KID, "a-waiter")
+        return [(child, RunStatus.COMPLETED, COMPLETED, "1") for child in children]
+
+    alone = await two_ends(postgres_admin_url, two_children_of_a_suspended_parent, batched=False)
+    together = await two_ends(postgres_admin_url, two_children_of_a_suspended_parent, batched=True)
+    assert together.batch_sizes == [2] and together.error is None
+    assert together.rows == alone.rows
+    assert together.wakes is not None and alone.wakes is not None
+    assert attrs.asdict(together.wakes) == attrs.asdict(alone.wakes)
+    assert (together.wakes.claimable, together.wakes.waits, together.wakes.ended) == (True, {PARENT}, {KID})

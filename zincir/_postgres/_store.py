@@ -4,7 +4,8 @@ Every other operation is :mod:`zincir._store`'s. Here, a data-modifying CTE (whi
 not have) does in one statement per child what the shared form needs two for: a batch of a
 hundred children sent behind the lock is a hundred statements, not two hundred. A run's end is
 two statements, not seven: the fence reads the open work in its own statement, and one CTE logs
-the end and does what follows from it. (Measured: ``docs/architecture.md``, "Where a backend
+the end and does what follows from it. Several runs' steps, or ends, in one group commit are
+two statements in all (the batch forms). (Measured: ``docs/architecture.md``, "Where a backend
 has its own way".)
 """
 
@@ -164,6 +165,70 @@ def complete_steps(tx: Tx, calls: Sequence[tuple[Lease, str, str, int]]) -> list
     return [result_json for _, _, result_json, _ in calls]
 
 
+# Several runs' ends in a group commit (a worker's runs that end together): their rows locked
+# as the steps' are, then one statement that judges every lease and every completing run's open
+# work, ends the runs that pass, logs their ends, makes the parents suspended on them due,
+# deletes their end's waiters, and answers one row per run it ended.
+_OPEN_WORK_OF_EACH = " OR ".join(f"EXISTS ({read.replace('= ?', '= s.run_id')})" for read in _ends.OPEN_WORK)
+_FINISH_RUNS = (
+    "WITH now AS MATERIALIZED (SELECT zincir_now_ms() AS ms),"
+    " ending AS (SELECT s.* FROM unnest(?::text[], ?::bigint[], ?::text[], ?::text[], ?::text[], ?::text[])"
+    " AS s (run_id, epoch, owner, status, result, payload) JOIN agent_runs AS run ON run.id = s.run_id, now"
+    " WHERE run.lease_owner = s.owner AND run.lease_epoch = s.epoch AND run.lease_expires_at > now.ms"
+    f" AND run.status IN ({', '.join(repr(status) for status in LIVE)})"
+    f" AND (s.status <> 'completed' OR NOT ({_OPEN_WORK_OF_EACH}))),"
+    " closed AS (UPDATE agent_runs AS run SET last_seq = run.last_seq + 1, updated_at = now.ms"
+    f"{_ends.ending('ending.status', 'ending.result')} FROM ending, now WHERE run.id = ending.run_id"
+    " RETURNING run.id, run.last_seq, run.parent_run_id, ending.payload),"
+    " logged AS (INSERT INTO events (run_id, seq, type, payload, idempotency_key, created_at)"
+    " SELECT closed.id, closed.last_seq, ?, closed.payload, NULL, now.ms FROM closed, now),"
+    # A parent that ends in this batch too is not waiting for anyone (and no row is updated
+    # twice in one statement).
+    " woke AS (UPDATE agent_runs SET next_attempt_at = (SELECT ms FROM now) WHERE id IN (SELECT p.id"
+    " FROM agent_runs AS p JOIN closed ON p.id = closed.parent_run_id WHERE p.status = 'waiting'"
+    " AND p.id NOT IN (SELECT id FROM closed)"
+    " AND (p.next_attempt_at IS NULL OR p.next_attempt_at > (SELECT ms FROM now)) AND EXISTS (SELECT 1"
+    " FROM run_waits AS w WHERE w.run_id = p.id AND w.kind = 'child' AND w.wake_key = closed.id)"
+    " FOR NO KEY UPDATE OF p NOWAIT) RETURNING id),"
+    " waited AS (DELETE FROM run_waiters WHERE run_id IN (SELECT id FROM closed) RETURNING run_id)"
+    " SELECT closed.id, closed.parent_run_id,"
+    " EXISTS (SELECT 1 FROM woke WHERE woke.id = closed.parent_run_id),"
+    " EXISTS (SELECT 1 FROM waited WHERE waited.run_id = closed.id),"
+    f" ARRAY ({_ends.SHARERS.replace('?', 'closed.id')}), EXISTS ({_ends.STREAMED.replace('?', 'closed.id')})"
+    " FROM closed"
+)
+
+
+def finish_runs(tx: Tx, calls: Sequence[tuple[Lease, RunStatus, str, str | None]]) -> list[None]:
+    """:func:`finish` for several calls (its arguments after the transaction, each) in two
+    statements, when each is the common case: the lease holds and a completing run has no open
+    work. Otherwise :class:`BatchRefused` (the caller rolls back and runs each call on its own)."""
+    run_ids = [lease.run_id for lease, _, _, _ in calls]
+    if len(set(run_ids)) < len(run_ids):
+        raise BatchRefused("one run's end twice")  # the second is refused alone, by its fence
+    tx.execute(_LOCK_RUNS, (sorted(run_ids),))  # read with the next
+    columns: tuple[list[object], ...] = ([], [], [], [], [], [])
+    for lease, status, payload_json, result_json in calls:
+        row = (
+            *(lease.run_id, lease.epoch, lease.owner, status.value),
+            _ends.stored_result(tx, lease.run_id, result_json),
+            stored(tx, lease.run_id, payload_json),
+        )
+        for column, value in zip(columns, row, strict=True):
+            column.append(value)
+    ended = {row[0]: row[1:] for row in tx.all(_FINISH_RUNS, (*columns, _STATE_TRANSITION))}
+    if len(ended) < len(calls):
+        raise BatchRefused(f"{len(calls)} ends: {len(ended)} passed their checks")
+    for lease, status, _, _ in calls:
+        run_id = lease.run_id
+        parent, made_due, told, sharers, streamed = ended[run_id]
+        _ends.note_end(tx, run_id, parent, made_due=made_due, told=told)
+        _ends.wake_sharers_and_followers(tx, run_id, sharers, streamed)
+        if status is not RunStatus.COMPLETED:
+            _ends.cancel_descendants(tx, run_id, f"its ancestor {run_id} ended {status.value}")
+    return [None] * len(calls)
+
+
 def _spawned_event(child: NewChild) -> str:
     return _dump({"child_id": child.child_id, "name": child.name, "role": child.role})
 
@@ -199,6 +264,10 @@ def _mark(tx: Tx, parent_id: str, child_id: str, type: EventType, payload_json: 
     )
 
 
+# Keyed by the operations as a writer is handed them (in the class, ``finish`` is the staticmethod).
+_BATCH_FORMS = types.MappingProxyType({Store.complete_step: complete_steps, finish: finish_runs})
+
+
 class PostgresStore(Store):
     """The shared operations, but for these."""
 
@@ -212,6 +281,6 @@ class PostgresStore(Store):
     # joining 100 ended children takes 47-50 ms against 76-78.
     await_child = staticmethod(functools.partial(await_child, look=_look, mark=_mark))
     join_children = staticmethod(functools.partial(join_children, look=_look, mark=_mark))
-    # A group commit's steps of several runs in two statements, where each step alone sends
-    # two: see complete_steps.
-    batch_forms = types.MappingProxyType({Store.complete_step: complete_steps})
+    # A group commit's steps, or ends, of several runs in two statements, where each alone
+    # sends two: see complete_steps and finish_runs.
+    batch_forms = _BATCH_FORMS

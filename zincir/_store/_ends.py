@@ -76,11 +76,18 @@ MAKE_PARENT_DUE = (
     " AS w WHERE w.run_id = p.id AND w.kind = 'child' AND w.wake_key = ?){lock})"
 )
 
-ENDING = (
-    ", status = ?, lease_owner = NULL, lease_expires_at = NULL, wait_kind = NULL, wait_target = NULL,"
-    " result = ?, cancel_requested_at = NULL"
-)
-"""What a run's row becomes when it ends (``, column = ...`` assignments: its status, its result)."""
+
+def ending(status: str = "?", result: str = "?") -> str:
+    """What a run's row becomes when it ends (``, column = ...`` assignments), with its status
+    and its result from ``status`` and ``result`` (SQL expressions; parameters by default)."""
+    return (
+        f", status = {status}, lease_owner = NULL, lease_expires_at = NULL, wait_kind = NULL,"
+        f" wait_target = NULL, result = {result}, cancel_requested_at = NULL"
+    )
+
+
+ENDING = ending()
+"""What a run's row becomes when it ends, its status and result as parameters."""
 
 # A fork that shares the closing run with its source (docs/forks.md) and is suspended on it
 # becomes due, as its parent does (above).
