@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import functools
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from .._json import dump_trusted as _dump
 from .._payloads import refer, stored, stored_unreferenced
@@ -265,7 +266,9 @@ def _mark(tx: Tx, parent_id: str, child_id: str, type: EventType, payload_json: 
 
 
 # Keyed by the operations as a writer is handed them (in the class, ``finish`` is the staticmethod).
-_BATCH_FORMS = types.MappingProxyType({Store.complete_step: complete_steps, finish: finish_runs})
+_BATCH_FORMS: Mapping[Callable[..., Any], Callable[..., list[Any]]] = types.MappingProxyType(
+    {Store.complete_step: complete_steps, finish: finish_runs}
+)
 
 
 class PostgresStore(Store):
