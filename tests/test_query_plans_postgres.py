@@ -31,6 +31,7 @@ from tests.helpers import a_dead_pid
 from tests.postgres_server import fresh_database
 from zincir._owner import this_process
 from zincir._postgres._pipe import Pending
+from zincir._postgres._store import finish_runs
 from zincir._postgres._tx import Tx
 from zincir._store import Claims, NewChild, WaitOutcome, _leases
 from zincir._store._ends import cancel_descendants
@@ -643,6 +644,29 @@ async def test_ending_a_run_reads_by_index(populated: Populated) -> None:
     # The end: the run and its parent by their key.
     [end] = [plan for plan in completing if "run_waiters" in plan.sql]
     assert uses_index(end, "agent_runs_pkey"), end
+
+
+async def test_ending_runs_in_one_batch_probes_each_runs_open_work_by_index(populated: Populated) -> None:
+    ids = [str(uuid.uuid4()) for _ in range(3)]
+    async with zincir.open_database(populated.url) as db:
+        leases = [
+            await db._write(db._store.create_run, run_id, None, "agent", "", "{}", "probe", 30_000)
+            for run_id in ids
+        ]
+        completed = '{"from":"running","to":"completed"}'
+        calls = [(lease, zincir.RunStatus.COMPLETED, completed, "1") for lease in leases]
+        _, plans = await plans_of(db, finish_runs, calls, write=True)
+    assert_indexed(plans)
+    # Each run's open work by its own entries of the one-candidate, pending-intents and parent
+    # indexes, as the end of one run reads it (above).
+    [end] = [plan for plan in plans if "run_waiters" in plan.sql]
+    for index in (
+        "agent_runs_pkey",
+        "idx_checkpoints_one_candidate",
+        "idx_tool_intents_pending",
+        "idx_agent_runs_parent",
+    ):
+        assert uses_index(end, index), (index, end)
 
 
 async def test_a_prune_batch_finds_its_runs_by_a_seek_past_the_cursor(populated: Populated) -> None:

@@ -4,7 +4,7 @@ On a throwaway server (``bench/harness/server.py``, fsync=on, data in ``--dir``)
 
 * floors with plain psycopg on one connection: a ``SELECT 1`` round trip; an autocommit
   ``INSERT`` (one round trip + one WAL flush); ``BEGIN`` + ``INSERT`` + ``COMMIT`` (what a step
-  needs at least with explicit transactions);
+  needs at least with explicit transactions); each's wall time and the server's CPU;
 * zincir's sequential steps, 50 concurrent runs and one ResumeWorker completing due runs,
   with every statement zincir sends (``Pipe.send``, its connections' pipeline) counted and timed by
   statement kind (patched in this process only): statements per step, time inside them (waiting for the
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import json
 import sys
 import threading
@@ -101,24 +102,38 @@ class Counter:
 _TABLES = {"agent_runs", "events", "steps", "tool_intents", "checkpoints", "timers", "bench"}
 
 
-def floors(url: str, n: int) -> dict[str, float]:
+def floors(url: str, n: int, postmaster: int | None) -> dict[str, float]:
+    """Each floor's wall time per operation (``<name>_us``) and, with the server's processes to
+    read, the server's CPU per operation (``<name>_server_cpu_us``): what one statement, and one
+    commit of one row, cost the server before zincir adds anything."""
+    out: dict[str, float] = {}
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("CREATE TABLE IF NOT EXISTS bench (id BIGINT PRIMARY KEY, payload TEXT)")
-        out = {}
-        start = time.perf_counter()
-        for _ in range(n):
+        ids = itertools.count()
+
+        def select_1() -> None:
             conn.execute("SELECT 1")
-        out["select_1_round_trip_us"] = (time.perf_counter() - start) / n * 1e6
-        start = time.perf_counter()
-        for i in range(n):
-            conn.execute("INSERT INTO bench VALUES (%s, 'x')", (i,))
-        out["autocommit_insert_us"] = (time.perf_counter() - start) / n * 1e6
-        start = time.perf_counter()
-        for i in range(n, 2 * n):
+
+        def autocommit_insert() -> None:
+            conn.execute("INSERT INTO bench VALUES (%s, 'x')", (next(ids),))
+
+        def begin_insert_commit() -> None:
             conn.execute("BEGIN")
-            conn.execute("INSERT INTO bench VALUES (%s, 'x')", (i,))
+            conn.execute("INSERT INTO bench VALUES (%s, 'x')", (next(ids),))
             conn.execute("COMMIT")
-        out["begin_insert_commit_us"] = (time.perf_counter() - start) / n * 1e6
+
+        for name, operation in [
+            ("select_1_round_trip", select_1),
+            ("autocommit_insert", autocommit_insert),
+            ("begin_insert_commit", begin_insert_commit),
+        ]:
+            cpu_before = None if postmaster is None else server_cpu(postmaster)
+            start = time.perf_counter()
+            for _ in range(n):
+                operation()
+            out[f"{name}_us"] = (time.perf_counter() - start) / n * 1e6
+            if cpu_before is not None and postmaster is not None:
+                out[f"{name}_server_cpu_us"] = (server_cpu(postmaster) - cpu_before) / n * 1e6
         conn.execute("DROP TABLE bench")
     return out
 
@@ -255,10 +270,10 @@ def main(argv: list[str] | None = None) -> int:
         postgres_server(args.url, workdir, lambda _: None) as admin,
         scratch_database(admin, f"zincir_profile_{uuid.uuid4().hex[:8]}") as url,
     ):
-        out: dict[str, Any] = {"floors": floors(url, args.n)}
+        out: dict[str, Any] = {"floors": floors(url, args.n, postmaster_pid(url))}
         print("floors (plain psycopg, one connection):")
         for k, v in out["floors"].items():
-            print(f"  {k:<28} {v:8,.0f}")
+            print(f"  {k:<36} {v:8,.0f}")
         counter = Counter(postmaster_pid(url))
         with counter.installed():
             out["sequential"] = trio.run(sequential, url, args.n, counter)

@@ -191,6 +191,13 @@ def add_comparisons_1_to_3(
         add("")
 
 
+def _floor(floors: dict[str, float], name: str) -> str:
+    """A floor's wall time, and the server's CPU for it where it was read."""
+    server = floors.get(f"{name}_server_cpu_us")
+    wall = f"{floors[f'{name}_us']:,.0f} µs"
+    return wall if server is None else f"{wall} (the server's CPU {server:,.0f} µs)"
+
+
 def add_profile(add: Any, profile: dict[str, Any], sizes: dict[str, Any]) -> None:
     """Where zincir's time goes: ``bench.micro.profile_pg``'s statement counts and times."""
     floors = profile["floors"]
@@ -207,9 +214,9 @@ def add_profile(add: Any, profile: dict[str, Any], sizes: dict[str, Any]) -> Non
         " shares of time. BEGIN, SAVEPOINT and RELEASE travel with the statement after them."
         " `WITH` is the lease check (`WITH locked AS (SELECT … FOR NO KEY"
         " UPDATE) SELECT locked.*, zincir_now_ms()`). Floors, plain psycopg on one connection:"
-        f" `SELECT 1` round trip {floors['select_1_round_trip_us']:,.0f} µs; autocommit `INSERT`"
-        f" (round trip + WAL flush) {floors['autocommit_insert_us']:,.0f} µs; `BEGIN` + `INSERT` +"
-        f" `COMMIT` {floors['begin_insert_commit_us']:,.0f} µs."
+        f" `SELECT 1` round trip {_floor(floors, 'select_1_round_trip')}; autocommit `INSERT`"
+        f" (round trip + WAL flush) {_floor(floors, 'autocommit_insert')}; `BEGIN` + `INSERT` +"
+        f" `COMMIT` {_floor(floors, 'begin_insert_commit')}."
     )
     add("")
     titles = {
