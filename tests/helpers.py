@@ -332,8 +332,9 @@ async def in_one_batch(
 ) -> list[Any]:
     """``fn`` with each of ``calls`` (its arguments), all in one batch of one writer; each
     call's outcome (its value, or the ZincirError it raised). SQLite's writer runs the writes of
-    one scheduler pass together on the Trio thread; PostgreSQL's thread takes what its queue
-    holds, so the calls are queued while a write holds it."""
+    one scheduler pass together on the Trio thread, in the order Trio runs their tasks;
+    PostgreSQL's thread takes what its queue holds, so the calls are queued, in order, while a
+    write holds it."""
     entered, gate = threading.Event(), threading.Event()
 
     def hold(tx: Any) -> None:
@@ -356,8 +357,9 @@ async def in_one_batch(
             await trio.to_thread.run_sync(entered.wait)
         for i, args in enumerate(calls):
             nursery.start_soon(call, i, args)
+            if postgres:  # queued behind the hold before the next: the batch keeps their order
+                await trio.testing.wait_all_tasks_blocked()
         if postgres:
-            await trio.testing.wait_all_tasks_blocked()  # every call queued behind the hold
             gate.set()
     return outcomes
 

@@ -258,7 +258,7 @@ Ends = list[tuple[Lease, RunStatus, str, str]]
 
 async def two_ends(
     admin_url: str,
-    build: Callable[[zincir.Database], Awaitable[Ends]],
+    build: Callable[[zincir.Database, ManualClock], Awaitable[Ends]],
     *,
     batched: bool,
     parent_held: bool = False,
@@ -266,9 +266,10 @@ async def two_ends(
     """The two ends ``build`` sets up, in one batch of one writer (``batched``) or one after the
     other; the first's error, what was noted to wake, the batches the batch form was given, and
     every row afterwards."""
+    clock = ManualClock()
     with fresh_database(admin_url) as url:
-        async with zincir.open_database(url, clock=ManualClock()) as db:
-            ends = await build(db)
+        async with zincir.open_database(url, clock=clock) as db:
+            ends = await build(db, clock)
             batches = counting_batches(db, PostgresStore.finish)
             with holding(url, PARENT, parent_held):
                 if batched:
@@ -300,7 +301,7 @@ async def test_ends_in_one_batch_do_what_each_end_alone_does(postgres_admin_url:
     scenario = SCENARIOS[name]
     transition = COMPLETED if scenario.status is RunStatus.COMPLETED else FAILED
 
-    async def beside_a_neighbour(db: zincir.Database) -> Ends:
+    async def beside_a_neighbour(db: zincir.Database, clock: ManualClock) -> Ends:
         lease = await scenario.build(db)
         neighbour = await create(db, NEIGHBOUR)
         return [(lease, scenario.status, transition, "1"), (neighbour, RunStatus.COMPLETED, COMPLETED, "1")]
@@ -314,17 +315,54 @@ async def test_ends_in_one_batch_do_what_each_end_alone_does(postgres_admin_url:
     assert together.error == alone.error
     assert together.rows == alone.rows
     assert together.batch_sizes == [2]
-    if scenario.expected_error is None:  # the batch form ended both
+    # A run with a live child is refused too: a failing one's cascade comes right after its end.
+    if scenario.expected_error is None and scenario.build is not with_children:  # the batch ended both
         assert together.wakes is not None and alone.wakes is not None
         assert attrs.asdict(together.wakes) == attrs.asdict(alone.wakes)
     else:  # refused: each ended (or not) on its own
         assert together.wakes is None
 
 
+async def test_a_run_and_its_child_ending_in_one_batch_end_as_one_after_the_other(
+    postgres_admin_url: str,
+) -> None:
+    """The parent fails first: its cascade asks its child (held by the same owner) to stop
+    before the child completes, and the child's row keeps the reason, as it would alone."""
+
+    async def parent_then_child(db: zincir.Database, clock: ManualClock) -> Ends:
+        parent = await create(db, PARENT)
+        child = await create(db, RUN, PARENT)
+        return [(parent, RunStatus.FAILED, FAILED, "1"), (child, RunStatus.COMPLETED, COMPLETED, "1")]
+
+    alone = await two_ends(postgres_admin_url, parent_then_child, batched=False)
+    together = await two_ends(postgres_admin_url, parent_then_child, batched=True)
+    assert (together.error, together.batch_sizes, together.wakes) == (None, [2], None)  # refused
+    assert together.rows == alone.rows
+    assert any(
+        row.startswith(f"agent_runs: ({RUN},") and f"its ancestor {PARENT}" in row for row in alone.rows
+    )
+
+
+async def test_a_lease_that_expires_at_the_batchs_now_is_lost_as_alone(postgres_admin_url: str) -> None:
+    async def expiring_now(db: zincir.Database, clock: ManualClock) -> Ends:
+        expiring = await create(db, RUN)
+        clock.advance(TTL_MS / 1000)
+        neighbour = await create(db, NEIGHBOUR)
+        return [
+            (expiring, RunStatus.COMPLETED, COMPLETED, "1"),
+            (neighbour, RunStatus.COMPLETED, COMPLETED, "1"),
+        ]
+
+    alone = await two_ends(postgres_admin_url, expiring_now, batched=False)
+    together = await two_ends(postgres_admin_url, expiring_now, batched=True)
+    assert alone.error is not None and alone.error[0] == "LeaseLost"
+    assert (together.error, together.rows, together.batch_sizes) == (alone.error, alone.rows, [2])
+
+
 async def test_two_children_ending_in_one_batch_make_their_suspended_parent_due(
     postgres_admin_url: str,
 ) -> None:
-    async def two_children_of_a_suspended_parent(db: zincir.Database) -> Ends:
+    async def two_children_of_a_suspended_parent(db: zincir.Database, clock: ManualClock) -> Ends:
         parent = await create(db, PARENT)
         children = [await create(db, RUN, PARENT), await create(db, KID, PARENT)]
         for child in children:

@@ -132,7 +132,7 @@ def floors(url: str, n: int, postmaster: int | None) -> dict[str, float]:
             for _ in range(n):
                 operation()
             out[f"{name}_us"] = (time.perf_counter() - start) / n * 1e6
-            if cpu_before is not None and postmaster is not None:
+            if postmaster is not None and cpu_before is not None:
                 out[f"{name}_server_cpu_us"] = (server_cpu(postmaster) - cpu_before) / n * 1e6
         conn.execute("DROP TABLE bench")
     return out

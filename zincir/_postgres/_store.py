@@ -134,13 +134,17 @@ def finish(tx: Tx, lease: Lease, status: RunStatus, payload_json: str, result_js
 # stored), then one statement that reads the clock, judges every lease and inserts every new
 # step. How many leases held and how many rows went in say whether every call succeeded as
 # complete_step would have.
+# What judge_lease requires of a batch's run (``run``, locked) and its call (``s``) at ``now``.
+_LEASE_HELD = (
+    "run.lease_owner = s.owner AND run.lease_epoch = s.epoch AND run.lease_expires_at > now.ms"
+    f" AND run.status IN ({', '.join(repr(status) for status in LIVE)})"
+)
 _LOCK_RUNS = f"SELECT 1 FROM agent_runs WHERE id = ANY(?::text[]) ORDER BY id{POSTGRES.lock_nowait}"
 _COMPLETE_STEPS = (
     "WITH now AS MATERIALIZED (SELECT zincir_now_ms() AS ms),"
     " held AS (SELECT s.* FROM unnest(?::text[], ?::text[], ?::bigint[], ?::text[], ?::text[], ?::bigint[])"
     " AS s (run_id, name, epoch, owner, result, elapsed_ms) JOIN agent_runs AS run ON run.id = s.run_id, now"
-    " WHERE run.lease_owner = s.owner AND run.lease_epoch = s.epoch AND run.lease_expires_at > now.ms"
-    f" AND run.status IN ({', '.join(repr(status) for status in LIVE)})),"
+    f" WHERE {_LEASE_HELD}),"
     " inserted AS (INSERT INTO steps (run_id, name, status, epoch, result, started_at, completed_at)"
     " SELECT held.run_id, held.name, 'completed', held.epoch, held.result, now.ms - held.elapsed_ms, now.ms"
     " FROM held, now ON CONFLICT (run_id, name) DO NOTHING RETURNING 1)"
@@ -169,27 +173,28 @@ def complete_steps(tx: Tx, calls: Sequence[tuple[Lease, str, str, int]]) -> list
 # Several runs' ends in a group commit (a worker's runs that end together): their rows locked
 # as the steps' are, then one statement that judges every lease and every completing run's open
 # work, ends the runs that pass, logs their ends, makes the parents suspended on them due,
-# deletes their end's waiters, and answers one row per run it ended.
+# deletes their end's waiters, and answers one row per run it ended. A run with a live child does
+# not pass, whatever its end: a completing one is refused for it, and a failing one's cascade
+# must come right after its own end, before the batch's other ends (its child's, say).
 # OFFSET 0 keeps each read a probe of the run's own rows: without it the planner may read every
 # live run once into a hash table (as it did in comparison 4, on statistics from before the
 # workload: a thousand runs read per batch of eight ends).
-_OPEN_WORK_OF_EACH = " OR ".join(
+_CANDIDATE, _OPEN_CALLS, _LIVE_CHILDREN = (
     f"EXISTS ({read.replace('= ?', '= s.run_id')} OFFSET 0)" for read in _ends.OPEN_WORK
 )
 _FINISH_RUNS = (
     "WITH now AS MATERIALIZED (SELECT zincir_now_ms() AS ms),"
-    " ending AS (SELECT s.* FROM unnest(?::text[], ?::bigint[], ?::text[], ?::text[], ?::text[], ?::text[])"
+    " passing AS (SELECT s.* FROM unnest(?::text[], ?::bigint[], ?::text[], ?::text[], ?::text[], ?::text[])"
     " AS s (run_id, epoch, owner, status, result, payload) JOIN agent_runs AS run ON run.id = s.run_id, now"
-    " WHERE run.lease_owner = s.owner AND run.lease_epoch = s.epoch AND run.lease_expires_at > now.ms"
-    f" AND run.status IN ({', '.join(repr(status) for status in LIVE)})"
-    f" AND (s.status <> 'completed' OR NOT ({_OPEN_WORK_OF_EACH}))),"
+    f" WHERE {_LEASE_HELD} AND NOT {_LIVE_CHILDREN}"
+    f" AND (s.status <> 'completed' OR NOT ({_CANDIDATE} OR {_OPEN_CALLS}))),"
     " closed AS (UPDATE agent_runs AS run SET last_seq = run.last_seq + 1, updated_at = now.ms"
-    f"{_ends.ending('ending.status', 'ending.result')} FROM ending, now WHERE run.id = ending.run_id"
-    " RETURNING run.id, run.last_seq, run.parent_run_id, ending.payload),"
+    f"{_ends.ending('passing.status', 'passing.result')} FROM passing, now WHERE run.id = passing.run_id"
+    " RETURNING run.id, run.last_seq, run.parent_run_id, passing.payload),"
     " logged AS (INSERT INTO events (run_id, seq, type, payload, idempotency_key, created_at)"
     " SELECT closed.id, closed.last_seq, ?, closed.payload, NULL, now.ms FROM closed, now),"
-    # A parent that ends in this batch too is not waiting for anyone (and no row is updated
-    # twice in one statement).
+    # A guard: a parent that ends in this batch is running, not waiting (and no row may be
+    # updated twice in one statement).
     " woke AS (UPDATE agent_runs SET next_attempt_at = (SELECT ms FROM now) WHERE id IN (SELECT p.id"
     " FROM agent_runs AS p JOIN closed ON p.id = closed.parent_run_id WHERE p.status = 'waiting'"
     " AND p.id NOT IN (SELECT id FROM closed)"
@@ -207,8 +212,10 @@ _FINISH_RUNS = (
 
 def finish_runs(tx: Tx, calls: Sequence[tuple[Lease, RunStatus, str, str | None]]) -> list[None]:
     """:func:`finish` for several calls (its arguments after the transaction, each) in two
-    statements, when each is the common case: the lease holds and a completing run has no open
-    work. Otherwise :class:`BatchRefused` (the caller rolls back and runs each call on its own)."""
+    statements, when each is the common case: the lease holds, the run has no live child, and a
+    completing run has no open work either. Otherwise :class:`BatchRefused` (the caller rolls
+    back and runs each call on its own). With no live child, a failed run has no descendant to
+    cancel."""
     run_ids = [lease.run_id for lease, _, _, _ in calls]
     if len(set(run_ids)) < len(run_ids):
         raise BatchRefused("one run's end twice")  # the second is refused alone, by its fence
@@ -225,13 +232,11 @@ def finish_runs(tx: Tx, calls: Sequence[tuple[Lease, RunStatus, str, str | None]
     ended = {row[0]: row[1:] for row in tx.all(_FINISH_RUNS, (*columns, _STATE_TRANSITION))}
     if len(ended) < len(calls):
         raise BatchRefused(f"{len(calls)} ends: {len(ended)} passed their checks")
-    for lease, status, _, _ in calls:
+    for lease, _, _, _ in calls:
         run_id = lease.run_id
         parent, made_due, told, sharers, streamed = ended[run_id]
         _ends.note_end(tx, run_id, parent, made_due=made_due, told=told)
         _ends.wake_sharers_and_followers(tx, run_id, sharers, streamed)
-        if status is not RunStatus.COMPLETED:
-            _ends.cancel_descendants(tx, run_id, f"its ancestor {run_id} ended {status.value}")
     return [None] * len(calls)
 
 
