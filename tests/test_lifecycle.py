@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import trio
 
 import zincir
 from zincir._lifecycle import Happened, Lifecycle, Phase
@@ -44,3 +45,40 @@ async def test_an_owner_finishes_or_releases_as_its_block_ends(db: zincir.Databa
     async with zincir.open_run(db) as left:
         pass
     assert left._lifecycle.phase is Phase.RELEASED and left._lifecycle.finished is None
+
+
+def test_an_ending_write_that_fails_beside_one_in_flight_leaves_the_decision_to_the_other() -> None:
+    lifecycle = Lifecycle()
+    lifecycle.note(Happened.ENDING_BEGAN)  # complete(), from one task
+    lifecycle.note(Happened.ENDING_BEGAN)  # fail(), from another
+    lifecycle.note(Happened.ENDING_FAILED)  # fail() was refused: the run is complete already
+    assert lifecycle.phase is Phase.ENDING
+    lifecycle.finish(RunStatus.COMPLETED)  # complete()'s answer, read after fail()'s
+    assert (lifecycle.phase, lifecycle.finished) == (Phase.FINISHED, RunStatus.COMPLETED)
+
+
+async def test_a_run_completed_and_failed_at_once_by_two_tasks_ends_once_and_its_block_quietly(
+    db: zincir.Database,
+) -> None:
+    winners: list[str] = []
+    refused: list[BaseException] = []
+
+    async def end(run: zincir.Run, how: str) -> None:
+        try:
+            await (run.complete(how) if how == "completed" else run.fail(how))
+            winners.append(how)
+        except zincir.RunTerminal as exc:
+            refused.append(exc)
+
+    async def one() -> None:
+        async with zincir.open_run(db) as run, trio.open_nursery() as nursery:
+            nursery.start_soon(end, run, "completed")
+            nursery.start_soon(end, run, "failed")
+        assert run._lifecycle.phase is Phase.FINISHED
+
+    # Both ends are answered by one group commit and their tasks resume in either order: 20
+    # runs make the order where the refused end is read first all but certain.
+    async with trio.open_nursery() as nursery:
+        for _ in range(20):
+            nursery.start_soon(one)
+    assert len(winners) == len(refused) == 20

@@ -66,6 +66,11 @@ _MOVES: Final[dict[tuple[Phase, Happened], Phase]] = {
     (Phase.RELEASING, Happened.RELEASED): Phase.RELEASED,
 }
 
+# What ends an ending write, one for each ENDING_BEGAN.
+_ENDING_OUTCOMES: Final = frozenset(
+    {Happened.ENDING_FAILED, Happened.ENDED_RELEASED, Happened.ENDED_SUSPENDED, Happened.ENDED_FINISHED}
+)
+
 # Where the lease is still this owner's, as far as it knows.
 _HOLDS: Final = frozenset({Phase.HOLDING, Phase.ENDING, Phase.RELEASING})
 
@@ -80,12 +85,13 @@ class Lifecycle:
     """The phase of one ownership, with what the phase carries: the status the run ended in
     (FINISHED), why the lease was lost (LOST)."""
 
-    __slots__ = ("_finished", "_lost", "phase")
+    __slots__ = ("_endings", "_finished", "_lost", "phase")
 
     def __init__(self) -> None:
         self.phase = Phase.HOLDING
         self._finished: RunStatus | None = None
         self._lost: str | None = None
+        self._endings = 0  # ending writes in flight (two tasks of a body may end it at once)
 
     def __repr__(self) -> str:
         return f"<Lifecycle {self.phase.value}>"
@@ -124,7 +130,14 @@ class Lifecycle:
 
     def note(self, event: Happened) -> None:
         """Note ``event``: the phase moves as :data:`_MOVES` says (if it says nothing, the
-        phase stays)."""
+        phase stays). An ending write that failed while another is in flight moves nothing:
+        the other's outcome decides (complete() and fail() from two tasks at once)."""
+        if event is Happened.ENDING_BEGAN:
+            self._endings += 1
+        elif event in _ENDING_OUTCOMES:
+            self._endings -= 1
+            if event is Happened.ENDING_FAILED and self._endings > 0:
+                return
         self.phase = _MOVES.get((self.phase, event), self.phase)
 
     def finish(self, status: RunStatus) -> None:
