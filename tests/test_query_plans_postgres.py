@@ -613,6 +613,16 @@ async def test_claiming_by_version_reads_each_versions_range_of_its_index(popula
         assert uses_index(the(counted, "count(*)"), "idx_agent_runs_claimable")
 
 
+# What a completing run's lease check and open work are read by: its own row, the one-candidate
+# index, the pending intents and the parent index.
+_OPEN_WORK_INDEXES = (
+    "agent_runs_pkey",
+    "idx_checkpoints_one_candidate",
+    "idx_tool_intents_pending",
+    "idx_agent_runs_parent",
+)
+
+
 async def test_ending_a_run_reads_by_index(populated: Populated) -> None:
     parent_id, child_id = str(uuid.uuid4()), str(uuid.uuid4())
     async with zincir.open_database(populated.url) as db:
@@ -627,19 +637,14 @@ async def test_ending_a_run_reads_by_index(populated: Populated) -> None:
             db, db._store.finish, parent, zincir.RunStatus.FAILED, failed, None, write=True
         )
     assert_indexed(completing + failing)
-    # The lease and the open work, read in one statement: by the run's key, the one-candidate
-    # index, the pending intents and the parent index, among ~5,000 runs and ~29,000 events.
+    # The lease and the open work, read in one statement by their indexes, among ~5,000 runs
+    # and ~29,000 events.
     [fence] = [
         plan
         for plan in completing
         if "FOR NO KEY UPDATE NOWAIT" in plan.sql and "ARRAY" in plan.sql and "run_waiters" not in plan.sql
     ]
-    for index in (
-        "agent_runs_pkey",
-        "idx_checkpoints_one_candidate",
-        "idx_tool_intents_pending",
-        "idx_agent_runs_parent",
-    ):
+    for index in _OPEN_WORK_INDEXES:
         assert uses_index(fence, index), (index, fence)
     # The end: the run and its parent by their key.
     [end] = [plan for plan in completing if "run_waiters" in plan.sql]
@@ -657,15 +662,9 @@ async def test_ending_runs_in_one_batch_probes_each_runs_open_work_by_index(popu
         calls = [(lease, zincir.RunStatus.COMPLETED, completed, "1") for lease in leases]
         _, plans = await plans_of(db, finish_runs, calls, write=True)
     assert_indexed(plans)
-    # Each run's open work by its own entries of the one-candidate, pending-intents and parent
-    # indexes, as the end of one run reads it (above).
+    # Each run's open work by its own index entries, as the end of one run reads it (above).
     [end] = [plan for plan in plans if "run_waiters" in plan.sql]
-    for index in (
-        "agent_runs_pkey",
-        "idx_checkpoints_one_candidate",
-        "idx_tool_intents_pending",
-        "idx_agent_runs_parent",
-    ):
+    for index in _OPEN_WORK_INDEXES:
         assert uses_index(end, index), (index, end)
 
 
