@@ -129,16 +129,17 @@ def finish(tx: Tx, lease: Lease, status: RunStatus, payload_json: str, result_js
         _ends.cancel_descendants(tx, run_id, f"its ancestor {run_id} ended {status.value}")
 
 
-# Several runs' steps in a group commit: their rows locked first (in id order, NOWAIT, as the
-# fence of each would: a row held elsewhere refuses at once, before any value of theirs is
-# stored), then one statement that reads the clock, judges every lease and inserts every new
-# step. How many leases held and how many rows went in say whether every call succeeded as
-# complete_step would have.
 # What judge_lease requires of a batch's run (``run``, locked) and its call (``s``) at ``now``.
 _LEASE_HELD = (
     "run.lease_owner = s.owner AND run.lease_epoch = s.epoch AND run.lease_expires_at > now.ms"
     f" AND run.status IN ({', '.join(repr(status) for status in LIVE)})"
 )
+
+# Several runs' steps in a group commit: their rows locked first (in id order, NOWAIT, as the
+# fence of each would: a row held elsewhere refuses at once, before any value of theirs is
+# stored), then one statement that reads the clock, judges every lease and inserts every new
+# step. How many leases held and how many rows went in say whether every call succeeded as
+# complete_step would have.
 _LOCK_RUNS = f"SELECT 1 FROM agent_runs WHERE id = ANY(?::text[]) ORDER BY id{POSTGRES.lock_nowait}"
 _COMPLETE_STEPS = (
     "WITH now AS MATERIALIZED (SELECT zincir_now_ms() AS ms),"
