@@ -164,11 +164,17 @@ async def end(db: zincir.Database, form: Callable[..., None], lease: Lease, scen
     try:
         wakes = await db._write(ending, route=lease.run_id)
     except zincir.ZincirError as error:
-        return Ended((type(error).__name__, str(error).replace(db.path, "<db>")), None, sent[0])
+        return Ended(said(error, db.path), None, sent[0])
     woken = (
         None if wakes is None else (wakes.claimable, *map(sorted, (wakes.inbox, wakes.waits, wakes.ended)))
     )
     return Ended(None, woken, sent[0])
+
+
+def said(error: BaseException, url: str) -> tuple[str, str]:
+    """An error's type and message, but the database's name and the writer's (which differ
+    from one form's database to the other's)."""
+    return type(error).__name__, re.sub(r" \(writer\d\)", "", str(error).replace(url, "<db>"))
 
 
 def rows(url: str) -> list[str]:
@@ -285,9 +291,7 @@ async def two_ends(
                             outcomes.append(exc)
             first, second = outcomes
         assert second is None  # the second is always a plain end
-        error = None
-        if first is not None:  # the database's name (and the writer's) differ from the other form's
-            error = (type(first).__name__, re.sub(r" \(writer\d\)", "", str(first).replace(url, "<db>")))
+        error = None if first is None else said(first, url)
         return TwoEnds(error, wakes, [batch.size for batch in batches], without_event_ids(rows(url)))
 
 

@@ -170,7 +170,7 @@ class _LeaseKeeping:
     def _start_heartbeat(self) -> None:
         self._heartbeat_done = trio.Event()
         trio.lowlevel.spawn_system_task(
-            self._heartbeat, name=f"zincir heartbeat of run {self.id}", context=self._context.copy()
+            self._heartbeat, name=f"zincir heartbeat of run {self.id}", context=self._context
         )
 
     async def _heartbeat(self) -> None:

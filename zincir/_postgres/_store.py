@@ -181,7 +181,7 @@ def complete_steps(tx: Tx, calls: Sequence[tuple[Lease, str, str, int]]) -> list
 # live run once into a hash table (as it did in comparison 4, on statistics from before the
 # workload: a thousand runs read per batch of eight ends).
 _CANDIDATE, _OPEN_CALLS, _LIVE_CHILDREN = (
-    f"EXISTS ({read.replace('= ?', '= s.run_id')} OFFSET 0)" for read in _ends.OPEN_WORK
+    f"EXISTS ({read} OFFSET 0)" for read in _ends.open_work("s.run_id")
 )
 _FINISH_RUNS = (
     "WITH now AS MATERIALIZED (SELECT zincir_now_ms() AS ms),"
@@ -206,7 +206,7 @@ _FINISH_RUNS = (
     " SELECT closed.id, closed.parent_run_id,"
     " EXISTS (SELECT 1 FROM woke WHERE woke.id = closed.parent_run_id),"
     " EXISTS (SELECT 1 FROM waited WHERE waited.run_id = closed.id),"
-    f" ARRAY ({_ends.SHARERS.replace('?', 'closed.id')}), EXISTS ({_ends.STREAMED.replace('?', 'closed.id')})"
+    f" ARRAY ({_ends.sharers('closed.id')}), EXISTS ({_ends.streamed('closed.id')})"
     " FROM closed"
 )
 

@@ -98,11 +98,20 @@ MAKE_SHARER_DUE = (
     " AND w.wake_key = ?){lock})"
 )
 
-SHARERS = "SELECT run_id FROM shared_children WHERE child_id = ?"
-"""The forks that share a run with its source (its id)."""
 
-STREAMED = "SELECT 1 FROM streams WHERE run_id = ? LIMIT 1"
-"""Whether a run has streams (its id): their followers stop once it ends (docs/streams.md)."""
+def sharers(run: str = "?") -> str:
+    """The forks that share a run with its source, the run's id ``run`` (an SQL expression; a
+    parameter by default)."""
+    return f"SELECT run_id FROM shared_children WHERE child_id = {run}"
+
+
+def streamed(run: str = "?") -> str:
+    """Whether a run (its id ``run``, as for :func:`sharers`) has streams: their followers stop
+    once it ends (docs/streams.md)."""
+    return f"SELECT 1 FROM streams WHERE run_id = {run} LIMIT 1"
+
+
+SHARERS, STREAMED = sharers(), streamed()
 
 _Closing = tuple[Reply, Reply, Reply | None, Reply, Reply]
 
@@ -168,15 +177,20 @@ def wake_sharers_and_followers(tx: Tx, run_id: str, sharers: Sequence[str], stre
         tx.wake(streams=run_id)
 
 
-OPEN_WORK = (
-    "SELECT 1 FROM checkpoints WHERE run_id = ? AND status = 'candidate'",
-    "SELECT call_id FROM tool_intents WHERE run_id = ? AND result_seq IS NULL ORDER BY intent_seq LIMIT 5",
-    "SELECT id FROM agent_runs WHERE parent_run_id = ?"
-    " AND status IN ('pending', 'running', 'waiting') LIMIT 5",
-)
-"""What a run must not leave open when it completes, each a read of the run's id: an undecided
-checkpoint candidate, tool calls without a result, live children (see
-:func:`require_no_open_work`)."""
+def open_work(run: str = "?") -> tuple[str, str, str]:
+    """What a run must not leave open when it completes, each a read of the run's id ``run`` (as
+    for :func:`sharers`): an undecided checkpoint candidate, tool calls without a result, live
+    children (see :func:`require_no_open_work`)."""
+    return (
+        f"SELECT 1 FROM checkpoints WHERE run_id = {run} AND status = 'candidate'",
+        f"SELECT call_id FROM tool_intents WHERE run_id = {run} AND result_seq IS NULL"
+        " ORDER BY intent_seq LIMIT 5",
+        f"SELECT id FROM agent_runs WHERE parent_run_id = {run}"
+        " AND status IN ('pending', 'running', 'waiting') LIMIT 5",
+    )
+
+
+OPEN_WORK = open_work()
 
 
 def require_no_open_work(
